@@ -1,0 +1,1 @@
+"""Hops services: each a pure core plus, later, a thin asyncio shell."""

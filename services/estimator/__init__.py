@@ -1,0 +1,1 @@
+"""Hops estimator service."""

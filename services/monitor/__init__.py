@@ -1,0 +1,1 @@
+"""Hops monitor service."""

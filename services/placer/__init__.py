@@ -1,0 +1,1 @@
+"""Hops placer service."""

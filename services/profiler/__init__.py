@@ -1,0 +1,1 @@
+"""Hops profiler service."""

@@ -1,0 +1,1 @@
+"""Hops scheduler service."""

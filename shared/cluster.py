@@ -1,0 +1,101 @@
+"""Cluster model: GPU types with their bandwidths, and servers (Hops §3.3, Eq. 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cached_property
+
+import msgspec
+
+from shared.ids import GpuType, ServerId
+
+
+class GpuTypeSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A GPU type and the bandwidths Eq. (2) uses.
+
+    Both bandwidths are in *parameters per second*, as in the paper: they are
+    effective values measured offline by timing all-reduce of known sizes.
+    """
+
+    name: GpuType
+    link_bandwidth: float
+    net_bandwidth: float
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("gpu type name must not be empty")
+        if self.link_bandwidth <= 0:
+            raise ValueError(f"gpu type {self.name}: link_bandwidth must be > 0")
+        if self.net_bandwidth <= 0:
+            raise ValueError(f"gpu type {self.name}: net_bandwidth must be > 0")
+
+
+class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One server entity. Two servers of one GPU type may still differ in the
+    attributes below, which is what the entity layer of the database learns."""
+
+    id: ServerId
+    gpu_type: GpuType
+    gpus: int
+    model: str = ""
+    cpu: str = ""
+    memory_gb: int = 0
+    network: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("server id must not be empty")
+        if self.gpus <= 0:
+            raise ValueError(f"server {self.id}: gpus must be > 0, got {self.gpus}")
+
+
+class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True):
+    """The servers in their global order (adjacency follows this order) and
+    the GPU types they use."""
+
+    gpu_types: tuple[GpuTypeSpec, ...]
+    servers: tuple[Server, ...]
+    name: str = "cluster"
+
+    def __post_init__(self) -> None:
+        type_names = [t.name for t in self.gpu_types]
+        if len(set(type_names)) != len(type_names):
+            raise ValueError("gpu_types: duplicate type name")
+        ids = [s.id for s in self.servers]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})[0]
+            raise ValueError(f"servers: duplicate server id {dup!r}")
+        known = set(type_names)
+        for s in self.servers:
+            if s.gpu_type not in known:
+                raise ValueError(f"server {s.id}: unknown gpu_type {s.gpu_type!r}")
+
+    @cached_property
+    def server_index(self) -> dict[ServerId, int]:
+        return {s.id: i for i, s in enumerate(self.servers)}
+
+    @cached_property
+    def by_id(self) -> dict[ServerId, Server]:
+        return {s.id: s for s in self.servers}
+
+    @cached_property
+    def type_by_name(self) -> dict[GpuType, GpuTypeSpec]:
+        return {t.name: t for t in self.gpu_types}
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(s.gpus for s in self.servers)
+
+    def servers_of_type(self, gpu_type: GpuType) -> Iterator[Server]:
+        return (s for s in self.servers if s.gpu_type == gpu_type)
+
+    def type_gpus(self, gpu_type: GpuType) -> int:
+        return sum(s.gpus for s in self.servers_of_type(gpu_type))
+
+    def type_share(self) -> dict[GpuType, float]:
+        """P(type = j) of Eq. (9): N_type / N_cluster."""
+        total = self.total_gpus
+        return {t.name: self.type_gpus(t.name) / total for t in self.gpu_types} if total else {}
+
+    def max_server_gpus(self, gpu_type: GpuType) -> int:
+        return max((s.gpus for s in self.servers_of_type(gpu_type)), default=0)

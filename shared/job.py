@@ -1,0 +1,93 @@
+"""Job specification: user-selectable requirement sets and learning rates (Hops §2.2)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+from shared.ids import JobId, TenantId
+
+ScalingRule = Literal["linear", "sqrt"]
+
+
+class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a user submits.
+
+    Either ``requirements`` (the explicit set R = {R1..Rn}) or the bounds
+    ``min_gpus``/``max_gpus`` must be given; with bounds, the operator's
+    ``R_num`` turns them into equally spaced requirements (§2.2).
+
+    The learning rate is either a table ``lr`` {gpus: rate}, or one ``base_lr``
+    valid at ``base_gpus`` plus a scaling ``lr_rule`` (linear [Goyal et al.]
+    or square-root [Krizhevsky]).
+    """
+
+    id: JobId
+    model: str
+    batch_size: int
+    params: int
+    total_samples: int
+    tenant: TenantId = TenantId("default")
+    requirements: tuple[int, ...] = ()
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    lr: dict[int, float] = {}
+    base_lr: float | None = None
+    base_gpus: int = 1
+    lr_rule: ScalingRule = "linear"
+    submit_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("id must not be empty")
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {self.batch_size}")
+        if self.params <= 0:
+            raise ValueError(f"params must be > 0, got {self.params}")
+        if self.total_samples <= 0:
+            raise ValueError(f"total_samples must be > 0, got {self.total_samples}")
+        self._check_requirements()
+        for gpus, rate in self.lr.items():
+            if gpus <= 0 or rate <= 0:
+                raise ValueError(f"lr: entry {gpus}: {rate} must have gpus > 0 and rate > 0")
+        if self.base_lr is not None and self.base_lr <= 0:
+            raise ValueError("base_lr must be > 0")
+        if self.base_gpus <= 0:
+            raise ValueError("base_gpus must be > 0")
+
+    def _check_requirements(self) -> None:
+        if self.requirements:
+            if self.min_gpus is not None or self.max_gpus is not None:
+                raise ValueError("requirements: give either the set or min_gpus/max_gpus, not both")
+            if any(r <= 0 for r in self.requirements):
+                raise ValueError("requirements: every entry must be > 0")
+            return
+        if self.min_gpus is None or self.max_gpus is None:
+            raise ValueError("requirements: give the set or both min_gpus and max_gpus")
+        if self.min_gpus <= 0 or self.max_gpus < self.min_gpus:
+            raise ValueError(
+                f"requirements: need 0 < min_gpus <= max_gpus, got [{self.min_gpus}, {self.max_gpus}]"
+            )
+
+    def requirement_set(self, r_num: int = 8) -> tuple[int, ...]:
+        """The sorted requirement set R; bounds become ``r_num`` equal steps."""
+        if self.requirements:
+            return tuple(sorted(set(self.requirements)))
+        assert self.min_gpus is not None and self.max_gpus is not None
+        lo, hi = self.min_gpus, self.max_gpus
+        if r_num <= 1 or lo == hi:
+            return (lo,)
+        step = (hi - lo) / (r_num - 1)
+        return tuple(sorted({round(lo + i * step) for i in range(r_num)}))
+
+    def learning_rate(self, gpus: int) -> float | None:
+        """The learning rate for ``gpus`` GPUs (per-GPU batch size is fixed, §2.2)."""
+        if gpus in self.lr:
+            return self.lr[gpus]
+        if self.base_lr is None:
+            return None
+        ratio = gpus / self.base_gpus
+        factor = ratio if self.lr_rule == "linear" else math.sqrt(ratio)
+        return self.base_lr * factor

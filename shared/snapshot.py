@@ -1,0 +1,126 @@
+"""What a planning policy sees (a :class:`Snapshot`) and what it decides (a :class:`Plan`).
+
+Both are frozen msgspec Structs so that the live scheduler can log and ship
+them, and the simulator can replay them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.estimate import JobEstimate
+from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
+
+Phase = Literal["profiling", "queued", "running"]
+
+
+class JobState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A job the scheduler is responsible for, as of ``Snapshot.now``.
+
+    ``phase`` is ``profiling`` while some GPU type still has to be profiled
+    (those types are listed in ``unprofiled``); ``queued`` while it waits;
+    ``running`` while it holds ``current``.
+    """
+
+    spec: JobSpec
+    phase: Phase = "queued"
+    wait_s: float = 0.0
+    attained_gpu_s: float = 0.0
+    done_samples: float = 0.0
+    current: Configuration | None = None
+    unprofiled: tuple[GpuType, ...] = ()
+
+    @property
+    def id(self) -> JobId:
+        return self.spec.id
+
+    @property
+    def remaining_samples(self) -> float:
+        return max(0.0, self.spec.total_samples - self.done_samples)
+
+
+class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Input of one planning call.
+
+    ``first_plan`` is true at the start of a round: every running job is
+    replanned and ``held`` lists only GPUs that no plan may use (down or
+    reserved). For a plan later in the round (§3.6, resources released by a job
+    that ended) it is false, running jobs keep their GPUs and ``held`` includes
+    them.
+    """
+
+    now: float
+    cluster: Cluster
+    jobs: tuple[JobState, ...]
+    estimates: dict[JobId, JobEstimate] = {}
+    held: dict[ServerId, int] = {}
+    first_plan: bool = True
+
+    def free_gpus(self) -> dict[ServerId, int]:
+        return {
+            s.id: max(0, s.gpus - self.held.get(s.id, 0)) for s in self.cluster.servers
+        }
+
+
+class Assignment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One job's configuration for the rest of the round."""
+
+    job_id: JobId
+    config: Configuration
+    throughput: float = 0.0
+    gain: float = 0.0
+
+
+class ProfilingTask(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Run ``job_id`` for a few iterations on one GPU of ``server`` (§3.2)."""
+
+    job_id: JobId
+    gpu_type: GpuType
+    server: ServerId
+    gpus: int = 1
+
+
+class PassStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ILP pass of a round: why it chose what it chose."""
+
+    kind: Literal["first", "fill"]
+    jobs: int
+    variables: int
+    objective: float
+    bound: float
+    gap: float
+    solve_s: float
+    status: str
+    formulation: str
+    assigned: tuple[JobId, ...] = ()
+
+
+class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Why the plan looks the way it does, for logs and a later dashboard."""
+
+    policy: str
+    priorities: dict[JobId, float] = {}
+    window: tuple[JobId, ...] = ()
+    admitted_by_adjustment: tuple[JobId, ...] = ()
+    passes: tuple[PassStats, ...] = ()
+
+
+class Plan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Output of one planning call. For a first plan, jobs missing from
+    ``assignments`` hold nothing this round; for a later plan, the assignments
+    are additions to what already runs."""
+
+    assignments: tuple[Assignment, ...] = ()
+    profiling: tuple[ProfilingTask, ...] = ()
+    reasons: PlanReasons = PlanReasons(policy="none")
+
+    def config_of(self, job_id: JobId) -> Configuration | None:
+        for a in self.assignments:
+            if a.job_id == job_id:
+                return a.config
+        return None
