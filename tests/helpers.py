@@ -1,0 +1,70 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shared.cluster import Cluster, GpuTypeSpec, Server
+from shared.estimate import JobEstimate, ThroughputCurve
+from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
+from shared.snapshot import JobState, Phase
+
+
+def cluster(layout: Sequence[tuple[str, int, int]]) -> Cluster:
+    """``[(type, servers, gpus_per_server), ...]`` → servers named ``{type}-{n}``."""
+    types = tuple(
+        GpuTypeSpec(GpuType(t), link_bandwidth=2.5e9, net_bandwidth=1e9)
+        for t in dict.fromkeys(t for t, _, _ in layout)
+    )
+    servers: list[Server] = []
+    for t, count, gpus in layout:
+        start = sum(1 for s in servers if s.gpu_type == t)
+        servers += [
+            Server(ServerId(f"{t}-{start + n}"), GpuType(t), gpus) for n in range(count)
+        ]
+    return Cluster(gpu_types=types, servers=tuple(servers))
+
+
+def flat_estimate(
+    job_id: str,
+    per_gpu: dict[str, float],
+    rho: float = 1.0,
+    max_gpus: int = 8,
+    scaling: float = 0.95,
+) -> JobEstimate:
+    """Per-GPU throughput ``per_gpu[type]`` on one GPU, falling by ``scaling``
+    per doubling, and ``1/rho`` of the one-GPU value across servers."""
+    curves = {}
+    for t, base in per_gpu.items():
+        agg = tuple(base * scaling ** (k.bit_length() - 1) for k in range(1, max_gpus + 1))
+        dist = tuple(base / rho for _ in range(15))
+        curves[GpuType(t)] = ThroughputCurve(agg=agg, dist=dist)
+    return JobEstimate(job_id=JobId(job_id), by_type=curves)
+
+
+def state(
+    job_id: str,
+    requirements: Sequence[int],
+    *,
+    wait_s: float = 0.0,
+    submit: float = 0.0,
+    samples: int = 1_000_000,
+    phase: Phase = "queued",
+    unprofiled: Sequence[str] = (),
+) -> JobState:
+    spec = JobSpec(
+        id=JobId(job_id),
+        model="m",
+        batch_size=32,
+        params=10_000_000,
+        total_samples=samples,
+        requirements=tuple(requirements),
+        submit_time=submit,
+    )
+    return JobState(
+        spec=spec,
+        phase=phase,
+        wait_s=wait_s,
+        unprofiled=tuple(GpuType(t) for t in unprofiled),
+    )
