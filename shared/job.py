@@ -67,9 +67,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.min_gpus is None or self.max_gpus is None:
             raise ValueError("requirements: give the set or both min_gpus and max_gpus")
         if self.min_gpus <= 0 or self.max_gpus < self.min_gpus:
-            raise ValueError(
-                f"requirements: need 0 < min_gpus <= max_gpus, got [{self.min_gpus}, {self.max_gpus}]"
-            )
+            bounds = f"[{self.min_gpus}, {self.max_gpus}]"
+            raise ValueError(f"requirements: need 0 < min_gpus <= max_gpus, got {bounds}")
 
     def requirement_set(self, r_num: int = 8) -> tuple[int, ...]:
         """The sorted requirement set R; bounds become ``r_num`` equal steps."""

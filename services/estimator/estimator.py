@@ -1,0 +1,225 @@
+"""The throughput estimator of Hops §3.5: a top-down lookup in the
+multi-layer database (entity layer → type layer → theoretical layer with the
+formula of Eqs. 1-5), producing the planner's :class:`JobEstimate`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from services.estimator.database import (
+    JobTypeRecord,
+    RunningStat,
+    TheoreticalLayer,
+    ThroughputDatabase,
+    ThroughputTables,
+)
+from services.estimator.datatime import DataTimeModel
+from services.estimator.formulas import (
+    comm_time,
+    expected_conditional_iter_time,
+    expected_iter_time,
+    throughput,
+)
+from shared.cluster import Cluster, GpuTypeSpec
+from shared.configuration import Configuration
+from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
+from shared.ids import GpuType, ServerId
+from shared.job import JobSpec
+from shared.measurements import TimeModules
+
+
+class EstimatorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Thresholds of the lookup.
+
+    ``min_entity_samples``/``min_type_samples``: samples a table cell needs
+    before it overrides the layer below. ``server_rel_threshold``: a server
+    gets its own curve only when one of its trusted cells differs from the
+    type value by more than this fraction — otherwise statistically
+    indistinguishable servers would get slightly different curves and the
+    planner could no longer group them. ``significant_digits``: every emitted
+    throughput is rounded to this many digits, so that equal-in-practice
+    values compare exactly equal. ``max_dist_nodes`` bounds the distributed
+    curve.
+    """
+
+    min_entity_samples: int = 3
+    min_type_samples: int = 1
+    server_rel_threshold: float = 0.03
+    significant_digits: int = 4
+    max_dist_nodes: int = 16
+
+    def __post_init__(self) -> None:
+        if self.min_entity_samples < 1 or self.min_type_samples < 1:
+            raise ValueError("minimum sample counts must be >= 1")
+        if self.server_rel_threshold < 0:
+            raise ValueError("server_rel_threshold must be >= 0")
+        if self.significant_digits < 1:
+            raise ValueError("significant_digits must be >= 1")
+        if self.max_dist_nodes < 2:
+            raise ValueError("max_dist_nodes must be >= 2")
+
+
+def round_sig(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits`` significant digits."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return float(f"{value:.{digits - 1}e}")
+
+
+def modelled_per_gpu_throughput(
+    modules: TimeModules,
+    data: DataTimeModel,
+    batch_size: int,
+    params: float,
+    spec: GpuTypeSpec,
+    gpus: int,
+    nodes: int,
+) -> float:
+    """Eqs. (1)-(5): per-GPU throughput with ``gpus`` GPUs over ``nodes`` nodes.
+
+    T_c from Eq. (2); E(T_iter) from Eq. (4), each condition being Eq. (1) in
+    expectation over the Eq. (3) component and its wait mean; Eq. (5) gives
+    the throughput.
+    """
+    t_c = comm_time(params, gpus, nodes, spec.link_bandwidth, spec.net_bandwidth)
+    per_condition = [
+        expected_conditional_iter_time(
+            mu, sd, modules.t_f, modules.t_b, modules.t_u, wait, t_c, modules.pattern
+        )
+        for mu, sd, wait in (
+            (data.mu_cache, data.sd_cache, data.wait_means[0]),
+            (data.mu_load, data.sd_load, data.wait_means[1]),
+        )
+    ]
+    return throughput(batch_size, expected_iter_time(data.p_cache, *per_condition))
+
+
+def theoretical_per_gpu(
+    theory: TheoreticalLayer, job: JobSpec, spec: GpuTypeSpec, gpus: int, nodes: int
+) -> float:
+    """The theoretical layer's answer (Figure 3 ③). The profile's batch size
+    is used when given, since the time modules were measured with it."""
+    if theory.modules is None:
+        raise LookupError(f"job {job.id}: no profile on {spec.name}")
+    batch = theory.batch_size or job.batch_size
+    return modelled_per_gpu_throughput(
+        theory.modules, theory.samples.model(), batch, job.params, spec, gpus, nodes
+    )
+
+
+def _trusted(stat: RunningStat | None, min_count: int) -> float | None:
+    return stat.recent if stat is not None and stat.count >= min_count else None
+
+
+class _RawCurve(msgspec.Struct, frozen=True):
+    agg: tuple[float, ...]
+    dist: tuple[float, ...]
+
+
+def _type_curve(
+    rec: JobTypeRecord, job: JobSpec, spec: GpuTypeSpec, max_k: int, max_n: int,
+    settings: EstimatorSettings,
+) -> _RawCurve:
+    """Type layer (②) where a cell has enough samples, else the formula (③)."""
+    table, need = rec.type_layer, settings.min_type_samples
+
+    def cell(stat: RunningStat | None, gpus: int, nodes: int) -> float:
+        value = _trusted(stat, need)
+        return value if value is not None else theoretical_per_gpu(
+            rec.theory, job, spec, gpus, nodes
+        )
+
+    # Across nodes Eq. (2) ignores the GPU count, so n GPUs stand in for any.
+    return _RawCurve(
+        agg=tuple(cell(table.agg.get(k), k, 1) for k in range(1, max_k + 1)),
+        dist=tuple(cell(table.dist.get(n), n, n) for n in range(2, max_n + 1)),
+    )
+
+
+def _server_curve(
+    tables: ThroughputTables, base: _RawCurve, settings: EstimatorSettings
+) -> ThroughputCurve | None:
+    """Entity layer (①): the server's own curve, or None when no trusted cell
+    differs from the type value by more than the threshold."""
+    need, limit = settings.min_entity_samples, settings.server_rel_threshold
+    differs = False
+
+    def merge(stats: dict[int, RunningStat], values: tuple[float, ...], first: int) -> list[float]:
+        nonlocal differs
+        out = list(values)
+        for i, type_value in enumerate(values):
+            own = _trusted(stats.get(i + first), need)
+            if own is None:
+                continue
+            out[i] = own
+            if abs(own - type_value) > limit * abs(type_value):
+                differs = True
+        return out
+
+    agg = merge(tables.agg, base.agg, 1)
+    dist = merge(tables.dist, base.dist, 2)
+    return _rounded(_RawCurve(tuple(agg), tuple(dist)), settings) if differs else None
+
+
+def _rounded(curve: _RawCurve, settings: EstimatorSettings) -> ThroughputCurve:
+    digits = settings.significant_digits
+    return ThroughputCurve(
+        agg=tuple(round_sig(v, digits) for v in curve.agg),
+        dist=tuple(round_sig(v, digits) for v in curve.dist),
+    )
+
+
+def estimate_job(
+    db: ThroughputDatabase,
+    job: JobSpec,
+    cluster: Cluster,
+    settings: EstimatorSettings | None = None,
+) -> JobEstimate:
+    """§3.5 top-down lookup for every GPU type of ``cluster``.
+
+    ``by_type[t].agg[k-1]`` covers k = 1..max GPUs of a server of type t;
+    ``by_type[t].dist[n-2]`` covers n = 2..min(#servers of t, max_dist_nodes).
+    Types without a profile for the job are left out. ``by_server`` holds
+    complete curves for servers whose entity layer measurably differs.
+    """
+    cfg = settings or EstimatorSettings()
+    by_type: dict[GpuType, ThroughputCurve] = {}
+    by_server: dict[ServerId, ThroughputCurve] = {}
+    for spec in cluster.gpu_types:
+        rec = db.record(job.id, spec.name)
+        servers = list(cluster.servers_of_type(spec.name))
+        if rec is None or rec.theory.modules is None or not servers:
+            continue
+        max_k = max(s.gpus for s in servers)
+        max_n = min(len(servers), cfg.max_dist_nodes)
+        base = _type_curve(rec, job, spec, max_k, max_n, cfg)
+        by_type[spec.name] = _rounded(base, cfg)
+        for server in servers:
+            tables = rec.entity.get(server.id)
+            own = _server_curve(tables, base, cfg) if tables is not None else None
+            if own is not None:
+                by_server[server.id] = own
+    return JobEstimate(job.id, by_type, by_server)
+
+
+def predict(
+    db: ThroughputDatabase,
+    job: JobSpec,
+    cluster: Cluster,
+    config: Configuration,
+    settings: EstimatorSettings | None = None,
+) -> float:
+    """§3.5 configuration throughput (samples/s) of ``job`` under ``config``.
+
+    Raises LookupError when a server of ``config`` has a GPU type the job
+    has not been profiled on.
+    """
+    est = estimate_job(db, job, cluster, settings)
+    for sid in config.servers:
+        gpu_type = cluster.by_id[sid].gpu_type
+        if gpu_type not in est.by_type:
+            raise LookupError(f"job {job.id}: no profile on {gpu_type} (server {sid})")
+    return config_throughput(est, cluster, config)
