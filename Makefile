@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/hops demo
+	$(BIN)/hops plan
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -115,20 +115,21 @@ def cluster_from_doc(doc: Any, source: str = "cluster", lenient_keys: bool = Fal
 
 def load_cluster(path: str | Path) -> Cluster:
     p = Path(path)
-    doc, lenient = _load(p)
+    doc, lenient = read_document(p)
     return cluster_from_doc(doc, p.name, lenient)
 
 
 def load_jobs(path: str | Path) -> tuple[JobSpec, ...]:
     """A jobs file holds ``{"jobs": [...]}`` or a bare list of job specs."""
     p = Path(path)
-    doc, lenient = _load(p)
+    doc, lenient = read_document(p)
     if isinstance(doc, list):
         doc = {"jobs": doc}
     return convert(doc, JobsFile, p.name, lenient).jobs
 
 
-def _load(p: Path) -> tuple[Any, bool]:
+def read_document(p: Path) -> tuple[Any, bool]:
+    """Parse a spec file; the flag says whether scalars may be coerced."""
     try:
         return _read(p)
     except (OSError, yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:

@@ -1,0 +1,80 @@
+"""Plan one round from files: the cluster, the jobs and their profiles.
+
+This is the core on its own — no services, no clock: the profiles stand for
+what the profiler would have measured, the estimator turns them into
+estimates, and the Hops policy plans a first plan at ``now``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from services.estimator.database import ThroughputDatabase
+from services.estimator.estimator import estimate_job
+from services.scheduler.planner import HopsPolicy, HopsSettings
+from shared.cluster import Cluster
+from shared.ids import GpuType
+from shared.job import JobSpec
+from shared.measurements import ProfileReport, TimeModules
+from shared.snapshot import JobState, Plan, Snapshot
+from shared.specs import SpecError, convert, load_cluster, load_jobs, read_document
+
+
+class ModelProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Time modules of one model on one GPU type, as the profiler reports them."""
+
+    model: str
+    gpu_type: GpuType
+    modules: TimeModules
+    batch_size: int = 0
+
+
+class ProfilesFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    profiles: tuple[ModelProfile, ...]
+
+
+def load_profiles(path: str | Path) -> tuple[ModelProfile, ...]:
+    p = Path(path)
+    doc, lenient = read_document(p)
+    return convert(doc, ProfilesFile, p.name, lenient).profiles
+
+
+def profile_database(
+    cluster: Cluster, jobs: tuple[JobSpec, ...], profiles: tuple[ModelProfile, ...]
+) -> ThroughputDatabase:
+    """A database holding one profiling run per job and GPU type (§3.2)."""
+    by_key = {(p.model, p.gpu_type): p for p in profiles}
+    db = ThroughputDatabase()
+    for job in jobs:
+        for gpu_type in cluster.type_by_name:
+            prof = by_key.get((job.model, gpu_type))
+            if prof is None:
+                raise SpecError(f"no profile for model {job.model!r} on {gpu_type}")
+            server = next(cluster.servers_of_type(gpu_type)).id
+            db.record_profile(
+                ProfileReport(job.id, gpu_type, server, prof.modules, prof.batch_size)
+            )
+    return db
+
+
+def plan_once(
+    cluster_path: str | Path,
+    jobs_path: str | Path,
+    profiles_path: str | Path,
+    settings: HopsSettings,
+    now: float | None = None,
+) -> tuple[Snapshot, Plan]:
+    cluster = load_cluster(cluster_path)
+    jobs = load_jobs(jobs_path)
+    db = profile_database(cluster, jobs, load_profiles(profiles_path))
+    at = max(j.submit_time for j in jobs) if now is None else now
+    states = tuple(
+        JobState(spec=j, phase="queued", wait_s=max(0.0, at - j.submit_time))
+        for j in jobs
+        if j.submit_time <= at
+    )
+    estimates = {s.id: estimate_job(db, s.spec, cluster) for s in states}
+    snap = Snapshot(now=at, cluster=cluster, jobs=states, estimates=estimates)
+    return snap, HopsPolicy(settings).plan(snap)

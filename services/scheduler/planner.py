@@ -1,0 +1,214 @@
+"""The Hops policy: one planning call of §3.6 as a pure function of a snapshot.
+
+Order of work in a call:
+
+1. the profiling queue takes GPUs first (§3.2);
+2. at the start of a round, the *first plan*: priorities, the service window
+   over all GPUs, and the prior-weighted ILP of Eq. (11)-(13);
+3. *fill plans* over whatever is still idle — fragments, or GPUs released
+   later in the round — each with a window over the idle GPUs and the
+   sensitivity adjustment, until nothing more fits. Their assignments end with
+   the round, like the first plan's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
+from services.scheduler.priorities import JobFacts, job_facts, priority_fn, weights
+from services.scheduler.profiling import plan_profiling
+from services.scheduler.window import (
+    QueueEntry,
+    order_queue,
+    sensitivity_adjustment,
+    service_window,
+)
+from shared.estimate import job_sensitivity, sensitivity
+from shared.ids import JobId, ServerId
+from shared.snapshot import (
+    Assignment,
+    JobState,
+    PassStats,
+    Plan,
+    PlanReasons,
+    Snapshot,
+)
+
+
+class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Operator knobs. ``lam`` is Eq. (11)'s lambda (``inf`` = greedy order)."""
+
+    priority: str = "lr"
+    lam: float = 1.0
+    sigma: float = 1.4
+    r_num: int = 8
+    mip_rel_gap: float = 0.01
+    time_limit_s: float = 10.0
+    threads: int = 1
+    direct_max_columns: int = 20000
+    max_fill_passes: int = 4
+    profile_gpus: int = 1
+
+    def solver(self) -> SolverSettings:
+        return SolverSettings(
+            sigma=self.sigma,
+            mip_rel_gap=self.mip_rel_gap,
+            time_limit_s=self.time_limit_s,
+            threads=self.threads,
+            direct_max_columns=self.direct_max_columns,
+            greedy=math.isinf(self.lam),
+        )
+
+
+class _Queue(msgspec.Struct, frozen=True):
+    """Plannable jobs of one call, in priority order."""
+
+    order: tuple[JobId, ...]
+    priorities: dict[JobId, float]
+    entries: dict[JobId, QueueEntry]
+    jobs: dict[JobId, JobState]
+
+
+class HopsPolicy:
+    """Latency-ratio-fair, heterogeneity-aware planning (the paper's scheduler)."""
+
+    name = "hops"
+
+    def __init__(self, settings: HopsSettings | None = None) -> None:
+        self.settings = settings or HopsSettings()
+        self._priority = priority_fn(self.settings.priority)
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        profiling, free = plan_profiling(
+            snapshot.jobs, snapshot.cluster, snapshot.free_gpus(), self.settings.profile_gpus
+        )
+        queue = self._queue(snapshot)
+        assignments: list[Assignment] = []
+        passes: list[PassStats] = []
+        admitted: list[JobId] = []
+        first_window: tuple[JobId, ...] = ()
+        pending = list(queue.order)
+        kind: Literal["first", "fill"] = "first" if snapshot.first_plan else "fill"
+        for _ in range(1 + self.settings.max_fill_passes):
+            if not pending or sum(free.values()) == 0:
+                break
+            window, extra = self._members(queue, pending, free, kind)
+            first_window = first_window or tuple(e.job_id for e in window)
+            admitted.extend(e.job_id for e in extra)
+            result = self._solve(snapshot, queue, [*window, *extra], free)
+            passes.append(_stats(kind, len(window) + len(extra), result))
+            if not result.choices:
+                break
+            for c in result.choices:
+                assignments.append(Assignment(c.job_id, c.config, c.throughput, c.gain))
+                for sid, gpus in c.config.parts:
+                    free[sid] -= gpus
+            chosen = {c.job_id for c in result.choices}
+            pending = [j for j in pending if j not in chosen]
+            kind = "fill"
+        reasons = PlanReasons(
+            policy=self.name,
+            priorities=queue.priorities,
+            window=first_window,
+            admitted_by_adjustment=tuple(admitted),
+            passes=tuple(passes),
+        )
+        return Plan(tuple(assignments), tuple(profiling), reasons)
+
+    def _queue(self, snapshot: Snapshot) -> _Queue:
+        """Jobs this call may plan: with an estimate, and either waiting or —
+        at the start of a round — running (every running job is replanned)."""
+        phases = {"queued", "running"} if snapshot.first_plan else {"queued"}
+        jobs = {
+            j.id: j
+            for j in snapshot.jobs
+            if j.phase in phases and j.id in snapshot.estimates
+        }
+        facts = self._facts(snapshot, jobs)
+        prios = {jid: self._priority(jobs[jid], facts[jid]) for jid in jobs}
+        order = order_queue(prios, {jid: j.spec.submit_time for jid, j in jobs.items()})
+        entries = {
+            jid: QueueEntry(
+                job_id=jid,
+                min_gpus=jobs[jid].spec.requirement_set(self.settings.r_num)[0],
+                rho=job_sensitivity(snapshot.estimates[jid], snapshot.cluster),
+            )
+            for jid in jobs
+        }
+        return _Queue(tuple(order), prios, entries, jobs)
+
+    def _facts(self, snapshot: Snapshot, jobs: Mapping[JobId, JobState]) -> dict[JobId, JobFacts]:
+        active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
+        return {
+            jid: job_facts(
+                job, snapshot.estimates[jid], snapshot.cluster, snapshot.now,
+                self.settings.r_num, active,
+            )
+            for jid, job in jobs.items()
+        }
+
+    def _members(
+        self,
+        queue: _Queue,
+        pending: Sequence[JobId],
+        free: Mapping[ServerId, int],
+        kind: Literal["first", "fill"],
+    ) -> tuple[list[QueueEntry], list[QueueEntry]]:
+        """The service window over the GPUs this pass can use and, for a
+        fragment plan, the low-sensitivity jobs the adjustment admits."""
+        entries = [queue.entries[j] for j in pending]
+        capacity = sum(free.values())
+        window = service_window(entries, capacity)
+        if kind == "first":
+            return window, []
+        return window, sensitivity_adjustment(entries, window, capacity)
+
+    def _solve(
+        self,
+        snapshot: Snapshot,
+        queue: _Queue,
+        members: Sequence[QueueEntry],
+        free: Mapping[ServerId, int],
+    ) -> PassResult:
+        w = weights({e.job_id: queue.priorities[e.job_id] for e in members}, self._finite_lam)
+        pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id]) for e in members]
+        settings = self.settings.solver()
+        if settings.greedy:
+            return greedy_pass(snapshot.cluster, free, pass_jobs, settings)
+        return solve_pass(snapshot.cluster, free, pass_jobs, settings)
+
+    @property
+    def _finite_lam(self) -> float:
+        # With lambda = inf the greedy pass uses the order alone; weights are unused.
+        return 1.0 if math.isinf(self.settings.lam) else self.settings.lam
+
+    def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float) -> PassJob:
+        est = snapshot.estimates[job.id]
+        return PassJob(
+            job_id=job.id,
+            weight=weight,
+            requirements=job.spec.requirement_set(self.settings.r_num),
+            rho={t: sensitivity(est, t) for t in est.by_type},
+            estimate=est,
+            current=job.current,
+        )
+
+
+def _stats(kind: Literal["first", "fill"], considered: int, r: PassResult) -> PassStats:
+    return PassStats(
+        kind=kind,
+        jobs=considered,
+        variables=r.columns,
+        objective=r.objective,
+        bound=r.bound,
+        gap=r.gap,
+        solve_s=r.solve_s,
+        status=r.status,
+        formulation=r.formulation,
+        assigned=tuple(c.job_id for c in r.choices),
+    )

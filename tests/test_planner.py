@@ -1,0 +1,178 @@
+"""The Hops policy end to end on small snapshots: worked cases and invariants."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgspec
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.planner import HopsPolicy, HopsSettings
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
+from shared.snapshot import JobState, Plan, Snapshot
+from tests.helpers import cluster, flat_estimate, state
+
+
+def snapshot(
+    c: Cluster,
+    jobs: list[JobState],
+    rho: dict[str, float] | None = None,
+    **kw: object,
+) -> Snapshot:
+    rho = rho or {}
+    ests = {
+        j.id: flat_estimate(j.id, {t.name: 100.0 for t in c.gpu_types}, rho=rho.get(j.id, 1.0))
+        for j in jobs
+        if j.phase != "profiling"
+    }
+    return Snapshot(now=1000.0, cluster=c, jobs=tuple(jobs), estimates=ests, **kw)  # type: ignore[arg-type]
+
+
+def used(plan: Plan) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for a in plan.assignments:
+        for sid, g in a.config.parts:
+            total[sid] += g
+    for t in plan.profiling:
+        total[t.server] += t.gpus
+    return total
+
+
+def test_single_job_gets_its_largest_fitting_requirement() -> None:
+    c = cluster([("A", 1, 8)])
+    plan = HopsPolicy().plan(snapshot(c, [state("j", [1, 2, 4])]))
+    assert plan.config_of(JobId("j")) == Configuration.of({"A-0": 4})
+    assert plan.reasons.window == ("j",)
+    assert plan.reasons.passes[0].kind == "first"
+
+
+def test_latency_ratio_rescues_the_starving_job() -> None:
+    # One 4-GPU server, two jobs that each need all of it. The job that has
+    # waited a larger share of its lifetime wins, whatever its submission time.
+    c = cluster([("A", 1, 4)])
+    jobs = [
+        state("early-short-wait", [4], wait_s=100.0, submit=0.0),
+        state("late-long-wait", [4], wait_s=5000.0, submit=50.0),
+    ]
+    plan = HopsPolicy().plan(snapshot(c, jobs))
+    assert [a.job_id for a in plan.assignments] == ["late-long-wait"]
+    fifo = HopsPolicy(HopsSettings(priority="fifo")).plan(snapshot(c, jobs))
+    assert [a.job_id for a in fifo.assignments] == ["early-short-wait"]
+
+
+def test_profiling_queue_is_served_before_planning() -> None:
+    c = cluster([("A", 1, 4), ("B", 1, 4)])
+    jobs = [
+        state("new", [1], phase="profiling", unprofiled=["A", "B"]),
+        state("old", [4, 3]),
+    ]
+    plan = HopsPolicy().plan(snapshot(c, jobs))
+    assert {(t.gpu_type, t.server) for t in plan.profiling} == {("A", "A-0"), ("B", "B-0")}
+    # 'old' can no longer take 4 GPUs on one server; 3 still fit.
+    cfg = plan.config_of(JobId("old"))
+    assert cfg is not None and cfg.total_gpus == 3
+
+
+def test_fill_plan_uses_fragments_with_a_low_sensitivity_job() -> None:
+    # Two servers with 2 idle GPUs each (the rest held by running jobs). The
+    # queue head needs 4 GPUs and is placement-sensitive, so only a distributed
+    # config could fit it and it may not have one; behind it waits a
+    # low-sensitivity 4-GPU job, which the adjustment admits to the window.
+    c = cluster([("A", 2, 8)])
+    jobs = [
+        state("sensitive", [4], wait_s=900.0),
+        state("tolerant", [4], wait_s=10.0),
+        state("tolerant2", [4], wait_s=5.0),
+    ]
+    snap = snapshot(
+        c,
+        jobs,
+        rho={"sensitive": 3.0, "tolerant": 1.05, "tolerant2": 1.1},
+        held={ServerId("A-0"): 6, ServerId("A-1"): 6},
+        first_plan=False,
+    )
+    plan = HopsPolicy().plan(snap)
+    assert plan.config_of(JobId("tolerant")) == Configuration.of({"A-0": 2, "A-1": 2})
+    assert plan.config_of(JobId("sensitive")) is None
+    assert "tolerant" in plan.reasons.admitted_by_adjustment
+    assert plan.reasons.passes[0].kind == "fill"
+
+
+def test_fill_plan_leaves_running_jobs_alone() -> None:
+    c = cluster([("A", 1, 8)])
+    running = JobState(
+        spec=state("r", [4]).spec, phase="running", current=Configuration.of({"A-0": 4})
+    )
+    snap = snapshot(c, [running, state("q", [2, 4])], held={ServerId("A-0"): 4}, first_plan=False)
+    plan = HopsPolicy().plan(snap)
+    assert [a.job_id for a in plan.assignments] == ["q"]
+    assert used(plan)["A-0"] == 4
+
+
+# ---------------------------------------------------------------- invariants
+
+layouts = st.lists(
+    st.tuples(st.sampled_from(["A", "B", "C"]), st.integers(1, 3), st.sampled_from([2, 4, 8])),
+    min_size=1,
+    max_size=3,
+)
+job_specs = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]), min_size=1, max_size=4),
+        st.floats(0, 10_000),
+        st.sampled_from([1.0, 1.2, 2.5]),
+        st.sampled_from(["queued", "running", "profiling"]),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    c = cluster(draw(layouts))
+    specs = draw(job_specs)
+    jobs = [
+        state(f"j{i}", reqs, wait_s=wait, phase=phase,  # type: ignore[arg-type]
+              unprofiled=[c.gpu_types[0].name] if phase == "profiling" else [])
+        for i, (reqs, wait, _, phase) in enumerate(specs)
+    ]
+    rho = {f"j{i}": r for i, (_, _, r, _) in enumerate(specs)}
+    first = draw(st.booleans())
+    held = {}
+    if not first:
+        held = {s.id: draw(st.integers(0, s.gpus)) for s in c.servers}
+    return snapshot(c, jobs, rho=rho, held=held, first_plan=first)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots(), st.sampled_from([0.0, 1.0, 2.0, float("inf")]))
+def test_plan_invariants(snap: Snapshot, lam: float) -> None:
+    plan = HopsPolicy(HopsSettings(lam=lam)).plan(snap)
+    free = snap.free_gpus()
+    # No server is ever over-allocated (profiling included).
+    for sid, gpus in used(plan).items():
+        assert gpus <= free[ServerId(sid)], (sid, gpus, free)
+    # A job holds at most one configuration, from its requirement set.
+    ids = [a.job_id for a in plan.assignments]
+    assert len(ids) == len(set(ids))
+    by_id = {j.id: j for j in snap.jobs}
+    for a in plan.assignments:
+        job = by_id[a.job_id]
+        assert a.config.total_gpus in job.spec.requirement_set()
+        assert job.phase == "queued" or (snap.first_plan and job.phase == "running")
+    for t in plan.profiling:
+        assert by_id[t.job_id].phase == "profiling"
+    # The same input gives the same plan (all but the solver's wall time).
+    assert untimed(HopsPolicy(HopsSettings(lam=lam)).plan(snap)) == untimed(plan)
+
+
+def untimed(plan: Plan) -> Plan:
+    passes = tuple(msgspec.structs.replace(p, solve_s=0.0) for p in plan.reasons.passes)
+    return msgspec.structs.replace(
+        plan, reasons=msgspec.structs.replace(plan.reasons, passes=passes)
+    )
