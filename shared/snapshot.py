@@ -34,6 +34,11 @@ class JobState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     done_samples: float = 0.0
     current: Configuration | None = None
     unprofiled: tuple[GpuType, ...] = ()
+    # Seconds this job has run on each GPU type (round-robin realisations such
+    # as Gavel's need it; LAS reads attained_gpu_s).
+    attained_by_type: dict[GpuType, float] = {}
+    # Times this job's configuration changed (checkpoint-restarts so far).
+    restarts: int = 0
 
     @property
     def id(self) -> JobId:
