@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 import typer
@@ -17,6 +18,9 @@ app = typer.Typer(
 )
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
+DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
+DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
 
 
 @app.command()
@@ -29,15 +33,15 @@ def version() -> None:
 
 @app.command()
 def plan(
-    cluster: Path = typer.Option(EXAMPLES / "cluster-paper-physical.yaml", help="cluster spec"),
-    jobs: Path = typer.Option(EXAMPLES / "jobs-demo.yaml", help="job specs"),
-    profiles: Path = typer.Option(EXAMPLES / "profiles-demo.yaml", help="profiled time modules"),
-    priority: str = typer.Option("lr", help="lr, ftf, las, sjf, srtf or fifo"),
-    lam: float = typer.Option(1.0, help="lambda of Eq. (11); 'inf' for the greedy order"),
-    sigma: float = typer.Option(1.4, help="sensitivity threshold"),
-    gap: float = typer.Option(0.01, help="relative MIP gap"),
-    now: float | None = typer.Option(None, help="planning time in seconds (default: last submission)"),
-    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    cluster: Annotated[Path, typer.Option(help="cluster spec")] = DEFAULT_CLUSTER,
+    jobs: Annotated[Path, typer.Option(help="job specs")] = DEFAULT_JOBS,
+    profiles: Annotated[Path, typer.Option(help="profiled time modules")] = DEFAULT_PROFILES,
+    priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
+    lam: Annotated[float, typer.Option(help="lambda of Eq. (11); inf = greedy order")] = 1.0,
+    sigma: Annotated[float, typer.Option(help="sensitivity threshold")] = 1.4,
+    gap: Annotated[float, typer.Option(help="relative MIP gap")] = 0.01,
+    now: Annotated[float | None, typer.Option(help="plan time, s")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Plan one round for the jobs in a file, with their profiles."""
     from hops.oneshot import plan_once

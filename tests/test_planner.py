@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import msgspec
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
