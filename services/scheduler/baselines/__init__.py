@@ -1,0 +1,1 @@
+"""Baseline policies (Sia, Gavel) behind the same ``plan(snapshot)`` protocol as Hops."""
