@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.ilp import INF, MipModel, MipOptions, assignment_model, solve_mip
+from services.scheduler.formulation import assignment_model
+from services.scheduler.ilp import INF, MipModel, MipOptions, solve_mip
 from services.scheduler.passes import (
     PassJob,
     PassResult,

@@ -7,7 +7,7 @@ idle GPUs per server. :func:`solve_pass` maximises Eq. (11),
 each option's throughput over the job's smallest one in this pass), subject to
 at most one configuration per job (12) and the servers' idle GPUs (13).
 
-Two formulations of the same objective (built in :mod:`services.scheduler.ilp`):
+Two formulations of the same objective (built in :mod:`services.scheduler.formulation`):
 
 * ``direct``: one binary per (job, location-specific configuration) from
   :func:`~services.scheduler.candidates.generate_configs`; the paper's literal
@@ -44,23 +44,19 @@ import math
 from collections.abc import Mapping, Sequence
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 
-from services.scheduler.candidates import DEFAULT_SIGMA, ClassOption, Item, ServerClass
-from services.scheduler.ilp import (
+from services.scheduler.candidates import DEFAULT_SIGMA
+from services.scheduler.formulation import (
     Assignment,
-    MipOptions,
     OptionSpace,
-    PassOption,
     build_model,
     class_space,
     decode,
     incumbent_values,
     option_space,
-    solve_mip,
-    solve_relaxation,
 )
+from services.scheduler.ilp import MipOptions, solve_mip, solve_relaxation
+from services.scheduler.warmstart import PlanState, fill_leftovers, greedy_assign, warm_start
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -130,223 +126,6 @@ def scaled_weights(jobs: Sequence[PassJob]) -> list[float]:
     return [max(job.weight / top, WEIGHT_FLOOR) for job in jobs]
 
 
-def _first_run(servers: Sequence[ServerId], whole: set[ServerId], n: int) -> list[ServerId]:
-    """The first n consecutive servers of the class that are wholly idle."""
-    run: list[ServerId] = []
-    for sid in servers:
-        run = [*run, sid] if sid in whole else []
-        if len(run) == n:
-            return run
-    return []
-
-
-class _State:
-    """Idle GPUs per server while a plan is assembled, plus the items each
-    server holds (the class formulation recovers pattern counts from them)."""
-
-    def __init__(self, space: OptionSpace, free: Mapping[ServerId, int]) -> None:
-        self.space = space
-        self.free = {sid: g for sid, g in free.items() if g > 0}
-        self.items: dict[ServerId, list[Item]] = {}
-
-    def _items(self, config: Configuration) -> list[tuple[ServerId, Item]]:
-        # In a class, a distributed configuration's part below the class's
-        # idle GPUs is its tail; direct mode keeps no items.
-        dist = config.is_distributed
-        out = []
-        for sid, g in config.parts:
-            c = self.space.klass_of.get(sid)
-            out.append((sid, (g, dist and c is not None and g < self.space.classes[c].free)))
-        return out
-
-    def has_tail(self, sid: ServerId) -> bool:
-        return any(tail for _, tail in self.items.get(sid, ()))
-
-    def fits(self, config: Configuration) -> bool:
-        return all(
-            self.free.get(sid, 0) >= g and not (tail and self.has_tail(sid))
-            for sid, (g, tail) in self._items(config)
-        )
-
-    def take(self, config: Configuration) -> None:
-        if not self.fits(config):
-            raise RuntimeError(f"configuration {config} over-allocates a server")
-        for sid, item in self._items(config):
-            self.free[sid] -= item[0]
-            if self.space.klass_of:
-                self.items.setdefault(sid, []).append(item)
-
-    def place(self, opt: PassOption) -> Configuration | None:
-        """Where the option fits now (first fit within a class), or None."""
-        if opt.config is not None:
-            return opt.config if self.fits(opt.config) else None
-        assert opt.klass is not None
-        klass = self.space.classes[opt.klass.klass]
-        if not opt.klass.distributed:
-            sid = next((s for s in klass.servers if self.free[s] >= opt.klass.part), None)
-            return None if sid is None else Configuration(((sid, opt.klass.part),))
-        return self._place_distributed(klass, opt.klass)
-
-    def _place_distributed(self, klass: ServerClass, o: ClassOption) -> Configuration | None:
-        whole = [s for s in klass.servers if self.free[s] == klass.free]
-        if len(whole) < o.full:
-            return None
-        parts = dict.fromkeys(_first_run(klass.servers, set(whole), o.full) or whole[: o.full],
-                              klass.free)
-        if o.part:
-            # Prefer a partly used server for the tail, keeping whole ones free.
-            hosts = [s for s in klass.servers if s not in parts and self.free[s] >= o.part
-                     and not self.has_tail(s)]
-            host = next((s for s in hosts if self.free[s] < klass.free), None)
-            if host is None and not hosts:
-                return None
-            parts[host or hosts[0]] = o.part
-        return Configuration.of(parts)
-
-
-def _greedy(space: OptionSpace, state: _State, n_jobs: int, chosen: Assignment) -> Assignment:
-    """Jobs in the given order each take their best option that still fits."""
-    for i in range(n_jobs):
-        if i in chosen:
-            continue
-        for o in space.per_job[i]:
-            config = state.place(space.options[o])
-            if config is not None:
-                state.take(config)
-                chosen[i] = (o, config)
-                break
-    return chosen
-
-
-def _current_option(space: OptionSpace, i: int, current: Configuration) -> int | None:
-    """The option of job i that its current configuration is an instance of."""
-    shape = sorted((g for _, g in current.parts), reverse=True)
-    for o in space.per_job[i]:
-        opt = space.options[o]
-        if opt.config is not None:
-            if opt.config == current:
-                return o
-        elif opt.klass is not None and opt.gpus == current.total_gpus:
-            c = opt.klass.klass
-            klass = space.classes[c]
-            same_class = all(space.klass_of.get(s) == c for s in current.servers)
-            if same_class and shape == [g for g, _ in opt.klass.items(klass.free)]:
-                return o
-    return None
-
-
-def _shapes(
-    space: OptionSpace, x: Sequence[float] | npt.NDArray[np.float64], coeffs: Sequence[float]
-) -> list[list[list[int]]]:
-    """Per job with LP mass, its option shapes (job, gain, GPUs), which are
-    interchangeable for the objective, each listing its options by LP value.
-    Shapes go by LP mass, then coefficient; jobs the LP takes whole come first
-    (larger first: first-fit decreasing), split jobs after them."""
-    groups: dict[tuple[int, float, int], list[int]] = {}
-    for o, opt in enumerate(space.options):
-        groups.setdefault((opt.job, opt.gain, opt.gpus), []).append(o)
-    per_job: dict[int, list[tuple[float, list[int]]]] = {}
-    for (job, _, _), members in groups.items():
-        weight = round(sum(x[o] for o in members), 6)
-        if weight > 1e-6:
-            members.sort(key=lambda o: -x[o])
-            per_job.setdefault(job, []).append((weight, members))
-    for shapes in per_job.values():
-        shapes.sort(key=lambda t: (-t[0], -coeffs[t[1][0]], t[1][0]))
-    order = sorted(per_job, key=lambda j: (-per_job[j][0][0],
-                                           -space.options[per_job[j][0][1][0]].gpus, j))
-    return [[members for _, members in per_job[j]] for j in order]
-
-
-def _lp_rounding(
-    space: OptionSpace, x: Sequence[float] | npt.NDArray[np.float64], coeffs: Sequence[float],
-    free: Mapping[ServerId, int],
-) -> tuple[Assignment, _State]:
-    """Round the LP relaxation (see :func:`_shapes`) onto any servers that fit,
-    then let the jobs left take what remains by objective per GPU."""
-    state = _State(space, free)
-    chosen: Assignment = {}
-    for shapes in _shapes(space, x, coeffs):
-        for o in (o for members in shapes for o in members):
-            config = state.place(space.options[o])
-            if config is not None:
-                state.take(config)
-                chosen[space.options[o].job] = (o, config)
-                break
-    return _top_up(space, coeffs, state, chosen), state
-
-
-def _top_up(
-    space: OptionSpace, coeffs: Sequence[float], state: _State, chosen: Assignment
-) -> Assignment:
-    """Complete a warm start: jobs without a configuration take what is left,
-    best objective per GPU first (what is left is scarce)."""
-    rest = sorted((o for o, opt in enumerate(space.options) if opt.job not in chosen),
-                  key=lambda o: (-coeffs[o] / space.options[o].gpus, o))
-    for o in rest:
-        opt = space.options[o]
-        if opt.job not in chosen and (config := state.place(opt)) is not None:
-            state.take(config)
-            chosen[opt.job] = (o, config)
-    return chosen
-
-
-def _from_hint(
-    space: OptionSpace, coeffs: Sequence[float], hint: Mapping[int, Configuration],
-    free: Mapping[ServerId, int],
-) -> tuple[Assignment, _State]:
-    """Keep the hinted configurations that are options here and still fit;
-    a hinted job whose configuration is not (e.g. a class plan's distributed
-    configuration that is not adjacent) takes its best option of the same
-    size that fits. Then top up."""
-    state = _State(space, free)
-    chosen: Assignment = {}
-    missed = []
-    for i, config in sorted(hint.items()):
-        o = _current_option(space, i, config)
-        if o is not None and state.fits(config):
-            state.take(config)
-            chosen[i] = (o, config)
-        else:
-            missed.append((i, config.total_gpus))
-    for i, gpus in missed:
-        for o in (o for o in space.per_job[i] if space.options[o].gpus == gpus):
-            if (placed := state.place(space.options[o])) is not None:
-                state.take(placed)
-                chosen[i] = (o, placed)
-                break
-    return _top_up(space, coeffs, state, chosen), state
-
-
-def _warm_start(
-    space: OptionSpace, coeffs: Sequence[float], free: Mapping[ServerId, int], n_jobs: int,
-    relaxed: Sequence[float] | npt.NDArray[np.float64] | None,
-    hints: Sequence[Mapping[int, Configuration]],
-) -> tuple[Assignment, _State]:
-    """The best of: each hint (the jobs' current configurations, a class
-    solution), the rounded LP relaxation, and the greedy pass."""
-    starts = [_from_hint(space, coeffs, hint, free) for hint in hints if hint]
-    if relaxed is not None:
-        starts.append(_lp_rounding(space, relaxed, coeffs, free))
-    state = _State(space, free)
-    starts.append((_greedy(space, state, n_jobs, {}), state))
-    return max(starts, key=lambda s: _value(s[0], coeffs))
-
-
-def _value(assignment: Assignment, coeffs: Sequence[float]) -> float:
-    return sum(coeffs[o] for o, _ in assignment.values())
-
-
-def _fill(
-    space: OptionSpace, free: Mapping[ServerId, int], n_jobs: int, assignment: Assignment
-) -> Assignment:
-    """Apply a solution, then let the jobs left without one take what is left."""
-    state = _State(space, free)
-    for _, config in assignment.values():
-        state.take(config)
-    return _greedy(space, state, n_jobs, dict(assignment))
-
-
 def _result(
     space: OptionSpace, jobs: Sequence[PassJob], coeffs: Sequence[float],
     assignment: Assignment, *, bound: float, solve_s: float, status: str,
@@ -394,11 +173,11 @@ def _solve(
     options = MipOptions(settings.mip_rel_gap, left, settings.threads, settings.random_seed,
                          presolve=space.formulation != "direct")
     relaxed, lp_s = solve_relaxation(model, options)
-    start, state = _warm_start(space, coeffs, free, len(jobs), relaxed, hints)
+    start, state = warm_start(space, coeffs, free, len(jobs), relaxed, hints)
     sol = solve_mip(model, options,
                     incumbent=incumbent_values(space, start, state.items, model.num_cols))
     assignment = decode(space, sol.values) if sol.has_solution else start
-    assignment = _fill(space, free, len(jobs), assignment)
+    assignment = fill_leftovers(space, free, len(jobs), assignment)
     return _result(space, jobs, coeffs, assignment, bound=sol.bound,
                    solve_s=sol.solve_s + lp_s + spent_s, status=sol.status,
                    formulation=space.formulation, columns=model.num_cols)
@@ -469,6 +248,6 @@ def greedy_pass(
     if not space.options:
         return _empty()
     coeffs = [weights[o.job] * o.gain for o in space.options]
-    assignment = _greedy(space, _State(space, free), len(jobs), {})
+    assignment = greedy_assign(space, PlanState(space, free), len(jobs), {})
     return _result(space, jobs, coeffs, assignment, bound=0.0, solve_s=0.0, status="greedy",
                    formulation="greedy", columns=len(space.options))

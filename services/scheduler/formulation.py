@@ -1,0 +1,260 @@
+"""The two formulations of a pass's options for Eq. (11)-(13) (see
+:mod:`services.scheduler.passes`): ``direct`` columns per location-specific
+configuration, and ``class`` columns per server class with pattern counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from services.scheduler.candidates import (
+    ClassOption,
+    FreeIndex,
+    Item,
+    Pattern,
+    ServerClass,
+    class_options,
+    complete_pattern,
+    generate_configs,
+    largest_servers,
+    maximal_patterns,
+    realise_patterns,
+    server_classes,
+    undominated,
+)
+from services.scheduler.ilp import INF, MipModel
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.estimate import JobEstimate
+from shared.ids import GpuType, ServerId
+
+
+def assignment_model(
+    jobs: Sequence[int],
+    coeffs: Sequence[float],
+    usage: Sequence[Mapping[Hashable, float]],
+    capacity: Mapping[Hashable, float],
+    supply: Sequence[tuple[float, Mapping[Hashable, float]]] = (),
+) -> MipModel:
+    """Eq. (11)-(13) as a MIP: binary option columns ``x`` (job ``jobs[o]``,
+    objective coefficient ``coeffs[o]`` = w_i * G_ij), at most one per job
+    (12), and per resource ``sum_o usage[o][r] * x_o <= capacity[r]`` (13).
+
+    ``supply`` adds integer columns ``0 <= z <= ub`` with raw entries in the
+    resource rows; the class formulation uses them for pattern counts (an
+    entry ``-count`` supplies items, ``+1`` uses a server of the class).
+    """
+    model = MipModel()
+    job_rows = {j: model.add_row(-INF, 1.0) for j in sorted(set(jobs))}
+    res_rows: dict[Hashable, int] = {}
+
+    def row(resource: Hashable) -> int:
+        if resource not in res_rows:
+            res_rows[resource] = model.add_row(-INF, float(capacity[resource]))
+        return res_rows[resource]
+
+    for j, coeff, use in zip(jobs, coeffs, usage, strict=True):
+        rows = [job_rows[j], *(row(r) for r in use)]
+        model.add_col(coeff, 0.0, 1.0, integer=True, rows=rows, values=[1.0, *use.values()])
+    for upper, entries in supply:
+        rows = [row(r) for r in entries]
+        model.add_col(0.0, 0.0, upper, integer=True, rows=rows, values=list(entries.values()))
+    return model
+
+
+@dataclass(frozen=True, slots=True)
+class PassOption:
+    """One column of Eq. (11): job ``job`` with gain G_ij and its resources,
+    either a concrete configuration (direct) or a class option (class)."""
+
+    job: int
+    gain: float
+    throughput: float
+    gpus: int
+    order: tuple[int, ...]  # cluster-order tie-break
+    config: Configuration | None = None
+    klass: ClassOption | None = None
+
+
+@dataclass
+class OptionSpace:
+    """A pass's options. ``per_job`` lists option indices in greedy order (max
+    G, fewer GPUs, cluster order); the class fields are empty in direct mode."""
+
+    formulation: str
+    options: list[PassOption]
+    per_job: list[list[int]]
+    classes: tuple[ServerClass, ...] = ()
+    patterns: list[list[Pattern]] = field(default_factory=list)
+    kinds: list[list[Item]] = field(default_factory=list)
+    klass_of: dict[ServerId, int] = field(default_factory=dict)
+    pattern_col: dict[tuple[int, Pattern], int] = field(default_factory=dict)
+
+
+Assignment = dict[int, tuple[int, Configuration]]  # job index -> (option index, config)
+
+
+def build_model(
+    space: OptionSpace, coeffs: Sequence[float], free: Mapping[ServerId, int]
+) -> MipModel:
+    """Eq. (11)-(13) for ``space``: per-server rows (direct), or per class a
+    server-count row and per item size a linking row ``items chosen <= items
+    supplied by the pattern counts`` (class)."""
+    jobs = [o.job for o in space.options]
+    if space.formulation == "direct":
+        usage: list[Mapping[Hashable, float]] = [
+            dict(o.config.parts) if o.config else {} for o in space.options
+        ]
+        capacity: dict[Hashable, float] = {sid: float(g) for sid, g in free.items()}
+        return assignment_model(jobs, coeffs, usage, capacity)
+    capacity = {}
+    usage = []
+    for o in space.options:
+        assert o.klass is not None
+        c = o.klass.klass
+        items = Counter(o.klass.items(space.classes[c].free))
+        usage.append({("item", c, s): float(n) for s, n in items.items()})
+        capacity.update({("item", c, s): 0.0 for s in items})
+    supply: list[tuple[float, Mapping[Hashable, float]]] = []
+    for c, patterns in enumerate(space.patterns):
+        servers = float(len(space.classes[c].servers))
+        capacity[("class", c)] = servers
+        for p in patterns:
+            entries: dict[Hashable, float] = {
+                ("item", c, s): -float(n) for s, n in Counter(p).items()
+            }
+            entries[("class", c)] = 1.0
+            supply.append((servers, entries))
+    return assignment_model(jobs, coeffs, usage, capacity, supply)
+
+
+def incumbent_values(
+    space: OptionSpace, assignment: Assignment, items: Mapping[ServerId, Sequence[Item]],
+    n_cols: int,
+) -> list[float]:
+    """A plan as a column vector: chosen options, then (class mode) pattern
+    counts read off the items each server holds."""
+    x = [0.0] * n_cols
+    for o, _ in assignment.values():
+        x[o] = 1.0
+    if space.formulation == "class":
+        for sid, held in items.items():
+            c = space.klass_of[sid]
+            pattern = complete_pattern(held, space.classes[c].free, space.kinds[c])
+            x[space.pattern_col[(c, pattern)]] += 1.0
+    return x
+
+
+def decode(space: OptionSpace, x: Sequence[float] | npt.NDArray[np.float64]) -> Assignment:
+    """Chosen options as configurations; class solutions are realised on the
+    class's servers (:func:`~services.scheduler.candidates.realise_patterns`)."""
+    chosen = [o for o in range(len(space.options)) if x[o] > 0.5]
+    out: Assignment = {}
+    for o in chosen:
+        config = space.options[o].config
+        if config is not None:
+            out[space.options[o].job] = (o, config)
+    for c, klass in enumerate(space.classes):
+        demands = [(o, k) for o in chosen if (k := space.options[o].klass) and k.klass == c]
+        counts = [round(x[space.pattern_col[(c, p)]]) for p in space.patterns[c]]
+        configs = realise_patterns(klass, space.patterns[c], counts, [k for _, k in demands])
+        for (o, _), config in zip(demands, configs, strict=True):
+            if config is not None:
+                out[space.options[o].job] = (o, config)
+    return out
+
+
+class PassJobLike(Protocol):
+    """What the option spaces need of a job of the pass."""
+
+    @property
+    def requirements(self) -> tuple[int, ...]: ...
+    @property
+    def rho(self) -> dict[GpuType, float]: ...
+    @property
+    def estimate(self) -> JobEstimate: ...
+
+
+def _finish_space(formulation: str, options: list[PassOption], n_jobs: int) -> OptionSpace:
+    per_job: list[list[int]] = [[] for _ in range(n_jobs)]
+    for idx, opt in enumerate(options):
+        per_job[opt.job].append(idx)
+    for idxs in per_job:
+        idxs.sort(key=lambda o: (-options[o].gain, options[o].gpus, options[o].order))
+    return OptionSpace(formulation, options, per_job)
+
+
+def direct_space(
+    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJobLike], sigma: float
+) -> OptionSpace:
+    """One option per generated configuration; G over the job's minimum (Table 1)."""
+    index, largest = cluster.server_index, largest_servers(cluster)
+    options: list[PassOption] = []
+    for i, job in enumerate(jobs):
+        cands = generate_configs(cluster, free, job.requirements, job.rho, job.estimate, sigma,
+                                 largest)
+        low = min((c.throughput for c in cands), default=0.0)
+        for c in cands:
+            order = tuple(sorted(index[s] for s in c.config.servers))
+            gpus = c.config.total_gpus
+            options.append(PassOption(i, c.throughput / low, c.throughput, gpus, order, c.config))
+    return _finish_space("direct", options, len(jobs))
+
+
+def class_space(
+    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJobLike], sigma: float,
+    max_patterns: int,
+) -> OptionSpace | None:
+    """Options per server class, dominated ones dropped, plus each class's
+    patterns; None when a class has more than ``max_patterns`` of them."""
+    classes = server_classes(cluster, free, [j.estimate for j in jobs])
+    first = [cluster.server_index[k.servers[0]] for k in classes]
+    largest = largest_servers(cluster)
+    options: list[PassOption] = []
+    for i, job in enumerate(jobs):
+        opts = class_options(cluster, classes, job.requirements, job.rho, job.estimate, sigma,
+                             largest)
+        # G is normalised before pruning, over all the job's distinct options.
+        low = min((o.throughput for o in opts), default=0.0)
+        for o in undominated(opts):
+            options.append(PassOption(i, o.throughput / low, o.throughput, o.gpus,
+                                      (first[o.klass],), klass=o))
+    space = _finish_space("class", options, len(jobs))
+    space.classes = classes
+    space.klass_of = {sid: c for c, k in enumerate(classes) for sid in k.servers}
+    kinds: list[set[Item]] = [set() for _ in classes]
+    for opt in options:
+        assert opt.klass is not None
+        kinds[opt.klass.klass].update(opt.klass.items(classes[opt.klass.klass].free))
+    col = len(options)
+    for c, klass in enumerate(classes):
+        patterns = maximal_patterns(klass.free, sorted(kinds[c]), max_patterns)
+        if patterns is None:
+            return None
+        space.patterns.append(patterns)
+        space.kinds.append(sorted(kinds[c]))
+        for p in patterns:
+            space.pattern_col[(c, p)] = col
+            col += 1
+    return space
+
+
+def option_space(
+    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJobLike], *,
+    sigma: float, direct_max_columns: int, max_patterns: int,
+) -> OptionSpace:
+    """The direct space while it has at most ``direct_max_columns`` columns
+    (counted before generating), else the class space where it applies."""
+    index = FreeIndex(cluster, free)
+    columns = sum(index.count(j.requirements, j.rho, j.estimate, sigma) for j in jobs)
+    if columns > direct_max_columns:
+        space = class_space(cluster, free, jobs, sigma, max_patterns)
+        if space is not None:
+            return space
+    return direct_space(cluster, free, jobs, sigma)
