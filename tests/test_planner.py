@@ -77,28 +77,49 @@ def test_profiling_queue_is_served_before_planning() -> None:
 
 
 def test_fill_plan_uses_fragments_with_a_low_sensitivity_job() -> None:
-    # Two servers with 2 idle GPUs each (the rest held by running jobs). The
-    # queue head needs 4 GPUs and is placement-sensitive, so only a distributed
-    # config could fit it and it may not have one; behind it waits a
-    # low-sensitivity 4-GPU job, which the adjustment admits to the window.
-    c = cluster([("A", 2, 8)])
+    # Idle GPUs: 4 on A-0, 2 on A-1 and 2 on A-2 (the rest held by running
+    # jobs). Two placement-sensitive 4-GPU jobs head the queue and fill the
+    # window (4 + 4 >= 8); only one of them fits (on A-0). The adjustment sees
+    # rho_set = 3 > rho_queue = (3 + 3 + 1.05) / 3 and admits the tolerant job
+    # from behind the window, which takes the two 2-GPU fragments.
+    c = cluster([("A", 3, 8)])
     jobs = [
         state("sensitive", [4], wait_s=900.0),
+        state("sensitive2", [4], wait_s=800.0),
         state("tolerant", [4], wait_s=10.0),
-        state("tolerant2", [4], wait_s=5.0),
     ]
     snap = snapshot(
         c,
         jobs,
-        rho={"sensitive": 3.0, "tolerant": 1.05, "tolerant2": 1.1},
+        rho={"sensitive": 3.0, "sensitive2": 3.0, "tolerant": 1.05},
+        held={ServerId("A-0"): 4, ServerId("A-1"): 6, ServerId("A-2"): 6},
+        first_plan=False,
+    )
+    plan = HopsPolicy().plan(snap)
+    assert plan.reasons.window == ("sensitive", "sensitive2")
+    assert plan.reasons.admitted_by_adjustment == ("tolerant",)
+    assert plan.config_of(JobId("sensitive")) == Configuration.of({"A-0": 4})
+    assert plan.config_of(JobId("tolerant")) == Configuration.of({"A-1": 2, "A-2": 2})
+    assert plan.config_of(JobId("sensitive2")) is None
+    assert len(plan.reasons.passes) == 1 and plan.reasons.passes[0].kind == "fill"
+
+
+def test_fragment_window_skips_jobs_that_cannot_use_the_fragments() -> None:
+    # Two servers with 2 idle GPUs each. The head job needs 4 GPUs on one
+    # server (placement-sensitive), which no fragment can give; it does not
+    # hold the window, so the tolerant job behind it is planned in the first pass.
+    c = cluster([("A", 2, 8)])
+    jobs = [state("sensitive", [4], wait_s=900.0), state("tolerant", [4], wait_s=10.0)]
+    snap = snapshot(
+        c,
+        jobs,
+        rho={"sensitive": 3.0, "tolerant": 1.05},
         held={ServerId("A-0"): 6, ServerId("A-1"): 6},
         first_plan=False,
     )
     plan = HopsPolicy().plan(snap)
+    assert plan.reasons.window == ("tolerant",)
     assert plan.config_of(JobId("tolerant")) == Configuration.of({"A-0": 2, "A-1": 2})
-    assert plan.config_of(JobId("sensitive")) is None
-    assert "tolerant" in plan.reasons.admitted_by_adjustment
-    assert plan.reasons.passes[0].kind == "fill"
 
 
 def test_fill_plan_leaves_running_jobs_alone() -> None:

@@ -19,6 +19,11 @@ from typing import Literal
 
 import msgspec
 
+from services.scheduler.candidates import (
+    distributed_allowed,
+    is_high_sensitivity,
+    largest_servers,
+)
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
 from services.scheduler.priorities import JobFacts, job_facts, priority_fn, weights
 from services.scheduler.profiling import plan_profiling
@@ -28,8 +33,9 @@ from services.scheduler.window import (
     sensitivity_adjustment,
     service_window,
 )
-from shared.estimate import job_sensitivity, sensitivity
-from shared.ids import JobId, ServerId
+from shared.cluster import Cluster
+from shared.estimate import JobEstimate, job_sensitivity, sensitivity
+from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import (
     Assignment,
     JobState,
@@ -50,7 +56,7 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mip_rel_gap: float = 0.01
     time_limit_s: float = 10.0
     threads: int = 1
-    direct_max_columns: int = 20000
+    direct_max_columns: int = 5000
     max_fill_passes: int = 4
     profile_gpus: int = 1
 
@@ -97,7 +103,7 @@ class HopsPolicy:
         for _ in range(1 + self.settings.max_fill_passes):
             if not pending or sum(free.values()) == 0:
                 break
-            window, extra = self._members(queue, pending, free, kind)
+            window, extra = self._members(snapshot, queue, pending, free, kind)
             first_window = first_window or tuple(e.job_id for e in window)
             admitted.extend(e.job_id for e in extra)
             result = self._solve(snapshot, queue, [*window, *extra], free)
@@ -154,6 +160,7 @@ class HopsPolicy:
 
     def _members(
         self,
+        snapshot: Snapshot,
         queue: _Queue,
         pending: Sequence[JobId],
         free: Mapping[ServerId, int],
@@ -163,10 +170,22 @@ class HopsPolicy:
         fragment plan, the low-sensitivity jobs the adjustment admits."""
         entries = [queue.entries[j] for j in pending]
         capacity = sum(free.values())
-        window = service_window(entries, capacity)
         if kind == "first":
-            return window, []
-        return window, sensitivity_adjustment(entries, window, capacity)
+            return service_window(entries, capacity), []
+        # A fragment plan's window skips jobs that no configuration on these
+        # GPUs could serve: they cannot use the fragments, and letting them
+        # fill the window would block the jobs behind them for nothing.
+        room = _Room(snapshot.cluster, free)
+        usable = [
+            e for e in entries
+            if room.admits(
+                queue.jobs[e.job_id].spec.requirement_set(self.settings.r_num),
+                snapshot.estimates[e.job_id],
+                self.settings.sigma,
+            )
+        ]
+        window = service_window(usable, capacity)
+        return window, sensitivity_adjustment(usable, window, capacity)
 
     def _solve(
         self,
@@ -197,6 +216,31 @@ class HopsPolicy:
             estimate=est,
             current=job.current,
         )
+
+
+class _Room:
+    """The idle GPUs of a pass per type: the most on one server and the total."""
+
+    def __init__(self, cluster: Cluster, free: Mapping[ServerId, int]) -> None:
+        self.largest = largest_servers(cluster)
+        self.most: dict[GpuType, int] = {}
+        self.total: dict[GpuType, int] = {}
+        for s in cluster.servers:
+            g = free.get(s.id, 0)
+            self.most[s.gpu_type] = max(self.most.get(s.gpu_type, 0), g)
+            self.total[s.gpu_type] = self.total.get(s.gpu_type, 0) + g
+
+    def admits(self, reqs: Sequence[int], est: JobEstimate, sigma: float) -> bool:
+        """Whether configuration generation (§3.6) could give the job anything here."""
+        for t in est.by_type:
+            high = is_high_sensitivity({}, est, t, sigma)
+            for r in reqs:
+                if r <= self.most.get(t, 0):
+                    return True
+                spread = distributed_allowed(reqs, r, high, self.largest.get(t, 0))
+                if spread and r <= self.total.get(t, 0):
+                    return True
+        return False
 
 
 def _stats(kind: Literal["first", "fill"], considered: int, r: PassResult) -> PassStats:

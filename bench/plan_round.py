@@ -1,0 +1,80 @@
+"""One Hops planning round (the first plan plus its fill passes, §3.6) on
+synthetic clusters of 64 to 4096 GPUs with window-limited queues.
+
+Prints, per cluster size, the median and p95 wall time of
+``HopsPolicy.plan`` over the trials, the first pass's formulation, columns
+and solver time, and the largest relative gap any pass ended with.
+
+    .venv/bin/python bench/plan_round.py [TRIALS] [--sizes 64,512,1024,4096] [--gap 0.01]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.synthetic import make_cluster, make_queue
+from services.scheduler.planner import HopsPolicy, HopsSettings
+from shared.snapshot import Plan, Snapshot
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def run_size(gpus: int, trials: int, settings: HopsSettings) -> dict[str, object]:
+    walls: list[float] = []
+    plans: list[Plan] = []
+    jobs = window = 0
+    for trial in range(trials):
+        rng = random.Random(gpus * 7919 + trial)
+        cluster = make_cluster(rng, gpus)
+        queue, estimates = make_queue(rng, cluster)
+        snap = Snapshot(now=7200.0, cluster=cluster, jobs=tuple(queue), estimates=estimates)
+        policy = HopsPolicy(settings)
+        start = time.perf_counter()
+        plans.append(policy.plan(snap))
+        walls.append(time.perf_counter() - start)
+        jobs, window = len(queue), len(plans[-1].reasons.window)
+    first = [p.reasons.passes[0] for p in plans]
+    used = [sum(a.config.total_gpus for a in p.assignments) / gpus for p in plans]
+    return {
+        "gpus": gpus,
+        "queue": jobs,
+        "window": window,
+        "formulation": "/".join(sorted({f.formulation for f in first})),
+        "columns": int(statistics.median(f.variables for f in first)),
+        "passes": max(len(p.reasons.passes) for p in plans),
+        "median_s": statistics.median(walls),
+        "p95_s": p95(walls),
+        "solver_p95_s": p95([f.solve_s for f in first]),
+        "max_gap": max(s.gap for p in plans for s in p.reasons.passes),
+        "min_used": min(used),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("trials", nargs="?", type=int, default=10)
+    parser.add_argument("--sizes", default="64,512,1024,4096")
+    parser.add_argument("--gap", type=float, default=0.01)
+    args = parser.parse_args()
+    settings = HopsSettings(mip_rel_gap=args.gap)
+    header = ("gpus", "queue", "window", "formulation", "columns", "passes", "median_s",
+              "p95_s", "solver_p95_s", "max_gap", "min_used")
+    print(" | ".join(header))
+    for gpus in (int(s) for s in args.sizes.split(",")):
+        row = run_size(gpus, args.trials, settings)
+        cells = (f"{row[h]:.3f}" if isinstance(row[h], float) else str(row[h]) for h in header)
+        print(" | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
