@@ -1,0 +1,343 @@
+"""The Sia baseline (Jayaram Subramanya et al., "Sia: Heterogeneity-aware,
+goodput-optimized ML-cluster scheduling", SOSP'23), configured as the Hops
+paper configures it (§2.1, §4.2 "Baseline Settings", §4.4).
+
+One call at the start of a round:
+
+1. the shared profiling queue takes GPUs first
+   (:func:`~services.scheduler.profiling.plan_profiling`);
+2. every job with an estimate, queued or running, gets one configuration per
+   (GPU type, requirement R_k) with the type's goodput; Sia sees GPU types
+   only, so per-server curves (``JobEstimate.by_server``) are ignored;
+3. a binary ILP at type level (Sia §3.3, Eq. 1) picks at most one
+   configuration per job subject to the free GPUs of each type, trading the
+   normalised goodput G raised to ``p`` against the no-allocation penalty
+   ``lam``, with the restart factor (Sia Eq. 2) on configurations that would
+   change a running job's allocation;
+4. the Placer (:mod:`services.scheduler.baselines.sia_placement`) maps each
+   (type, count) onto servers; an allocation that the server-level
+   fragmentation defeats gets nothing this round.
+
+Later plans in a round only serve the profiling queue: "Sia and Gavel only
+plan once at the beginning of each round" (Hops §3.6).
+
+Sources read (``siasosp23/artifacts``): ``sia-simulator/sia.py``
+(``populate_valid_configs``, ``optimize_mip``, ``__solve_mip_rescaled``,
+``alloc_to_placement_smart``, ``get_restart_penalty``),
+``sia-simulator/simulator_config.py`` (defaults), ``sia-simulator/cluster.py``
+(job age), ``adaptdl/sched/adaptdl_sched/policy/mip.py`` (``get_valid_configs``)
+and the paper ``sia-sosp23.pdf`` (§3.1-§3.3, §4). How this follows and departs
+from them is written down in ``docs/baselines.md`` ("Sia"); in short:
+
+* objective: for p < 0 Sia minimises ``sum A_ij * G'_ij^p + lam * (#jobs
+  left out)``; the equivalent maximisation solved here gives each column the
+  coefficient ``lam - G'^p`` (for p > 0: ``G'^p + lam``). As in the artifact,
+  ``G^p`` is rounded to two decimals and clipped at 3000, and a row is scaled
+  so its minimum equals the job's smallest requirement R_1 (Sia §3.3: "normalize
+  the row to have a minimum non-zero value of N_min");
+* ``G' = r_i * G`` for every configuration other than the job's current one,
+  ``r_i = max(T_i - N_i * S, 0) / (T_i + S)`` with T_i the job's age, N_i its
+  restarts and S ``restart_penalty`` seconds, and ``r_i = 1`` while
+  ``T_i < S`` (artifact);
+* configurations: one per requirement R_k (Hops §4.2) instead of Sia's powers
+  of two up to a node and whole nodes beyond; goodput = throughput, since the
+  per-GPU batch size is fixed (Hops §2.2) and there is no statistical
+  efficiency term to add;
+* latency-ratio priority (Hops §4.2) orders the queue. Sia's objective has no
+  job weights (the artifact's ``job_weights`` are all ones), so the queue
+  order enters only where Sia is indifferent: a perturbation far below the
+  rounding step of ``G^p`` breaks exact ties between jobs in queue order, and
+  the Placer serves equal-sized allocations in queue order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from services.scheduler.baselines.sia_placement import Placement, TypeAllocation, place
+from services.scheduler.ilp import INF, MipModel, MipOptions, MipResult, solve_mip
+from services.scheduler.priorities import job_facts, priority_fn
+from services.scheduler.profiling import plan_profiling
+from services.scheduler.window import order_queue
+from shared.cluster import Cluster
+from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
+from shared.ids import GpuType, JobId, ServerId
+from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
+
+# Share of one rounding step of G^p that the queue-order tie-break may use in
+# total, so that it can only decide between otherwise equal plans.
+TIE_BREAK_SHARE = 0.4
+
+
+class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Sia's knobs with the defaults of Sia §4.3 and the artifact's
+    ``simulator_config.py`` (p = -0.5, lambda = 1.1, restarts cost 30 s,
+    relative MIP gap 1e-4), and the Hops paper's queue priority."""
+
+    p: float = -0.5
+    lam: float = 1.1
+    restart_penalty: float = 30.0  # S_i of Sia Eq. (2), seconds lost per restart
+    priority: str = "lr"
+    r_num: int = 8
+    scale_to_min_gpus: bool = True
+    round_decimals: int | None = 2
+    goodput_clip: float = 3000.0
+    mip_rel_gap: float = 1e-4
+    time_limit_s: float = 10.0
+    threads: int = 1
+    profile_gpus: int = 1
+
+    def __post_init__(self) -> None:
+        if self.p == 0 or not math.isfinite(self.p):
+            raise ValueError(f"p must be finite and non-zero, got {self.p}")
+        if self.lam < 0 or not math.isfinite(self.lam):
+            raise ValueError(f"lam must be finite and >= 0, got {self.lam}")
+        if self.restart_penalty < 0:
+            raise ValueError(f"restart_penalty must be >= 0, got {self.restart_penalty}")
+        if self.r_num < 1:
+            raise ValueError(f"r_num must be >= 1, got {self.r_num}")
+
+
+@dataclass(frozen=True, slots=True)
+class SiaColumn:
+    """One (job, GPU type, requirement) configuration of the ILP."""
+
+    job_id: JobId
+    gpu_type: GpuType
+    gpus: int
+    nodes: int
+    gain: float  # normalised goodput G (before the restart factor)
+    coeff: float  # objective coefficient, tie-break included
+
+
+def type_goodput(curve: ThroughputCurve, gpus: int, per_node: int) -> tuple[int, float]:
+    """Nodes and goodput of ``gpus`` GPUs of one type: the aggregated curve
+    when they fit one node, else the distributed one over ceil(gpus / node)."""
+    nodes = -(-gpus // per_node)
+    per_gpu = curve.agg_per_gpu(gpus) if nodes == 1 else curve.dist_per_gpu(nodes)
+    return nodes, per_gpu * gpus
+
+
+def job_row(
+    cluster: Cluster, est: JobEstimate, requirements: Sequence[int], scale_to_min: bool
+) -> list[tuple[GpuType, int, int, float]]:
+    """The job's row of Sia's normalised goodput matrix: ``(type, gpus, nodes,
+    G)`` for every requirement that some type has enough GPUs for, whether or
+    not they are free now, so that G does not depend on the round's load."""
+    row: list[tuple[GpuType, int, int, float]] = []
+    for spec in cluster.gpu_types:
+        curve = est.by_type.get(spec.name)
+        per_node = cluster.max_server_gpus(spec.name)
+        if curve is None or per_node == 0:
+            continue
+        total = cluster.type_gpus(spec.name)
+        for gpus in requirements:
+            if gpus > total:
+                continue
+            nodes, goodput = type_goodput(curve, gpus, per_node)
+            if goodput > 0:
+                row.append((spec.name, gpus, nodes, goodput))
+    low = min((g for *_, g in row), default=0.0)
+    scale = (min(requirements) if scale_to_min else 1.0) / low if low > 0 else 0.0
+    return [(t, gpus, nodes, g * scale) for t, gpus, nodes, g in row]
+
+
+def restart_factor(job: JobState, now: float, penalty_s: float) -> float:
+    """Sia Eq. (2): r = max(T - N * S, 0) / (T + S), T the job's age, N its
+    restarts, S the seconds a restart costs; 1 while T < S, as in the
+    artifact's ``optimize_mip``, so a young job is not held in place."""
+    age = max(0.0, now - job.spec.submit_time)
+    if penalty_s <= 0 or age < penalty_s:
+        return 1.0
+    return max(age - job.restarts * penalty_s, 0.0) / (age + penalty_s)
+
+
+def current_allocation(cluster: Cluster, job: JobState) -> tuple[GpuType, int] | None:
+    """The job's current allocation as Sia sees it: (type, GPU count)."""
+    if job.current is None:
+        return None
+    servers = [cluster.by_id.get(sid) for sid in job.current.servers]
+    types = {s.gpu_type for s in servers if s is not None}
+    if None in servers:
+        return None  # a server that left the cluster: nothing to keep
+    return (types.pop(), job.current.total_gpus) if len(types) == 1 else None
+
+
+def coefficient(g: float, settings: SiaSettings) -> float | None:
+    """A column's worth against leaving the job out: ``lam - G^p`` for p < 0
+    (Sia minimises cost G^p against the penalty lam), ``G^p + lam`` for p > 0.
+    None when the column could never improve the objective."""
+    if g <= 0:
+        return None
+    value = g**settings.p
+    if settings.round_decimals is not None:
+        value = round(value, settings.round_decimals)
+    value = min(value, settings.goodput_clip)
+    coeff = settings.lam - value if settings.p < 0 else value + settings.lam
+    return coeff if coeff > 0 else None
+
+
+class SiaPolicy:
+    """Sia's type-level goodput ILP plus its Placer, behind ``plan(snapshot)``."""
+
+    name = "sia"
+
+    def __init__(self, settings: SiaSettings | None = None) -> None:
+        self.settings = settings or SiaSettings()
+        self._priority = priority_fn(self.settings.priority)
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        profiling, free = plan_profiling(
+            snapshot.jobs, snapshot.cluster, snapshot.free_gpus(), self.settings.profile_gpus
+        )
+        if not snapshot.first_plan:
+            return Plan((), tuple(profiling), PlanReasons(policy=self.name))
+        jobs, prios = self._queue(snapshot)
+        capacity = type_capacity(snapshot.cluster, free)
+        columns = self._columns(snapshot, jobs, capacity)
+        result = self._solve(jobs, columns, capacity)
+        chosen = [c for c, x in zip(columns, result.values, strict=True) if x > 0.5]
+        placement = place(snapshot.cluster, free, self._allocations(snapshot, jobs, chosen))
+        assignments = self._assignments(snapshot, jobs, chosen, placement)
+        stats = _stats(len(jobs), len(columns), result, placement, assignments)
+        reasons = PlanReasons(policy=self.name, priorities=prios, passes=(stats,))
+        return Plan(tuple(assignments), tuple(profiling), reasons)
+
+    def _queue(self, snapshot: Snapshot) -> tuple[list[JobState], dict[JobId, float]]:
+        """Every plannable job (Sia replans all of them each round), in
+        descending priority order."""
+        plannable = {
+            j.id: j
+            for j in snapshot.jobs
+            if j.phase in ("queued", "running") and j.id in snapshot.estimates
+        }
+        active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
+        prios = {
+            jid: self._priority(
+                job,
+                job_facts(job, snapshot.estimates[jid], snapshot.cluster, snapshot.now,
+                          self.settings.r_num, active),
+            )
+            for jid, job in plannable.items()
+        }
+        submit = {jid: j.spec.submit_time for jid, j in plannable.items()}
+        return [plannable[j] for j in order_queue(prios, submit)], prios
+
+    def _columns(
+        self, snapshot: Snapshot, jobs: Sequence[JobState], capacity: Mapping[GpuType, int]
+    ) -> list[SiaColumn]:
+        """The ILP's columns in queue order; a configuration larger than the
+        free GPUs of its type is not offered this round."""
+        s = self.settings
+        # Rank k of n adds unit * (n - k); over all n jobs that sums to
+        # TIE_BREAK_SHARE of one rounding step of G^p (1e-6 without rounding).
+        step = 10.0 ** -(s.round_decimals if s.round_decimals is not None else 6)
+        unit = TIE_BREAK_SHARE * step * 2 / (len(jobs) * (len(jobs) + 1)) if jobs else 0.0
+        columns: list[SiaColumn] = []
+        for rank, job in enumerate(jobs):
+            reqs = job.spec.requirement_set(s.r_num)
+            row = job_row(snapshot.cluster, snapshot.estimates[job.id], reqs, s.scale_to_min_gpus)
+            current = current_allocation(snapshot.cluster, job)
+            r = restart_factor(job, snapshot.now, s.restart_penalty)
+            for gpu_type, gpus, nodes, g in row:
+                if gpus > capacity[gpu_type]:
+                    continue
+                factor = 1.0 if (gpu_type, gpus) == current else r
+                coeff = coefficient(factor * g, s)
+                if coeff is not None:
+                    tie = unit * (len(jobs) - rank)
+                    columns.append(SiaColumn(job.id, gpu_type, gpus, nodes, g, coeff + tie))
+        return columns
+
+    def _solve(
+        self,
+        jobs: Sequence[JobState],
+        columns: Sequence[SiaColumn],
+        capacity: Mapping[GpuType, int],
+    ) -> MipResult:
+        """At most one column per job; per type, GPUs <= the type's free GPUs."""
+        model = MipModel()
+        job_row_of = {j.id: model.add_row(-INF, 1.0) for j in jobs}
+        type_row_of = {t: model.add_row(-INF, float(g)) for t, g in capacity.items()}
+        for c in columns:
+            rows = [job_row_of[c.job_id], type_row_of[c.gpu_type]]
+            model.add_col(c.coeff, 0.0, 1.0, integer=True, rows=rows, values=[1.0, float(c.gpus)])
+        s = self.settings
+        options = MipOptions(
+            mip_rel_gap=s.mip_rel_gap, time_limit_s=s.time_limit_s, threads=s.threads
+        )
+        return solve_mip(model, options, maximize=True)
+
+    def _allocations(
+        self, snapshot: Snapshot, jobs: Sequence[JobState], chosen: Sequence[SiaColumn]
+    ) -> list[TypeAllocation]:
+        rank = {j.id: i for i, j in enumerate(jobs)}
+        by_id = {j.id: j for j in jobs}
+        allocations: list[TypeAllocation] = []
+        for c in chosen:
+            job = by_id[c.job_id]
+            same = current_allocation(snapshot.cluster, job) == (c.gpu_type, c.gpus)
+            keep = job.current if same else None
+            allocations.append(
+                TypeAllocation(c.job_id, c.gpu_type, c.gpus, c.nodes, rank[c.job_id], keep)
+            )
+        return allocations
+
+    def _assignments(
+        self,
+        snapshot: Snapshot,
+        jobs: Sequence[JobState],
+        chosen: Sequence[SiaColumn],
+        placement: Placement,
+    ) -> list[Assignment]:
+        """Placed jobs in queue order; throughput from the type curves only."""
+        gain = {c.job_id: c.gain for c in chosen}
+        out: list[Assignment] = []
+        for job in jobs:
+            config = placement.configs.get(job.id)
+            if config is None:
+                continue
+            blind = msgspec.structs.replace(snapshot.estimates[job.id], by_server={})
+            tput = config_throughput(blind, snapshot.cluster, config)
+            out.append(Assignment(job.id, config, tput, gain[job.id]))
+        return out
+
+
+def type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
+    """Free GPUs per type: all that Sia's allocation stage knows of the servers."""
+    capacity = {t.name: 0 for t in cluster.gpu_types}
+    for s in cluster.servers:
+        capacity[s.gpu_type] += free.get(s.id, 0)
+    return capacity
+
+
+def _stats(
+    considered: int,
+    variables: int,
+    result: MipResult,
+    placement: Placement,
+    assignments: Sequence[Assignment],
+) -> PassStats:
+    """The round's one pass. Allocations the Placer could not realise (server
+    fragmentation the type-level ILP cannot see) are counted in
+    ``formulation`` as ``unplaced=<n>`` with their ids."""
+    unplaced = placement.unplaced
+    note = f"sia-type-level, unplaced={len(unplaced)}"
+    if unplaced:
+        note += " (" + ", ".join(unplaced) + ")"
+    return PassStats(
+        kind="first",
+        jobs=considered,
+        variables=variables,
+        objective=result.objective,
+        bound=result.bound,
+        gap=result.gap,
+        solve_s=result.solve_s,
+        status=result.status,
+        formulation=note,
+        assigned=tuple(a.job_id for a in assignments),
+    )
