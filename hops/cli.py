@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
+EXPERIMENTS_HELP = "table3, table4, priorities, arrival-rates or elasticflow"
 
 
 @app.command()
@@ -56,6 +58,67 @@ def plan(
         typer.echo(msgspec.json.encode(result).decode())
     else:
         typer.echo(render_plan(snap, result))
+
+
+@app.command()
+def simulate(
+    cluster: Annotated[str, typer.Option(help="paper-physical, paper-sim-512, gavel or a file")],
+    workload: Annotated[str, typer.Option(help="paper-physical, paper-sim, or a file/trace")],
+    out: Annotated[Path, typer.Option(help="output folder")],
+    policy: Annotated[str, typer.Option(help="hops, sia or gavel")] = "hops",
+    priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
+    lam: Annotated[float | None, typer.Option(help="the policy's lambda")] = None,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    first_n: Annotated[int | None, typer.Option(help="take the first N jobs")] = None,
+    compress: Annotated[float, typer.Option(help="divide inter-arrival times by this")] = 1.0,
+    elastic: Annotated[bool, typer.Option(help="derive elastic requirement sets (traces)")] = False,
+    rate: Annotated[float | None, typer.Option(help="arrivals per hour (paper-sim)")] = None,
+    round_s: Annotated[float, typer.Option(help="round length, s")] = 300.0,
+    restart_s: Annotated[float, typer.Option(help="checkpoint-restart cost, s")] = 30.0,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Simulate one policy on one workload; writes OUT/summary.json, jobs.csv, rounds.csv."""
+    from hops.simrun import RunSpec, rich_progress, write_outputs
+    from hops.simrun import simulate as run
+
+    spec = RunSpec(
+        cluster=cluster, workload=workload, policy=policy, priority=priority, lam=lam,
+        seed=seed, first_n=first_n, compress=compress, elastic=elastic, rate_per_h=rate,
+        round_s=round_s, restart_s=restart_s,
+    )
+    update, close = rich_progress(f"{policy}/{priority}") if progress else (None, lambda: None)
+    try:
+        c, result = run(spec, update)
+    except (SpecError, ValueError) as exc:
+        close()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    close()
+    summary = write_outputs(out, spec, c, result)
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "run"}, indent=2))
+
+
+@app.command()
+def experiment(
+    name: Annotated[str, typer.Argument(help=EXPERIMENTS_HELP)],
+    out: Annotated[Path, typer.Option(help="output folder")],
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    trace: Annotated[str | None, typer.Option(help="trace for 'elasticflow'")] = None,
+    first_n: Annotated[int | None, typer.Option(help="first N jobs of the trace")] = None,
+    compress: Annotated[float, typer.Option(help="inter-arrival compression")] = 1.0,
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
+    from hops.experiments import define, run_experiment
+    from hops.simrun import rich_progress
+
+    try:
+        exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress)
+        run_experiment(exp, out, rich_progress if progress else None)
+    except (SpecError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo((out / "results.md").read_text())
 
 
 def render_plan(snap: Snapshot, result: Plan) -> str:

@@ -102,9 +102,18 @@ def test_model_is_cached_until_new_samples_arrive() -> None:
     assert hist.model() is first
     hist.add([])
     assert hist.model() is first
+    # One more iteration over 500 does not pay for a refit...
     hist.add([0.5])
-    assert hist.model() is not first
-    assert hist.model().samples == 501
+    assert hist.model() is first
+    # ...a quarter more does, and the refit sees every sample.
+    hist.add([0.5] * 124)
+    refit = hist.model()
+    assert refit is not first and refit.samples == 625
+    eager = DataTimeSamples(refit_growth=0.0)
+    eager.add(t_d.tolist(), t_w.tolist())
+    before = eager.model()
+    eager.add([0.5])
+    assert eager.model() is not before and eager.model().samples == 501
 
 
 finite_times = st.floats(min_value=0.0, max_value=5.0, allow_nan=False, allow_subnormal=False)

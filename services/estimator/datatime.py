@@ -208,17 +208,29 @@ class DataTimeSamples:
     Keeps the most recent ``window`` iterations: deterministic, bounded
     memory and refit cost, and it lets the model follow drift (a dataset
     that starts fitting in the page cache, say). The fit is recomputed only
-    when samples were added since the last call.
+    once the samples added since the last fit reach ``refit_growth`` times
+    the samples that fit saw: a few dozen new iterations barely move a fit
+    over thousands, and EM over the whole window is the estimator's most
+    expensive step, so refits stay amortised O(1) per sample.
     """
 
-    def __init__(self, window: int = 4096, settings: DataTimeSettings | None = None) -> None:
+    def __init__(
+        self,
+        window: int = 4096,
+        settings: DataTimeSettings | None = None,
+        refit_growth: float = 0.25,
+    ) -> None:
         if window <= 0:
             raise ValueError("window must be > 0")
+        if refit_growth < 0:
+            raise ValueError("refit_growth must be >= 0")
         self.window = window
         self.settings = settings or DataTimeSettings()
+        self.refit_growth = refit_growth
         self._data: deque[float] = deque(maxlen=window)
         self._wait: deque[float] = deque(maxlen=window)
         self._model: DataTimeModel | None = None
+        self._new = 0  # samples added since the last fit
 
     def __len__(self) -> int:
         return len(self._data)
@@ -233,7 +245,7 @@ class DataTimeSamples:
             return
         self._data.extend(data)
         self._wait.extend(waits)
-        self._model = None
+        self._new += len(data)
 
     @property
     def data_times(self) -> tuple[float, ...]:
@@ -244,11 +256,14 @@ class DataTimeSamples:
         return tuple(self._wait)
 
     def model(self) -> DataTimeModel:
-        """The current fit of Eq. (3), refitted lazily."""
-        if self._model is None:
-            self._model = fit_data_time(
-                np.fromiter(self._data, dtype=np.float64, count=len(self._data)),
-                np.fromiter(self._wait, dtype=np.float64, count=len(self._wait)),
-                self.settings,
-            )
+        """The current fit of Eq. (3), refitted lazily (see the class doc)."""
+        model = self._model
+        if model is not None and self._new < max(1.0, self.refit_growth * model.samples):
+            return model
+        self._new = 0
+        self._model = fit_data_time(
+            np.fromiter(self._data, dtype=np.float64, count=len(self._data)),
+            np.fromiter(self._wait, dtype=np.float64, count=len(self._wait)),
+            self.settings,
+        )
         return self._model

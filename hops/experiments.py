@@ -1,0 +1,143 @@
+"""The paper's comparisons as named experiments (Hops §4.2-4.6).
+
+Each experiment is a list of simulation runs; ``run_experiment`` executes
+them, then writes ``results.json`` (one summary per run), ``results.md`` (a
+table beside the paper's numbers) and PNG plots (CDF of JCT and of latency
+ratio, cluster throughput over time).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from hops.simrun import RunSpec, simulate, write_outputs
+from simulator.metrics import SimResult
+
+# Table 3 (physical, 64 GPUs) and Table 4 (simulated, 512 GPUs) of the paper:
+# makespan h, avg JCT h, avg wait h, max LR, avg fragments per round.
+PAPER: dict[str, dict[str, tuple[float, float, float, float, float]]] = {
+    "table3": {
+        "hops": (9.51, 3.2, 0.95, 0.37, 0.15),
+        "sia": (11.68, 4.41, 1.47, 1.03, 5.89),
+        "gavel": (14.46, 5.92, 2.11, 1.31, 3.36),
+    },
+    "table4": {
+        "hops": (10.48, 2.24, 0.87, 3.22, 0.45),
+        "sia": (12.36, 3.79, 1.68, 78.5, 56.0),
+        "gavel": (15.42, 4.04, 2.24, 70.43, 18.0),
+    },
+}
+POLICIES = ("hops", "sia", "gavel")
+PRIORITIES = ("lr", "las", "sjf", "srtf", "ftf", "fifo")
+RATES = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+
+
+class Experiment(msgspec.Struct, frozen=True):
+    name: str
+    title: str
+    runs: tuple[tuple[str, RunSpec], ...]  # (label, spec)
+
+
+def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
+           compress: float = 1.0) -> Experiment:
+    """The runs of experiment ``name``."""
+    if name == "table3":
+        base = RunSpec(cluster="paper-physical", workload="paper-physical", seed=seed)
+        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
+        return Experiment(name, "Physical 64-GPU cluster (Table 3)", runs)
+    if name == "table4":
+        base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
+        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
+        return Experiment(name, "Simulated 512-GPU cluster (Table 4)", runs)
+    if name == "priorities":
+        base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
+        runs = tuple((f"hops-{q}", msgspec.structs.replace(base, priority=q)) for q in PRIORITIES)
+        return Experiment(name, "Hops under different queue priorities (Figure 13)", runs)
+    if name == "arrival-rates":
+        base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
+        runs = tuple(
+            (f"{p}@{rate:g}/h", msgspec.structs.replace(base, policy=p, rate_per_h=rate))
+            for rate in RATES
+            for p in POLICIES
+        )
+        return Experiment(name, "Average JCT against the arrival rate (§4.6)", runs)
+    if name == "elasticflow":
+        base = RunSpec(
+            cluster="paper-sim-512",
+            workload=trace or "elasticflow:cluster04",
+            seed=seed,
+            first_n=first_n,
+            compress=compress,
+        )
+        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
+        return Experiment(name, f"ElasticFlow trace {base.workload}", runs)
+    known = "table3, table4, priorities, arrival-rates, elasticflow"
+    raise ValueError(f"unknown experiment {name!r}; known: {known}")
+
+
+def run_experiment(
+    exp: Experiment,
+    out: Path,
+    progress: Callable[[str], tuple[Callable[[float, int, int], None] | None, Callable[[], None]]]
+    | None = None,
+) -> dict[str, dict[str, object]]:
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, dict[str, object]] = {}
+    results: dict[str, SimResult] = {}
+    for label, spec in exp.runs:
+        update, close = progress(label) if progress else (None, lambda: None)
+        try:
+            cluster, result = simulate(spec, update)
+        finally:
+            close()
+        summaries[label] = write_outputs(out / _slug(label), spec, cluster, result)
+        results[label] = result
+    (out / "results.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    (out / "results.md").write_text(render_markdown(exp, summaries))
+    from hops.plots import plot_results
+
+    plot_results(exp.name, results, out)
+    return summaries
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+COLUMNS = (
+    ("makespan_h", "Makespan (h)", "{:.2f}"),
+    ("avg_jct_h", "Avg JCT (h)", "{:.2f}"),
+    ("avg_wait_h", "Avg wait (h)", "{:.2f}"),
+    ("max_lr", "Max LR", "{:.2f}"),
+    ("avg_frag", "Avg frag", "{:.2f}"),
+    ("p99_jct_h", "p99 JCT (h)", "{:.2f}"),
+    ("max_ftf", "Max FTF", "{:.2f}"),
+    ("unfair_fraction", "FTF>1", "{:.0%}"),
+    ("jobs_finished", "Done", "{}"),
+    ("planner_p95_s", "Plan p95 (s)", "{:.3f}"),
+)
+
+
+def render_markdown(exp: Experiment, summaries: dict[str, dict[str, object]]) -> str:
+    head = "| run | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    rule = "|" + "---|" * (len(COLUMNS) + 1)
+    lines = [f"# {exp.title}", "", head, rule]
+    for label, s in summaries.items():
+        cells = [fmt.format(s[key]) for key, _, fmt in COLUMNS]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    paper = PAPER.get(exp.name)
+    if paper:
+        lines += ["", "The paper's numbers (same columns, first five):", "",
+                  "| run | " + " | ".join(t for _, t, _ in COLUMNS[:5]) + " |",
+                  "|" + "---|" * 6]
+        for policy, vals in paper.items():
+            lines.append(f"| paper {policy} | " + " | ".join(f"{v:g}" for v in vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def labels(exp: Experiment) -> Sequence[str]:
+    return [label for label, _ in exp.runs]

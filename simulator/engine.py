@@ -1,0 +1,289 @@
+"""The discrete-event simulator (issue: trace-driven comparisons).
+
+A virtual clock moves from event to event — arrivals, profiling runs ending,
+jobs finishing, round boundaries — and at each planning point the engine
+builds the same :class:`~shared.snapshot.Snapshot` the live scheduler builds
+and calls the policy's ``plan``. Jobs progress at the ground truth's rate, the
+estimator learns only from what profiling and running jobs report, and a
+configuration change costs a checkpoint-restart. Randomness comes from the
+seed; wall-clock time only from the injected ``timer``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+
+import msgspec
+import numpy as np
+
+from services.estimator.database import ThroughputDatabase
+from services.estimator.estimator import EstimatorSettings, estimate_job
+from services.scheduler.fairness import raqlr
+from services.scheduler.policy import Policy
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.estimate import JobEstimate
+from shared.ids import GpuType, JobId, ServerId
+from shared.measurements import ProfileReport
+from shared.snapshot import Plan, Snapshot
+from simulator.metrics import RoundRecord, SimResult, job_outcome
+from simulator.state import JobRecord, Occupancy
+from simulator.truth import GroundTruth
+from simulator.workloads import SimJob
+
+Progress = Callable[[float, int, int], None]
+EPS = 1e-6
+
+
+class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``round_s``: round length; ``restart_s``: checkpoint-restart cost of
+    any (re)start; iterations per profiling run and per running sample."""
+
+    round_s: float = 300.0
+    restart_s: float = 30.0
+    profile_iters: int = 20
+    sample_iters: int = 50
+    seed: int = 0
+    raqlr_window_h: float = 1.0
+    max_time_s: float = 90 * 86400.0
+    estimator: EstimatorSettings = EstimatorSettings()
+
+
+class _Profiling(msgspec.Struct, order=True):
+    end: float
+    job_id: JobId
+    server: ServerId
+    report: ProfileReport
+
+
+class Simulation:
+    """One run of one policy over one workload on one cluster."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        jobs: Sequence[SimJob],
+        policy: Policy,
+        truth: GroundTruth,
+        settings: SimSettings | None = None,
+        timer: Callable[[], float] | None = None,
+    ) -> None:
+        self.cluster, self.policy, self.truth = cluster, policy, truth
+        self.settings = settings or SimSettings()
+        self.timer = timer
+        self.rng = np.random.default_rng(self.settings.seed)
+        self.jobs = {j.spec.id: JobRecord(spec=j.spec, model=j.model) for j in jobs}
+        if len(self.jobs) != len(jobs):
+            raise ValueError("workload has duplicate job ids")
+        self.arrivals = sorted(jobs, key=lambda j: (j.spec.submit_time, j.spec.id))
+        self.next_arrival = 0
+        self.occ = Occupancy(cluster)
+        self.profiling: list[_Profiling] = []
+        self.db = ThroughputDatabase()
+        self.estimates: dict[JobId, JobEstimate] = {}
+        self.dirty: set[JobId] = set()
+        self.rates: dict[tuple[str, Configuration], float] = {}
+        self.now = 0.0
+        self.next_round = 0.0
+        self.rounds: list[RoundRecord] = []
+        self.plan_seconds: list[float] = []
+        self.finished: list[tuple[float, float]] = []
+        self.done = 0
+
+    # ------------------------------------------------------------ main loop
+
+    def run(self, progress: Progress | None = None) -> SimResult:
+        total = len(self.jobs)
+        while self.done < total and self.now < self.settings.max_time_s:
+            t = self._next_event()
+            finishing = [r for r in self._running() if r.completion_time(self.now) <= t + EPS]
+            for rec in self.jobs.values():
+                rec.advance(self.now, t, self.cluster)
+            self.now = t
+            released = self._complete(finishing) | self._end_profiling()
+            arrived = self._arrive()
+            if self.now >= self.next_round - EPS:
+                self._round()
+            elif released or arrived:
+                self._plan(first=False)
+            if progress is not None:
+                progress(self.now, self.done, total)
+        outcomes = tuple(job_outcome(r, self.truth, self.cluster) for r in self.jobs.values())
+        return SimResult(outcomes, tuple(self.rounds), tuple(self.plan_seconds), self.now)
+
+    def _next_event(self) -> float:
+        candidates = [self.next_round]
+        if self.next_arrival < len(self.arrivals):
+            candidates.append(self.arrivals[self.next_arrival].spec.submit_time)
+        if self.profiling:
+            candidates.append(self.profiling[0].end)
+        candidates += [r.completion_time(self.now) for r in self._running()]
+        return max(self.now, min(candidates))
+
+    def _running(self) -> list[JobRecord]:
+        return [r for r in self.jobs.values() if r.phase == "running"]
+
+    # --------------------------------------------------------------- events
+
+    def _arrive(self) -> bool:
+        arrived = False
+        while (
+            self.next_arrival < len(self.arrivals)
+            and self.arrivals[self.next_arrival].spec.submit_time <= self.now + EPS
+        ):
+            rec = self.jobs[self.arrivals[self.next_arrival].spec.id]
+            self.next_arrival += 1
+            rec.unprofiled = {
+                t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
+            }
+            if not rec.unprofiled:
+                raise ValueError(f"job {rec.id}: model {rec.model} runs on no GPU type here")
+            rec.phase = "profiling"
+            arrived = True
+        return arrived
+
+    def _complete(self, finishing: Sequence[JobRecord]) -> bool:
+        for rec in finishing:
+            assert rec.current is not None
+            self.occ.give(rec.current, self.occ.jobs)
+            rec.done_samples = float(rec.spec.total_samples)
+            # phase None: out of the scheduler's hands (finish tells it from "not arrived")
+            rec.finish, rec.phase, rec.current, rec.rate = self.now, None, None, 0.0
+            self.done += 1
+            self.db.forget(rec.id)
+            self.estimates.pop(rec.id, None)
+            outcome = job_outcome(rec, self.truth, self.cluster)
+            self.finished.append((self.now, outcome.lr))
+        return bool(finishing)
+
+    def _end_profiling(self) -> bool:
+        ended = False
+        while self.profiling and self.profiling[0].end <= self.now + EPS:
+            run = heapq.heappop(self.profiling)
+            self.occ.profiling[run.server] -= 1
+            self.db.record_profile(run.report)
+            self.dirty.add(run.job_id)
+            rec = self.jobs[run.job_id]
+            if not rec.unprofiled and not any(p.job_id == rec.id for p in self.profiling):
+                rec.phase = "queued"
+                rec.profile_end = self.now
+            ended = True
+        return ended
+
+    # -------------------------------------------------------------- planning
+
+    def _round(self) -> None:
+        self._sample_running()
+        planned = self._plan(first=True)
+        waiting = sum(1 for r in self.jobs.values() if r.phase in ("queued", "profiling"))
+        idle = self.occ.idle()
+        self.rounds.append(
+            RoundRecord(
+                t=self.now,
+                idle=idle,
+                waiting=waiting,
+                frag=idle if waiting else 0,
+                running=len(self._running()),
+                throughput=sum(r.rate for r in self._running()),
+                planner_s=planned,
+                raqlr=raqlr(self.finished, self.now, self.settings.raqlr_window_h),
+            )
+        )
+        self.next_round = self.now + self.settings.round_s
+
+    def _plan(self, first: bool) -> float:
+        """Call the policy and apply its plan; returns the planner's time."""
+        active = [r for r in self.jobs.values() if r.phase is not None and r.finish is None]
+        if not active:
+            return 0.0
+        held = dict(self.occ.profiling)
+        if not first:
+            for sid, g in self.occ.jobs.items():
+                held[sid] = held.get(sid, 0) + g
+        snap = Snapshot(
+            now=self.now,
+            cluster=self.cluster,
+            jobs=tuple(r.state() for r in active),
+            estimates=self._estimates(active),
+            held={k: v for k, v in held.items() if v},
+            first_plan=first,
+        )
+        start = self.timer() if self.timer else 0.0
+        plan = self.policy.plan(snap)
+        spent = (self.timer() - start) if self.timer else 0.0
+        self.plan_seconds.append(spent)
+        self._apply(plan, first)
+        return spent
+
+    def _estimates(self, active: Sequence[JobRecord]) -> dict[JobId, JobEstimate]:
+        out: dict[JobId, JobEstimate] = {}
+        for rec in active:
+            if rec.phase == "profiling":
+                continue
+            if rec.id in self.dirty or rec.id not in self.estimates:
+                self.estimates[rec.id] = estimate_job(
+                    self.db, rec.spec, self.cluster, self.settings.estimator
+                )
+                self.dirty.discard(rec.id)
+            out[rec.id] = self.estimates[rec.id]
+        return out
+
+    def _apply(self, plan: Plan, first: bool) -> None:
+        chosen = {a.job_id: a.config for a in plan.assignments}
+        if len(chosen) != len(plan.assignments):
+            raise RuntimeError(f"{self.policy.name}: a job got two configurations")
+        if first:
+            for rec in self._running():
+                if chosen.get(rec.id) != rec.current:
+                    self._stop(rec)
+        for job_id, config in chosen.items():
+            self._start(self.jobs[job_id], config)
+        for task in plan.profiling:
+            self._profile(task.job_id, task.gpu_type, task.server)
+
+    def _stop(self, rec: JobRecord) -> None:
+        assert rec.current is not None
+        self.occ.give(rec.current, self.occ.jobs)
+        rec.phase, rec.current, rec.rate = "queued", None, 0.0
+
+    def _start(self, rec: JobRecord, config: Configuration) -> None:
+        if rec.phase == "running" and rec.current == config:
+            return
+        if rec.phase != "queued":
+            raise RuntimeError(f"{self.policy.name}: job {rec.id} is {rec.phase}, not queued")
+        if config.total_gpus not in rec.spec.requirement_set():
+            raise RuntimeError(f"{self.policy.name}: {config} is not a requirement of {rec.id}")
+        self.occ.take(config, self.occ.jobs)
+        key = (rec.model, config)
+        if key not in self.rates:
+            self.rates[key] = self.truth.throughput(rec.model, config)
+        rec.phase, rec.current, rec.rate = "running", config, self.rates[key]
+        rec.paused_until = self.now + self.settings.restart_s
+        rec.restarts += 1
+        if rec.first_start is None:
+            rec.first_start = self.now
+
+    def _profile(self, job_id: JobId, gpu_type: GpuType, server: ServerId) -> None:
+        rec = self.jobs[job_id]
+        if gpu_type not in rec.unprofiled:
+            raise RuntimeError(f"{self.policy.name}: {job_id} needs no profiling on {gpu_type}")
+        rec.unprofiled.discard(gpu_type)
+        self.occ.take(Configuration(((server, 1),)), self.occ.profiling)
+        report, seconds = self.truth.profile(
+            job_id, rec.model, server, self.settings.profile_iters, self.rng
+        )
+        heapq.heappush(self.profiling, _Profiling(self.now + seconds, job_id, server, report))
+
+    def _sample_running(self) -> None:
+        """Running-mode reports of the round that ends (§3.2)."""
+        for rec in self._running():
+            assert rec.current is not None
+            if rec.paused_until >= self.now:
+                continue
+            for sample in self.truth.running_samples(
+                rec.id, rec.model, rec.current, self.settings.sample_iters, self.rng
+            ):
+                self.db.record_sample(sample)
+            self.dirty.add(rec.id)
+

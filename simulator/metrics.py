@@ -1,0 +1,145 @@
+"""What a simulation run measures (Hops §4.2-4.4).
+
+Per job: JCT, queueing wait, latency ratio (Eq. 6, with the age of Eq. 9
+computed from the ground truth), and Themis' finish-time fairness rho.
+Per round: idle GPUs while jobs wait (the paper's fragments), cluster
+throughput, RAQLR (Eq. 7) and planner time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+
+from shared.cluster import Cluster
+from shared.ids import JobId
+from simulator.state import JobRecord
+from simulator.truth import GroundTruth
+
+
+class RoundRecord(msgspec.Struct, frozen=True):
+    t: float
+    idle: int
+    waiting: int
+    frag: int  # idle GPUs if any job still waits after the round's planning, else 0
+    running: int
+    throughput: float  # samples/s of all running jobs
+    planner_s: float
+    raqlr: float
+
+
+class JobOutcome(msgspec.Struct, frozen=True):
+    id: JobId
+    model: str
+    submit: float
+    first_start: float | None
+    finish: float | None
+    wait_s: float
+    age_s: float  # Eq. (9) on the ground truth
+    lr: float  # wait / age, Eq. (6)
+    jct_s: float | None
+    restarts: int
+    min_gpus: int
+    max_gpus: int
+    r_avg: float
+
+
+class SimResult(msgspec.Struct, frozen=True):
+    jobs: tuple[JobOutcome, ...]
+    rounds: tuple[RoundRecord, ...]
+    plan_seconds: tuple[float, ...]
+    end_time: float
+
+
+def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster) -> float:
+    """Eq. (9) with the true single-GPU throughputs: the run time the job
+    would expect without waiting."""
+    reqs = rec.spec.requirement_set()
+    r_avg = sum(reqs) / len(reqs)
+    terms = [
+        (p, rec.spec.total_samples / (tput * r_avg))
+        for t, p in cluster.type_share().items()
+        if p > 0
+        and truth.supports(rec.model, t)
+        and (tput := truth.single_gpu_throughput(rec.model, t)) > 0
+    ]
+    mass = sum(p for p, _ in terms)
+    return sum(p * a for p, a in terms) / mass if mass else math.inf
+
+
+def job_outcome(rec: JobRecord, truth: GroundTruth, cluster: Cluster) -> JobOutcome:
+    reqs = rec.spec.requirement_set()
+    age = true_age(rec, truth, cluster)
+    return JobOutcome(
+        id=rec.id,
+        model=rec.model,
+        submit=rec.spec.submit_time,
+        first_start=rec.first_start,
+        finish=rec.finish,
+        wait_s=rec.wait_s,
+        age_s=age,
+        lr=rec.wait_s / age if age > 0 and math.isfinite(age) else 0.0,
+        jct_s=None if rec.finish is None else rec.finish - rec.spec.submit_time,
+        restarts=rec.restarts,
+        min_gpus=reqs[0],
+        max_gpus=reqs[-1],
+        r_avg=sum(reqs) / len(reqs),
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _contenders(rounds: Sequence[RoundRecord], start: float, end: float) -> float:
+    inside = [r.waiting + r.running for r in rounds if start <= r.t <= end]
+    return sum(inside) / len(inside) if inside else 1.0
+
+
+def ftf_rhos(result: SimResult, cluster: Cluster) -> dict[JobId, float]:
+    """Finish-time fairness rho = T_sh / T_id (Themis; heterogeneous as in Sia:
+    T_id is the Eq. (9) run time on an equal 1/N share of the whole cluster,
+    N the mean number of jobs contending over the job's life)."""
+    out: dict[JobId, float] = {}
+    for j in result.jobs:
+        if j.jct_s is None or j.finish is None or not math.isfinite(j.age_s):
+            continue
+        n = max(1.0, _contenders(result.rounds, j.submit, j.finish))
+        share = min(float(j.max_gpus), max(1.0, cluster.total_gpus / n))
+        isolated = j.age_s * j.r_avg / share
+        out[j.id] = j.jct_s / isolated if isolated > 0 else 0.0
+    return out
+
+
+def summarize(result: SimResult, cluster: Cluster) -> dict[str, float | int]:
+    """The headline numbers of a run (the keys of summary.json)."""
+    done = [j for j in result.jobs if j.jct_s is not None]
+    jcts = [j.jct_s for j in done if j.jct_s is not None]
+    first_submit = min((j.submit for j in result.jobs), default=0.0)
+    last_finish = max((j.finish for j in done if j.finish is not None), default=first_submit)
+    rhos = list(ftf_rhos(result, cluster).values())
+    busy = [r for r in result.rounds if r.t <= last_finish]
+    return {
+        "jobs": len(result.jobs),
+        "jobs_finished": len(done),
+        "makespan_h": (last_finish - first_submit) / 3600,
+        "avg_jct_h": sum(jcts) / len(jcts) / 3600 if jcts else 0.0,
+        "p99_jct_h": percentile(jcts, 99) / 3600,
+        "avg_wait_h": sum(j.wait_s for j in done) / len(done) / 3600 if done else 0.0,
+        "max_lr": max((j.lr for j in done), default=0.0),
+        "avg_frag": sum(r.frag for r in busy) / len(busy) if busy else 0.0,
+        "max_ftf": max(rhos, default=0.0),
+        "unfair_fraction": sum(1 for r in rhos if r > 1) / len(rhos) if rhos else 0.0,
+        "rounds": len(result.rounds),
+        "planner_p95_s": percentile([r.planner_s for r in result.rounds], 95),
+        "planner_median_s": percentile([r.planner_s for r in result.rounds], 50),
+        "planner_max_s": max((r.planner_s for r in result.rounds), default=0.0),
+        "restarts": sum(j.restarts for j in result.jobs),
+    }

@@ -1,0 +1,107 @@
+"""Mutable bookkeeping of one simulation run: jobs and GPUs over virtual time.
+
+Nothing here knows which policy runs; the engine (``simulator.engine``) moves
+jobs between phases and this module keeps the numbers consistent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
+from shared.snapshot import JobState, Phase
+
+
+@dataclass
+class JobRecord:
+    """One job's life in the simulation."""
+
+    spec: JobSpec
+    model: str
+    phase: Phase | None = None  # None: not yet arrived; "done" is tracked by ``finish``
+    unprofiled: set[GpuType] = field(default_factory=set)
+    current: Configuration | None = None
+    rate: float = 0.0  # true samples/s of ``current``
+    paused_until: float = 0.0  # checkpoint-restart: no progress before this time
+    done_samples: float = 0.0
+    wait_s: float = 0.0
+    attained_gpu_s: float = 0.0
+    attained_by_type: dict[GpuType, float] = field(default_factory=dict)
+    restarts: int = 0
+    first_start: float | None = None
+    finish: float | None = None
+    profile_end: float | None = None
+
+    @property
+    def id(self) -> JobId:
+        return self.spec.id
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.spec.total_samples - self.done_samples)
+
+    def advance(self, start: float, end: float, cluster: Cluster) -> None:
+        """Account for [start, end): progress if running, waiting if queued."""
+        if end <= start or self.finish is not None:
+            return
+        if self.phase == "queued":
+            self.wait_s += end - start
+        elif self.phase == "running" and self.current is not None:
+            useful = max(0.0, end - max(start, self.paused_until))
+            self.done_samples = min(
+                float(self.spec.total_samples), self.done_samples + self.rate * useful
+            )
+            held = end - start
+            self.attained_gpu_s += held * self.current.total_gpus
+            gpu_type = cluster.by_id[self.current.parts[0][0]].gpu_type
+            self.attained_by_type[gpu_type] = self.attained_by_type.get(gpu_type, 0.0) + held
+
+    def completion_time(self, now: float) -> float:
+        """When the job finishes at its current rate (inf if it does not run)."""
+        if self.phase != "running" or self.rate <= 0:
+            return float("inf")
+        return max(now, self.paused_until) + self.remaining / self.rate
+
+    def state(self) -> JobState:
+        assert self.phase is not None
+        return JobState(
+            spec=self.spec,
+            phase=self.phase,
+            wait_s=self.wait_s,
+            attained_gpu_s=self.attained_gpu_s,
+            done_samples=self.done_samples,
+            current=self.current,
+            unprofiled=tuple(sorted(self.unprofiled)),
+            attained_by_type=dict(self.attained_by_type),
+            restarts=self.restarts,
+        )
+
+
+@dataclass
+class Occupancy:
+    """GPUs in use per server: by running jobs and by profiling runs."""
+
+    cluster: Cluster
+    jobs: dict[ServerId, int] = field(default_factory=dict)
+    profiling: dict[ServerId, int] = field(default_factory=dict)
+
+    def take(self, config: Configuration, pool: dict[ServerId, int]) -> None:
+        for sid, g in config.parts:
+            pool[sid] = pool.get(sid, 0) + g
+            if self.used(sid) > self.cluster.by_id[sid].gpus:
+                raise RuntimeError(f"server {sid} over-allocated by {config}")
+
+    def give(self, config: Configuration, pool: dict[ServerId, int]) -> None:
+        for sid, g in config.parts:
+            pool[sid] -= g
+            if pool[sid] < 0:
+                raise RuntimeError(f"server {sid}: released more GPUs than held")
+
+    def used(self, sid: ServerId) -> int:
+        return self.jobs.get(sid, 0) + self.profiling.get(sid, 0)
+
+    def idle(self) -> int:
+        return sum(s.gpus - self.used(s.id) for s in self.cluster.servers)
