@@ -196,3 +196,16 @@ def untimed(plan: Plan) -> Plan:
     return msgspec.structs.replace(
         plan, reasons=msgspec.structs.replace(plan.reasons, passes=passes)
     )
+
+
+def test_running_job_moves_only_when_the_gain_pays_for_the_restart() -> None:
+    # A running job on A-0; server B-0 is 5% faster for it. Moving costs a
+    # restart worth 10% of a round, so it stays; with no restart cost it moves.
+    c = cluster([("A", 1, 4), ("B", 1, 4)])
+    spec = state("r", [4]).spec
+    running = JobState(spec=spec, phase="running", current=Configuration.of({"A-0": 4}))
+    est = flat_estimate("r", {"A": 100.0, "B": 105.0})
+    snap = Snapshot(now=0.0, cluster=c, jobs=(running,), estimates={JobId("r"): est})
+    assert HopsPolicy().plan(snap).config_of(JobId("r")) == Configuration.of({"A-0": 4})
+    eager = HopsPolicy(HopsSettings(reconfig_cost=0.0))
+    assert eager.plan(snap).config_of(JobId("r")) == Configuration.of({"B-0": 4})

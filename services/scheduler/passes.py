@@ -56,7 +56,13 @@ from services.scheduler.formulation import (
     option_space,
 )
 from services.scheduler.ilp import MipOptions, solve_mip, solve_relaxation
-from services.scheduler.warmstart import PlanState, fill_leftovers, greedy_assign, warm_start
+from services.scheduler.warmstart import (
+    PlanState,
+    current_option,
+    fill_leftovers,
+    greedy_assign,
+    warm_start,
+)
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -77,6 +83,9 @@ class PassJob(msgspec.Struct, frozen=True):
     rho: dict[GpuType, float]  # Eq. (10) per type
     estimate: JobEstimate
     current: Configuration | None = None  # last round's configuration (warm start)
+    # Multiplies the gain of every option except ``current``: the share of a
+    # round that a checkpoint-restart costs is lost by moving or starting.
+    switch_factor: float = 1.0
 
 
 class SolverSettings(msgspec.Struct, frozen=True):
@@ -154,6 +163,22 @@ def _space(
                         max_patterns=settings.max_patterns)
 
 
+def _coefficients(
+    space: OptionSpace, jobs: Sequence[PassJob], weights: Sequence[float]
+) -> list[float]:
+    """w_i * G_ij of Eq. (11), with the switch factor on every option that
+    would restart the job (all options of a job that does not run)."""
+    coeffs = [weights[o.job] * o.gain for o in space.options]
+    for i, job in enumerate(jobs):
+        if job.switch_factor == 1.0:
+            continue
+        keep = current_option(space, i, job.current) if job.current is not None else None
+        for o in space.per_job[i]:
+            if o != keep:
+                coeffs[o] *= job.switch_factor
+    return coeffs
+
+
 def _check(jobs: Sequence[PassJob]) -> list[float]:
     ids = [job.job_id for job in jobs]
     if len(set(ids)) != len(ids):
@@ -222,7 +247,7 @@ def solve_pass(
     space = _space(cluster, free, jobs, settings)
     if not space.options:
         return _empty()
-    coeffs = [weights[o.job] * o.gain for o in space.options]
+    coeffs = _coefficients(space, jobs, weights)
     current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
     hint: dict[int, Configuration] = {}
     spent = 0.0

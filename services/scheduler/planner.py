@@ -59,6 +59,10 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     direct_max_columns: int = 5000
     max_fill_passes: int = 4
     profile_gpus: int = 1
+    # Share of a round a configuration change costs (checkpoint-restart over
+    # round length): options that would restart a job weigh this much less,
+    # so a job is moved only when the new placement pays for the restart.
+    reconfig_cost: float = 0.1
 
     def solver(self) -> SolverSettings:
         return SolverSettings(
@@ -215,6 +219,7 @@ class HopsPolicy:
             rho={t: sensitivity(est, t) for t in est.by_type},
             estimate=est,
             current=job.current,
+            switch_factor=1.0 - self.settings.reconfig_cost,
         )
 
 

@@ -107,7 +107,7 @@ def greedy_assign(
     return chosen
 
 
-def _current_option(space: OptionSpace, i: int, current: Configuration) -> int | None:
+def current_option(space: OptionSpace, i: int, current: Configuration) -> int | None:
     """The option of job i that its current configuration is an instance of."""
     shape = sorted((g for _, g in current.parts), reverse=True)
     for o in space.per_job[i]:
@@ -192,7 +192,7 @@ def _from_hint(
     chosen: Assignment = {}
     missed = []
     for i, config in sorted(hint.items()):
-        o = _current_option(space, i, config)
+        o = current_option(space, i, config)
         if o is not None and state.fits(config):
             state.take(config)
             chosen[i] = (o, config)
