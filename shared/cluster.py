@@ -93,7 +93,11 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True
         return sum(s.gpus for s in self.servers_of_type(gpu_type))
 
     def type_share(self) -> dict[GpuType, float]:
-        """P(type = j) of Eq. (9): N_type / N_cluster."""
+        """P(type = j) of Eq. (9): N_type / N_cluster (a copy; computed once)."""
+        return dict(self._type_share)
+
+    @cached_property
+    def _type_share(self) -> dict[GpuType, float]:
         total = self.total_gpus
         return {t.name: self.type_gpus(t.name) / total for t in self.gpu_types} if total else {}
 
