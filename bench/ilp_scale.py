@@ -19,43 +19,22 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.synthetic import curve as _curve
+from bench.synthetic import make_cluster
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, solve_pass
-from shared.cluster import Cluster, GpuTypeSpec, Server
-from shared.estimate import JobEstimate, ThroughputCurve, sensitivity
-from shared.ids import GpuType, JobId, ServerId
+from shared.cluster import Cluster
+from shared.estimate import JobEstimate, sensitivity
+from shared.ids import JobId, ServerId
 
-GPUS_PER_SERVER = 8
 REQUIREMENTS = (1, 2, 4, 8, 16)
 WIDE_REQUIREMENTS = (1, 2, 3, 4, 6, 8, 12, 16)
 TYPE_SPEED = (1.0, 1.6, 2.3, 3.1, 4.0)
-
-
-def _round(x: float) -> float:
-    return float(f"{x:.3g}")
-
-
-def make_cluster(rng: random.Random, gpus: int) -> Cluster:
-    n_servers = gpus // GPUS_PER_SERVER
-    n_types = min(rng.randint(3, 5), n_servers)
-    types = tuple(GpuTypeSpec(GpuType(f"t{i}"), 1e10, 1e9) for i in range(n_types))
-    cuts = sorted(rng.sample(range(1, n_servers), n_types - 1))
-    bounds = [0, *cuts, n_servers]
-    servers = tuple(
-        Server(ServerId(f"s{idx:04d}"), types[t].name, GPUS_PER_SERVER)
-        for t in range(n_types)
-        for idx in range(bounds[t], bounds[t + 1])
-    )
-    return Cluster(types, servers, name=f"bench-{gpus}")
-
-
-def _curve(rng: random.Random, per_gpu: float, rho: float) -> ThroughputCurve:
-    eff = rng.uniform(0.85, 0.99)
-    agg = tuple(_round(per_gpu * eff ** (k - 1).bit_length()) for k in range(1, 9))
-    decay = rng.uniform(0.9, 0.99)
-    dist = tuple(_round(per_gpu / rho * decay ** (n - 2)) for n in range(2, 9))
-    return ThroughputCurve(agg, dist)
 
 
 def make_jobs(

@@ -68,7 +68,7 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
     if name == "elasticflow":
         base = RunSpec(
             cluster="paper-sim-512",
-            workload=trace or "elasticflow:cluster04",
+            workload=trace or "elasticflow-cluster04",
             seed=seed,
             first_n=first_n,
             compress=compress,

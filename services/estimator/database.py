@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from services.estimator.datatime import DataTimeSamples, DataTimeSettings
+from services.estimator.datatime import DataTimeModel, DataTimeSamples, DataTimeSettings
 from shared.ids import GpuType, JobId, ServerId
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
 
@@ -123,12 +123,25 @@ class ThroughputTables:
 
 @dataclass(slots=True)
 class TheoreticalLayer:
-    """Profiled time modules plus the growing data/wait history (§3.2)."""
+    """Profiled time modules plus the growing data/wait history (§3.2).
+
+    ``memo`` holds formula values the estimator computed from this layer;
+    ``memo_basis`` is the (modules, data-time model) pair they were computed
+    from. Both are replaced, never mutated, when they change, so comparing
+    them by identity tells whether the memo is still valid (see
+    :func:`services.estimator.estimator.theoretical_per_gpu`).
+    """
 
     samples: DataTimeSamples
     modules: TimeModules | None = None
     batch_size: int = 0
     profiled_on: ServerId | None = None
+    memo: dict[tuple[int, int, int, float, float, float], float] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    memo_basis: tuple[TimeModules, DataTimeModel] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 @dataclass(slots=True)

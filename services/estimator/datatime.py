@@ -209,9 +209,9 @@ class DataTimeSamples:
     memory and refit cost, and it lets the model follow drift (a dataset
     that starts fitting in the page cache, say). The fit is recomputed only
     once the samples added since the last fit reach ``refit_growth`` times
-    the samples that fit saw (half as many again, by default): a few dozen new iterations barely move a fit
-    over thousands, and EM over the whole window is the estimator's most
-    expensive step, so refits stay amortised O(1) per sample.
+    the samples that fit saw (half as many again, by default): a few dozen
+    new iterations barely move a fit over thousands, and EM over the whole
+    window is the estimator's most expensive step, so refits stay amortised O(1) per sample.
     """
 
     def __init__(

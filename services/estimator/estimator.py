@@ -102,12 +102,24 @@ def theoretical_per_gpu(
 ) -> float:
     """The theoretical layer's answer (Figure 3 ③). The profile's batch size
     is used when given, since the time modules were measured with it."""
-    if theory.modules is None:
+    modules = theory.modules
+    if modules is None:
         raise LookupError(f"job {job.id}: no profile on {spec.name}")
     batch = theory.batch_size or job.batch_size
-    return modelled_per_gpu_throughput(
-        theory.modules, theory.samples.model(), batch, job.params, spec, gpus, nodes
-    )
+    model = theory.samples.model()
+    # The planner asks for the same cells every round while the fit stays put:
+    # memoise per layer, valid while the modules and the fitted model are the
+    # same objects (both are frozen and replaced on change).
+    basis = theory.memo_basis
+    if basis is None or basis[0] is not modules or basis[1] is not model:
+        theory.memo.clear()
+        theory.memo_basis = (modules, model)
+    key = (gpus, nodes, batch, job.params, spec.link_bandwidth, spec.net_bandwidth)
+    value = theory.memo.get(key)
+    if value is None:
+        value = modelled_per_gpu_throughput(modules, model, batch, job.params, spec, gpus, nodes)
+        theory.memo[key] = value
+    return value
 
 
 def _trusted(stat: RunningStat | None, min_count: int) -> float | None:

@@ -25,7 +25,7 @@ from services.scheduler.candidates import (
     largest_servers,
 )
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
-from services.scheduler.priorities import JobFacts, job_facts, priority_fn, weights
+from services.scheduler.priorities import priority_fn, queue_priorities, weights
 from services.scheduler.profiling import plan_profiling
 from services.scheduler.window import (
     QueueEntry,
@@ -139,8 +139,7 @@ class HopsPolicy:
             for j in snapshot.jobs
             if j.phase in phases and j.id in snapshot.estimates
         }
-        facts = self._facts(snapshot, jobs)
-        prios = {jid: self._priority(jobs[jid], facts[jid]) for jid in jobs}
+        prios = queue_priorities(snapshot, jobs, self._priority, self.settings.r_num)
         order = order_queue(prios, {jid: j.spec.submit_time for jid, j in jobs.items()})
         entries = {
             jid: QueueEntry(
@@ -151,16 +150,6 @@ class HopsPolicy:
             for jid in jobs
         }
         return _Queue(tuple(order), prios, entries, jobs)
-
-    def _facts(self, snapshot: Snapshot, jobs: Mapping[JobId, JobState]) -> dict[JobId, JobFacts]:
-        active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
-        return {
-            jid: job_facts(
-                job, snapshot.estimates[jid], snapshot.cluster, snapshot.now,
-                self.settings.r_num, active,
-            )
-            for jid, job in jobs.items()
-        }
 
     def _members(
         self,

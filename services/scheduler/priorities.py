@@ -16,7 +16,8 @@ import msgspec
 
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, age
-from shared.snapshot import JobState
+from shared.ids import JobId
+from shared.snapshot import JobState, Snapshot
 
 
 class JobFacts(msgspec.Struct, frozen=True):
@@ -54,6 +55,25 @@ def job_facts(
         isolated_s=isolated,
         elapsed_s=max(0.0, now - job.spec.submit_time),
     )
+
+
+def queue_priorities(
+    snapshot: Snapshot,
+    jobs: Mapping[JobId, JobState],
+    priority: PriorityFn,
+    r_num: int,
+    estimates: Mapping[JobId, JobEstimate] | None = None,
+) -> dict[JobId, float]:
+    """Each job's priority at ``snapshot.now``; every policy queues with this,
+    so the baselines order jobs exactly as Hops does (§4.2)."""
+    ests = snapshot.estimates if estimates is None else estimates
+    active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
+    return {
+        jid: priority(
+            job, job_facts(job, ests[jid], snapshot.cluster, snapshot.now, r_num, active)
+        )
+        for jid, job in jobs.items()
+    }
 
 
 def latency_ratio(job: JobState, facts: JobFacts) -> float:

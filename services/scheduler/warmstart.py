@@ -63,6 +63,17 @@ class PlanState:
             if self.space.klass_of:
                 self.items.setdefault(sid, []).append(item)
 
+    def release(self, config: Configuration) -> None:
+        """Undo :meth:`take` of ``config``."""
+        for sid, item in self._items(config):
+            self.free[sid] = self.free.get(sid, 0) + item[0]
+            if self.space.klass_of:
+                held = self.items[sid]
+                held.remove(item)
+                if not held:
+                    # An empty server holds no pattern (see incumbent_values).
+                    del self.items[sid]
+
     def place(self, opt: PassOption) -> Configuration | None:
         """Where the option fits now (first fit within a class), or None."""
         if opt.config is not None:

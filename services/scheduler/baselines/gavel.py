@@ -60,7 +60,7 @@ from services.scheduler.baselines.gavel_rounds import (
     select,
 )
 from services.scheduler.ilp import MipOptions
-from services.scheduler.priorities import job_facts, priority_fn, weights
+from services.scheduler.priorities import priority_fn, queue_priorities, weights
 from services.scheduler.profiling import plan_profiling
 from shared.cluster import Cluster
 from shared.configuration import Configuration
@@ -150,13 +150,7 @@ class GavelPolicy:
     ) -> dict[JobId, float]:
         # The same facts and priority function as the Hops planner, so the
         # baseline queues by the latency ratio exactly as Hops does.
-        active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
-        out: dict[JobId, float] = {}
-        for jid, job in jobs.items():
-            facts = job_facts(job, ests[jid], snapshot.cluster, snapshot.now,
-                              self.settings.r_num, active)
-            out[jid] = self._priority(job, facts)
-        return out
+        return queue_priorities(snapshot, jobs, self._priority, self.settings.r_num, ests)
 
     def _lp_jobs(
         self, cluster: Cluster, ests: Mapping[JobId, JobEstimate], rigid: Mapping[JobId, int],

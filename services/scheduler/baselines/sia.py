@@ -60,7 +60,7 @@ import msgspec
 
 from services.scheduler.baselines.sia_placement import Placement, TypeAllocation, place
 from services.scheduler.ilp import INF, MipModel, MipOptions, MipResult, solve_mip
-from services.scheduler.priorities import job_facts, priority_fn
+from services.scheduler.priorities import priority_fn, queue_priorities
 from services.scheduler.profiling import plan_profiling
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
@@ -215,15 +215,7 @@ class SiaPolicy:
             for j in snapshot.jobs
             if j.phase in ("queued", "running") and j.id in snapshot.estimates
         }
-        active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
-        prios = {
-            jid: self._priority(
-                job,
-                job_facts(job, snapshot.estimates[jid], snapshot.cluster, snapshot.now,
-                          self.settings.r_num, active),
-            )
-            for jid, job in plannable.items()
-        }
+        prios = queue_priorities(snapshot, plannable, self._priority, self.settings.r_num)
         submit = {jid: j.spec.submit_time for jid, j in plannable.items()}
         return [plannable[j] for j in order_queue(prios, submit)], prios
 
