@@ -187,7 +187,8 @@ class Simulation:
     def _round(self) -> None:
         self._sample_running()
         planned = self._plan(first=True)
-        waiting = sum(1 for r in self.jobs.values() if r.phase in ("queued", "profiling"))
+        # Unassigned jobs (§4.2's fragments): queued without GPUs after planning.
+        waiting = sum(1 for r in self.jobs.values() if r.phase == "queued")
         idle = self.occ.idle()
         self.rounds.append(
             RoundRecord(

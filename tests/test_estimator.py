@@ -10,8 +10,10 @@ from services.estimator.database import DatabaseState, ThroughputDatabase
 from services.estimator.estimator import (
     EstimatorSettings,
     estimate_job,
+    modelled_per_gpu_throughput,
     predict,
     round_sig,
+    theoretical_per_gpu,
 )
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -242,3 +244,30 @@ def test_estimates_improve_with_measured_throughput() -> None:
     final = abs(predict(db, JOB, CLUSTER, one_gpu) - truth) / truth
     assert final < initial
     assert final < 0.01
+
+
+def test_formula_values_are_reused_until_the_fit_changes() -> None:
+    db = profiled_db(A)
+    rec = db.record(JOB.id, A)
+    assert rec is not None
+    theory, spec = rec.theory, CLUSTER.gpu_types[0]
+
+    def fresh(gpus: int, nodes: int) -> float:
+        assert theory.modules is not None
+        return modelled_per_gpu_throughput(theory.modules, theory.samples.model(),
+                                           JOB.batch_size, JOB.params, spec, gpus, nodes)
+
+    first = estimate_job(db, JOB, CLUSTER)
+    assert theory.memo and theory.memo_basis is not None
+    assert estimate_job(db, JOB, CLUSTER) == first
+    assert theoretical_per_gpu(theory, JOB, spec, 2, 1) == fresh(2, 1)
+    # New data times refit Eq. (3): the memo must follow the new model.
+    rng = np.random.default_rng(0)
+    db.record_sample(ThroughputSample(JOB.id, A0, A, 1, 1, 1, 0.0,
+                                      tuple(rng.normal(0.08, 0.01, 64).clip(0.0))))
+    assert theoretical_per_gpu(theory, JOB, spec, 2, 1) == fresh(2, 1)
+    assert theoretical_per_gpu(theory, JOB, spec, 3, 3) == fresh(3, 3)
+    assert estimate_job(db, JOB, CLUSTER) != first
+    # A new profile replaces the modules, which also invalidates the memo.
+    db.record_profile(ProfileReport(JOB.id, A, A0, MODULES[B]))
+    assert theoretical_per_gpu(theory, JOB, spec, 2, 1) == fresh(2, 1)

@@ -353,3 +353,26 @@ def test_class_formulation_matches_direct(
         return
     assert klass.formulation == "class"
     assert klass.objective == pytest.approx(direct.objective, rel=1e-6, abs=1e-6)
+
+
+def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
+    # Enough options for the restricted-model incumbent, running jobs with a
+    # switch factor: the plan must be feasible, deterministic, and within the
+    # gap of the exact optimum.
+    servers = tuple(Server(ServerId(f"s{i:02d}"), A, 8) for i in range(12))
+    cluster = Cluster((GpuTypeSpec(A, 1e9, 1e8),), servers)
+    free = {s.id: 8 for s in servers}
+    jobs = []
+    for i in range(30):
+        base = flat_job(f"j{i}", 1.0 + (i * 7) % 11, ((1, 2, 4), (2, 8), (4, 12, 16))[i % 3],
+                        rho=(1.2, 2.0)[i % 2])
+        current = Configuration.of({f"s{i % 12:02d}": base.requirements[0]}) if i < 12 else None
+        jobs.append(msgspec.structs.replace(base, current=current, switch_factor=0.9))
+    settings_ = SolverSettings()
+    result = solve_pass(cluster, free, jobs, settings_)
+    check_plan(free, jobs, result)
+    timeless = msgspec.structs.replace
+    assert timeless(solve_pass(cluster, free, jobs, settings_), solve_s=0.0) == timeless(
+        result, solve_s=0.0)
+    exact = solve_pass(cluster, free, jobs, EXACT)
+    assert result.objective >= exact.objective / (1 + settings_.mip_rel_gap) - 1e-9

@@ -5,8 +5,9 @@ configuration, and ``class`` columns per server class with pattern counts.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +42,7 @@ def assignment_model(
     usage: Sequence[Mapping[Hashable, float]],
     capacity: Mapping[Hashable, float],
     supply: Sequence[tuple[float, Mapping[Hashable, float]]] = (),
+    allowed: Collection[int] | None = None,
 ) -> MipModel:
     """Eq. (11)-(13) as a MIP: binary option columns ``x`` (job ``jobs[o]``,
     objective coefficient ``coeffs[o]`` = w_i * G_ij), at most one per job
@@ -49,6 +51,8 @@ def assignment_model(
     ``supply`` adds integer columns ``0 <= z <= ub`` with raw entries in the
     resource rows; the class formulation uses them for pattern counts (an
     entry ``-count`` supplies items, ``+1`` uses a server of the class).
+    Option columns not in ``allowed`` (when given) are fixed to 0, which keeps
+    the column numbering of the unrestricted model.
     """
     model = MipModel()
     job_rows = {j: model.add_row(-INF, 1.0) for j in sorted(set(jobs))}
@@ -59,9 +63,10 @@ def assignment_model(
             res_rows[resource] = model.add_row(-INF, float(capacity[resource]))
         return res_rows[resource]
 
-    for j, coeff, use in zip(jobs, coeffs, usage, strict=True):
+    for o, (j, coeff, use) in enumerate(zip(jobs, coeffs, usage, strict=True)):
         rows = [job_rows[j], *(row(r) for r in use)]
-        model.add_col(coeff, 0.0, 1.0, integer=True, rows=rows, values=[1.0, *use.values()])
+        upper = 1.0 if allowed is None or o in allowed else 0.0
+        model.add_col(coeff, 0.0, upper, integer=True, rows=rows, values=[1.0, *use.values()])
     for upper, entries in supply:
         rows = [row(r) for r in entries]
         model.add_col(0.0, 0.0, upper, integer=True, rows=rows, values=list(entries.values()))
@@ -95,33 +100,55 @@ class OptionSpace:
     kinds: list[list[Item]] = field(default_factory=list)
     klass_of: dict[ServerId, int] = field(default_factory=dict)
     pattern_col: dict[tuple[int, Pattern], int] = field(default_factory=dict)
+    # The class model's resource rows, built once (see _class_resources): a
+    # pass builds its model more than once (the restricted model).
+    resources: ClassResources | None = field(default=None, repr=False)
+
+
+Usage = Mapping[Hashable, float]
+Supply = tuple[float, Mapping[Hashable, float]]
+ClassResources = tuple[list[Usage], dict[Hashable, float], list[Supply]]
 
 
 Assignment = dict[int, tuple[int, Configuration]]  # job index -> (option index, config)
 
 
 def build_model(
-    space: OptionSpace, coeffs: Sequence[float], free: Mapping[ServerId, int]
+    space: OptionSpace, coeffs: Sequence[float], free: Mapping[ServerId, int],
+    allowed: Collection[int] | None = None,
 ) -> MipModel:
     """Eq. (11)-(13) for ``space``: per-server rows (direct), or per class a
     server-count row and per item size a linking row ``items chosen <= items
-    supplied by the pattern counts`` (class)."""
+    supplied by the pattern counts`` (class). ``allowed`` restricts the
+    options (see :func:`assignment_model`)."""
     jobs = [o.job for o in space.options]
     if space.formulation == "direct":
-        usage: list[Mapping[Hashable, float]] = [
-            dict(o.config.parts) if o.config else {} for o in space.options
-        ]
-        capacity: dict[Hashable, float] = {sid: float(g) for sid, g in free.items()}
-        return assignment_model(jobs, coeffs, usage, capacity)
-    capacity = {}
-    usage = []
+        direct: list[Usage] = [dict(o.config.parts) if o.config else {} for o in space.options]
+        room: dict[Hashable, float] = {sid: float(g) for sid, g in free.items()}
+        return assignment_model(jobs, coeffs, direct, room, allowed=allowed)
+    usage, capacity, supply = _class_resources(space)
+    return assignment_model(jobs, coeffs, usage, capacity, supply, allowed)
+
+
+def _class_resources(space: OptionSpace) -> ClassResources:
+    """Per option its items per class, the classes' rows, and the pattern
+    columns' supply; options of one shape in one class share their usage."""
+    if space.resources is not None:
+        return space.resources
+    capacity: dict[Hashable, float] = {}
+    usage: list[Usage] = []
+    shapes: dict[tuple[int, int, int], Usage] = {}
     for o in space.options:
         assert o.klass is not None
         c = o.klass.klass
-        items = Counter(o.klass.items(space.classes[c].free))
-        usage.append({("item", c, s): float(n) for s, n in items.items()})
-        capacity.update({("item", c, s): 0.0 for s in items})
-    supply: list[tuple[float, Mapping[Hashable, float]]] = []
+        use = shapes.get((c, o.klass.full, o.klass.part))
+        if use is None:
+            items = Counter(o.klass.items(space.classes[c].free))
+            use = {("item", c, s): float(n) for s, n in items.items()}
+            shapes[(c, o.klass.full, o.klass.part)] = use
+            capacity.update(dict.fromkeys(use, 0.0))
+        usage.append(use)
+    supply: list[Supply] = []
     for c, patterns in enumerate(space.patterns):
         servers = float(len(space.classes[c].servers))
         capacity[("class", c)] = servers
@@ -131,7 +158,8 @@ def build_model(
             }
             entries[("class", c)] = 1.0
             supply.append((servers, entries))
-    return assignment_model(jobs, coeffs, usage, capacity, supply)
+    space.resources = (usage, capacity, supply)
+    return space.resources
 
 
 def incumbent_values(
@@ -234,15 +262,23 @@ def class_space(
         kinds[opt.klass.klass].update(opt.klass.items(classes[opt.klass.klass].free))
     col = len(options)
     for c, klass in enumerate(classes):
-        patterns = maximal_patterns(klass.free, sorted(kinds[c]), max_patterns)
+        patterns = _patterns(klass.free, tuple(sorted(kinds[c])), max_patterns)
         if patterns is None:
             return None
-        space.patterns.append(patterns)
+        space.patterns.append(list(patterns))
         space.kinds.append(sorted(kinds[c]))
         for p in patterns:
             space.pattern_col[(c, p)] = col
             col += 1
     return space
+
+
+@functools.lru_cache(maxsize=4096)
+def _patterns(capacity: int, kinds: tuple[Item, ...], limit: int) -> tuple[Pattern, ...] | None:
+    """:func:`maximal_patterns`, memoised: passes keep meeting the same class
+    sizes with the same item kinds, and the enumeration is a pure function."""
+    patterns = maximal_patterns(capacity, kinds, limit)
+    return None if patterns is None else tuple(patterns)
 
 
 def option_space(
