@@ -376,3 +376,27 @@ def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
         result, solve_s=0.0)
     exact = solve_pass(cluster, free, jobs, EXACT)
     assert result.objective >= exact.objective / (1 + settings_.mip_rel_gap) - 1e-9
+
+
+def test_keep_servers_relabels_a_class_towards_current_placements() -> None:
+    from services.scheduler.formulation import keep_servers
+
+    servers = [ServerId(f"s{i}") for i in range(4)]
+    # Realised: job 0 on s0 (4 GPUs), job 1 on s0 (2) and job 2 over s1+s2.
+    realised = [
+        Configuration.of({"s0": 4}),
+        Configuration.of({"s0": 2}),
+        Configuration.of({"s1": 8, "s2": 4}),
+    ]
+    wanted = [Configuration.of({"s3": 4}), None, Configuration.of({"s0": 8, "s1": 4})]
+    out = keep_servers(servers, realised, wanted)
+    # Job 2 (largest) keeps s0+s1, job 0 keeps s3 and its server-mate job 1
+    # moves with it: the permutation is a bijection of the class, so the
+    # packing is unchanged up to names.
+    assert out[2] == wanted[2]
+    assert out[0] == wanted[0]
+    assert out[0] is not None and out[1] is not None
+    assert out[0].servers == out[1].servers
+    assert sorted(g for c in out if c for _, g in c.parts) == [2, 4, 4, 8]
+    used = [sid for c in out if c for sid in c.servers]
+    assert set(used) <= set(servers)

@@ -179,9 +179,14 @@ def incumbent_values(
     return x
 
 
-def decode(space: OptionSpace, x: Sequence[float] | npt.NDArray[np.float64]) -> Assignment:
+def decode(
+    space: OptionSpace,
+    x: Sequence[float] | npt.NDArray[np.float64],
+    current: Mapping[int, Configuration] | None = None,
+) -> Assignment:
     """Chosen options as configurations; class solutions are realised on the
-    class's servers (:func:`~services.scheduler.candidates.realise_patterns`)."""
+    class's servers (:func:`~services.scheduler.candidates.realise_patterns`)
+    and then relabelled so jobs keep their ``current`` servers where they can."""
     chosen = [o for o in range(len(space.options)) if x[o] > 0.5]
     out: Assignment = {}
     for o in chosen:
@@ -192,10 +197,56 @@ def decode(space: OptionSpace, x: Sequence[float] | npt.NDArray[np.float64]) -> 
         demands = [(o, k) for o in chosen if (k := space.options[o].klass) and k.klass == c]
         counts = [round(x[space.pattern_col[(c, p)]]) for p in space.patterns[c]]
         configs = realise_patterns(klass, space.patterns[c], counts, [k for _, k in demands])
+        if current:
+            wanted = [current.get(space.options[o].job) for o, _ in demands]
+            configs = keep_servers(klass.servers, configs, wanted)
         for (o, _), config in zip(demands, configs, strict=True):
             if config is not None:
                 out[space.options[o].job] = (o, config)
     return out
+
+
+def keep_servers(
+    servers: Sequence[ServerId],
+    configs: Sequence[Configuration | None],
+    wanted: Sequence[Configuration | None],
+) -> list[Configuration | None]:
+    """Permute a class's servers so that realised jobs land where they run now.
+
+    The servers of a class are interchangeable for every job of the pass, so
+    any permutation applied to all of the class's configurations keeps the
+    packing feasible and Eq. (11) unchanged; choosing one that maps each job's
+    realised servers onto its current ones (largest jobs first) spares those
+    jobs a checkpoint-restart.
+    """
+    members = set(servers)
+    perm: dict[ServerId, ServerId] = {}
+    targets: set[ServerId] = set()
+    order = sorted(range(len(configs)), key=lambda d: -(configs[d] or _EMPTY).total_gpus)
+    for d in order:
+        got, want = configs[d], wanted[d]
+        if got is None or want is None or not set(want.servers) <= members:
+            continue
+        src = sorted(got.parts, key=lambda p: (-p[1], p[0]))
+        dst = sorted(want.parts, key=lambda p: (-p[1], p[0]))
+        if [g for _, g in src] != [g for _, g in dst]:
+            continue
+        pairs = [(a, b) for (a, _), (b, _) in zip(src, dst, strict=True)]
+        if all((a not in perm and b not in targets) or perm.get(a) == b for a, b in pairs):
+            for a, b in pairs:
+                perm[a] = b
+                targets.add(b)
+    free_targets = iter(s for s in servers if s not in targets)
+    for s in servers:
+        if s not in perm:
+            perm[s] = next(free_targets)
+    return [
+        None if c is None else Configuration.of({perm[sid]: g for sid, g in c.parts})
+        for c in configs
+    ]
+
+
+_EMPTY = Configuration(((ServerId("-"), 1),))
 
 
 class PassJobLike(Protocol):

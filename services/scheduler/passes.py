@@ -233,7 +233,8 @@ def _solve(
         lp_s += sol.solve_s
         if not sol.has_solution:
             values = np.asarray(incumbent, dtype=np.float64)
-    assignment = fill_leftovers(space, free, len(jobs), decode(space, values))
+    current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
+    assignment = fill_leftovers(space, free, len(jobs), decode(space, values, current))
     return _result(space, jobs, coeffs, assignment, bound=bound, solve_s=lp_s + spent_s,
                    status=status, formulation=space.formulation, columns=model.num_cols)
 
