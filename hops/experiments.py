@@ -44,7 +44,18 @@ class Experiment(msgspec.Struct, frozen=True):
 
 def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
            compress: float = 1.0) -> Experiment:
-    """The runs of experiment ``name``."""
+    """The runs of experiment ``name``; ``first_n`` and ``compress`` apply to
+    every run's workload."""
+    exp = _define(name, seed, trace)
+    runs = tuple(
+        (label, msgspec.structs.replace(spec, first_n=first_n or spec.first_n,
+                                        compress=compress if compress != 1.0 else spec.compress))
+        for label, spec in exp.runs
+    )
+    return msgspec.structs.replace(exp, runs=runs)
+
+
+def _define(name: str, seed: int, trace: str | None) -> Experiment:
     if name == "table3":
         base = RunSpec(cluster="paper-physical", workload="paper-physical", seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
@@ -66,13 +77,8 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
         )
         return Experiment(name, "Average JCT against the arrival rate (§4.6)", runs)
     if name == "elasticflow":
-        base = RunSpec(
-            cluster="paper-sim-512",
-            workload=trace or "elasticflow-cluster04",
-            seed=seed,
-            first_n=first_n,
-            compress=compress,
-        )
+        base = RunSpec(cluster="paper-sim-512", workload=trace or "elasticflow-cluster04",
+                       seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
         return Experiment(name, f"ElasticFlow trace {base.workload}", runs)
     known = "table3, table4, priorities, arrival-rates, elasticflow"
