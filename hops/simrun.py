@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from simulator.workloads import SimJob, load_workload
 
 from hops.policies import make_policy
 from shared.cluster import Cluster
@@ -23,6 +22,7 @@ from simulator.clusters import cluster_arg
 from simulator.engine import Progress, SimSettings, Simulation
 from simulator.metrics import SimResult, summarize
 from simulator.truth import GroundTruth
+from simulator.workloads import SimJob, load_workload
 
 
 class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
