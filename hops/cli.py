@@ -106,6 +106,9 @@ def experiment(
     trace: Annotated[str | None, typer.Option(help="trace for 'elasticflow'")] = None,
     first_n: Annotated[int | None, typer.Option(help="first N jobs of the trace")] = None,
     compress: Annotated[float, typer.Option(help="inter-arrival compression")] = 1.0,
+    rates: Annotated[str, typer.Option(help="arrival rates per hour, comma-separated")] = (
+        "30,60,120,300,600,1200"
+    ),
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
@@ -113,7 +116,9 @@ def experiment(
     from hops.simrun import rich_progress
 
     try:
-        exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress)
+        per_hour = tuple(float(r) for r in rates.split(","))
+        exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress,
+                     rates=per_hour)
         run_experiment(exp, out, rich_progress if progress else None)
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -43,10 +43,10 @@ class Experiment(msgspec.Struct, frozen=True):
 
 
 def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
-           compress: float = 1.0) -> Experiment:
+           compress: float = 1.0, rates: tuple[float, ...] = RATES) -> Experiment:
     """The runs of experiment ``name``; ``first_n`` and ``compress`` apply to
     every run's workload."""
-    exp = _define(name, seed, trace)
+    exp = _define(name, seed, trace, rates)
     runs = tuple(
         (label, msgspec.structs.replace(spec, first_n=first_n or spec.first_n,
                                         compress=compress if compress != 1.0 else spec.compress))
@@ -55,7 +55,7 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
     return msgspec.structs.replace(exp, runs=runs)
 
 
-def _define(name: str, seed: int, trace: str | None) -> Experiment:
+def _define(name: str, seed: int, trace: str | None, rates: tuple[float, ...]) -> Experiment:
     if name == "table3":
         base = RunSpec(cluster="paper-physical", workload="paper-physical", seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
@@ -72,7 +72,7 @@ def _define(name: str, seed: int, trace: str | None) -> Experiment:
         base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
         runs = tuple(
             (f"{p}@{rate:g}/h", msgspec.structs.replace(base, policy=p, rate_per_h=rate))
-            for rate in RATES
+            for rate in rates
             for p in POLICIES
         )
         return Experiment(name, "Average JCT against the arrival rate (§4.6)", runs)
