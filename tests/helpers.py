@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+
+import msgspec
 
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.snapshot import JobState, Phase
+from shared.snapshot import JobState, Phase, Plan, Snapshot
 
 
 def cluster(layout: Sequence[tuple[str, int, int]]) -> Cluster:
@@ -68,3 +71,38 @@ def state(
         wait_s=wait_s,
         unprofiled=tuple(GpuType(t) for t in unprofiled),
     )
+
+
+def used(plan: Plan) -> Counter[str]:
+    """GPUs a plan takes per server, profiling runs included."""
+    total: Counter[str] = Counter()
+    for a in plan.assignments:
+        for sid, g in a.config.parts:
+            total[sid] += g
+    for t in plan.profiling:
+        total[t.server] += t.gpus
+    return total
+
+
+def untimed(plan: Plan) -> Plan:
+    """The plan without the solver's wall time, which no input determines."""
+    passes = tuple(msgspec.structs.replace(p, solve_s=0.0) for p in plan.reasons.passes)
+    return msgspec.structs.replace(
+        plan, reasons=msgspec.structs.replace(plan.reasons, passes=passes)
+    )
+
+
+def assert_feasible(plan: Plan, snap: Snapshot) -> None:
+    """The invariants every policy keeps: no server over-allocated (profiling
+    included), at most one configuration per job, each from its requirement
+    set, and profiling only for jobs that need it."""
+    free = snap.free_gpus()
+    for sid, gpus in used(plan).items():
+        assert gpus <= free[ServerId(sid)], (sid, gpus, free)
+    ids = [a.job_id for a in plan.assignments]
+    assert len(ids) == len(set(ids))
+    by_id = {j.id: j for j in snap.jobs}
+    for a in plan.assignments:
+        assert a.config.total_gpus in by_id[a.job_id].spec.requirement_set()
+    for t in plan.profiling:
+        assert by_id[t.job_id].phase == "profiling"
