@@ -9,7 +9,7 @@ ratio, cluster throughput over time).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -143,7 +143,3 @@ def render_markdown(exp: Experiment, summaries: dict[str, dict[str, object]]) ->
         for policy, vals in paper.items():
             lines.append(f"| paper {policy} | " + " | ".join(f"{v:g}" for v in vals) + " |")
     return "\n".join(lines) + "\n"
-
-
-def labels(exp: Experiment) -> Sequence[str]:
-    return [label for label, _ in exp.runs]

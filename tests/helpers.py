@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import msgspec
+from hypothesis import strategies as st
 
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
@@ -106,3 +107,11 @@ def assert_feasible(plan: Plan, snap: Snapshot) -> None:
         assert a.config.total_gpus in by_id[a.job_id].spec.requirement_set()
     for t in plan.profiling:
         assert by_id[t.job_id].phase == "profiling"
+
+
+# Cluster layouts for property tests: up to three types of 1-3 servers each.
+layouts = st.lists(
+    st.tuples(st.sampled_from(["A", "B", "C"]), st.integers(1, 3), st.sampled_from([2, 4, 8])),
+    min_size=1,
+    max_size=3,
+)

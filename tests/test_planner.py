@@ -10,7 +10,7 @@ from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.snapshot import JobState, Snapshot
-from tests.helpers import assert_feasible, cluster, flat_estimate, state, untimed, used
+from tests.helpers import assert_feasible, cluster, flat_estimate, layouts, state, untimed, used
 
 
 def snapshot(
@@ -124,11 +124,6 @@ def test_fill_plan_leaves_running_jobs_alone() -> None:
 
 # ---------------------------------------------------------------- invariants
 
-layouts = st.lists(
-    st.tuples(st.sampled_from(["A", "B", "C"]), st.integers(1, 3), st.sampled_from([2, 4, 8])),
-    min_size=1,
-    max_size=3,
-)
 job_specs = st.lists(
     st.tuples(
         st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]), min_size=1, max_size=4),

@@ -22,7 +22,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import JobState, Plan, Snapshot
-from tests.helpers import assert_feasible, cluster, flat_estimate, state, untimed
+from tests.helpers import assert_feasible, cluster, flat_estimate, layouts, state, untimed
 
 NOW = 1000.0
 
@@ -199,11 +199,6 @@ def test_settings_reject_a_zero_p() -> None:
 
 # ---------------------------------------------------------------- invariants
 
-layouts = st.lists(
-    st.tuples(st.sampled_from(["A", "B", "C"]), st.integers(1, 3), st.sampled_from([2, 4, 8])),
-    min_size=1,
-    max_size=3,
-)
 job_specs = st.lists(
     st.tuples(
         st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]), min_size=1, max_size=4),
