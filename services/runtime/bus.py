@@ -1,0 +1,305 @@
+"""The NATS side of every service: connection, JetStream layout, typed publish
+and request, and request handlers that never crash on input.
+
+A request handler (:func:`serve_requests`) decodes each request with a
+:mod:`shared.events` decoder and replies with what the handler returns. When
+the payload is not a valid message (:class:`~shared.events.WireError`) or the
+handler raises, it replies with a failed reply (``ok=False``, ``error``,
+``code``), logs, publishes an :class:`~shared.events.ErrorRecord` on
+``hops.v1.errors`` and goes on serving. A handler that refuses a valid
+request on purpose raises :class:`Rejected`: a failed reply with its code,
+logged, but not an error record. Durable JetStream consumers are in
+:mod:`services.runtime.consumer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, PubAck, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+from structlog.typing import FilteringBoundLogger
+
+from services.runtime.logging import get_logger
+from services.runtime.settings import RuntimeSettings
+from shared import subjects
+from shared.events import (
+    INTERNAL,
+    MAX_PAYLOAD,
+    ErrorRecord,
+    Message,
+    WireError,
+    encode,
+    error_reply,
+)
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+Clock = Callable[[], float]
+_STREAM_IN_USE = 10058  # JetStream: stream name already in use with a different configuration
+_GIB = 1024**3
+_DAY = 86400.0
+
+
+async def connect(settings: RuntimeSettings, name: str) -> NATS:
+    """A connection that retries the first connect and every reconnect forever."""
+    log = get_logger(component="nats")
+
+    async def on_error(e: Exception) -> None:
+        log.warning("nats error", error=str(e) or type(e).__name__)
+
+    async def on_disconnected() -> None:
+        if not nc.is_closed:  # a close of our own is no news
+            log.warning("nats disconnected")
+
+    async def on_closed() -> None:
+        log.info("nats connection closed")
+
+    async def on_reconnected() -> None:
+        log.info("nats reconnected", url=str(nc.connected_url.geturl() if nc.connected_url else ""))
+
+    options: dict[str, Any] = {
+        "servers": list(settings.nats_servers),
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": settings.reconnect_wait,
+        "connect_timeout": settings.connect_timeout,
+        "drain_timeout": settings.drain_timeout,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+        "closed_cb": on_closed,
+    }
+    if settings.nats_creds:
+        options["user_credentials"] = settings.nats_creds
+    nc = await nats.connect(**options)
+    return nc
+
+
+def nats_status(nc: NATS) -> str:
+    """``connected``, ``reconnecting``, ``draining``, ``closed`` or ``disconnected``."""
+    if nc.is_connected:
+        return "connected"
+    if nc.is_reconnecting:
+        return "reconnecting"
+    if nc.is_draining:
+        return "draining"
+    return "closed" if nc.is_closed else "disconnected"
+
+
+@dataclass(frozen=True)
+class JetStreamLayout:
+    """Limits of the streams and buckets. Job events are the record of each
+    job and are kept until ``jobs_max_bytes``; samples and plans age out."""
+
+    replicas: int = 1
+    jobs_max_bytes: int = 4 * _GIB
+    samples_max_age: float = 14 * _DAY
+    samples_max_bytes: int = 4 * _GIB
+    plans_max_age: float = 14 * _DAY
+    plans_max_bytes: int = _GIB
+    duplicate_window: float = 120.0
+    max_msg_size: int = MAX_PAYLOAD
+    leader_ttl: float = 10.0
+    kv_history: int = 5
+
+    def streams(self) -> tuple[StreamConfig, ...]:
+        limits = {
+            subjects.STREAM_JOBS: (None, self.jobs_max_bytes),
+            subjects.STREAM_SAMPLES: (self.samples_max_age, self.samples_max_bytes),
+            subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
+        }
+        return tuple(
+            StreamConfig(
+                name=s.name,
+                subjects=list(s.subjects),
+                storage=StorageType.FILE,
+                max_age=max_age,
+                max_bytes=max_bytes,
+                max_msg_size=self.max_msg_size,
+                num_replicas=self.replicas,
+                duplicate_window=self.duplicate_window,
+            )
+            for s, (max_age, max_bytes) in limits.items()
+        )
+
+    def buckets(self) -> tuple[KeyValueConfig, ...]:
+        def bucket(name: str, history: int, ttl: float | None = None) -> KeyValueConfig:
+            return KeyValueConfig(
+                bucket=name,
+                history=history,
+                ttl=ttl,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+                max_value_size=self.max_msg_size,
+            )
+
+        return (
+            bucket(subjects.KV_JOBS, self.kv_history),
+            bucket(subjects.KV_ALLOC, self.kv_history),
+            bucket(subjects.KV_NODES, 1),
+            bucket(subjects.KV_LEADER, 1, self.leader_ttl),
+        )
+
+
+async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None = None) -> None:
+    """Create the streams and KV buckets, or update them to ``layout``;
+    calling it again (from any number of services) changes nothing."""
+    layout = layout or JetStreamLayout()
+    for config in layout.streams():
+        try:
+            await js.add_stream(config)
+        except BadRequestError as e:
+            if e.err_code != _STREAM_IN_USE:
+                raise
+            await js.update_stream(config)
+    for kv in layout.buckets():
+        try:
+            await js.create_key_value(kv)
+        except BadRequestError as e:
+            if e.err_code != _STREAM_IN_USE:
+                raise
+            await _update_bucket(js, kv)
+
+
+async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+    """Apply a changed TTL, history or size limit to an existing bucket."""
+    info = await js.stream_info(f"KV_{kv.bucket}")
+    config = info.config
+    config.max_age = kv.ttl
+    config.max_msgs_per_subject = kv.history
+    config.max_msg_size = kv.max_value_size
+    if kv.ttl:
+        config.duplicate_window = min(kv.ttl, 120.0)
+    await js.update_stream(config)
+
+
+async def publish_event(
+    js: JetStreamContext,
+    subject: str,
+    msg: Message,
+    *,
+    msg_id: str | None = None,
+    timeout: float | None = None,
+) -> PubAck:
+    """Publish ``msg`` to a stream and wait for the stream's ack. With
+    ``msg_id`` (e.g. ``f"{job_id}:job_finished"``) JetStream drops repeats
+    within the duplicate window, which makes retried publishes idempotent."""
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    return await js.publish(subject, encode(msg), timeout=timeout, headers=headers)
+
+
+async def request(
+    nc: NATS,
+    subject: str,
+    msg: Message,
+    decode: Callable[[bytes], Rep],
+    timeout: float = 2.0,
+) -> Rep:
+    """Send ``msg`` as a request and decode the reply (raises WireError on a
+    bad reply, ``nats.errors.TimeoutError``/``NoRespondersError`` on none)."""
+    reply = await nc.request(subject, encode(msg), timeout=timeout)
+    return decode(reply.data)
+
+
+class Rejected(Exception):
+    """Raised by a request handler to refuse a valid request (e.g. ``not_found``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ErrorReporter:
+    """Logs a failure on input and publishes it as an ErrorRecord."""
+
+    def __init__(self, nc: NATS, service: str, clock: Clock = time.time) -> None:
+        self.nc = nc
+        self.service = service
+        self.clock = clock
+        self.log: FilteringBoundLogger = get_logger()
+
+    async def report(self, subject: str, error: str, code: str, data: bytes = b"") -> None:
+        excerpt = data[:200].decode("utf-8", errors="replace")
+        self.log.warning("bad input", subject=subject, code=code, error=error, excerpt=excerpt)
+        record = ErrorRecord(
+            service=self.service,
+            subject=subject,
+            error=error[:2000],
+            code=code,
+            excerpt=excerpt,
+            at=self.clock(),
+        )
+        try:
+            await self.nc.publish(subjects.ERRORS, encode(record))
+        except Exception as e:  # reporting must never take the service down
+            self.log.warning("cannot publish error record", error=str(e))
+
+
+async def serve_requests(
+    nc: NATS,
+    subject: str,
+    decode: Callable[[bytes], Req],
+    handle: Callable[[Req], Awaitable[Message]],
+    reporter: ErrorReporter,
+    *,
+    queue: str = "",
+    on_error: Callable[[str, str], Message] = error_reply,
+) -> Subscription:
+    """Serve requests on ``subject`` (in queue group ``queue``) one at a time;
+    see the module docstring. ``on_error(code, error)`` builds the failed
+    reply (``Reply`` by default; a subject whose reply is another message
+    passes its own). Returns once the server knows the subscription."""
+
+    async def on_msg(msg: Msg) -> None:
+        reply = await _answer(msg, decode, handle, reporter, on_error)
+        if not msg.reply:
+            return
+        try:
+            data = encode(reply)
+        except WireError as e:  # e.g. a reply over the size limit
+            await reporter.report(msg.subject, f"reply: {e}", e.code)
+            data = encode(on_error(e.code, f"reply: {e}"))
+        try:
+            await msg.respond(data)
+        except Exception as e:
+            reporter.log.warning("cannot reply", subject=msg.subject, error=str(e))
+
+    sub = await nc.subscribe(subject, queue=queue, cb=on_msg)
+    await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
+    await nc.flush()
+    return sub
+
+
+async def _answer(
+    msg: Msg,
+    decode: Callable[[bytes], Req],
+    handle: Callable[[Req], Awaitable[Message]],
+    reporter: ErrorReporter,
+    on_error: Callable[[str, str], Message],
+) -> Message:
+    try:
+        req = decode(msg.data)
+    except WireError as e:
+        await reporter.report(msg.subject, str(e), e.code, msg.data)
+        return on_error(e.code, str(e))
+    try:
+        return await handle(req)
+    except Rejected as e:
+        reporter.log.info("request rejected", subject=msg.subject, code=e.code, error=str(e))
+        return on_error(e.code, str(e))
+    except Exception as e:
+        reporter.log.exception("request handler failed", subject=msg.subject)
+        error = f"{type(e).__name__}: {e}"
+        await reporter.report(msg.subject, error, INTERNAL, msg.data)
+        return on_error(INTERNAL, error)

