@@ -19,6 +19,10 @@ JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
 NODES_REGISTER = f"{PREFIX}.nodes.register"
 ESTIMATE = f"{PREFIX}.estimate"
 ESTIMATOR_QUEUE = "estimator"
+# The scheduler's queue view (priority, latency ratio, window), answered by the leader.
+QUEUE = f"{PREFIX}.queue"
+# Submissions and cancels are answered by every scheduler replica in this group.
+ADMISSION_QUEUE = "admission"
 
 # Persisted on JetStream.
 JOB_EVENTS_ALL = f"{PREFIX}.jobs.events.*"
