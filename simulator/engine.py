@@ -82,6 +82,10 @@ class Simulation:
             raise ValueError("workload has duplicate job ids")
         self.arrivals = sorted(jobs, key=lambda j: (j.spec.submit_time, j.spec.id))
         self.next_arrival = 0
+        # Arrived and unfinished jobs, in workload order: only they change
+        # between events, so a long trace costs per event what its live jobs do.
+        self.live: dict[JobId, JobRecord] = {}
+        self._order = {j.spec.id: i for i, j in enumerate(jobs)}
         self.occ = Occupancy(cluster)
         self.profiling: list[_Profiling] = []
         self.db = ThroughputDatabase()
@@ -103,7 +107,7 @@ class Simulation:
         while self.done < total and self.now < self.settings.max_time_s:
             t = self._next_event()
             finishing = [r for r in self._running() if r.completion_time(self.now) <= t + EPS]
-            for rec in self.jobs.values():
+            for rec in self.live.values():
                 rec.advance(self.now, t, self.cluster)
             self.now = t
             released = self._complete(finishing) | self._end_profiling()
@@ -133,7 +137,7 @@ class Simulation:
         return max(self.now, min(candidates))
 
     def _running(self) -> list[JobRecord]:
-        return [r for r in self.jobs.values() if r.phase == "running"]
+        return [r for r in self.live.values() if r.phase == "running"]
 
     # --------------------------------------------------------------- events
 
@@ -151,7 +155,10 @@ class Simulation:
             if not rec.unprofiled:
                 raise ValueError(f"job {rec.id}: model {rec.model} runs on no GPU type here")
             rec.phase = "profiling"
+            self.live[rec.id] = rec
             arrived = True
+        if arrived:
+            self.live = dict(sorted(self.live.items(), key=lambda kv: self._order[kv[0]]))
         return arrived
 
     def _complete(self, finishing: Sequence[JobRecord]) -> bool:
@@ -162,6 +169,7 @@ class Simulation:
             # phase None: out of the scheduler's hands (finish tells it from "not arrived")
             rec.finish, rec.phase, rec.current, rec.rate = self.now, None, None, 0.0
             self.done += 1
+            del self.live[rec.id]
             self.db.forget(rec.id)
             self.estimates.pop(rec.id, None)
             outcome = job_outcome(rec, self.truth, self.cluster)
@@ -188,7 +196,7 @@ class Simulation:
         self._sample_running()
         planned = self._plan(first=True)
         # Unassigned jobs (§4.2's fragments): queued without GPUs after planning.
-        waiting = sum(1 for r in self.jobs.values() if r.phase == "queued")
+        waiting = sum(1 for r in self.live.values() if r.phase == "queued")
         idle = self.occ.idle()
         self.rounds.append(
             RoundRecord(
@@ -206,7 +214,7 @@ class Simulation:
 
     def _plan(self, first: bool) -> float:
         """Call the policy and apply its plan; returns the planner's time."""
-        active = [r for r in self.jobs.values() if r.phase is not None and r.finish is None]
+        active = list(self.live.values())
         if not active:
             return 0.0
         held = dict(self.occ.profiling)

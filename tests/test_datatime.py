@@ -105,10 +105,13 @@ def test_model_is_cached_until_new_samples_arrive() -> None:
     # One more iteration over 500 does not pay for a refit...
     hist.add([0.5])
     assert hist.model() is first
-    # ...half as many again does, and the refit sees every sample.
-    hist.add([0.5] * 249)
+    # ...nor do 498 more (the history has not doubled yet)...
+    hist.add([0.5] * 498)
+    assert hist.model() is first
+    # ...as many again does, and the refit sees every sample.
+    hist.add([0.5])
     refit = hist.model()
-    assert refit is not first and refit.samples == 750
+    assert refit is not first and refit.samples == 1000
     eager = DataTimeSamples(refit_growth=0.0)
     eager.add(t_d.tolist(), t_w.tolist())
     before = eager.model()

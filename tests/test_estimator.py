@@ -271,3 +271,21 @@ def test_formula_values_are_reused_until_the_fit_changes() -> None:
     # A new profile replaces the modules, which also invalidates the memo.
     db.record_profile(ProfileReport(JOB.id, A, A0, MODULES[B]))
     assert theoretical_per_gpu(theory, JOB, spec, 2, 1) == fresh(2, 1)
+
+
+def test_curves_are_reused_per_type_until_that_type_gets_a_report() -> None:
+    db = profiled_db()
+    first = estimate_job(db, JOB, CLUSTER)
+    b_curve = first.by_type[B]
+    # A sample on type A changes A's curve; B's curve object is reused as is.
+    db.record_sample(agg_sample(A0, 380.0))
+    second = estimate_job(db, JOB, CLUSTER)
+    assert second.by_type[A].agg[0] == 380.0 != first.by_type[A].agg[0]
+    assert second.by_type[B] is b_curve
+    # Every report invalidates its record, even when the value it adds is the
+    # same: the memo never serves a curve that misses a report.
+    db.record_sample(agg_sample(A1, 300.0))
+    assert estimate_job(db, JOB, CLUSTER).by_type[A].agg[0] == 340.0
+    # Another cluster (fewer type-A servers) is not served from the memo.
+    small = Cluster(gpu_types=CLUSTER.gpu_types, servers=CLUSTER.servers[:1] + CLUSTER.servers[3:])
+    assert len(estimate_job(db, JOB, small).by_type[A].dist) == 0

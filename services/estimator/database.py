@@ -153,6 +153,10 @@ class JobTypeRecord:
     theory: TheoreticalLayer
     entity: dict[ServerId, ThroughputTables] = field(default_factory=dict)
     type_layer: ThroughputTables = field(default_factory=ThroughputTables)
+    # Bumped by every report that reaches this record, so that a reader can
+    # cache what it derived from the record (the estimator caches curves).
+    version: int = 0
+    memo: object = field(default=None, compare=False, repr=False)
 
     def to_state(self) -> RecordState:
         return RecordState(
@@ -208,7 +212,9 @@ class ThroughputDatabase:
     def record_profile(self, report: ProfileReport) -> None:
         """Profiling mode: (re)set the time modules of the type and add the
         profiled data/wait samples to its history."""
-        theory = self._record_for(report.job_id, report.gpu_type).theory
+        rec = self._record_for(report.job_id, report.gpu_type)
+        rec.version += 1
+        theory = rec.theory
         theory.modules = report.modules
         theory.batch_size = report.batch_size
         theory.profiled_on = report.server_id
@@ -218,6 +224,7 @@ class ThroughputDatabase:
         """Running mode: update the entity and type tables (a zero throughput
         carries none) and extend the data/wait history."""
         rec = self._record_for(sample.job_id, sample.gpu_type)
+        rec.version += 1
         if sample.per_gpu_throughput > 0:
             rec.entity.setdefault(sample.server_id, ThroughputTables()).add(
                 sample, self.recent_weight

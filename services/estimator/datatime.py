@@ -37,8 +37,8 @@ class DataTimeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_samples: int = 8
     min_weight: float = 0.05
     min_separation: float = 2.0
-    max_iter: int = 300
-    tol: float = 1e-8
+    max_iter: int = 100
+    tol: float = 1e-6
     sd_floor: float = 1e-3
 
 
@@ -209,7 +209,8 @@ class DataTimeSamples:
     memory and refit cost, and it lets the model follow drift (a dataset
     that starts fitting in the page cache, say). The fit is recomputed only
     once the samples added since the last fit reach ``refit_growth`` times
-    the samples that fit saw (half as many again, by default): a few dozen
+    the samples that fit saw (as many again by default: a refit each time
+    the history doubles, then once per window): a few dozen
     new iterations barely move a fit over thousands, and EM over the whole
     window is the estimator's most expensive step, so refits stay amortised O(1) per sample.
     """
@@ -218,7 +219,7 @@ class DataTimeSamples:
         self,
         window: int = 4096,
         settings: DataTimeSettings | None = None,
-        refit_growth: float = 0.5,
+        refit_growth: float = 1.0,
     ) -> None:
         if window <= 0:
             raise ValueError("window must be > 0")

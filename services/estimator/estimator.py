@@ -6,6 +6,7 @@ formula of Eqs. 1-5), producing the planner's :class:`JobEstimate`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import msgspec
 
@@ -23,7 +24,7 @@ from services.estimator.formulas import (
     expected_iter_time,
     throughput,
 )
-from shared.cluster import Cluster, GpuTypeSpec
+from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, ServerId
@@ -202,19 +203,43 @@ def estimate_job(
     by_server: dict[ServerId, ThroughputCurve] = {}
     for spec in cluster.gpu_types:
         rec = db.record(job.id, spec.name)
-        servers = list(cluster.servers_of_type(spec.name))
+        servers = tuple(cluster.servers_of_type(spec.name))
         if rec is None or rec.theory.modules is None or not servers:
             continue
-        max_k = max(s.gpus for s in servers)
-        max_n = min(len(servers), cfg.max_dist_nodes)
-        base = _type_curve(rec, job, spec, max_k, max_n, cfg)
-        by_type[spec.name] = _rounded(base, cfg)
-        for server in servers:
-            tables = rec.entity.get(server.id)
-            own = _server_curve(tables, base, cfg) if tables is not None else None
-            if own is not None:
-                by_server[server.id] = own
+        curve, own = _type_curves(rec, job, spec, servers, cfg)
+        by_type[spec.name] = curve
+        by_server.update(own)
     return JobEstimate(job.id, by_type, by_server)
+
+
+_Curves = tuple[ThroughputCurve, dict[ServerId, ThroughputCurve]]
+
+
+def _type_curves(
+    rec: JobTypeRecord, job: JobSpec, spec: GpuTypeSpec, servers: Sequence[Server],
+    cfg: EstimatorSettings,
+) -> _Curves:
+    """The type's curve and its servers' own curves, memoised on the record:
+    they are a function of the record (its version counts every report), the
+    job, the type and the servers, and most records get no report in a round
+    (a running job reports on one type only)."""
+    key = (rec.version, job, spec, tuple(s.id for s in servers), cfg)
+    memo = rec.memo
+    if isinstance(memo, tuple) and memo[0] == key:
+        cached: _Curves = memo[1]
+        return cached
+    max_k = max(s.gpus for s in servers)
+    max_n = min(len(servers), cfg.max_dist_nodes)
+    base = _type_curve(rec, job, spec, max_k, max_n, cfg)
+    own: dict[ServerId, ThroughputCurve] = {}
+    for server in servers:
+        tables = rec.entity.get(server.id)
+        curve = _server_curve(tables, base, cfg) if tables is not None else None
+        if curve is not None:
+            own[server.id] = curve
+    result = (_rounded(base, cfg), own)
+    rec.memo = (key, result)
+    return result
 
 
 def predict(

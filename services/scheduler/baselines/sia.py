@@ -52,14 +52,23 @@ from them is written down in ``docs/baselines.md`` ("Sia"); in short:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
 from services.scheduler.baselines.sia_placement import Placement, TypeAllocation, place
-from services.scheduler.ilp import INF, MipModel, MipOptions, MipResult, solve_mip
+from services.scheduler.ilp import (
+    INF,
+    MipModel,
+    MipOptions,
+    MipResult,
+    solve_mip,
+    solve_relaxation,
+)
 from services.scheduler.priorities import priority_fn, queue_priorities
 from services.scheduler.profiling import plan_profiling
 from services.scheduler.window import order_queue
@@ -262,7 +271,14 @@ class SiaPolicy:
         options = MipOptions(
             mip_rel_gap=s.mip_rel_gap, time_limit_s=s.time_limit_s, threads=s.threads
         )
-        return solve_mip(model, options, maximize=True)
+        # Every row is a packing row (<=, non-negative entries), so the LP
+        # optimum rounded down is feasible: a start that spares HiGHS most of
+        # its search for a first good incumbent (several times faster on
+        # loaded rounds) without changing the gap the answer is proven to.
+        relaxed, lp_s = solve_relaxation(model, options, maximize=True)
+        start = None if relaxed is None else np.floor(relaxed + 1e-9).tolist()
+        result = solve_mip(model, options, maximize=True, incumbent=start)
+        return dataclasses.replace(result, solve_s=result.solve_s + lp_s)
 
     def _allocations(
         self, snapshot: Snapshot, jobs: Sequence[JobState], chosen: Sequence[SiaColumn]
