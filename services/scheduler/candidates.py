@@ -69,9 +69,7 @@ def largest_servers(cluster: Cluster) -> dict[GpuType, int]:
     return out
 
 
-def job_curve(
-    est: JobEstimate, server: ServerId, gpu_type: GpuType
-) -> ThroughputCurve | None:
+def job_curve(est: JobEstimate, server: ServerId, gpu_type: GpuType) -> ThroughputCurve | None:
     """The job's curve on ``server`` (entity layer first, then type layer, §3.3)."""
     own = est.by_server.get(server)
     return own if own is not None else est.by_type.get(gpu_type)
@@ -178,7 +176,10 @@ class FreeIndex:
             self._neg_suffix[spec.name] = sorted(suffix)
 
     def count(
-        self, requirements: Sequence[int], rho: Mapping[GpuType, float], est: JobEstimate,
+        self,
+        requirements: Sequence[int],
+        rho: Mapping[GpuType, float],
+        est: JobEstimate,
         sigma: float = DEFAULT_SIGMA,
     ) -> int:
         """An upper bound on ``len(generate_configs(...))``."""
@@ -330,8 +331,7 @@ def maximal_patterns(capacity: int, items: Sequence[Item], limit: int) -> list[P
             return True
         size, tail = kinds[k]
         most = min(room // size, 0 if tail and any(t for _, t in acc) else 1 if tail else room)
-        return all(walk(k + 1, room - n * size, acc + (kinds[k],) * n)
-                   for n in range(most, -1, -1))
+        return all(walk(k + 1, room - n * size, acc + (kinds[k],) * n) for n in range(most, -1, -1))
 
     return out if walk(0, capacity, ()) and len(out) <= limit else None
 
@@ -348,9 +348,7 @@ def complete_pattern(held: Sequence[Item], capacity: int, items: Sequence[Item])
     return tuple(sorted(acc, reverse=True))
 
 
-def _take_slots(
-    slots: Mapping[Item, deque[int]], items: Pattern
-) -> list[tuple[int, int]] | None:
+def _take_slots(slots: Mapping[Item, deque[int]], items: Pattern) -> list[tuple[int, int]] | None:
     need = Counter(items)
     if any(len(slots.get(item, ())) < n for item, n in need.items()):
         return None
@@ -391,7 +389,8 @@ def realise_patterns(
     for d in range(len(demands)):
         parts = taken[d]
         out.append(
-            None if parts is None
+            None
+            if parts is None
             else Configuration.of({klass.servers[position[i]]: g for i, g in parts})
         )
     return out

@@ -114,7 +114,9 @@ Assignment = dict[int, tuple[int, Configuration]]  # job index -> (option index,
 
 
 def build_model(
-    space: OptionSpace, coeffs: Sequence[float], free: Mapping[ServerId, int],
+    space: OptionSpace,
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
     allowed: Collection[int] | None = None,
 ) -> MipModel:
     """Eq. (11)-(13) for ``space``: per-server rows (direct), or per class a
@@ -163,7 +165,9 @@ def _class_resources(space: OptionSpace) -> ClassResources:
 
 
 def incumbent_values(
-    space: OptionSpace, assignment: Assignment, items: Mapping[ServerId, Sequence[Item]],
+    space: OptionSpace,
+    assignment: Assignment,
+    items: Mapping[ServerId, Sequence[Item]],
     n_cols: int,
 ) -> list[float]:
     """A plan as a column vector: chosen options, then (class mode) pattern
@@ -276,8 +280,9 @@ def direct_space(
     index, largest = cluster.server_index, largest_servers(cluster)
     options: list[PassOption] = []
     for i, job in enumerate(jobs):
-        cands = generate_configs(cluster, free, job.requirements, job.rho, job.estimate, sigma,
-                                 largest)
+        cands = generate_configs(
+            cluster, free, job.requirements, job.rho, job.estimate, sigma, largest
+        )
         low = min((c.throughput for c in cands), default=0.0)
         for c in cands:
             order = tuple(sorted(index[s] for s in c.config.servers))
@@ -287,7 +292,10 @@ def direct_space(
 
 
 def class_space(
-    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJobLike], sigma: float,
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJobLike],
+    sigma: float,
     max_patterns: int,
 ) -> OptionSpace | None:
     """Options per server class, dominated ones dropped, plus each class's
@@ -297,13 +305,15 @@ def class_space(
     largest = largest_servers(cluster)
     options: list[PassOption] = []
     for i, job in enumerate(jobs):
-        opts = class_options(cluster, classes, job.requirements, job.rho, job.estimate, sigma,
-                             largest)
+        opts = class_options(
+            cluster, classes, job.requirements, job.rho, job.estimate, sigma, largest
+        )
         # G is normalised before pruning, over all the job's distinct options.
         low = min((o.throughput for o in opts), default=0.0)
         for o in undominated(opts):
-            options.append(PassOption(i, o.throughput / low, o.throughput, o.gpus,
-                                      (first[o.klass],), klass=o))
+            options.append(
+                PassOption(i, o.throughput / low, o.throughput, o.gpus, (first[o.klass],), klass=o)
+            )
     space = _finish_space("class", options, len(jobs))
     space.classes = classes
     space.klass_of = {sid: c for c, k in enumerate(classes) for sid in k.servers}
@@ -333,8 +343,13 @@ def _patterns(capacity: int, kinds: tuple[Item, ...], limit: int) -> tuple[Patte
 
 
 def option_space(
-    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJobLike], *,
-    sigma: float, direct_max_columns: int, max_patterns: int,
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJobLike],
+    *,
+    sigma: float,
+    direct_max_columns: int,
+    max_patterns: int,
 ) -> OptionSpace:
     """The direct space while it has at most ``direct_max_columns`` columns
     (counted before generating), else the class space where it applies."""

@@ -158,8 +158,7 @@ def _pass_incumbent(h: highspy.Highs, incumbent: Sequence[float]) -> None:
     h.setSolution(sol)
 
 
-def _highs(model: MipModel, options: MipOptions, *, maximize: bool, relax: bool
-           ) -> highspy.Highs:
+def _highs(model: MipModel, options: MipOptions, *, maximize: bool, relax: bool) -> highspy.Highs:
     # highspy's constructor carries no annotations.
     h = highspy.Highs()  # type: ignore[no-untyped-call]
     _configure(h, options)

@@ -149,9 +149,16 @@ def scaled_weights(jobs: Sequence[PassJob]) -> list[float]:
 
 
 def _result(
-    space: OptionSpace, jobs: Sequence[PassJob], coeffs: Sequence[float],
-    assignment: Assignment, *, bound: float, solve_s: float, status: str,
-    formulation: str, columns: int,
+    space: OptionSpace,
+    jobs: Sequence[PassJob],
+    coeffs: Sequence[float],
+    assignment: Assignment,
+    *,
+    bound: float,
+    solve_s: float,
+    status: str,
+    formulation: str,
+    columns: int,
 ) -> PassResult:
     choices = tuple(
         Choice(jobs[i].job_id, config, space.options[o].throughput, space.options[o].gain)
@@ -168,12 +175,19 @@ def _empty() -> PassResult:
 
 
 def _space(
-    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJob],
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJob],
     settings: SolverSettings,
 ) -> OptionSpace:
-    return option_space(cluster, free, jobs, sigma=settings.sigma,
-                        direct_max_columns=settings.direct_max_columns,
-                        max_patterns=settings.max_patterns)
+    return option_space(
+        cluster,
+        free,
+        jobs,
+        sigma=settings.sigma,
+        direct_max_columns=settings.direct_max_columns,
+        max_patterns=settings.max_patterns,
+    )
 
 
 def _coefficients(
@@ -200,28 +214,42 @@ def _check(jobs: Sequence[PassJob]) -> list[float]:
 
 
 def _solve(
-    space: OptionSpace, jobs: Sequence[PassJob], coeffs: Sequence[float],
-    free: Mapping[ServerId, int], settings: SolverSettings,
-    hints: Sequence[Mapping[int, Configuration]], spent_s: float = 0.0,
+    space: OptionSpace,
+    jobs: Sequence[PassJob],
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
+    settings: SolverSettings,
+    hints: Sequence[Mapping[int, Configuration]],
+    spent_s: float = 0.0,
 ) -> PassResult:
     model = build_model(space, coeffs, free)
     # Presolve finds nothing to reduce in the direct model, and its symmetric
     # columns make it slow there.
     left = max(settings.time_limit_s - spent_s, settings.time_limit_s / 10)
-    options = MipOptions(settings.mip_rel_gap, left, settings.threads, settings.random_seed,
-                         presolve=space.formulation != "direct")
+    options = MipOptions(
+        settings.mip_rel_gap,
+        left,
+        settings.threads,
+        settings.random_seed,
+        presolve=space.formulation != "direct",
+    )
     relaxed, lp_s = solve_relaxation(model, options)
     # The LP relaxation's optimum bounds Eq. (11) from above; a start within a
     # quarter of the gap of it needs no further search.
     bound = model.objective(relaxed.tolist()) if relaxed is not None else math.inf
     gap = settings.mip_rel_gap
-    start, state = warm_start(space, coeffs, free, len(jobs), relaxed, hints,
-                              enough=bound / (1 + gap / 4))
+    start, state = warm_start(
+        space, coeffs, free, len(jobs), relaxed, hints, enough=bound / (1 + gap / 4)
+    )
     incumbent = incumbent_values(space, start, state.items, model.num_cols)
-    if relaxed is not None and len(space.options) > RESTRICT_MIN_OPTIONS and not _proven(
-            model.objective(incumbent), bound, gap / 4):
-        incumbent, sub_s = _restricted(space, jobs, coeffs, free, options, relaxed, start,
-                                       incumbent)
+    if (
+        relaxed is not None
+        and len(space.options) > RESTRICT_MIN_OPTIONS
+        and not _proven(model.objective(incumbent), bound, gap / 4)
+    ):
+        incumbent, sub_s = _restricted(
+            space, jobs, coeffs, free, options, relaxed, start, incumbent
+        )
         lp_s += sub_s
     if _proven(model.objective(incumbent), bound, gap):
         # The incumbent is within the gap of the LP bound: HiGHS would stop at
@@ -235,8 +263,17 @@ def _solve(
             values = np.asarray(incumbent, dtype=np.float64)
     current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
     assignment = fill_leftovers(space, free, len(jobs), decode(space, values, current))
-    return _result(space, jobs, coeffs, assignment, bound=bound, solve_s=lp_s + spent_s,
-                   status=status, formulation=space.formulation, columns=model.num_cols)
+    return _result(
+        space,
+        jobs,
+        coeffs,
+        assignment,
+        bound=bound,
+        solve_s=lp_s + spent_s,
+        status=status,
+        formulation=space.formulation,
+        columns=model.num_cols,
+    )
 
 
 def _proven(value: float, bound: float, gap: float) -> bool:
@@ -245,9 +282,14 @@ def _proven(value: float, bound: float, gap: float) -> bool:
 
 
 def _restricted(
-    space: OptionSpace, jobs: Sequence[PassJob], coeffs: Sequence[float],
-    free: Mapping[ServerId, int], options: MipOptions, relaxed: npt.NDArray[np.float64],
-    start: Assignment, incumbent: list[float],
+    space: OptionSpace,
+    jobs: Sequence[PassJob],
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
+    options: MipOptions,
+    relaxed: npt.NDArray[np.float64],
+    start: Assignment,
+    incumbent: list[float],
 ) -> tuple[list[float], float]:
     """A better incumbent from the MIP over a few columns per job: the LP
     relaxation's support, the warm start, the jobs' current options and their
@@ -262,17 +304,24 @@ def _restricted(
         if job.current is not None and (o := current_option(space, i, job.current)) is not None:
             allowed.add(o)
     sub = build_model(space, coeffs, free, allowed)
-    sub_options = msgspec.structs.replace(options, mip_rel_gap=options.mip_rel_gap / 4,
-                                          time_limit_s=options.time_limit_s / 10,
-                                          presolve=True)
+    sub_options = msgspec.structs.replace(
+        options,
+        mip_rel_gap=options.mip_rel_gap / 4,
+        time_limit_s=options.time_limit_s / 10,
+        presolve=True,
+    )
     sol = solve_mip(sub, sub_options, incumbent=incumbent)
     better = sol.has_solution and sol.objective > sub.objective(incumbent)
     return ([float(v) for v in sol.values] if better else incumbent), sol.solve_s
 
 
 def _class_hint(
-    cluster: Cluster, free: Mapping[ServerId, int], jobs: Sequence[PassJob],
-    weights: Sequence[float], settings: SolverSettings, direct: OptionSpace,
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJob],
+    weights: Sequence[float],
+    settings: SolverSettings,
+    direct: OptionSpace,
 ) -> tuple[dict[int, Configuration], float]:
     """The class formulation's plan, a warm start for a large direct model:
     where classes coincide with GPU types it is close to the direct optimum,
@@ -288,8 +337,9 @@ def _class_hint(
     # A tighter gap than the pass's own: the direct model's bound is weaker, so
     # the hint has to be closer to the optimum for the direct solve to stop at
     # its root; the class model is small enough for that to be cheap.
-    sub = msgspec.structs.replace(settings, time_limit_s=settings.time_limit_s / 2,
-                                  mip_rel_gap=settings.mip_rel_gap / 4)
+    sub = msgspec.structs.replace(
+        settings, time_limit_s=settings.time_limit_s / 2, mip_rel_gap=settings.mip_rel_gap / 4
+    )
     result = _solve(space, jobs, coeffs, free, sub, ())
     index = {job.job_id: i for i, job in enumerate(jobs)}
     return {index[c.job_id]: c.config for c in result.choices}, result.solve_s
@@ -336,5 +386,14 @@ def greedy_pass(
         return _empty()
     coeffs = [weights[o.job] * o.gain for o in space.options]
     assignment = greedy_assign(space, PlanState(space, free), len(jobs), {})
-    return _result(space, jobs, coeffs, assignment, bound=0.0, solve_s=0.0, status="greedy",
-                   formulation="greedy", columns=len(space.options))
+    return _result(
+        space,
+        jobs,
+        coeffs,
+        assignment,
+        bound=0.0,
+        solve_s=0.0,
+        status="greedy",
+        formulation="greedy",
+        columns=len(space.options),
+    )

@@ -134,11 +134,7 @@ class HopsPolicy:
         """Jobs this call may plan: with an estimate, and either waiting or —
         at the start of a round — running (every running job is replanned)."""
         phases = {"queued", "running"} if snapshot.first_plan else {"queued"}
-        jobs = {
-            j.id: j
-            for j in snapshot.jobs
-            if j.phase in phases and j.id in snapshot.estimates
-        }
+        jobs = {j.id: j for j in snapshot.jobs if j.phase in phases and j.id in snapshot.estimates}
         prios = queue_priorities(snapshot, jobs, self._priority, self.settings.r_num)
         order = order_queue(prios, {jid: j.spec.submit_time for jid, j in jobs.items()})
         entries = {
@@ -170,7 +166,8 @@ class HopsPolicy:
         # fill the window would block the jobs behind them for nothing.
         room = _Room(snapshot.cluster, free)
         usable = [
-            e for e in entries
+            e
+            for e in entries
             if room.admits(
                 queue.jobs[e.job_id].spec.requirement_set(self.settings.r_num),
                 snapshot.estimates[e.job_id],

@@ -69,9 +69,7 @@ def queue_priorities(
     ests = snapshot.estimates if estimates is None else estimates
     active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
     return {
-        jid: priority(
-            job, job_facts(job, ests[jid], snapshot.cluster, snapshot.now, r_num, active)
-        )
+        jid: priority(job, job_facts(job, ests[jid], snapshot.cluster, snapshot.now, r_num, active))
         for jid, job in jobs.items()
     }
 

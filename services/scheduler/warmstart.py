@@ -104,12 +104,16 @@ class PlanState:
         whole = [s for s in klass.servers if self.free[s] == klass.free]
         if len(whole) < o.full:
             return None
-        parts = dict.fromkeys(_first_run(klass.servers, set(whole), o.full) or whole[: o.full],
-                              klass.free)
+        parts = dict.fromkeys(
+            _first_run(klass.servers, set(whole), o.full) or whole[: o.full], klass.free
+        )
         if o.part:
             # Prefer a partly used server for the tail, keeping whole ones free.
-            hosts = [s for s in klass.servers if s not in parts and self.free[s] >= o.part
-                     and not self.has_tail(s)]
+            hosts = [
+                s
+                for s in klass.servers
+                if s not in parts and self.free[s] >= o.part and not self.has_tail(s)
+            ]
             host = next((s for s in hosts if self.free[s] < klass.free), None)
             if host is None and not hosts:
                 return None
@@ -168,13 +172,16 @@ def _shapes(
             per_job.setdefault(job, []).append((weight, members))
     for shapes in per_job.values():
         shapes.sort(key=lambda t: (-t[0], -coeffs[t[1][0]], t[1][0]))
-    order = sorted(per_job, key=lambda j: (-per_job[j][0][0],
-                                           -space.options[per_job[j][0][1][0]].gpus, j))
+    order = sorted(
+        per_job, key=lambda j: (-per_job[j][0][0], -space.options[per_job[j][0][1][0]].gpus, j)
+    )
     return [[members for _, members in per_job[j]] for j in order]
 
 
 def _lp_rounding(
-    space: OptionSpace, x: Sequence[float] | npt.NDArray[np.float64], coeffs: Sequence[float],
+    space: OptionSpace,
+    x: Sequence[float] | npt.NDArray[np.float64],
+    coeffs: Sequence[float],
     free: Mapping[ServerId, int],
 ) -> tuple[Assignment, PlanState]:
     """Round the LP relaxation (see :func:`_shapes`) onto any servers that fit,
@@ -184,8 +191,10 @@ def _lp_rounding(
     # Columns the LP takes whole go first: a job the LP keeps on its current
     # option (the switch factor favours exactly that column) keeps it, before
     # a job split over interchangeable columns lands there by first fit.
-    whole = sorted((o for o in range(len(space.options)) if x[o] > 1 - 1e-6),
-                   key=lambda o: (-space.options[o].gpus, o))
+    whole = sorted(
+        (o for o in range(len(space.options)) if x[o] > 1 - 1e-6),
+        key=lambda o: (-space.options[o].gpus, o),
+    )
     for o in whole:
         opt = space.options[o]
         if opt.job not in chosen and (config := state.place(opt)) is not None:
@@ -208,8 +217,10 @@ def _top_up(
 ) -> Assignment:
     """Complete a warm start: jobs without a configuration take what is left,
     best objective per GPU first (what is left is scarce)."""
-    rest = sorted((o for o, opt in enumerate(space.options) if opt.job not in chosen),
-                  key=lambda o: (-coeffs[o] / space.options[o].gpus, o))
+    rest = sorted(
+        (o for o, opt in enumerate(space.options) if opt.job not in chosen),
+        key=lambda o: (-coeffs[o] / space.options[o].gpus, o),
+    )
     for o in rest:
         opt = space.options[o]
         if opt.job not in chosen and (config := state.place(opt)) is not None:
@@ -219,7 +230,9 @@ def _top_up(
 
 
 def _from_hint(
-    space: OptionSpace, coeffs: Sequence[float], hint: Mapping[int, Configuration],
+    space: OptionSpace,
+    coeffs: Sequence[float],
+    hint: Mapping[int, Configuration],
     free: Mapping[ServerId, int],
 ) -> tuple[Assignment, PlanState]:
     """Keep the hinted configurations that are options here and still fit;
@@ -246,9 +259,13 @@ def _from_hint(
 
 
 def warm_start(
-    space: OptionSpace, coeffs: Sequence[float], free: Mapping[ServerId, int], n_jobs: int,
+    space: OptionSpace,
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
+    n_jobs: int,
     relaxed: Sequence[float] | npt.NDArray[np.float64] | None,
-    hints: Sequence[Mapping[int, Configuration]], enough: float = math.inf,
+    hints: Sequence[Mapping[int, Configuration]],
+    enough: float = math.inf,
 ) -> tuple[Assignment, PlanState]:
     """The best of: each hint (the jobs' current configurations, a class
     solution), the rounded LP relaxation, and the greedy pass, improved by
@@ -292,8 +309,9 @@ class _Search:
     hints ignore better options), and a start within the gap of the root bound
     lets HiGHS stop at the root. ``state`` and ``chosen`` are updated in place."""
 
-    def __init__(self, space: OptionSpace, coeffs: Sequence[float], state: PlanState,
-                 chosen: Assignment) -> None:
+    def __init__(
+        self, space: OptionSpace, coeffs: Sequence[float], state: PlanState, chosen: Assignment
+    ) -> None:
         self.space, self.coeffs, self.state, self.chosen = space, coeffs, state, chosen
         # Stable sort: ties keep the greedy order (fewer GPUs, cluster order).
         self.ranked = [sorted(opts, key=lambda o: -coeffs[o]) for opts in space.per_job]
@@ -390,7 +408,10 @@ class _Search:
 
 
 def improve(
-    space: OptionSpace, coeffs: Sequence[float], state: PlanState, chosen: Assignment,
+    space: OptionSpace,
+    coeffs: Sequence[float],
+    state: PlanState,
+    chosen: Assignment,
     enough: float = math.inf,
 ) -> Assignment:
     """Local search on a plan (see :class:`_Search`): jobs by their best
@@ -398,8 +419,10 @@ def improve(
     with cheaper jobs; a few passes while anything moves, stopping once the
     objective reaches ``enough``. Deterministic."""
     search = _Search(space, coeffs, state, chosen)
-    order = sorted(range(len(space.per_job)),
-                   key=lambda i: (-coeffs[search.ranked[i][0]] if search.ranked[i] else 0.0, i))
+    order = sorted(
+        range(len(space.per_job)),
+        key=lambda i: (-coeffs[search.ranked[i][0]] if search.ranked[i] else 0.0, i),
+    )
     total = _value(chosen, coeffs)
     for _ in range(_PASSES):
         moved = False

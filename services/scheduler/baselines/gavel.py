@@ -134,8 +134,11 @@ class GavelPolicy:
             for jid, (cfg, tput) in placed[t].items()
         )
         skipped = _skips(jobs, entries, chosen, {a.job_id for a in assignments})
-        reasons = PlanReasons(policy=self.name, priorities=prios,
-                              passes=(_stats(len(jobs), alloc, assignments, skipped),))
+        reasons = PlanReasons(
+            policy=self.name,
+            priorities=prios,
+            passes=(_stats(len(jobs), alloc, assignments, skipped),),
+        )
         return GavelRound(
             plan=Plan(assignments, tuple(profiling), reasons),
             rigid=rigid,
@@ -145,7 +148,9 @@ class GavelPolicy:
         )
 
     def _queue_priorities(
-        self, snapshot: Snapshot, jobs: Mapping[JobId, JobState],
+        self,
+        snapshot: Snapshot,
+        jobs: Mapping[JobId, JobState],
         ests: Mapping[JobId, JobEstimate],
     ) -> dict[JobId, float]:
         # The same facts and priority function as the Hops planner, so the
@@ -153,25 +158,37 @@ class GavelPolicy:
         return queue_priorities(snapshot, jobs, self._priority, self.settings.r_num, ests)
 
     def _lp_jobs(
-        self, cluster: Cluster, ests: Mapping[JobId, JobEstimate], rigid: Mapping[JobId, int],
-        prios: Mapping[JobId, float], capacity: Mapping[GpuType, int],
+        self,
+        cluster: Cluster,
+        ests: Mapping[JobId, JobEstimate],
+        rigid: Mapping[JobId, int],
+        prios: Mapping[JobId, float],
+        capacity: Mapping[GpuType, int],
     ) -> list[LpJob]:
         """Gavel's throughput matrix at the rigid sizes, with the weights of
         Eq. (11) as its priority weights."""
         w = weights(prios, self.settings.lam)
         return [
-            LpJob(jid, rigid[jid], w[jid],
-                  {t: type_throughput(est, cluster, t, rigid[jid]) for t in capacity})
+            LpJob(
+                jid,
+                rigid[jid],
+                w[jid],
+                {t: type_throughput(est, cluster, t, rigid[jid]) for t in capacity},
+            )
             for jid, est in ests.items()
         ]
 
 
 def _place(
-    cluster: Cluster, chosen: Mapping[GpuType, Sequence[JobId]],
-    jobs: Mapping[JobId, JobState], rigid: Mapping[JobId, int],
-    ests: Mapping[JobId, JobEstimate], free: Mapping[ServerId, int],
+    cluster: Cluster,
+    chosen: Mapping[GpuType, Sequence[JobId]],
+    jobs: Mapping[JobId, JobState],
+    rigid: Mapping[JobId, int],
+    ests: Mapping[JobId, JobEstimate],
+    free: Mapping[ServerId, int],
 ) -> dict[GpuType, dict[JobId, Placed]]:
     """Phase 2 of the round on every type; throughputs from the type curves."""
+
     def rate(jid: JobId, config: Configuration) -> float:
         return config_throughput(ests[jid], cluster, config)
 
@@ -184,7 +201,9 @@ def _place(
 
 
 def _stats(
-    considered: int, alloc: Allocation, assignments: Sequence[Assignment],
+    considered: int,
+    alloc: Allocation,
+    assignments: Sequence[Assignment],
     skipped: Mapping[JobId, SkipReason],
 ) -> PassStats:
     """The LP is solved to optimality: bound = objective, gap 0. Jobs selected
@@ -195,9 +214,16 @@ def _stats(
     if unplaced:
         label += f" ({', '.join(unplaced)})"
     return PassStats(
-        kind="first", jobs=considered, variables=alloc.columns, objective=alloc.objective,
-        bound=alloc.objective, gap=0.0, solve_s=alloc.solve_s, status=alloc.status,
-        formulation=label, assigned=tuple(a.job_id for a in assignments),
+        kind="first",
+        jobs=considered,
+        variables=alloc.columns,
+        objective=alloc.objective,
+        bound=alloc.objective,
+        gap=0.0,
+        solve_s=alloc.solve_s,
+        status=alloc.status,
+        formulation=label,
+        assigned=tuple(a.job_id for a in assignments),
     )
 
 
@@ -205,8 +231,7 @@ def _plannable(snapshot: Snapshot) -> dict[JobId, JobState]:
     """Waiting and running jobs with an estimate, in id order (a first plan
     replans every running job)."""
     ready = [
-        j for j in snapshot.jobs
-        if j.phase in ("queued", "running") and j.id in snapshot.estimates
+        j for j in snapshot.jobs if j.phase in ("queued", "running") and j.id in snapshot.estimates
     ]
     return {j.id: j for j in sorted(ready, key=lambda j: j.id)}
 
@@ -224,12 +249,21 @@ def _type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuTy
 
 
 def _entries(
-    jobs: Mapping[JobId, JobState], alloc: Allocation, prios: Mapping[JobId, float], now: float,
+    jobs: Mapping[JobId, JobState],
+    alloc: Allocation,
+    prios: Mapping[JobId, float],
+    now: float,
 ) -> list[Entry]:
     """One round entry per (job, type) the LP could give time to."""
     return [
-        Entry(jid, t, round_priority(job, t, alloc.fractions[jid][t], now), prios[jid],
-              alloc.fractions[jid][t], job.spec.submit_time)
+        Entry(
+            jid,
+            t,
+            round_priority(job, t, alloc.fractions[jid][t], now),
+            prios[jid],
+            alloc.fractions[jid][t],
+            job.spec.submit_time,
+        )
         for jid, job in jobs.items()
         for t in alloc.runnable[jid]
     ]
@@ -243,8 +277,10 @@ def _by_job(entries: Sequence[Entry]) -> dict[JobId, dict[GpuType, float]]:
 
 
 def _skips(
-    jobs: Mapping[JobId, JobState], entries: Sequence[Entry],
-    chosen: Mapping[GpuType, Sequence[JobId]], assigned: set[JobId],
+    jobs: Mapping[JobId, JobState],
+    entries: Sequence[Entry],
+    chosen: Mapping[GpuType, Sequence[JobId]],
+    assigned: set[JobId],
 ) -> dict[JobId, SkipReason]:
     candidates = {e.job_id for e in entries}
     selected = {j for ids in chosen.values() for j in ids}

@@ -181,8 +181,9 @@ def max_min_allocation(
         return Allocation(fractions, runnable, proportional, 0.0, 0, 0.0, "Empty")
     first = solve_mip(_model(jobs, cap, cols, None), options, maximize=True)
     if not first.has_solution:
-        return Allocation(fractions, runnable, proportional, 0.0, len(cols), first.solve_s,
-                          first.status)
+        return Allocation(
+            fractions, runnable, proportional, 0.0, len(cols), first.solve_s, first.status
+        )
     z_star = float(first.values[-1])
     values, solve_s = first.values, first.solve_s
     second = solve_mip(_model(jobs, cap, cols, z_star * (1.0 - Z_SLACK)), options, maximize=True)
@@ -191,8 +192,9 @@ def max_min_allocation(
     for k, c in enumerate(cols):
         x = min(1.0, float(values[k]))
         fractions[jobs[c.job].job_id][c.gpu_type] = x if x > X_EPS else 0.0
-    return Allocation(fractions, runnable, proportional, z_star, len(cols) + 1, solve_s,
-                      first.status)
+    return Allocation(
+        fractions, runnable, proportional, z_star, len(cols) + 1, solve_s, first.status
+    )
 
 
 def fastest_first(jobs: Sequence[LpJob], types: Sequence[GpuType]) -> list[GpuType]:

@@ -104,8 +104,9 @@ def select(
     return chosen
 
 
-def _keep(job: JobState, gpus: int, servers: set[ServerId], avail: Mapping[ServerId, int]
-          ) -> Configuration | None:
+def _keep(
+    job: JobState, gpus: int, servers: set[ServerId], avail: Mapping[ServerId, int]
+) -> Configuration | None:
     cur = job.current
     if cur is None or cur.total_gpus != gpus:
         return None
@@ -114,8 +115,12 @@ def _keep(job: JobState, gpus: int, servers: set[ServerId], avail: Mapping[Serve
     return None
 
 
-def pack(gpus: int, servers: Sequence[ServerId], avail: Mapping[ServerId, int],
-         index: Mapping[ServerId, int]) -> Configuration | None:
+def pack(
+    gpus: int,
+    servers: Sequence[ServerId],
+    avail: Mapping[ServerId, int],
+    index: Mapping[ServerId, int],
+) -> Configuration | None:
     """Consolidated where possible: the single server that fits most tightly,
     else the fewest servers, largest free first (cluster order on ties)."""
     fits = [s for s in servers if avail.get(s, 0) >= gpus]
@@ -123,8 +128,9 @@ def pack(gpus: int, servers: Sequence[ServerId], avail: Mapping[ServerId, int],
         return Configuration.of({min(fits, key=lambda s: (avail[s], index[s])): gpus})
     parts: dict[ServerId, int] = {}
     need = gpus
-    for s in sorted((s for s in servers if avail.get(s, 0) > 0),
-                    key=lambda s: (-avail[s], index[s])):
+    for s in sorted(
+        (s for s in servers if avail.get(s, 0) > 0), key=lambda s: (-avail[s], index[s])
+    ):
         take = min(need, avail[s])
         parts[s] = take
         need -= take
