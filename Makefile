@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11:
-#   make run    the main job on the embedded default
+#   make run    the live system on this machine (hops up; Ctrl-C stops it)
 #   make test   lint, type-check and the whole test suite
 PY ?= python3.11
 VENV := .venv
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/hops plan
+	$(BIN)/hops up
 
 test: $(STAMP)
 	$(BIN)/ruff check .

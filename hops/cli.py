@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 import typer
 
+from hops.client import DEFAULT_GATEWAY, GatewayClient
 from services.scheduler.planner import HopsSettings
 from shared.snapshot import Plan, Snapshot
 from shared.specs import SpecError
@@ -23,6 +25,7 @@ DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
 EXPERIMENTS_HELP = "table3, table4, priorities, arrival-rates or elasticflow"
+T = TypeVar("T")
 
 
 @app.command()
@@ -124,6 +127,131 @@ def experiment(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo((out / "results.md").read_text())
+
+
+# --- the live system -----------------------------------------------------------------
+
+GatewayOpt = Annotated[
+    str,
+    typer.Option("--gateway", envvar="HOPS_GATEWAY_URL", help="the gateway's URL"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the gateway's JSON")]
+
+
+@app.command()
+def up(
+    cluster: Annotated[str, typer.Option(help="emulated cluster: a built-in name or a file")] = (
+        "paper-physical"
+    ),
+    time_scale: Annotated[float, typer.Option(help="emulated seconds per real second")] = 60.0,
+    data_dir: Annotated[Path, typer.Option(help="NATS state, logs")] = Path(".hops"),
+    nats_port: Annotated[int, typer.Option(help="NATS client port (0: any free)")] = 4222,
+    gateway_port: Annotated[int, typer.Option(help="HTTP gateway port")] = 8080,
+    gateway_host: Annotated[str, typer.Option(help="HTTP gateway address")] = "127.0.0.1",
+    metrics_port: Annotated[int, typer.Option(help="the monitor's Prometheus port")] = 9464,
+    round_s: Annotated[float, typer.Option(help="scheduling round, s")] = 30.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run the live system here, one process each (NATS, services, gateway, EMULATED GPUs)."""
+    from hops.stack import StackConfig
+    from hops.up import stdout_say
+    from hops.up import up as run_up
+
+    try:
+        config = StackConfig(
+            cluster=cluster, time_scale=time_scale, data_dir=data_dir,
+            gateway_host=gateway_host, gateway_port=gateway_port, metrics_port=metrics_port,
+            round_s=round_s, log_level=log_level,
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_up(config, nats_port, stdout_say()))
+
+
+def _gateway_call(gateway: str, call: Callable[[GatewayClient], T]) -> T:
+    """``call`` on a client of ``gateway``; a failure becomes one line and exit 1."""
+    from hops.client import GatewayError, GatewayUnreachable
+
+    try:
+        with GatewayClient(gateway) as client:
+            return call(client)
+    except (GatewayUnreachable, GatewayError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="jobs file (YAML, TOML or JSON)")],
+    gateway: GatewayOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Submit every job of a jobs file; one line per job. Exit 1 if any was rejected."""
+    from hops.client import render_answer
+    from shared.specs import load_jobs
+
+    try:
+        specs = load_jobs(file)
+    except SpecError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    def send(client: GatewayClient) -> bool:
+        ok = True
+        for spec in specs:
+            answer = client.submit(spec)
+            typer.echo(render_answer(spec.id, answer))
+            ok = ok and answer.ok
+        return ok
+
+    if not _gateway_call(gateway, send):
+        raise typer.Exit(1)
+
+
+@app.command()
+def jobs(
+    phase: Annotated[str | None, typer.Option(help="only jobs in this phase")] = None,
+    gateway: GatewayOpt = DEFAULT_GATEWAY,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the jobs the scheduler knows, oldest first."""
+    from hops.client import render_jobs
+
+    body = _gateway_call(gateway, lambda c: c.jobs(phase))
+    typer.echo(json.dumps(body, indent=2) if as_json else render_jobs(body))
+
+
+@app.command()
+def queue(gateway: GatewayOpt = DEFAULT_GATEWAY, as_json: JsonOpt = False) -> None:
+    """The waiting jobs in priority order, as the scheduler leader sees them."""
+    from hops.client import render_queue
+
+    body = _gateway_call(gateway, lambda c: c.queue())
+    typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
+
+
+@app.command()
+def nodes(gateway: GatewayOpt = DEFAULT_GATEWAY, as_json: JsonOpt = False) -> None:
+    """The registered servers, their GPUs and the jobs holding them."""
+    from hops.client import render_nodes
+
+    body = _gateway_call(gateway, lambda c: c.cluster())
+    typer.echo(json.dumps(body, indent=2) if as_json else render_nodes(body))
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    reason: Annotated[str, typer.Option(help="why (kept with the job)")] = "",
+    gateway: GatewayOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Cancel a job (waiting or running). Exit 1 if the scheduler refuses."""
+    from hops.client import render_answer
+
+    answer = _gateway_call(gateway, lambda c: c.cancel(job_id, reason))
+    typer.echo(render_answer(job_id, answer, verb="cancelled"))
+    if not answer.ok:
+        raise typer.Exit(1)
 
 
 def render_plan(snap: Snapshot, result: Plan) -> str:

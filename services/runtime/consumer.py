@@ -94,7 +94,10 @@ async def consume(
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(spec.batch, timeout=spec.fetch_timeout)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
+                # nats-py raises its own TimeoutError (a subclass) or, from
+                # inside fetch, sometimes the built-in one: both mean "no
+                # message yet".
                 continue
             except nats.errors.ConnectionClosedError:
                 return

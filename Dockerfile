@@ -1,0 +1,34 @@
+# One image for every component of the Hops live system; compose.yaml picks
+# each container's command (the same commands `hops up` runs, hops/stack.py).
+#   docker build -t hops .
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# Dependencies first, in their own layer: a change of the code does not
+# reinstall them.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+COPY shared/ shared/
+COPY services/ services/
+COPY simulator/ simulator/
+COPY hops/ hops/
+COPY gateway/ gateway/
+COPY executor/ executor/
+COPY examples/ examples/
+RUN pip install --no-deps . \
+    && useradd --create-home --uid 10001 hops
+
+# Commands run as `python -m <module>` from /app, so every package of the
+# tree is importable as it is in the repository.
+USER hops
+EXPOSE 8080 8081 9464
+CMD ["hops", "--help"]

@@ -1,0 +1,323 @@
+"""Job submission through the live system, and release after a job dies.
+
+Starts its own stack the way ``hops up`` does (the same commands and
+environment, :mod:`hops.stack`): nats-server with JetStream, the scheduler
+and the gateway as processes. Then measures the acknowledgement latency of
+``hops.v1.jobs.submit`` (the scheduler replies once the stream has stored
+``job_submitted``), p50 and p99, and the sustained submissions per second,
+one at a time and with concurrent requests, through NATS and through the
+REST gateway (``POST /jobs``).
+
+When the rest of the live system can run, a second stack (every component,
+a two-server EMULATED cluster) measures how long after an emulated job's
+process is SIGKILLed its GPUs are released (``resources_released``).
+
+    .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 32] [--kills 3]
+
+Prints a table; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+from nats.aio.client import Client as NATS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hops.stack import StackConfig, by_name, components, modules
+from hops.up import Launcher, missing_modules, port_free, wait_healthy
+from services.runtime.bus import connect
+from services.runtime.logging import configure_logging
+from services.runtime.natsd import EmbeddedNats
+from services.runtime.settings import RuntimeSettings
+from shared import subjects
+from shared.events import SubmitJob, decode_plan_event, decode_reply, encode
+from shared.ids import JobId
+from shared.job import JobSpec
+
+CLUSTER = """\
+name: bench-two-servers
+gpu_types:
+  - {name: RTX3090, link_bandwidth: 2.5e9, net_bandwidth: 1.0e9}
+  - {name: TitanXP, link_bandwidth: 1.25e9, net_bandwidth: 1.0e9}
+servers:
+  - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
+  - {id: titan-0, gpu_type: TitanXP, gpus: 4}
+"""
+
+
+def spec(job_id: str, total: int = 10**12) -> JobSpec:
+    return JobSpec(JobId(job_id), "resnet18-cifar10", 128, 11_689_512, total, requirements=(1,))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def drive(
+    n: int, concurrency: int, one: Callable[[int], Awaitable[bool]]
+) -> dict[str, float]:
+    """Run ``one(i)`` for i < n with ``concurrency`` in flight; latencies in ms."""
+    latencies: list[float] = []
+    ok = 0
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal ok, next_i
+        while next_i < n:
+            i = next_i
+            next_i += 1
+            t0 = time.perf_counter()
+            good = await one(i)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            ok += good
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    return {"n": n, "ok": ok, "p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
+            "rate": n / wall}
+
+
+class KeepAlive:
+    """A pool of plain HTTP/1.1 keep-alive connections that POST JSON.
+
+    A general-purpose async client costs more CPU per request than the
+    gateway itself, so on a small machine it would measure the client; this
+    one does the least a client can."""
+
+    def __init__(self, host: str, port: int, size: int) -> None:
+        self.host, self.port = host, port
+        self.free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+        self.free = asyncio.Queue()
+        self.size = size
+
+    async def open(self) -> None:
+        for _ in range(self.size):
+            self.free.put_nowait(await asyncio.open_connection(self.host, self.port))
+
+    async def close(self) -> None:
+        while not self.free.empty():
+            _, writer = self.free.get_nowait()
+            writer.close()
+
+    async def post(self, path: str, body: bytes) -> int:
+        reader, writer = await self.free.get()
+        try:
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                         + body)
+            status = int((await reader.readline()).split()[1])
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            return status
+        finally:
+            self.free.put_nowait((reader, writer))
+
+
+def submitter(
+    transport: str, prefix: str, nc: NATS, http: KeepAlive
+) -> Callable[[int], Awaitable[bool]]:
+    """One submission of job ``<prefix><i>`` through ``transport``; True if accepted."""
+
+    async def via_nats(i: int) -> bool:
+        body = encode(SubmitJob(spec=spec(f"{prefix}{i}")))
+        msg = await nc.request(subjects.JOBS_SUBMIT, body, timeout=30)
+        return decode_reply(msg.data).ok
+
+    async def via_rest(i: int) -> bool:
+        body = encode(SubmitJob(spec=spec(f"{prefix}{i}")))
+        return await http.post("/jobs", body) == 201
+
+    return via_nats if transport == "nats" else via_rest
+
+
+async def bench_submit(nats_url: str, gateway_port: int, jobs: int, concurrency: int) -> list[str]:
+    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench")
+    rows = []
+    try:
+        for transport in ("nats", "rest"):
+            for conc in (1, concurrency):
+                n = max(50, jobs // 10) if conc == 1 else jobs
+                http = KeepAlive("127.0.0.1", gateway_port, conc)
+                await http.open()
+                try:
+                    r = await drive(n, conc, submitter(transport, f"{transport}-{conc}-", nc, http))
+                finally:
+                    await http.close()
+                rows.append(f"{transport:<9} {conc:>11} {r['n']:>8.0f} {r['ok']:>6.0f} "
+                            f"{r['p50']:>7.2f} {r['p99']:>7.2f} {r['rate']:>13.0f}")
+    finally:
+        await nc.close()
+    return rows
+
+
+async def wait_admission(nats_url: str, timeout: float = 60) -> None:
+    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-probe")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                await nc.request(subjects.JOBS_SUBMIT, b"{", timeout=1)  # a malformed probe
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the scheduler never answered admission") from None
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+def start_stack(config: StackConfig, names: tuple[str, ...]) -> tuple[EmbeddedNats, Launcher]:
+    nats = EmbeddedNats(config.nats_dir)
+    nats.start()
+    config = replace(config, nats_url=nats.url)
+    launcher = Launcher(config, lambda line: print(line, file=sys.stderr))
+    table = by_name(config)
+    for name in names:
+        launcher.start(table[name])
+    wait_healthy(launcher, launcher.children[-1], timeout=90)
+    return nats, launcher
+
+
+def job_pids(job_id: str) -> list[int]:
+    """PIDs of the emulated job processes of ``job_id`` (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"executor.job" in argv and any(job_id.encode() in a for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+async def bench_release(nats_url: str, gateway: str, kills: int) -> list[float]:
+    """Seconds from SIGKILL of a running emulated job to its resources_released."""
+    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-release")
+    released: dict[str, list[float]] = {}  # a job is released after profiling, too
+
+    async def on_released(msg: object) -> None:
+        event = decode_plan_event(msg.data)  # type: ignore[attr-defined]
+        released.setdefault(event.job_id, []).append(time.perf_counter())  # type: ignore[union-attr]
+
+    def after(job_id: str, t0: float) -> float | None:
+        return next((t for t in released.get(job_id, []) if t > t0), None)
+
+    await nc.subscribe(subjects.RELEASED, cb=on_released)
+    await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
+    await nc.flush()
+    out: list[float] = []
+    try:
+        async with httpx.AsyncClient(base_url=gateway, timeout=10) as http:
+            for k in range(kills):
+                job_id = f"victim-{k}"
+                await http.post("/jobs", content=encode(SubmitJob(spec=spec(job_id))))
+                pids = await until_running(http, job_id)
+                t0 = time.perf_counter()
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while after(job_id, t0) is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+                t1 = after(job_id, t0)
+                if t1 is not None:
+                    out.append(t1 - t0)
+    finally:
+        await nc.close()
+    return out
+
+
+async def until_running(http: httpx.AsyncClient, job_id: str, timeout: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = (await http.get(f"/jobs/{job_id}")).json()
+        pids = job_pids(job_id) if record.get("phase") == "running" else []
+        if pids:
+            return pids
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{job_id} never ran")
+
+
+def config_in(tmp: str, **kw: object) -> StackConfig:
+    return StackConfig(data_dir=Path(tmp), gateway_port=free_port(),
+                       metrics_port=free_port(), **kw)  # type: ignore[arg-type]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=1000, help="submissions per concurrent run")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--kills", type=int, default=3, help="emulated jobs to SIGKILL (0: skip)")
+    args = ap.parse_args()
+    configure_logging("bench", "warning", stream=sys.stderr)
+    print("transport concurrency requests     ok  p50 ms  p99 ms  submissions/s")
+    with tempfile.TemporaryDirectory(prefix="hops-bench-") as tmp:
+        config = config_in(tmp, round_s=30.0)
+        nats, launcher = start_stack(config, ("scheduler", "gateway"))
+        try:
+            asyncio.run(wait_admission(nats.url))
+            for row in asyncio.run(bench_submit(nats.url, config.gateway_port, args.jobs,
+                                                args.concurrency)):
+                print(row)
+        finally:
+            launcher.stop()
+            nats.stop()
+    missing = missing_modules(modules())
+    if args.kills and missing:
+        print(f"release after SIGKILL: n/a (cannot run {', '.join(missing)})")
+    elif args.kills:
+        run_release(args.kills)
+    return 0
+
+
+def run_release(kills: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="hops-bench-") as tmp:
+        cluster = Path(tmp) / "cluster.yaml"
+        cluster.write_text(CLUSTER)
+        config = config_in(tmp, cluster=str(cluster), time_scale=1.0, round_s=2.0)
+        assert port_free(config.gateway_port)
+        nats, launcher = start_stack(config, tuple(c.name for c in components(config)))
+        try:
+            took = asyncio.run(bench_release(nats.url, config.gateway_url, kills))
+        finally:
+            launcher.stop()
+            nats.stop()
+    if not took:
+        print("release after SIGKILL: no resources_released seen within 30 s")
+        return
+    print(f"release after SIGKILL of an emulated job: n={len(took)}, "
+          f"median {statistics.median(took) * 1000:.0f} ms, max {max(took) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The HTTP gateway: a FastAPI app over the NATS subjects of docs/events.md.
+
+===========================  ============================================  =====================
+endpoint                     does                                          answers
+===========================  ============================================  =====================
+``POST /jobs``               forwards the body, as it came, to             201 ``{job_id}``;
+                             ``hops.v1.jobs.submit`` (a JobSpec or a       400/422/409/413/503
+                             ``submit_job``)
+``GET /jobs[?phase=P]``      every ``hops_jobs`` record (of phase P)       200 ``{jobs, count}``
+``GET /jobs/{id}``           one record                                    200, 404
+``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 404, 409, 503
+``GET /queue``               the scheduler leader's ``QueueView``          200, 503
+``GET /cluster``             ``hops_nodes`` servers, their GPUs and the    200
+                             jobs holding them (``hops_alloc``)
+``GET /healthz``             whether the NATS connection is up             200, 503
+``GET /docs``                the OpenAPI (Swagger) page
+===========================  ============================================  =====================
+
+Submissions are forwarded byte for byte so that the HTTP path validates
+exactly as the NATS path does; :func:`gateway.views.reply_status` maps a
+reply's code to the status. Bodies above ``MAX_PAYLOAD`` are refused with
+413 before they reach NATS (and reported as an ``error_record``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import nats.errors
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+
+from gateway import views
+from gateway.bus import BadUpstream, GatewayBus, Unavailable
+from gateway.settings import GatewaySettings
+from services.runtime.bus import nats_status
+from shared import subjects
+from shared.events import TOO_LARGE, SubmitJob
+from shared.job import JobSpec
+from shared.subjects import SubjectError, check_token
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    503: {"description": "no scheduler answered (not running, or timed out)"},
+}
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    """The gateway app; it connects to NATS in its lifespan."""
+    settings = settings or GatewaySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        bus = await GatewayBus.open(settings.runtime, settings.request_timeout)
+        app.state.bus = bus
+        bus.log.info("gateway connected", nats=nats_status(bus.nc))
+        try:
+            yield
+        finally:
+            await bus.close()
+
+    app = FastAPI(
+        title="Hops gateway",
+        summary="Submit, cancel and watch deep-learning training jobs on a Hops cluster.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.add_exception_handler(nats.errors.Error, _nats_failure)
+    _submit_route(app, settings.max_body)
+    _job_routes(app)
+    _cluster_routes(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _bus(request: Request) -> GatewayBus:
+    bus: GatewayBus = request.app.state.bus
+    return bus
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _failure(status: int, code: str, error: str) -> JSONResponse:
+    return _json(status, views.error_body(code, error))
+
+
+def _submit_route(app: FastAPI, limit: int) -> None:
+    @app.post(
+        "/jobs",
+        status_code=201,
+        summary="Submit a job",
+        description="Body: a JobSpec, or a `submit_job` message (docs/events.md).",
+        openapi_extra=_submit_body_schema(),
+        responses={
+            400: {"description": "malformed JSON or unknown message type"},
+            409: {"description": "a job with this id exists"},
+            413: {"description": f"body above {limit} bytes"},
+            422: {"description": "invalid job spec (the message names the field)"},
+            **_ERRORS,
+        },
+    )
+    async def submit(request: Request) -> JSONResponse:
+        bus = _bus(request)
+        body = await _read_limited(request, limit)
+        if body is None:
+            size = request.headers.get("content-length")
+            error = views.too_large_error(int(size) if size and size.isdigit() else None, limit)
+            await bus.reporter.report(subjects.JOBS_SUBMIT, f"POST /jobs: {error}", TOO_LARGE)
+            return _failure(413, TOO_LARGE, error)
+        try:
+            reply = await bus.submit(body)
+        except (Unavailable, BadUpstream) as e:
+            return _upstream_failure(e)
+        log = bus.log.bind(job_id=reply.job_id) if reply.job_id else bus.log
+        log.info("submit answered", ok=reply.ok, code=reply.code)
+        status = views.reply_status(reply, ok_status=201)
+        headers = {"Location": f"/jobs/{reply.job_id}"} if reply.ok else None
+        return _json(status, views.reply_body(reply), headers)
+
+
+def _job_routes(app: FastAPI) -> None:
+    @app.get("/jobs", summary="All jobs (optionally of one phase)")
+    async def list_jobs(request: Request, phase: str | None = None) -> JSONResponse:
+        try:
+            chosen = views.check_phase(phase)
+        except ValueError as e:
+            return _failure(400, "invalid", str(e))
+        records = await _bus(request).jobs()
+        return _json(200, views.jobs_view(records, chosen))
+
+    @app.get("/jobs/{job_id}", summary="One job", responses={404: {"description": "no such job"}})
+    async def get_job(request: Request, job_id: str) -> JSONResponse:
+        record = await _bus(request).job(job_id)
+        if record is None:
+            return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
+        return _json(200, views.job_view(record))
+
+    @app.delete(
+        "/jobs/{job_id}",
+        summary="Cancel a job",
+        responses={
+            404: {"description": "no such job"},
+            409: {"description": "the job has already ended"},
+            **_ERRORS,
+        },
+    )
+    async def cancel(request: Request, job_id: str, reason: str = "") -> JSONResponse:
+        bus = _bus(request)
+        try:
+            check_token(job_id, "job id")
+        except SubjectError as e:
+            return _failure(404, views.NOT_FOUND, str(e))
+        try:
+            reply = await bus.cancel(job_id, reason)
+        except (Unavailable, BadUpstream) as e:
+            return _upstream_failure(e)
+        bus.log.info("cancel answered", job_id=job_id, ok=reply.ok, code=reply.code)
+        return _json(views.reply_status(reply), views.reply_body(reply))
+
+
+def _cluster_routes(app: FastAPI) -> None:
+    @app.get("/queue", summary="The waiting jobs in priority order", responses=_ERRORS)
+    async def queue(request: Request) -> JSONResponse:
+        try:
+            view = await _bus(request).queue()
+        except (Unavailable, BadUpstream) as e:
+            return _upstream_failure(e)
+        if not view.ok:
+            return _failure(503, views.UNAVAILABLE, view.error or "the scheduler cannot answer")
+        return _json(200, views.jsonable(view))
+
+    @app.get("/cluster", summary="Servers, their GPUs and the jobs holding them")
+    async def cluster(request: Request) -> JSONResponse:
+        bus = _bus(request)
+        nodes = await bus.nodes()
+        placements = await bus.placements()
+        return _json(200, views.cluster_view(nodes, placements))
+
+    @app.get("/healthz", summary="Health: 200 while connected to NATS")
+    async def healthz(request: Request) -> JSONResponse:
+        bus: GatewayBus | None = getattr(request.app.state, "bus", None)
+        status = nats_status(bus.nc) if bus is not None else "disconnected"
+        ok = status == "connected"
+        body = {"service": "gateway", "ok": ok, "nats": status}
+        return _json(200 if ok else 503, body)
+
+
+async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:
+    """A KV read that failed on NATS (e.g. while reconnecting): 503, not 500."""
+    _bus(request).log.warning("nats failure", path=request.url.path, error=repr(exc))
+    return _failure(503, views.UNAVAILABLE, f"NATS: {type(exc).__name__}: {exc}")
+
+
+def _upstream_failure(e: Exception) -> JSONResponse:
+    if isinstance(e, Unavailable):
+        return _failure(503, views.UNAVAILABLE, str(e))
+    return _failure(502, views.BAD_GATEWAY, str(e))
+
+
+async def _read_limited(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it is known to exceed ``limit`` bytes
+    (from ``Content-Length``, else while reading), so that a huge body is
+    never held in memory."""
+    if views.declared_too_large(request.headers.get("content-length"), limit):
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _submit_body_schema() -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"oneOf": [_ref("JobSpec"), _ref("SubmitJob")]},
+                }
+            },
+        }
+    }
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the JobSpec and SubmitJob schemas of the wire
+    contract, which the submit body refers to."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        _, components = msgspec.json.schema_components(
+            [JobSpec, SubmitJob], ref_template="#/components/schemas/{name}"
+        )
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        app.openapi_schema = schema
+    return app.openapi_schema

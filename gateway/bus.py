@@ -1,0 +1,160 @@
+"""The gateway's side of NATS: requests to the scheduler and reads of the KV
+buckets. A thin shell: the payloads and records are those of
+:mod:`shared.events` and :mod:`shared.records`; decisions are in
+:mod:`gateway.views`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure_jetstream
+from services.runtime.settings import RuntimeSettings
+from shared import subjects
+from shared.events import CancelJob, Reply, WireError, decode_reply, encode
+from shared.ids import JobId
+from shared.records import JobRecord, NodeRecord, Placement, QueueView
+from shared.subjects import SubjectError, check_token
+
+T = TypeVar("T")
+
+_JOB = msgspec.json.Decoder(JobRecord, strict=False)
+_NODE = msgspec.json.Decoder(NodeRecord, strict=False)
+_PLACEMENT = msgspec.json.Decoder(Placement, strict=False)
+_QUEUE = msgspec.json.Decoder(QueueView, strict=False)
+# hops.v1.queue takes no arguments; an empty JSON object leaves room for some.
+QUEUE_REQUEST = b"{}"
+
+
+class Unavailable(Exception):
+    """No service answered a request (none running, or it timed out)."""
+
+
+class BadUpstream(Exception):
+    """A service answered with something that is not the expected message."""
+
+
+class GatewayBus:
+    """One NATS connection and the three KV buckets the gateway reads."""
+
+    def __init__(self, nc: NATS, timeout: float, reporter: ErrorReporter) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.timeout = timeout
+        self.reporter = reporter
+        self.log = reporter.log
+        self._kv: dict[str, KeyValue] = {}
+
+    @classmethod
+    async def open(cls, settings: RuntimeSettings, timeout: float) -> GatewayBus:
+        """Connect (waiting for NATS as long as it takes) and ensure the
+        streams and buckets exist, as every service does at start."""
+        nc = await connect(settings, "gateway")
+        bus = cls(nc, timeout, ErrorReporter(nc, "gateway"))
+        await ensure_jetstream(bus.js, JetStreamLayout(leader_ttl=settings.leader_ttl))
+        return bus
+
+    async def close(self) -> None:
+        try:
+            await self.nc.drain()
+        except Exception:  # a connection that cannot drain is closed anyway
+            await self.nc.close()
+
+    async def _request(self, subject: str, data: bytes) -> bytes:
+        try:
+            msg = await self.nc.request(subject, data, timeout=self.timeout)
+        except nats.errors.NoRespondersError:
+            raise Unavailable(f"no service answers {subject}: is the scheduler running?") from None
+        except nats.errors.TimeoutError:
+            raise Unavailable(f"no reply on {subject} within {self.timeout:g} s") from None
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+            raise Unavailable("the gateway has lost its NATS connection") from None
+        return msg.data
+
+    async def _reply(self, subject: str, data: bytes) -> Reply:
+        raw = await self._request(subject, data)
+        try:
+            return decode_reply(raw)
+        except WireError as e:
+            await self.reporter.report(subject, f"reply: {e}", e.code, raw)
+            raise BadUpstream(f"bad reply on {subject}: {e}") from None
+
+    async def submit(self, body: bytes) -> Reply:
+        """Forward a submit body as it came: the scheduler validates it."""
+        return await self._reply(subjects.JOBS_SUBMIT, body)
+
+    async def cancel(self, job_id: str, reason: str) -> Reply:
+        """Ask the scheduler to cancel ``job_id`` (a valid subject token)."""
+        data = encode(CancelJob(job_id=JobId(job_id), reason=reason))
+        return await self._reply(subjects.JOBS_CANCEL, data)
+
+    async def queue(self) -> QueueView:
+        raw = await self._request(subjects.QUEUE, QUEUE_REQUEST)
+        try:
+            return _QUEUE.decode(raw)
+        except msgspec.DecodeError as e:
+            await self.reporter.report(subjects.QUEUE, f"reply: {e}", "invalid", raw)
+            raise BadUpstream(f"bad reply on {subjects.QUEUE}: {e}") from None
+
+    async def bucket(self, name: str) -> KeyValue:
+        if name not in self._kv:
+            self._kv[name] = await self.js.key_value(name)
+        return self._kv[name]
+
+    async def job(self, job_id: str) -> JobRecord | None:
+        """The record of ``job_id``, or None when there is none."""
+        try:
+            check_token(job_id, "job id")
+        except SubjectError:
+            return None
+        kv = await self.bucket(subjects.KV_JOBS)
+        try:
+            entry = await kv.get(job_id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        if entry.value is None:
+            return None
+        return self._decode(_JOB.decode, subjects.KV_JOBS, job_id, entry.value)
+
+    async def jobs(self) -> list[JobRecord]:
+        return await self._values(subjects.KV_JOBS, _JOB.decode)
+
+    async def nodes(self) -> list[NodeRecord]:
+        return await self._values(subjects.KV_NODES, _NODE.decode)
+
+    async def placements(self) -> list[Placement]:
+        return await self._values(subjects.KV_ALLOC, _PLACEMENT.decode)
+
+    async def _values(self, bucket: str, decode: Callable[[bytes], T]) -> list[T]:
+        """Every current value of ``bucket``, read in one pass of a watcher;
+        a value that does not decode is reported and left out."""
+        kv = await self.bucket(bucket)
+        watcher = await kv.watchall(ignore_deletes=True)
+        out: list[T] = []
+        try:
+            async for entry in watcher:
+                if entry is None:  # the end of the current values
+                    break
+                if entry.value:
+                    value = self._decode(decode, bucket, entry.key, entry.value)
+                    if value is not None:
+                        out.append(value)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return out
+
+    def _decode(self, decode: Callable[[bytes], T], bucket: str, key: str, data: bytes) -> T | None:
+        try:
+            return decode(data)
+        except (msgspec.DecodeError, ValueError) as e:
+            # keys of hops_jobs and hops_alloc are job ids
+            ids = {"job_id": key} if bucket in (subjects.KV_JOBS, subjects.KV_ALLOC) else {}
+            self.log.warning("undecodable record", bucket=bucket, key=key, error=str(e), **ids)
+            return None

@@ -1,0 +1,82 @@
+"""Settings of the HTTP gateway: environment variables, overridable by flags.
+
+==========================  ================  =============  ==============================
+variable                    flag              default        meaning
+==========================  ================  =============  ==============================
+``HOPS_GATEWAY_HOST``       ``--host``        ``127.0.0.1``  address to listen on
+``HOPS_GATEWAY_PORT``       ``--port``        ``8080``       port to listen on (0: any free)
+``HOPS_GATEWAY_TIMEOUT_S``  ``--timeout-s``   ``5``          how long to wait for a reply on NATS
+==========================  ================  =============  ==============================
+
+plus the runtime's ``HOPS_NATS_URL``, ``HOPS_NATS_CREDS``, ``HOPS_LOG_LEVEL``
+and ``HOPS_LEADER_TTL`` (:mod:`services.runtime.settings`). The gateway
+serves its own ``/healthz`` on its port, so ``HOPS_HEALTH_PORT`` is unused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from services.runtime.settings import (
+    RuntimeSettings,
+    SettingsError,
+    build_parser,
+    env_float,
+    env_int,
+    parse_args,
+)
+from shared.events import MAX_PAYLOAD
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What the gateway needs; see the module docstring."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    request_timeout: float = 5.0
+    max_body: int = MAX_PAYLOAD
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+
+
+def _port(name: str, value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise SettingsError(f"{name} must be a port number in 0..65535, got {value}")
+    return value
+
+
+def from_env(
+    env: Mapping[str, str] | None = None, runtime: RuntimeSettings | None = None
+) -> GatewaySettings:
+    """Gateway settings from the environment (``os.environ`` unless ``env``)."""
+    source = os.environ if env is None else env
+    host = source.get("HOPS_GATEWAY_HOST", "").strip() or DEFAULT_HOST
+    port = _port("HOPS_GATEWAY_PORT", env_int("HOPS_GATEWAY_PORT", DEFAULT_PORT, env=source))
+    timeout = env_float("HOPS_GATEWAY_TIMEOUT_S", 5.0, env=source, minimum=0.01)
+    return GatewaySettings(
+        host=host, port=port, request_timeout=timeout, runtime=runtime or RuntimeSettings()
+    )
+
+
+def parse(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> GatewaySettings:
+    """Settings from the environment, overridden by the flags in ``argv``."""
+    parser: argparse.ArgumentParser = build_parser("gateway")
+    parser.add_argument("--host", help="overrides $HOPS_GATEWAY_HOST")
+    parser.add_argument("--port", type=int, help="overrides $HOPS_GATEWAY_PORT")
+    parser.add_argument("--timeout-s", type=float, help="overrides $HOPS_GATEWAY_TIMEOUT_S")
+    runtime, args = parse_args(argv, service="gateway", parser=parser, env=env)
+    base = from_env(env, runtime)
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        raise SettingsError(f"--timeout-s must be > 0, got {args.timeout_s}")
+    return GatewaySettings(
+        host=args.host or base.host,
+        port=_port("--port", args.port) if args.port is not None else base.port,
+        request_timeout=args.timeout_s or base.request_timeout,
+        runtime=runtime,
+    )

@@ -1,0 +1,192 @@
+"""The gateway's pure parts: how a bus reply becomes an HTTP status, the size
+limit on request bodies, and the JSON views of jobs, the queue and the cluster.
+
+Nothing here does I/O; :mod:`gateway.app` is the shell that calls it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, get_args
+
+import msgspec
+
+from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
+from shared.records import JobPhase, JobRecord, NodeRecord, Placement
+
+PHASES: tuple[str, ...] = get_args(JobPhase)
+
+# Codes the services add to the contract's own (docs/events.md).
+CONFLICT = "conflict"
+DUPLICATE = "duplicate"
+NOT_FOUND = "not_found"
+# Codes the gateway itself answers with.
+UNAVAILABLE = "unavailable"
+BAD_GATEWAY = "bad_gateway"
+
+# A failed reply's code -> HTTP status. Bad input is the client's fault (4xx);
+# a failure inside the service that answered is the upstream's (502).
+_STATUS_OF_CODE: Mapping[str, int] = {
+    MALFORMED: 400,
+    UNKNOWN_TYPE: 400,
+    INVALID: 422,
+    TOO_LARGE: 413,
+    CONFLICT: 409,
+    DUPLICATE: 409,
+    NOT_FOUND: 404,
+    INTERNAL: 502,
+    UNAVAILABLE: 503,
+    BAD_GATEWAY: 502,
+}
+
+
+def reply_status(reply: Reply, ok_status: int = 200) -> int:
+    """The HTTP status for a submit/cancel reply: ``ok_status`` when it
+    succeeded, else the status of its code (502 for a code the gateway does
+    not know: the service answered something it should not have)."""
+    if reply.ok:
+        return ok_status
+    return _STATUS_OF_CODE.get(reply.code, 502)
+
+
+def reply_body(reply: Reply) -> dict[str, Any]:
+    """The JSON body for a submit/cancel reply."""
+    if reply.ok:
+        return {"ok": True, "job_id": reply.job_id}
+    return {"ok": False, "job_id": reply.job_id, "code": reply.code, "error": reply.error}
+
+
+def error_body(code: str, error: str) -> dict[str, Any]:
+    return {"ok": False, "code": code, "error": error}
+
+
+def declared_too_large(content_length: str | None, limit: int) -> bool:
+    """Whether a ``Content-Length`` header announces more than ``limit`` bytes
+    (a malformed header is left to the body read, which counts for itself)."""
+    if content_length is None:
+        return False
+    try:
+        return int(content_length) > limit
+    except ValueError:
+        return False
+
+
+def too_large_error(size: int | None, limit: int) -> str:
+    got = "more than" if size is None else f"{size} bytes,"
+    return f"request body is {got} above the limit of {limit} bytes"
+
+
+def check_phase(phase: str | None) -> str | None:
+    """``phase`` if it is a job phase (or None); ValueError naming the phases otherwise."""
+    if phase is None or phase in PHASES:
+        return phase
+    raise ValueError(f"unknown phase {phase!r}; expected one of: {', '.join(PHASES)}")
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as JSON-ready builtins, with infinities and NaN written as the
+    strings ``"inf"``, ``"-inf"`` and ``"nan"`` as on the wire (docs/events.md)."""
+    return _finite(msgspec.to_builtins(obj))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def job_view(record: JobRecord) -> dict[str, Any]:
+    """One ``hops_jobs`` record for the API: its fields plus ``job_id``."""
+    body: dict[str, Any] = {"job_id": record.job_id}
+    body.update(jsonable(record))
+    return body
+
+
+def jobs_view(records: Iterable[JobRecord], phase: str | None = None) -> dict[str, Any]:
+    """The records (of ``phase``, when given), oldest submission first."""
+    chosen = [r for r in records if phase is None or r.phase == phase]
+    chosen.sort(key=lambda r: (r.submitted_at, r.job_id))
+    return {"jobs": [job_view(r) for r in chosen], "count": len(chosen)}
+
+
+def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -> dict[str, Any]:
+    """Servers in adjacency order, each GPU with the job holding it, and totals.
+
+    A placement naming a server that never registered is listed under
+    ``unknown_servers``; a GPU booked by two jobs (which the placer must never
+    do) is listed under ``double_booked``, so that an operator sees it.
+    """
+    holders: dict[str, dict[int, list[Placement]]] = {}
+    for p in placements:
+        for sid, indices in p.gpu_indices.items():
+            for i in indices:
+                holders.setdefault(sid, {}).setdefault(i, []).append(p)
+    known = {n.server.id for n in nodes}
+    servers = [
+        _server_view(n, holders.get(n.server.id, {}))
+        for n in sorted(nodes, key=lambda n: (n.order, n.server.id))
+    ]
+    double = [
+        {"server_id": sid, "gpu": i, "jobs": sorted(p.job_id for p in ps)}
+        for sid, by_gpu in sorted(holders.items())
+        for i, ps in sorted(by_gpu.items())
+        if len(ps) > 1
+    ]
+    unknown = {
+        sid: sorted({p.job_id for ps in by_gpu.values() for p in ps})
+        for sid, by_gpu in sorted(holders.items())
+        if sid not in known
+    }
+    return {
+        "servers": servers,
+        "totals": _totals(servers, len(placements)),
+        "unknown_servers": unknown,
+        "double_booked": double,
+    }
+
+
+def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]]) -> dict[str, Any]:
+    s = node.server
+    gpus = [
+        {"index": i, "job_id": by_gpu[i][0].job_id, "mode": by_gpu[i][0].mode}
+        if i in by_gpu
+        else {"index": i, "job_id": None, "mode": None}
+        for i in range(s.gpus)
+    ]
+    used = sum(1 for g in gpus if g["job_id"] is not None)
+    return {
+        "id": s.id,
+        "gpu_type": s.gpu_type,
+        "gpus": s.gpus,
+        "used": used,
+        "free": s.gpus - used if node.alive else 0,
+        "alive": node.alive,
+        "order": node.order,
+        "model": s.model,
+        "last_heartbeat": node.last_heartbeat,
+        "jobs": sorted({g["job_id"] for g in gpus if g["job_id"] is not None}),
+        "gpu_slots": gpus,
+    }
+
+
+def _totals(servers: Sequence[Mapping[str, Any]], placements: int) -> dict[str, Any]:
+    by_type: dict[str, dict[str, int]] = {}
+    for s in servers:
+        t = by_type.setdefault(s["gpu_type"], {"gpus": 0, "used": 0, "free": 0})
+        t["gpus"] += s["gpus"]
+        t["used"] += s["used"]
+        t["free"] += s["free"]
+    return {
+        "servers": len(servers),
+        "alive_servers": sum(1 for s in servers if s["alive"]),
+        "gpus": sum(s["gpus"] for s in servers),
+        "used": sum(s["used"] for s in servers),
+        "free": sum(s["free"] for s in servers),
+        "placements": placements,
+        "by_gpu_type": by_type,
+    }

@@ -1,0 +1,218 @@
+"""The live system's processes, in one table that ``hops up`` and compose.yaml share.
+
+Each :class:`Component` is one program of the live system (§3: the scheduler
+with its estimator and profiler, the placer, the monitor, the HTTP gateway
+and the emulated GPU cluster) and the exact command that runs it,
+``python -m <module> [args]``. ``hops up`` (:mod:`hops.up`) runs each command
+as a local process; every service of compose.yaml runs the same command in
+a container (``tests/test_compose.py`` checks that they agree). Everything
+that differs between the two, such as where NATS is, travels in environment
+variables, never in the command.
+
+Everything here is pure: the table and each process's environment are
+computed from a :class:`StackConfig`, so they are unit-tested without
+starting anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The interpreter as written in commands; ``hops up`` puts its own in its place.
+PYTHON = "python"
+
+DEFAULT_CLUSTER = "paper-physical"
+DEFAULT_TIME_SCALE = 60.0
+DEFAULT_ROUND_S = 30.0
+DEFAULT_NATS_PORT = 4222
+DEFAULT_GATEWAY_PORT = 8080
+DEFAULT_METRICS_PORT = 9464
+# Restarts of a process that died: the first after 1 s, each next one twice
+# as late up to 30 s, back to 1 s once it had run for a minute.
+RESTART_DELAY_S = (1.0, 30.0)
+STABLE_S = 60.0
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """What ``hops up`` is asked for (its flags)."""
+
+    cluster: str = DEFAULT_CLUSTER
+    time_scale: float = DEFAULT_TIME_SCALE
+    data_dir: Path = Path(".hops")
+    nats_url: str = f"nats://127.0.0.1:{DEFAULT_NATS_PORT}"
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = DEFAULT_GATEWAY_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    round_s: float = DEFAULT_ROUND_S
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
+        if self.round_s <= 0:
+            raise ValueError(f"round length must be > 0 s, got {self.round_s:g}")
+        for name, port in (("gateway", self.gateway_port), ("metrics", self.metrics_port)):
+            if not 0 < port <= 65535:
+                raise ValueError(f"{name} port must be in 1..65535, got {port}")
+
+    @property
+    def gateway_url(self) -> str:
+        host = "127.0.0.1" if self.gateway_host in ("0.0.0.0", "") else self.gateway_host
+        return f"http://{host}:{self.gateway_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def nats_dir(self) -> Path:
+        return self.data_dir / "nats"
+
+    @property
+    def state_file(self) -> Path:
+        return self.data_dir / "up.json"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One program of the live system.
+
+    ``env`` holds the variables whose values come from the :class:`StackConfig`
+    (compose.yaml must set each of them too, with its own values);
+    ``replicas`` is how many compose runs by default (``hops up`` runs one).
+    """
+
+    name: str
+    module: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    doc: str = ""
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command, as compose.yaml writes it."""
+        return (PYTHON, "-m", self.module, *self.args)
+
+    def argv(self, python: str) -> tuple[str, ...]:
+        """The command with ``python`` (e.g. ``sys.executable``) as the interpreter."""
+        return (python, *self.command[1:])
+
+    def log_file(self, config: StackConfig) -> Path:
+        return config.logs_dir / f"{self.name}.log"
+
+
+def _num(x: float) -> str:
+    """A number as a flag or variable value: ``60`` rather than ``60.0``."""
+    return f"{x:g}"
+
+
+def components(config: StackConfig) -> tuple[Component, ...]:
+    """The processes of the live system, in the order ``hops up`` starts them:
+    the monitor first (executors register with it), the gateway last (its
+    health answers once everything else has been started)."""
+    return (
+        Component(
+            "monitor",
+            "services.monitor",
+            env={"HOPS_METRICS_PORT": str(config.metrics_port)},
+            doc="node registry, heartbeats, releases, Prometheus metrics",
+        ),
+        Component("estimator", "services.estimator", doc="throughput estimates (§3.3)"),
+        Component("profiler", "services.profiler", doc="profile reports (§3.2)"),
+        Component(
+            "scheduler",
+            "services.scheduler",
+            env={"HOPS_ROUND_S": _num(config.round_s)},
+            replicas=2,
+            doc="admission, leader lease, the Hops policy every round (§3.4-3.6)",
+        ),
+        Component("placer", "services.placer", doc="applies plans on the executors"),
+        Component(
+            "cluster",
+            "executor",
+            args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
+            doc="the EMULATED GPU cluster: one emulated executor per server",
+        ),
+        Component(
+            "gateway",
+            "gateway",
+            env={
+                "HOPS_GATEWAY_HOST": config.gateway_host,
+                "HOPS_GATEWAY_PORT": str(config.gateway_port),
+            },
+            doc="the HTTP API",
+        ),
+    )
+
+
+def by_name(config: StackConfig) -> dict[str, Component]:
+    return {c.name: c for c in components(config)}
+
+
+def modules() -> tuple[str, ...]:
+    """Every module the stack runs (``executor.job`` is what the executor
+    starts for each emulated job)."""
+    return (*(c.module for c in components(StackConfig())), "executor.job")
+
+
+def environment(
+    config: StackConfig,
+    component: Component,
+    base: Mapping[str, str],
+    source_root: str | None = None,
+) -> dict[str, str]:
+    """The environment of ``component``'s process under ``hops up``: ``base``
+    (the caller's environment) with the stack's settings on top.
+
+    Local processes share one host, so none of them opens the runtime's
+    health port (``HOPS_HEALTH_PORT`` is emptied: a value inherited from the
+    caller would make every service bind the same port); the gateway serves
+    its own ``/healthz`` on its port, which is what ``hops up`` waits for.
+    ``source_root`` (the folder holding the packages) goes first on
+    ``PYTHONPATH``, so that ``python -m`` finds every component from any
+    working directory.
+    """
+    env = dict(base)
+    env.update(
+        {
+            "HOPS_NATS_URL": config.nats_url,
+            "HOPS_LOG_LEVEL": config.log_level,
+            "HOPS_HEALTH_PORT": "",
+            "PYTHONUNBUFFERED": "1",  # log lines reach the log files as they happen
+        }
+    )
+    if source_root:
+        rest = base.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = source_root + (f":{rest}" if rest else "")
+    env.update(component.env)
+    return env
+
+
+def stop_order(config: StackConfig) -> tuple[str, ...]:
+    """Names in the order to stop them: the reverse of the start order, so
+    that the gateway stops taking requests before the services behind it go."""
+    return tuple(reversed([c.name for c in components(config)]))
+
+
+def describe_exit(name: str, returncode: int, log_file: Path) -> str:
+    """What ``hops up`` says when a process ended without being asked to."""
+    how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with {returncode}"
+    return f"hops up: {name} {how}; see {log_file}"
+
+
+def restart_delay(previous: float | None, uptime: float) -> float:
+    """How long to wait before restarting a process that died after running
+    ``uptime`` seconds, when its previous restart waited ``previous`` (None:
+    never restarted)."""
+    first, most = RESTART_DELAY_S
+    if previous is None or uptime >= STABLE_S:
+        return first
+    return min(most, previous * 2)

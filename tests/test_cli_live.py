@@ -1,0 +1,342 @@
+"""``hops up`` and the ``hops`` commands that talk to the gateway.
+
+One ``hops up`` (a real subprocess: nats-server, every service, the gateway
+and a two-server EMULATED cluster) serves the tests of this module; the last
+one stops it with SIGINT and checks that every process is gone and the ports
+are free. Tests that need no stack run always; the stack tests skip, saying
+which, while a service module is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from hops.cli import app
+from hops.client import Answer, render_answer, render_jobs, render_nodes, render_queue
+from hops.stack import Component, StackConfig, by_name, modules
+from hops.up import Launcher, missing_modules, wait_healthy
+from services.runtime.natsd import EmbeddedNats
+
+ROOT = Path(__file__).resolve().parent.parent
+MISSING = missing_modules(modules())
+needs_stack = pytest.mark.skipif(
+    bool(MISSING), reason=f"the live system is incomplete: cannot run {', '.join(MISSING)}"
+)
+HOPS = [sys.executable, "-c", "from hops.cli import app; app(prog_name='hops')"]
+# Two servers of one GPU type, so that a job is profiled on one server (§3.2).
+CLUSTER = """\
+name: two-servers
+gpu_types:
+  - {name: RTX3090, link_bandwidth: 2.5e9, net_bandwidth: 1.0e9}
+servers:
+  - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
+  - {id: rtx-1, gpu_type: RTX3090, gpus: 4, model: other}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def gone(pid: int) -> bool:
+    """Whether neither the process nor anything in its process group is left."""
+    for probe in (os.kill, os.killpg):
+        try:
+            probe(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return False
+        return False
+    return True
+
+
+def until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.2)
+
+
+def hops(*args: str, gateway: str | None = None) -> Any:
+    env = {"HOPS_GATEWAY_URL": gateway} if gateway else {}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+# --- without a stack ---------------------------------------------------------------------
+
+
+def test_commands_say_clearly_when_no_gateway_answers() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (["jobs"], ["queue"], ["nodes"], ["cancel", "j1"]):
+        result = hops(*args, gateway=url)
+        assert result.exit_code == 1, args
+        assert f"cannot reach the Hops gateway at {url}" in result.output
+        assert "HOPS_GATEWAY_URL" in result.output
+
+
+def test_renderings_of_the_gateway_answers() -> None:
+    assert render_answer("j1", Answer(201, {"ok": True, "job_id": "j1"})) == "j1: accepted"
+    refused = Answer(409, {"ok": False, "code": "conflict", "error": "job j1 exists"})
+    assert render_answer("j1", refused) == "j1: rejected (409 conflict): job j1 exists"
+    job = {"job_id": "j1", "phase": "running", "spec": {"model": "m", "total_samples": 200},
+           "samples_done": 50.0, "configuration": {"parts": [["s0", 2], ["s1", 1]]},
+           "restarts": 1, "reason": ""}
+    lines = render_jobs({"jobs": [job]}).splitlines()
+    assert lines[0].split() == ["job", "phase", "model", "done", "gpus", "restarts", "reason"]
+    assert lines[1].split() == ["j1", "running", "m", "25.0%", "s0:2", "s1:1", "1"]
+    assert render_jobs({"jobs": []}) == "no jobs"
+    queue = {"leader": "r1", "term": 3, "entries": [
+        {"job_id": "a", "priority": 2.5, "latency_ratio": "inf", "in_window": True}]}
+    assert render_queue(queue).splitlines()[0] == "leader r1, term 3"
+    assert render_queue(queue).splitlines()[2].split() == ["1", "a", "2.5", "inf", "yes"]
+    nodes = {"servers": [{"id": "s0", "gpu_type": "T", "gpus": 4, "used": 1, "free": 3,
+                          "alive": False, "jobs": ["a"]}],
+             "totals": {"servers": 1, "alive_servers": 0, "gpus": 4, "used": 1, "free": 3},
+             "double_booked": [{"server_id": "s0", "gpu": 0, "jobs": ["a", "b"]}]}
+    text = render_nodes(nodes)
+    assert "s0" in text and " NO " in text and "0/1 servers alive" in text
+    assert "WARNING double booked" in text
+
+
+def test_submit_stops_on_a_bad_jobs_file(tmp_path: Path) -> None:
+    bad = tmp_path / "jobs.yaml"
+    bad.write_text("jobs:\n  - {id: a, model: m}\n")
+    result = hops("submit", str(bad), gateway="http://127.0.0.1:1")
+    assert result.exit_code == 2 and "jobs.yaml" in result.output
+
+
+def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = hops("up", "--data-dir", str(tmp_path), "--gateway-port", str(port),
+                      "--metrics-port", str(free_port()), "--nats-port", "0")
+    assert result.exit_code == 1
+    assert f"port {port} (gateway) is in use" in result.output
+    assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_launcher_restarts_the_dead_and_stops_process_groups(tmp_path: Path) -> None:
+    """The launcher of ``hops up`` with the real gateway and a plain second process."""
+    say: list[str] = []
+    with EmbeddedNats(tmp_path / "nats") as nats:
+        config = StackConfig(data_dir=tmp_path, nats_url=nats.url, gateway_port=free_port())
+        launcher = Launcher(config, say.append, grace=10)
+        other = launcher.start(Component("web", "http.server", ("0", "--bind", "127.0.0.1")))
+        gateway = launcher.start(by_name(config)["gateway"])
+        first = other.proc.pid
+        try:
+            wait_healthy(launcher, gateway, timeout=30)
+            os.kill(first, signal.SIGKILL)
+            until(lambda: launcher.tick(time.monotonic()), "the death noticed", 10)
+            assert say == [f"hops up: web was killed by signal 9; see {tmp_path}/logs/web.log; "
+                           "restarting it in 1 s"]
+            until(lambda: launcher.tick(time.monotonic()) == [] and other.proc.pid != first,
+                  "the restart", 10)
+            assert other.proc.poll() is None and other.groups == [first, other.proc.pid]
+        finally:
+            launcher.stop()
+    assert gateway.proc.returncode == 0  # a clean stop on SIGTERM
+    assert gone(gateway.proc.pid) and gone(first) and gone(other.proc.pid)
+    assert say[1:] == [f"hops up: web exited with -15 while stopping; see {tmp_path}/logs/web.log"]
+    assert '"service": "gateway"' in (tmp_path / "logs" / "gateway.log").read_text()
+
+
+# --- a whole stack -----------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    gateway: str
+    metrics: str
+    nats_port: int
+    gateway_port: int
+    out: Path
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads((self.data_dir / "up.json").read_text())
+        return state
+
+    def logs(self) -> str:
+        parts = [self.out.read_text(errors="replace")]
+        for log in sorted((self.data_dir / "logs").glob("*.log")):
+            parts.append(f"--- {log.name}\n" + log.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if MISSING:
+        pytest.skip(f"the live system is incomplete: cannot run {', '.join(MISSING)}")
+    base = tmp_path_factory.mktemp("up")
+    cluster = base / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    nats_port, gateway_port, metrics_port = free_port(), free_port(), free_port()
+    args = ["up", "--cluster", str(cluster), "--time-scale", "600", "--round-s", "2",
+            "--data-dir", str(base / "data"), "--nats-port", str(nats_port),
+            "--gateway-port", str(gateway_port), "--metrics-port", str(metrics_port)]
+    out = base / "stdout.txt"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen([*HOPS, *args], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    s = Stack(proc, base / "data", f"http://127.0.0.1:{gateway_port}",
+              f"http://127.0.0.1:{metrics_port}/metrics", nats_port, gateway_port, out)
+    try:
+        until(lambda: "Hops is up" in out.read_text() or proc.poll() is not None, "hops up", 90)
+        assert proc.poll() is None, s.logs()
+        yield s
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@needs_stack
+def test_up_prints_where_the_gateway_and_metrics_are(stack: Stack) -> None:
+    text = stack.out.read_text()
+    assert f"gateway  {stack.gateway}" in text and f"metrics  {stack.metrics}" in text
+    assert _healthy(stack.gateway)
+    state = stack.state()
+    assert set(state["components"]) == set(by_name(StackConfig()))
+    assert not gone(state["components"]["gateway"]["pid"])
+    assert state["nats"]["url"] == f"nats://127.0.0.1:{stack.nats_port}"
+
+
+@needs_stack
+def test_nodes_lists_the_emulated_servers(stack: Stack) -> None:
+    def alive() -> bool:
+        result = hops("nodes", "--json", gateway=stack.gateway)
+        return result.exit_code == 0 and json.loads(result.output)["totals"]["alive_servers"] == 2
+
+    until(alive, "both servers registered", 30)
+    result = hops("nodes", gateway=stack.gateway)
+    assert result.exit_code == 0
+    assert "rtx-0" in result.output and "rtx-1" in result.output
+    assert "2/2 servers alive" in result.output
+
+
+@needs_stack
+def test_submit_list_queue_and_cancel(stack: Stack, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "jobs:\n"
+        "  - {id: big-a, model: resnet50-imagenet, batch_size: 128, params: 25557032,\n"
+        "     total_samples: 1000000000, requirements: [1, 2]}\n"
+        "  - {id: big-b, model: vgg11-imagenet, batch_size: 32, params: 132863336,\n"
+        "     total_samples: 1000000000, min_gpus: 1, max_gpus: 4}\n"
+    )
+    result = hops("submit", str(jobs), gateway=stack.gateway)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["big-a: accepted", "big-b: accepted"]
+    again = hops("submit", str(jobs), gateway=stack.gateway)
+    assert again.exit_code == 1 and "big-a: rejected (409 conflict)" in again.output
+
+    listed = hops("jobs", gateway=stack.gateway)
+    assert listed.exit_code == 0 and "big-a" in listed.output and "big-b" in listed.output
+    bad = hops("jobs", "--phase", "bogus", gateway=stack.gateway)
+    assert bad.exit_code == 1 and "unknown phase 'bogus'" in bad.output
+    until(lambda: hops("queue", gateway=stack.gateway).exit_code == 0, "the queue view", 30)
+    assert "leader" in hops("queue", gateway=stack.gateway).output
+
+    cancelled = hops("cancel", "big-b", "--reason", "test", gateway=stack.gateway)
+    assert cancelled.exit_code == 0 and cancelled.output.strip() == "big-b: cancelled"
+    ghost = hops("cancel", "ghost", gateway=stack.gateway)
+    assert ghost.exit_code == 1 and "404 not_found" in ghost.output
+
+    def phase(job_id: str) -> str:
+        return str(httpx.get(f"{stack.gateway}/jobs/{job_id}", timeout=5).json()["phase"])
+
+    until(lambda: phase("big-b") == "cancelled", "big-b cancelled", 30)
+
+
+@needs_stack
+def test_a_submitted_job_is_profiled_runs_and_finishes(stack: Stack) -> None:
+    """End to end: admission, profiling on both GPU types (§3.2), a plan, the
+    placer, an emulated run at 600x, and the finish."""
+    with httpx.Client(base_url=stack.gateway, timeout=5) as client:
+        spec = {"id": "small", "model": "resnet18-cifar10", "batch_size": 128,
+                "params": 11689512, "total_samples": 2_000_000, "requirements": [1, 2]}
+        assert client.post("/jobs", json=spec).status_code == 201
+        seen: list[str] = []
+
+        def ended() -> dict[str, Any] | None:
+            record: dict[str, Any] = client.get("/jobs/small").json()
+            if not seen or seen[-1] != record["phase"]:
+                seen.append(record["phase"])
+            return record if record["phase"] in ("finished", "failed", "cancelled") else None
+
+        record = until(ended, "the job ended", 90)
+    assert record["phase"] == "finished", f"{record}\nphases {seen}\n{stack.logs()}"
+    assert record["first_start"] is not None and record["finished_at"] is not None
+
+
+@needs_stack
+def test_the_monitor_serves_metrics(stack: Stack) -> None:
+    def metrics() -> str:
+        try:
+            r = httpx.get(stack.metrics, timeout=2)
+        except httpx.HTTPError:
+            return ""
+        return r.text if r.status_code == 200 else ""
+
+    text = until(metrics, "metrics", 30)
+    assert "# TYPE" in text and "hops_" in text
+
+
+@needs_stack
+def test_up_stops_every_process_on_sigint(stack: Stack) -> None:
+    """Last in this module: it stops the shared stack."""
+    state = stack.state()
+    pids = [c["pid"] for c in state["components"].values()]
+    stack.proc.send_signal(signal.SIGINT)
+    assert stack.proc.wait(60) == 0, stack.logs()
+    assert "hops up: stopping" in stack.out.read_text()
+    assert [p for p in pids if not gone(p)] == []
+    assert port_free(stack.gateway_port) and port_free(stack.nats_port)
+    assert not (stack.data_dir / "up.json").exists()
+    # every process stopped cleanly on SIGTERM (exit 0, within the grace period)
+    said = stack.out.read_text().split("hops up: stopping", 1)[1]
+    assert "while stopping" not in said and "did not stop" not in said, stack.logs()

@@ -1,0 +1,205 @@
+"""The process table of the live system (hops/stack.py), and compose.yaml: a
+valid Compose file (checked against the official Compose Specification
+schema, vendored in tests/data/compose-spec) whose every service runs
+exactly the command ``hops up`` runs for that component."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from hops.stack import (
+    PYTHON,
+    Component,
+    StackConfig,
+    by_name,
+    components,
+    describe_exit,
+    environment,
+    modules,
+    restart_delay,
+    stop_order,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT / "tests" / "data" / "compose-spec" / "compose_spec.json"
+INFRA = {"nats"}  # compose services that are not Hops components
+
+
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return doc
+
+
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.Draft201909Validator(schema)
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)
+    ]
+
+
+# --- the process table -----------------------------------------------------------------
+
+
+def test_table_names_every_component_once_gateway_last() -> None:
+    names = [c.name for c in components(StackConfig())]
+    assert names == [
+        "monitor", "estimator", "profiler", "scheduler", "placer", "cluster", "gateway"
+    ]
+    assert stop_order(StackConfig())[0] == "gateway"
+    assert sorted(stop_order(StackConfig())) == sorted(names)
+
+
+def test_commands_are_python_dash_m_with_config_in_flags_only_for_the_cluster() -> None:
+    config = StackConfig(cluster="gavel", time_scale=0.5, round_s=7, gateway_port=9000)
+    table = by_name(config)
+    for comp in table.values():
+        assert comp.command[:3] == (PYTHON, "-m", comp.module)
+    assert table["cluster"].command == (
+        "python", "-m", "executor", "--cluster", "gavel", "--all", "--time-scale", "0.5"
+    )
+    assert table["gateway"].command == ("python", "-m", "gateway")
+    assert table["scheduler"].env == {"HOPS_ROUND_S": "7"}
+    assert table["gateway"].env["HOPS_GATEWAY_PORT"] == "9000"
+    assert table["monitor"].env == {"HOPS_METRICS_PORT": "9464"}
+    assert by_name(StackConfig())["cluster"].args[-1] == "60"  # not "60.0"
+
+
+def test_argv_puts_the_interpreter_in_place_of_python() -> None:
+    comp = Component("x", "services.x", args=("--a", "1"))
+    assert comp.argv("/venv/bin/python3") == ("/venv/bin/python3", "-m", "services.x", "--a", "1")
+
+
+def test_environment_layers_stack_settings_over_the_callers() -> None:
+    config = StackConfig(nats_url="nats://127.0.0.1:5555", log_level="debug")
+    base = {"PATH": "/bin", "HOPS_HEALTH_PORT": "8081", "HOPS_NATS_URL": "nats://elsewhere:1"}
+    env = environment(config, by_name(config)["gateway"], base)
+    assert env["PATH"] == "/bin"
+    assert env["HOPS_NATS_URL"] == "nats://127.0.0.1:5555"
+    assert env["HOPS_LOG_LEVEL"] == "debug"
+    assert env["HOPS_HEALTH_PORT"] == ""  # one host: no service binds a shared port
+    assert env["HOPS_GATEWAY_PORT"] == "8080"
+    assert base["HOPS_HEALTH_PORT"] == "8081"  # the caller's mapping is untouched
+
+
+def test_environment_puts_the_source_root_first_on_pythonpath() -> None:
+    comp = by_name(StackConfig())["placer"]
+    env = environment(StackConfig(), comp, {"PYTHONPATH": "/x"}, "/src")
+    assert env["PYTHONPATH"] == "/src:/x"
+    assert environment(StackConfig(), comp, {}, "/src")["PYTHONPATH"] == "/src"
+    assert "PYTHONPATH" not in environment(StackConfig(), comp, {})
+
+
+def test_restart_delay_backs_off_and_resets_after_a_stable_run() -> None:
+    assert restart_delay(None, 0.5) == 1.0
+    delays = [1.0]
+    for _ in range(7):
+        delays.append(restart_delay(delays[-1], uptime=2.0))
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert restart_delay(30.0, uptime=61.0) == 1.0
+
+
+def test_config_paths_urls_and_validation(tmp_path: Path) -> None:
+    config = StackConfig(data_dir=tmp_path, gateway_host="0.0.0.0", gateway_port=8123)
+    assert config.gateway_url == "http://127.0.0.1:8123"
+    assert config.logs_dir == tmp_path / "logs"
+    assert by_name(config)["placer"].log_file(config) == tmp_path / "logs" / "placer.log"
+    for bad in ({"time_scale": 0}, {"round_s": -1}, {"gateway_port": 0}, {"metrics_port": 70000}):
+        with pytest.raises(ValueError):
+            StackConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_describe_exit() -> None:
+    log = Path("/x/placer.log")
+    assert describe_exit("placer", 1, log) == "hops up: placer exited with 1; see /x/placer.log"
+    assert "killed by signal 9" in describe_exit("placer", -9, log)
+
+
+def test_modules_include_the_emulated_job() -> None:
+    assert "executor.job" in modules()
+    assert "services.scheduler" in modules()
+
+
+# --- compose.yaml ------------------------------------------------------------------------
+
+
+def test_compose_file_is_valid_against_the_compose_specification() -> None:
+    assert schema_errors(compose()) == []
+
+
+def test_the_schema_check_rejects_a_broken_file() -> None:
+    doc = compose()
+    doc["services"]["gateway"]["comand"] = ["python"]  # a typo
+    doc["services"]["nats"]["ports"] = "4222"  # not a list
+    errors = schema_errors(doc)
+    assert len(errors) >= 2, errors
+
+
+def test_every_component_runs_in_compose_with_the_command_hops_up_runs() -> None:
+    services = compose()["services"]
+    table = by_name(StackConfig())
+    assert set(services) - INFRA == set(table)
+    for name, comp in table.items():
+        assert services[name]["command"] == list(comp.command), name
+
+
+def test_compose_sets_every_variable_the_stack_sets() -> None:
+    services = compose()["services"]
+    for name, comp in by_name(StackConfig()).items():
+        env = services[name]["environment"]
+        assert env["HOPS_NATS_URL"] == "nats://nats:4222", name
+        missing = set(comp.env) - set(env)
+        assert not missing, f"{name} lacks {missing}"
+
+
+def test_services_restart_wait_for_nats_and_check_their_health() -> None:
+    services = compose()["services"]
+    for name in by_name(StackConfig()):
+        svc = services[name]
+        assert svc["restart"] == "unless-stopped", name
+        assert svc["depends_on"]["nats"]["condition"] == "service_healthy", name
+        test = svc["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "python", "-c"], name
+        if name not in ("gateway", "cluster"):
+            assert "127.0.0.1:8081/healthz" in test[3], name
+            assert svc["environment"]["HOPS_HEALTH_PORT"] == "8081", name
+    assert "8080/healthz" in services["gateway"]["healthcheck"]["test"][3]
+    assert services["gateway"]["ports"] == ["8080:8080"]
+    assert services["gateway"]["environment"]["HOPS_GATEWAY_HOST"] == "0.0.0.0"
+
+
+def test_replicas_and_scaling() -> None:
+    services = compose()["services"]
+    replicas = by_name(StackConfig())["scheduler"].replicas
+    assert services["scheduler"]["deploy"]["replicas"] == replicas == 2
+    estimator = services["estimator"]
+    # `docker compose up --scale estimator=3` needs neither of these
+    assert "container_name" not in estimator and "ports" not in estimator
+
+
+def test_nats_runs_jetstream_on_a_named_volume() -> None:
+    doc = compose()
+    nats = doc["services"]["nats"]
+    command = " ".join(nats["command"])
+    assert "-js" in command and "-sd /data" in command
+    volume = nats["volumes"][0].split(":")[0]
+    assert volume in doc["volumes"]
+
+
+def test_dockerfile_copies_every_package_the_stack_runs() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    copied = set(re.findall(r"^COPY (\w+)/ ", text, re.M))
+    tops = {m.split(".")[0] for m in modules()}
+    assert tops <= copied, tops - copied
+    assert "shared" in copied and "simulator" in copied
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+    assert not tops & set(ignored)
