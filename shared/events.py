@@ -204,20 +204,24 @@ class JobStarted(Message, frozen=True, tag="job_started"):
 
 
 class JobResized(Message, frozen=True, tag="job_resized"):
-    """The job was restarted from its checkpoint on a new configuration."""
+    """The job was restarted from its checkpoint on a new configuration;
+    ``samples_done`` is the progress it resumed from (None: not known)."""
 
     job_id: JobId
     configuration: Configuration
     at: float
     reason: str = ""
+    samples_done: float | None = None
 
 
 class JobStopped(Message, frozen=True, tag="job_stopped"):
-    """The job gave its GPUs back and waits in the queue again."""
+    """The job gave its GPUs back and waits in the queue again;
+    ``samples_done`` is its progress at the stop (None: not known)."""
 
     job_id: JobId
     at: float
     reason: str = ""
+    samples_done: float | None = None
 
 
 class JobFinished(Message, frozen=True, tag="job_finished"):

@@ -1,0 +1,210 @@
+"""The estimator service: answers ``hops.v1.estimate`` from the multi-layer
+throughput database (Hops §3.3, §3.5).
+
+Every replica keeps a whole :class:`~services.estimator.database.ThroughputDatabase`
+of its own, fed by *every* message of stream ``HOPS_SAMPLES`` in stream order
+(``profile_reported`` → ``record_profile``, ``sample_reported`` →
+``record_sample``) through an ordered consumer that starts at the stream's
+first message: replicas do not share a durable consumer, since each needs
+every sample. Replicas therefore agree, and one restarted rebuilds the same
+database from the stream.
+
+A replica joins queue group ``estimator`` on ``hops.v1.estimate`` only once
+it has caught up with the stream as it was when it started, so a request is
+never answered from a partial database. An ``estimate_request`` is answered
+with one :class:`~shared.estimate.JobEstimate` per job that has a profile
+(``estimate_job`` over the request's cluster); a job that cannot be
+estimated is left out and logged. A bad request gets a failed
+``estimate_reply`` and an ``error_record``. A stream message that is not a
+sample event, and a measurement from a server that is not registered in
+``hops_nodes`` or of another GPU type than its server's, is left out (see
+:class:`Feed`), so the profiler's refusals change no estimate.
+
+Settings: the runtime's (:mod:`services.runtime.settings`) only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import InvalidKeyError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from services.estimator.database import ThroughputDatabase
+from services.estimator.estimator import estimate_job
+from services.runtime.bus import serve_requests
+from services.runtime.service import ServiceContext
+from shared import events as ev
+from shared import subjects
+from shared.estimate import JobEstimate
+from shared.ids import GpuType, JobId, ServerId
+from shared.records import NodeRecord
+
+
+def apply_sample_event(db: ThroughputDatabase, event: ev.SampleEvent) -> None:
+    """Feed one stream message to the database."""
+    if isinstance(event, ev.ProfileReported):
+        db.record_profile(event.report)
+    else:
+        db.record_sample(event.sample)
+
+
+def estimates_for(
+    db: ThroughputDatabase, req: ev.EstimateRequest
+) -> tuple[ev.EstimateReply, dict[JobId, str]]:
+    """One estimate per requested job that has a profile on a type of the
+    request's cluster, and why the others that have a profile got none."""
+    out: dict[JobId, JobEstimate] = {}
+    failed: dict[JobId, str] = {}
+    for spec in req.jobs:
+        if not db.profiled_types(spec.id):
+            continue
+        try:
+            est = estimate_job(db, spec, req.cluster)
+        except (ValueError, LookupError, ArithmeticError) as e:
+            failed[spec.id] = f"{type(e).__name__}: {e}"
+            continue
+        if est.by_type:
+            out[spec.id] = est
+    return ev.EstimateReply(estimates=out), failed
+
+
+def measured_on(event: ev.SampleEvent) -> tuple[ServerId, GpuType]:
+    """The server and GPU type a report or sample was measured on."""
+    if isinstance(event, ev.ProfileReported):
+        return event.report.server_id, event.report.gpu_type
+    return event.sample.server_id, event.sample.gpu_type
+
+
+def unusable(event: ev.SampleEvent, server_type: GpuType | None) -> tuple[str, str] | None:
+    """Why a measurement must not enter the database, as ``(code, message)``
+    (``server_type``: the registered type of its server, ``None`` when it is
+    not registered)."""
+    server, gpu_type = measured_on(event)
+    if server_type is None:
+        return "unknown_server", f"measured on {server}, which is not a registered server"
+    if server_type != gpu_type:
+        message = f"measured on {server} as {gpu_type}, but the server's GPU type is {server_type}"
+        return "type_mismatch", message
+    return None
+
+
+class NodeTypes:
+    """Registered servers' GPU types from ``hops_nodes`` (nodes are marked
+    dead, never removed, so the answer for a past measurement stays the same)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self.types: dict[str, GpuType] = {}
+
+    async def type_of(self, server_id: str) -> GpuType | None:
+        known = self.types.get(server_id)
+        if known is not None:
+            return known
+        try:
+            entry = await self.kv.get(server_id)
+            node = msgspec.json.decode(entry.value or b"", type=NodeRecord)
+        except (KeyNotFoundError, InvalidKeyError, msgspec.DecodeError):
+            return None  # not cached: it may register later
+        self.types[server_id] = node.server.gpu_type
+        return node.server.gpu_type
+
+
+class Feed:
+    """The ordered consumer over ``HOPS_SAMPLES`` and the catch-up state.
+
+    A measurement from a server that is not registered, or of another GPU
+    type than its server's, is left out (the profiler reports refused
+    profiles; refused samples are reported here). Problems met while
+    catching up were reported when they were new, so they are only logged.
+    """
+
+    def __init__(self, ctx: ServiceContext, db: ThroughputDatabase, nodes: NodeTypes) -> None:
+        self.ctx = ctx
+        self.db = db
+        self.nodes = nodes
+        self.last_seq = 0
+        self.target = 0
+        self.caught_up = asyncio.Event()
+        self.applied = 0
+
+    async def start(self) -> None:
+        info = await self.ctx.js.stream_info(subjects.STREAM_SAMPLES.name)
+        self.target = info.state.last_seq if info.state.messages else 0
+        if self.target == 0:
+            self.caught_up.set()
+        config = ConsumerConfig(filter_subjects=list(subjects.STREAM_SAMPLES.subjects))
+        await self.ctx.js.subscribe(
+            "",
+            stream=subjects.STREAM_SAMPLES.name,
+            cb=self.on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            config=config,
+        )
+
+    async def on_msg(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self.last_seq:  # a redelivery after the consumer was reset
+            return
+        self.last_seq = seq
+        try:
+            event = ev.decode_sample_event(msg.data)
+            problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
+            if problem is not None:
+                live = isinstance(event, ev.SampleReported)
+                await self._reject(msg, problem[1], problem[0], live)
+            else:
+                apply_sample_event(self.db, event)
+                self.applied += 1
+        except ev.WireError as e:
+            await self._reject(msg, str(e), e.code, True)
+        except ValueError as e:  # a report the database cannot use
+            await self._reject(msg, f"rejected: {e}", ev.INVALID, True)
+        if not self.caught_up.is_set() and seq >= self.target:
+            self.caught_up.set()
+
+    async def _reject(self, msg: Msg, error: str, code: str, report: bool) -> None:
+        if report and self.caught_up.is_set():
+            await self.ctx.reporter.report(msg.subject, error, code, msg.data)
+        else:
+            self.ctx.log.warning("measurement left out", subject=msg.subject, error=error)
+
+
+async def run(ctx: ServiceContext) -> None:
+    """The service's main: catch up with the stream, then answer requests."""
+    db = ThroughputDatabase()
+    feed = Feed(ctx, db, NodeTypes(await ctx.js.key_value(subjects.KV_NODES)))
+    await feed.start()
+    ctx.log.info("catching up", stream_last_seq=feed.target)
+    waiter = asyncio.create_task(feed.caught_up.wait())
+    stopping = asyncio.create_task(ctx.stopping.wait())
+    await asyncio.wait((waiter, stopping), return_when=asyncio.FIRST_COMPLETED)
+    for task in (waiter, stopping):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if ctx.stopping.is_set():
+        return
+
+    async def handle(req: ev.EstimateRequest) -> ev.Message:
+        reply, failed = estimates_for(db, req)
+        for job_id, error in failed.items():
+            ctx.log.warning("cannot estimate", job_id=job_id, error=error)
+        ctx.log.debug("estimated", jobs=len(req.jobs), answered=len(reply.estimates))
+        return reply
+
+    await serve_requests(
+        ctx.nc,
+        subjects.ESTIMATE,
+        ev.decode_estimate_request,
+        handle,
+        ctx.reporter,
+        queue=subjects.ESTIMATOR_QUEUE,
+        on_error=lambda code, error: ev.EstimateReply(ok=False, code=code, error=error),
+    )
+    ctx.log.info("serving estimates", applied=feed.applied, jobs=len(db.jobs()))

@@ -1,0 +1,215 @@
+"""``python -m services.scheduler``: one scheduler replica (Hops §3.1).
+
+Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel`` in
+queue group ``admission``, so jobs are accepted during a failover too. A
+submission is validated (:mod:`.live_admission`), published as
+``job_submitted`` on ``HOPS_JOBS`` (``Nats-Msg-Id`` = job id) and
+acknowledged only once the stream has stored it; its record is then created
+in ``hops_jobs``. A cancel publishes ``job_cancelled``.
+
+Each replica also runs the leader lease (:mod:`.live_lease`): while it holds
+the lease it is the leader (:class:`.service.Leader`); when the lease is
+lost it goes back to admission only, and on SIGTERM it deletes the lease so
+that a standby takes over without waiting for the TTL. Settings:
+:mod:`.live_settings` and :mod:`services.runtime.settings`; every variable
+has a flag (``--help``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+import nats.errors
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from structlog.contextvars import bound_contextvars
+
+from services.runtime.bus import Rejected, publish_event, serve_requests
+from services.runtime.service import ServiceContext, run_service
+from services.runtime.settings import SettingsError, build_parser, parse_args
+from services.scheduler import live_admission as adm
+from services.scheduler import live_state as st
+from services.scheduler.live_lease import (
+    LEASE_KEY,
+    Change,
+    Create,
+    Lease,
+    Observed,
+    Wait,
+    encode_value,
+)
+from services.scheduler.live_settings import FIELDS, SchedulerSettings, scheduler_settings
+from services.scheduler.service import Leader, get_record
+from shared import events as ev
+from shared import subjects
+
+
+async def run(ctx: ServiceContext, settings: SchedulerSettings) -> None:
+    """The service's main: admission, then the lease loop until stopped."""
+    admission = Admission(ctx, await ctx.js.key_value(subjects.KV_JOBS))
+    queue = subjects.ADMISSION_QUEUE
+    await serve_requests(
+        ctx.nc, subjects.JOBS_SUBMIT, ev.decode_submit, admission.submit, ctx.reporter, queue=queue
+    )
+    await serve_requests(
+        ctx.nc, subjects.JOBS_CANCEL, ev.decode_cancel, admission.cancel, ctx.reporter, queue=queue
+    )
+    elector = Elector(ctx, settings)
+    ctx.log.info("admission ready", replica=elector.lease.holder)
+    await elector.run()
+
+
+class Admission:
+    """Submit and cancel handlers, on every replica; see the module docstring."""
+
+    def __init__(self, ctx: ServiceContext, kv: KeyValue) -> None:
+        self.ctx = ctx
+        self.kv = kv
+
+    async def submit(self, req: ev.SubmitJob) -> ev.Message:
+        with bound_contextvars(job_id=req.spec.id):  # on every line, the runtime's too
+            return await self._submit(req)
+
+    async def _submit(self, req: ev.SubmitJob) -> ev.Message:
+        problem = adm.check_spec(req.spec)
+        if problem is not None:
+            error = f"invalid submit_job: {problem}"
+            await self.ctx.reporter.report(subjects.JOBS_SUBMIT, error, ev.INVALID, ev.encode(req))
+            raise Rejected(ev.INVALID, error)
+        refusal = adm.duplicate(req.spec.id, (await get_record(self.kv, req.spec.id))[0])
+        if refusal is not None:
+            raise Rejected(refusal.code, refusal.message)
+        now = time.time()
+        spec = adm.accepted_spec(req.spec, now)
+        event = ev.JobSubmitted(job_id=spec.id, spec=spec, at=now)
+        ack = await publish_event(self.ctx.js, subjects.job_events(spec.id), event, msg_id=spec.id)
+        if ack.duplicate:
+            raise Rejected(adm.CONFLICT, f"job {spec.id} was submitted already")
+        with contextlib.suppress(KeyWrongLastSequenceError):  # the leader was quicker
+            await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
+        self.ctx.log.info("job accepted", stream_seq=ack.seq)
+        return ev.Reply(ok=True, job_id=spec.id)
+
+    async def cancel(self, req: ev.CancelJob) -> ev.Message:
+        with bound_contextvars(job_id=req.job_id):
+            return await self._cancel(req)
+
+    async def _cancel(self, req: ev.CancelJob) -> ev.Message:
+        record = (await get_record(self.kv, req.job_id))[0] if adm.valid_id(req.job_id) else None
+        refusal = adm.cancel_refusal(req.job_id, record)
+        if refusal is not None:
+            raise Rejected(refusal.code, refusal.message)
+        event = ev.JobCancelled(job_id=req.job_id, at=time.time())
+        msg_id = f"{req.job_id}:job_cancelled"
+        await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
+        self.ctx.log.info("job cancelled", reason=req.reason)
+        return ev.Reply(ok=True, job_id=req.job_id)
+
+
+class Elector:
+    """Runs the lease (:class:`.live_lease.Lease`) and the leader's work while it lasts."""
+
+    def __init__(self, ctx: ServiceContext, settings: SchedulerSettings) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.lease = Lease(
+            settings.replica(socket.gethostname(), os.getpid()), ctx.settings.leader_ttl
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        self.kv = await self.ctx.js.key_value(subjects.KV_LEADER)
+        try:
+            while not self.ctx.stopping.is_set():
+                await self._tick(self.kv)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.ctx.stopping.wait(), self.lease.interval)
+        finally:
+            await self._follow()
+            await self._release()
+
+    async def _release(self) -> None:
+        """Step down and delete the lease, so a standby takes over at once."""
+        term, revision = self.lease.term, self.lease.release()
+        if revision is not None:
+            with contextlib.suppress(Exception):
+                await self.kv.delete(LEASE_KEY, last=revision)
+            self.ctx.log.info("leadership released", term=term)
+
+    async def _tick(self, kv: KeyValue) -> None:
+        await self._change(self.lease.check(time.time()))
+        observed: Observed | None = None
+        if self.lease.role == "follower":
+            try:
+                entry = await kv.get(LEASE_KEY)
+                observed = Observed.of(entry.value or b"", entry.revision or 0)
+            except KeyNotFoundError:
+                observed = None
+            except (nats.errors.Error, TimeoutError) as e:
+                self.ctx.log.warning("cannot read the lease", error=repr(e))
+                return
+        action = self.lease.action(time.time(), observed)
+        if isinstance(action, Wait):
+            return
+        try:
+            data = encode_value(action.value)
+            if isinstance(action, Create):
+                revision = await kv.create(LEASE_KEY, data)
+            else:
+                revision = await kv.update(LEASE_KEY, data, last=action.revision)
+        except (nats.errors.Error, TimeoutError) as e:
+            if not isinstance(e, KeyWrongLastSequenceError) or self.lease.role == "leader":
+                self.ctx.log.warning("lease write failed", error=repr(e))
+            await self._change(self.lease.failed())
+            return
+        await self._change(self.lease.written(action, revision, time.time()))
+
+    async def _change(self, change: Change) -> None:
+        if change == "elected":
+            self.ctx.log.info("elected leader", term=self.lease.term)
+            leader = Leader(self.ctx, self.settings, self.lease)
+            self.task = asyncio.create_task(self._lead(leader), name="leader")
+        elif change == "deposed":
+            self.ctx.log.warning("no longer leader", term=self.lease.term)
+            await self._follow()
+
+    async def _lead(self, leader: Leader) -> None:
+        try:
+            await leader.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # step down; a fresh term rebuilds the state
+            self.ctx.log.exception("leader failed; stepping down")
+            await self.ctx.reporter.report("scheduler.leader", repr(e), ev.INTERNAL)
+            self.task = None
+            await self._release()
+
+    async def _follow(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser("scheduler")
+    for name, var, flag in FIELDS:
+        parser.add_argument(flag, dest=name, type=float, metavar="S", help=f"overrides ${var}")
+    parser.add_argument("--replica-id", metavar="ID", help="overrides $HOPS_REPLICA_ID")
+    try:
+        runtime, args = parse_args(argv, parser=parser)
+        settings = scheduler_settings(os.environ, vars(args))
+    except (SettingsError, ValueError) as e:
+        print(f"hops-scheduler: {e}", file=sys.stderr)
+        return 2
+    return run_service("scheduler", lambda ctx: run(ctx, settings), runtime)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The live scheduler's own settings, read from environment variables.
+
+==============================  =======================  =========================
+variable                        flag                     default
+==============================  =======================  =========================
+``HOPS_ROUND_S``                ``--round-s``            300 (round length, §3.6)
+``HOPS_PRIORITY_REFRESH_S``     ``--priority-refresh-s`` 30 (queue view refresh)
+``HOPS_ESTIMATE_TIMEOUT_S``     ``--estimate-timeout-s`` 5 (per estimate request)
+``HOPS_REPLICA_ID``             ``--replica-id``         ``<hostname>-<pid>``
+``HOPS_REPLAN_DELAY_S``         ``--replan-delay-s``     1 (events within this
+                                                         time share one fill plan)
+``HOPS_PLACEMENT_GRACE_S``      ``--placement-grace-s``  60 (how long an issued
+                                                         start or profiling task
+                                                         is awaited)
+==============================  =======================  =========================
+
+The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 10 s; the lease
+bucket's max age), see :mod:`services.runtime.settings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.runtime.settings import env_float
+from services.scheduler.planner import HopsSettings
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """See the module docstring; ``policy`` are the planner's defaults."""
+
+    round_s: float = 300.0
+    refresh_s: float = 30.0
+    estimate_timeout_s: float = 5.0
+    replica_id: str = ""
+    replan_delay_s: float = 1.0
+    grace_s: float = 60.0
+    policy: HopsSettings = field(default_factory=HopsSettings)
+
+    def __post_init__(self) -> None:
+        for name in ("round_s", "refresh_s", "estimate_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+    def replica(self, hostname: str, pid: int) -> str:
+        """The replica id: the configured one, else ``<hostname>-<pid>``."""
+        return self.replica_id or f"{hostname}-{pid}"
+
+
+# (field, environment variable, flag)
+FIELDS = (
+    ("round_s", "HOPS_ROUND_S", "--round-s"),
+    ("refresh_s", "HOPS_PRIORITY_REFRESH_S", "--priority-refresh-s"),
+    ("estimate_timeout_s", "HOPS_ESTIMATE_TIMEOUT_S", "--estimate-timeout-s"),
+    ("replan_delay_s", "HOPS_REPLAN_DELAY_S", "--replan-delay-s"),
+    ("grace_s", "HOPS_PLACEMENT_GRACE_S", "--placement-grace-s"),
+)
+
+
+def scheduler_settings(
+    env: Mapping[str, str], flags: Mapping[str, object] | None = None
+) -> SchedulerSettings:
+    """Settings from ``env``, overridden by ``flags`` (field name → value,
+    ``None`` for a flag not given). Raises ``SettingsError`` naming the
+    variable or the flag."""
+    flags = flags or {}
+    values: dict[str, object] = {}
+    defaults = SchedulerSettings()
+    for name, var, flag in FIELDS:
+        minimum = 0.0 if name == "replan_delay_s" else 0.001
+        values[name] = env_float(var, getattr(defaults, name), env=env, minimum=minimum)
+        given = flags.get(name)
+        if given is not None:
+            values[name] = env_float(flag, 0.0, env={flag: str(given)}, minimum=minimum)
+    values["replica_id"] = str(flags.get("replica_id") or env.get("HOPS_REPLICA_ID", "")).strip()
+    return SchedulerSettings(**values)  # type: ignore[arg-type]

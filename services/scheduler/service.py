@@ -1,0 +1,426 @@
+"""The scheduler's leader (Hops §3.1, §3.6) and the KV helpers of the replicas.
+
+A replica (``__main__``: admission and the lease, :mod:`.live_lease`) runs a
+:class:`Leader` while it holds the lease. The leader loads ``hops_jobs``,
+consumes ``HOPS_JOBS`` with the durable consumer ``scheduler`` (events
+accepted while no replica led wait there, and are applied before the first
+plan) and is the only writer of job records (:mod:`.live_state`). It plans a
+round every ``HOPS_ROUND_S`` seconds and within the round when a job is
+submitted or becomes plannable, resources are released or the alive servers
+change (:mod:`.live_round`): a snapshot from ``hops_jobs``, ``hops_nodes``
+and ``hops_alloc`` (:mod:`.live_snapshot`), estimates from
+``hops.v1.estimate``, :class:`~.planner.HopsPolicy`, and a ``plan_issued``
+with its lease term. It answers ``hops.v1.queue`` with the queue view as of
+the request; estimates are refreshed for it every ``HOPS_PRIORITY_REFRESH_S``
+seconds (:mod:`.live_settings` lists the settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+from structlog.contextvars import bound_contextvars
+
+from services.runtime.bus import publish_event, request
+from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.service import ServiceContext
+from services.scheduler import live_snapshot as snap
+from services.scheduler import live_state as st
+from services.scheduler.live_lease import Lease
+from services.scheduler.live_round import Due, Inflight, RoundClock
+from services.scheduler.live_settings import SchedulerSettings
+from services.scheduler.live_state import LiveJobRecord
+from services.scheduler.planner import HopsPolicy
+from shared import events as ev
+from shared import subjects
+from shared.cluster import Cluster
+from shared.estimate import JobEstimate
+from shared.ids import JobId
+from shared.records import NodeRecord, Placement, QueueView
+from shared.snapshot import Plan
+
+JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
+ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
+T = TypeVar("T")
+E = TypeVar("E")
+
+
+async def consume_durable(
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    decode: Callable[[bytes], E],
+    handle: Callable[[E, Delivery], Awaitable[None]],
+    ctx: ServiceContext,
+) -> None:
+    """:func:`~services.runtime.consumer.consume` until the service stops. nats-py's
+    ``fetch`` may raise a bare ``asyncio.TimeoutError`` that ``consume`` does not
+    expect; the consumer then simply subscribes again (the durable keeps its place)."""
+    while not ctx.stopping.is_set():
+        try:
+            await consume(js, spec, decode, handle, ctx.reporter, ctx.stopping)
+        except TimeoutError:
+            ctx.log.debug("fetch timed out; pulling again", durable=spec.durable)
+            await asyncio.sleep(0.1)
+
+
+async def get_record(kv: KeyValue, job_id: str) -> tuple[LiveJobRecord | None, int]:
+    """The job's record and revision, ``(None, 0)`` when there is none."""
+    try:
+        entry = await kv.get(job_id)
+    except KeyNotFoundError:
+        return None, 0
+    return st.decode_record(entry.value or b""), entry.revision or 0
+
+
+async def read_bucket(kv: KeyValue) -> dict[str, tuple[bytes, int]]:
+    """Every key's latest value and revision."""
+    out: dict[str, tuple[bytes, int]] = {}
+    watcher = await kv.watchall(ignore_deletes=True)
+    try:
+        async for entry in watcher:
+            if entry is None:
+                break
+            out[entry.key] = (entry.value or b"", entry.revision or 0)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return out
+
+
+class Leader:
+    """The leader's state and loops for one term; see the module docstring."""
+
+    def __init__(self, ctx: ServiceContext, settings: SchedulerSettings, lease: Lease) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.lease = lease
+        self.term = lease.term
+        self.log = ctx.log.bind(term=lease.term)
+        self.records: dict[JobId, tuple[LiveJobRecord, int]] = {}
+        self.nodes: list[NodeRecord] = []
+        self.progress: dict[JobId, float] = {}
+        self.estimates: dict[JobId, JobEstimate] = {}
+        self.inflight = Inflight(settings.grace_s)
+        self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
+        self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
+        self.policy = HopsPolicy(settings.policy)
+        self.wake = asyncio.Event()
+        self.lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        js = self.ctx.js
+        self.kv_jobs = await js.key_value(subjects.KV_JOBS)
+        self.kv_nodes = await js.key_value(subjects.KV_NODES)
+        self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
+        await self._load()
+        subs = [
+            await self._subscribe(subjects.QUEUE, self._on_queue),
+            await self._subscribe(subjects.RELEASED, self._on_released),
+            await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_heartbeat),
+        ]
+        tasks = [
+            asyncio.create_task(
+                consume_durable(js, JOBS_CONSUMER, ev.decode_job_event, self._on_event, self.ctx)
+            ),
+            asyncio.create_task(self._watch_nodes()),
+        ]
+        try:
+            await self._catch_up()
+            await self._loop(tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _load(self) -> None:
+        for key, (data, revision) in (await read_bucket(self.kv_jobs)).items():
+            try:
+                self.records[JobId(key)] = (st.decode_record(data), revision)
+            except msgspec.DecodeError as e:
+                await self.ctx.reporter.report(f"kv {subjects.KV_JOBS}", f"{key}: {e}", ev.INVALID)
+        self.nodes = await self._nodes()
+        last_round = 0
+        with contextlib.suppress(NotFoundError):
+            msg = await self.ctx.js.get_last_msg(subjects.STREAM_PLANS.name, subjects.PLANS)
+            with contextlib.suppress(ev.WireError):
+                plan = ev.decode_plan_event(msg.data or b"")
+                last_round = plan.round if isinstance(plan, ev.PlanIssued) else 0
+        now = time.time()
+        s = self.settings
+        self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
+        self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
+
+    async def _catch_up(self, limit_s: float = 5.0) -> None:
+        """Before the first plan, apply what ``HOPS_JOBS`` holds for the
+        consumer (events of the interregnum), for at most ``limit_s``."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(NotFoundError):  # not created yet
+                info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
+                if info.num_pending == 0 and info.num_ack_pending == 0:
+                    return
+            await asyncio.sleep(0.05)
+        self.log.warning("planning before every job event was applied")
+
+    async def _subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Subscription:
+        sub = await self.ctx.nc.subscribe(subject, cb=cb)
+        await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
+        await self.ctx.nc.flush()
+        return sub
+
+    async def _loop(self, tasks: list[asyncio.Task[None]]) -> None:
+        while not any(t.done() for t in tasks):
+            now = time.time()
+            due = self.clock.due(now)
+            if due is None:
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.clock.sleep_s(now))
+                continue
+            try:
+                await self._work(due, now)
+            except (nats.errors.Error, TimeoutError) as e:  # NATS unreachable: try again soon
+                self.log.warning("planning postponed", error=repr(e))
+                await asyncio.sleep(1.0)
+        for task in tasks:
+            if task.done():
+                task.result()  # a task that ended on its own: raise why
+        raise RuntimeError("a leader task stopped")
+
+    async def _watch_nodes(self) -> None:
+        """Plan within the round when the alive servers change (new capacity)."""
+        nodes: dict[str, NodeRecord] = {n.server.id: n for n in self.nodes}
+        topology = snap.topology(nodes.values())
+        watcher = await self.kv_nodes.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                if entry.operation in ("DEL", "PURGE"):
+                    nodes.pop(entry.key, None)
+                else:
+                    with contextlib.suppress(msgspec.DecodeError):
+                        nodes[entry.key] = msgspec.json.decode(entry.value or b"", type=NodeRecord)
+                if snap.topology(nodes.values()) != topology:
+                    topology = snap.topology(nodes.values())
+                    self.log.info("cluster changed", servers=len(topology))
+                    self._replan()
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+    # --- events --------------------------------------------------------------
+
+    async def _on_event(self, event: ev.JobEvent, delivery: Delivery) -> None:
+        with bound_contextvars(job_id=event.job_id):  # on every line, the runtime's too
+            await self._apply(event, delivery)
+
+    async def _apply(self, event: ev.JobEvent, delivery: Delivery) -> None:
+        job_id, tag = event.job_id, event.__struct_config__.tag
+        async with self.lock:
+            for attempt in (1, 2):  # a conflict reloads the record: apply once more
+                rec, revision = self.records.get(job_id) or await get_record(self.kv_jobs, job_id)
+                if rec is not None:  # e.g. created by admission: the leader knows it now
+                    self.records[job_id] = (rec, revision)
+                applied = st.apply_event(rec, event, delivery.stream_seq, self._facts(job_id))
+                if applied.record is None:
+                    break
+                try:
+                    await self._store(job_id, applied.record, revision)
+                    break
+                except KeyWrongLastSequenceError:
+                    if attempt == 2:
+                        raise
+        if applied.note == "unknown job":
+            error = f"{tag} for unknown job {job_id}"
+            await self.ctx.reporter.report(delivery.subject, error, "not_found")
+        elif (current := applied.record or rec) is not None:
+            phase, note = current.phase, applied.note
+            self.log.info("job event applied", kind=tag, phase=phase, note=note)
+        if st.wants_plan(rec, applied.record, event):
+            self._replan()
+
+    def _facts(self, job_id: JobId) -> st.Facts:
+        given_up = self.inflight.given_up(job_id)
+        return snap.facts(self.nodes, self.progress.get(job_id, 0.0), given_up)
+
+    async def _store(self, job_id: JobId, rec: LiveJobRecord, revision: int) -> None:
+        """Write ``rec`` if the key is still at ``revision``; on a conflict
+        reload it and raise (the event is redelivered and applied again)."""
+        data = st.encode_record(rec)
+        try:
+            if revision:
+                new_revision = await self.kv_jobs.update(job_id, data, last=revision)
+            else:
+                new_revision = await self.kv_jobs.create(job_id, data)
+        except KeyWrongLastSequenceError:
+            fresh, fresh_revision = await get_record(self.kv_jobs, job_id)
+            if fresh is not None:
+                self.records[job_id] = (fresh, fresh_revision)
+            raise
+        self.records[job_id] = (rec, new_revision)
+
+    async def _update(
+        self, job_id: JobId, change: Callable[[LiveJobRecord], LiveJobRecord | None]
+    ) -> bool:
+        """Apply a change of the leader's own (not from an event); False when none."""
+        async with self.lock:
+            rec, revision = self.records[job_id]
+            new = change(rec)
+            if new is None:
+                return False
+            with contextlib.suppress(KeyWrongLastSequenceError):
+                await self._store(job_id, new, revision)
+                return True
+        return False
+
+    def _replan(self) -> None:
+        self.clock.request_replan(time.time())
+        self.wake.set()
+
+    async def _on_released(self, msg: Msg) -> None:
+        with contextlib.suppress(ev.WireError):
+            if isinstance(ev.decode_plan_event(msg.data), ev.ResourcesReleased):
+                self._replan()
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        with contextlib.suppress(ev.WireError):
+            beat = ev.decode_job_heartbeat(msg.data)
+            self.progress[beat.job_id] = max(self.progress.get(beat.job_id, 0.0), beat.samples_done)
+
+    async def _on_queue(self, msg: Msg) -> None:
+        with contextlib.suppress(Exception):
+            await msg.respond(msgspec.json.encode(self._view()))
+
+    def _view(self) -> QueueView:
+        """The queue as of now: the records as they are, with the nodes,
+        placements and estimates of the last plan or refresh."""
+        if self.allocs is None:
+            return QueueView(ok=False, error="the leader is starting", term=self.term)
+        records = {k: r for k, (r, _) in self.records.items()}
+        try:
+            snapshot = snap.build_snapshot(
+                time.time(),
+                records,
+                self.nodes,
+                self.allocs,
+                self.estimates,
+                self.progress,
+                self.inflight,
+                True,
+            ).snapshot
+            policy, holder = self.settings.policy, self.lease.holder
+            return snap.queue_view(snapshot, records, policy, holder, self.term)
+        except Exception as e:  # a bad reply, not a dead leader
+            self.log.exception("queue view failed")
+            return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
+
+    # --- planning --------------------------------------------------------------
+
+    async def _work(self, due: Due, now: float) -> None:
+        self.nodes = await self._nodes()
+        allocs = await self._allocs()
+        cluster = snap.cluster_of(self.nodes)
+        self.inflight.settle({k: r for k, (r, _) in self.records.items()}, allocs, now)
+        for job_id in list(self.records):
+            need = self._facts(job_id).required
+            await self._update(job_id, functools.partial(st.promote, required=need, now=now))
+        records = {k: r for k, (r, _) in self.records.items()}
+        self.progress = {k: p for k, p in self.progress.items() if k in records}
+        estimates = await self._estimates(records, cluster)
+        first = due != "fill"
+        built = snap.build_snapshot(
+            now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first
+        )
+        self.allocs = allocs  # the queue view's, until the next plan or refresh
+        busy = bool(built.snapshot.jobs or built.sticky or allocs)
+        if due == "refresh" or not cluster.servers or not busy:
+            self.clock.done(due, now)
+            return
+        try:
+            plan = await asyncio.to_thread(self.policy.plan, built.snapshot)
+        except Exception as e:  # a planner failure skips this plan, not the service
+            self.log.exception("planning failed", round=self.clock.round, first_plan=first)
+            await self.ctx.reporter.report("scheduler.plan", repr(e), ev.INTERNAL)
+            self.clock.done(due, now)
+            return
+        plan = snap.with_sticky(plan, built.sticky)
+        if due == "first" or plan.assignments or plan.profiling:
+            await self._publish(plan, first, now)
+        else:  # nothing fits the idle GPUs: no news for the placer
+            self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
+        self.clock.done(due, now)
+
+    async def _publish(self, plan: Plan, first: bool, now: float) -> None:
+        if not self.lease.is_leader(time.time()):
+            self.log.warning("plan dropped: the lease may have lapsed")
+            return
+        round_no = self.clock.round + (1 if first else 0)
+        issued = ev.PlanIssued(round=round_no, term=self.term, plan=plan, at=now, first_plan=first)
+        msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
+        await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
+        running = st.running_configs(r for r, _ in self.records.values())
+        self.inflight.note_plan(plan, now, first, running)
+        for job_id in {t.job_id for t in plan.profiling}:
+            if job_id in self.records:
+                await self._update(job_id, st.mark_profiling)
+        self.log.info(
+            "plan issued",
+            round=round_no,
+            first_plan=first,
+            assignments=[f"{a.job_id}:{a.config}" for a in plan.assignments],
+            profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}" for t in plan.profiling],
+        )
+
+    async def _estimates(
+        self, records: dict[JobId, LiveJobRecord], cluster: Cluster
+    ) -> dict[JobId, JobEstimate]:
+        """Fresh estimates where the estimators answer, the last ones otherwise."""
+        requests = snap.estimate_requests(records, cluster, ESTIMATE_CHUNK)
+        for req in requests:
+            try:
+                reply = await request(
+                    self.ctx.nc,
+                    subjects.ESTIMATE,
+                    req,
+                    ev.decode_estimate_reply,
+                    timeout=self.settings.estimate_timeout_s,
+                )
+            except (nats.errors.Error, ev.WireError, TimeoutError) as e:
+                self.log.warning("no estimates", error=repr(e), jobs=len(req.jobs))
+                continue
+            if not reply.ok:
+                self.log.warning("estimate request failed", code=reply.code, error=reply.error)
+            self.estimates.update(reply.estimates)
+        wanted = {job.id for req in requests for job in req.jobs}
+        self.estimates = {k: v for k, v in self.estimates.items() if k in wanted}
+        return dict(self.estimates)
+
+    async def _nodes(self) -> list[NodeRecord]:
+        return await self._decode_all(self.kv_nodes, subjects.KV_NODES, NodeRecord)
+
+    async def _allocs(self) -> dict[JobId, Placement]:
+        allocs = await self._decode_all(self.kv_alloc, subjects.KV_ALLOC, Placement)
+        return {p.job_id: p for p in allocs}
+
+    async def _decode_all(self, kv: KeyValue, bucket: str, kind: type[T]) -> list[T]:
+        out: list[T] = []
+        for key, (data, _) in (await read_bucket(kv)).items():
+            try:
+                out.append(msgspec.json.decode(data, type=kind))
+            except msgspec.DecodeError as e:
+                self.log.warning("bad KV entry", bucket=bucket, key=key, error=str(e))
+        return out

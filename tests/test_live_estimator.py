@@ -1,0 +1,131 @@
+"""The estimator service: replicas in one queue group, each rebuilding the
+throughput database from the whole ``HOPS_SAMPLES`` stream (real processes,
+real nats-server), and its pure request handling."""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.estimator.database import ThroughputDatabase
+from services.estimator.service import apply_sample_event, estimates_for, measured_on, unusable
+from shared import events as ev
+from shared import subjects
+from shared.cluster import Cluster, Server
+from shared.ids import GpuType, JobId, ServerId
+from shared.measurements import ProfileReport, ThroughputSample, TimeModules
+from tests.natsfix import nats_server, nats_url
+from tests.test_live_scheduler import NODES, Bus, Stack, bus, eventually, job, stack
+
+__all__ = ["bus", "nats_server", "nats_url", "stack"]  # fixtures
+
+CLUSTER = Cluster(
+    gpu_types=tuple(dict.fromkeys(t for _, t, _ in NODES)),
+    servers=tuple(Server(ServerId(sid), t.name, g) for sid, t, g in NODES),
+)
+
+
+async def estimate(bus: Bus, *job_ids: str) -> ev.EstimateReply:
+    req = ev.EstimateRequest(jobs=tuple(job(j) for j in job_ids), cluster=CLUSTER)
+    reply = await bus.nc.request(subjects.ESTIMATE, ev.encode(req), timeout=5)
+    return ev.decode_estimate_reply(reply.data)
+
+
+async def measurements(bus: Bus, job_id: str, samples: int) -> int:
+    """Profiles on both types and running samples; the number of messages."""
+    await bus.profile(job_id, "a0", "A")
+    await bus.profile(job_id, "b0", "B")
+    for i in range(samples):
+        await bus.sample(job_id, "a1" if i % 2 else "a0", "A", 180.0 + i)
+    return 2 + samples
+
+
+async def test_replicas_share_the_requests_and_survive_a_kill(stack: Stack, bus: Bus) -> None:
+    await bus.put_nodes()
+    await measurements(bus, "j1", 4)
+    replicas = [await stack.start("services.estimator", HOPS_LOG_LEVEL="debug") for _ in range(2)]
+    for replica in replicas:
+        assert (await replica.wait_log("serving estimates"))["applied"] == 6
+    first = await estimate(bus, "j1", "unprofiled")
+    assert first.ok and set(first.estimates) == {"j1"}
+    assert set(first.estimates[JobId("j1")].by_type) == {"A", "B"}
+    for _ in range(20):
+        assert await estimate(bus, "j1", "unprofiled") == first
+    answered = [len([x for x in r.lines() if x["event"] == "estimated"]) for r in replicas]
+    assert sum(answered) == 21 and min(answered) > 0, answered  # the queue group spreads them
+    replicas[0].kill()
+    await replicas[0].wait()
+    for _ in range(5):
+        assert await estimate(bus, "j1") == ev.EstimateReply(estimates=first.estimates)
+
+
+async def test_a_restarted_replica_rebuilds_the_same_database(stack: Stack, bus: Bus) -> None:
+    await bus.put_nodes()
+    count = await measurements(bus, "j1", 30)
+    await bus.js.publish(subjects.samples("j1"), b'{"type": "sample_reported", "sample": 3}')
+    await bus.profile("j1", "zz", "A")  # from no registered server: left out
+    await bus.profile("j1", "a0", "B")  # a0 is of type A: left out
+    estimator = await stack.start("services.estimator")
+    assert (await estimator.wait_log("serving estimates"))["applied"] == count
+    assert len(estimator.lines_with("measurement left out")) == 3  # logged, not re-reported
+    before = await estimate(bus, "j1")
+    assert set(before.estimates[JobId("j1")].by_type) == {"A", "B"}
+    assert await estimator.stop() == 0
+    again = await stack.start("services.estimator")
+    assert (await again.wait_log("serving estimates"))["applied"] == count
+    assert await estimate(bus, "j1") == before
+    # New measurements reach a running replica.
+    await bus.profile("j2", "a0", "A")
+
+    async def j2() -> ev.EstimateReply | None:
+        reply = await estimate(bus, "j2")
+        return reply if reply.estimates else None
+
+    reply = await eventually(j2, what="an estimate of j2")
+    assert set(reply.estimates[JobId("j2")].by_type) == {"A"}
+    # Bad measurements arriving now are reported as well as left out.
+    await bus.sample("j2", "zz", "A", 100.0)
+    assert "zz" in (await bus.wait_error("unknown_server")).error
+    await bus.js.publish(subjects.samples("j2"), b"{")
+    assert (await bus.wait_error("malformed")).service == "estimator"
+    assert await estimate(bus, "j2") == reply
+
+
+async def test_a_bad_request_gets_a_failed_reply_and_an_error_record(
+    stack: Stack, bus: Bus
+) -> None:
+    estimator = await stack.start("services.estimator")
+    await estimator.wait_log("serving estimates")
+    bad = b'{"type": "estimate_request", "jobs": [], "cluster": {"servers": 1}}'
+    reply = ev.decode_estimate_reply((await bus.nc.request(subjects.ESTIMATE, bad, timeout=5)).data)
+    assert (reply.ok, reply.code) == (False, "invalid") and reply.estimates == {}
+    record = await bus.wait_error("invalid")
+    assert record.service == "estimator" and record.subject == subjects.ESTIMATE
+    wrong = await bus.nc.request(subjects.ESTIMATE, b'{"type": "cancel_job"}', timeout=5)
+    assert ev.decode_estimate_reply(wrong.data).code == "unknown_type"
+
+
+def test_the_database_is_fed_in_stream_order_and_answers_per_job() -> None:
+    db = ThroughputDatabase()
+    modules = TimeModules(t_f=0.05, t_b=0.1, t_u=0.01, t_d=(0.02, 0.02))
+    report = ProfileReport(JobId("j1"), GpuType("A"), ServerId("a0"), modules)
+    apply_sample_event(db, ev.ProfileReported(report=report))
+    sample = ThroughputSample(JobId("j1"), ServerId("a0"), GpuType("A"), per_gpu_throughput=150.0)
+    apply_sample_event(db, ev.SampleReported(sample=sample))
+    req = ev.EstimateRequest(jobs=(job("j1"), job("j2")), cluster=CLUSTER)
+    reply, failed = estimates_for(db, req)
+    assert set(reply.estimates) == {"j1"} and failed == {}
+    curve = reply.estimates[JobId("j1")].by_type[GpuType("A")]
+    assert curve.agg[0] == 150.0  # the type layer's measured cell overrides the formula
+    only_b = msgspec.structs.replace(
+        CLUSTER, gpu_types=CLUSTER.gpu_types[1:], servers=CLUSTER.servers[2:]
+    )
+    reply, _ = estimates_for(db, ev.EstimateRequest(jobs=(job("j1"),), cluster=only_b))
+    assert reply.estimates == {}  # no profile on any type of that cluster
+    profiled = ev.ProfileReported(report=report)
+    assert measured_on(profiled) == ("a0", "A") and unusable(profiled, GpuType("A")) is None
+    assert unusable(profiled, None) == (
+        "unknown_server",
+        "measured on a0, which is not a registered server",
+    )
+    code, message = unusable(ev.SampleReported(sample=sample), GpuType("B")) or ("", "")
+    assert code == "type_mismatch" and "server's GPU type is B" in message
