@@ -1,0 +1,286 @@
+"""``python -m executor.job``: one EMULATED job process, started by a node
+executor (:mod:`executor.service`) for a ``start_job`` command.
+
+It trains nothing. By role (:func:`executor.emulator.role_of`):
+
+* ``lead`` advances the job at the ground-truth rate times the time scale
+  from the command's ``samples_done``, sends a ``job_heartbeat`` every
+  ``--heartbeat-s``, publishes running-mode ``sample_reported`` (one
+  ThroughputSample per server of the configuration, §3.2) every
+  ``--sample-s``, and on reaching ``total_samples`` publishes
+  ``job_finished`` (JetStream, msg_id ``<job>:job_finished``) and exits 0;
+* ``worker`` (another server of a distributed configuration) only
+  heartbeats, until it is stopped;
+* ``profile`` runs the ground truth's profiling run of the job on this
+  server (§3.2, profiling mode), heartbeating, then publishes
+  ``profile_reported`` and exits 0.
+
+SIGTERM or SIGINT stops the job: it prints its progress and exits 0. When its
+executor dies, the process notices that it was re-parented and exits 3
+without reporting anything, as a job on a lost node would.
+
+The ``start_job`` command comes on stdin as JSON. Stdout is the channel
+back to the executor: one JSON object per line,
+``{"event": "ready" | "progress" | "finished" | "stopped", "samples_done": x}``;
+``ready`` follows the first heartbeat. Logs go to stderr as JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import nats.errors
+import numpy as np
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from structlog.typing import FilteringBoundLogger
+
+from executor.emulator import (
+    Cadence,
+    Role,
+    job_seed,
+    profile_wall_s,
+    run_progress,
+    sample_iterations,
+)
+from services.runtime.bus import connect, publish_event
+from services.runtime.logging import configure_logging, get_logger
+from services.runtime.settings import RuntimeSettings, from_env
+from shared import subjects
+from shared.events import (
+    JobFinished,
+    JobHeartbeat,
+    Message,
+    ProfileReported,
+    SampleReported,
+    StartJob,
+    decode_command,
+    encode,
+)
+from simulator.catalog import builtin_catalog
+from simulator.clusters import cluster_arg
+from simulator.truth import GroundTruth
+
+EXIT_ORPHANED = 3
+_TICK_S = 0.25  # longest sleep: bounds how late a stop or a lost parent is seen
+_PUBLISH_TRIES = 120  # with 0.5 s between tries: a minute of NATS trouble
+
+
+class ParentGone(Exception):
+    """The executor that started this process is gone."""
+
+
+@dataclass
+class JobContext:
+    cmd: StartJob
+    role: Role
+    truth: GroundTruth
+    time_scale: float
+    heartbeat_s: float
+    sample_s: float
+    profile_iters: int
+    nc: NATS
+    js: JetStreamContext
+    stop: asyncio.Event
+    log: FilteringBoundLogger
+    parent: int
+
+    def emit(self, event: str, samples_done: float) -> None:
+        """One line to the executor; a closed pipe means it is gone."""
+        if os.getppid() != self.parent:
+            raise ParentGone()
+        try:
+            print(json.dumps({"event": event, "samples_done": samples_done}), flush=True)
+        except BrokenPipeError:
+            raise ParentGone() from None
+
+    async def beat(self, samples_done: float, first: bool = False) -> None:
+        """A job heartbeat. The first one is flushed, since the executor
+        acknowledges the start on it; a later one that cannot go out (NATS is
+        reconnecting) is dropped: a beat is only worth sending on time."""
+        msg = JobHeartbeat(job_id=self.cmd.job_id, server_id=self.cmd.server_id,
+                           samples_done=samples_done, at=time.time())
+        try:
+            await self.nc.publish(subjects.job_heartbeat(self.cmd.job_id), encode(msg))
+            if first:
+                await self.nc.flush()
+        except nats.errors.Error as e:
+            if first:
+                raise
+            self.log.warning("heartbeat not sent", error=repr(e))
+
+    async def publish(self, subject: str, msg: Message, msg_id: str) -> None:
+        """A JetStream publish, retried while NATS is unavailable."""
+        for attempt in range(_PUBLISH_TRIES):
+            try:
+                await publish_event(self.js, subject, msg, msg_id=msg_id, timeout=2.0)
+                return
+            except Exception as e:
+                if attempt == _PUBLISH_TRIES - 1:
+                    raise
+                self.log.warning("publish failed; retrying", subject=subject, error=repr(e))
+                await asyncio.sleep(0.5)
+
+    async def nap(self, seconds: float) -> None:
+        """Sleep up to ``seconds`` (at most one tick), waking on a stop."""
+        if os.getppid() != self.parent:
+            raise ParentGone()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), min(_TICK_S, max(0.01, seconds)))
+
+
+async def run_lead(job: JobContext) -> int:
+    cmd = job.cmd
+    progress = run_progress(job.truth, cmd.spec, cmd.configuration, cmd.samples_done,
+                            job.time_scale)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    beat = Cadence(job.heartbeat_s)
+    sample = Cadence(job.sample_s, next_at=job.sample_s)
+    rng = np.random.default_rng(job_seed(cmd.job_id, cmd.key))
+    reported = progress.start
+    first = True
+    while True:
+        elapsed = loop.time() - t0
+        done = progress.at(elapsed)
+        if beat.due(elapsed):  # first: the start is acknowledged on the first beat
+            await job.beat(done, first)
+            job.emit("ready" if first else "progress", done)
+            first = False
+        if progress.done(elapsed):
+            await job.publish(subjects.job_events(cmd.job_id),
+                              JobFinished(job_id=cmd.job_id, at=time.time()),
+                              msg_id=f"{cmd.job_id}:job_finished")
+            job.log.info("job finished", samples_done=done, wall_s=elapsed)
+            job.emit("finished", done)
+            return 0
+        if job.stop.is_set():
+            job.emit("stopped", done)
+            return 0
+        if sample.due(elapsed):
+            await _report_samples(job, done - reported, rng)
+            reported = done
+        wake = min(beat.next_at, sample.next_at, elapsed + progress.remaining_s(elapsed))
+        await job.nap(wake - elapsed)
+
+
+async def _report_samples(job: JobContext, samples: float, rng: np.random.Generator) -> None:
+    """Running-mode reports of the last period (§3.2), one per server."""
+    cmd = job.cmd
+    iters = sample_iterations(samples, cmd.spec.batch_size, cmd.configuration.total_gpus)
+    for s in job.truth.running_samples(cmd.job_id, cmd.spec.model, cmd.configuration, iters,
+                                       rng):
+        # Core publish: the subject is on HOPS_SAMPLES, and a lost sample only
+        # costs the estimator one observation, so the job does not wait on acks.
+        try:
+            await job.nc.publish(subjects.samples(cmd.job_id),
+                                 encode(SampleReported(sample=s, at=time.time())))
+        except nats.errors.Error as e:
+            job.log.warning("sample not sent", error=repr(e))
+
+
+async def run_worker(job: JobContext) -> int:
+    beat = Cadence(job.heartbeat_s)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    first = True
+    while not job.stop.is_set():
+        elapsed = loop.time() - t0
+        if beat.due(elapsed):
+            await job.beat(job.cmd.samples_done, first)
+            job.emit("ready" if first else "progress", job.cmd.samples_done)
+            first = False
+        await job.nap(beat.next_at - elapsed)
+    job.emit("stopped", job.cmd.samples_done)
+    return 0
+
+
+async def run_profile(job: JobContext) -> int:
+    cmd = job.cmd
+    rng = np.random.default_rng(job_seed(cmd.job_id, cmd.key))
+    report, seconds = job.truth.profile(cmd.job_id, cmd.spec.model, cmd.server_id,
+                                       job.profile_iters, rng)
+    wall = profile_wall_s(seconds, job.time_scale)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    beat = Cadence(job.heartbeat_s)
+    first = True
+    while (elapsed := loop.time() - t0) < wall:
+        if job.stop.is_set():
+            job.emit("stopped", 0.0)
+            return 0
+        if beat.due(elapsed):
+            await job.beat(0.0, first)
+            job.emit("ready" if first else "progress", 0.0)
+            first = False
+        await job.nap(min(beat.next_at, wall) - elapsed)
+    msg_id = f"{cmd.job_id}:profile_reported:{cmd.server_id}:{cmd.key}"
+    await job.publish(subjects.profiles(cmd.job_id), ProfileReported(report=report, at=time.time()),
+                      msg_id=msg_id)
+    job.log.info("job profiled", gpu_type=report.gpu_type, wall_s=wall)
+    job.emit("finished", 0.0)
+    return 0
+
+
+ROLES = {"lead": run_lead, "worker": run_worker, "profile": run_profile}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="executor.job",
+                                description="One emulated job process (see the module).")
+    p.add_argument("--job-id", required=True, help="the job (its start_job command, as JSON, "
+                   "comes on stdin)")
+    p.add_argument("--role", required=True, choices=sorted(ROLES))
+    p.add_argument("--cluster", required=True, help="built-in cluster name or cluster file")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--sample-s", type=float, default=10.0)
+    p.add_argument("--profile-iters", type=int, default=20)
+    p.add_argument("--nats-url", default=None, help="overrides $HOPS_NATS_URL")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+async def _run(args: argparse.Namespace, cmd: StartJob, truth: GroundTruth) -> int:
+    settings = from_env()
+    if args.nats_url:
+        settings = RuntimeSettings(nats_servers=tuple(args.nats_url.split(",")))
+    log = get_logger(job_id=cmd.job_id, server_id=cmd.server_id, role=args.role)
+    nc = await connect(settings, f"job-{cmd.job_id}@{cmd.server_id}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    job = JobContext(cmd, args.role, truth, args.time_scale, args.heartbeat_s, args.sample_s,
+                     args.profile_iters, nc, nc.jetstream(), stop, log, os.getppid())
+    try:
+        return await ROLES[args.role](job)
+    except ParentGone:
+        log.warning("executor gone; exiting without a report")
+        return EXIT_ORPHANED
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 2.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging("executor-job", args.log_level, stream=sys.stderr)
+    cmd = decode_command(sys.stdin.buffer.read())
+    if not isinstance(cmd, StartJob) or cmd.job_id != args.job_id:
+        raise SystemExit(f"stdin must hold the start_job command of job {args.job_id}")
+    truth = GroundTruth(cluster_arg(args.cluster), builtin_catalog())
+    return asyncio.run(_run(args, cmd, truth))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

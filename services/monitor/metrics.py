@@ -1,0 +1,162 @@
+"""Cluster metrics (pure) and their Prometheus text rendering.
+
+From the KV buckets (``hops_nodes``, ``hops_alloc``, ``hops_jobs``) and what
+the monitor counted:
+
+* queue length and jobs per phase, running jobs and profiling runs;
+* GPUs of alive nodes, GPUs booked, utilisation;
+* fragmentation: idle GPUs while some job waits, as in §4.2 (0 when the
+  queue is empty);
+* the latency ratio (Eq. 6/8, wait/age) of finished jobs, maximum and mean,
+  and RAQLR (Eq. 7): the mean latency ratio of the jobs that finished
+  within the last ``window_h`` hours (``services.scheduler.fairness.raqlr``);
+* error records seen, per service.
+
+Latency ratios are the scheduler's own: :class:`LatencyBook` keeps the
+last value the scheduler's queue view (``hops.v1.queue``) showed for each
+job, which is its final one up to the polling period, since the ratio only
+grows while the job waits. A job never seen waiting counts 0 (it did not
+wait). The book lives in memory: it restarts empty with the monitor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from services.scheduler.fairness import raqlr
+from shared.ids import JobId, ServerId
+from shared.records import JobPhase, JobRecord, NodeRecord, Placement, QueueEntry
+
+MetricType = Literal["gauge", "counter"]
+PHASES: tuple[str, ...] = get_args(JobPhase)
+
+
+class LatencyBook:
+    """Latency ratios: the last one seen per waiting job, and the finished jobs'."""
+
+    def __init__(self, max_finished: int = 100_000) -> None:
+        self.max_finished = max_finished
+        self.last: dict[JobId, float] = {}
+        self.finished: list[tuple[float, float]] = []  # (end time, latency ratio)
+        self._done: set[JobId] = set()
+
+    def observe(self, entries: Iterable[QueueEntry]) -> None:
+        for e in entries:
+            if e.job_id not in self._done and math.isfinite(e.latency_ratio):
+                self.last[e.job_id] = e.latency_ratio
+
+    def ended(self, job: JobId, at: float, finished: bool) -> None:
+        """The job reached a final phase; a finished one enters Eq. (7)."""
+        lr = self.last.pop(job, 0.0)
+        if job in self._done:
+            return
+        self._done.add(job)
+        if finished:
+            self.finished.append((at, lr))
+            del self.finished[: max(0, len(self.finished) - self.max_finished)]
+
+    def max_lr(self) -> float:
+        return max((lr for _, lr in self.finished), default=0.0)
+
+    def mean_lr(self) -> float:
+        return sum(lr for _, lr in self.finished) / len(self.finished) if self.finished else 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: MetricType
+    help: str
+    samples: tuple[Sample, ...]
+
+
+def _one(name: str, kind: MetricType, help_text: str, value: float) -> Family:
+    return Family(name, kind, help_text, (Sample(name, value),))
+
+
+def cluster_metrics(
+    nodes: Mapping[ServerId, NodeRecord],
+    placements: Mapping[JobId, Placement],
+    jobs: Mapping[JobId, JobRecord],
+    book: LatencyBook,
+    errors: Mapping[str, int],
+    now: float,
+    window_h: float,
+) -> list[Family]:
+    """Every metric at ``now`` (see the module docstring)."""
+    alive = {s: n for s, n in nodes.items() if n.alive}
+    total = sum(n.server.gpus for n in alive.values())
+    used = sum(g for p in placements.values() for s, g in p.configuration.parts if s in alive)
+    phases = {ph: 0 for ph in PHASES}
+    for rec in jobs.values():
+        phases[rec.phase] = phases.get(rec.phase, 0) + 1
+    queued = phases["queued"]
+    idle = max(0, total - used)
+    runs = sum(1 for p in placements.values() if p.mode == "run")
+    profiles = sum(p.configuration.num_nodes for p in placements.values() if p.mode == "profile")
+    return [
+        _one("hops_queue_length", "gauge", "Jobs waiting in the queue (phase queued).", queued),
+        Family("hops_jobs", "gauge", "Jobs known to the scheduler, by phase.", tuple(
+            Sample("hops_jobs", n, (("phase", ph),)) for ph, n in sorted(phases.items()))),
+        _one("hops_running_jobs", "gauge", "Jobs holding GPUs to train.", runs),
+        _one("hops_profiling_runs", "gauge", "Profiling runs holding a GPU (§3.2).", profiles),
+        Family("hops_nodes", "gauge", "Registered nodes, by state.", (
+            Sample("hops_nodes", len(alive), (("state", "alive"),)),
+            Sample("hops_nodes", len(nodes) - len(alive), (("state", "lost"),)))),
+        _one("hops_gpus_total", "gauge", "GPUs of alive nodes.", total),
+        _one("hops_gpus_used", "gauge", "GPUs booked in hops_alloc on alive nodes.", used),
+        _one("hops_gpu_utilisation", "gauge", "Booked share of the alive GPUs.",
+             used / total if total else 0.0),
+        _one("hops_fragmented_gpus", "gauge", "Idle GPUs while a job waits (§4.2).",
+             idle if queued else 0),
+        _one("hops_latency_ratio_max", "gauge", "Largest latency ratio of a finished job "
+             "(Eq. 6).", book.max_lr()),
+        _one("hops_latency_ratio_mean", "gauge", "Mean latency ratio of the finished jobs "
+             "(Eq. 6).", book.mean_lr()),
+        _one("hops_raqlr", "gauge", f"Recent average queue latency ratio (Eq. 7) over "
+             f"{window_h:g} h.", raqlr(book.finished, now, window_h)),
+        _one("hops_jobs_finished_total", "counter", "Finished jobs seen by the monitor.",
+             len(book.finished)),
+        Family("hops_errors_total", "counter", "Error records seen on hops.v1.errors.", tuple(
+            Sample("hops_errors_total", n, (("service", svc),))
+            for svc, n in sorted(errors.items()))),
+    ]
+
+
+def _value(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+
+
+def _label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _help(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def render(families: Iterable[Family]) -> str:
+    """The Prometheus text exposition format (version 0.0.4)."""
+    lines: list[str] = []
+    for f in families:
+        lines.append(f"# HELP {f.name} {_help(f.help)}")
+        lines.append(f"# TYPE {f.name} {f.kind}")
+        for s in f.samples:
+            labels = ",".join(f'{k}="{_label(v)}"' for k, v in s.labels)
+            lines.append(f"{s.name}{{{labels}}} {_value(s.value)}" if labels
+                         else f"{s.name} {_value(s.value)}")
+    return "\n".join(lines) + "\n"

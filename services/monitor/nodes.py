@@ -1,0 +1,81 @@
+"""Node registration (pure): who may join the cluster, and the records the
+monitor keeps in ``hops_nodes``.
+
+A node registers its :class:`~shared.cluster.Server`, the
+:class:`~shared.cluster.GpuTypeSpec` of its GPU type and its adjacency
+``order``. The message itself checks that ``server.gpu_type`` names the
+type it describes and that the server has GPUs (§3.4's configurations
+need both). Here: a server id registered again must describe the same
+server, type and order (an executor restarting), and every node of one GPU
+type must agree on that type's bandwidths (Eq. 2 reads one value per type);
+anything else is a ``conflict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from shared.events import RegisterNode
+from shared.ids import ServerId
+from shared.records import NodeRecord
+
+CONFLICT = "conflict"
+
+
+class Refusal(ValueError):
+    """A registration the monitor refuses; ``code`` goes into the reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def admit(nodes: Mapping[ServerId, NodeRecord], req: RegisterNode, now: float) -> NodeRecord:
+    """The record of the registering node, alive; :class:`Refusal` when it
+    contradicts what is registered."""
+    sid = req.server.id
+    old = nodes.get(sid)
+    if old is not None:
+        differs = _differences(old, req)
+        if differs:
+            raise Refusal(CONFLICT, f"server {sid} is already registered with another "
+                                    f"{', '.join(differs)}; refusing the new registration")
+    for other in nodes.values():
+        if other.server.id != sid and other.gpu_type.name == req.gpu_type.name \
+                and other.gpu_type != req.gpu_type:
+            raise Refusal(CONFLICT, f"GPU type {req.gpu_type.name} is registered by "
+                                    f"{other.server.id} with {_bandwidths(other)}; "
+                                    f"{sid} says {msgspec.structs.asdict(req.gpu_type)}")
+    registered = old.registered_at if old is not None else now
+    return NodeRecord(server=req.server, gpu_type=req.gpu_type, order=req.order,
+                      registered_at=registered, last_heartbeat=now, alive=True)
+
+
+def revived(record: NodeRecord, now: float) -> NodeRecord:
+    """``record`` alive again after a heartbeat."""
+    return msgspec.structs.replace(record, alive=True, last_heartbeat=now)
+
+
+def lost(record: NodeRecord, last_seen: float) -> NodeRecord:
+    """``record`` after its heartbeat deadline passed."""
+    return msgspec.structs.replace(record, alive=False, last_heartbeat=last_seen)
+
+
+def _bandwidths(rec: NodeRecord) -> dict[str, object]:
+    return msgspec.structs.asdict(rec.gpu_type)
+
+
+def _differences(old: NodeRecord, req: RegisterNode) -> list[str]:
+    """What a re-registration changes, in words."""
+    out = [
+        f"{name} ({getattr(old.server, name)!r}, now {getattr(req.server, name)!r})"
+        for name in req.server.__struct_fields__
+        if getattr(old.server, name) != getattr(req.server, name)
+    ]
+    if old.gpu_type != req.gpu_type:
+        out.append("GPU type spec")
+    if old.order != req.order:
+        out.append(f"order ({old.order}, now {req.order})")
+    return out

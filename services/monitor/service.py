@@ -1,0 +1,398 @@
+"""The monitor service shell (§3.1: it "continuously checks if a job has
+failed or ended, releasing the occupied resources immediately").
+
+* ``hops.v1.nodes.register``: admits nodes (:mod:`services.monitor.nodes`)
+  and writes ``hops_nodes``;
+* node and job heartbeats feed the :class:`DeadlineTracker`, checked every
+  ``check_s``; a heartbeat from a server never registered is an error
+  record (at most one per server per minute); a lost node that beats again
+  is alive again;
+* ``HOPS_JOBS`` (durable ``monitor``): ``job_finished``, ``job_failed`` and
+  ``job_cancelled`` release the job's resources at once;
+  ``hops.v1.profiles.*`` (durable ``monitor-profiles``): a profiling run
+  that reported frees its GPU;
+* the release itself (:mod:`services.monitor.releaser`, deciding with
+  :mod:`services.monitor.release`) stops what still
+  runs, deletes or shrinks the ``hops_alloc`` entry (compare-and-set on its
+  revision) and publishes the job event and ``resources_released``;
+* metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``.
+
+Settings are in :mod:`services.monitor.__main__`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from services.monitor.deadlines import DeadlineTracker
+from services.monitor.exposition import MetricsServer
+from services.monitor.metrics import LatencyBook, cluster_metrics, render
+from services.monitor.nodes import Refusal, admit, lost, revived
+from services.monitor.release import (
+    EarlyReports,
+    on_heartbeat_lost,
+    on_job_end,
+    on_node_lost,
+    on_profiled,
+    on_vanished,
+)
+from services.monitor.releaser import Releaser
+from services.runtime.bus import Rejected, serve_requests
+from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.service import ServiceContext
+from shared import subjects
+from shared.events import (
+    INVALID,
+    JobCancelled,
+    JobEvent,
+    JobFailed,
+    JobFinished,
+    Message,
+    ProfileReported,
+    RegisterNode,
+    Reply,
+    SampleEvent,
+    WireError,
+    decode_error_record,
+    decode_job_event,
+    decode_job_heartbeat,
+    decode_node_heartbeat,
+    decode_register,
+    decode_sample_event,
+)
+from shared.ids import JobId, ServerId
+from shared.records import JobRecord, NodeRecord, Placement, QueueView
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    heartbeat_timeout_s: float = 3.0
+    check_s: float = 0.2
+    metrics_port: int | None = 9464
+    metrics_host: str = "0.0.0.0"
+    queue_poll_s: float = 5.0
+    raqlr_window_h: float = 1.0
+    command_timeout_s: float = 8.0
+    orphan_grace_s: float = 60.0  # > the placer's command timeout times its attempts
+    vanish_grace_s: float = 30.0  # for the event of a job process that ended
+    unknown_report_s: float = 60.0
+    fetch_timeout_s: float = 1.0
+
+
+class Monitor:
+    def __init__(self, ctx: ServiceContext, settings: MonitorSettings,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.clock = clock
+        self.log = ctx.log
+        self.tracker = DeadlineTracker(settings.heartbeat_timeout_s, settings.orphan_grace_s,
+                                       settings.vanish_grace_s)
+        self.book = LatencyBook()
+        self.early = EarlyReports()
+        self.nodes: dict[ServerId, NodeRecord] = {}
+        self.placements: dict[JobId, Placement] = {}
+        self.jobs: dict[JobId, JobRecord] = {}
+        self.ended: set[JobId] = set()
+        self.errors: Counter[str] = Counter()
+        self.metrics_port: int | None = None
+        self._unknown_reported: dict[str, float] = {}
+
+    # --- start ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        js = self.ctx.js
+        self.kv_nodes = await js.key_value(subjects.KV_NODES)
+        self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
+        self.releaser = Releaser(self.ctx, self.kv_alloc, self.settings.command_timeout_s,
+                                 self.clock)
+        await self._load_nodes()
+        synced = [asyncio.Event(), asyncio.Event()]
+        self.ctx.spawn(self._watch(subjects.KV_ALLOC, self._on_alloc, synced[0]), "watch-alloc")
+        self.ctx.spawn(self._watch(subjects.KV_JOBS, self._on_job_record, synced[1]),
+                       "watch-jobs")
+        await asyncio.gather(*(e.wait() for e in synced))
+        nc, rep = self.ctx.nc, self.ctx.reporter
+        await serve_requests(nc, subjects.NODES_REGISTER, decode_register, self._on_register, rep)
+        await self._subscribe(subjects.NODE_HEARTBEATS_ALL, self._on_node_beat)
+        await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_job_beat)
+        await self._subscribe(subjects.ERRORS, self._on_error_record)
+        fetch = self.settings.fetch_timeout_s
+        jobs = ConsumerSpec("HOPS_JOBS", "monitor", subjects.JOB_EVENTS_ALL, fetch_timeout=fetch)
+        profiles = ConsumerSpec(subjects.STREAM_SAMPLES.name, "monitor-profiles",
+                                subjects.PROFILES_ALL, fetch_timeout=fetch)
+        self.ctx.spawn(consume_forever(self.ctx, jobs, decode_job_event, self._on_job_event),
+                       "jobs")
+        self.ctx.spawn(consume_forever(self.ctx, profiles, decode_sample_event, self._on_profile),
+                       "profiles")
+        self.ctx.spawn(self._check_loop(), "deadlines")
+        self.ctx.spawn(self._queue_loop(), "queue-view")
+        if self.settings.metrics_port is not None:
+            self.metrics = MetricsServer(self.render_metrics, host=self.settings.metrics_host,
+                                         port=self.settings.metrics_port)
+            self.metrics_port = await self.metrics.start()
+        self.log.info("monitor started", nodes=len(self.nodes), metrics_port=self.metrics_port)
+
+    async def _load_nodes(self) -> None:
+        now = self.clock()
+        try:
+            keys = await self.kv_nodes.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        for key in keys:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                entry = await self.kv_nodes.get(key)
+                rec = msgspec.json.decode(entry.value or b"", type=NodeRecord)
+                self.nodes[rec.server.id] = rec
+                if rec.alive:  # a fresh deadline: the monitor was away, not the node
+                    self.tracker.watch_node(rec.server.id, now)
+
+    async def _watch(self, bucket: str, on_entry: Callable[[KeyValue.Entry], None],
+                     synced: asyncio.Event) -> None:
+        """Follow every key of ``kv``. A watcher does not outlive a restart of
+        the NATS server, so after each reconnect a new one replays the latest
+        value (or delete marker) of every key; the handlers are idempotent."""
+        nc = self.ctx.nc
+        while not self.ctx.stopping.is_set():
+            reconnects = nc.stats["reconnects"]
+            try:
+                watcher = await (await self.ctx.js.key_value(bucket)).watchall()
+            except nats.errors.Error as e:
+                self.log.warning("cannot watch", bucket=bucket, error=repr(e))
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                while nc.stats["reconnects"] == reconnects:
+                    try:
+                        entry = await watcher.updates(timeout=1.0)  # type: ignore[no-untyped-call]
+                    except nats.errors.TimeoutError:
+                        continue
+                    if entry is None:
+                        synced.set()
+                    else:
+                        on_entry(entry)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def _on_alloc(self, entry: KeyValue.Entry) -> None:
+        job = JobId(entry.key)
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            self.placements.pop(job, None)
+            self.tracker.release(job)
+            return
+        try:
+            placement = msgspec.json.decode(entry.value, type=Placement)
+        except msgspec.DecodeError as e:
+            self.releaser.background(self.ctx.reporter.report(
+                f"kv.{subjects.KV_ALLOC}.{job}", str(e), INVALID, entry.value))
+            return
+        self.placements[job] = placement
+        now = self.clock()
+        self.tracker.expect(job, placement.configuration.servers, now)
+        if job in self.ended:  # it ended before its placement was written
+            self.releaser.spawn(job, partial(on_job_end, kind="ended"))
+        for server in self.early.take(placement, now):  # profiled before it was written
+            self.releaser.spawn(job, partial(on_profiled, server=server))
+
+    def _on_job_record(self, entry: KeyValue.Entry) -> None:
+        job = JobId(entry.key)
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            self.jobs.pop(job, None)
+            return
+        with contextlib.suppress(msgspec.DecodeError):
+            rec = msgspec.json.decode(entry.value, type=JobRecord)
+            self.jobs[job] = rec
+            if rec.final:
+                self.ended.add(job)
+
+    # --- requests and heartbeats ------------------------------------------------------
+
+    async def _on_register(self, req: RegisterNode) -> Message:
+        now = self.clock()
+        sid = req.server.id
+        try:
+            record = admit(self.nodes, req, now)
+        except Refusal as e:
+            await self.ctx.reporter.report(subjects.NODES_REGISTER, str(e), e.code)
+            raise Rejected(e.code, str(e)) from None
+        await self.kv_nodes.put(sid, msgspec.json.encode(record))
+        self.nodes[sid] = record
+        self.tracker.watch_node(sid, now)
+        self.log.info("node registered", server_id=sid, gpus=req.server.gpus,
+                      gpu_type=req.server.gpu_type, order=req.order)
+        return Reply(ok=True, server_id=sid)
+
+    async def _subscribe(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> None:
+        async def on_msg(msg: Msg) -> None:
+            try:
+                await handler(msg)
+            except WireError as e:
+                await self.ctx.reporter.report(msg.subject, str(e), e.code, msg.data)
+            except Exception as e:
+                self.log.exception("handler failed", subject=msg.subject)
+                await self.ctx.reporter.report(msg.subject, repr(e), "internal", msg.data)
+
+        await self.ctx.nc.subscribe(subject, cb=on_msg)
+        await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
+        await self.ctx.nc.flush()
+
+    async def _on_node_beat(self, msg: Msg) -> None:
+        beat = decode_node_heartbeat(msg.data)
+        sid = subjects.last_token(msg.subject, subjects.NODE_HEARTBEATS_ALL)
+        if beat.server_id != sid:
+            raise WireError(INVALID, f"heartbeat of {beat.server_id} on the subject of {sid}")
+        record = self.nodes.get(beat.server_id)
+        now = self.clock()
+        if record is None:
+            if now - self._unknown_reported.get(sid, -1e18) >= self.settings.unknown_report_s:
+                self._unknown_reported[sid] = now
+                await self.ctx.reporter.report(msg.subject, f"heartbeat from server {sid}, "
+                                               "which never registered", "not_found", msg.data)
+            return
+        if not self.tracker.node_beat(beat.server_id, now, beat.running):
+            self.tracker.watch_node(beat.server_id, now)
+            self.tracker.node_beat(beat.server_id, now, beat.running)
+            record = revived(record, now)
+            self.nodes[beat.server_id] = record
+            await self.kv_nodes.put(sid, msgspec.json.encode(record))
+            self.log.warning("node is back", server_id=sid)
+
+    async def _on_job_beat(self, msg: Msg) -> None:
+        beat = decode_job_heartbeat(msg.data)
+        self.tracker.job_beat(beat.job_id, beat.server_id, self.clock(), beat.samples_done)
+
+    async def _on_error_record(self, msg: Msg) -> None:
+        try:
+            self.errors[decode_error_record(msg.data).service] += 1
+        except WireError:  # no error record about an error record: count it, go on
+            self.errors["unreadable"] += 1
+
+    # --- job ends -------------------------------------------------------------------
+
+    async def _on_job_event(self, event: JobEvent, delivery: Delivery) -> None:
+        if not isinstance(event, JobFinished | JobFailed | JobCancelled):
+            return
+        kind = str(event.__struct_config__.tag).removeprefix("job_")
+        self.ended.add(event.job_id)
+        self.book.ended(event.job_id, event.at, finished=isinstance(event, JobFinished))
+        await self.releaser.release(event.job_id, partial(on_job_end, kind=kind))
+
+    async def _on_profile(self, event: SampleEvent, delivery: Delivery) -> None:
+        if isinstance(event, ProfileReported):
+            job, server = event.report.job_id, event.report.server_id
+            if await self.releaser.release(job, partial(on_profiled, server=server)) is None:
+                self.early.add(job, server, self.clock())
+
+    # --- deadlines ------------------------------------------------------------------
+
+    async def _check_loop(self) -> None:
+        nc = self.ctx.nc
+        reconnects = nc.stats["reconnects"]
+        while not self.ctx.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.check_s)
+            if not nc.is_connected:
+                continue  # deaf, not alone: judge nobody while NATS is away
+            if nc.stats["reconnects"] != reconnects:
+                reconnects = nc.stats["reconnects"]
+                self.tracker.rebase(self.clock())
+                self.log.info("reconnected: every heartbeat deadline starts again")
+            found = self.tracker.check(self.clock())
+            for sid, last in found.nodes:
+                await self._node_lost(sid, last)
+            for job, sid in found.jobs:
+                self.log.warning("job heartbeat lost", job_id=job, server_id=sid)
+                self.releaser.spawn(job, partial(on_heartbeat_lost, ended=job in self.ended))
+            for job, sid in found.vanished:
+                self.log.warning("job process ended without a word", job_id=job,
+                                 server_id=sid)
+                self.releaser.spawn(job, partial(on_vanished, server=sid,
+                                                 samples_done=found.progress.get(job),
+                                                 ended=job in self.ended))
+            for job, sid in found.stranded:
+                self.log.warning("placement on a server that is not alive", job_id=job,
+                                 server_id=sid)
+                self.releaser.spawn(job, partial(on_node_lost, sid,
+                                                 samples_done=found.progress.get(job)))
+            for job, sid in found.orphans:
+                self.log.warning("job runs without a placement; stopping it", job_id=job,
+                                 server_id=sid)
+                key = f"orphan:{job}@{sid}:{self.clock():.0f}"
+                self.releaser.background(self.releaser.stop(job, sid, key, "no placement"))
+
+    async def _node_lost(self, sid: ServerId, last: float) -> None:
+        self.log.warning("node lost", server_id=sid, last_heartbeat=last)
+        record = self.nodes.get(sid)
+        if record is not None:
+            self.nodes[sid] = lost(record, last)
+            await self.kv_nodes.put(sid, msgspec.json.encode(self.nodes[sid]))
+        for job, placement in sorted(self.placements.items()):
+            if sid not in placement.configuration.servers:
+                continue
+            progress = self.tracker.progress(job)
+            self.tracker.release(job)  # before any await: not stranded next check
+            self.releaser.spawn(job, partial(on_node_lost, sid, samples_done=progress,
+                                             ended=job in self.ended))
+
+    # --- metrics ------------------------------------------------------------------
+
+    async def _queue_loop(self) -> None:
+        decoder = msgspec.json.Decoder(QueueView)
+        while not self.ctx.stopping.is_set():
+            try:
+                reply = await self.ctx.nc.request(subjects.QUEUE, b"", timeout=2.0)
+                view = decoder.decode(reply.data)
+                if view.ok:
+                    self.book.observe(view.entries)
+            except (nats.errors.Error, msgspec.DecodeError) as e:
+                self.log.debug("no queue view", error=repr(e))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.queue_poll_s)
+
+    def render_metrics(self) -> str:
+        families = cluster_metrics(self.nodes, self.placements, self.jobs, self.book,
+                                   self.errors, self.clock(), self.settings.raqlr_window_h)
+        return render(families)
+
+    async def stop(self) -> None:
+        await self.releaser.close()
+        if self.metrics_port is not None:
+            await self.metrics.stop()
+
+
+async def consume_forever(ctx: ServiceContext, spec: ConsumerSpec, decode: Callable[[bytes], T],
+                          handle: Callable[[T, Delivery], Awaitable[None]]) -> None:
+    """:func:`consume` until the service stops. nats-py 2.16's ``fetch``
+    sometimes raises a bare ``TimeoutError`` (its deadline ran out between
+    two internal steps) that ``consume`` lets through; that is no failure,
+    so the consumer resumes (its durable keeps the position)."""
+    while not ctx.stopping.is_set():
+        try:
+            await consume(ctx.js, spec, decode, handle, ctx.reporter, ctx.stopping)
+        except TimeoutError:
+            continue
+
+
+async def run_monitor(ctx: ServiceContext, settings: MonitorSettings) -> None:
+    monitor = Monitor(ctx, settings)
+    await monitor.start()
+    try:
+        await ctx.stopping.wait()
+    finally:
+        await monitor.stop()

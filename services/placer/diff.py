@@ -1,0 +1,293 @@
+"""The placer's decisions (pure): what a plan changes, and which GPUs each
+start gets (§3.1, step 9: "the placer executes the resource allocation").
+
+:func:`changes` compares a plan with the placements in ``hops_alloc``:
+
+* a job assigned the configuration it holds keeps running untouched;
+* a job assigned another configuration is stopped and started again on the
+  new one (a resize: restart from its checkpoint);
+* on a round's first plan, every other running job is stopped; a plan later
+  in the round only adds (§3.6), so it stops nothing else;
+* a profiling task (§3.2) starts a profiling run of the job on one server;
+  the runs of one job on several GPU types share its placement, and a run
+  already going on that server is left alone. Profiling runs are never
+  stopped by a plan: they end by themselves.
+
+Requests the placer cannot carry out are :class:`Problem`\\ s and the rest of
+the plan still applies: unknown or ended jobs, a run for a job still
+profiling (or the reverse), a job assigned twice.
+
+:func:`book` then picks GPU indices on servers that are alive: the lowest
+free ones, profiling runs first (the profiling queue goes first, §3.2). An
+index booked by any placement left after the stops is never booked again,
+and a start that does not fit, or names a server that is not alive, is a
+problem too. :func:`diff` is both steps for a plan whose stops all succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
+from shared.records import JobRecord, Placement
+from shared.snapshot import Plan
+
+Mode = Literal["run", "profile"]
+NOT_FOUND = "not_found"
+INVALID = "invalid"
+CONFLICT = "conflict"
+UNKNOWN_SERVER = "unknown_server"
+NOT_IN_PLAN = "not in the plan"
+RESIZE = "resize"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop ``placement``'s job everywhere; ``resize``: it restarts in this plan."""
+
+    job_id: JobId
+    placement: Placement
+    resize: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Want:
+    """Start ``job_id`` on ``configuration`` (for profiling: the servers added)."""
+
+    job_id: JobId
+    configuration: Configuration
+    mode: Mode
+    resize: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One ``start_job`` command: its server, the configuration it carries
+    (the whole placement for a run, the server alone for a profiling run)
+    and the server's GPU indices."""
+
+    server: ServerId
+    configuration: Configuration
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Start:
+    """The launches of one job, and its ``hops_alloc`` entry once all are acknowledged."""
+
+    job_id: JobId
+    placement: Placement
+    launches: tuple[Launch, ...]
+    resize: bool
+
+
+@dataclass(frozen=True)
+class Problem:
+    job_id: JobId
+    code: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    stops: tuple[Stop, ...] = ()
+    wants: tuple[Want, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+
+@dataclass(frozen=True)
+class Commands:
+    """A plan's commands in the order they run: every stop before any start."""
+
+    stops: tuple[Stop, ...] = ()
+    starts: tuple[Start, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+
+def _refuse(job: JobId, jobs: Mapping[JobId, JobRecord]) -> Problem | None:
+    rec = jobs.get(job)
+    if rec is None:
+        return Problem(job, NOT_FOUND, f"job {job} is unknown to the scheduler")
+    if rec.final:
+        return Problem(job, INVALID, f"job {job} is {rec.phase}")
+    return None
+
+
+def _assignments(current: Mapping[JobId, Placement], plan: Plan,
+                 jobs: Mapping[JobId, JobRecord]
+                 ) -> tuple[list[Stop], list[Want], list[Problem], set[JobId], set[JobId]]:
+    """Stops, wants and problems of the assignments; the jobs that keep
+    their placement (unchanged, resized or still profiling); the jobs assigned."""
+    stops: list[Stop] = []
+    wants: list[Want] = []
+    problems: list[Problem] = []
+    seen: set[JobId] = set()
+    kept: set[JobId] = set()
+    for a in plan.assignments:
+        job = a.job_id
+        if job in seen:
+            problems.append(Problem(job, INVALID, f"job {job} is assigned twice in the plan"))
+            continue
+        seen.add(job)
+        refusal = _refuse(job, jobs)
+        cur = current.get(job)
+        if refusal is not None:
+            problems.append(refusal)
+        elif cur is None:
+            wants.append(Want(job, a.config, "run"))
+        elif cur.mode == "profile":
+            kept.add(job)
+            problems.append(Problem(job, CONFLICT, f"job {job} is still profiling"))
+        elif cur.configuration == a.config:
+            kept.add(job)
+        else:
+            kept.add(job)
+            stops.append(Stop(job, cur, resize=True, reason=RESIZE))
+            wants.append(Want(job, a.config, "run", resize=True))
+    return stops, wants, problems, kept, seen
+
+
+def _profiling(current: Mapping[JobId, Placement], plan: Plan, jobs: Mapping[JobId, JobRecord],
+               assigned: set[JobId]) -> tuple[list[Want], list[Problem]]:
+    added: dict[JobId, dict[ServerId, int]] = {}
+    problems: list[Problem] = []
+    for task in plan.profiling:
+        job = task.job_id
+        refusal = _refuse(job, jobs)
+        cur = current.get(job)
+        if refusal is not None:
+            problems.append(refusal)
+        elif job in assigned or (cur is not None and cur.mode == "run"):
+            problems.append(Problem(job, CONFLICT, f"job {job} cannot profile on "
+                                                   f"{task.server}: it is assigned to run"))
+        elif cur is not None and task.server in cur.configuration.servers:
+            continue  # that profiling run is already going
+        else:
+            added.setdefault(job, {})[task.server] = task.gpus
+    wants = [Want(job, Configuration.of(parts), "profile") for job, parts in added.items()]
+    return wants, problems
+
+
+def changes(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
+            jobs: Mapping[JobId, JobRecord]) -> Changes:
+    """What ``plan`` changes in ``current`` (see the module docstring)."""
+    stops, wants, problems, kept, assigned = _assignments(current, plan, jobs)
+    if first_plan:
+        for job, p in sorted(current.items()):
+            if p.mode == "run" and job not in kept:
+                stops.append(Stop(job, p, resize=False, reason=NOT_IN_PLAN))
+    profile_wants, profile_problems = _profiling(current, plan, jobs, assigned)
+    problems += profile_problems
+    return Changes(tuple(stops), tuple(profile_wants + wants), tuple(problems))
+
+
+def free_indices(placements: Iterable[Placement], capacity: Mapping[ServerId, int]
+                 ) -> dict[ServerId, list[int]]:
+    """The GPU indices of each alive server that no placement books."""
+    used: dict[ServerId, set[int]] = {s: set() for s in capacity}
+    for p in placements:
+        for s, idx in p.gpu_indices.items():
+            if s in used:
+                used[s].update(idx)
+    return {s: [i for i in range(n) if i not in used[s]] for s, n in capacity.items()}
+
+
+def placement_key(prefix: str, job: JobId) -> str:
+    return f"{prefix}:{job}"
+
+
+def command_key(verb: str, prefix: str, job: JobId, server: ServerId) -> str:
+    """The idempotency key of one command: the same plan delivered again
+    sends the same keys, so an executor acts on each at most once."""
+    return f"{verb}:{prefix}:{job}@{server}"
+
+
+def plan_prefix(term: int, round_: int, seq: int) -> str:
+    """Names one plan: leader term, round, and the plan's stream sequence
+    (several plans share a round, §3.6)."""
+    return f"t{term}.r{round_}.p{seq}"
+
+
+def book(wants: Iterable[Want], placements: Mapping[JobId, Placement],
+         capacity: Mapping[ServerId, int], prefix: str, at: float = 0.0
+         ) -> tuple[tuple[Start, ...], tuple[Problem, ...]]:
+    """GPU indices for ``wants`` given the ``placements`` that stay (see the
+    module docstring); ``capacity`` holds the GPUs of each alive server."""
+    free = free_indices(placements.values(), capacity)
+    ordered = sorted(wants, key=lambda w: w.mode != "profile")  # stable: plan order kept
+    starts: list[Start] = []
+    problems: list[Problem] = []
+    for want in ordered:
+        missing = [s for s in want.configuration.servers if s not in capacity]
+        short = [s for s, g in want.configuration.parts if s in capacity and len(free[s]) < g]
+        if missing:
+            problems.append(Problem(want.job_id, UNKNOWN_SERVER, f"job {want.job_id}: server "
+                                    f"{missing[0]} is not registered or not alive"))
+            continue
+        if short:
+            s = short[0]
+            problems.append(Problem(want.job_id, CONFLICT, f"job {want.job_id}: {s} has "
+                                    f"{len(free[s])} free GPUs, the plan needs "
+                                    f"{want.configuration.as_dict()[s]}"))
+            continue
+        taken = {s: tuple(free[s][:g]) for s, g in want.configuration.parts}
+        for s, idx in taken.items():
+            free[s] = free[s][len(idx):]
+        starts.append(_start(want, taken, placements.get(want.job_id), prefix, at))
+    return tuple(starts), tuple(problems)
+
+
+def _start(want: Want, taken: dict[ServerId, tuple[int, ...]], old: Placement | None,
+           prefix: str, at: float) -> Start:
+    key = placement_key(prefix, want.job_id)
+    if want.mode == "run":
+        placement = Placement(job_id=want.job_id, configuration=want.configuration,
+                              gpu_indices=taken, mode="run", key=key, at=at)
+        launches = tuple(Launch(s, want.configuration, taken[s]) for s in taken)
+        return Start(want.job_id, placement, launches, want.resize)
+    parts = dict(old.configuration.parts) if old is not None else {}
+    indices = dict(old.gpu_indices) if old is not None else {}
+    parts.update(want.configuration.as_dict())
+    indices.update(taken)
+    placement = Placement(job_id=want.job_id, configuration=Configuration.of(parts),
+                          gpu_indices=indices, mode="profile", key=key, at=at)
+    launches = tuple(Launch(s, Configuration.of({s: g}), taken[s])
+                     for s, g in want.configuration.parts)
+    return Start(want.job_id, placement, launches, resize=False)
+
+
+def diff(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
+         jobs: Mapping[JobId, JobRecord], capacity: Mapping[ServerId, int], prefix: str,
+         at: float = 0.0) -> Commands:
+    """:func:`changes` then :func:`book`, assuming every stop succeeds."""
+    ch = changes(current, plan, first_plan, jobs)
+    stopped = {s.job_id for s in ch.stops}
+    left = {j: p for j, p in current.items() if j not in stopped}
+    starts, problems = book(ch.wants, left, capacity, prefix, at)
+    return Commands(ch.stops, starts, ch.problems + problems)
+
+
+@dataclass
+class PlanGate:
+    """Which plans to apply, in stream order: not one of a term older than
+    the newest seen (a deposed leader's), and not one older than a plan
+    already applied (a late redelivery would undo newer plans)."""
+
+    newest_term: int = 0
+    applied_seq: int = 0
+
+    def refuse(self, term: int, seq: int) -> str | None:
+        """Why the plan at stream sequence ``seq`` is skipped, or None."""
+        if term < self.newest_term:
+            return f"term {term} is older than term {self.newest_term}"
+        if seq <= self.applied_seq:
+            return f"plan {seq} is not newer than the applied plan {self.applied_seq}"
+        self.newest_term = term
+        return None
+
+    def applied(self, seq: int) -> None:
+        self.applied_seq = max(self.applied_seq, seq)

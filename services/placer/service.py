@@ -1,0 +1,332 @@
+"""The placer service shell (§3.1, step 9): applies each plan to the cluster.
+
+It consumes ``plan_issued`` from ``HOPS_PLANS`` (durable ``placer``; a new
+durable starts at the newest plan, not at the stream's history) and, per
+plan:
+
+1. ignores it when its ``term`` is older than the newest term seen (which
+   starts as the term of the last plan on the stream), or when a later
+   plan was applied already (a redelivery after a crash would undo it);
+2. reads ``hops_alloc``, the alive nodes of ``hops_nodes`` and the jobs'
+   ``hops_jobs`` records, and computes the changes
+   (:func:`services.placer.diff.changes`);
+3. sends every ``stop_job`` (all servers of a placement at once), deletes
+   the stopped jobs' entries and publishes ``job_stopped`` with the
+   ``samples_done`` of the stop acks;
+4. books GPU indices for the starts against what is still booked
+   (:func:`services.placer.diff.book`): a stop that failed keeps its GPUs;
+5. sends the ``start_job`` commands of each job, and once every server
+   acknowledged writes its ``hops_alloc`` entry and publishes
+   ``job_started`` (``job_resized`` for a job that moved). A job whose start
+   fails on some server is stopped again where it started.
+
+Each command is retried on timeout with the same idempotency key, up to
+``command_attempts`` times; then an ``error_record`` says so. Problems of
+the plan (unknown jobs or servers, GPUs that do not fit, ...) are error
+records too, and the rest of the plan still applies. Profiling runs only
+appear in ``hops_alloc`` (mode ``profile``): the job is not running. The
+placer is meant to run as one instance: two would share the durable and
+apply plans concurrently.
+
+Settings are in :mod:`services.placer.__main__`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.kv import KeyValue
+
+from services.placer.diff import (
+    PlanGate,
+    Problem,
+    Start,
+    Stop,
+    book,
+    changes,
+    command_key,
+    plan_prefix,
+)
+from services.runtime.bus import publish_event, request
+from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.service import ServiceContext
+from shared import subjects
+from shared.events import (
+    CommandAck,
+    JobResized,
+    JobStarted,
+    JobStopped,
+    PlanEvent,
+    PlanIssued,
+    StartJob,
+    StopJob,
+    WireError,
+    decode_ack,
+    decode_plan_event,
+)
+from shared.ids import JobId, ServerId
+from shared.records import JobRecord, NodeRecord, Placement
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class PlacerSettings:
+    command_timeout_s: float = 10.0
+    command_attempts: int = 3
+    retry_delay_s: float = 0.5
+    fetch_timeout_s: float = 1.0
+    ack_wait_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class StopResult:
+    ok: bool
+    samples: float | None = None  # progress at the stop, None when unknown
+
+
+@dataclass(frozen=True)
+class NewestFirst(ConsumerSpec):
+    """A consumer that, when first created, starts at the last message."""
+
+    def config(self) -> ConsumerConfig:
+        config = super().config()
+        config.deliver_policy = DeliverPolicy.LAST
+        return config
+
+
+class Placer:
+    def __init__(self, ctx: ServiceContext, settings: PlacerSettings,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.clock = clock
+        self.log = ctx.log
+        self.gate = PlanGate()
+        self.progress: dict[JobId, float] = {}  # samples_done of the latest stop acks
+
+    async def start(self) -> None:
+        js = self.ctx.js
+        self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
+        self.kv_nodes = await js.key_value(subjects.KV_NODES)
+        self.kv_jobs = await js.key_value(subjects.KV_JOBS)
+        self.gate.newest_term = await self._last_term()
+        spec = NewestFirst(subjects.STREAM_PLANS.name, "placer", subjects.PLANS,
+                           fetch_timeout=self.settings.fetch_timeout_s,
+                           ack_wait=self.settings.ack_wait_s)
+        self.ctx.spawn(consume_forever(self.ctx, spec, decode_plan_event, self.on_plan), "plans")
+        self.log.info("placer started", newest_term=self.gate.newest_term)
+
+    async def _last_term(self) -> int:
+        try:
+            msg = await self.ctx.js.get_last_msg(subjects.STREAM_PLANS.name, subjects.PLANS)
+            event = decode_plan_event(msg.data or b"")
+        except (nats.js.errors.NotFoundError, WireError):
+            return 0
+        return event.term if isinstance(event, PlanIssued) else 0
+
+    # --- one plan ---------------------------------------------------------------------
+
+    async def on_plan(self, event: PlanEvent, delivery: Delivery) -> None:
+        if not isinstance(event, PlanIssued):
+            return
+        log = self.log.bind(term=event.term, round=event.round, first_plan=event.first_plan,
+                            seq=delivery.stream_seq)
+        skip = self.gate.refuse(event.term, delivery.stream_seq)
+        if skip is not None:
+            log.warning("plan ignored", why=skip)
+            return
+        prefix = plan_prefix(event.term, event.round, delivery.stream_seq)
+        current = await _read_all(self.kv_alloc, subjects.KV_ALLOC, Placement, self._bad_record)
+        nodes = await _read_all(self.kv_nodes, subjects.KV_NODES, NodeRecord, self._bad_record)
+        capacity = {ServerId(k): r.server.gpus for k, (r, _) in nodes.items() if r.alive}
+        jobs = await self._records({a.job_id for a in event.plan.assignments}
+                                   | {t.job_id for t in event.plan.profiling})
+        placements = {JobId(k): p for k, (p, _) in current.items()}
+        ch = changes(placements, event.plan, event.first_plan, jobs)
+        await self._problems(ch.problems)
+        results = await asyncio.gather(*(self._stop(s, prefix, current[s.job_id][1])
+                                         for s in ch.stops))
+        stopped = {s.job_id for s, r in zip(ch.stops, results, strict=True) if r.ok}
+        resumed = {s.job_id: r.samples for s, r in zip(ch.stops, results, strict=True)
+                   if r.ok and s.resize}
+        left = {j: p for j, p in placements.items() if j not in stopped}
+        wants = [w for w in ch.wants if not w.resize or w.job_id in stopped]
+        starts, problems = book(wants, left, capacity, prefix, at=self.clock())
+        await self._problems(problems)
+        started = await asyncio.gather(*(self._start(s, jobs[s.job_id], prefix,
+                                                     resumed.get(s.job_id)) for s in starts))
+        moved = {s.job_id for s, ok in zip(starts, started, strict=True) if ok and s.resize}
+        for job in sorted(set(resumed) - moved):  # stopped to move, but could not start
+            await self._publish_stopped(job, "resize failed", resumed[job], prefix)
+        self.gate.applied(delivery.stream_seq)
+        log.info("plan applied", stops=len(ch.stops), starts=len(starts),
+                 started=sum(started), problems=len(ch.problems) + len(problems))
+
+    async def _records(self, ids: Iterable[JobId]) -> dict[JobId, JobRecord]:
+        out: dict[JobId, JobRecord] = {}
+        for job in ids:
+            try:
+                entry = await self.kv_jobs.get(job)
+                out[job] = msgspec.json.decode(entry.value or b"", type=JobRecord)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            except msgspec.DecodeError as e:
+                await self._bad_record(f"kv.{subjects.KV_JOBS}.{job}", e)
+        return out
+
+    async def _bad_record(self, where: str, error: Exception) -> None:
+        await self.ctx.reporter.report(where, f"unreadable record: {error}", "invalid")
+
+    async def _problems(self, problems: Iterable[Problem]) -> None:
+        for p in problems:
+            self.log.warning("plan entry not applied", job_id=p.job_id, code=p.code,
+                             error=p.error)
+            await self.ctx.reporter.report(subjects.PLANS, p.error, p.code)
+
+    # --- stops and starts -------------------------------------------------------------
+
+    async def _stop(self, stop: Stop, prefix: str, revision: int) -> StopResult:
+        """Stop the job on every server of its placement; unless all of them
+        stopped it (or never ran it), its GPUs stay booked."""
+        job = stop.job_id
+        servers = stop.placement.configuration.servers
+        acks = await asyncio.gather(*(
+            self._command(s, StopJob(key=command_key("stop", prefix, job, s), job_id=job,
+                                     reason=stop.reason)) for s in servers))
+        if any(a is None or (not a.ok and a.code != "not_found") for a in acks):
+            await self.ctx.reporter.report(subjects.PLANS, f"job {job} could not be stopped on "
+                                           f"every server; its GPUs stay booked", "stop_failed")
+            return StopResult(ok=False)
+        done = [a.samples_done for a in acks if a is not None and a.ok]
+        samples = max(done) if done else None
+        if samples is not None:
+            self.progress[job] = samples
+        with contextlib.suppress(nats.js.errors.APIError):  # the monitor released it meanwhile
+            await self.kv_alloc.delete(job, last=revision)
+        self.log.info("job stopped", job_id=job, reason=stop.reason, samples_done=samples)
+        if not stop.resize:
+            await self._publish_stopped(job, stop.reason, samples, prefix)
+        return StopResult(ok=True, samples=samples)
+
+    async def _start(self, start: Start, record: JobRecord, prefix: str,
+                     resumed: float | None) -> bool:
+        job = start.job_id
+        samples = resumed if resumed is not None else max(record.samples_done,
+                                                          self.progress.get(job, 0.0))
+        cmds = [StartJob(key=command_key("start", prefix, job, launch.server), job_id=job,
+                         server_id=launch.server, spec=record.spec,
+                         configuration=launch.configuration, gpu_indices=launch.gpu_indices,
+                         samples_done=samples, mode=start.placement.mode)
+                for launch in start.launches]
+        acks = await asyncio.gather(*(self._command(c.server_id, c) for c in cmds))
+        if not all(a is not None and a.ok for a in acks):
+            await self._undo(start, acks, prefix)
+            return False
+        await self.kv_alloc.put(job, msgspec.json.encode(start.placement))
+        now = self.clock()
+        config = start.placement.configuration
+        if start.resize:
+            await self._publish(job, JobResized(job_id=job, configuration=config, at=now,
+                                                reason="resize", samples_done=samples),
+                                f"{job}:job_resized:{prefix}")
+        elif start.placement.mode == "run":
+            await self._publish(job, JobStarted(job_id=job, configuration=config, at=now),
+                                f"{job}:job_started:{prefix}")
+        self.log.info("job placed", job_id=job, mode=start.placement.mode,
+                      configuration=str(config), samples_done=samples,
+                      gpu_indices={s: list(i) for s, i in start.placement.gpu_indices.items()})
+        return True
+
+    async def _undo(self, start: Start, acks: list[CommandAck | None], prefix: str) -> None:
+        """A start failed somewhere: stop the job where it did start, then say so."""
+        job = start.job_id
+        pairs = list(zip(start.launches, acks, strict=True))
+        await asyncio.gather(*(
+            self._command(launch.server, StopJob(key=command_key("undo", prefix, job,
+                                                                 launch.server),
+                                                 job_id=job, reason="start failed"))
+            for launch, a in pairs if a is not None and a.ok))
+        failed = [f"{launch.server}: {a.code + ' ' + a.error if a else 'no answer'}"
+                  for launch, a in pairs if a is None or not a.ok]
+        await self.ctx.reporter.report(subjects.PLANS, f"job {job} could not start "
+                                       f"({'; '.join(failed)})", "start_failed")
+
+    async def _command(self, server: ServerId, cmd: StartJob | StopJob) -> CommandAck | None:
+        """The executor's ack, retried with the same key; None if none came."""
+        s = self.settings
+        for attempt in range(1, s.command_attempts + 1):
+            try:
+                return await request(self.ctx.nc, subjects.exec_commands(server), cmd,
+                                     decode_ack, timeout=s.command_timeout_s)
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(s.retry_delay_s)
+            except nats.errors.TimeoutError:
+                pass
+            except WireError as e:
+                await self.ctx.reporter.report(subjects.exec_commands(server), str(e), e.code)
+                return None
+            self.log.info("no ack; retrying", job_id=cmd.job_id, server_id=server,
+                          key=cmd.key, attempt=attempt)
+        await self.ctx.reporter.report(subjects.exec_commands(server),
+                                       f"no ack for {cmd.key} after {s.command_attempts} "
+                                       "attempts", "timeout")
+        return None
+
+    async def _publish_stopped(self, job: JobId, reason: str, samples: float | None,
+                               prefix: str) -> None:
+        event = JobStopped(job_id=job, at=self.clock(), reason=reason, samples_done=samples)
+        await self._publish(job, event, f"{job}:job_stopped:{prefix}")
+
+    async def _publish(self, job: JobId, event: JobStarted | JobResized | JobStopped,
+                       msg_id: str) -> None:
+        await publish_event(self.ctx.js, subjects.job_events(job), event, msg_id=msg_id)
+
+
+async def _read_all(kv: KeyValue, bucket: str, kind: type[R],
+                    on_bad: Callable[[str, Exception], Awaitable[None]]
+                    ) -> dict[str, tuple[R, int]]:
+    """Every value of ``kv`` decoded as ``kind``, with its revision."""
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return {}
+    out: dict[str, tuple[R, int]] = {}
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+            out[key] = (msgspec.json.decode(entry.value or b"", type=kind), entry.revision or 0)
+        except nats.js.errors.KeyNotFoundError:
+            continue
+        except msgspec.DecodeError as e:
+            await on_bad(f"kv.{bucket}.{key}", e)
+    return out
+
+
+async def consume_forever(ctx: ServiceContext, spec: ConsumerSpec, decode: Callable[[bytes], R],
+                          handle: Callable[[R, Delivery], Awaitable[None]]) -> None:
+    """:func:`consume` until the service stops. nats-py 2.16's ``fetch``
+    sometimes raises a bare ``TimeoutError`` (its deadline ran out between
+    two internal steps) that ``consume`` lets through; that is no failure,
+    so the consumer resumes (its durable keeps the position)."""
+    while not ctx.stopping.is_set():
+        try:
+            await consume(ctx.js, spec, decode, handle, ctx.reporter, ctx.stopping)
+        except TimeoutError:
+            continue
+
+
+async def run_placer(ctx: ServiceContext, settings: PlacerSettings) -> None:
+    placer = Placer(ctx, settings)
+    await placer.start()
+    await ctx.stopping.wait()
+

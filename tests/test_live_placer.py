@@ -1,0 +1,189 @@
+"""The placer applying plans to two EMULATED executor processes, against a
+real nats-server: starts (one job over both servers), profiling runs,
+stops and resizes with the progress of the stop acks, plans of a deposed
+leader, plans the placer cannot fully carry out, fill plans.
+
+The test plays the scheduler: it writes ``hops_jobs`` and publishes
+``plan_issued`` on ``HOPS_PLANS``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TypeVar
+
+from services.runtime.bus import publish_event
+from shared import events as ev
+from shared import subjects
+from shared.configuration import Configuration
+from shared.ids import GpuType, JobId, ServerId
+from shared.records import Placement
+from shared.snapshot import Assignment, Plan, ProfilingTask
+from tests.test_live_executor import (
+    S0,
+    S1,
+    Client,
+    Procs,
+    client,
+    eventually,
+    nats_server,
+    nats_url,
+    procs,
+    spec,
+    start_cmd,
+)
+
+__all__ = ["client", "nats_server", "nats_url", "procs"]  # fixtures
+
+
+def plan(
+    term: int,
+    round_: int,
+    assign: Mapping[str, Mapping[str, int]],
+    profile: Mapping[str, str] | None = None,
+    first: bool = True,
+) -> ev.PlanIssued:
+    body = Plan(
+        assignments=tuple(Assignment(JobId(j), Configuration.of(c)) for j, c in assign.items()),
+        profiling=tuple(
+            ProfilingTask(JobId(j), GpuType("RTX3090"), ServerId(s))
+            for j, s in (profile or {}).items()
+        ),
+    )
+    return ev.PlanIssued(round=round_, term=term, plan=body, at=time.time(), first_plan=first)
+
+
+async def allocations(client: Client) -> dict[str, Placement]:
+    kv = await client.js.key_value(subjects.KV_ALLOC)
+    try:
+        keys = await kv.keys()
+    except Exception:
+        return {}
+    out = {}
+    for key in keys:
+        p = await client.placement(key)
+        if p is not None:
+            out[key] = p
+    return out
+
+
+async def settle(
+    client: Client, want: Mapping[str, Mapping[str, int]], timeout: float = 30.0
+) -> dict[str, Placement]:
+    """Wait until ``hops_alloc`` holds exactly ``want`` (job -> configuration)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await allocations(client)
+        if {j: p.configuration.as_dict() for j, p in current.items()} == want:
+            return current
+        assert time.monotonic() < deadline, f"hops_alloc is {current}, not {want}"
+        await asyncio.sleep(0.1)
+
+
+def booked_once(allocs: Mapping[str, Placement]) -> None:
+    """Every placement books as many GPUs as its configuration, each GPU once."""
+    seen: set[tuple[str, int]] = set()
+    for p in allocs.values():
+        assert {s: len(i) for s, i in p.gpu_indices.items()} == p.configuration.as_dict()
+        for s, idx in p.gpu_indices.items():
+            for i in idx:
+                assert (s, i) not in seen, f"GPU {i} of {s} booked twice"
+                seen.add((s, i))
+
+
+E = TypeVar("E", bound=ev.Message)
+
+
+class Stack:
+    """Monitor, two executors and the placer; what the test sees of them."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.events: list[ev.JobEvent] = []
+        self.errors: list[ev.ErrorRecord] = []
+        self.beats: dict[str, list[ev.NodeHeartbeat]] = {}
+
+    async def start(self, procs: Procs) -> None:
+        procs.monitor()
+        procs.executor(S0)
+        procs.executor(S1)
+        procs.start("placer", "services.placer", HOPS_COMMAND_TIMEOUT_S="15")
+        await self.client.wait_node(S0)
+        await self.client.wait_node(S1)
+        self.events = await self.client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)
+        self.errors = await self.client.collect(subjects.ERRORS, ev.decode_error_record)
+        for s in (S0, S1):
+            self.beats[s] = await self.client.collect(subjects.node_heartbeat(s),
+                                                      ev.decode_node_heartbeat)
+
+    async def publish(self, issued: ev.PlanIssued) -> None:
+        await publish_event(self.client.js, subjects.PLANS, issued)
+
+    async def running(self, want: Mapping[str, set[str]]) -> None:
+        """Wait until each server's heartbeat lists exactly these jobs."""
+
+        def holds() -> bool:
+            return all(bool(self.beats[s]) and set(self.beats[s][-1].running) == jobs
+                       for s, jobs in want.items())
+
+        await eventually(holds, 10, f"executors running {want}")
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def test_plans_start_stop_and_resize_jobs(procs: Procs, client: Client) -> None:
+    stack = Stack(client)
+    await stack.start(procs)
+    for job in ("a", "b", "p", "d", "e", "f", "x"):
+        await client.put_job(spec(job), phase="profiling" if job == "p" else "queued")
+    await client.put_job(spec("q"), phase="finished")
+
+    # round 1: a job over both servers, a profiling run, and two the placer refuses
+    await stack.publish(plan(1, 1, {"a": {S0: 1}, "b": {S0: 2, S1: 2}, "q": {S1: 1},
+                                    "d": {"nowhere": 1}}, profile={"p": S1}))
+    allocs = await settle(client, {"a": {S0: 1}, "b": {S0: 2, S1: 2}, "p": {S1: 1}})
+    booked_once(allocs)
+    assert allocs["p"].mode == "profile" and allocs["b"].mode == "run"
+    await eventually(lambda: len(stack.errors) >= 2, what="error records")
+    assert sorted((e.code, e.subject) for e in stack.errors) == [
+        ("invalid", subjects.PLANS), ("unknown_server", subjects.PLANS)]
+    await stack.running({S0: {"a", "b"}, S1: {"b", "p"}})
+    # a profiling run is no start of the job
+    assert sorted(e.job_id for e in stack.of(ev.JobStarted)) == ["a", "b"]
+
+    # round 2: b leaves, a moves, e takes the GPUs b gave back
+    await stack.publish(plan(1, 2, {"a": {S1: 1}, "e": {S0: 3}}))
+    booked_once(await settle(client, {"a": {S1: 1}, "e": {S0: 3}, "p": {S1: 1}}))
+    await stack.running({S0: {"e"}, S1: {"a", "p"}})
+    stopped, resized = stack.of(ev.JobStopped), stack.of(ev.JobResized)
+    assert [(e.job_id, e.reason) for e in stopped] == [("b", "not in the plan")]
+    assert stopped[0].samples_done is not None and stopped[0].samples_done > 0
+    assert [(e.job_id, e.configuration.as_dict()) for e in resized] == [("a", {S1: 1})]
+    assert resized[0].samples_done is not None and resized[0].samples_done > 0
+
+    # a plan of a deposed leader changes nothing (x would fit); a fill plan only adds
+    await stack.publish(plan(0, 9, {"x": {S0: 1}}))
+    await stack.publish(plan(2, 1, {"f": {S1: 2}}, first=False))
+    want = {"a": {S1: 1}, "e": {S0: 3}, "p": {S1: 1}, "f": {S1: 2}}
+    booked_once(await settle(client, want))
+    assert not any(e.job_id == "x" for e in stack.events)
+    await stack.running({S0: {"e"}, S1: {"a", "p", "f"}})
+
+
+async def test_a_start_refused_on_one_server_is_undone(procs: Procs, client: Client) -> None:
+    stack = Stack(client)
+    await stack.start(procs)
+    # a process the placer does not know of holds GPU 3 of S1
+    assert (await client.command(S1, start_cmd("squat", spec("squat"), S1, {S1: 1}, (3,)))).ok
+    await client.put_job(spec("g"))
+    await stack.publish(plan(1, 1, {"g": {S0: 1, S1: 4}}))
+    await eventually(lambda: any(e.code == "start_failed" for e in stack.errors), 20,
+                     "start_failed")
+    failed = next(e for e in stack.errors if e.code == "start_failed")
+    assert "conflict" in failed.error and S1 in failed.error
+    # it had started on S0, and was stopped there again before the report
+    assert '"reason": "start failed"' in procs.log(f"executor-{S0}")
+    await stack.running({S0: set(), S1: {"squat"}})
+    assert await client.placement("g") is None and not stack.of(ev.JobStarted)
