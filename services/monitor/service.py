@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
 
 import msgspec
 import nats.errors
@@ -75,8 +74,6 @@ from shared.events import (
 )
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, NodeRecord, Placement, QueueView
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -136,9 +133,11 @@ class Monitor:
         jobs = ConsumerSpec("HOPS_JOBS", "monitor", subjects.JOB_EVENTS_ALL, fetch_timeout=fetch)
         profiles = ConsumerSpec(subjects.STREAM_SAMPLES.name, "monitor-profiles",
                                 subjects.PROFILES_ALL, fetch_timeout=fetch)
-        self.ctx.spawn(consume_forever(self.ctx, jobs, decode_job_event, self._on_job_event),
+        self.ctx.spawn(consume(self.ctx.js, jobs, decode_job_event, self._on_job_event,
+                               self.ctx.reporter, self.ctx.stopping),
                        "jobs")
-        self.ctx.spawn(consume_forever(self.ctx, profiles, decode_sample_event, self._on_profile),
+        self.ctx.spawn(consume(self.ctx.js, profiles, decode_sample_event, self._on_profile,
+                               self.ctx.reporter, self.ctx.stopping),
                        "profiles")
         self.ctx.spawn(self._check_loop(), "deadlines")
         self.ctx.spawn(self._queue_loop(), "queue-view")
@@ -374,19 +373,6 @@ class Monitor:
         await self.releaser.close()
         if self.metrics_port is not None:
             await self.metrics.stop()
-
-
-async def consume_forever(ctx: ServiceContext, spec: ConsumerSpec, decode: Callable[[bytes], T],
-                          handle: Callable[[T, Delivery], Awaitable[None]]) -> None:
-    """:func:`consume` until the service stops. nats-py 2.16's ``fetch``
-    sometimes raises a bare ``TimeoutError`` (its deadline ran out between
-    two internal steps) that ``consume`` lets through; that is no failure,
-    so the consumer resumes (its durable keeps the position)."""
-    while not ctx.stopping.is_set():
-        try:
-            await consume(ctx.js, spec, decode, handle, ctx.reporter, ctx.stopping)
-        except TimeoutError:
-            continue
 
 
 async def run_monitor(ctx: ServiceContext, settings: MonitorSettings) -> None:

@@ -123,7 +123,9 @@ class Placer:
         spec = NewestFirst(subjects.STREAM_PLANS.name, "placer", subjects.PLANS,
                            fetch_timeout=self.settings.fetch_timeout_s,
                            ack_wait=self.settings.ack_wait_s)
-        self.ctx.spawn(consume_forever(self.ctx, spec, decode_plan_event, self.on_plan), "plans")
+        plans = consume(self.ctx.js, spec, decode_plan_event, self.on_plan, self.ctx.reporter,
+                        self.ctx.stopping)
+        self.ctx.spawn(plans, "plans")
         self.log.info("placer started", newest_term=self.gate.newest_term)
 
     async def _last_term(self) -> int:
@@ -310,19 +312,6 @@ async def _read_all(kv: KeyValue, bucket: str, kind: type[R],
         except msgspec.DecodeError as e:
             await on_bad(f"kv.{bucket}.{key}", e)
     return out
-
-
-async def consume_forever(ctx: ServiceContext, spec: ConsumerSpec, decode: Callable[[bytes], R],
-                          handle: Callable[[R, Delivery], Awaitable[None]]) -> None:
-    """:func:`consume` until the service stops. nats-py 2.16's ``fetch``
-    sometimes raises a bare ``TimeoutError`` (its deadline ran out between
-    two internal steps) that ``consume`` lets through; that is no failure,
-    so the consumer resumes (its durable keeps the position)."""
-    while not ctx.stopping.is_set():
-        try:
-            await consume(ctx.js, spec, decode, handle, ctx.reporter, ctx.stopping)
-        except TimeoutError:
-            continue
 
 
 async def run_placer(ctx: ServiceContext, settings: PlacerSettings) -> None:
