@@ -10,9 +10,16 @@ REST gateway (``POST /jobs``).
 
 When the rest of the live system can run, a second stack (every component,
 a two-server EMULATED cluster) measures how long after an emulated job's
-process is SIGKILLed its GPUs are released (``resources_released``).
+process is SIGKILLed its GPUs are free (its ``hops_alloc`` entry deleted)
+and ``resources_released`` is published, and
+the latency of a planning round that starts jobs: from the round's start
+(``plan_issued.at``: the leader begins its snapshot) to the plan on the wire
+(snapshot, estimates, solve, publish), and to the last ``job_started`` of
+the jobs it starts (the placer booked them and every executor acknowledged,
+which includes starting the emulated job processes).
 
-    .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 32] [--kills 3]
+    .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 8,32] [--kills 3]
+        [--round-jobs 6]
 
 Prints a table; nothing is written.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -42,6 +50,7 @@ from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats
 from services.runtime.settings import RuntimeSettings
+from shared import events as ev
 from shared import subjects
 from shared.events import SubmitJob, decode_plan_event, decode_reply, encode
 from shared.ids import JobId
@@ -158,12 +167,14 @@ def submitter(
     return via_nats if transport == "nats" else via_rest
 
 
-async def bench_submit(nats_url: str, gateway_port: int, jobs: int, concurrency: int) -> list[str]:
+async def bench_submit(
+    nats_url: str, gateway_port: int, jobs: int, concurrency: tuple[int, ...]
+) -> list[str]:
     nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench")
     rows = []
     try:
         for transport in ("nats", "rest"):
-            for conc in (1, concurrency):
+            for conc in (1, *concurrency):
                 n = max(50, jobs // 10) if conc == 1 else jobs
                 http = KeepAlive("127.0.0.1", gateway_port, conc)
                 await http.open()
@@ -221,22 +232,34 @@ def job_pids(job_id: str) -> list[int]:
     return pids
 
 
-async def bench_release(nats_url: str, gateway: str, kills: int) -> list[float]:
-    """Seconds from SIGKILL of a running emulated job to its resources_released."""
+async def bench_release(
+    nats_url: str, gateway: str, kills: int
+) -> list[tuple[float, float | None]]:
+    """Per SIGKILLed running emulated job: seconds until its ``hops_alloc``
+    entry is deleted (its GPUs are free) and until ``resources_released``
+    (None when none came within 2 s of the deletion)."""
     nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-release")
     released: dict[str, list[float]] = {}  # a job is released after profiling, too
+    freed: dict[str, list[float]] = {}
 
     async def on_released(msg: object) -> None:
         event = decode_plan_event(msg.data)  # type: ignore[attr-defined]
         released.setdefault(event.job_id, []).append(time.perf_counter())  # type: ignore[union-attr]
 
-    def after(job_id: str, t0: float) -> float | None:
-        return next((t for t in released.get(job_id, []) if t > t0), None)
+    async def on_alloc(msg: object) -> None:
+        op = (getattr(msg, "headers", None) or {}).get("KV-Operation", "")
+        if op in ("DEL", "PURGE"):
+            job_id = getattr(msg, "subject", "").rsplit(".", 1)[-1]
+            freed.setdefault(job_id, []).append(time.perf_counter())
+
+    def after(seen: dict[str, list[float]], job_id: str, t0: float) -> float | None:
+        return next((t for t in seen.get(job_id, []) if t > t0), None)
 
     await nc.subscribe(subjects.RELEASED, cb=on_released)
-    await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
+    await nc.subscribe(f"$KV.{subjects.KV_ALLOC}.>", cb=on_alloc)
+    await asyncio.sleep(0)  # nats-py: let the SUBs go out before the flush
     await nc.flush()
-    out: list[float] = []
+    out: list[tuple[float, float | None]] = []
     try:
         async with httpx.AsyncClient(base_url=gateway, timeout=10) as http:
             for k in range(kills):
@@ -247,14 +270,77 @@ async def bench_release(nats_url: str, gateway: str, kills: int) -> list[float]:
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + 30
-                while after(job_id, t0) is None and time.monotonic() < deadline:
+                while after(freed, job_id, t0) is None and time.monotonic() < deadline:
                     await asyncio.sleep(0.005)
-                t1 = after(job_id, t0)
-                if t1 is not None:
-                    out.append(t1 - t0)
+                t1 = after(freed, job_id, t0)
+                if t1 is None:
+                    continue
+                deadline = time.monotonic() + 2
+                while after(released, job_id, t0) is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+                t2 = after(released, job_id, t0)
+                out.append((t1 - t0, None if t2 is None else t2 - t0))
     finally:
         await nc.close()
     return out
+
+
+async def bench_round(nats_url: str, gateway: str, n: int, timeout: float = 300) -> list[str]:
+    """Submit ``n`` one-GPU jobs at once; for each plan that starts some of
+    them: ms from its ``at`` to its arrival, the solver's seconds, and ms to
+    the last ``job_started`` of the jobs it started."""
+    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-round")
+    plans: list[tuple[float, ev.PlanIssued]] = []
+    started: dict[str, float] = {}
+
+    async def on_plan(msg: object) -> None:
+        with contextlib.suppress(ev.WireError):
+            plan = decode_plan_event(msg.data)  # type: ignore[attr-defined]
+            if isinstance(plan, ev.PlanIssued):
+                plans.append((time.time(), plan))
+
+    async def on_job(msg: object) -> None:
+        with contextlib.suppress(ev.WireError):
+            event = ev.decode_job_event(msg.data)  # type: ignore[attr-defined]
+            if isinstance(event, ev.JobStarted):
+                started.setdefault(event.job_id, time.time())
+
+    await nc.subscribe(subjects.PLANS, cb=on_plan)
+    await nc.subscribe(subjects.JOB_EVENTS_ALL, cb=on_job)
+    await asyncio.sleep(0)  # nats-py: let the SUBs go out before the flush
+    await nc.flush()
+    jobs = [f"round-{k}" for k in range(n)]
+    try:
+        async with httpx.AsyncClient(base_url=gateway, timeout=10) as http:
+            for job_id in jobs:
+                await http.post("/jobs", content=encode(SubmitJob(spec=spec(job_id))))
+        deadline = time.monotonic() + timeout
+        while not all(j in started for j in jobs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+    return round_rows(plans, started, set(jobs))
+
+
+def round_rows(plans: list[tuple[float, ev.PlanIssued]], started: dict[str, float],
+               jobs: set[str]) -> list[str]:
+    rows: list[str] = []
+    first_plan_of: dict[str, tuple[float, ev.PlanIssued]] = {}
+    for seen, issued in plans:  # each job counts for the first plan that assigned it
+        for a in issued.plan.assignments:
+            if a.job_id in jobs and a.job_id in started:
+                first_plan_of.setdefault(a.job_id, (seen, issued))
+    by_plan: dict[tuple[int, int, float], list[str]] = {}
+    for job_id, (_, issued) in first_plan_of.items():
+        by_plan.setdefault((issued.round, issued.term, issued.at), []).append(job_id)
+    for (rnd, _, at), members in sorted(by_plan.items()):
+        seen, issued = first_plan_of[members[0]]
+        solve = sum(p.solve_s for p in issued.plan.reasons.passes)
+        placed = max(started[j] for j in members) - at
+        rows.append(f"round {rnd:>4} {'first' if issued.first_plan else 'fill':>5} "
+                    f"{len(members):>5} {(seen - at) * 1000:>14.0f} {solve * 1000:>8.1f} "
+                    f"{placed * 1000:>15.0f}")
+    return rows
 
 
 async def until_running(http: httpx.AsyncClient, job_id: str, timeout: float = 120) -> list[int]:
@@ -275,32 +361,42 @@ def config_in(tmp: str, **kw: object) -> StackConfig:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=1000, help="submissions per concurrent run")
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--jobs", type=int, default=1000,
+                    help="submissions per concurrent run (0: skip the submission runs)")
+    ap.add_argument("--concurrency", default="8,32",
+                    help="requests in flight, comma-separated (one at a time is always run)")
     ap.add_argument("--kills", type=int, default=3, help="emulated jobs to SIGKILL (0: skip)")
+    ap.add_argument("--round-jobs", type=int, default=6,
+                    help="jobs started by the measured rounds (0: skip)")
     args = ap.parse_args()
+    concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
     configure_logging("bench", "warning", stream=sys.stderr)
+    if args.jobs:
+        run_submit(args.jobs, concurrency)
+    missing = missing_modules(modules())
+    if (args.kills or args.round_jobs) and missing:
+        print(f"release and rounds: n/a (cannot run {', '.join(missing)})")
+    elif args.kills or args.round_jobs:
+        run_release(args.kills, args.round_jobs)
+    return 0
+
+
+def run_submit(jobs: int, concurrency: tuple[int, ...]) -> None:
     print("transport concurrency requests     ok  p50 ms  p99 ms  submissions/s")
     with tempfile.TemporaryDirectory(prefix="hops-bench-") as tmp:
         config = config_in(tmp, round_s=30.0)
         nats, launcher = start_stack(config, ("scheduler", "gateway"))
         try:
             asyncio.run(wait_admission(nats.url))
-            for row in asyncio.run(bench_submit(nats.url, config.gateway_port, args.jobs,
-                                                args.concurrency)):
+            for row in asyncio.run(bench_submit(nats.url, config.gateway_port, jobs,
+                                                concurrency)):
                 print(row)
         finally:
             launcher.stop()
             nats.stop()
-    missing = missing_modules(modules())
-    if args.kills and missing:
-        print(f"release after SIGKILL: n/a (cannot run {', '.join(missing)})")
-    elif args.kills:
-        run_release(args.kills)
-    return 0
 
 
-def run_release(kills: int) -> None:
+def run_release(kills: int, round_jobs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="hops-bench-") as tmp:
         cluster = Path(tmp) / "cluster.yaml"
         cluster.write_text(CLUSTER)
@@ -309,14 +405,25 @@ def run_release(kills: int) -> None:
         nats, launcher = start_stack(config, tuple(c.name for c in components(config)))
         try:
             took = asyncio.run(bench_release(nats.url, config.gateway_url, kills))
+            rounds = asyncio.run(bench_round(nats.url, config.gateway_url, round_jobs)) \
+                if round_jobs else []
         finally:
             launcher.stop()
             nats.stop()
-    if not took:
-        print("release after SIGKILL: no resources_released seen within 30 s")
+    if rounds:
+        print("plan             jobs  snapshot→plan ms  solve ms  →last started ms")
+        print("\n".join(rounds))
+    if not kills:
         return
-    print(f"release after SIGKILL of an emulated job: n={len(took)}, "
-          f"median {statistics.median(took) * 1000:.0f} ms, max {max(took) * 1000:.0f} ms")
+    if not took:
+        print("release after SIGKILL: no placement deleted within 30 s")
+        return
+    freed = [f for f, _ in took]
+    events = [r for _, r in took if r is not None]
+    print(f"release after SIGKILL of an emulated job: n={len(took)}/{kills}; GPUs free "
+          f"(hops_alloc entry deleted) median {statistics.median(freed) * 1000:.0f} ms, "
+          f"max {max(freed) * 1000:.0f} ms; resources_released for {len(events)}"
+          + (f", median {statistics.median(events) * 1000:.0f} ms" if events else ""))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure_jetstream
+from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
 from shared.events import CancelJob, Reply, WireError, decode_reply, encode
@@ -133,21 +134,16 @@ class GatewayBus:
         return await self._values(subjects.KV_ALLOC, _PLACEMENT.decode)
 
     async def _values(self, bucket: str, decode: Callable[[bytes], T]) -> list[T]:
-        """Every current value of ``bucket``, read in one pass of a watcher;
-        a value that does not decode is reported and left out."""
-        kv = await self.bucket(bucket)
-        watcher = await kv.watchall(ignore_deletes=True)
+        """Every current value of ``bucket``, read in one pass
+        (:func:`services.runtime.kv.read_bucket`); a value that does not
+        decode is reported and left out."""
+        await self.bucket(bucket)  # created if missing, as before
         out: list[T] = []
-        try:
-            async for entry in watcher:
-                if entry is None:  # the end of the current values
-                    break
-                if entry.value:
-                    value = self._decode(decode, bucket, entry.key, entry.value)
-                    if value is not None:
-                        out.append(value)
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        for key, entry in (await read_bucket(self.js, bucket)).items():
+            if entry.data:
+                value = self._decode(decode, bucket, key, entry.data)
+                if value is not None:
+                    out.append(value)
         return out
 
     def _decode(self, decode: Callable[[bytes], T], bucket: str, key: str, data: bytes) -> T | None:

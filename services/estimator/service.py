@@ -5,9 +5,10 @@ Every replica keeps a whole :class:`~services.estimator.database.ThroughputDatab
 of its own, fed by *every* message of stream ``HOPS_SAMPLES`` in stream order
 (``profile_reported`` → ``record_profile``, ``sample_reported`` →
 ``record_sample``) through an ordered consumer that starts at the stream's
-first message: replicas do not share a durable consumer, since each needs
-every sample. Replicas therefore agree, and one restarted rebuilds the same
-database from the stream.
+first message (and, after a NATS restart, again after the last message
+applied: :func:`~services.runtime.follow.follow_stream`): replicas do not
+share a durable consumer, since each needs every sample. Replicas therefore
+agree, and one restarted rebuilds the same database from the stream.
 
 A replica joins queue group ``estimator`` on ``hops.v1.estimate`` only once
 it has caught up with the stream as it was when it started, so a request is
@@ -30,13 +31,13 @@ import contextlib
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import estimate_job
 from services.runtime.bus import serve_requests
+from services.runtime.follow import follow_stream
 from services.runtime.service import ServiceContext
 from shared import events as ev
 from shared import subjects
@@ -137,15 +138,24 @@ class Feed:
         self.target = info.state.last_seq if info.state.messages else 0
         if self.target == 0:
             self.caught_up.set()
-        config = ConsumerConfig(filter_subjects=list(subjects.STREAM_SAMPLES.subjects))
-        await self.ctx.js.subscribe(
-            "",
-            stream=subjects.STREAM_SAMPLES.name,
-            cb=self.on_msg,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            config=config,
+        # Followed again from the next sequence after a NATS restart, which
+        # ends the (ephemeral) ordered consumer.
+        subscribed = asyncio.Event()
+        self.ctx.spawn(
+            follow_stream(
+                self.ctx.nc,
+                self.ctx.js,
+                subjects.STREAM_SAMPLES.name,
+                subjects.STREAM_SAMPLES.subjects,
+                self.on_msg,
+                lambda: self.last_seq + 1,
+                self.ctx.stopping,
+                self.ctx.log,
+                subscribed,
+            ),
+            "samples",
         )
+        await subscribed.wait()
 
     async def on_msg(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream

@@ -51,6 +51,7 @@ from services.monitor.release import (
 from services.monitor.releaser import Releaser
 from services.runtime.bus import Rejected, serve_requests
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.events import (
@@ -149,17 +150,19 @@ class Monitor:
 
     async def _load_nodes(self) -> None:
         now = self.clock()
-        try:
-            keys = await self.kv_nodes.keys()
-        except nats.js.errors.NoKeysError:
-            keys = []
-        for key in keys:
-            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-                entry = await self.kv_nodes.get(key)
-                rec = msgspec.json.decode(entry.value or b"", type=NodeRecord)
-                self.nodes[rec.server.id] = rec
-                if rec.alive:  # a fresh deadline: the monitor was away, not the node
-                    self.tracker.watch_node(rec.server.id, now)
+        # read_bucket, not keys(): nats-py's keys() may read a bucket with keys
+        # as empty on a busy host, and the nodes would be strangers till they
+        # registered again.
+        for key, value in (await read_bucket(self.ctx.js, subjects.KV_NODES)).items():
+            try:
+                rec = msgspec.json.decode(value.data, type=NodeRecord)
+            except msgspec.DecodeError as e:
+                await self.ctx.reporter.report(f"kv.{subjects.KV_NODES}.{key}", str(e), INVALID,
+                                               value.data)
+                continue
+            self.nodes[rec.server.id] = rec
+            if rec.alive:  # a fresh deadline: the monitor was away, not the node
+                self.tracker.watch_node(rec.server.id, now)
 
     async def _watch(self, bucket: str, on_entry: Callable[[KeyValue.Entry], None],
                      synced: asyncio.Event) -> None:

@@ -12,7 +12,8 @@ plan:
    (:func:`services.placer.diff.changes`);
 3. sends every ``stop_job`` (all servers of a placement at once), deletes
    the stopped jobs' entries and publishes ``job_stopped`` with the
-   ``samples_done`` of the stop acks;
+   ``samples_done`` of the stop acks (a job no server runs any more is left
+   to the monitor, which says why it ended);
 4. books GPU indices for the starts against what is still booked
    (:func:`services.placer.diff.book`): a stop that failed keeps its GPUs;
 5. sends the ``start_job`` commands of each job, and once every server
@@ -43,8 +44,8 @@ from typing import TypeVar
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.kv import KeyValue
 
 from services.placer.diff import (
     PlanGate,
@@ -58,6 +59,7 @@ from services.placer.diff import (
 )
 from services.runtime.bus import publish_event, request
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.events import (
@@ -148,8 +150,9 @@ class Placer:
             log.warning("plan ignored", why=skip)
             return
         prefix = plan_prefix(event.term, event.round, delivery.stream_seq)
-        current = await _read_all(self.kv_alloc, subjects.KV_ALLOC, Placement, self._bad_record)
-        nodes = await _read_all(self.kv_nodes, subjects.KV_NODES, NodeRecord, self._bad_record)
+        js = self.ctx.js
+        current = await _read_all(js, subjects.KV_ALLOC, Placement, self._bad_record)
+        nodes = await _read_all(js, subjects.KV_NODES, NodeRecord, self._bad_record)
         capacity = {ServerId(k): r.server.gpus for k, (r, _) in nodes.items() if r.alive}
         jobs = await self._records({a.job_id for a in event.plan.assignments}
                                    | {t.job_id for t in event.plan.profiling})
@@ -208,6 +211,13 @@ class Placer:
         if any(a is None or (not a.ok and a.code != "not_found") for a in acks):
             await self.ctx.reporter.report(subjects.PLANS, f"job {job} could not be stopped on "
                                            f"every server; its GPUs stay booked", "stop_failed")
+            return StopResult(ok=False)
+        if not any(a is not None and a.ok for a in acks):
+            # It runs nowhere any more: it ended, or its process or node was
+            # lost, and the monitor releases it with the event that says so (a
+            # job_stopped now would follow the job's job_finished). Its GPUs
+            # stay booked for this plan.
+            self.log.info("job runs nowhere; its release is the monitor's", job_id=job)
             return StopResult(ok=False)
         done = [a.samples_done for a in acks if a is not None and a.ok]
         samples = max(done) if done else None
@@ -294,21 +304,16 @@ class Placer:
         await publish_event(self.ctx.js, subjects.job_events(job), event, msg_id=msg_id)
 
 
-async def _read_all(kv: KeyValue, bucket: str, kind: type[R],
+async def _read_all(js: JetStreamContext, bucket: str, kind: type[R],
                     on_bad: Callable[[str, Exception], Awaitable[None]]
                     ) -> dict[str, tuple[R, int]]:
-    """Every value of ``kv`` decoded as ``kind``, with its revision."""
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
+    """Every value of KV ``bucket`` decoded as ``kind``, with its revision
+    (:func:`services.runtime.kv.read_bucket`: nats-py's ``keys()`` may read a
+    bucket with keys as empty on a busy host)."""
     out: dict[str, tuple[R, int]] = {}
-    for key in keys:
+    for key, value in (await read_bucket(js, bucket)).items():
         try:
-            entry = await kv.get(key)
-            out[key] = (msgspec.json.decode(entry.value or b"", type=kind), entry.revision or 0)
-        except nats.js.errors.KeyNotFoundError:
-            continue
+            out[key] = (msgspec.json.decode(value.data, type=kind), value.revision)
         except msgspec.DecodeError as e:
             await on_bad(f"kv.{bucket}.{key}", e)
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from structlog.contextvars import bound_contextvars
@@ -34,6 +35,7 @@ from structlog.contextvars import bound_contextvars
 from services.profiler.tracker import ProfileTracker, check_report, profiled_msg_id
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
 from shared import events as ev
 from shared import subjects
@@ -54,17 +56,8 @@ async def _get(kv: KeyValue, key: str) -> bytes | None:
     return entry.value
 
 
-async def _all(kv: KeyValue) -> list[bytes]:
-    out: list[bytes] = []
-    watcher = await kv.watchall(ignore_deletes=True)
-    try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            out.append(entry.value or b"")
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return out
+async def _all(js: JetStreamContext, bucket: str) -> list[bytes]:
+    return [v.data for v in (await read_bucket(js, bucket)).values()]
 
 
 class Profiler:
@@ -113,7 +106,8 @@ class Profiler:
         return None if data is None else self._node(data).server.gpu_type
 
     async def _known_types(self) -> set[GpuType]:
-        return {self._node(data).server.gpu_type for data in await _all(self.nodes)}
+        nodes = await _all(self.ctx.js, subjects.KV_NODES)
+        return {self._node(data).server.gpu_type for data in nodes}
 
     async def _job(self, job_id: str) -> JobRecord | None:
         data = await _get(self.jobs, job_id) if _key_ok(job_id) else None

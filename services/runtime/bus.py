@@ -2,14 +2,16 @@
 and request, and request handlers that never crash on input.
 
 A request handler (:func:`serve_requests`) decodes each request with a
-:mod:`shared.events` decoder and replies with what the handler returns. When
+:mod:`shared.events` decoder and replies with what the handler returns
+(one request at a time; in a queue group, several at once, see there). When
 the payload is not a valid message (:class:`~shared.events.WireError`) or the
 handler raises, it replies with a failed reply (``ok=False``, ``error``,
 ``code``), logs, publishes an :class:`~shared.events.ErrorRecord` on
 ``hops.v1.errors`` and goes on serving. A handler that refuses a valid
 request on purpose raises :class:`Rejected`: a failed reply with its code,
-logged, but not an error record. Durable JetStream consumers are in
-:mod:`services.runtime.consumer`.
+logged, but not an error record, unless the code is ``not_found`` (the
+request names a job or server that does not exist: bad input). Durable
+JetStream consumers are in :mod:`services.runtime.consumer`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ Rep = TypeVar("Rep")
 Clock = Callable[[], float]
 _STREAM_IN_USE = 10058  # JetStream: stream name already in use with a different configuration
 _GIB = 1024**3
+# Subscriptions per queue-group request handler (see serve_requests).
+QUEUE_WORKERS = 128
 _DAY = 86400.0
 
 
@@ -142,6 +146,9 @@ class JetStreamLayout:
                 storage=StorageType.FILE,
                 replicas=self.replicas,
                 max_value_size=self.max_msg_size,
+                # Reads by direct get: served by the stream itself rather than
+                # queued behind every other JetStream API request.
+                direct=True,
             )
 
         return (
@@ -179,6 +186,7 @@ async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
     config.max_age = kv.ttl
     config.max_msgs_per_subject = kv.history
     config.max_msg_size = kv.max_value_size
+    config.allow_direct = kv.direct
     if kv.ttl:
         config.duplicate_window = min(kv.ttl, 120.0)
     await js.update_stream(config)
@@ -212,8 +220,13 @@ async def request(
     return decode(reply.data)
 
 
+# Refusals that are bad input all the same: also published as error records.
+REPORTED_REFUSALS = frozenset({"not_found"})
+
+
 class Rejected(Exception):
-    """Raised by a request handler to refuse a valid request (e.g. ``not_found``)."""
+    """Raised by a request handler to refuse a valid request (e.g. ``conflict``).
+    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -255,11 +268,23 @@ async def serve_requests(
     *,
     queue: str = "",
     on_error: Callable[[str, str], Message] = error_reply,
-) -> Subscription:
-    """Serve requests on ``subject`` (in queue group ``queue``) one at a time;
-    see the module docstring. ``on_error(code, error)`` builds the failed
-    reply (``Reply`` by default; a subject whose reply is another message
-    passes its own). Returns once the server knows the subscription."""
+    workers: int | None = None,
+) -> list[Subscription]:
+    """Serve requests on ``subject``; see the module docstring.
+    ``on_error(code, error)`` builds the failed reply (``Reply`` by default;
+    a subject whose reply is another message passes its own). Returns once
+    the server knows the subscriptions.
+
+    Without a queue group, requests are handled one at a time. In queue
+    group ``queue`` the handler must bear concurrent requests anyway (other
+    replicas serve the same group), so ``workers`` subscriptions
+    (:data:`QUEUE_WORKERS` by default) join it and each handles its own
+    requests one at a time: a handler waiting on NATS (admission waits on
+    the stream's ack) no longer holds up the requests behind it, and a
+    drain still waits for every request in hand."""
+    count = workers if workers is not None else (QUEUE_WORKERS if queue else 1)
+    if count < 1 or (count > 1 and not queue):
+        raise ValueError("several workers need a queue group (each would get every request)")
 
     async def on_msg(msg: Msg) -> None:
         reply = await _answer(msg, decode, handle, reporter, on_error)
@@ -275,10 +300,10 @@ async def serve_requests(
         except Exception as e:
             reporter.log.warning("cannot reply", subject=msg.subject, error=str(e))
 
-    sub = await nc.subscribe(subject, queue=queue, cb=on_msg)
+    subs = [await nc.subscribe(subject, queue=queue, cb=on_msg) for _ in range(count)]
     await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
     await nc.flush()
-    return sub
+    return subs
 
 
 async def _answer(
@@ -296,7 +321,10 @@ async def _answer(
     try:
         return await handle(req)
     except Rejected as e:
-        reporter.log.info("request rejected", subject=msg.subject, code=e.code, error=str(e))
+        if e.code in REPORTED_REFUSALS:
+            await reporter.report(msg.subject, str(e), e.code, msg.data)
+        else:
+            reporter.log.info("request rejected", subject=msg.subject, code=e.code, error=str(e))
         return on_error(e.code, str(e))
     except Exception as e:
         reporter.log.exception("request handler failed", subject=msg.subject)

@@ -13,11 +13,15 @@ The leader builds a snapshot the way the simulator does
   whose profiling run still holds its GPU in ``hops_alloc``; a ``running``
   job on alive servers is ``running`` with its placement from ``hops_alloc``
   (or its record); any other job is ``queued``;
+- a job whose start a plan issued but the placer has not booked yet is
+  ``running`` there, as a simulated job is from the plan that starts it:
+  otherwise a first plan made while the placer is still starting it would
+  see it queued and might move it, the next one again, and so on;
 - ``held`` has every GPU the plan must not use: profiling runs, placements
   of jobs the planner does not replan (ended, unknown, on a lost node) and
   profiling tasks issued but not yet booked; a plan later in the round
-  (``first_plan=False``) also holds the GPUs of running jobs and of starts
-  issued but not yet booked, which it treats as running.
+  (``first_plan=False``) also holds the GPUs of running jobs, starts
+  issued but not yet booked included.
 
 A running job without an estimate (the estimator lost its data or did not
 answer) cannot be planned; rather than letting the first plan stop it, its
@@ -26,6 +30,7 @@ GPUs are held and the published plan keeps it where it is (``sticky``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -84,6 +89,16 @@ def topology(nodes: Iterable[NodeRecord]) -> tuple[tuple[ServerId, GpuType, int,
     )
 
 
+def node_update(nodes: dict[str, NodeRecord], key: str, value: bytes | None) -> None:
+    """``nodes`` after a change of key ``key`` of ``hops_nodes`` (``None``:
+    deleted); a value that does not decode changes nothing."""
+    if value is None:
+        nodes.pop(key, None)
+        return
+    with contextlib.suppress(msgspec.DecodeError):
+        nodes[key] = msgspec.json.decode(value, type=NodeRecord)
+
+
 def estimate_targets(records: Mapping[JobId, LiveJobRecord]) -> list[JobSpec]:
     """Jobs the planner needs estimates for: waiting or running ones."""
     return [r.spec for r in records.values() if r.phase in ("queued", "running")]
@@ -122,8 +137,10 @@ def build_snapshot(
     progress: Mapping[JobId, float],
     inflight: Inflight,
     first_plan: bool,
+    starts_run: bool = True,
 ) -> Built:
-    """See the module docstring."""
+    """See the module docstring; with ``starts_run`` false (the queue view),
+    a job whose start is in flight is still queued, as its record says."""
     cluster = cluster_of(nodes)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
     jobs: list[JobState] = []
@@ -132,7 +149,8 @@ def build_snapshot(
         if rec.final:
             continue
         job = _job(
-            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan
+            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan,
+            starts_run,
         )
         if job.state is not None:
             jobs.append(job.state)
@@ -166,6 +184,7 @@ def _job(
     progress: Mapping[JobId, float],
     inflight: Inflight,
     first: bool,
+    starts_run: bool,
 ) -> _Job:
     run_alloc = alloc.configuration if alloc is not None and alloc.mode == "run" else None
     booked = alloc.configuration if alloc is not None else None
@@ -185,10 +204,11 @@ def _job(
         state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
         return _Job(state, booked, False, False)
     current = (run_alloc or rec.configuration) if rec.phase == "running" else None
-    if current is None and not first and rec.job_id in inflight.starts:
-        current = inflight.starts[rec.job_id][0]  # started by a plan, not booked yet
+    starting = starts_run and current is None and rec.job_id in inflight.starts
+    if starting:  # started by a plan, not booked yet: it runs there, as in the simulator
+        current = inflight.starts[rec.job_id][0]
     on_alive = current is not None and all(s in cluster.by_id for s in current.servers)
-    running = rec.phase == "running" and on_alive
+    running = (rec.phase == "running" or starting) and on_alive
     base = JobState(
         spec=rec.spec,
         phase="queued",

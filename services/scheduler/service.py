@@ -35,6 +35,7 @@ from structlog.contextvars import bound_contextvars
 
 from services.runtime.bus import publish_event, request
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.kv import read_bucket as kv_read
 from services.runtime.service import ServiceContext
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
@@ -84,18 +85,10 @@ async def get_record(kv: KeyValue, job_id: str) -> tuple[LiveJobRecord | None, i
     return st.decode_record(entry.value or b""), entry.revision or 0
 
 
-async def read_bucket(kv: KeyValue) -> dict[str, tuple[bytes, int]]:
-    """Every key's latest value and revision."""
-    out: dict[str, tuple[bytes, int]] = {}
-    watcher = await kv.watchall(ignore_deletes=True)
-    try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            out[entry.key] = (entry.value or b"", entry.revision or 0)
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return out
+async def read_bucket(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes, int]]:
+    """Every key's latest value and revision (:func:`services.runtime.kv.read_bucket`:
+    nats-py's own watcher may end before the values arrived)."""
+    return {k: (v.data, v.revision) for k, v in (await kv_read(js, bucket)).items()}
 
 
 class Leader:
@@ -129,6 +122,7 @@ class Leader:
             await self._subscribe(subjects.RELEASED, self._on_released),
             await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_heartbeat),
         ]
+        held = await self._unacked()  # taken by a leader before this one
         tasks = [
             asyncio.create_task(
                 consume_durable(js, JOBS_CONSUMER, ev.decode_job_event, self._on_event, self.ctx)
@@ -136,7 +130,7 @@ class Leader:
             asyncio.create_task(self._watch_nodes()),
         ]
         try:
-            await self._catch_up()
+            await self._catch_up(held)
             await self._loop(tasks)
         finally:
             for task in tasks:
@@ -147,7 +141,7 @@ class Leader:
                     await sub.unsubscribe()
 
     async def _load(self) -> None:
-        for key, (data, revision) in (await read_bucket(self.kv_jobs)).items():
+        for key, (data, revision) in (await read_bucket(self.ctx.js, subjects.KV_JOBS)).items():
             try:
                 self.records[JobId(key)] = (st.decode_record(data), revision)
             except msgspec.DecodeError as e:
@@ -164,14 +158,23 @@ class Leader:
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
         self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
 
-    async def _catch_up(self, limit_s: float = 5.0) -> None:
+    async def _unacked(self) -> int:
+        with contextlib.suppress(NotFoundError):  # not created yet
+            info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
+            return int(info.num_ack_pending or 0)
+        return 0
+
+    async def _catch_up(self, held: int, limit_s: float = 5.0) -> None:
         """Before the first plan, apply what ``HOPS_JOBS`` holds for the
-        consumer (events of the interregnum), for at most ``limit_s``."""
+        consumer (events of the interregnum), for at most ``limit_s``. The
+        ``held`` events a killed leader took and never acked come again only
+        after the consumer's ack wait; admission wrote their jobs' records,
+        so the first plan does not wait for them."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             with contextlib.suppress(NotFoundError):  # not created yet
                 info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
-                if info.num_pending == 0 and info.num_ack_pending == 0:
+                if info.num_pending == 0 and (info.num_ack_pending or 0) <= held:
                     return
             await asyncio.sleep(0.05)
         self.log.warning("planning before every job event was applied")
@@ -205,22 +208,31 @@ class Leader:
         """Plan within the round when the alive servers change (new capacity)."""
         nodes: dict[str, NodeRecord] = {n.server.id: n for n in self.nodes}
         topology = snap.topology(nodes.values())
-        watcher = await self.kv_nodes.watchall()
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    continue
-                if entry.operation in ("DEL", "PURGE"):
-                    nodes.pop(entry.key, None)
-                else:
-                    with contextlib.suppress(msgspec.DecodeError):
-                        nodes[entry.key] = msgspec.json.decode(entry.value or b"", type=NodeRecord)
-                if snap.topology(nodes.values()) != topology:
-                    topology = snap.topology(nodes.values())
-                    self.log.info("cluster changed", servers=len(topology))
-                    self._replan()
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        nc = self.ctx.nc
+        while True:
+            # A watcher is an ordered consumer, which a NATS restart ends
+            # without a word: after each reconnect a new one replays every key.
+            reconnects = nc.stats["reconnects"]
+            try:
+                watcher = await self.kv_nodes.watchall()
+            except (nats.errors.Error, TimeoutError) as e:
+                self.log.warning("cannot watch the nodes yet", error=repr(e))
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                while nc.stats["reconnects"] == reconnects:
+                    with contextlib.suppress(nats.errors.TimeoutError):
+                        entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
+                        if entry is not None:
+                            deleted = entry.operation in ("DEL", "PURGE")
+                            snap.node_update(nodes, entry.key, None if deleted else entry.value)
+                    if snap.topology(nodes.values()) != topology:
+                        topology = snap.topology(nodes.values())
+                        self.log.info("cluster changed", servers=len(topology))
+                        self._replan()
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
 
     # --- events --------------------------------------------------------------
 
@@ -321,6 +333,7 @@ class Leader:
                 self.progress,
                 self.inflight,
                 True,
+                starts_run=False,  # listed as queued until the placer starts it
             ).snapshot
             policy, holder = self.settings.policy, self.lease.holder
             return snap.queue_view(snapshot, records, policy, holder, self.term)
@@ -410,15 +423,15 @@ class Leader:
         return dict(self.estimates)
 
     async def _nodes(self) -> list[NodeRecord]:
-        return await self._decode_all(self.kv_nodes, subjects.KV_NODES, NodeRecord)
+        return await self._decode_all(subjects.KV_NODES, NodeRecord)
 
     async def _allocs(self) -> dict[JobId, Placement]:
-        allocs = await self._decode_all(self.kv_alloc, subjects.KV_ALLOC, Placement)
+        allocs = await self._decode_all(subjects.KV_ALLOC, Placement)
         return {p.job_id: p for p in allocs}
 
-    async def _decode_all(self, kv: KeyValue, bucket: str, kind: type[T]) -> list[T]:
+    async def _decode_all(self, bucket: str, kind: type[T]) -> list[T]:
         out: list[T] = []
-        for key, (data, _) in (await read_bucket(kv)).items():
+        for key, (data, _) in (await read_bucket(self.ctx.js, bucket)).items():
             try:
                 out.append(msgspec.json.decode(data, type=kind))
             except msgspec.DecodeError as e:
