@@ -1,18 +1,14 @@
 """The monitor's metrics endpoint: ``GET /metrics`` in the Prometheus text
-format, on ``asyncio.start_server`` (no dependency). Anything else is 404
-(405 for another method on ``/metrics``)."""
+format, on the runtime's tiny HTTP server (no dependency). Anything else is
+404 (405 for another method on ``/metrics``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
+from services.runtime.httpd import PLAIN, Response, TinyHttpServer
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error"}
-_READ_TIMEOUT_S = 5.0
-_MAX_HEADER_LINES = 100
 
 
 class MetricsServer:
@@ -23,53 +19,22 @@ class MetricsServer:
         self.render = render
         self.host = host
         self.port = port
-        self._server: asyncio.Server | None = None
+        self._http = TinyHttpServer(self._handle, host=host, port=port)
 
     async def start(self) -> int:
         """Listen; return the bound port (an ephemeral one when ``port`` is 0)."""
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self._http.start()
         return self.port
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        await self._http.stop()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            code, body, ctype = await asyncio.wait_for(self._route(reader), _READ_TIMEOUT_S)
-            payload = body.encode()
-            head = (
-                f"HTTP/1.1 {code} {_REASONS[code]}\r\n"
-                f"Content-Type: {ctype}\r\n"
-                f"Content-Length: {len(payload)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _route(self, reader: asyncio.StreamReader) -> tuple[int, str, str]:
-        parts = (await reader.readline()).decode("latin-1").split()
-        for _ in range(_MAX_HEADER_LINES):  # skip the headers
-            if (await reader.readline()).strip() == b"":
-                break
-        plain = "text/plain; charset=utf-8"
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return 400, "bad request\n", plain
-        method, path = parts[0], parts[1].split("?", 1)[0]
+    def _handle(self, method: str, path: str) -> Response:
         if path != "/metrics":
-            return 404, f"no such path {path}\n", plain
+            return 404, f"no such path {path}\n".encode(), PLAIN
         if method != "GET":
-            return 405, f"method {method} not allowed\n", plain
+            return 405, f"method {method} not allowed\n".encode(), PLAIN
         try:
-            return 200, self.render(), CONTENT_TYPE
+            return 200, self.render().encode(), CONTENT_TYPE
         except Exception as e:  # a metrics bug must not take the endpoint down
-            return 500, f"cannot render metrics: {e!r}\n", plain
+            return 500, f"cannot render metrics: {e!r}\n".encode(), PLAIN

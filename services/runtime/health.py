@@ -1,4 +1,4 @@
-"""A tiny HTTP health endpoint on ``asyncio.start_server`` (no dependency).
+"""A tiny HTTP health endpoint on the runtime's tiny HTTP server (no dependency).
 
 ``GET /healthz`` answers ``200 {"service": ..., "ok": true, "nats": "connected"}``
 while the NATS connection is up and ``503`` with ``"ok": false`` otherwise;
@@ -7,20 +7,10 @@ anything else is ``404`` (``405`` for another method on ``/healthz``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import Callable, Mapping
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    503: "Service Unavailable",
-}
-_READ_TIMEOUT_S = 5.0
-_MAX_HEADER_LINES = 100
+from services.runtime.httpd import Response, TinyHttpServer
 
 
 class HealthServer:
@@ -42,19 +32,16 @@ class HealthServer:
         self.host = host
         self.port = port
         self.details = details
-        self._server: asyncio.Server | None = None
+        bad = (400, json.dumps({"error": "bad request"}).encode(), "application/json")
+        self._http = TinyHttpServer(self._handle, host=host, port=port, bad_request=bad)
 
     async def start(self) -> int:
         """Listen; return the bound port (an ephemeral one when ``port`` is 0)."""
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self._http.start()
         return self.port
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        await self._http.stop()
 
     def status(self) -> tuple[int, dict[str, object]]:
         nats = self.nats_status()
@@ -64,35 +51,12 @@ class HealthServer:
             body.update(self.details())
         return (200 if body["ok"] else 503), body
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            code, body = await asyncio.wait_for(self._route(reader), _READ_TIMEOUT_S)
-            payload = json.dumps(body).encode()
-            head = (
-                f"HTTP/1.1 {code} {_REASONS[code]}\r\n"
-                "Content-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _route(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, object]]:
-        parts = (await reader.readline()).decode("latin-1").split()
-        for _ in range(_MAX_HEADER_LINES):  # skip the headers
-            if (await reader.readline()).strip() == b"":
-                break
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return 400, {"error": "bad request"}
-        method, path = parts[0], parts[1].split("?", 1)[0]
+    def _handle(self, method: str, path: str) -> Response:
+        body: dict[str, object]
         if path != "/healthz":
-            return 404, {"error": f"no such path {path}"}
-        if method != "GET":
-            return 405, {"error": f"method {method} not allowed"}
-        return self.status()
+            code, body = 404, {"error": f"no such path {path}"}
+        elif method != "GET":
+            code, body = 405, {"error": f"method {method} not allowed"}
+        else:
+            code, body = self.status()
+        return code, json.dumps(body).encode(), "application/json"
