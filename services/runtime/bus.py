@@ -114,7 +114,7 @@ class JetStreamLayout:
     plans_max_bytes: int = _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
-    leader_ttl: float = 10.0
+    leader_ttl: float = 5.0
     kv_history: int = 5
 
     def streams(self) -> tuple[StreamConfig, ...]:

@@ -8,7 +8,7 @@ variable               flag                        default
 ``HOPS_HEALTH_PORT``   ``--health-port``           none (no health endpoint)
 ``HOPS_HEALTH_HOST``   ``--health-host``           ``0.0.0.0``
 ``HOPS_LOG_LEVEL``     ``--log-level``             ``info``
-``HOPS_LEADER_TTL``    ``--leader-ttl``            ``10`` seconds
+``HOPS_LEADER_TTL``    ``--leader-ttl``            ``5`` seconds
 =====================  ==========================  ===========================
 
 ``HOPS_NATS_URL`` may list several servers separated by commas. A health
@@ -43,7 +43,7 @@ class RuntimeSettings:
     health_port: int | None = None
     health_host: str = "0.0.0.0"
     log_level: str = "info"
-    leader_ttl: float = 10.0
+    leader_ttl: float = 5.0
     connect_timeout: float = 2.0
     reconnect_wait: float = 1.0
     drain_timeout: float = 5.0

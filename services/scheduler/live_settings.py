@@ -14,7 +14,7 @@ variable                        flag                     default
                                                          is awaited)
 ==============================  =======================  =========================
 
-The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 10 s; the lease
+The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 5 s; the lease
 bucket's max age), see :mod:`services.runtime.settings`.
 """
 
