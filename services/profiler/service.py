@@ -129,17 +129,7 @@ async def run(ctx: ServiceContext) -> None:
     nodes = await ctx.js.key_value(subjects.KV_NODES)
     profiler = Profiler(ctx, jobs, nodes)
     ctx.log.info("consuming profile reports", durable=PROFILES_CONSUMER.durable)
-    while not ctx.stopping.is_set():
-        try:
-            await consume(
-                ctx.js,
-                PROFILES_CONSUMER,
-                ev.decode_sample_event,
-                profiler.handle,
-                ctx.reporter,
-                ctx.stopping,
-            )
-        except (
-            TimeoutError
-        ):  # a bare one from nats-py's fetch: pull again, the durable keeps its place
-            ctx.log.debug("fetch timed out; pulling again")
+    await consume(
+        ctx.js, PROFILES_CONSUMER, ev.decode_sample_event, profiler.handle, ctx.reporter,
+        ctx.stopping,
+    )

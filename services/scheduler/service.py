@@ -55,25 +55,6 @@ from shared.snapshot import Plan
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
 T = TypeVar("T")
-E = TypeVar("E")
-
-
-async def consume_durable(
-    js: JetStreamContext,
-    spec: ConsumerSpec,
-    decode: Callable[[bytes], E],
-    handle: Callable[[E, Delivery], Awaitable[None]],
-    ctx: ServiceContext,
-) -> None:
-    """:func:`~services.runtime.consumer.consume` until the service stops. nats-py's
-    ``fetch`` may raise a bare ``asyncio.TimeoutError`` that ``consume`` does not
-    expect; the consumer then simply subscribes again (the durable keeps its place)."""
-    while not ctx.stopping.is_set():
-        try:
-            await consume(js, spec, decode, handle, ctx.reporter, ctx.stopping)
-        except TimeoutError:
-            ctx.log.debug("fetch timed out; pulling again", durable=spec.durable)
-            await asyncio.sleep(0.1)
 
 
 async def get_record(kv: KeyValue, job_id: str) -> tuple[LiveJobRecord | None, int]:
@@ -125,7 +106,8 @@ class Leader:
         held = await self._unacked()  # taken by a leader before this one
         tasks = [
             asyncio.create_task(
-                consume_durable(js, JOBS_CONSUMER, ev.decode_job_event, self._on_event, self.ctx)
+                consume(js, JOBS_CONSUMER, ev.decode_job_event, self._on_event, self.ctx.reporter,
+                        self.ctx.stopping)
             ),
             asyncio.create_task(self._watch_nodes()),
         ]
