@@ -44,6 +44,7 @@ from nats.aio.client import Client as NATS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from executor.procs import emulated_job_pids
 from hops.stack import StackConfig, by_name, components, modules
 from hops.up import Launcher, missing_modules, port_free, wait_healthy
 from services.runtime.bus import connect
@@ -217,21 +218,6 @@ def start_stack(config: StackConfig, names: tuple[str, ...]) -> tuple[EmbeddedNa
     return nats, launcher
 
 
-def job_pids(job_id: str) -> list[int]:
-    """PIDs of the emulated job processes of ``job_id`` (Linux /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"executor.job" in argv and any(job_id.encode() in a for a in argv):
-            pids.append(int(entry.name))
-    return pids
-
-
 async def bench_release(
     nats_url: str, gateway: str, kills: int
 ) -> list[tuple[float, float | None]]:
@@ -347,7 +333,7 @@ async def until_running(http: httpx.AsyncClient, job_id: str, timeout: float = 1
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         record = (await http.get(f"/jobs/{job_id}")).json()
-        pids = job_pids(job_id) if record.get("phase") == "running" else []
+        pids = emulated_job_pids(job_id) if record.get("phase") == "running" else []
         if pids:
             return pids
         await asyncio.sleep(0.2)

@@ -24,6 +24,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from executor.procs import emulated_job_pids
 from services.runtime.bus import connect, ensure_jetstream, request
 from services.runtime.settings import RuntimeSettings
 from shared import events as ev
@@ -206,19 +207,7 @@ async def client(nats_url: str) -> AsyncIterator[Client]:
     await nc.close()
 
 
-def job_pids(job: str) -> list[int]:
-    """Pids of the emulated job processes of ``job`` (Linux /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"executor.job" in argv and job.encode() in argv:
-            out.append(int(entry.name))
-    return out
+job_pids = emulated_job_pids
 
 
 def start_cmd(

@@ -34,7 +34,7 @@ from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.health import HealthServer
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats, NatsServerError
-from services.runtime.service import ServiceContext, serve
+from services.runtime.service import ServiceContext, serve, service_main
 from services.runtime.settings import (
     RuntimeSettings,
     SettingsError,
@@ -526,3 +526,11 @@ def test_logs_are_json_lines_with_the_service_name() -> None:
     assert first["timestamp"].endswith("Z")
     assert second["event"] == "from the library" and second["service"] == "estimator"
     assert second["logger"] == "nats.aio.client"
+
+
+def test_service_main_refuses_bad_settings_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    async def never(ctx: object) -> None:  # pragma: no cover - must not run
+        raise AssertionError("ran with bad settings")
+
+    assert service_main("probe", never, ["--health-port", "not-a-port"]) == 2
+    assert capsys.readouterr().err.startswith("hops-probe: ")

@@ -8,17 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from services.estimator.service import run
-from services.runtime.service import run_service
-from services.runtime.settings import SettingsError, parse_args
+from services.runtime.service import service_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings, _ = parse_args(argv, service="estimator")
-    except SettingsError as e:
-        print(f"hops-estimator: {e}", file=sys.stderr)
-        return 2
-    return run_service("estimator", run, settings)
+    return service_main("estimator", run, argv)
 
 
 if __name__ == "__main__":

@@ -7,17 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from services.profiler.service import run
-from services.runtime.service import run_service
-from services.runtime.settings import SettingsError, parse_args
+from services.runtime.service import service_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings, _ = parse_args(argv, service="profiler")
-    except SettingsError as e:
-        print(f"hops-profiler: {e}", file=sys.stderr)
-        return 2
-    return run_service("profiler", run, settings)
+    return service_main("profiler", run, argv)
 
 
 if __name__ == "__main__":

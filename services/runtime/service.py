@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,7 +34,7 @@ from services.runtime.bus import (
 )
 from services.runtime.health import HealthServer
 from services.runtime.logging import configure_logging, get_logger
-from services.runtime.settings import RuntimeSettings, from_env
+from services.runtime.settings import RuntimeSettings, SettingsError, from_env, parse_args
 
 
 @dataclass
@@ -144,6 +145,19 @@ def run_service(name: str, main: ServiceMain, settings: RuntimeSettings | None =
     except Exception:
         log.exception("service failed")
         return 1
+
+
+
+def service_main(name: str, main: ServiceMain, argv: Sequence[str] | None = None) -> int:
+    """``python -m`` entry of a service that takes only the runtime's settings
+    (environment and flags): exit 2 with the reason on bad settings, else
+    :func:`run_service`."""
+    try:
+        settings, _ = parse_args(argv, service=name)
+    except SettingsError as e:
+        print(f"hops-{name}: {e}", file=sys.stderr)
+        return 2
+    return run_service(name, main, settings)
 
 
 async def _unless_stopped(coro: Awaitable[T], stopping: asyncio.Event) -> T | None:
