@@ -33,6 +33,7 @@ from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample
+from shared.node import Device, Rendezvous
 from shared.snapshot import Plan
 from shared.subjects import check_token
 
@@ -102,6 +103,8 @@ class RegisterNode(Message, frozen=True, tag="register_node"):
     gpu_type: GpuTypeSpec
     order: int = 0
     at: float = 0.0
+    address: str = ""
+    devices: tuple[Device, ...] = ()
 
     def __post_init__(self) -> None:
         check_token(self.server.id, "server id")
@@ -144,6 +147,7 @@ class StartJob(Message, frozen=True, tag="start_job"):
     gpu_indices: tuple[int, ...]
     samples_done: float = 0.0
     mode: Literal["run", "profile"] = "run"
+    rendezvous: Rendezvous | None = None
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -167,13 +171,16 @@ class StopJob(Message, frozen=True, tag="stop_job"):
 
 
 class CommandAck(Message, frozen=True, tag="command_ack"):
-    """Reply to a command; ``samples_done`` is the job's progress when it stopped."""
+    """Reply to a command; ``samples_done`` is the job's progress when it
+    stopped, ``exit_code`` and ``log_tail`` its process's end (real jobs)."""
 
     key: str
     ok: bool
     samples_done: float = 0.0
     error: str = ""
     code: str = ""
+    exit_code: int | None = None
+    log_tail: str = ""
 
 
 # --- job lifecycle (stream HOPS_JOBS) -------------------------------------------
@@ -222,17 +229,27 @@ class JobStopped(Message, frozen=True, tag="job_stopped"):
     at: float
     reason: str = ""
     samples_done: float | None = None
+    exit_code: int | None = None
+    log_tail: str = ""
 
 
 class JobFinished(Message, frozen=True, tag="job_finished"):
+    """``exit_code`` and ``log_tail``: the end of a real job's lead process."""
+
     job_id: JobId
     at: float
+    exit_code: int | None = None
+    log_tail: str = ""
 
 
 class JobFailed(Message, frozen=True, tag="job_failed"):
+    """``exit_code`` and ``log_tail``: the end of a real job's failed process."""
+
     job_id: JobId
     at: float
     reason: str = ""
+    exit_code: int | None = None
+    log_tail: str = ""
 
 
 class JobCancelled(Message, frozen=True, tag="job_cancelled"):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
 import msgspec
 
+from shared import jobenv
 from shared.ids import JobId, TenantId
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 ScalingRule = Literal["linear", "sqrt"]
 
@@ -22,6 +26,10 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     The learning rate is either a table ``lr`` {gpus: rate}, or one ``base_lr``
     valid at ``base_gpus`` plus a scaling ``lr_rule`` (linear [Goyal et al.]
     or square-root [Krizhevsky]).
+
+    ``command`` is what a real node executor runs, as an argument list (never
+    through a shell), in ``workdir`` with ``env`` added; one process per
+    GPU. Without a command, only an emulated executor can run the job.
     """
 
     id: JobId
@@ -38,6 +46,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     base_gpus: int = 1
     lr_rule: ScalingRule = "linear"
     submit_time: float = 0.0
+    command: tuple[str, ...] = ()
+    workdir: str = ""
+    env: dict[str, str] = {}
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -56,6 +67,22 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("base_lr must be > 0")
         if self.base_gpus <= 0:
             raise ValueError("base_gpus must be > 0")
+        self._check_command()
+
+    def _check_command(self) -> None:
+        if self.command and not self.command[0]:
+            raise ValueError("command: the program (first entry) must not be empty")
+        if any("\x00" in a for a in self.command):
+            raise ValueError("command: arguments must not contain NUL bytes")
+        if (self.workdir or self.env) and not self.command:
+            raise ValueError("workdir and env need a command")
+        for key, value in self.env.items():
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"env: {key!r} is not a valid variable name")
+            if key in jobenv.RESERVED:
+                raise ValueError(f"env: {key} is set by the executor and cannot be overridden")
+            if "\x00" in value:
+                raise ValueError(f"env: the value of {key} contains a NUL byte")
 
     def _check_requirements(self) -> None:
         if self.requirements:

@@ -17,6 +17,7 @@ from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
+from shared.node import Device
 
 JobPhase = Literal[
     "submitted", "profiling", "queued", "running", "finished", "failed", "cancelled"
@@ -83,6 +84,8 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     registered_at: float = 0.0
     last_heartbeat: float = 0.0
     alive: bool = True
+    address: str = ""
+    devices: tuple[Device, ...] = ()
 
 
 class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):

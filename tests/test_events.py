@@ -117,7 +117,7 @@ def test_non_finite_floats_travel_as_strings() -> None:
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
     body = json.loads(ev.encode(ev.JobFinished(job_id=J1, at=1.0)))
-    body.update(v=2, exit_code=0)
+    body.update(v=2, cpu_seconds=12.5)
     decoded = ev.decode_job_event(json.dumps(body).encode())
     assert decoded == ev.JobFinished(job_id=J1, at=1.0, v=2)
 

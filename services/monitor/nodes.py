@@ -50,7 +50,8 @@ def admit(nodes: Mapping[ServerId, NodeRecord], req: RegisterNode, now: float) -
                                     f"{sid} says {msgspec.structs.asdict(req.gpu_type)}")
     registered = old.registered_at if old is not None else now
     return NodeRecord(server=req.server, gpu_type=req.gpu_type, order=req.order,
-                      registered_at=registered, last_heartbeat=now, alive=True)
+                      registered_at=registered, last_heartbeat=now, alive=True,
+                      address=req.address, devices=req.devices)
 
 
 def revived(record: NodeRecord, now: float) -> NodeRecord:

@@ -76,6 +76,7 @@ from shared.events import (
     decode_plan_event,
 )
 from shared.ids import JobId, ServerId
+from shared.node import Rendezvous, rendezvous_port
 from shared.records import JobRecord, NodeRecord, Placement
 
 R = TypeVar("R")
@@ -115,6 +116,7 @@ class Placer:
         self.log = ctx.log
         self.gate = PlanGate()
         self.progress: dict[JobId, float] = {}  # samples_done of the latest stop acks
+        self.addresses: dict[ServerId, str] = {}  # executors' rendezvous addresses
 
     async def start(self) -> None:
         js = self.ctx.js
@@ -154,6 +156,7 @@ class Placer:
         current = await _read_all(js, subjects.KV_ALLOC, Placement, self._bad_record)
         nodes = await _read_all(js, subjects.KV_NODES, NodeRecord, self._bad_record)
         capacity = {ServerId(k): r.server.gpus for k, (r, _) in nodes.items() if r.alive}
+        self.addresses = {ServerId(k): r.address for k, (r, _) in nodes.items()}
         jobs = await self._records({a.job_id for a in event.plan.assignments}
                                    | {t.job_id for t in event.plan.profiling})
         placements = {JobId(k): p for k, (p, _) in current.items()}
@@ -235,10 +238,11 @@ class Placer:
         job = start.job_id
         samples = resumed if resumed is not None else max(record.samples_done,
                                                           self.progress.get(job, 0.0))
+        meet = self._rendezvous(start, prefix)
         cmds = [StartJob(key=command_key("start", prefix, job, launch.server), job_id=job,
                          server_id=launch.server, spec=record.spec,
                          configuration=launch.configuration, gpu_indices=launch.gpu_indices,
-                         samples_done=samples, mode=start.placement.mode)
+                         samples_done=samples, mode=start.placement.mode, rendezvous=meet)
                 for launch in start.launches]
         acks = await asyncio.gather(*(self._command(c.server_id, c) for c in cmds))
         if not all(a is not None and a.ok for a in acks):
@@ -258,6 +262,13 @@ class Placer:
                       configuration=str(config), samples_done=samples,
                       gpu_indices={s: list(i) for s, i in start.placement.gpu_indices.items()})
         return True
+
+    def _rendezvous(self, start: Start, prefix: str) -> Rendezvous:
+        """Where the job's processes meet: its first server's executor, on a
+        port drawn from this start (the same for all of its servers)."""
+        first = start.placement.configuration.parts[0][0]
+        addr = self.addresses.get(first) or "127.0.0.1"
+        return Rendezvous(master_addr=addr, master_port=rendezvous_port(f"{prefix}:{start.job_id}"))
 
     async def _undo(self, start: Start, acks: list[CommandAck | None], prefix: str) -> None:
         """A start failed somewhere: stop the job where it did start, then say so."""

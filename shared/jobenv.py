@@ -1,0 +1,38 @@
+"""The environment a node executor gives a real job's processes (§2.2, §3.2).
+
+Besides these, every process gets the variables of PyTorch's distributed
+launch: ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and ``CUDA_VISIBLE_DEVICES`` naming
+the GPUs the job holds on that server. ``HOPS_LR`` is the learning rate for
+the allocated number of GPUs, from the job's table or its scaling rule
+(:meth:`shared.job.JobSpec.learning_rate`); it is absent when the job gave
+neither.
+"""
+
+from __future__ import annotations
+
+JOB_ID = "HOPS_JOB_ID"
+SERVER_ID = "HOPS_SERVER_ID"
+GPU_TYPE = "HOPS_GPU_TYPE"
+MODE = "HOPS_MODE"  # "run" or "profile"
+REPORT_FILE = "HOPS_REPORT_FILE"
+CHECKPOINT_DIR = "HOPS_CHECKPOINT_DIR"
+SAMPLES_DONE = "HOPS_SAMPLES_DONE"  # progress the scheduler resumes the job at
+TOTAL_SAMPLES = "HOPS_TOTAL_SAMPLES"
+BATCH_SIZE = "HOPS_BATCH_SIZE"  # per process (per GPU)
+PROFILE_ITERS = "HOPS_PROFILE_ITERS"
+SAMPLE_S = "HOPS_SAMPLE_S"  # running-mode report period, seconds
+LR = "HOPS_LR"
+TOTAL_GPUS = "HOPS_TOTAL_GPUS"
+LOCAL_GPUS = "HOPS_LOCAL_GPUS"
+NODES = "HOPS_NODES"
+NODE_RANK = "HOPS_NODE_RANK"
+THREADS = "HOPS_THREADS"  # intra-op threads per process (CPU devices)
+
+# Set by the executor; a job's own ``env`` may not override them.
+RESERVED: frozenset[str] = frozenset({
+    JOB_ID, SERVER_ID, GPU_TYPE, MODE, REPORT_FILE, CHECKPOINT_DIR, SAMPLES_DONE,
+    TOTAL_SAMPLES, BATCH_SIZE, PROFILE_ITERS, SAMPLE_S, LR, TOTAL_GPUS, LOCAL_GPUS,
+    NODES, NODE_RANK, THREADS, "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+})
