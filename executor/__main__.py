@@ -1,26 +1,43 @@
-"""``python -m executor``: the EMULATED node executor.
+"""``python -m executor``: the node executor, EMULATED or REAL.
 
 ``python -m executor --cluster paper-physical --server-id titanxp-0 [--time-scale 60]``
-runs the executor of one server; ``python -m executor --cluster C --all``
-supervises one executor process per server of ``C`` (:mod:`executor.supervisor`).
-``--cluster`` is a built-in cluster name or a cluster spec file.
+runs the emulated executor of one server (jobs train nothing,
+:mod:`executor.emulated`); ``--backend real`` runs each job's own command,
+one process per GPU (:mod:`executor.real`). ``python -m executor --cluster C
+--all`` supervises one executor process per server of ``C``
+(:mod:`executor.supervisor`), passing every other flag on. ``--cluster`` is
+a built-in cluster name or a cluster spec file.
 
 Besides the runtime's settings (:mod:`services.runtime.settings`), each
 flag below overrides its environment variable:
 
-=========================  ====================  =========  =============================
-variable                   flag                  default    meaning
-=========================  ====================  =========  =============================
-``HOPS_CLUSTER``           ``--cluster``         required   cluster name or file
-``HOPS_SERVER_ID``         ``--server-id``       required   this executor's server
-                           ``--order``           its index  adjacency order to register
-``HOPS_TIME_SCALE``        ``--time-scale``      1          emulated seconds per second
-``HOPS_HEARTBEAT_S``       ``--heartbeat-s``     1          node and job heartbeat period
-``HOPS_SAMPLE_S``          ``--sample-s``        10         running-mode sample period
-``HOPS_STOP_GRACE_S``      ``--stop-grace-s``    5          SIGTERM to SIGKILL on a stop
-``HOPS_START_TIMEOUT_S``   ``--start-timeout-s`` 30         wait for a job's first beat
-``HOPS_PROFILE_ITERS``     ``--profile-iters``   20         iterations of a profiling run
-=========================  ====================  =========  =============================
+=========================  ======================  ==========  ==============================
+variable                   flag                    default     meaning
+=========================  ======================  ==========  ==============================
+``HOPS_CLUSTER``           ``--cluster``           required    cluster name or file
+``HOPS_SERVER_ID``         ``--server-id``         required    this executor's server
+                           ``--order``             its index   adjacency order to register
+``HOPS_EXECUTOR_BACKEND``  ``--backend``           emulated    ``emulated`` or ``real``
+``HOPS_EXECUTOR_ADDRESS``  ``--address``           127.0.0.1   rendezvous address of peers
+``HOPS_TIME_SCALE``        ``--time-scale``        1           emulated seconds per second
+``HOPS_HEARTBEAT_S``       ``--heartbeat-s``       1           node and job heartbeat period
+``HOPS_SAMPLE_S``          ``--sample-s``          10          running-mode sample period
+``HOPS_STOP_GRACE_S``      ``--stop-grace-s``      5           SIGTERM to SIGKILL on a stop
+``HOPS_START_TIMEOUT_S``   ``--start-timeout-s``   30          wait for a job's first beat
+``HOPS_PROFILE_ITERS``     ``--profile-iters``     20          iterations of a profiling run
+``HOPS_RUN_DIR``           ``--run-dir``           see below   real jobs' logs, checkpoints
+``HOPS_CPU_AFFINITY``      ``--cpu-affinity``      none        real jobs: cores per device
+``HOPS_THREADS``           ``--threads-per-gpu``   see below   real jobs: threads per process
+=========================  ======================  ==========  ==============================
+
+The run folder defaults to ``<HOPS_DATA_DIR or ./.hops>/runs``. The CPU
+affinity pins device i's process to cores: ``"0|1"`` (device 0 on core 0,
+device 1 on core 1; ranges as ``"0-3|4-7"``; per server as ``"a=0|1;b=1"``).
+Threads per process (``HOPS_THREADS`` and ``OMP_NUM_THREADS`` of the job)
+default to 1 on declared (CPU) devices and are left to the job on GPUs.
+The real executor discovers its GPUs through NVML; without NVML it says so
+and runs the GPUs the cluster file declares. With NVML, a count other than
+the declared one stops it with exit code 2.
 """
 
 from __future__ import annotations
@@ -30,19 +47,30 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import structlog
 
+from executor.discovery import DiscoveryError, discover
+from executor.launch import AffinityError, check_affinity, parse_affinity
 from executor.service import ExecutorSettings, run_node
 from executor.supervisor import supervise
 from services.runtime.logging import configure_logging
-from services.runtime.service import ServiceContext, run_service
-from services.runtime.settings import build_parser, env_float, env_int, parse_args
+from services.runtime.service import ServiceContext, serve
+from services.runtime.settings import (
+    RuntimeSettings,
+    build_parser,
+    env_float,
+    env_int,
+    parse_args,
+)
 from shared.cluster import Cluster
 from shared.ids import ServerId
 from shared.specs import SpecError
 from simulator.clusters import cluster_arg
 
+BACKENDS = ("emulated", "real")
 _NUMBERS = (
     ("time_scale", "HOPS_TIME_SCALE", float, 1.0),
     ("heartbeat_s", "HOPS_HEARTBEAT_S", float, 1.0),
@@ -51,21 +79,52 @@ _NUMBERS = (
     ("start_timeout_s", "HOPS_START_TIMEOUT_S", float, 30.0),
     ("profile_iters", "HOPS_PROFILE_ITERS", int, 20),
 )
+# Beyond the stop grace, for the executor to stop its jobs when it is stopped.
+_SHUTDOWN_MARGIN_S = 3.0
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
 
 
 def _parser() -> argparse.ArgumentParser:
     p = build_parser("executor")
-    p.add_argument("--cluster", default=os.environ.get("HOPS_CLUSTER") or None,
+    p.add_argument("--cluster", default=_env("HOPS_CLUSTER"),
                    help="built-in cluster or cluster file; overrides $HOPS_CLUSTER")
-    p.add_argument("--server-id", default=os.environ.get("HOPS_SERVER_ID") or None,
+    p.add_argument("--server-id", default=_env("HOPS_SERVER_ID"),
                    help="the server this executor runs; overrides $HOPS_SERVER_ID")
     p.add_argument("--order", type=int, default=None,
                    help="adjacency order to register (default: the server's index)")
     p.add_argument("--all", action="store_true", help="one executor per server (supervisor)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   default=_env("HOPS_EXECUTOR_BACKEND") or "emulated",
+                   help="emulated jobs or the jobs' own commands; overrides "
+                        "$HOPS_EXECUTOR_BACKEND (default emulated)")
+    p.add_argument("--address", default=_env("HOPS_EXECUTOR_ADDRESS") or "127.0.0.1",
+                   help="address the peers of a distributed job meet at; overrides "
+                        "$HOPS_EXECUTOR_ADDRESS (default 127.0.0.1)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="real jobs' logs, checkpoints and reports; overrides $HOPS_RUN_DIR "
+                        "(default <$HOPS_DATA_DIR or ./.hops>/runs)")
+    p.add_argument("--cpu-affinity", default=_env("HOPS_CPU_AFFINITY") or "",
+                   help='cores per device of real jobs, e.g. "0|1" or "a=0|1;b=1"; overrides '
+                        "$HOPS_CPU_AFFINITY")
+    p.add_argument("--threads-per-gpu", type=int, default=None,
+                   help="threads per process of a real job; overrides $HOPS_THREADS "
+                        "(default 1 on declared devices)")
     for name, var, kind, default in _NUMBERS:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                        help=f"overrides ${var} (default {default})")
     return p
+
+
+def run_dir_of(args: argparse.Namespace) -> Path:
+    """The run folder, absolute: jobs run in folders of their own."""
+    if args.run_dir is not None:
+        return Path(args.run_dir).resolve()
+    if _env("HOPS_RUN_DIR"):
+        return Path(os.environ["HOPS_RUN_DIR"]).resolve()
+    return (Path(_env("HOPS_DATA_DIR") or ".hops") / "runs").resolve()
 
 
 def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSettings:
@@ -83,8 +142,58 @@ def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSet
         raise SpecError("time scale, heartbeat and sample periods must be > 0")
     server_id = ServerId(args.server_id)
     order = args.order if args.order is not None else cluster.server_index[server_id]
+    threads = args.threads_per_gpu
+    if threads is None and _env("HOPS_THREADS"):
+        threads = env_int("HOPS_THREADS", 1, minimum=1)
+    if threads is not None and threads < 1:
+        raise SpecError(f"threads per GPU must be >= 1, got {threads}")
+    affinity = parse_affinity(args.cpu_affinity, server_id)
+    check_affinity(affinity, cluster.by_id[server_id].gpus, os.sched_getaffinity(0))
     return ExecutorSettings(cluster=args.cluster, server_id=server_id, order=order,
+                            backend=args.backend, address=args.address,
+                            run_dir=run_dir_of(args), threads=threads, affinity=affinity,
                             **values)  # type: ignore[arg-type]
+
+
+def with_devices(settings: ExecutorSettings, cluster: Cluster) -> ExecutorSettings:
+    """A real executor's settings with the devices it found, after saying
+    where they come from (DiscoveryError: NVML contradicts the cluster file)."""
+    log = structlog.get_logger()
+    found = discover(cluster.by_id[settings.server_id])
+    if found.source == "declared":
+        log.warning(found.message, devices=len(found.devices))
+    else:
+        log.info(found.message, devices=[d.name for d in found.devices])
+    threads = settings.threads
+    if threads is None and found.source == "declared":
+        threads = 1  # a CPU "device" is a core: one thread each, not one per core
+    return replace(settings, devices=found.devices, threads=threads)
+
+
+def _run(settings: ExecutorSettings, cluster: Cluster, runtime: RuntimeSettings) -> int:
+    """Run one executor as a service (the real one after finding its devices)."""
+    log = configure_logging("executor", runtime.log_level)
+    structlog.contextvars.bind_contextvars(server_id=settings.server_id)
+    if settings.backend == "real":
+        try:
+            settings = with_devices(settings, cluster)
+        except DiscoveryError as e:
+            log.error("devices do not match the cluster file", error=str(e))
+            print(f"hops-executor: {e}", file=sys.stderr)
+            return 2
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+
+    async def node_main(ctx: ServiceContext) -> None:
+        await run_node(ctx, settings, cluster)
+
+    grace = settings.stop_grace_s + _SHUTDOWN_MARGIN_S
+    try:
+        return asyncio.run(serve("executor", node_main, runtime, grace=grace))
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        log.exception("service failed")
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,14 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"server {args.server_id!r} is not in cluster {cluster.name}")
     try:
         settings = executor_settings(args, cluster)
-    except ValueError as e:
+    except (ValueError, AffinityError) as e:
         parser.error(str(e))
-    structlog.contextvars.bind_contextvars(server_id=settings.server_id)
-
-    async def node_main(ctx: ServiceContext) -> None:
-        await run_node(ctx, settings, cluster)
-
-    return run_service("executor", node_main, runtime)
+    return _run(settings, cluster, runtime)
 
 
 if __name__ == "__main__":

@@ -1,44 +1,50 @@
-"""The node executor shell (EMULATED jobs): one process per server.
+"""The node executor shell: one process per server, whatever runs its jobs.
 
 It serves ``hops.v1.exec.<server_id>`` (before registering, so that a node
 the monitor lists takes commands), registers its server on
-``hops.v1.nodes.register`` (retrying until the monitor answers; a refusal
-stops it with exit code 1) and publishes a ``node_heartbeat`` listing its
-running jobs every ``heartbeat_s``. Commands:
+``hops.v1.nodes.register`` (with its rendezvous address and devices;
+retrying until the monitor answers; a refusal stops it with exit code 1)
+and publishes a ``node_heartbeat`` listing its running jobs every
+``heartbeat_s``, and the ``job_heartbeat`` of every job that does not beat
+itself. Commands:
 
-* ``start_job`` spawns ``python -m executor.job`` (see that module for the
-  lead/worker/profile roles) and acknowledges once the process has sent its
-  first heartbeat, so the monitor's deadline starts on a live job;
-* ``stop_job`` sends SIGTERM, waits up to ``stop_grace_s`` (then SIGKILL) and
-  acknowledges with the job's ``samples_done``.
+* ``start_job``: the ledger's checks, then the backend's
+  (:meth:`executor.backend.Backend.check`); the backend spawns the job and
+  the start is acknowledged once :meth:`~executor.backend.JobHandle.started`
+  says so (emulated: the first heartbeat; real: spawned);
+* ``stop_job``: SIGTERM, SIGKILL after ``stop_grace_s``; acknowledged with
+  the job's ``samples_done`` (and, for real jobs, the exit code and log tail).
 
 The decisions (idempotency by key, conflicts, unknown jobs) are
-:class:`executor.ledger.NodeLedger`'s. A job process that exits non-zero
-without being asked to stop makes the executor publish ``job_failed``
-(msg_id ``<job>:job_failed``, the same as the monitor's, so a failure is
-recorded once). A start of a model the emulator does not know is refused
-with ``invalid`` and fails the job (``job_failed``): no server can run it, and
-it would otherwise wait for ever; a model that does not run on this
-server's GPU type is only refused.
+:class:`executor.ledger.NodeLedger`'s. A job whose processes end without
+being asked to stop gets the event its backend's outcome names
+(``job_failed`` with msg_id ``<job>:job_failed``, the monitor's id for the
+same verdict, so a failure is recorded once; ``job_finished``). A start the
+backend refuses as impossible anywhere (an unknown model, no command, a
+missing working folder, a program that cannot be run) is refused with
+``invalid`` and fails the job: it would otherwise wait for ever.
+
+The backends are :mod:`executor.emulated` and :mod:`executor.real`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import nats.errors
-from structlog.typing import FilteringBoundLogger
 
-from executor.emulator import EmulationError, Role, UnknownModel, check_runnable, role_of
+from executor.backend import Backend, JobHandle, OnEnding, StartFailed
+from executor.emulated import EmulatedBackend
+from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
+from executor.publish import NatsSink, publish_retrying
+from executor.real import RealBackend, RealSettings
 from executor.serving import serve_commands
-from services.runtime.bus import publish_event, request
+from services.runtime.bus import request
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.cluster import Cluster
@@ -48,6 +54,8 @@ from shared.events import (
     Command,
     CommandAck,
     JobFailed,
+    JobFinished,
+    JobHeartbeat,
     NodeHeartbeat,
     RegisterNode,
     StartJob,
@@ -57,8 +65,7 @@ from shared.events import (
     encode,
 )
 from shared.ids import JobId, ServerId
-from simulator.catalog import builtin_catalog
-from simulator.truth import GroundTruth
+from shared.node import Device
 
 
 @dataclass(frozen=True)
@@ -75,81 +82,49 @@ class ExecutorSettings:
     start_timeout_s: float = 30.0
     profile_iters: int = 20
     register_retry_s: float = 1.0
+    backend: str = "emulated"
+    address: str = "127.0.0.1"
+    run_dir: Path = Path(".hops/runs")
+    threads: int | None = None  # per process of a real job (None: the job's own)
+    affinity: tuple[tuple[int, ...], ...] = ()  # device index -> cores, real jobs
+    devices: tuple[Device, ...] = ()  # what the executor registers (real: discovered)
 
 
 class RegistrationRefused(RuntimeError):
     """The monitor refused this node (e.g. ``conflict``): a configuration error."""
 
 
-class JobProcess:
-    """One ``executor.job`` child: its progress as last reported, and its end."""
-
-    def __init__(self, cmd: StartJob, role: Role, proc: asyncio.subprocess.Process,
-                 log: FilteringBoundLogger, on_done: Callable[[], None]) -> None:
-        self.cmd = cmd
-        self.role = role
-        self.proc = proc
-        self.log = log
-        self.samples_done = cmd.samples_done
-        self.ready = asyncio.Event()
-        self.exited = asyncio.Event()
-        self.returncode: int | None = None
-        self.on_done = on_done  # called on the process's "finished" line
-        self.acked = False  # the start was acknowledged: its failures are the job's
-        self.stopping = False  # a stop was asked for: its exit is no failure
-
-    async def pump(self) -> None:
-        """Read the progress lines until the process ends."""
-        assert self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            try:
-                line = json.loads(raw)
-                self.samples_done = float(line["samples_done"])
-                if line["event"] == "ready":
-                    self.ready.set()
-                elif line["event"] == "finished":
-                    self.on_done()
-            except (ValueError, KeyError, TypeError):
-                self.log.warning("unreadable line from job process", line=raw[:200].decode(
-                    "utf-8", errors="replace"))
-        self.returncode = await self.proc.wait()
-        self.exited.set()
-
-    async def started(self, timeout: float) -> bool:
-        """Wait for the first heartbeat; False if the process ended or hung."""
-        ready = asyncio.create_task(self.ready.wait())
-        ended = asyncio.create_task(self.exited.wait())
-        _, pending = await asyncio.wait((ready, ended), timeout=timeout,
-                                        return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        return self.ready.is_set()
-
-    async def terminate(self, grace: float) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; returns once it ended."""
-        self.stopping = True
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.terminate()
-        try:
-            await asyncio.wait_for(self.exited.wait(), grace)
-        except TimeoutError:
-            self.log.warning("job process ignored SIGTERM; killing it")
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.exited.wait()
+def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> Backend:
+    """The backend ``settings.backend`` names."""
+    server = cluster.by_id[settings.server_id]
+    log = ctx.log.bind(server_id=server.id)
+    if settings.backend == "real":
+        options = LaunchOptions(gpu_type=server.gpu_type, sample_s=settings.sample_s,
+                                profile_iters=settings.profile_iters, threads=settings.threads,
+                                affinity=settings.affinity)
+        real = RealSettings(run_dir=settings.run_dir, options=options,
+                            stop_grace_s=settings.stop_grace_s)
+        return RealBackend(server, real, NatsSink(ctx.nc, ctx.js, log, ctx.spawn), log,
+                           ctx.spawn)
+    s = settings
+    job_args = ["--time-scale", repr(s.time_scale), "--heartbeat-s", repr(s.heartbeat_s),
+                "--sample-s", repr(s.sample_s), "--profile-iters", str(s.profile_iters),
+                "--nats-url", ctx.settings.nats_url, "--log-level", ctx.settings.log_level]
+    return EmulatedBackend(server, s.cluster, job_args, log, ctx.spawn)
 
 
 class NodeExecutor:
     """The executor of one server (see the module docstring)."""
 
-    def __init__(self, ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> None:
+    def __init__(self, ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster,
+                 backend: Backend) -> None:
         self.ctx = ctx
         self.settings = settings
         self.cluster = cluster
+        self.backend = backend
         self.server = cluster.by_id[settings.server_id]
-        self.truth = GroundTruth(cluster, builtin_catalog())
         self.ledger = NodeLedger(self.server)
-        self.procs: dict[JobId, JobProcess] = {}
+        self.procs: dict[JobId, JobHandle] = {}
         self.log = ctx.log.bind(server_id=self.server.id)
         self._inflight: dict[str, asyncio.Future[CommandAck]] = {}
         # One lock per job, kept: a waiter may hold it when it is released.
@@ -157,7 +132,8 @@ class NodeExecutor:
 
     async def register(self) -> None:
         req = RegisterNode(server=self.server, gpu_type=self.cluster.type_by_name[
-            self.server.gpu_type], order=self.settings.order, at=time.time())
+            self.server.gpu_type], order=self.settings.order, at=time.time(),
+            address=self.settings.address, devices=self.settings.devices)
         while not self.ctx.stopping.is_set():
             try:
                 reply = await request(self.ctx.nc, subjects.NODES_REGISTER, req, decode_reply)
@@ -167,15 +143,40 @@ class NodeExecutor:
                 continue
             if not reply.ok:
                 raise RegistrationRefused(f"registration refused ({reply.code}): {reply.error}")
-            self.log.info("registered", gpus=self.server.gpus, gpu_type=self.server.gpu_type)
+            self.log.info("registered", gpus=self.server.gpus, gpu_type=self.server.gpu_type,
+                          backend=self.backend.name, address=self.settings.address)
             return
+
+    async def recover(self) -> None:
+        """Book the jobs the backend adopted from before a restart (before
+        any command is served: a stop for one of them must find it)."""
+        for job in await self.backend.recover(self._ending):
+            cmd = job.cmd
+            self.ledger.book(cmd)
+            # A retried start of the adopted run is answered, not refused as a conflict.
+            self.ledger.remember(CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done))
+            self.procs[cmd.job_id] = job
+            acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            acked.set_result(True)
+            self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
+
+    def _ending(self, job_id: JobId) -> OnEnding:
+        return lambda: self.ledger.ending(job_id)
 
     async def heartbeats(self) -> None:
         while not self.ctx.stopping.is_set():
-            beat = NodeHeartbeat(server_id=self.server.id, at=time.time(),
-                                 running=self.ledger.running())
+            now = time.time()
+            beat = NodeHeartbeat(server_id=self.server.id, at=now,
+                                 running=self.ledger.running(), lost=self.backend.lost())
             with contextlib.suppress(nats.errors.Error):
                 await self.ctx.nc.publish(subjects.node_heartbeat(self.server.id), encode(beat))
+                for job in list(self.procs.values()):
+                    if not job.beats_itself:  # a real job knows nothing of NATS
+                        msg = JobHeartbeat(job_id=job.cmd.job_id, server_id=self.server.id,
+                                           samples_done=job.samples_done, at=now)
+                        await self.ctx.nc.publish(subjects.job_heartbeat(job.cmd.job_id),
+                                                  encode(msg))
+            await self.backend.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.heartbeat_s)
 
@@ -206,101 +207,104 @@ class NodeExecutor:
         refusal = self.ledger.refuse_start(cmd)
         if refusal is not None:
             return refusal
-        try:
-            check_runnable(self.truth, cmd.spec.model, self.server.id)
-        except EmulationError as e:
-            if isinstance(e, UnknownModel):  # it cannot run anywhere: do not leave it waiting
-                await self._fail(cmd.job_id, str(e))
-            return CommandAck(key=cmd.key, ok=False, code=INVALID, error=str(e))
-        role = role_of(cmd.mode, cmd.configuration, self.server.id)
+        no = self.backend.check(cmd)
+        if no is not None:
+            if no.fail_job:
+                await self._fail(cmd.job_id, no.error)
+            return CommandAck(key=cmd.key, ok=False, code=no.code, error=no.error)
         self.ledger.book(cmd)
         try:
-            job = await self._spawn(cmd, role)
+            job = await self.backend.spawn(cmd, self._ending(cmd.job_id))
+        except StartFailed as e:  # the job's program cannot run: not here, not anywhere
+            self.ledger.release(cmd.job_id)
+            await self._fail(cmd.job_id, e.error, e.exit_code, e.log_tail)
+            return CommandAck(key=cmd.key, ok=False, code=INVALID, error=e.error,
+                              exit_code=e.exit_code, log_tail=e.log_tail)
         except Exception:  # e.g. no more processes: nothing runs, nothing stays booked
             self.ledger.release(cmd.job_id)
             raise
-        if not await job.started(self.settings.start_timeout_s):
+        self.procs[cmd.job_id] = job
+        acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
+        why: str | None = "the start was interrupted"
+        try:
+            why = await job.started(self.settings.start_timeout_s)
+        finally:  # the watcher waits on this, whatever happens here
+            acked.set_result(why is None)
+        if why is not None:
             await job.terminate(self.settings.stop_grace_s)
-            self.ledger.release(cmd.job_id)
-            self.procs.pop(cmd.job_id, None)
-            why = f"exit code {job.returncode}" if job.returncode is not None else "no heartbeat"
-            return CommandAck(key=cmd.key, ok=False, code=INTERNAL,
-                              error=f"job process did not start ({why})")
-        job.acked = True
+            self._forget(job)
+            return CommandAck(key=cmd.key, ok=False, code=INTERNAL, error=why)
         return CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done)
 
-    async def _spawn(self, cmd: StartJob, role: Role) -> JobProcess:
-        s = self.settings
-        argv = [
-            "-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
-            "--cluster", s.cluster, "--time-scale", repr(s.time_scale),
-            "--heartbeat-s", repr(s.heartbeat_s), "--sample-s", repr(s.sample_s),
-            "--profile-iters", str(s.profile_iters), "--nats-url", self.ctx.settings.nats_url,
-            "--log-level", self.ctx.settings.log_level,
-        ]
-        # The command goes on stdin: a job spec may be longer than one argument may be.
-        proc = await asyncio.create_subprocess_exec(sys.executable, *argv,
-                                                    stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE)
-        assert proc.stdin is not None
-        proc.stdin.write(encode(cmd))
-        proc.stdin.close()
-        log = self.log.bind(job_id=cmd.job_id, role=role, pid=proc.pid)
-        log.info("job process started", mode=cmd.mode, gpu_indices=list(cmd.gpu_indices),
-                 samples_done=cmd.samples_done)
-        job = JobProcess(cmd, role, proc, log, lambda: self.ledger.ending(cmd.job_id))
-        self.procs[cmd.job_id] = job
-        self.ctx.spawn(self._watch(job), name=f"job-{cmd.job_id}")
-        return job
-
-    async def _watch(self, job: JobProcess) -> None:
-        """Follow a job process to its end; publish job_failed if it failed."""
-        await job.pump()
-        rc = job.returncode
+    def _forget(self, job: JobHandle) -> None:
+        """The job's processes are gone: free its GPUs."""
         if self.procs.get(job.cmd.job_id) is job:
             del self.procs[job.cmd.job_id]
             self.ledger.release(job.cmd.job_id)
-        if job.stopping or not job.acked:
-            return
-        if rc == 0:
-            job.log.info("job process ended", samples_done=job.samples_done)
-            return
-        job.log.warning("job process failed", exit_code=rc)
-        await self._fail(job.cmd.job_id, f"job process exited with code {rc} on "
-                                         f"{self.server.id}")
+        self.backend.forget(job)
 
-    async def _fail(self, job_id: JobId, reason: str) -> None:
-        """Publish ``job_failed`` (msg_id shared with the monitor: recorded once)."""
-        event = JobFailed(job_id=job_id, at=time.time(), reason=reason)
-        try:
-            await publish_event(self.ctx.js, subjects.job_events(job_id), event,
-                                msg_id=f"{job_id}:job_failed")
-        except Exception as e:  # a failed process is still caught by the monitor
-            self.log.warning("cannot publish job_failed", job_id=job_id, error=repr(e))
+    async def _watch(self, job: JobHandle, acked: asyncio.Future[bool]) -> None:
+        """Follow a job to its end; publish what its outcome calls for."""
+        outcome = await job.wait()
+        self._forget(job)
+        if job.stopping or not await acked:
+            return  # a stop is acknowledged by the stop; a failed start by the start
+        event = outcome.event
+        if event is None:
+            job.log.info("job processes ended", samples_done=job.samples_done,
+                         exit_code=outcome.exit_code)
+        elif isinstance(event, JobFinished):
+            job.log.info("job finished", samples_done=job.samples_done,
+                         exit_code=outcome.exit_code)
+            await publish_retrying(self.ctx.js, subjects.job_events(event.job_id), event,
+                                   f"{event.job_id}:job_finished", job.log)
+        else:
+            job.log.warning("job process failed", exit_code=event.exit_code,
+                            reason=event.reason)
+            await self._publish_failed(event)
+
+    async def _fail(self, job_id: JobId, reason: str, exit_code: int | None = None,
+                    log_tail: str = "") -> None:
+        await self._publish_failed(JobFailed(job_id=job_id, at=time.time(), reason=reason,
+                                             exit_code=exit_code, log_tail=log_tail))
+
+    async def _publish_failed(self, event: JobFailed) -> None:
+        """``job_failed`` (msg_id shared with the monitor: recorded once). A
+        failure not published is still caught by the monitor's deadlines."""
+        await publish_retrying(self.ctx.js, subjects.job_events(event.job_id), event,
+                               f"{event.job_id}:job_failed", self.log.bind(job_id=event.job_id))
 
     async def _stop(self, cmd: StopJob) -> CommandAck:
         refusal = self.ledger.refuse_stop(cmd)
         if refusal is not None:
             return refusal
         job = self.procs.get(cmd.job_id)
-        samples = 0.0
+        samples, exit_code, tail = 0.0, None, ""
         if job is not None:
             await job.terminate(self.settings.stop_grace_s)
             samples = job.samples_done
-            job.log.info("job stopped", reason=cmd.reason, samples_done=samples)
-            self.procs.pop(cmd.job_id, None)
+            exit_code, tail = job.stop_details()
+            job.log.info("job stopped", reason=cmd.reason, samples_done=samples,
+                         exit_code=exit_code)
+            self._forget(job)
         self.ledger.release(cmd.job_id)
-        return CommandAck(key=cmd.key, ok=True, samples_done=samples)
+        return CommandAck(key=cmd.key, ok=True, samples_done=samples, exit_code=exit_code,
+                          log_tail=tail)
 
     async def shutdown(self) -> None:
-        """Stop every job process (the node goes away with its jobs)."""
+        """Stop every job (the node goes away with its jobs), keep the rest."""
         jobs = list(self.procs.values())
         await asyncio.gather(*(j.terminate(self.settings.stop_grace_s) for j in jobs))
+        for job in jobs:
+            self._forget(job)
+        await self.backend.close()
 
 
 async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> None:
-    """The executor's ``main``: serve commands, register, beat until stopped."""
-    node = NodeExecutor(ctx, settings, cluster)
+    """The executor's ``main``: adopt, serve commands, register, beat until stopped."""
+    node = NodeExecutor(ctx, settings, cluster, make_backend(ctx, settings, cluster))
+    await node.recover()
     # Serve first: once the monitor lists the node, it takes commands.
     await serve_commands(ctx.nc, subjects.exec_commands(node.server.id), node.handle,
                          ctx.reporter)
@@ -309,7 +313,7 @@ async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clu
         return
     ctx.spawn(node.heartbeats(), name="heartbeats")
     node.log.info("executor serving", subject=subjects.exec_commands(node.server.id),
-                  time_scale=settings.time_scale)
+                  backend=settings.backend, time_scale=settings.time_scale)
     try:
         await ctx.stopping.wait()
     finally:

@@ -1,8 +1,9 @@
-"""``python -m executor --cluster C --all``: one EMULATED executor process per
-server of the cluster, kept running.
+"""``python -m executor --cluster C --all``: one executor process per server
+of the cluster, kept running.
 
 Each server gets ``python -m executor --cluster C --server-id S --order I``
-with the supervisor's other flags, ``I`` being the server's index in the
+with the supervisor's other flags (``--backend``, ``--run-dir``,
+``--cpu-affinity`` ... included), ``I`` being the server's index in the
 cluster (its adjacency order). A child that exits while the supervisor runs
 is restarted after a back-off (1 s, doubling up to 30 s; reset once a child
 stayed up a minute). SIGTERM/SIGINT stop every child and then the

@@ -140,7 +140,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the gateway's JSON"
 
 @app.command()
 def up(
-    cluster: Annotated[str, typer.Option(help="emulated cluster: a built-in name or a file")] = (
+    cluster: Annotated[str, typer.Option(help="cluster: a built-in name or a file")] = (
         "paper-physical"
     ),
     time_scale: Annotated[float, typer.Option(help="emulated seconds per real second")] = 60.0,
@@ -151,8 +151,15 @@ def up(
     metrics_port: Annotated[int, typer.Option(help="the monitor's Prometheus port")] = 9464,
     round_s: Annotated[float, typer.Option(help="scheduling round, s")] = 30.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    executor: Annotated[str, typer.Option(
+        help="emulated (jobs train nothing) or real (each job's command, one process per GPU)"
+    )] = "emulated",
+    cpu_affinity: Annotated[str, typer.Option(
+        help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
+    )] = "",
 ) -> None:
-    """Run the live system here, one process each (NATS, services, gateway, EMULATED GPUs)."""
+    """Run the live system here, one process each (NATS, services, gateway, and one
+    executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
     from hops.stack import StackConfig
     from hops.up import stdout_say
     from hops.up import up as run_up
@@ -162,6 +169,8 @@ def up(
             cluster=cluster, time_scale=time_scale, data_dir=data_dir,
             gateway_host=gateway_host, gateway_port=gateway_port, metrics_port=metrics_port,
             round_s=round_s, log_level=log_level,
+            executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
+            cpu_affinity=cpu_affinity,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

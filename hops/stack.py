@@ -2,7 +2,7 @@
 
 Each :class:`Component` is one program of the live system (§3: the scheduler
 with its estimator and profiler, the placer, the monitor, the HTTP gateway
-and the emulated GPU cluster) and the exact command that runs it,
+and the GPU cluster's executors, emulated or real) and the exact command that runs it,
 ``python -m <module> [args]``. ``hops up`` (:mod:`hops.up`) runs each command
 as a local process; every service of compose.yaml runs the same command in
 a container (``tests/test_compose.py`` checks that they agree). Everything
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
 PYTHON = "python"
@@ -33,6 +34,8 @@ DEFAULT_METRICS_PORT = 9464
 # as late up to 30 s, back to 1 s once it had run for a minute.
 RESTART_DELAY_S = (1.0, 30.0)
 STABLE_S = 60.0
+EXECUTORS = ("emulated", "real")
+ExecutorKind = Literal["emulated", "real"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,15 @@ class StackConfig:
     metrics_port: int = DEFAULT_METRICS_PORT
     round_s: float = DEFAULT_ROUND_S
     log_level: str = "info"
+    executor: ExecutorKind = "emulated"
+    cpu_affinity: str = ""  # real executors on CPU devices: cores per device
 
     def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, "
+                             f"got {self.executor!r}")
+        if self.cpu_affinity and self.executor != "real":
+            raise ValueError("a CPU affinity is for real executors (--executor real)")
         if self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
         if self.round_s <= 0:
@@ -78,6 +88,11 @@ class StackConfig:
     @property
     def state_file(self) -> Path:
         return self.data_dir / "up.json"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where real executors keep their jobs' logs, checkpoints and reports."""
+        return self.data_dir / "runs"
 
 
 @dataclass(frozen=True)
@@ -135,12 +150,7 @@ def components(config: StackConfig) -> tuple[Component, ...]:
             doc="admission, leader lease, the Hops policy every round (§3.4-3.6)",
         ),
         Component("placer", "services.placer", doc="applies plans on the executors"),
-        Component(
-            "cluster",
-            "executor",
-            args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
-            doc="the EMULATED GPU cluster: one emulated executor per server",
-        ),
+        _cluster(config),
         Component(
             "gateway",
             "gateway",
@@ -150,6 +160,25 @@ def components(config: StackConfig) -> tuple[Component, ...]:
             },
             doc="the HTTP API",
         ),
+    )
+
+
+def _cluster(config: StackConfig) -> Component:
+    """The executors: emulated (jobs advance at the ground truth's rate), or
+    real (each job's own command, one process per GPU, files in the run
+    folder)."""
+    if config.executor == "real":
+        args: tuple[str, ...] = ("--cluster", config.cluster, "--all", "--backend", "real")
+        if config.cpu_affinity:
+            args += ("--cpu-affinity", config.cpu_affinity)
+        return Component("cluster", "executor", args=args,
+                         env={"HOPS_RUN_DIR": str(config.runs_dir)},
+                         doc="the REAL cluster: one executor per server running jobs' commands")
+    return Component(
+        "cluster",
+        "executor",
+        args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
+        doc="the EMULATED GPU cluster: one emulated executor per server",
     )
 
 

@@ -8,6 +8,9 @@ metrics are, and supervises: a process that ends without being asked to is
 reported (with its log file). SIGINT (Ctrl-C) or SIGTERM stops everything:
 SIGTERM to each process, a grace period, then SIGKILL to whatever is left of
 each one's process group (emulated jobs included), and nats-server last.
+Real executors (``--executor real``) stop their jobs themselves on SIGTERM:
+a real job runs in a process group of its own, so that it can outlive a
+crash of its executor.
 ``<data-dir>/up.json`` lists the processes while the stack runs.
 """
 
@@ -238,10 +241,16 @@ def _write_state(config: StackConfig, nats: EmbeddedNats, children: list[Child])
     config.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
 
+def _executors(config: StackConfig) -> str:
+    if config.executor == "real":
+        return f"real executors, job files in {config.runs_dir}/"
+    return f"emulated, time x{config.time_scale:g}"
+
+
 def banner(config: StackConfig, nats_url: str) -> str:
     return "\n".join(
         [
-            f"Hops is up: cluster {config.cluster} (emulated, time x{config.time_scale:g}), "
+            f"Hops is up: cluster {config.cluster} ({_executors(config)}), "
             f"rounds of {config.round_s:g} s",
             f"  gateway  {config.gateway_url}   (API docs {config.gateway_url}/docs)",
             f"  metrics  {config.metrics_url}",

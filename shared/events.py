@@ -274,9 +274,14 @@ class ProfileReported(Message, frozen=True, tag="profile_reported"):
 
 
 class NodeHeartbeat(Message, frozen=True, tag="node_heartbeat"):
+    """``running``: the jobs whose processes run here; ``lost``: jobs this
+    node ran before its executor restarted whose processes were gone by then
+    (the monitor releases their part at once, as a vanished process)."""
+
     server_id: ServerId
     at: float
     running: tuple[JobId, ...] = ()
+    lost: tuple[JobId, ...] = ()
 
 
 class JobHeartbeat(Message, frozen=True, tag="job_heartbeat"):

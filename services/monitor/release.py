@@ -20,7 +20,9 @@ node lost           ``job_stopped`` ("node        the placement's other servers
                     lost"): back to the queue
 profile reported    none                          the profiled server (its part only)
 process vanished    ``job_stopped``, for a run    every server of a run; a profiling
-(ended, no event)   (a profiling run: none)       run's server (its part only)
+(ended, no event;   (a profiling run: none)       run's server (its part only)
+or lost by a
+restarted executor)
 ==================  ============================  =====================================
 
 A profiling placement that loses its node publishes no ``job_stopped``

@@ -6,7 +6,9 @@ failed or ended, releasing the occupied resources immediately").
 * node and job heartbeats feed the :class:`DeadlineTracker`, checked every
   ``check_s``; a heartbeat from a server never registered is an error
   record (at most one per server per minute); a lost node that beats again
-  is alive again;
+  is alive again; a job a node's heartbeat lists as ``lost`` (its executor
+  restarted and found the job's processes gone) is released at once, as a
+  vanished process;
 * ``HOPS_JOBS`` (durable ``monitor``): ``job_finished``, ``job_failed`` and
   ``job_cancelled`` release the job's resources at once;
   ``hops.v1.profiles.*`` (durable ``monitor-profiles``): a profiling run
@@ -274,6 +276,22 @@ class Monitor:
             self.nodes[beat.server_id] = record
             await self.kv_nodes.put(sid, msgspec.json.encode(record))
             self.log.warning("node is back", server_id=sid)
+        for job in beat.lost:
+            self._release_lost(job, beat.server_id)
+
+    def _release_lost(self, job: JobId, sid: ServerId) -> None:
+        """The node's executor restarted and found the job's processes gone:
+        its part is released at once, as a vanished process (no deadline,
+        no grace: the node said so). Once only: the node lists the job for
+        a while, and a released part is no longer expected."""
+        if sid not in self.tracker.expected(job):
+            return
+        progress = self.tracker.progress(job)
+        self.tracker.release(job)  # before any await: not judged again
+        self.log.warning("job process lost while its executor was away", job_id=job,
+                         server_id=sid)
+        self.releaser.spawn(job, partial(on_vanished, server=sid, samples_done=progress,
+                                         ended=job in self.ended))
 
     async def _on_job_beat(self, msg: Msg) -> None:
         beat = decode_job_heartbeat(msg.data)

@@ -1,0 +1,123 @@
+"""What a node executor needs from the part that runs jobs: a backend.
+
+:mod:`executor.service` holds everything both kinds of executor share (the
+command handling, the ledger, idempotency, registration, heartbeats, the
+verdicts published for a job). A backend only runs jobs:
+
+* :class:`executor.emulated.EmulatedBackend` runs each job as one
+  ``python -m executor.job`` process that trains nothing;
+* :class:`executor.real.RealBackend` runs the job's own command, one process
+  per GPU, and survives its own restart (:mod:`executor.adopt`).
+
+A backend first judges a start (:meth:`Backend.check`), then spawns it
+(:meth:`Backend.spawn`) and hands back a :class:`JobHandle`, which the
+service acknowledges once :meth:`JobHandle.started` says so, stops with
+:meth:`JobHandle.terminate` and follows to its :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from structlog.typing import FilteringBoundLogger
+
+from shared.events import JobFailed, JobFinished, StartJob
+from shared.ids import JobId
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a start cannot run here. ``fail_job``: it cannot run anywhere
+    either (e.g. no command to run), so the job gets ``job_failed`` rather
+    than waiting for ever."""
+
+    code: str
+    error: str
+    fail_job: bool = False
+
+
+class StartFailed(Exception):
+    """The job's command could not be started (no such program, not
+    executable): the start is refused and the job fails, wherever it would run."""
+
+    def __init__(self, error: str, exit_code: int | None = None, log_tail: str = "") -> None:
+        super().__init__(error)
+        self.error = error
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job's processes on this node ended. ``event`` is what the
+    executor publishes for it when nobody asked it to stop (None: nothing,
+    e.g. the emulated lead published its own ``job_finished``)."""
+
+    exit_code: int | None
+    log_tail: str = ""
+    event: JobFinished | JobFailed | None = None
+
+
+# Called when a job's processes said they are done and are exiting (the
+# ledger then stops listing the job as running; see NodeLedger.ending).
+OnEnding = Callable[[], None]
+
+
+class JobHandle(Protocol):
+    """One job's processes on this node, as the service sees them."""
+
+    cmd: StartJob
+    log: FilteringBoundLogger
+
+    @property
+    def beats_itself(self) -> bool:
+        """True when the job publishes its own ``job_heartbeat`` (emulated)."""
+
+    @property
+    def samples_done(self) -> float:
+        """The job's progress as last reported."""
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for: the end is no failure."""
+
+    async def started(self, timeout: float) -> str | None:
+        """None once the job runs; else why it did not start."""
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM, SIGKILL after ``grace`` seconds; returns once it ended."""
+
+    async def wait(self) -> Outcome:
+        """The job's end on this node."""
+
+    def stop_details(self) -> tuple[int | None, str]:
+        """The exit code and log tail a stop acknowledges (after terminate)."""
+
+
+class Backend(Protocol):
+    """Runs jobs for :class:`executor.service.NodeExecutor`."""
+
+    name: str
+
+    def check(self, cmd: StartJob) -> Refusal | None:
+        """The refusal of a start the ledger accepted, or None."""
+
+    async def spawn(self, cmd: StartJob, on_ending: OnEnding) -> JobHandle:
+        """Start ``cmd``'s processes; :class:`StartFailed` when they cannot be."""
+
+    async def recover(self, on_ending: Callable[[JobId], OnEnding]) -> list[JobHandle]:
+        """The jobs still running from before a restart (adopted)."""
+
+    def lost(self) -> tuple[JobId, ...]:
+        """Jobs whose processes were gone when the executor came back."""
+
+    def forget(self, job: JobHandle) -> None:
+        """The job ended here (or was stopped): nothing more to keep of it."""
+
+    async def tick(self) -> None:
+        """Periodic housekeeping (called every heartbeat)."""
+
+    async def close(self) -> None:
+        """The executor stops (after its jobs were stopped)."""

@@ -1,0 +1,166 @@
+"""The EMULATED backend: each job is one ``python -m executor.job`` process
+(see that module for the lead/worker/profile roles) that trains nothing.
+
+The start is acknowledged once the process has sent its first heartbeat, so
+the monitor's deadline starts on a live job. The process publishes its own
+heartbeats, samples, profile and ``job_finished``; it reports progress to
+the executor on stdout. A model the emulator does not know is refused and
+fails the job (no server could run it); a model that does not run on this
+server's GPU type is only refused. An emulated job does not outlive its
+executor (it notices it was re-parented and exits), so nothing is adopted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from structlog.typing import FilteringBoundLogger
+
+from executor.backend import JobHandle, OnEnding, Outcome, Refusal
+from executor.emulator import EmulationError, Role, UnknownModel, check_runnable, role_of
+from shared.cluster import Server
+from shared.events import INVALID, JobFailed, StartJob, encode
+from shared.ids import JobId
+from simulator.catalog import builtin_catalog
+from simulator.clusters import cluster_arg
+from simulator.truth import GroundTruth
+
+Spawner = Callable[[Coroutine[Any, Any, None], str], object]
+
+
+class JobProcess:
+    """One ``executor.job`` child: its progress as last reported, and its end."""
+
+    beats_itself = True
+
+    def __init__(self, cmd: StartJob, role: Role, proc: asyncio.subprocess.Process,
+                 log: FilteringBoundLogger, on_done: OnEnding) -> None:
+        self.cmd = cmd
+        self.role = role
+        self.proc = proc
+        self.log = log
+        self.samples_done = cmd.samples_done
+        self.ready = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.returncode: int | None = None
+        self.on_done = on_done  # called on the process's "finished" line
+        self.stopping = False  # a stop was asked for: its exit is no failure
+
+    async def pump(self) -> None:
+        """Read the progress lines until the process ends."""
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            try:
+                line = json.loads(raw)
+                self.samples_done = float(line["samples_done"])
+                if line["event"] == "ready":
+                    self.ready.set()
+                elif line["event"] == "finished":
+                    self.on_done()
+            except (ValueError, KeyError, TypeError):
+                self.log.warning("unreadable line from job process", line=raw[:200].decode(
+                    "utf-8", errors="replace"))
+        self.returncode = await self.proc.wait()
+        self.exited.set()
+
+    async def started(self, timeout: float) -> str | None:
+        """Wait for the first heartbeat; the reason when the process ended or hung."""
+        ready = asyncio.create_task(self.ready.wait())
+        ended = asyncio.create_task(self.exited.wait())
+        _, pending = await asyncio.wait((ready, ended), timeout=timeout,
+                                        return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if self.ready.is_set():
+            return None
+        why = f"exit code {self.returncode}" if self.returncode is not None else "no heartbeat"
+        return f"job process did not start ({why})"
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns once it ended."""
+        self.stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.exited.wait(), grace)
+        except TimeoutError:
+            self.log.warning("job process ignored SIGTERM; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.exited.wait()
+
+    async def wait(self) -> Outcome:
+        """The process's end: a non-zero exit is the job's failure (the lead
+        published its own ``job_finished`` on success)."""
+        await self.exited.wait()
+        rc = self.returncode
+        if rc == 0:
+            return Outcome(exit_code=0)
+        reason = f"job process exited with code {rc} on {self.cmd.server_id}"
+        return Outcome(exit_code=rc, event=JobFailed(job_id=self.cmd.job_id, at=time.time(),
+                                                     reason=reason, exit_code=rc))
+
+    def stop_details(self) -> tuple[int | None, str]:
+        return None, ""  # an emulated job's exit says nothing about the job
+
+
+class EmulatedBackend:
+    """Runs emulated jobs (see the module docstring)."""
+
+    name = "emulated"
+
+    def __init__(self, server: Server, cluster: str, job_args: list[str],
+                 log: FilteringBoundLogger, spawn_task: Spawner) -> None:
+        self.server = server
+        self.cluster = cluster
+        self.job_args = job_args  # the flags every executor.job gets (time scale, NATS, ...)
+        self.log = log
+        self.spawn_task = spawn_task
+        self.truth = GroundTruth(cluster_arg(cluster), builtin_catalog())
+
+    def check(self, cmd: StartJob) -> Refusal | None:
+        try:
+            check_runnable(self.truth, cmd.spec.model, self.server.id)
+        except EmulationError as e:
+            # An unknown model cannot run anywhere: do not leave it waiting.
+            return Refusal(INVALID, str(e), fail_job=isinstance(e, UnknownModel))
+        return None
+
+    async def spawn(self, cmd: StartJob, on_ending: OnEnding) -> JobHandle:
+        role = role_of(cmd.mode, cmd.configuration, self.server.id)
+        argv = ["-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
+                "--cluster", self.cluster, *self.job_args]
+        # The command goes on stdin: a job spec may be longer than one argument may be.
+        proc = await asyncio.create_subprocess_exec(sys.executable, *argv,
+                                                    stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE)
+        assert proc.stdin is not None
+        proc.stdin.write(encode(cmd))
+        proc.stdin.close()
+        log = self.log.bind(job_id=cmd.job_id, role=role, pid=proc.pid)
+        log.info("job process started", mode=cmd.mode, gpu_indices=list(cmd.gpu_indices),
+                 samples_done=cmd.samples_done)
+        job = JobProcess(cmd, role, proc, log, on_ending)
+        self.spawn_task(job.pump(), f"job-{cmd.job_id}")
+        return job
+
+    async def recover(self, on_ending: Callable[[JobId], OnEnding]) -> list[JobHandle]:
+        return []  # emulated jobs die with their executor
+
+    def lost(self) -> tuple[JobId, ...]:
+        return ()
+
+    def forget(self, job: JobHandle) -> None:
+        pass
+
+    async def tick(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
