@@ -58,12 +58,15 @@ class Profiled(ReportLine, frozen=True, tag="profiled"):
 
 class Sampled(ReportLine, frozen=True, tag="sampled"):
     """Running mode, every sample period: the measured per-process (per-GPU)
-    throughput over the period and per-iteration data and wait times."""
+    throughput over the period and per-iteration data and wait times.
+    ``comm_times`` pairs with them where the gradient all-reduce's time was
+    measured (DistributedDataParallel on gloo), else it is empty."""
 
     samples_done: float
     per_gpu_throughput: float
     data_times: tuple[float, ...] = ()
     wait_times: tuple[float, ...] = ()
+    comm_times: tuple[float, ...] = ()
 
 
 class Checkpointed(ReportLine, frozen=True, tag="checkpointed"):
