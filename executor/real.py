@@ -195,7 +195,7 @@ class RealJob:
         log_of = failed[0] if failed is not None else 0
         tail = log_tail(self.logs[log_of]) if log_of < len(self.logs) else ""
         end = End(self._exits, adopted=self.adopted, log_tail=tail)
-        event = verdict(self.reports, end, self.node_rank, time.time())
+        event = verdict(self.reports, end, self.node_rank, time.time(), self.stopping)
         return Outcome(exit_code=self._exits.get(0), log_tail=tail, event=event)
 
     async def terminate(self, grace: float) -> None:

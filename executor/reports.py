@@ -162,10 +162,13 @@ class End:
         return None
 
 
-def verdict(reports: JobReports, end: End, node_rank: int,
-            now: float) -> JobFinished | JobFailed | None:
-    """The event the job's end on this node calls for, when nobody asked it
-    to stop:
+def verdict(reports: JobReports, end: End, node_rank: int, now: float,
+            stopped: bool = False) -> JobFinished | JobFailed | None:
+    """The event the job's end on this node calls for. After a stop
+    (``stopped``) the stop's ack tells how it ended, except for a run whose
+    node of rank 0 reported ``finished`` before the stop reached it (it was
+    exiting): ``job_finished``, else the work would be requeued and done
+    again from an older checkpoint. When nobody asked it to stop:
 
     * a rank exited non-zero (or by a signal, -N): ``job_failed``;
     * adopted processes ended on the node of rank 0 without a report that
@@ -176,6 +179,11 @@ def verdict(reports: JobReports, end: End, node_rank: int,
     * anything else (other nodes, a profiling run whose report is out): none.
     """
     cmd = reports.cmd
+    if stopped:
+        if cmd.mode == "run" and node_rank == 0 and reports.finished:
+            return JobFinished(job_id=cmd.job_id, at=now, exit_code=end.exits.get(0),
+                               log_tail=end.log_tail)
+        return None
     where = f"on {cmd.server_id}"
     failed = end.failure()
     if failed is not None:

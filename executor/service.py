@@ -287,6 +287,13 @@ class NodeExecutor:
             exit_code, tail = job.stop_details()
             job.log.info("job stopped", reason=cmd.reason, samples_done=samples,
                          exit_code=exit_code)
+            finished = (await job.wait()).event
+            if isinstance(finished, JobFinished):
+                # It had done its work and was exiting: said before the ack, as a
+                # job that ends by itself says it, so the job is not run again.
+                job.log.info("job finished before the stop", samples_done=samples)
+                await publish_retrying(self.ctx.js, subjects.job_events(cmd.job_id), finished,
+                                       f"{cmd.job_id}:job_finished", job.log)
             self._forget(job)
         self.ledger.release(cmd.job_id)
         return CommandAck(key=cmd.key, ok=True, samples_done=samples, exit_code=exit_code,

@@ -1,5 +1,6 @@
 """The whole live system for tests: nats-server, every service and an
-EMULATED GPU cluster, each its own OS process.
+EMULATED GPU cluster (or, with ``executor="real"``, real executors running
+jobs' commands), each its own OS process.
 
 :class:`LiveStack` runs the process table of :mod:`hops.stack` with the
 launcher of ``hops up`` (:class:`hops.up.Launcher`), so a test runs the
@@ -40,7 +41,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from hops.stack import Component, StackConfig, components
+from hops.stack import Component, ExecutorKind, StackConfig, components
 from hops.up import Child, Launcher, wait_healthy
 from services.runtime.kv import read_bucket
 from services.runtime.natsd import EmbeddedNats
@@ -233,6 +234,8 @@ class LiveStack:
     time_scale: float = 600.0
     round_s: float = 2.0
     env: Mapping[str, str] = field(default_factory=dict)
+    executor: ExecutorKind = "emulated"
+    cpu_affinity: str = ""
     said: list[str] = field(default_factory=list)
     procs: dict[str, Child] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
@@ -243,7 +246,8 @@ class LiveStack:
         self.nats = EmbeddedNats(self.data_dir / "nats", port=free_port())
         self.config = StackConfig(cluster=str(self.cluster_file), time_scale=self.time_scale,
                                   data_dir=self.data_dir, gateway_port=free_port(),
-                                  metrics_port=free_port(), round_s=self.round_s)
+                                  metrics_port=free_port(), round_s=self.round_s,
+                                  executor=self.executor, cpu_affinity=self.cpu_affinity)
         self.launcher = Launcher(self.config, self.said.append, grace=10.0)
         self.bus: Bus | None = None
 
