@@ -1,0 +1,157 @@
+"""This host's gloo all-reduce bandwidth, in Eq. (2)'s unit (parameters/s).
+
+Two processes, each pinned to one core with one torch thread, join a gloo
+group over loopback and time ``all_reduce`` of fp32 tensors of known sizes
+(the range of the examples' parameter counts, 114 k and 339 k): a barrier,
+then the timed collective, repeated after a warm-up. On this host a
+collective takes either a fraction of a millisecond or some 3 ms more, at
+random (a wake-up of the other virtual CPU, it seems), so the *mean* is
+used: Eq. (4) wants the expected iteration time, and a median would flip
+between the two modes from one measurement to the next.
+
+Eq. (2) has no latency term, so one time per parameter ``k`` is fitted
+through the origin, T(p) ≈ k·p, minimising the relative error over the
+sizes. For N = 2 processes Eq. (2) reads T_c = params/B_link · (N-1)/N on
+one node and T_c = params/B_net across nodes; the same measured time gives
+B_link = (N-1)/N / k and B_net = 1/k. Both "servers" of the study are this
+host, so the two differ only by Eq. (2)'s factor, not by the link.
+
+Run as a module, this file is one of the two measuring processes::
+
+    python -m bench.accuracy_bw RANK PORT SIZE[,SIZE...] REPS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from shared.cluster import Cluster, GpuTypeSpec, Server
+from shared.ids import GpuType, ServerId
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = (98_304, 131_072, 196_608, 262_144, 393_216)
+REPS = 100
+WARMUP = 10
+PROCESSES = 2
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Measured all-reduce means (seconds per size), their 10th, 50th and
+    90th percentiles, and the Eq. (2) fit."""
+
+    times: dict[int, float]
+    spread: dict[int, tuple[float, float, float]]
+    seconds_per_param: float
+
+    @property
+    def link(self) -> float:
+        """B_link of Eq. (2) for N = 2 on one node."""
+        return (PROCESSES - 1) / PROCESSES / self.seconds_per_param
+
+    @property
+    def net(self) -> float:
+        """B_net of Eq. (2) across nodes."""
+        return 1.0 / self.seconds_per_param
+
+
+def fit_seconds_per_param(times: dict[int, float]) -> float:
+    """k minimising sum(((T_i - k·p_i)/T_i)²): k = Σ(p/T) / Σ(p/T)²."""
+    ratios = [p / t for p, t in times.items() if t > 0]
+    if not ratios:
+        raise ValueError("no all-reduce time measured")
+    return sum(ratios) / sum(r * r for r in ratios)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def measure(sizes: tuple[int, ...] = SIZES, reps: int = REPS, timeout_s: float = 300) -> Bandwidth:
+    """Run the two pinned processes and fit Eq. (2)'s bandwidths."""
+    port = free_port()
+    arg = ",".join(map(str, sizes))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.accuracy_bw", str(rank), str(port), arg, str(reps)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        )
+        for rank in range(PROCESSES)
+    ]
+    outputs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"all-reduce measurement failed: {[p.returncode for p in procs]}")
+    # Rank 0's times: after the barrier both ranks are in the collective.
+    raw = {int(k): v for k, v in json.loads(outputs[0]).items()}
+    times = {size: statistics.fmean(raw[size]) for size in sizes}
+    spread = {size: _percentiles(raw[size]) for size in sizes}
+    return Bandwidth(times, spread, fit_seconds_per_param(times))
+
+
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    deciles = statistics.quantiles(values, n=10)
+    return deciles[0], statistics.median(values), deciles[-1]
+
+
+def cluster_of(bw: Bandwidth) -> Cluster:
+    """The study's cluster: node-a with 2 CPU "GPUs", node-b with 1."""
+    cpu = GpuType("cpu")
+    return Cluster(
+        gpu_types=(GpuTypeSpec(cpu, link_bandwidth=round(bw.link), net_bandwidth=round(bw.net)),),
+        servers=(Server(ServerId("node-a"), cpu, 2, cpu="core 0 | core 1"),
+                 Server(ServerId("node-b"), cpu, 1, cpu="core 1")),
+        name="accuracy-cpu",
+    )
+
+
+def write_cluster(cluster: Cluster, path: Path) -> Path:
+    """The cluster spec file the executors load (JSON)."""
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(cluster)))
+    return path
+
+
+def _worker(rank: int, port: int, sizes: list[int], reps: int) -> dict[int, list[float]]:
+    """One measuring process: pinned, one thread, gloo over loopback."""
+    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=PROCESSES)
+    measured: dict[int, list[float]] = {}
+    try:
+        for size in sizes:
+            tensor = torch.ones(size)
+            for _ in range(WARMUP):
+                dist.all_reduce(tensor)
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                times.append(time.perf_counter() - start)
+            measured[size] = times
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return measured
+
+
+if __name__ == "__main__":
+    _rank, _port, _sizes, _reps = sys.argv[1:5]
+    result = _worker(int(_rank), int(_port), [int(s) for s in _sizes.split(",")], int(_reps))
+    print(json.dumps(result))
