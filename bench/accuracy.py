@@ -10,13 +10,19 @@ On this host (CPU cores standing in for GPUs, gloo over loopback):
    ``profile_reported`` into a :class:`ThroughputDatabase`, the §3.5
    prediction of {node-a:1}, {node-a:2} and {node-a:1, node-b:1}; then each
    configuration runs for ``--seconds`` and its ``sample_reported`` give the
-   measured throughput (:mod:`bench.accuracy_model`);
+   measured throughput (:mod:`bench.accuracy_model`); as a control, the job
+   and a twin also run as two separate one-process jobs on the two cores at
+   once (no communication), predicted at twice the one-process throughput;
 4. Figure 7b: each multi-process run's samples fed one by one into a
    database holding only the profile, and the estimate after each.
 
+Steps 3-4 are repeated ``--repeats`` times: this host's own speed drifts,
+so one pass says little about the spread.
+
 At most two training processes run at any time, each pinned to its own core.
 
-    .venv/bin/python bench/accuracy.py [--out DIR] [--seconds N] [--models cnn,lm] [--docs]
+    .venv/bin/python bench/accuracy.py [--out DIR] [--seconds N] [--models cnn,lm]
+        [--repeats N] [--docs]
 
 Prints the tables; writes ``DIR/accuracy.json`` (default ``out/accuracy``)
 and, with ``--docs``, the tables of ``docs/accuracy.md``.
@@ -37,11 +43,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import msgspec
 import torch
 
 from bench import accuracy_bw as bw
 from bench.accuracy_docs import fig7b_table, setup_text, table_text, update_docs
-from bench.accuracy_live import Bus, Executors, Profiled
+from bench.accuracy_live import Bus, Executors, Profiled, RunWindow
 from bench.accuracy_model import (
     CONFIGS,
     SCRIPTS,
@@ -56,17 +63,22 @@ from bench.accuracy_model import (
     profiled_db,
     reported_comm,
 )
+from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import predict
 from services.runtime.natsd import EmbeddedNats
 from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.ids import JobId
 from shared.job import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--out", type=Path, default=ROOT / "out" / "accuracy")
+    p.add_argument("--out", type=Path, default=ROOT / "out" / "accuracy",
+                   help="folder of accuracy.json (default out/accuracy)")
     p.add_argument("--seconds", type=float, default=20.0,
                    help="run time of each configuration after its first sample (default 20)")
     p.add_argument("--models", default="cnn,lm", help="examples to study (cnn, lm)")
@@ -81,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default 0.1)")
     p.add_argument("--tries", type=int, default=3,
                    help="runs of a disturbed profile or configuration, at most (default 3)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="whole passes (profile, predictions, runs) over the models (default 1)")
     p.add_argument("--docs", action="store_true", help="update docs/accuracy.md's tables")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -107,6 +121,8 @@ class Row:
 
 @dataclass(frozen=True)
 class ModelResult:
+    """One example in one pass: its profile, its rows and its Figure 7b series."""
+
     model: str
     params: int
     batch_size: int
@@ -116,11 +132,39 @@ class ModelResult:
 
 
 def profile_summary(profiled: Profiled) -> dict[str, object]:
+    """The profile's modules in milliseconds, and how disturbed it was."""
     m = profiled.report.modules
     return {"t_f_ms": 1000 * m.t_f, "t_b_ms": 1000 * m.t_b, "t_u_ms": 1000 * m.t_u,
             "t_d_mean_ms": 1000 * sum(m.t_d) / max(1, len(m.t_d)), "pattern": m.pattern,
             "iterations": len(m.t_d), "foreign": profiled.share.foreign,
             "attempts": profiled.attempts}
+
+
+TWO_JOBS = "{node-a:1} + {node-b:1} (two jobs)"
+
+
+def _row(spec: JobSpec, label: str, predicted: float, got: Measured, expected: Breakdown,
+         run: RunWindow) -> Row:
+    row = Row(spec.model, label, predicted, got, accuracy(predicted, got.throughput), expected,
+              run.share.foreign, run.share.steal, run.attempts)
+    print(f"  {label}: predicted {predicted:.1f}, measured {got.throughput:.1f} samples/s "
+          f"({got.samples} samples), accuracy {row.accuracy:.1%}; other work "
+          f"{run.share.foreign:.1%} of the CPUs ({run.attempts} runs)", flush=True)
+    return row
+
+
+async def two_jobs(bus: Bus, spec: JobSpec, cluster: Cluster, db: ThroughputDatabase,
+                   args: argparse.Namespace) -> Row:
+    """The control: the job and a twin as two separate one-process jobs, on
+    node-a's core 0 and node-b's core 1 at once (no communication between
+    them). The estimator predicts each at its one-process throughput."""
+    single = CONFIGS[0]
+    twin = msgspec.structs.replace(spec, id=JobId(f"{spec.id}-twin"))
+    run = await bus.run([(spec, single), (twin, Configuration.of({"node-b": 1}))],
+                        args.seconds)
+    got = measure(run.samples, CONFIGS[2], spec.batch_size, args.warmup_samples, [])
+    return _row(spec, TWO_JOBS, 2 * predict(db, spec, cluster, single), got,
+                breakdown(db, spec, cluster, single), run)
 
 
 async def study_model(bus: Bus, spec: JobSpec, cluster: Cluster, args: argparse.Namespace,
@@ -129,40 +173,44 @@ async def study_model(bus: Bus, spec: JobSpec, cluster: Cluster, args: argparse.
     print(f"{spec.model}: {spec.params} parameters, batch {spec.batch_size}; profiling",
           flush=True)
     profiled = await bus.profile(spec)
-    profile = profiled.report
-    db = profiled_db(profile)
+    db = profiled_db(profiled.report)
     rows: list[Row] = []
     series: dict[str, list[Step]] = {}
     for config in CONFIGS:
         predicted = predict(db, spec, cluster, config)
-        print(f"  {config}: predicted {predicted:.1f} samples/s; running", flush=True)
-        run = await bus.run(spec, config, args.seconds)
+        run = await bus.run([(spec, config)], args.seconds)
         report = run_dir / spec.id / "reports" / f"{config.servers[0]}.jsonl"
         got = measure(run.samples, config, spec.batch_size, args.warmup_samples,
                       reported_comm(report, run.began, run.ended))
-        rows.append(Row(spec.model, str(config), predicted, got,
-                        accuracy(predicted, got.throughput), breakdown(db, spec, cluster, config),
-                        run.share.foreign, run.share.steal, run.attempts))
-        print(f"  {config}: measured {got.throughput:.1f} samples/s ({got.samples} samples), "
-              f"accuracy {rows[-1].accuracy:.1%}; other work {run.share.foreign:.1%} of the "
-              f"CPUs ({run.attempts} runs)", flush=True)
+        rows.append(_row(spec, str(config), predicted, got,
+                         breakdown(db, spec, cluster, config), run))
         if config.total_gpus > 1:
-            series[str(config)] = figure7b(profile, run.samples, spec, cluster, config)
+            series[str(config)] = figure7b(profiled.report, run.samples, spec, cluster, config)
+    rows.append(await two_jobs(bus, spec, cluster, db, args))
     return ModelResult(spec.model, spec.params, spec.batch_size, profile_summary(profiled),
                        rows, series)
 
 
+Repeats = list[list[ModelResult]]  # per pass, per model
+
+
 async def study(args: argparse.Namespace, specs: list[JobSpec], cluster: Cluster,
-                nats_url: str, run_dir: Path) -> list[ModelResult]:
+                nats_url: str, run_dir: Path) -> Repeats:
+    """Every pass over every example, through one NATS connection."""
     bus = await Bus.open(nats_url, args.quiet, args.tries)
+    passes: Repeats = []
     try:
         await bus.ready()
-        return [await study_model(bus, spec, cluster, args, run_dir) for spec in specs]
+        for n in range(args.repeats):
+            print(f"pass {n + 1} of {args.repeats}", flush=True)
+            passes.append([await study_model(bus, spec, cluster, args, run_dir)
+                           for spec in specs])
+        return passes
     finally:
         await bus.close()
 
 
-def run_all(args: argparse.Namespace, tmp: Path) -> tuple[bw.Bandwidth, list[ModelResult]]:
+def run_all(args: argparse.Namespace, tmp: Path) -> tuple[bw.Bandwidth, Repeats]:
     """Steps 1-4 in a scratch folder."""
     print("measuring gloo all-reduce bandwidth (2 pinned processes)", flush=True)
     band = bw.measure()
@@ -183,26 +231,28 @@ def run_all(args: argparse.Namespace, tmp: Path) -> tuple[bw.Bandwidth, list[Mod
 
 
 def host() -> dict[str, object]:
+    """What the numbers were measured on."""
     return {"date": datetime.date.today().isoformat(), "cpu": platform.processor() or "?",
             "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
             "python": platform.python_version(), "backend": "gloo"}
 
 
-def to_json(args: argparse.Namespace, band: bw.Bandwidth,
-            results: list[ModelResult]) -> dict[str, object]:
+def to_json(args: argparse.Namespace, band: bw.Bandwidth, results: Repeats) -> dict[str, object]:
+    """The study's results as written to ``accuracy.json``."""
     return {
         "host": host(),
         "settings": {"seconds": args.seconds, "sample_s": args.sample_s,
                      "warmup_samples": args.warmup_samples, "profile_iters": args.profile_iters,
-                     "quiet": args.quiet, "tries": args.tries},
+                     "quiet": args.quiet, "tries": args.tries, "repeats": args.repeats},
         "allreduce_s": {str(k): v for k, v in band.times.items()},
         "allreduce_spread_s": {str(k): v for k, v in band.spread.items()},
         "bandwidth": {"link": band.link, "net": band.net},
-        "models": [asdict(r) for r in results],
+        "repeats": [[asdict(r) for r in models] for models in results],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the study, print and write its results."""
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hops-accuracy-") as tmp:
         band, results = run_all(args, Path(tmp))

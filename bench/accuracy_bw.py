@@ -74,6 +74,7 @@ def fit_seconds_per_param(times: dict[int, float]) -> float:
 
 
 def free_port() -> int:
+    """A TCP port free on loopback now (for the group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]

@@ -1,11 +1,16 @@
 """The accuracy study's tables, as Markdown, from its JSON results, and
 their update in ``docs/accuracy.md`` (between ``<!-- BEGIN accuracy:NAME -->``
 and ``<!-- END accuracy:NAME -->`` markers; the prose around them is kept).
+
+``python -m bench.accuracy_docs out/accuracy/accuracy.json`` updates the
+document from saved results without running the study again.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,74 +38,126 @@ def setup_text(data: Data) -> str:
             f"{h['backend']}), one thread per process, {s['seconds']:g} s per configuration "
             f"after its first sample, samples every {s['sample_s']:g} s, the first "
             f"{s['warmup_samples']} of each server dropped, profiles of "
-            f"{s['profile_iters']} iterations; a run repeated (at most {s['tries']} runs) "
-            f"while other work took more than {100 * s['quiet']:.0f}% of the CPUs.\n\n"
+            f"{s['profile_iters']} iterations, {s['repeats']} passes; a run repeated "
+            f"(at most {s['tries']} runs) while other work took more than "
+            f"{100 * s['quiet']:.0f}% of the CPUs.\n\n"
             f"gloo all-reduce of two pinned processes (mean of 100): {sizes}; fitted "
             f"B_link = {b['link']:.3g} and B_net = {b['net']:.3g} parameters/s.")
 
 
+def _grouped(data: Data) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Each (model, configuration)'s rows over the passes, in order."""
+    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for models in data["repeats"]:
+        for m in models:
+            for r in m["rows"]:
+                out.setdefault((m["model"], r["config"]), []).append(r)
+    return out
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items)
+
+
+def _main_table(data: Data) -> str:
+    rows = []
+    for (model, config), rs in _grouped(data).items():
+        acc = [100 * r["accuracy"] for r in rs]
+        rows.append((model, f"`{config}`", f"{_mean(r['predicted'] for r in rs):.1f}",
+                     f"{_mean(r['measured']['throughput'] for r in rs):.1f}",
+                     f"**{_mean(acc):.1f}%**", " / ".join(f"{a:.1f}" for a in acc),
+                     f"{100 * _mean(r['measured']['cv'] for r in rs):.1f}%",
+                     f"{100 * max(r['foreign'] for r in rs):.1f}%"))
+    return _table(("model", "configuration", "predicted (samples/s)", "measured (samples/s)",
+                   "accuracy", "per pass (%)", "CV", "other work"), "llrrrlrr", rows)
+
+
+def _terms_table(data: Data) -> str:
+    rows = []
+    for (model, config), rs in _grouped(data).items():
+        def pair(key: str, rs: list[Mapping[str, Any]] = rs) -> str:
+            exp = _mean(r["expected"][key] for r in rs)
+            got = [r["measured"][key] for r in rs if r["measured"][key] is not None]
+            return f"{exp:.2f} / " + (f"{_mean(got):.2f}" if got else "–")
+        rows.append((model, f"`{config}`", *(pair(k) for k in ("iteration", "t_d", "t_w",
+                                                                "t_c"))))
+    return _table(("model", "configuration", "iteration (ms)", "T_d (ms)", "T_w (ms)",
+                   "T_c (ms)"), "llrrrr", rows)
+
+
+def _profile_table(data: Data) -> str:
+    keys = ("t_f_ms", "t_b_ms", "t_u_ms", "t_d_mean_ms")
+    rows = []
+    for i, m in enumerate(data["repeats"][0]):
+        ps = [models[i]["profile"] for models in data["repeats"]]
+        sums = [sum(p[k] for k in keys) for p in ps]
+        rows.append((m["model"], f"{m['params']:,}", str(m["batch_size"]),
+                     *(f"{_mean(p[k] for p in ps):.2f}" for k in keys),
+                     " / ".join(f"{v:.1f}" for v in sums), str(ps[0]["pattern"]),
+                     f"{100 * max(p['foreign'] for p in ps):.1f}%"))
+    return _table(("model", "parameters", "batch", "T_f (ms)", "T_b (ms)", "T_u (ms)",
+                   "mean T_d (ms)", "T_f+T_b+T_u+T_d per pass (ms)", "pattern", "other work"),
+                  "lrrrrrrlrr", rows)
+
+
 def table_text(data: Data) -> str:
-    """Predicted against measured, and Eq. (1)'s terms against what the runs saw."""
-    main, terms = [], []
-    for m in data["models"]:
-        for r in m["rows"]:
-            got, exp = r["measured"], r["expected"]
-            main.append((m["model"], f"`{r['config']}`", f"{r['predicted']:.1f}",
-                         f"{got['throughput']:.1f}", f"{100 * r['accuracy']:.1f}%",
-                         str(got["samples"]), f"{100 * got['cv']:.1f}%",
-                         f"{100 * r['foreign']:.1f}%", str(r["attempts"])))
-            t_c = "–" if got["t_c"] is None else f"{got['t_c']:.2f}"
-            terms.append((m["model"], f"`{r['config']}`",
-                          f"{exp['iteration']:.1f} / {got['iteration']:.1f}",
-                          f"{exp['t_d']:.2f} / {got['t_d']:.2f}",
-                          f"{exp['t_w']:.2f} / {got['t_w']:.2f}",
-                          f"{exp['t_c']:.2f} / {t_c}"))
-    first = _table(("model", "configuration", "predicted (samples/s)", "measured (samples/s)",
-                    "accuracy", "samples", "CV", "other work", "runs"), "llrrrrrrr", main)
-    second = _table(("model", "configuration", "iteration (ms)", "T_d (ms)", "T_w (ms)",
-                     "T_c (ms)"), "llrrrr", terms)
-    profiles = _table(
-        ("model", "parameters", "batch", "T_f (ms)", "T_b (ms)", "T_u (ms)", "mean T_d (ms)",
-         "pattern", "other work", "runs"), "lrrrrrrrrr",
-        ((m["model"], f"{m['params']:,}", str(m["batch_size"]),
-          *(f"{m['profile'][k]:.2f}" for k in ("t_f_ms", "t_b_ms", "t_u_ms", "t_d_mean_ms")),
-          str(m["profile"]["pattern"]), f"{100 * m['profile']['foreign']:.1f}%",
-          str(m["profile"]["attempts"])) for m in data["models"]))
-    return (f"{first}\n\nProfiles (one process, node-a's device 0):\n\n{profiles}\n\n"
-            f"Predicted / measured, per iteration (T_c: Eq. 2 / the all-reduce span "
-            f"the plugin timed in backward):\n\n{second}")
+    """Predicted against measured (means over the passes), the profiles, and
+    Eq. (1)'s terms against what the runs saw."""
+    return (f"{_main_table(data)}\n\nProfiles (one process, node-a's device 0; means over "
+            f"the passes):\n\n{_profile_table(data)}\n\nPredicted / measured, per "
+            f"iteration, means over the passes (T_c: Eq. 2 / the all-reduce span the "
+            f"plugin timed in backward):\n\n{_terms_table(data)}")
 
 
 def _points(n: int) -> list[int]:
     return sorted({k for k in FIG7B_POINTS if k <= n} | {n})
 
 
+def _acc(value: float, truth: float) -> float:
+    return 100 * (1 - abs(value - truth) / truth)
+
+
 def fig7b_table(data: Data) -> str:
-    """Figure 7b: estimate (and accuracy) after k running-mode samples."""
+    """Figure 7b: the first pass's estimates (and accuracy) after k
+    running-mode samples, and the accuracy at k averaged over the passes."""
     out = []
-    for m in data["models"]:
-        measured = {r["config"]: r["measured"]["throughput"] for r in m["rows"]}
-        for config, steps in m["fig7b"].items():
-            ks = _points(len(steps) - 1)
-            truth = measured[config]
+    passes = data["repeats"]
+    for i, m in enumerate(passes[0]):
+        for config in m["fig7b"]:
+            runs = [(models[i]["fig7b"][config],
+                     next(r for r in models[i]["rows"] if r["config"] == config))
+                    for models in passes]
+            steps, row = runs[0]
+            truth = row["measured"]["throughput"]
+            ks = _points(min(len(st) for st, _ in runs) - 1)
 
-            def cell(value: float, truth: float = truth) -> str:
-                return f"{value:.1f} ({100 * (1 - abs(value - truth) / truth):.0f}%)"
+            def cell(key: str, k: int, steps: Any = steps, truth: float = truth) -> str:
+                return f"{steps[k][key]:.1f} ({_acc(steps[k][key], truth):.0f}%)"
 
-            rows = [("estimate (top-down)", *(cell(steps[k]["estimate"]) for k in ks)),
-                    ("theoretical layer", *(cell(steps[k]["formula"]) for k in ks))]
-            title = f"**{m['model']} `{config}`**, measured {truth:.1f} samples/s"
+            def mean_acc(key: str, k: int, runs: Any = runs) -> str:
+                got = [_acc(st[k][key], r["measured"]["throughput"]) for st, r in runs]
+                return f"{_mean(got):.1f}%"
+
+            rows = [("estimate, pass 1", *(cell("estimate", k) for k in ks)),
+                    ("theoretical layer, pass 1", *(cell("formula", k) for k in ks))]
+            if len(runs) > 1:
+                rows += [(f"estimate accuracy, mean of {len(runs)} passes",
+                          *(mean_acc("estimate", k) for k in ks)),
+                         (f"theoretical layer accuracy, mean of {len(runs)} passes",
+                          *(mean_acc("formula", k) for k in ks))]
+            title = f"**{m['model']} `{config}`**, measured {truth:.1f} samples/s in pass 1"
             out.append(title + "\n\n" + _table(("after k samples", *map(str, ks)),
                                                "l" + "r" * len(ks), rows))
     return "\n\n".join(out)
 
 
 def _replace(text: str, name: str, body: str) -> str:
-    pattern = re.compile(rf"(<!-- BEGIN accuracy:{name} -->\n).*?(\n<!-- END accuracy:{name} -->)",
+    pattern = re.compile(rf"(<!-- BEGIN accuracy:{name} -->\n).*?(<!-- END accuracy:{name} -->)",
                          re.S)
     if not pattern.search(text):
         raise ValueError(f"docs/accuracy.md has no accuracy:{name} markers")
-    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
 
 
 def update_docs(path: Path, data: Data) -> None:
@@ -110,3 +167,8 @@ def update_docs(path: Path, data: Data) -> None:
                        ("fig7b", fig7b_table(data))):
         text = _replace(text, name, body)
     path.write_text(text)
+
+
+if __name__ == "__main__":
+    update_docs(Path(__file__).resolve().parents[1] / "docs" / "accuracy.md",
+                json.loads(Path(sys.argv[1]).read_text()))

@@ -22,6 +22,8 @@ PROC = Path("/proc")
 
 @dataclass(frozen=True)
 class Reading:
+    """One reading of the host's and the tree's CPU counters."""
+
     wall: float
     busy: int  # jiffies of all CPUs, not idle
     steal: int
@@ -81,6 +83,7 @@ class Meter:
         self.hz = os.sysconf("SC_CLK_TCK")
 
     def read(self) -> Reading:
+        """A reading now."""
         busy, steal = _host()
         return Reading(time.monotonic(), busy, steal, _tree(os.getpid()))
 

@@ -42,6 +42,7 @@ from shared.measurements import ProfileReport, ThroughputSample
 from shared.node import Rendezvous, rendezvous_port
 
 ROOT = Path(__file__).resolve().parents[1]
+Jobs = list[tuple[JobSpec, Configuration]]
 AFFINITY = "node-a=0|1;node-b=1"  # node-a's devices on cores 0 and 1, node-b's on core 1
 SERVERS = (ServerId("node-a"), ServerId("node-b"))
 
@@ -58,6 +59,7 @@ class Executors:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> None:
+        """Start both executors, their output in ``run_dir``."""
         for server in SERVERS:
             log = (self.run_dir / f"executor-{server}.log").open("ab")
             argv = [sys.executable, "-m", "executor", "--backend", "real",
@@ -133,6 +135,7 @@ class Bus:
 
     @classmethod
     async def open(cls, url: str, quiet: float, tries: int) -> Bus:
+        """Connect, create the streams and subscribe (registrations, samples, beats)."""
         nc = await connect(RuntimeSettings(nats_servers=(url,), reconnect_wait=0.2), "accuracy")
         await ensure_jetstream(nc.jetstream())
         bus = cls(nc, Meter(), quiet, tries)
@@ -144,6 +147,7 @@ class Bus:
         return bus
 
     async def close(self) -> None:
+        """Close the connection."""
         await self.nc.close()
 
     async def _on_register(self, msg: Msg) -> None:
@@ -248,34 +252,36 @@ class Bus:
         best = min(tries, key=lambda t: t.share.foreign)
         return replace(best, attempts=len(tries))
 
-    async def _run_once(self, spec: JobSpec, config: Configuration, seconds: float,
-                        timeout: float) -> RunWindow:
+    async def _run_once(self, jobs: Jobs, seconds: float, timeout: float) -> RunWindow:
         seen = len(self.samples)
+        servers = {s for _, config in jobs for s in config.servers}
 
         def servers_sampled() -> bool:
-            return {r.sample.server_id for r in self.samples[seen:]} >= set(config.servers)
+            return {r.sample.server_id for r in self.samples[seen:]} >= servers
 
         before = await self.meter.quiet(self.quiet)
         began = time.time()
-        await self.start(spec, config)
-        await self.until(f"first samples of {spec.id} on {config}", servers_sampled, timeout)
+        for spec, config in jobs:
+            await self.start(spec, config)
+        await self.until(f"first samples on {sorted(servers)}", servers_sampled, timeout)
         a = self.meter.read()
         await asyncio.sleep(seconds)
         taken, ended, share = tuple(self.samples[seen:]), time.time(), self.meter.share(
             a, self.meter.read())
-        await self.stop(spec, config)
+        for spec, config in jobs:
+            await self.stop(spec, config)
         await self.idle()
         return RunWindow(taken, began, ended, share, before.foreign)
 
-    async def run(self, spec: JobSpec, config: Configuration, seconds: float,
-                  timeout: float = 180.0) -> RunWindow:
-        """Run ``config`` for ``seconds`` after every server's first sample;
-        the samples received until the stop was sent (not the stop's
-        partial last period). Run again, up to ``tries`` in all, while other
-        work took more than ``quiet`` of the CPUs; the least disturbed run."""
+    async def run(self, jobs: Jobs, seconds: float, timeout: float = 180.0) -> RunWindow:
+        """Run each (job, configuration) of ``jobs`` side by side for
+        ``seconds`` after every server's first sample; the samples received
+        until the stop was sent (not the stop's partial last period). Run
+        again, up to ``tries`` in all, while other work took more than
+        ``quiet`` of the CPUs; the least disturbed run."""
         tries: list[RunWindow] = []
         while len(tries) < self.tries:
-            tries.append(await self._run_once(spec, config, seconds, timeout))
+            tries.append(await self._run_once(jobs, seconds, timeout))
             if tries[-1].share.foreign <= self.quiet:
                 break
         best = min(tries, key=lambda t: t.share.foreign)

@@ -62,6 +62,7 @@ def job_spec(name: str) -> JobSpec:
 
 
 def profiled_db(profile: ProfileReport) -> ThroughputDatabase:
+    """A database holding only ``profile``."""
     db = ThroughputDatabase()
     db.record_profile(profile)
     return db
