@@ -27,6 +27,12 @@ from shared.events import JobFailed, JobFinished, StartJob
 from shared.ids import JobId
 
 
+def profile_msg_id(cmd: StartJob) -> str:
+    """The JetStream msg id of a profiling run's report: once per start,
+    whichever backend ran it."""
+    return f"{cmd.job_id}:profile_reported:{cmd.server_id}:{cmd.key}"
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a start cannot run here. ``fail_job``: it cannot run anywhere

@@ -44,6 +44,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from structlog.typing import FilteringBoundLogger
 
+from executor.backend import profile_msg_id
 from executor.emulator import (
     Cadence,
     Role,
@@ -223,7 +224,7 @@ async def run_profile(job: JobContext) -> int:
             job.emit("ready" if first else "progress", 0.0)
             first = False
         await job.nap(min(beat.next_at, wall) - elapsed)
-    msg_id = f"{cmd.job_id}:profile_reported:{cmd.server_id}:{cmd.key}"
+    msg_id = profile_msg_id(cmd)
     await job.publish(subjects.profiles(cmd.job_id), ProfileReported(report=report, at=time.time()),
                       msg_id=msg_id)
     job.log.info("job profiled", gpu_type=report.gpu_type, wall_s=wall)

@@ -43,7 +43,14 @@ from executor.adopt import (
     state_path,
     triage,
 )
-from executor.backend import JobHandle, OnEnding, Outcome, Refusal, StartFailed
+from executor.backend import (
+    JobHandle,
+    OnEnding,
+    Outcome,
+    Refusal,
+    StartFailed,
+    profile_msg_id,
+)
 from executor.launch import LaunchOptions, job_paths, launches, world_of
 from executor.ranks import (
     AdoptedRank,
@@ -79,10 +86,6 @@ class RealSettings:
     options: LaunchOptions
     stop_grace_s: float = 5.0
     poll_s: float = 0.2
-
-
-def profile_msg_id(cmd: StartJob) -> str:
-    return f"{cmd.job_id}:profile_reported:{cmd.server_id}:{cmd.key}"
 
 
 class RealJob:
