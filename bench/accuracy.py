@@ -2,9 +2,12 @@
 
 On this host (CPU cores standing in for GPUs, gloo over loopback):
 
-1. measures the gloo all-reduce bandwidth of two pinned one-thread
-   processes and writes a cluster spec with it (:mod:`bench.accuracy_bw`):
-   ``node-a`` with 2 devices on cores 0 and 1, ``node-b`` with 1 on core 1;
+1. measures the gloo all-reduce latency and bandwidth of two pinned
+   one-thread processes and writes a cluster spec with them
+   (:mod:`bench.accuracy_bw`): GPU type ``cpu`` with the fitted latency and
+   bandwidths and ``overlap_residual`` 1.0 (a core cannot hide the
+   all-reduce behind BP), ``node-a`` with 2 devices on cores 0 and 1,
+   ``node-b`` with 1 on core 1;
 2. starts nats-server and two REAL executors (:mod:`bench.accuracy_live`);
 3. for each example script: a profiling run on one device, its
    ``profile_reported`` into a :class:`ThroughputDatabase`, the §3.5
@@ -212,11 +215,12 @@ async def study(args: argparse.Namespace, specs: list[JobSpec], cluster: Cluster
 
 def run_all(args: argparse.Namespace, tmp: Path) -> tuple[bw.Bandwidth, Repeats]:
     """Steps 1-4 in a scratch folder."""
-    print("measuring gloo all-reduce bandwidth (2 pinned processes)", flush=True)
+    print("measuring gloo all-reduce latency and bandwidth (2 pinned processes)", flush=True)
     band = bw.measure()
     cluster = bw.cluster_of(band)
     cluster_file = bw.write_cluster(cluster, tmp / "cluster.json")
-    print(f"  B_link {band.link:.3g} params/s, B_net {band.net:.3g} params/s", flush=True)
+    print(f"  latency {1000 * band.latency_s:.3f} ms, B_link {band.link:.3g} params/s, "
+          f"B_net {band.net:.3g} params/s", flush=True)
     specs = [job_spec(name) for name in args.models]
     run_dir = tmp / "runs"
     run_dir.mkdir()
@@ -246,7 +250,8 @@ def to_json(args: argparse.Namespace, band: bw.Bandwidth, results: Repeats) -> d
                      "quiet": args.quiet, "tries": args.tries, "repeats": args.repeats},
         "allreduce_s": {str(k): v for k, v in band.times.items()},
         "allreduce_spread_s": {str(k): v for k, v in band.spread.items()},
-        "bandwidth": {"link": band.link, "net": band.net},
+        "bandwidth": {"link": band.link, "net": band.net, "latency_s": band.latency_s,
+                      "overlap_residual": bw.CPU_OVERLAP_RESIDUAL},
         "repeats": [[asdict(r) for r in models] for models in results],
     }
 

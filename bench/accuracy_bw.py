@@ -1,4 +1,5 @@
-"""This host's gloo all-reduce bandwidth, in Eq. (2)'s unit (parameters/s).
+"""This host's gloo all-reduce latency and bandwidth, for Eq. (2) (seconds,
+parameters/s).
 
 Two processes, each pinned to one core with one torch thread, join a gloo
 group over loopback and time ``all_reduce`` of fp32 tensors of known sizes
@@ -9,16 +10,23 @@ random (a wake-up of the other virtual CPU, it seems), so the *mean* is
 used: Eq. (4) wants the expected iteration time, and a median would flip
 between the two modes from one measurement to the next.
 
-Eq. (2) has no latency term, so one time per parameter ``k`` is fitted
-through the origin, T(p) ≈ k·p, minimising the relative error over the
-sizes. For N = 2 processes Eq. (2) reads T_c = params/B_link · (N-1)/N on
-one node and T_c = params/B_net across nodes; the same measured time gives
-B_link = (N-1)/N / k and B_net = 1/k. Both "servers" of the study are this
-host, so the two differ only by Eq. (2)'s factor, not by the link.
+The mean times are fitted by least squares with a latency and a time per
+parameter, T(p) ≈ α + k·p (the alpha-beta model; α clamped at >= 0, i.e.
+fitted through the origin when the free intercept comes out negative).
+Eq. (2) itself has no latency term; the GPU type's ``link_latency_s`` and
+``net_latency_s`` add α to it (:class:`shared.cluster.GpuTypeSpec`). For
+N = 2 processes Eq. (2) then reads T_c = α + params·(N-1)/N / B_link on one
+node and T_c = α + params/B_net across nodes; the same measured times give
+B_link = (N-1)/N / k, B_net = 1/k and both latencies α. Both "servers" of
+the study are this host, so the two differ only by Eq. (2)'s factor, not by
+the link.
 
 Run as a module, this file is one of the two measuring processes::
 
     python -m bench.accuracy_bw RANK PORT SIZE[,SIZE...] REPS
+
+and :func:`measure` runs both (``python -c "from bench import accuracy_bw as
+b; print(b.measure((113_738, 338_944), 30))"`` for the examples' sizes).
 """
 
 from __future__ import annotations
@@ -43,16 +51,20 @@ SIZES = (98_304, 131_072, 196_608, 262_144, 393_216)
 REPS = 100
 WARMUP = 10
 PROCESSES = 2
+# A CPU core both computes the backward pass and runs gloo's reduction and
+# copies, so none of the all-reduce hides behind BP: T̃c = T_c in Eq. (1).
+CPU_OVERLAP_RESIDUAL = 1.0
 
 
 @dataclass(frozen=True)
 class Bandwidth:
     """Measured all-reduce means (seconds per size), their 10th, 50th and
-    90th percentiles, and the Eq. (2) fit."""
+    90th percentiles, and the fit T(p) = ``latency_s`` + ``seconds_per_param``·p."""
 
     times: dict[int, float]
     spread: dict[int, tuple[float, float, float]]
     seconds_per_param: float
+    latency_s: float = 0.0
 
     @property
     def link(self) -> float:
@@ -65,12 +77,30 @@ class Bandwidth:
         return 1.0 / self.seconds_per_param
 
 
-def fit_seconds_per_param(times: dict[int, float]) -> float:
-    """k minimising sum(((T_i - k·p_i)/T_i)²): k = Σ(p/T) / Σ(p/T)²."""
-    ratios = [p / t for p, t in times.items() if t > 0]
-    if not ratios:
+def fit_latency_and_slope(times: dict[int, float]) -> tuple[float, float]:
+    """(α, k) of T(p) = α + k·p by least squares over ``times`` (size →
+    mean seconds), with α >= 0: when the free intercept is negative the
+    constraint binds and the fit goes through the origin, k = Σp·T / Σp².
+    One size alone gives no intercept either. ValueError when the time does
+    not grow with the size (no bandwidth can be fitted)."""
+    points = [(float(p), t) for p, t in times.items()]
+    if not points:
         raise ValueError("no all-reduce time measured")
-    return sum(ratios) / sum(r * r for r in ratios)
+    mean_p = sum(p for p, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    sxx = sum((p - mean_p) ** 2 for p, _ in points)
+    sxy = sum((p - mean_p) * (t - mean_t) for p, t in points)
+    if sxx > 0 and mean_t - sxy / sxx * mean_p >= 0:
+        slope = sxy / sxx
+        alpha = mean_t - slope * mean_p
+    else:
+        alpha, slope = 0.0, sum(p * t for p, t in points) / sum(p * p for p, _ in points)
+    if slope <= 0:
+        raise ValueError(
+            f"all-reduce time does not grow with size ({times}): no bandwidth to fit; "
+            "measure again with more repetitions or a wider range of sizes"
+        )
+    return alpha, slope
 
 
 def free_port() -> int:
@@ -82,7 +112,7 @@ def free_port() -> int:
 
 
 def measure(sizes: tuple[int, ...] = SIZES, reps: int = REPS, timeout_s: float = 300) -> Bandwidth:
-    """Run the two pinned processes and fit Eq. (2)'s bandwidths."""
+    """Run the two pinned processes and fit Eq. (2)'s bandwidths and latency."""
     port = free_port()
     arg = ",".join(map(str, sizes))
     procs = [
@@ -99,7 +129,8 @@ def measure(sizes: tuple[int, ...] = SIZES, reps: int = REPS, timeout_s: float =
     raw = {int(k): v for k, v in json.loads(outputs[0]).items()}
     times = {size: statistics.fmean(raw[size]) for size in sizes}
     spread = {size: _percentiles(raw[size]) for size in sizes}
-    return Bandwidth(times, spread, fit_seconds_per_param(times))
+    alpha, slope = fit_latency_and_slope(times)
+    return Bandwidth(times, spread, slope, alpha)
 
 
 def _percentiles(values: list[float]) -> tuple[float, float, float]:
@@ -108,10 +139,15 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def cluster_of(bw: Bandwidth) -> Cluster:
-    """The study's cluster: node-a with 2 CPU "GPUs", node-b with 1."""
+    """The study's cluster: node-a with 2 CPU "GPUs", node-b with 1, with the
+    fitted latency and bandwidths and no overlap of communication with BP."""
     cpu = GpuType("cpu")
+    latency = round(bw.latency_s, 6)  # to the microsecond: far below the spread
+    spec = GpuTypeSpec(cpu, link_bandwidth=round(bw.link), net_bandwidth=round(bw.net),
+                       overlap_residual=CPU_OVERLAP_RESIDUAL, link_latency_s=latency,
+                       net_latency_s=latency)
     return Cluster(
-        gpu_types=(GpuTypeSpec(cpu, link_bandwidth=round(bw.link), net_bandwidth=round(bw.net)),),
+        gpu_types=(spec,),
         servers=(Server(ServerId("node-a"), cpu, 2, cpu="core 0 | core 1"),
                  Server(ServerId("node-b"), cpu, 1, cpu="core 1")),
         name="accuracy-cpu",

@@ -41,8 +41,21 @@ def setup_text(data: Data) -> str:
             f"{s['profile_iters']} iterations, {s['repeats']} passes; a run repeated "
             f"(at most {s['tries']} runs) while other work took more than "
             f"{100 * s['quiet']:.0f}% of the CPUs.\n\n"
-            f"gloo all-reduce of two pinned processes (mean of 100): {sizes}; fitted "
-            f"B_link = {b['link']:.3g} and B_net = {b['net']:.3g} parameters/s.")
+            f"gloo all-reduce of two pinned processes (mean of 100): {sizes}; "
+            f"{_fit_text(b)}.")
+
+
+def _fit_text(b: Mapping[str, Any]) -> str:
+    """The Eq. (2) fit; results saved before the latency term was fitted
+    have no ``latency_s`` (their fit went through the origin)."""
+    bandwidths = f"B_link = {b['link']:.3g} and B_net = {b['net']:.3g} parameters/s"
+    if "latency_s" not in b:
+        return f"fitted through the origin, {bandwidths}"
+    return (f"fitted T = α + k·params (least squares, α >= 0): α = "
+            f"{1000 * b['latency_s']:.2f} ms, {bandwidths}, for N = 2 "
+            f"(T_c = α + params·(N-1)/N / B_link on one node, α + params/B_net across "
+            f"nodes); the cluster's overlap_residual (T̃c/T_c of Eq. 1) is "
+            f"{b['overlap_residual']:.1f}")
 
 
 def _grouped(data: Data) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
@@ -106,8 +119,8 @@ def table_text(data: Data) -> str:
     Eq. (1)'s terms against what the runs saw."""
     return (f"{_main_table(data)}\n\nProfiles (one process, node-a's device 0; means over "
             f"the passes):\n\n{_profile_table(data)}\n\nPredicted / measured, per "
-            f"iteration, means over the passes (T_c: Eq. 2 / the all-reduce span the "
-            f"plugin timed in backward):\n\n{_terms_table(data)}")
+            f"iteration, means over the passes (T_c: Eq. 2 with the fitted latency / "
+            f"the all-reduce span the plugin timed in backward):\n\n{_terms_table(data)}")
 
 
 def _points(n: int) -> list[int]:

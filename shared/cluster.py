@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from functools import cached_property
 
@@ -9,17 +10,37 @@ import msgspec
 
 from shared.ids import GpuType, ServerId
 
+OVERLAP_RESIDUAL = 0.2
+"""T̃c / T_c of Eq. (1): the share of communication not hidden behind BP, which
+the paper sets empirically to 0.2 (§3.5)."""
+
 
 class GpuTypeSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A GPU type and the bandwidths Eq. (2) uses.
+    """A GPU type and the communication model Eqs. (1)-(2) use for it.
 
     Both bandwidths are in *parameters per second*, as in the paper: they are
     effective values measured offline by timing all-reduce of known sizes.
+
+    The other three fields are a documented departure from the paper, whose
+    Eq. (2) has no latency term and whose Eq. (1) fixes T̃c = 0.2·T_c; their
+    defaults reproduce the paper exactly:
+
+    - ``overlap_residual``: T̃c / T_c of Eq. (1), in [0, 1]. A device whose
+      cores run both the backward pass and the all-reduce (a CPU core
+      standing in for a GPU) cannot hide communication behind BP: 1.0.
+    - ``link_latency_s``, ``net_latency_s``: the fixed cost α of one
+      gradient all-reduce on one node and across nodes, in seconds, added to
+      Eq. (2) as in the alpha-beta model (T_c = α + params/B …; zero for a
+      single GPU). Small models on slow collectives are latency-bound, which
+      a bandwidth alone cannot express.
     """
 
     name: GpuType
     link_bandwidth: float
     net_bandwidth: float
+    overlap_residual: float = OVERLAP_RESIDUAL
+    link_latency_s: float = 0.0
+    net_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -28,6 +49,17 @@ class GpuTypeSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"gpu type {self.name}: link_bandwidth must be > 0")
         if self.net_bandwidth <= 0:
             raise ValueError(f"gpu type {self.name}: net_bandwidth must be > 0")
+        if not 0.0 <= self.overlap_residual <= 1.0:  # NaN fails too
+            raise ValueError(
+                f"gpu type {self.name}: overlap_residual must lie in [0, 1], "
+                f"got {self.overlap_residual}"
+            )
+        for field, value in (("link_latency_s", self.link_latency_s),
+                             ("net_latency_s", self.net_latency_s)):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"gpu type {self.name}: {field} must be finite and >= 0, got {value}"
+                )
 
 
 class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

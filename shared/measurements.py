@@ -88,6 +88,13 @@ class ThroughputSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     this report carries only data/wait observations. ``data_times`` and
     ``wait_times`` are per-iteration samples paired by index (``wait_times``
     may be empty, read as zeros).
+
+    ``comm_times`` are measured per-iteration gradient all-reduce times T_c
+    (seconds; the plugin times DDP's buckets from the first launch to the
+    last completion), empty where the job did not measure them (one GPU, or
+    no hook). The estimator uses their mean for this placement's shape in
+    place of Eq. (2) (a departure: §3.2 has running mode record only data
+    and wait times).
     """
 
     job_id: JobId
@@ -99,6 +106,7 @@ class ThroughputSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     per_gpu_throughput: float = 0.0
     data_times: tuple[float, ...] = ()
     wait_times: tuple[float, ...] = ()
+    comm_times: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.local_gpus <= 0 or self.nodes <= 0:
@@ -114,6 +122,7 @@ class ThroughputSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not math.isfinite(tput) or tput < 0:
             raise ValueError(f"per_gpu_throughput must be finite and >= 0, got {tput}")
         _check_paired(self.data_times, self.wait_times, "sample")
+        _check_times("sample comm times", self.comm_times)
 
     def paired_waits(self) -> tuple[float, ...]:
         """``wait_times`` aligned with ``data_times``; unmeasured waits are zero."""

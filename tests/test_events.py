@@ -33,7 +33,8 @@ PLAN = Plan(
         passes=(PassStats("first", 1, 4, 1.0, math.inf, 0.0, 0.01, "optimal", "direct"),),
     ),
 )
-SAMPLE = ThroughputSample(J1, S0, GpuType("rtx"), 2, 2, 4, 210.5, (0.01, 0.02), (0.0, 0.001))
+SAMPLE = ThroughputSample(J1, S0, GpuType("rtx"), 2, 2, 4, 210.5, (0.01, 0.02), (0.0, 0.001),
+                          comm_times=(0.004, 0.0031))
 REPORT = ProfileReport(J1, GpuType("rtx"), S0, TimeModules(0.1, 0.2, 0.01, 2, (0.01,), (0.0,)))
 
 MESSAGES: list[ev.Message] = [

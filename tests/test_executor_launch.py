@@ -290,14 +290,18 @@ def reports_for(mode: str = "run") -> JobReports:
 def test_report_lines_become_progress_samples_and_profiles() -> None:
     job = reports_for()
     sampled = job.apply(Sampled(samples_done=2000.0, per_gpu_throughput=50.0,
-                                data_times=(0.1, 0.2), wait_times=(0.0, 0.1)), now=5.0)
+                                data_times=(0.1, 0.2), wait_times=(0.0, 0.1),
+                                comm_times=(0.004, 0.005)), now=5.0)
     assert isinstance(sampled, SampleReported) and sampled.at == 5.0
     s = sampled.sample
     assert (s.job_id, s.server_id, s.gpu_type, s.local_gpus, s.nodes, s.total_gpus) == (
         "j", "a", "cpu", 2, 1, 2)
+    assert (s.data_times, s.wait_times, s.comm_times) == ((0.1, 0.2), (0.0, 0.1), (0.004, 0.005))
     assert job.samples_done == 2000.0 and not job.done
     with pytest.raises(ValueError):
         job.apply(Sampled(samples_done=1.0, per_gpu_throughput=float("inf")))
+    with pytest.raises(ValueError, match="comm times"):
+        job.apply(Sampled(samples_done=1.0, per_gpu_throughput=1.0, comm_times=(-1.0,)))
     assert job.apply(Finished(samples_done=5000.0)) is None and job.finished and job.done
     prof = reports_for("profile")
     modules = TimeModules(t_f=0.1, t_d=(0.01,))

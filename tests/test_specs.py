@@ -91,6 +91,24 @@ def test_cluster_errors_name_file_and_field(tmp_path: Path) -> None:
         load_cluster(tmp_path / "c.ini")
 
 
+def test_cluster_communication_model_fields(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace(
+        "net_bandwidth: 1.0e9}\n  - {name: RTX3090",
+        "net_bandwidth: 1.0e9, overlap_residual: 1.0, link_latency_s: 2.0e-3,"
+        " net_latency_s: 3.0e-3}\n  - {name: RTX3090"))
+    titan, rtx = load_cluster(path).gpu_types
+    assert (titan.overlap_residual, titan.link_latency_s, titan.net_latency_s) == (
+        1.0, 0.002, 0.003)
+    assert (rtx.overlap_residual, rtx.link_latency_s, rtx.net_latency_s) == (0.2, 0.0, 0.0)
+    for field, value, message in (("overlap_residual", "1.5", r"must lie in \[0, 1\]"),
+                                  ("net_latency_s", "-1e-3", "must be finite and >= 0")):
+        path.write_text(CLUSTER_YAML.replace("link_bandwidth: 5.0e9",
+                                             f"{field}: {value}, link_bandwidth: 5.0e9"))
+        with pytest.raises(SpecError, match=rf"c.yaml: gpu type RTX3090: {field} {message}"):
+            load_cluster(path)
+
+
 def test_jobs_from_json_and_toml(tmp_path: Path) -> None:
     doc = {
         "jobs": [

@@ -7,7 +7,9 @@ One :class:`JobTypeRecord` per (job, GPU type) with three layers:
    number of nodes of the placement);
 2. the type layer: the same two tables over every server of the type;
 3. the theoretical layer: the profiled time modules (§3.2) and the data-time
-   and wait samples that running mode keeps adding (§3.5).
+   and wait samples that running mode keeps adding (§3.5), plus the
+   all-reduce times running jobs measured, per placement shape (T_c of
+   Eq. 1 measured instead of modelled by Eq. 2; not in the paper).
 
 Table cells keep running statistics of per-GPU throughput. The value the
 estimator reads is ``recent``: an exponentially weighted mean whose weight is
@@ -20,6 +22,7 @@ tracked within ~1/recent_weight samples.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 import msgspec
@@ -44,6 +47,15 @@ class TablesState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dist: dict[int, StatState] = {}
 
 
+class CommState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Measured all-reduce time of one placement shape (see
+    :attr:`TheoreticalLayer.comm`)."""
+
+    nodes: int
+    total_gpus: int
+    stat: StatState = StatState()
+
+
 class RecordState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     job_id: JobId
     gpu_type: GpuType
@@ -54,6 +66,7 @@ class RecordState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     profiled_on: ServerId | None = None
     data_times: tuple[float, ...] = ()
     wait_times: tuple[float, ...] = ()
+    comm: tuple[CommState, ...] = ()
 
 
 class DatabaseState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -121,14 +134,36 @@ class ThroughputTables:
         )
 
 
+CommShape = tuple[int, int]
+"""(nodes, total GPUs) of a placement: the key of measured T_c."""
+
+# (gpus, nodes, batch, params, B_link, B_net, link latency, net latency,
+# overlap residual): everything a memoised formula value depends on besides
+# the memo basis.
+MemoKey = tuple[int, int, int, float, float, float, float, float, float]
+
+
 @dataclass(slots=True)
 class TheoreticalLayer:
-    """Profiled time modules plus the growing data/wait history (§3.2).
+    """Profiled time modules plus the growing data/wait history (§3.2), and
+    the all-reduce times that running jobs measured.
+
+    ``comm`` keeps a running statistic of the mean measured all-reduce time
+    of each sample, keyed by the placement's (nodes, total GPUs). Those are
+    Eq. (2)'s own inputs (d_n and N); how the GPUs split over the nodes is
+    not one of them, and on one node the local count is the total. Across
+    nodes Eq. (2) ignores N, but a real ring's steps and traffic grow with
+    it, so rings of different sizes are kept apart rather than pooled: a
+    measured value is used only for the shape it was measured on. (The
+    estimator models its distributed cell for n nodes with one GPU per node,
+    so that cell reads the (n, n) entry.) ``comm_version`` counts changes of
+    ``comm``.
 
     ``memo`` holds formula values the estimator computed from this layer;
-    ``memo_basis`` is the (modules, data-time model) pair they were computed
-    from. Both are replaced, never mutated, when they change, so comparing
-    them by identity tells whether the memo is still valid (see
+    ``memo_basis`` is the (modules, data-time model, comm_version) they were
+    computed from. The first two are replaced, never mutated, when they
+    change, so comparing them by identity, and the version by value, tells
+    whether the memo is still valid (see
     :func:`services.estimator.estimator.theoretical_per_gpu`).
     """
 
@@ -136,12 +171,36 @@ class TheoreticalLayer:
     modules: TimeModules | None = None
     batch_size: int = 0
     profiled_on: ServerId | None = None
-    memo: dict[tuple[int, int, int, float, float, float], float] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    memo_basis: tuple[TimeModules, DataTimeModel] | None = field(
+    comm: dict[CommShape, RunningStat] = field(default_factory=dict)
+    comm_version: int = 0
+    memo: dict[MemoKey, float] = field(default_factory=dict, compare=False, repr=False)
+    memo_basis: tuple[TimeModules, DataTimeModel, int] | None = field(
         default=None, compare=False, repr=False
     )
+
+    def add_comm(self, sample: ThroughputSample, recent_weight: float) -> None:
+        """Add the sample's mean all-reduce time to its shape's statistic. A
+        one-GPU placement has nothing to reduce (Eq. 2 gives 0), so any time
+        it reports is not T_c and is left out."""
+        if not sample.comm_times or sample.total_gpus <= 1:
+            return
+        shape = (sample.nodes, sample.total_gpus)
+        mean = statistics.fmean(sample.comm_times)
+        self.comm.setdefault(shape, RunningStat()).add(mean, recent_weight)
+        self.comm_version += 1
+
+    def measured_comm(self, gpus: int, nodes: int) -> float | None:
+        """The measured T_c of ``gpus`` GPUs over ``nodes`` nodes (its
+        recency-weighted mean, like the throughput tables), or None."""
+        stat = self.comm.get((nodes, gpus))
+        return stat.recent if stat is not None and stat.count > 0 else None
+
+    def comm_to_state(self) -> tuple[CommState, ...]:
+        return tuple(CommState(n, g, stat.to_state()) for (n, g), stat in sorted(self.comm.items()))
+
+    def comm_from_state(self, states: tuple[CommState, ...]) -> None:
+        self.comm = {(c.nodes, c.total_gpus): RunningStat.from_state(c.stat) for c in states}
+        self.comm_version += 1
 
 
 @dataclass(slots=True)
@@ -169,6 +228,7 @@ class JobTypeRecord:
             profiled_on=self.theory.profiled_on,
             data_times=self.theory.samples.data_times,
             wait_times=self.theory.samples.wait_times,
+            comm=self.theory.comm_to_state(),
         )
 
 
@@ -222,7 +282,8 @@ class ThroughputDatabase:
 
     def record_sample(self, sample: ThroughputSample) -> None:
         """Running mode: update the entity and type tables (a zero throughput
-        carries none) and extend the data/wait history."""
+        carries none), extend the data/wait history and the measured
+        all-reduce time of the sample's shape."""
         rec = self._record_for(sample.job_id, sample.gpu_type)
         rec.version += 1
         if sample.per_gpu_throughput > 0:
@@ -231,6 +292,7 @@ class ThroughputDatabase:
             )
             rec.type_layer.add(sample, self.recent_weight)
         rec.theory.samples.add(sample.data_times, sample.paired_waits())
+        rec.theory.add_comm(sample, self.recent_weight)
 
     def forget(self, job_id: JobId) -> None:
         self._jobs.pop(job_id, None)
@@ -254,4 +316,5 @@ class ThroughputDatabase:
             rec.theory.batch_size = rs.batch_size
             rec.theory.profiled_on = rs.profiled_on
             rec.theory.samples.add(rs.data_times, rs.wait_times)
+            rec.theory.comm_from_state(rs.comm)
         return db

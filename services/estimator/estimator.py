@@ -70,6 +70,21 @@ def round_sig(value: float, digits: int) -> float:
     return float(f"{value:.{digits - 1}e}")
 
 
+def cell_comm_time(
+    spec: GpuTypeSpec, params: float, gpus: int, nodes: int, measured: float | None = None
+) -> float:
+    """T_c of Eq. (1) for ``gpus`` GPUs over ``nodes`` nodes: the all-reduce
+    time running jobs measured for this shape when there is one (``measured``,
+    see :meth:`TheoreticalLayer.measured_comm`), else Eq. (2) with the type's
+    bandwidths and latency term."""
+    if measured is not None:
+        return measured
+    return comm_time(
+        params, gpus, nodes, spec.link_bandwidth, spec.net_bandwidth,
+        link_latency=spec.link_latency_s, net_latency=spec.net_latency_s,
+    )
+
+
 def modelled_per_gpu_throughput(
     modules: TimeModules,
     data: DataTimeModel,
@@ -78,17 +93,20 @@ def modelled_per_gpu_throughput(
     spec: GpuTypeSpec,
     gpus: int,
     nodes: int,
+    measured_comm: float | None = None,
 ) -> float:
     """Eqs. (1)-(5): per-GPU throughput with ``gpus`` GPUs over ``nodes`` nodes.
 
-    T_c from Eq. (2); E(T_iter) from Eq. (4), each condition being Eq. (1) in
-    expectation over the Eq. (3) component and its wait mean; Eq. (5) gives
-    the throughput.
+    T_c from :func:`cell_comm_time` (measured, else Eq. 2), T̃c =
+    ``spec.overlap_residual``·T_c; E(T_iter) from Eq. (4), each condition
+    being Eq. (1) in expectation over the Eq. (3) component and its wait
+    mean; Eq. (5) gives the throughput.
     """
-    t_c = comm_time(params, gpus, nodes, spec.link_bandwidth, spec.net_bandwidth)
+    t_c = cell_comm_time(spec, params, gpus, nodes, measured_comm)
     per_condition = [
         expected_conditional_iter_time(
-            mu, sd, modules.t_f, modules.t_b, modules.t_u, wait, t_c, modules.pattern
+            mu, sd, modules.t_f, modules.t_b, modules.t_u, wait, t_c, modules.pattern,
+            residual=spec.overlap_residual,
         )
         for mu, sd, wait in (
             (data.mu_cache, data.sd_cache, data.wait_means[0]),
@@ -110,15 +128,19 @@ def theoretical_per_gpu(
     model = theory.samples.model()
     # The planner asks for the same cells every round while the fit stays put:
     # memoise per layer, valid while the modules and the fitted model are the
-    # same objects (both are frozen and replaced on change).
+    # same objects (both are frozen and replaced on change) and no measured
+    # all-reduce time was added (a changed T_c must not be served stale).
     basis = theory.memo_basis
-    if basis is None or basis[0] is not modules or basis[1] is not model:
+    if (basis is None or basis[0] is not modules or basis[1] is not model
+            or basis[2] != theory.comm_version):
         theory.memo.clear()
-        theory.memo_basis = (modules, model)
-    key = (gpus, nodes, batch, job.params, spec.link_bandwidth, spec.net_bandwidth)
+        theory.memo_basis = (modules, model, theory.comm_version)
+    key = (gpus, nodes, batch, job.params, spec.link_bandwidth, spec.net_bandwidth,
+           spec.link_latency_s, spec.net_latency_s, spec.overlap_residual)
     value = theory.memo.get(key)
     if value is None:
-        value = modelled_per_gpu_throughput(modules, model, batch, job.params, spec, gpus, nodes)
+        value = modelled_per_gpu_throughput(modules, model, batch, job.params, spec, gpus,
+                                            nodes, theory.measured_comm(gpus, nodes))
         theory.memo[key] = value
     return value
 
@@ -145,7 +167,8 @@ def _type_curve(
             rec.theory, job, spec, gpus, nodes
         )
 
-    # Across nodes Eq. (2) ignores the GPU count, so n GPUs stand in for any.
+    # Across nodes Eq. (2) ignores the GPU count, so n GPUs stand in for any
+    # (and a T_c measured on n nodes with one GPU each applies to the cell).
     return _RawCurve(
         agg=tuple(cell(table.agg.get(k), k, 1) for k in range(1, max_k + 1)),
         dist=tuple(cell(table.dist.get(n), n, n) for n in range(2, max_n + 1)),

@@ -8,34 +8,61 @@ from __future__ import annotations
 
 import math
 
+# T̃c / T_c of Eq. (1): its default lives with the GPU type that may override
+# it (shared.cluster.GpuTypeSpec.overlap_residual); re-exported here.
+from shared.cluster import OVERLAP_RESIDUAL as OVERLAP_RESIDUAL
 from shared.measurements import Pattern
 
-OVERLAP_RESIDUAL = 0.2
-"""T̃c / T_c: the share of communication not hidden behind BP (§3.5, set
-empirically by the paper)."""
 
-
-def comm_time(params: float, n_gpus: int, nodes: int, link_bw: float, net_bw: float) -> float:
-    """Eq. (2): all-reduce time of one iteration.
+def comm_time(
+    params: float,
+    n_gpus: int,
+    nodes: int,
+    link_bw: float,
+    net_bw: float,
+    *,
+    link_latency: float = 0.0,
+    net_latency: float = 0.0,
+) -> float:
+    """Eq. (2): all-reduce time of one iteration, plus a latency term.
 
     On one node ring all-reduce over the intra-node link moves
     ``params * (N-1)/N`` per GPU, so T_c = params/B_link * (N-1)/N (zero for a
     single GPU). Across nodes the network dominates: T_c = params/B_net.
+
+    ``link_latency``/``net_latency`` (seconds) add the fixed cost α of the
+    alpha-beta model, T_c = α + params/B …, for any all-reduce (N > 1). This
+    departs from the paper, whose Eq. (2) models bandwidth only; with the
+    default 0 it is Eq. (2) exactly. α is one constant per case, as fitted
+    at the N it was measured with: a ring's latency grows with N, which it
+    does not model.
     """
     if n_gpus <= 0 or nodes <= 0:
         raise ValueError("n_gpus and nodes must be > 0")
     if nodes == 1:
-        return params / link_bw * (n_gpus - 1) / n_gpus
-    return params / net_bw
+        if n_gpus == 1:
+            return 0.0  # nothing to reduce: no bandwidth and no latency term
+        return link_latency + params / link_bw * (n_gpus - 1) / n_gpus
+    return net_latency + params / net_bw
 
 
-def _grad_sync_time(t_b: float, t_c: float) -> float:
-    """max(T_b + T̃c, T_c): BP overlapped with communication (Eq. 1)."""
-    return max(t_b + OVERLAP_RESIDUAL * t_c, t_c)
+def _grad_sync_time(t_b: float, t_c: float, *, residual: float = OVERLAP_RESIDUAL) -> float:
+    """max(T_b + T̃c, T_c) of Eq. (1), BP overlapped with communication, with
+    T̃c = ``residual``·T_c (the paper's 0.2 by default; 1.0 when nothing
+    overlaps, which makes it T_b + T_c)."""
+    return max(t_b + residual * t_c, t_c)
 
 
 def iter_time(
-    t_d: float, t_f: float, t_b: float, t_u: float, t_w: float, t_c: float, pattern: Pattern
+    t_d: float,
+    t_f: float,
+    t_b: float,
+    t_u: float,
+    t_w: float,
+    t_c: float,
+    pattern: Pattern,
+    *,
+    residual: float = OVERLAP_RESIDUAL,
 ) -> float:
     """Eq. (1): time of one iteration.
 
@@ -43,9 +70,11 @@ def iter_time(
     max(T_d, max(T_b + T̃c, T_c) + T_u) + T_f + T_w. Pattern 2 overlaps only
     computation and communication: T_d + max(T_b + T̃c, T_c) + T_u + T_f + T_w.
     (The printed pattern-2 formula drops T_u; the update still runs serially
-    after the gradients arrive, so it is kept here.)
+    after the gradients arrive, so it is kept here.) T̃c = ``residual``·T_c:
+    the paper fixes the residual at 0.2; the GPU type may set another
+    (:class:`shared.cluster.GpuTypeSpec`).
     """
-    sync = _grad_sync_time(t_b, t_c)
+    sync = _grad_sync_time(t_b, t_c, residual=residual)
     if pattern == 1:
         return max(t_d, sync + t_u) + t_f + t_w
     return t_d + sync + t_u + t_f + t_w
@@ -75,13 +104,16 @@ def expected_conditional_iter_time(
     w_mean: float,
     t_c: float,
     pattern: Pattern,
+    *,
+    residual: float = OVERLAP_RESIDUAL,
 ) -> float:
     """E(T_iter_c) or E(T_iter_l) of Eq. (4): Eq. (1) in expectation under one
-    data-time condition of Eq. (3), T_d ~ N(mu_d, sd_d).
+    data-time condition of Eq. (3), T_d ~ N(mu_d, sd_d), with T̃c =
+    ``residual``·T_c as in :func:`iter_time`.
 
     T_w enters Eq. (1) additively, so its conditional mean suffices.
     """
-    sync = _grad_sync_time(t_b, t_c)
+    sync = _grad_sync_time(t_b, t_c, residual=residual)
     if pattern == 1:
         return expected_max_normal(mu_d, sd_d, sync + t_u) + t_f + w_mean
     return mu_d + sync + t_u + t_f + w_mean
