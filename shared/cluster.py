@@ -114,12 +114,20 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True
     def type_by_name(self) -> dict[GpuType, GpuTypeSpec]:
         return {t.name: t for t in self.gpu_types}
 
-    @property
+    @cached_property
     def total_gpus(self) -> int:
         return sum(s.gpus for s in self.servers)
 
     def servers_of_type(self, gpu_type: GpuType) -> Iterator[Server]:
-        return (s for s in self.servers if s.gpu_type == gpu_type)
+        return iter(self._servers_by_type.get(gpu_type, ()))
+
+    @cached_property
+    def _servers_by_type(self) -> dict[GpuType, tuple[Server, ...]]:
+        """Each type's servers in cluster order."""
+        out: dict[GpuType, list[Server]] = {}
+        for s in self.servers:
+            out.setdefault(s.gpu_type, []).append(s)
+        return {t: tuple(group) for t, group in out.items()}
 
     def type_gpus(self, gpu_type: GpuType) -> int:
         return sum(s.gpus for s in self.servers_of_type(gpu_type))

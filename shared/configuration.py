@@ -20,7 +20,10 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     parts: tuple[tuple[ServerId, int], ...]
 
     def __post_init__(self) -> None:
-        if not self.parts:
+        parts = self.parts
+        if len(parts) == 1 and parts[0][1] > 0:
+            return  # the common case, valid by the checks below
+        if not parts:
             raise ValueError("a configuration needs at least one server")
         seen: set[str] = set()
         for sid, gpus in self.parts:
@@ -38,7 +41,8 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def total_gpus(self) -> int:
-        return sum(g for _, g in self.parts)
+        parts = self.parts
+        return parts[0][1] if len(parts) == 1 else sum(g for _, g in parts)
 
     @property
     def num_nodes(self) -> int:
@@ -50,7 +54,8 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def servers(self) -> tuple[ServerId, ...]:
-        return tuple(s for s, _ in self.parts)
+        parts = self.parts
+        return (parts[0][0],) if len(parts) == 1 else tuple([s for s, _ in parts])
 
     def as_dict(self) -> dict[ServerId, int]:
         return dict(self.parts)

@@ -159,6 +159,11 @@ def _draw_data(ds: DataSource, scale: float, grow: float, iters: int,
     return data, waits
 
 
+def _pace(times: list[tuple[float, float, float]]) -> float:
+    """Seconds per iteration: the slowest server's expected time."""
+    return max(p * c + (1.0 - p) * lo for p, c, lo in times)
+
+
 class GroundTruth:
     """True speed of every catalog model on every server of ``cluster``.
 
@@ -177,6 +182,8 @@ class GroundTruth:
         self.catalog: dict[str, ModelTruth] = dict(catalog)
         self._hosts = {s.id: host_factors(s, extra.get(s.id, 1.0)) for s in cluster.servers}
         self._tables: dict[tuple[str, GpuType], tuple[dict[int, float], dict[int, float]]] = {}
+        # single_gpu_throughput per (model, type): a function of the fixed truth.
+        self._single: dict[tuple[str, GpuType], float] = {}
 
     # --- lookups -------------------------------------------------------------------
 
@@ -260,7 +267,7 @@ class GroundTruth:
     def iteration_time(self, model: str, config: Configuration) -> float:
         """Expected seconds per iteration of the data-parallel job (Eq. 4 in
         spirit); the slowest server sets the pace (§3.5)."""
-        return max(p * c + (1.0 - p) * lo for p, c, lo in self._times(model, config))
+        return _pace(self._times(model, config))
 
     def throughput(self, model: str, config: Configuration) -> float:
         """Samples/s of the whole job."""
@@ -277,6 +284,12 @@ class GroundTruth:
     def single_gpu_throughput(self, model: str, gpu_type: GpuType) -> float:
         """Samples/s on one GPU of a typical server of the type: the median over
         the cluster's servers of the type, the reference server if none."""
+        key = (model, gpu_type)
+        if key not in self._single:
+            self._single[key] = self._single_gpu_throughput(model, gpu_type)
+        return self._single[key]
+
+    def _single_gpu_throughput(self, model: str, gpu_type: GpuType) -> float:
         m = self._model(model)
         self._type(m, gpu_type)
         servers = [s.id for s in self.cluster.servers_of_type(gpu_type)]
@@ -335,7 +348,8 @@ class GroundTruth:
             raise ValueError(f"iters must be >= 0, got {iters}")
         m = self._model(model)
         times = self._times(model, config)
-        per_gpu = self.throughput(model, config) / config.total_gpus
+        # throughput(model, config), from the times already at hand.
+        per_gpu = m.batch_size * config.total_gpus / _pace(times) / config.total_gpus
         sigma = self._noise(times, iters)
         grow = wait_growth(config.total_gpus)
         out: list[ThroughputSample] = []
@@ -349,6 +363,6 @@ class GroundTruth:
                 job_id=job_id, server_id=sid, gpu_type=srv.gpu_type, local_gpus=local,
                 nodes=config.num_nodes, total_gpus=config.total_gpus,
                 per_gpu_throughput=measured,
-                data_times=tuple(float(x) for x in data), wait_times=tuple(float(x) for x in waits),
+                data_times=tuple(data.tolist()), wait_times=tuple(waits.tolist()),
             ))
         return out

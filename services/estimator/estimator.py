@@ -5,8 +5,9 @@ formula of Eqs. 1-5), producing the planner's :class:`JobEstimate`.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -67,6 +68,14 @@ def round_sig(value: float, digits: int) -> float:
     """``value`` rounded to ``digits`` significant digits."""
     if value == 0 or not math.isfinite(value):
         return value
+    return _round_sig(value, digits)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _round_sig(value: float, digits: int) -> float:
+    # Memoised: a pure function of its arguments (zeros, whose sign a cache
+    # keyed on == would lose, and non-finite values never get here), and the
+    # estimator rounds the same formula values round after round.
     return float(f"{value:.{digits - 1}e}")
 
 
@@ -121,6 +130,14 @@ def theoretical_per_gpu(
 ) -> float:
     """The theoretical layer's answer (Figure 3 ③). The profile's batch size
     is used when given, since the time modules were measured with it."""
+    return _theory_cells(theory, job, spec)(gpus, nodes)
+
+
+def _theory_cells(
+    theory: TheoreticalLayer, job: JobSpec, spec: GpuTypeSpec
+) -> Callable[[int, int], float]:
+    """:func:`theoretical_per_gpu` of one layer, job and type as a function of
+    (gpus, nodes), valid while nothing is reported to the layer."""
     modules = theory.modules
     if modules is None:
         raise LookupError(f"job {job.id}: no profile on {spec.name}")
@@ -135,14 +152,20 @@ def theoretical_per_gpu(
             or basis[2] != theory.comm_version):
         theory.memo.clear()
         theory.memo_basis = (modules, model, theory.comm_version)
-    key = (gpus, nodes, batch, job.params, spec.link_bandwidth, spec.net_bandwidth,
-           spec.link_latency_s, spec.net_latency_s, spec.overlap_residual)
-    value = theory.memo.get(key)
-    if value is None:
-        value = modelled_per_gpu_throughput(modules, model, batch, job.params, spec, gpus,
-                                            nodes, theory.measured_comm(gpus, nodes))
-        theory.memo[key] = value
-    return value
+    memo, params = theory.memo, job.params
+    rest = (batch, params, spec.link_bandwidth, spec.net_bandwidth,
+            spec.link_latency_s, spec.net_latency_s, spec.overlap_residual)
+
+    def cell(gpus: int, nodes: int) -> float:
+        key = (gpus, nodes, *rest)
+        value = memo.get(key)
+        if value is None:
+            value = modelled_per_gpu_throughput(modules, model, batch, params, spec, gpus,
+                                                nodes, theory.measured_comm(gpus, nodes))
+            memo[key] = value
+        return value
+
+    return cell
 
 
 def _trusted(stat: RunningStat | None, min_count: int) -> float | None:
@@ -160,12 +183,16 @@ def _type_curve(
 ) -> _RawCurve:
     """Type layer (②) where a cell has enough samples, else the formula (③)."""
     table, need = rec.type_layer, settings.min_type_samples
+    theory: Callable[[int, int], float] | None = None
 
     def cell(stat: RunningStat | None, gpus: int, nodes: int) -> float:
+        nonlocal theory
         value = _trusted(stat, need)
-        return value if value is not None else theoretical_per_gpu(
-            rec.theory, job, spec, gpus, nodes
-        )
+        if value is not None:
+            return value
+        if theory is None:  # first needed here: the data-time fit stays lazy
+            theory = _theory_cells(rec.theory, job, spec)
+        return theory(gpus, nodes)
 
     # Across nodes Eq. (2) ignores the GPU count, so n GPUs stand in for any
     # (and a T_c measured on n nodes with one GPU each applies to the cell).
@@ -184,12 +211,16 @@ def _server_curve(
     differs = False
 
     def merge(stats: dict[int, RunningStat], values: tuple[float, ...], first: int) -> list[float]:
+        # Only the cells the table holds can change (most servers hold one or
+        # two of the curve's cells), so walk the table, not the curve.
         nonlocal differs
         out = list(values)
-        for i, type_value in enumerate(values):
-            own = _trusted(stats.get(i + first), need)
+        for key, stat in stats.items():
+            i = key - first
+            own = _trusted(stat, need) if 0 <= i < len(values) else None
             if own is None:
                 continue
+            type_value = values[i]
             out[i] = own
             if abs(own - type_value) > limit * abs(type_value):
                 differs = True

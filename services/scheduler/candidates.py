@@ -24,7 +24,7 @@ import msgspec
 
 from shared.cluster import Cluster
 from shared.configuration import Configuration
-from shared.estimate import JobEstimate, ThroughputCurve, config_throughput, sensitivity
+from shared.estimate import JobEstimate, ThroughputCurve, sensitivity
 from shared.ids import GpuType, ServerId
 
 DEFAULT_SIGMA = 1.4
@@ -87,33 +87,25 @@ def usable_servers(
     ]
 
 
-def _aggregated(servers: Sequence[tuple[ServerId, int]], r_k: int) -> Iterator[Configuration]:
-    # The paper prints R_k < S_t, but a job that needs all 8 idle GPUs of a
-    # server must be able to take them, so equality is allowed.
-    for sid, idle in servers:
-        if r_k <= idle:
-            yield Configuration(((sid, r_k),))
-
-
-def _distributed(servers: Sequence[tuple[ServerId, int]], r_k: int) -> Iterator[Configuration]:
+def _distributed(
+    servers: Sequence[tuple[ServerId, int]], r_k: int
+) -> Iterator[tuple[Configuration, int]]:
     """Fill adjacent servers from each start position, each node with all its
-    idle GPUs, the last one partly: one configuration per start, O(N_type)."""
-    suffix = [0] * (len(servers) + 1)
-    for p in range(len(servers) - 1, -1, -1):
-        suffix[p] = suffix[p + 1] + servers[p][1]
+    idle GPUs, the last one partly: one configuration (with its node count)
+    per start, O(N_type)."""
+    prefix = [0]
+    for _, idle in servers:
+        prefix.append(prefix[-1] + idle)
     for start in range(len(servers)):
-        if suffix[start] < r_k:
+        if prefix[-1] - prefix[start] < r_k:
             # Stop rule: every later start has even fewer GPUs after it.
             break
-        parts: list[tuple[ServerId, int]] = []
-        need, q = r_k, start
-        while need > 0:
-            take = min(servers[q][1], need)
-            parts.append((servers[q][0], take))
-            need -= take
-            q += 1
-        if len(parts) >= 2:
-            yield Configuration.of(dict(parts))
+        # The last node: the first where the run's idle GPUs reach r_k.
+        last = bisect.bisect_left(prefix, prefix[start] + r_k) - 1
+        if last > start:
+            parts = [*servers[start:last], (servers[last][0], r_k - prefix[last] + prefix[start])]
+            # Distinct servers, so sorting the pairs sorts by server id.
+            yield Configuration(tuple(sorted(parts))), last - start + 1
 
 
 def generate_configs(
@@ -129,29 +121,57 @@ def generate_configs(
 
     Per GPU type: aggregated ``{t: R_k}`` for every server with R_k <= S_t;
     distributed over adjacent servers when :func:`distributed_allowed`.
-    Configurations with zero throughput are dropped, duplicates removed.
+    Configurations with zero throughput are dropped. (No duplicates arise:
+    types hold disjoint servers, requirements differ in size, and adjacent
+    runs from different starts differ in their first server.)
     ``largest`` (from :func:`largest_servers`) saves a sweep per call.
     """
     largest = largest if largest is not None else largest_servers(cluster)
     out: list[Candidate] = []
-    seen: set[Configuration] = set()
+    reqs = sorted(set(requirements))
     for spec in cluster.gpu_types:
-        servers = usable_servers(cluster, free, est, spec.name)
+        servers, curves = _type_servers(cluster, free, est, spec.name)
         if not servers:
             continue
+        # One curve for all (no server curve here): a config's §3.5 minimum is
+        # that curve's value.
+        base = est.by_type.get(spec.name) if not curves else None
         high = is_high_sensitivity(rho, est, spec.name, sigma)
-        for r_k in sorted(set(requirements)):
-            configs = list(_aggregated(servers, r_k))
+        for r_k in reqs:
+            agg = base.agg_per_gpu(r_k) * r_k if base is not None else 0.0
+            for sid, idle in servers:
+                if r_k <= idle:
+                    tput = agg if base is not None else curves[sid].agg_per_gpu(r_k) * r_k
+                    if tput > 0:
+                        out.append(Candidate(Configuration(((sid, r_k),)), tput, spec.name))
             if distributed_allowed(requirements, r_k, high, largest.get(spec.name, 0)):
-                configs.extend(_distributed(servers, r_k))
-            for config in configs:
-                if config in seen:
-                    continue
-                seen.add(config)
-                tput = config_throughput(est, cluster, config)
-                if tput > 0:
-                    out.append(Candidate(config, tput, spec.name))
+                for config, n in _distributed(servers, r_k):
+                    slowest = (base.dist_per_gpu(n) if base is not None
+                               else min(curves[s].dist_per_gpu(n) for s, _ in config.parts))
+                    if (tput := slowest * r_k) > 0:
+                        out.append(Candidate(config, tput, spec.name))
     return tuple(out)
+
+
+def _type_servers(
+    cluster: Cluster, free: Mapping[ServerId, int], est: JobEstimate, gpu_type: GpuType
+) -> tuple[list[tuple[ServerId, int]], dict[ServerId, ThroughputCurve]]:
+    """:func:`usable_servers` (idle GPUs as ints, as Configuration.of stores
+    them), and each one's curve as config_throughput reads it, or no curves
+    when every one of them is the type's curve."""
+    base, own = est.by_type.get(gpu_type), est.by_server
+    if base is not None and not own:
+        idle = [(s.id, free.get(s.id, 0)) for s in cluster.servers_of_type(gpu_type)]
+        return [(sid, int(g)) for sid, g in idle if g > 0], {}
+    servers, curves = [], {}
+    for s in cluster.servers_of_type(gpu_type):
+        g, curve = free.get(s.id, 0), own.get(s.id)
+        curve = base if curve is None else curve
+        if g > 0 and curve is not None:
+            servers.append((s.id, int(g)))
+            curves[s.id] = curve
+    uniform = base is not None and all(c is base for c in curves.values())
+    return servers, ({} if uniform else curves)
 
 
 class FreeIndex:
@@ -288,12 +308,16 @@ def class_options(
     class, filled as in §3.6 (whole servers, the last one partly)."""
     largest = largest if largest is not None else largest_servers(cluster)
     out: list[ClassOption] = []
+    reqs = sorted(set(requirements))
+    high_of: dict[GpuType, bool] = {}  # per type, as classes share types
     for c, klass in enumerate(classes):
         curve = job_curve(est, klass.servers[0], klass.gpu_type)
         if curve is None:
             continue
-        high = is_high_sensitivity(rho, est, klass.gpu_type, sigma)
-        for r_k in sorted(set(requirements)):
+        high = high_of.get(klass.gpu_type)
+        if high is None:
+            high = high_of[klass.gpu_type] = is_high_sensitivity(rho, est, klass.gpu_type, sigma)
+        for r_k in reqs:
             dist_ok = distributed_allowed(requirements, r_k, high, largest[klass.gpu_type])
             option = _class_option(c, klass, curve, r_k, dist_ok)
             if option is not None:

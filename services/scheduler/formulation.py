@@ -54,22 +54,53 @@ def assignment_model(
     Option columns not in ``allowed`` (when given) are fixed to 0, which keeps
     the column numbering of the unrestricted model.
     """
+    return _model(jobs, coeffs, [tuple(use.items()) for use in usage], capacity, supply, allowed)
+
+
+def _model(
+    jobs: Sequence[int],
+    coeffs: Sequence[float],
+    usage: Sequence[Sequence[tuple[Hashable, float]]],
+    capacity: Mapping[Hashable, float],
+    supply: Sequence[tuple[float, Mapping[Hashable, float]]],
+    allowed: Collection[int] | None,
+) -> MipModel:
+    """:func:`assignment_model` with each option's usage as (resource, amount)
+    pairs, the option columns laid out with numpy and added in bulk. Rows are
+    created in the order the options, then the supply columns, first use
+    them, and the non-zeros come in the same order as column by column."""
+    if not len(jobs) == len(coeffs) == len(usage):
+        raise ValueError("jobs, coeffs and usage must have the same length")
     model = MipModel()
     job_rows = {j: model.add_row(-INF, 1.0) for j in sorted(set(jobs))}
-    res_rows: dict[Hashable, int] = {}
-
-    def row(resource: Hashable) -> int:
-        if resource not in res_rows:
-            res_rows[resource] = model.add_row(-INF, float(capacity[resource]))
-        return res_rows[resource]
-
-    for o, (j, coeff, use) in enumerate(zip(jobs, coeffs, usage, strict=True)):
-        rows = [job_rows[j], *(row(r) for r in use)]
-        upper = 1.0 if allowed is None or o in allowed else 0.0
-        model.add_col(coeff, 0.0, upper, integer=True, rows=rows, values=[1.0, *use.values()])
-    for upper, entries in supply:
-        rows = [row(r) for r in entries]
-        model.add_col(0.0, 0.0, upper, integer=True, rows=rows, values=list(entries.values()))
+    flat = [p for parts in usage for p in parts]
+    res_rows: dict[Hashable, int] = {
+        r: model.add_row(-INF, float(capacity[r])) for r in dict.fromkeys(r for r, _ in flat)
+    }
+    lens = np.fromiter(map(len, usage), np.int64, len(usage))
+    ends = np.cumsum(lens + 1)
+    heads = ends - 1 - lens
+    rows = np.empty(int(ends[-1]) if len(usage) else 0, np.int64)
+    values = np.empty(rows.size, np.float64)
+    rest = np.ones(rows.size, dtype=bool)
+    rest[heads] = False
+    rows[heads], values[heads] = [job_rows[j] for j in jobs], 1.0
+    rows[rest], values[rest] = [res_rows[r] for r, _ in flat], [v for _, v in flat]
+    uppers = [1.0 if allowed is None or o in allowed else 0.0 for o in range(len(jobs))]
+    model.add_cols(coeffs, uppers, integer=True, ends=ends.tolist(), rows=rows.tolist(),
+                   values=values.tolist())
+    col_rows: list[int] = []
+    col_values: list[float] = []
+    col_ends: list[int] = []
+    for _, entries in supply:
+        for r, v in entries.items():
+            if r not in res_rows:
+                res_rows[r] = model.add_row(-INF, float(capacity[r]))
+            col_rows.append(res_rows[r])
+            col_values.append(v)
+        col_ends.append(len(col_rows))
+    model.add_cols([0.0] * len(supply), [up for up, _ in supply], integer=True, ends=col_ends,
+                   rows=col_rows, values=col_values)
     return model
 
 
@@ -125,9 +156,9 @@ def build_model(
     options (see :func:`assignment_model`)."""
     jobs = [o.job for o in space.options]
     if space.formulation == "direct":
-        direct: list[Usage] = [dict(o.config.parts) if o.config else {} for o in space.options]
+        parts = [o.config.parts if o.config else () for o in space.options]
         room: dict[Hashable, float] = {sid: float(g) for sid, g in free.items()}
-        return assignment_model(jobs, coeffs, direct, room, allowed=allowed)
+        return _model(jobs, coeffs, parts, room, (), allowed)
     usage, capacity, supply = _class_resources(space)
     return assignment_model(jobs, coeffs, usage, capacity, supply, allowed)
 
@@ -285,8 +316,12 @@ def direct_space(
         )
         low = min((c.throughput for c in cands), default=0.0)
         for c in cands:
-            order = tuple(sorted(index[s] for s in c.config.servers))
-            gpus = c.config.total_gpus
+            parts = c.config.parts
+            if len(parts) == 1:
+                order: tuple[int, ...] = (index[parts[0][0]],)
+                gpus = parts[0][1]
+            else:
+                order, gpus = tuple(sorted(index[s] for s, _ in parts)), c.config.total_gpus
             options.append(PassOption(i, c.throughput / low, c.throughput, gpus, order, c.config))
     return _finish_space("direct", options, len(jobs))
 

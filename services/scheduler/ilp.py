@@ -81,6 +81,37 @@ class MipModel:
         self._starts.append(len(self._index))
         return len(self._cost) - 1
 
+    def add_cols(
+        self,
+        costs: Sequence[float],
+        uppers: Sequence[float],
+        *,
+        integer: bool,
+        ends: Sequence[int],
+        rows: Sequence[int],
+        values: Sequence[float],
+    ) -> None:
+        """Add ``len(costs)`` columns with lower bound 0 at once, as
+        :meth:`add_col` would one by one: column ``k`` has the non-zeros
+        ``rows[ends[k-1]:ends[k]]`` (from 0 for the first), in that order."""
+        if not len(costs) == len(uppers) == len(ends):
+            raise ValueError("costs, uppers and ends must have the same length")
+        if len(rows) != len(values) or (ends and ends[-1] != len(rows)):
+            raise ValueError("rows and values must have the same length")
+        if any(up < 0.0 for up in uppers):
+            raise ValueError("column bounds are empty")
+        n_rows = len(self._row_lower)
+        if rows and not (min(rows) >= 0 and max(rows) < n_rows):
+            raise ValueError(f"a column refers to a row outside the {n_rows} rows")
+        base = len(self._index)
+        self._cost.extend(costs)
+        self._col_lower.extend([0.0] * len(costs))
+        self._col_upper.extend(uppers)
+        self._integer.extend([integer] * len(costs))
+        self._index.extend(rows)
+        self._value.extend(values)
+        self._starts.extend([base + e for e in ends] if base else ends)
+
     def objective(self, values: Sequence[float]) -> float:
         """``c.x`` for a full column vector."""
         return float(np.dot(np.asarray(self._cost), np.asarray(values, dtype=np.float64)))
@@ -104,7 +135,11 @@ class MipModel:
         lp.a_matrix_.value_ = np.asarray(self._value, dtype=np.float64)
         if not relax:
             kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
-            lp.integrality_ = [kinds[flag] for flag in self._integer]
+            lp.integrality_ = (
+                [kinds[True]] * self.num_cols
+                if all(self._integer)
+                else [kinds[flag] for flag in self._integer]
+            )
         lp.sense_ = highspy.ObjSense.kMaximize if maximize else highspy.ObjSense.kMinimize
         return lp
 

@@ -42,6 +42,10 @@ class PlanState:
         for sid, g in self.free.items():
             if (c := space.klass_of.get(sid)) is not None:
                 self.idle[c] += g
+        # Without classes every item is (GPUs, no tail): fits/take/release
+        # then read the configuration's parts directly.
+        self._plain = not space.klass_of
+        self._memo: dict[Configuration, list[tuple[ServerId, Item]]] = {}
 
     def _count(self, sid: ServerId, gpus: int) -> None:
         if (c := self.space.klass_of.get(sid)) is not None:
@@ -49,26 +53,41 @@ class PlanState:
 
     def _items(self, config: Configuration) -> list[tuple[ServerId, Item]]:
         # In a class, a distributed configuration's part below the class's
-        # idle GPUs is its tail; direct mode keeps no items.
+        # idle GPUs is its tail; direct mode keeps no items. A function of
+        # the configuration and the (fixed) space, so memoised.
+        out = self._memo.get(config)
+        if out is not None:
+            return out
         dist = config.is_distributed
         out = []
         for sid, g in config.parts:
             c = self.space.klass_of.get(sid)
             out.append((sid, (g, dist and c is not None and g < self.space.classes[c].free)))
+        self._memo[config] = out
         return out
 
     def has_tail(self, sid: ServerId) -> bool:
         return any(tail for _, tail in self.items.get(sid, ()))
 
     def fits(self, config: Configuration) -> bool:
-        return all(
-            self.free.get(sid, 0) >= g and not (tail and self.has_tail(sid))
-            for sid, (g, tail) in self._items(config)
-        )
+        free = self.free
+        if self._plain:
+            parts = config.parts
+            if len(parts) == 1:
+                return free.get(parts[0][0], 0) >= parts[0][1]
+            return all(free.get(sid, 0) >= g for sid, g in parts)
+        for sid, (g, tail) in self._items(config):
+            if free.get(sid, 0) < g or (tail and self.has_tail(sid)):
+                return False
+        return True
 
     def take(self, config: Configuration) -> None:
         if not self.fits(config):
             raise RuntimeError(f"configuration {config} over-allocates a server")
+        if self._plain:
+            for sid, g in config.parts:
+                self.free[sid] -= g
+            return
         for sid, item in self._items(config):
             self.free[sid] -= item[0]
             if self.space.klass_of:
@@ -77,6 +96,10 @@ class PlanState:
 
     def release(self, config: Configuration) -> None:
         """Undo :meth:`take` of ``config``."""
+        if self._plain:
+            for sid, g in config.parts:
+                self.free[sid] = self.free.get(sid, 0) + g
+            return
         for sid, item in self._items(config):
             self.free[sid] = self.free.get(sid, 0) + item[0]
             if self.space.klass_of:
@@ -139,7 +162,7 @@ def greedy_assign(
 
 def current_option(space: OptionSpace, i: int, current: Configuration) -> int | None:
     """The option of job i that its current configuration is an instance of."""
-    shape = sorted((g for _, g in current.parts), reverse=True)
+    shape: list[int] | None = None
     for o in space.per_job[i]:
         opt = space.options[o]
         if opt.config is not None:
@@ -149,6 +172,8 @@ def current_option(space: OptionSpace, i: int, current: Configuration) -> int | 
             c = opt.klass.klass
             klass = space.classes[c]
             same_class = all(space.klass_of.get(s) == c for s in current.servers)
+            if shape is None:
+                shape = sorted((g for _, g in current.parts), reverse=True)
             if same_class and shape == [g for g, _ in opt.klass.items(klass.free)]:
                 return o
     return None
@@ -342,10 +367,11 @@ class _Search:
 
     def best_fit(self, i: int, above: float) -> tuple[int, Configuration] | None:
         """Job i's best option worth more than ``above`` that fits now."""
+        coeffs, options, place = self.coeffs, self.space.options, self.state.place
         for o in self.ranked[i]:
-            if self.coeffs[o] <= above:
+            if coeffs[o] <= above:
                 return None
-            config = self.state.place(self.space.options[o])
+            config = place(options[o])
             if config is not None:
                 return o, config
         return None
