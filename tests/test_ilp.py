@@ -18,6 +18,7 @@ from services.scheduler.passes import (
     PassJob,
     PassResult,
     SolverSettings,
+    _mip_time_limit,
     greedy_pass,
     scaled_weights,
     solve_pass,
@@ -28,7 +29,7 @@ from shared.estimate import JobEstimate, ThroughputCurve, sensitivity
 from shared.ids import GpuType, JobId, ServerId
 
 A = GpuType("A")
-EXACT = SolverSettings(mip_rel_gap=0.0)
+EXACT = SolverSettings(mip_rel_gap=0.0, accept_gap=0.0)
 
 
 # -- MIP layer -----------------------------------------------------------------
@@ -147,7 +148,7 @@ def test_table1_lambda_0_maximises_throughput_gain() -> None:
     expected = {"j1": 1, "j2": 2, "j3": 1, "j4": 4}
     assert brute_force([1, 1, 1, 1]) == (pytest.approx(7.2), [expected])
     for direct_max in (20000, 0):
-        s = SolverSettings(mip_rel_gap=0.0, direct_max_columns=direct_max)
+        s = SolverSettings(mip_rel_gap=0.0, accept_gap=0.0, direct_max_columns=direct_max)
         result = solve_pass(ONE_SERVER, {SERVER: 8}, table1_jobs([1, 1, 1, 1]), s)
         assert selection(result) == expected
         assert result.objective == pytest.approx(7.2)
@@ -216,7 +217,8 @@ def test_class_mode_realises_distributed_jobs() -> None:
     jobs = [flat_job("d1", 2.0, (16,), rho=1.2), flat_job("d2", 1.0, (12,), rho=1.2),
             flat_job("a", 1.0, (4,))]
     free = {s.id: 8 for s in servers}
-    result = solve_pass(cluster, free, jobs, SolverSettings(mip_rel_gap=0, direct_max_columns=0))
+    exact_class = SolverSettings(mip_rel_gap=0, accept_gap=0.0, direct_max_columns=0)
+    result = solve_pass(cluster, free, jobs, exact_class)
     assert result.formulation == "class"
     configs = {c.job_id: c.config for c in result.choices}
     assert configs["d1"] == Configuration.of({"s0": 8, "s1": 8})
@@ -237,6 +239,21 @@ def test_time_limit_returns_a_feasible_plan() -> None:
         assert sum(c.config.total_gpus for c in result.choices) == 128
 
 
+def test_proof_budget_caps_branch_and_bound_only_near_the_bound() -> None:
+    s = SolverSettings(mip_rel_gap=0.01, time_limit_s=10.0, accept_gap=0.05, proof_time_s=1.0)
+    # Start 2% below the LP bound: within accept_gap, so B&B gets the budget.
+    assert _mip_time_limit(98.0, 100.0, 9.5, s) == 1.0
+    assert _mip_time_limit(98.0, 100.0, 0.4, s) == 0.4  # never more than is left
+    # Start 10% below: B&B keeps all the time that is left.
+    assert _mip_time_limit(90.0, 100.0, 9.5, s) == 9.5
+    # No start (objective 0) or no bound: never capped.
+    assert _mip_time_limit(0.0, 100.0, 9.5, s) == 9.5
+    assert _mip_time_limit(98.0, float("inf"), 9.5, s) == 9.5
+    # accept_gap 0 switches the budget off.
+    off = msgspec.structs.replace(s, accept_gap=0.0)
+    assert _mip_time_limit(99.9, 100.0, 9.5, off) == 9.5
+
+
 def test_current_configuration_warm_start_keeps_optimum() -> None:
     jobs = table1_jobs([1, 1, 1, 1])
     warm = [
@@ -245,7 +262,7 @@ def test_current_configuration_warm_start_keeps_optimum() -> None:
         for i, j in enumerate(jobs)
     ]
     for direct_max in (20000, 0):
-        s = SolverSettings(mip_rel_gap=0.0, direct_max_columns=direct_max)
+        s = SolverSettings(mip_rel_gap=0.0, accept_gap=0.0, direct_max_columns=direct_max)
         result = solve_pass(ONE_SERVER, {SERVER: 8}, warm, s)
         assert result.objective == pytest.approx(7.2)
 
@@ -346,7 +363,8 @@ def test_class_formulation_matches_direct(
 ) -> None:
     cluster, free, jobs = inst
     direct = solve_pass(cluster, free, jobs, EXACT)
-    klass = solve_pass(cluster, free, jobs, SolverSettings(mip_rel_gap=0.0, direct_max_columns=0))
+    klass_settings = SolverSettings(mip_rel_gap=0.0, accept_gap=0.0, direct_max_columns=0)
+    klass = solve_pass(cluster, free, jobs, klass_settings)
     check_plan(free, jobs, klass)
     if direct.formulation == "empty":
         assert klass.formulation == "empty"
