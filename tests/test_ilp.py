@@ -18,7 +18,7 @@ from services.scheduler.passes import (
     PassJob,
     PassResult,
     SolverSettings,
-    _mip_time_limit,
+    _settled,
     greedy_pass,
     scaled_weights,
     solve_pass,
@@ -239,19 +239,41 @@ def test_time_limit_returns_a_feasible_plan() -> None:
         assert sum(c.config.total_gpus for c in result.choices) == 128
 
 
-def test_proof_budget_caps_branch_and_bound_only_near_the_bound() -> None:
-    s = SolverSettings(mip_rel_gap=0.01, time_limit_s=10.0, accept_gap=0.05, proof_time_s=1.0)
-    # Start 2% below the LP bound: within accept_gap, so B&B gets the budget.
-    assert _mip_time_limit(98.0, 100.0, 9.5, s) == 1.0
-    assert _mip_time_limit(98.0, 100.0, 0.4, s) == 0.4  # never more than is left
-    # Start 10% below: B&B keeps all the time that is left.
-    assert _mip_time_limit(90.0, 100.0, 9.5, s) == 9.5
-    # No start (objective 0) or no bound: never capped.
-    assert _mip_time_limit(0.0, 100.0, 9.5, s) == 9.5
-    assert _mip_time_limit(98.0, float("inf"), 9.5, s) == 9.5
-    # accept_gap 0 switches the budget off.
-    off = msgspec.structs.replace(s, accept_gap=0.0)
-    assert _mip_time_limit(99.9, 100.0, 9.5, off) == 9.5
+def test_start_near_the_lp_bound_settles_the_pass_without_branch_and_bound() -> None:
+    s = SolverSettings(mip_rel_gap=0.01, accept_gap=0.05)
+    assert _settled(99.5, 100.0, s, large=False) == "Optimal"  # within mip_rel_gap
+    assert _settled(98.0, 100.0, s, large=True) == "Accepted"  # within accept_gap
+    assert _settled(98.0, 100.0, s, large=False) is None  # small passes search on
+    assert _settled(90.0, 100.0, s, large=True) is None  # 10% below: B&B runs
+    # No start (objective 0) or no bound: B&B runs.
+    assert _settled(0.0, 100.0, s, large=True) is None
+    assert _settled(98.0, float("inf"), s, large=True) is None
+    # accept_gap below mip_rel_gap: only the solver's own gap settles.
+    exact = msgspec.structs.replace(s, accept_gap=0.0)
+    assert _settled(99.5, 100.0, exact, large=True) == "Optimal"
+    assert _settled(98.0, 100.0, exact, large=True) is None
+
+
+def subset_sum(n: int = 40) -> MipModel:
+    """A subset-sum knapsack: its LP bound is weak and cuts do not close it,
+    so branch and bound has to search."""
+    weights = [100_003 + 7_919 * ((i * 37) % 97) + 13 * i * i for i in range(n)]
+    model = MipModel()
+    row = model.add_row(-INF, sum(weights) // 2 + 0.5)
+    for w in weights:
+        model.add_col(float(w), 0.0, 1.0, integer=True, rows=[row], values=[float(w)])
+    return model
+
+
+def test_node_limit_ends_the_search_at_the_same_point_every_time() -> None:
+    model = subset_sum()
+    options = MipOptions(mip_rel_gap=0.0, time_limit_s=30.0, presolve=False, max_nodes=1)
+    first = solve_mip(model, options, incumbent=[0.0] * model.num_cols)
+    again = solve_mip(model, options, incumbent=[0.0] * model.num_cols)
+    assert first.status == "Solution limit reached"  # HiGHS's name for its node limit
+    assert first.solve_s < 30.0
+    assert first.has_solution and first.objective > 0
+    assert list(first.values) == list(again.values)
 
 
 def test_current_configuration_warm_start_keeps_optimum() -> None:
@@ -376,7 +398,7 @@ def test_class_formulation_matches_direct(
 def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
     # Enough options for the restricted-model incumbent, running jobs with a
     # switch factor: the plan must be feasible, deterministic, and within the
-    # gap of the exact optimum.
+    # accepted gap of the exact optimum (a large pass settles within it).
     servers = tuple(Server(ServerId(f"s{i:02d}"), A, 8) for i in range(12))
     cluster = Cluster((GpuTypeSpec(A, 1e9, 1e8),), servers)
     free = {s.id: 8 for s in servers}
@@ -393,7 +415,9 @@ def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
     assert timeless(solve_pass(cluster, free, jobs, settings_), solve_s=0.0) == timeless(
         result, solve_s=0.0)
     exact = solve_pass(cluster, free, jobs, EXACT)
-    assert result.objective >= exact.objective / (1 + settings_.mip_rel_gap) - 1e-9
+    assert result.objective >= exact.objective / (1 + settings_.accept_gap) - 1e-9
+    assert result.bound >= exact.objective - 1e-9
+    assert result.gap <= settings_.accept_gap
 
 
 def test_keep_servers_relabels_a_class_towards_current_placements() -> None:

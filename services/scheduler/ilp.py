@@ -154,6 +154,9 @@ class MipOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     threads: int = 1
     random_seed: int = 0
     presolve: bool = True
+    # Branch-and-bound nodes; unlike the time limit, a node limit ends the
+    # search at the same point on any machine.
+    max_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,8 @@ def _configure(h: highspy.Highs, options: MipOptions) -> None:
         "random_seed": options.random_seed,
         "presolve": "choose" if options.presolve else "off",
     }
+    if options.max_nodes is not None:
+        settings["mip_max_nodes"] = options.max_nodes
     for name, value in settings.items():
         if h.setOptionValue(name, value) != highspy.HighsStatus.kOk:
             raise ValueError(f"HiGHS rejected option {name}={value!r}")

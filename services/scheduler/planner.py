@@ -55,10 +55,9 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     r_num: int = 8
     mip_rel_gap: float = 0.01
     time_limit_s: float = 10.0
-    # A start within accept_gap of the LP bound gets proof_time_s of branch
-    # and bound at most (services.scheduler.passes._mip_time_limit).
+    # A start within accept_gap of the LP bound is accepted without branch
+    # and bound (services.scheduler.passes._settled).
     accept_gap: float = 0.05
-    proof_time_s: float = 1.0
     threads: int = 1
     direct_max_columns: int = 5000
     max_fill_passes: int = 4
@@ -74,7 +73,6 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             mip_rel_gap=self.mip_rel_gap,
             time_limit_s=self.time_limit_s,
             accept_gap=self.accept_gap,
-            proof_time_s=self.proof_time_s,
             threads=self.threads,
             direct_max_columns=self.direct_max_columns,
             greedy=math.isinf(self.lam),
