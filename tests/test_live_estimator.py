@@ -7,10 +7,17 @@ from __future__ import annotations
 import msgspec
 
 from services.estimator.database import ThroughputDatabase
-from services.estimator.service import apply_sample_event, estimates_for, measured_on, unusable
+from services.estimator.service import (
+    apply_sample_event,
+    estimates_for,
+    forget_ended,
+    measured_on,
+    unusable,
+)
 from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster, Server
+from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
 from tests.natsfix import nats_server, nats_url
@@ -129,3 +136,52 @@ def test_the_database_is_fed_in_stream_order_and_answers_per_job() -> None:
     )
     code, message = unusable(ev.SampleReported(sample=sample), GpuType("B")) or ("", "")
     assert code == "type_mismatch" and "server's GPU type is B" in message
+
+
+async def test_ended_jobs_leave_every_replica_and_late_reports_stay_out(
+    stack: Stack, bus: Bus
+) -> None:
+    await bus.put_nodes()
+    await measurements(bus, "j1", 4)
+    await bus.profile("j2", "a0", "A")
+    estimator = await stack.start("services.estimator")
+    await estimator.wait_log("serving estimates")
+    assert set((await estimate(bus, "j1", "j2")).estimates) == {"j1", "j2"}
+    finished = ev.JobFinished(job_id=JobId("j1"), at=1.0)
+    await bus.js.publish(subjects.job_events("j1"), ev.encode(finished))
+
+    async def j1_gone() -> ev.EstimateReply | None:
+        reply = await estimate(bus, "j1", "j2")
+        return reply if set(reply.estimates) == {"j2"} else None
+
+    await eventually(j1_gone, what="j1 forgotten")
+    # A report of j1 that arrives after its end stays out.
+    await bus.profile("j1", "a0", "A")
+    await bus.profile("j3", "a0", "A")  # arrives after it: the feed has passed j1's report
+
+    async def j3_known() -> ev.EstimateReply | None:
+        reply = await estimate(bus, "j1", "j2", "j3")
+        return reply if "j3" in reply.estimates else None
+
+    assert set((await eventually(j3_known, what="j3 estimated")).estimates) == {"j2", "j3"}
+    # A restarted replica replays both streams and agrees.
+    assert await estimator.stop() == 0
+    again = await stack.start("services.estimator")
+    await again.wait_log("serving estimates")
+    assert set((await eventually(j3_known, what="j3 after restart")).estimates) == {"j2", "j3"}
+
+
+def test_a_final_job_event_drops_the_job_once() -> None:
+    db = ThroughputDatabase()
+    modules = TimeModules(t_d=(0.01,), t_f=0.02, t_b=0.04, t_u=0.005)
+    for job_id in ("j1", "j2"):
+        db.record_profile(ProfileReport(JobId(job_id), GpuType("A"), ServerId("a0"), modules, 32))
+    ended: set[JobId] = set()
+    started = ev.JobStarted(job_id=JobId("j1"), configuration=Configuration.of({"a0": 1}), at=0.0)
+    assert not forget_ended(db, ended, started)
+    assert set(db.jobs()) == {"j1", "j2"}
+    assert forget_ended(db, ended, ev.JobFailed(job_id=JobId("j1"), at=1.0, reason="oom"))
+    assert db.jobs() == ("j2",) and ended == {"j1"}
+    assert not forget_ended(db, ended, ev.JobCancelled(job_id=JobId("j1"), at=2.0))
+    assert forget_ended(db, ended, ev.JobCancelled(job_id=JobId("j2"), at=2.0))
+    assert db.jobs() == ()

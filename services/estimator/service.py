@@ -21,6 +21,13 @@ sample event, and a measurement from a server that is not registered in
 ``hops_nodes`` or of another GPU type than its server's, is left out (see
 :class:`Feed`), so the profiler's refusals change no estimate.
 
+Each replica also follows the job events of stream ``HOPS_JOBS``: a job that
+finished, failed or was cancelled leaves the database, and measurements of it
+that arrive later are left out (:class:`Endings`). Otherwise a long-running
+replica would keep every job's sample history for ever (up to 4,096 data and
+wait samples per job and GPU type), although nothing asks for its estimate
+again. Only the ended jobs' ids are kept.
+
 Settings: the runtime's (:mod:`services.runtime.settings`) only.
 """
 
@@ -74,6 +81,23 @@ def estimates_for(
     return ev.EstimateReply(estimates=out), failed
 
 
+FINAL_EVENTS = (ev.JobFinished, ev.JobFailed, ev.JobCancelled)
+
+
+def forget_ended(db: ThroughputDatabase, ended: set[JobId], event: ev.JobEvent) -> bool:
+    """Drop the records of a job that reached a final state and remember it
+    as ended; true when the event ended the job here."""
+    if not isinstance(event, FINAL_EVENTS) or event.job_id in ended:
+        return False
+    ended.add(event.job_id)
+    db.forget(event.job_id)
+    return True
+
+
+def measured_job(event: ev.SampleEvent) -> JobId:
+    return event.report.job_id if isinstance(event, ev.ProfileReported) else event.sample.job_id
+
+
 def measured_on(event: ev.SampleEvent) -> tuple[ServerId, GpuType]:
     """The server and GPU type a report or sample was measured on."""
     if isinstance(event, ev.ProfileReported):
@@ -124,10 +148,13 @@ class Feed:
     catching up were reported when they were new, so they are only logged.
     """
 
-    def __init__(self, ctx: ServiceContext, db: ThroughputDatabase, nodes: NodeTypes) -> None:
+    def __init__(
+        self, ctx: ServiceContext, db: ThroughputDatabase, nodes: NodeTypes, ended: set[JobId]
+    ) -> None:
         self.ctx = ctx
         self.db = db
         self.nodes = nodes
+        self.ended = ended
         self.last_seq = 0
         self.target = 0
         self.caught_up = asyncio.Event()
@@ -164,6 +191,9 @@ class Feed:
         self.last_seq = seq
         try:
             event = ev.decode_sample_event(msg.data)
+            if measured_job(event) in self.ended:  # a late report of an ended job
+                self.ctx.log.debug("measurement of an ended job", job_id=measured_job(event))
+                return
             problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
             if problem is not None:
                 live = isinstance(event, ev.SampleReported)
@@ -185,10 +215,54 @@ class Feed:
             self.ctx.log.warning("measurement left out", subject=msg.subject, error=error)
 
 
+class Endings:
+    """The ordered consumer over ``HOPS_JOBS`` that removes ended jobs from
+    the database (see the module docstring). Job events are the scheduler's
+    and the monitor's to check; one this service cannot decode is skipped."""
+
+    def __init__(self, ctx: ServiceContext, db: ThroughputDatabase) -> None:
+        self.ctx = ctx
+        self.db = db
+        self.ended: set[JobId] = set()
+        self.last_seq = 0
+
+    async def start(self) -> None:
+        subscribed = asyncio.Event()
+        self.ctx.spawn(
+            follow_stream(
+                self.ctx.nc,
+                self.ctx.js,
+                subjects.STREAM_JOBS.name,
+                subjects.STREAM_JOBS.subjects,
+                self.on_msg,
+                lambda: self.last_seq + 1,
+                self.ctx.stopping,
+                self.ctx.log,
+                subscribed,
+            ),
+            "job-endings",
+        )
+        await subscribed.wait()
+
+    async def on_msg(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self.last_seq:
+            return
+        self.last_seq = seq
+        try:
+            event = ev.decode_job_event(msg.data)
+        except ev.WireError:
+            return
+        if forget_ended(self.db, self.ended, event):
+            self.ctx.log.debug("ended job forgotten", job_id=event.job_id)
+
+
 async def run(ctx: ServiceContext) -> None:
     """The service's main: catch up with the stream, then answer requests."""
     db = ThroughputDatabase()
-    feed = Feed(ctx, db, NodeTypes(await ctx.js.key_value(subjects.KV_NODES)))
+    endings = Endings(ctx, db)
+    await endings.start()
+    feed = Feed(ctx, db, NodeTypes(await ctx.js.key_value(subjects.KV_NODES)), endings.ended)
     await feed.start()
     ctx.log.info("catching up", stream_last_seq=feed.target)
     waiter = asyncio.create_task(feed.caught_up.wait())
