@@ -15,15 +15,14 @@ supplied by the caller: nothing here reads a clock.
 
 Decoding raises one :class:`WireError` (a ``ValueError``) whose ``code`` is
 one of ``malformed``, ``unknown_type``, ``invalid`` or ``too_large``.
-Subjects and streams are in :mod:`shared.subjects`; ``docs/events.md``
-documents the whole contract.
+The encoding and the decoder machinery are in :mod:`shared.wire` (its names
+are re-exported here); subjects and streams are in :mod:`shared.subjects`;
+``docs/events.md`` documents the whole contract.
 """
 
 from __future__ import annotations
 
-import math
-import typing
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -36,23 +35,15 @@ from shared.measurements import ProfileReport, ThroughputSample
 from shared.node import Device, Rendezvous
 from shared.snapshot import Plan
 from shared.subjects import check_token
-
-MAX_PAYLOAD = 256 * 1024
-
-# Error codes carried by WireError and by failed replies.
-MALFORMED = "malformed"
-UNKNOWN_TYPE = "unknown_type"
-INVALID = "invalid"
-TOO_LARGE = "too_large"
-INTERNAL = "internal"
-
-
-class WireError(ValueError):
-    """A payload that is not a valid message; ``code`` says why."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+from shared.wire import INTERNAL as INTERNAL
+from shared.wire import INVALID as INVALID
+from shared.wire import MALFORMED as MALFORMED
+from shared.wire import MAX_PAYLOAD as MAX_PAYLOAD
+from shared.wire import TOO_LARGE as TOO_LARGE
+from shared.wire import UNKNOWN_TYPE as UNKNOWN_TYPE
+from shared.wire import Codec, check_size, probe_type
+from shared.wire import WireError as WireError
+from shared.wire import encode as encode
 
 
 class Message(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
@@ -359,90 +350,14 @@ def error_reply(code: str, error: str) -> Reply:
     return Reply(ok=False, code=code, error=error)
 
 
-# --- encoding and decoding ----------------------------------------------------------
-
-_ENCODER = msgspec.json.Encoder()
-T = TypeVar("T")
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def encode(msg: Message, max_payload: int = MAX_PAYLOAD) -> bytes:
-    """``msg`` as JSON; :class:`WireError` ``too_large`` above ``max_payload`` bytes."""
-    data = _ENCODER.encode(msg)
-    if b"null" in data:  # maybe a non-finite float: msgspec writes those as null
-        data = _ENCODER.encode(_finite(msgspec.to_builtins(msg)))
-    _check_size(data, max_payload, str(msg.__struct_config__.tag))
-    return data
-
-
-def _check_size(data: bytes, max_payload: int, what: str) -> None:
-    if len(data) > max_payload:
-        raise WireError(TOO_LARGE, f"{what}: {len(data)} bytes exceed the limit of {max_payload}")
-
-
-class _Probe(msgspec.Struct):
-    type: str | None = None
-
-
-_PROBE = msgspec.json.Decoder(_Probe)
-
-
-def _probe(data: bytes, what: str) -> str | None:
-    try:
-        return _PROBE.decode(data).type
-    except msgspec.DecodeError as e:
-        if isinstance(e, msgspec.ValidationError):
-            raise WireError(INVALID, f"invalid {what}: {e}") from None
-        raise WireError(MALFORMED, f"malformed JSON in {what}: {e}") from None
-
-
-class _Codec(Generic[T]):
-    """A strict-enough JSON decoder for one message type or tagged union."""
-
-    def __init__(self, tp: Any, what: str) -> None:
-        self._decoder = msgspec.json.Decoder(tp, strict=False)
-        self.what = what
-        members = typing.get_args(tp) or (tp,)
-        self.tags = tuple(str(m.__struct_config__.tag) for m in members if m.__struct_config__.tag)
-
-    def decode(self, data: bytes, max_payload: int = MAX_PAYLOAD) -> T:
-        _check_size(data, max_payload, self.what)
-        try:
-            return self._decoder.decode(data)  # type: ignore[no-any-return]
-        except msgspec.ValidationError as e:
-            self._raise_invalid(data, e)
-        except msgspec.DecodeError as e:
-            raise WireError(MALFORMED, f"malformed JSON in {self.what}: {e}") from None
-
-    def _raise_invalid(self, data: bytes, err: msgspec.ValidationError) -> typing.NoReturn:
-        text = str(err)
-        if text.endswith("at `$.type`") or text == "Object missing required field `type`":
-            tag = _probe(data, self.what)
-            found = 'no "type" field' if tag is None else f"unknown type {tag!r}"
-            expected = ", ".join(self.tags)
-            raise WireError(
-                UNKNOWN_TYPE, f"{self.what}: {found}; expected one of: {expected}"
-            ) from None
-        raise WireError(INVALID, f"invalid {self.what}: {text}") from None
-
-
-_SUBMIT = _Codec[SubmitJob](SubmitJob, "submit_job")
-_JOB_SPEC = _Codec[JobSpec](JobSpec, "job spec")
+_SUBMIT = Codec[SubmitJob](SubmitJob, "submit_job")
+_JOB_SPEC = Codec[JobSpec](JobSpec, "job spec")
 
 
 def decode_submit(data: bytes, max_payload: int = MAX_PAYLOAD) -> SubmitJob:
     """A :class:`SubmitJob`, or a bare JobSpec object (no ``type``) wrapped in one."""
-    _check_size(data, max_payload, "submit_job")
-    if _probe(data, "submit_job") is not None:
+    check_size(data, max_payload, "submit_job")
+    if probe_type(data, "submit_job") is not None:
         return _SUBMIT.decode(data, max_payload)
     spec = _JOB_SPEC.decode(data, max_payload)
     try:
@@ -452,17 +367,17 @@ def decode_submit(data: bytes, max_payload: int = MAX_PAYLOAD) -> SubmitJob:
 
 
 # Each decoder: (data: bytes, max_payload: int = MAX_PAYLOAD) -> the message.
-decode_cancel = _Codec[CancelJob](CancelJob, "cancel_job").decode
-decode_reply = _Codec[Reply](Reply, "reply").decode
-decode_register = _Codec[RegisterNode](RegisterNode, "register_node").decode
-decode_estimate_request = _Codec[EstimateRequest](EstimateRequest, "estimate_request").decode
-decode_estimate_reply = _Codec[EstimateReply](EstimateReply, "estimate_reply").decode
-decode_command = _Codec[Command](Command, "command").decode
-decode_ack = _Codec[CommandAck](CommandAck, "command_ack").decode
-decode_job_event = _Codec[JobEvent](JobEvent, "job event").decode
-decode_sample_event = _Codec[SampleEvent](SampleEvent, "sample event").decode
-decode_node_heartbeat = _Codec[NodeHeartbeat](NodeHeartbeat, "node_heartbeat").decode
-decode_job_heartbeat = _Codec[JobHeartbeat](JobHeartbeat, "job_heartbeat").decode
-decode_plan_event = _Codec[PlanEvent](PlanEvent, "plan event").decode
-decode_error_record = _Codec[ErrorRecord](ErrorRecord, "error_record").decode
-decode_any = _Codec[AnyMessage](AnyMessage, "message").decode  # for tools watching hops.v1.>
+decode_cancel = Codec[CancelJob](CancelJob, "cancel_job").decode
+decode_reply = Codec[Reply](Reply, "reply").decode
+decode_register = Codec[RegisterNode](RegisterNode, "register_node").decode
+decode_estimate_request = Codec[EstimateRequest](EstimateRequest, "estimate_request").decode
+decode_estimate_reply = Codec[EstimateReply](EstimateReply, "estimate_reply").decode
+decode_command = Codec[Command](Command, "command").decode
+decode_ack = Codec[CommandAck](CommandAck, "command_ack").decode
+decode_job_event = Codec[JobEvent](JobEvent, "job event").decode
+decode_sample_event = Codec[SampleEvent](SampleEvent, "sample event").decode
+decode_node_heartbeat = Codec[NodeHeartbeat](NodeHeartbeat, "node_heartbeat").decode
+decode_job_heartbeat = Codec[JobHeartbeat](JobHeartbeat, "job_heartbeat").decode
+decode_plan_event = Codec[PlanEvent](PlanEvent, "plan event").decode
+decode_error_record = Codec[ErrorRecord](ErrorRecord, "error_record").decode
+decode_any = Codec[AnyMessage](AnyMessage, "message").decode  # for tools watching hops.v1.>
