@@ -35,6 +35,7 @@ from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
 from services.scheduler import live_admission as adm
 from services.scheduler import live_state as st
+from services.scheduler.live_kv import get_record
 from services.scheduler.live_lease import (
     LEASE_KEY,
     Change,
@@ -45,7 +46,7 @@ from services.scheduler.live_lease import (
     encode_value,
 )
 from services.scheduler.live_settings import FIELDS, SchedulerSettings, scheduler_settings
-from services.scheduler.service import Leader, get_record
+from services.scheduler.service import Leader
 from shared import events as ev
 from shared import subjects
 

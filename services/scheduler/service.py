@@ -1,4 +1,4 @@
-"""The scheduler's leader (Hops §3.1, §3.6) and the KV helpers of the replicas.
+"""The scheduler's leader (Hops §3.1, §3.6).
 
 A replica (``__main__``: admission and the lease, :mod:`.live_lease`) runs a
 :class:`Leader` while it holds the lease. The leader loads ``hops_jobs``,
@@ -28,17 +28,15 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from structlog.contextvars import bound_contextvars
 
 from services.runtime.bus import publish_event, request
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
-from services.runtime.kv import read_bucket as kv_read
 from services.runtime.service import ServiceContext
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
+from services.scheduler.live_kv import decode_all, get_record, read_bucket
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
 from services.scheduler.live_settings import SchedulerSettings
@@ -55,21 +53,6 @@ from shared.snapshot import Plan
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
 T = TypeVar("T")
-
-
-async def get_record(kv: KeyValue, job_id: str) -> tuple[LiveJobRecord | None, int]:
-    """The job's record and revision, ``(None, 0)`` when there is none."""
-    try:
-        entry = await kv.get(job_id)
-    except KeyNotFoundError:
-        return None, 0
-    return st.decode_record(entry.value or b""), entry.revision or 0
-
-
-async def read_bucket(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes, int]]:
-    """Every key's latest value and revision (:func:`services.runtime.kv.read_bucket`:
-    nats-py's own watcher may end before the values arrived)."""
-    return {k: (v.data, v.revision) for k, v in (await kv_read(js, bucket)).items()}
 
 
 class Leader:
@@ -106,8 +89,14 @@ class Leader:
         held = await self._unacked()  # taken by a leader before this one
         tasks = [
             asyncio.create_task(
-                consume(js, JOBS_CONSUMER, ev.decode_job_event, self._on_event, self.ctx.reporter,
-                        self.ctx.stopping)
+                consume(
+                    js,
+                    JOBS_CONSUMER,
+                    ev.decode_job_event,
+                    self._on_event,
+                    self.ctx.reporter,
+                    self.ctx.stopping,
+                )
             ),
             asyncio.create_task(self._watch_nodes()),
         ]
@@ -405,17 +394,8 @@ class Leader:
         return dict(self.estimates)
 
     async def _nodes(self) -> list[NodeRecord]:
-        return await self._decode_all(subjects.KV_NODES, NodeRecord)
+        return await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.log)
 
     async def _allocs(self) -> dict[JobId, Placement]:
-        allocs = await self._decode_all(subjects.KV_ALLOC, Placement)
+        allocs = await decode_all(self.ctx.js, subjects.KV_ALLOC, Placement, self.log)
         return {p.job_id: p for p in allocs}
-
-    async def _decode_all(self, bucket: str, kind: type[T]) -> list[T]:
-        out: list[T] = []
-        for key, (data, _) in (await read_bucket(self.ctx.js, bucket)).items():
-            try:
-                out.append(msgspec.json.decode(data, type=kind))
-            except msgspec.DecodeError as e:
-                self.log.warning("bad KV entry", bucket=bucket, key=key, error=str(e))
-        return out
