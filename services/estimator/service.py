@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from nats.aio.msg import Msg
@@ -118,6 +119,33 @@ def unusable(event: ev.SampleEvent, server_type: GpuType | None) -> tuple[str, s
     return None
 
 
+async def follow(
+    ctx: ServiceContext,
+    stream: subjects.StreamDef,
+    on_msg: Callable[[Msg], Awaitable[None]],
+    next_seq: Callable[[], int],
+) -> None:
+    """Follow ``stream`` in order from ``next_seq()`` in a task of the
+    service (:func:`~services.runtime.follow.follow_stream`); returns once
+    the consumer exists."""
+    subscribed = asyncio.Event()
+    ctx.spawn(
+        follow_stream(
+            ctx.nc,
+            ctx.js,
+            stream.name,
+            stream.subjects,
+            on_msg,
+            next_seq,
+            ctx.stopping,
+            ctx.log,
+            subscribed,
+        ),
+        stream.name,
+    )
+    await subscribed.wait()
+
+
 class NodeTypes:
     """Registered servers' GPU types from ``hops_nodes`` (nodes are marked
     dead, never removed, so the answer for a past measurement stays the same)."""
@@ -167,22 +195,7 @@ class Feed:
             self.caught_up.set()
         # Followed again from the next sequence after a NATS restart, which
         # ends the (ephemeral) ordered consumer.
-        subscribed = asyncio.Event()
-        self.ctx.spawn(
-            follow_stream(
-                self.ctx.nc,
-                self.ctx.js,
-                subjects.STREAM_SAMPLES.name,
-                subjects.STREAM_SAMPLES.subjects,
-                self.on_msg,
-                lambda: self.last_seq + 1,
-                self.ctx.stopping,
-                self.ctx.log,
-                subscribed,
-            ),
-            "samples",
-        )
-        await subscribed.wait()
+        await follow(self.ctx, subjects.STREAM_SAMPLES, self.on_msg, lambda: self.last_seq + 1)
 
     async def on_msg(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
@@ -227,22 +240,7 @@ class Endings:
         self.last_seq = 0
 
     async def start(self) -> None:
-        subscribed = asyncio.Event()
-        self.ctx.spawn(
-            follow_stream(
-                self.ctx.nc,
-                self.ctx.js,
-                subjects.STREAM_JOBS.name,
-                subjects.STREAM_JOBS.subjects,
-                self.on_msg,
-                lambda: self.last_seq + 1,
-                self.ctx.stopping,
-                self.ctx.log,
-                subscribed,
-            ),
-            "job-endings",
-        )
-        await subscribed.wait()
+        await follow(self.ctx, subjects.STREAM_JOBS, self.on_msg, lambda: self.last_seq + 1)
 
     async def on_msg(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
