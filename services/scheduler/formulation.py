@@ -86,9 +86,10 @@ def _model(
     rest[heads] = False
     rows[heads], values[heads] = [job_rows[j] for j in jobs], 1.0
     rows[rest], values[rest] = [res_rows[r] for r, _ in flat], [v for _, v in flat]
-    uppers = [1.0 if allowed is None or o in allowed else 0.0 for o in range(len(jobs))]
-    model.add_cols(coeffs, uppers, integer=True, ends=ends.tolist(), rows=rows.tolist(),
-                   values=values.tolist())
+    uppers = np.ones(len(jobs))
+    if allowed is not None:
+        uppers[[o for o in range(len(jobs)) if o not in allowed]] = 0.0
+    model.add_cols(coeffs, uppers, integer=True, ends=ends, rows=rows, values=values)
     col_rows: list[int] = []
     col_values: list[float] = []
     col_ends: list[int] = []

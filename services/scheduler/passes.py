@@ -63,7 +63,7 @@ from services.scheduler.formulation import (
     incumbent_values,
     option_space,
 )
-from services.scheduler.ilp import MipOptions, solve_mip, solve_relaxation
+from services.scheduler.ilp import MipModel, MipOptions, solve_mip, solve_relaxation
 from services.scheduler.warmstart import (
     PlanState,
     current_option,
@@ -251,9 +251,7 @@ def _solve(
         and len(space.options) > RESTRICT_MIN_OPTIONS
         and not _proven(model.objective(incumbent), bound, gap / 4)
     ):
-        incumbent, sub_s = _restricted(
-            space, jobs, coeffs, free, options, relaxed, start, incumbent
-        )
+        incumbent, sub_s = _restricted(space, jobs, model, options, relaxed, start, incumbent)
         lp_s += sub_s
     if _proven(model.objective(incumbent), bound, gap):
         # The incumbent is within the gap of the LP bound: HiGHS would stop at
@@ -307,8 +305,7 @@ def _proven(value: float, bound: float, gap: float) -> bool:
 def _restricted(
     space: OptionSpace,
     jobs: Sequence[PassJob],
-    coeffs: Sequence[float],
-    free: Mapping[ServerId, int],
+    model: MipModel,
     options: MipOptions,
     relaxed: npt.NDArray[np.float64],
     start: Assignment,
@@ -320,13 +317,14 @@ def _restricted(
     not, so HiGHS searches the full model long unless it gets an incumbent
     within the gap; the restricted model is small and solves quickly, and its
     solution is feasible in the full model (same columns, the rest at 0)."""
-    allowed = {o for o in range(len(space.options)) if relaxed[o] > 1e-6}
+    allowed = set(np.flatnonzero(relaxed[: len(space.options)] > 1e-6).tolist())
     allowed.update(o for o, _ in start.values())
     for i, job in enumerate(jobs):
         allowed.update(space.per_job[i][:RESTRICT_TOP_OPTIONS])
         if job.current is not None and (o := current_option(space, i, job.current)) is not None:
             allowed.add(o)
-    sub = build_model(space, coeffs, free, allowed)
+    barred = np.setdiff1d(np.arange(len(space.options)), np.fromiter(allowed, np.int64))
+    sub = model.fixed_to_zero(barred)
     sub_options = msgspec.structs.replace(
         options,
         mip_rel_gap=options.mip_rel_gap / 4,
