@@ -11,19 +11,18 @@ from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from services.scheduler.candidates import (
+from services.scheduler.candidates import FreeIndex, generate_configs, largest_servers
+from services.scheduler.classes import (
     ClassOption,
-    FreeIndex,
     Item,
     Pattern,
     ServerClass,
     class_options,
     complete_pattern,
-    generate_configs,
-    largest_servers,
     maximal_patterns,
     realise_patterns,
     server_classes,
@@ -105,10 +104,11 @@ def _model(
     return model
 
 
-@dataclass(frozen=True, slots=True)
-class PassOption:
+class PassOption(msgspec.Struct, frozen=True, gc=False):
     """One column of Eq. (11): job ``job`` with gain G_ij and its resources,
-    either a concrete configuration (direct) or a class option (class)."""
+    either a concrete configuration (direct) or a class option (class).
+    A struct rather than a frozen dataclass: passes create millions of them,
+    and a frozen dataclass's ``__init__`` is several times slower."""
 
     job: int
     gain: float
@@ -221,7 +221,7 @@ def decode(
     current: Mapping[int, Configuration] | None = None,
 ) -> Assignment:
     """Chosen options as configurations; class solutions are realised on the
-    class's servers (:func:`~services.scheduler.candidates.realise_patterns`)
+    class's servers (:func:`~services.scheduler.classes.realise_patterns`)
     and then relabelled so jobs keep their ``current`` servers where they can."""
     chosen = [o for o in range(len(space.options)) if x[o] > 0.5]
     out: Assignment = {}
@@ -300,8 +300,9 @@ def _finish_space(formulation: str, options: list[PassOption], n_jobs: int) -> O
     per_job: list[list[int]] = [[] for _ in range(n_jobs)]
     for idx, opt in enumerate(options):
         per_job[opt.job].append(idx)
+    keys = [(-o.gain, o.gpus, o.order) for o in options]
     for idxs in per_job:
-        idxs.sort(key=lambda o: (-options[o].gain, options[o].gpus, options[o].order))
+        idxs.sort(key=keys.__getitem__)
     return OptionSpace(formulation, options, per_job)
 
 
@@ -311,19 +312,21 @@ def direct_space(
     """One option per generated configuration; G over the job's minimum (Table 1)."""
     index, largest = cluster.server_index, largest_servers(cluster)
     options: list[PassOption] = []
+    add = options.append
     for i, job in enumerate(jobs):
         cands = generate_configs(
             cluster, free, job.requirements, job.rho, job.estimate, sigma, largest
         )
         low = min((c.throughput for c in cands), default=0.0)
         for c in cands:
-            parts = c.config.parts
+            config, tput = c.config, c.throughput
+            parts = config.parts
             if len(parts) == 1:
-                order: tuple[int, ...] = (index[parts[0][0]],)
-                gpus = parts[0][1]
+                sid, gpus = parts[0]
+                add(PassOption(i, tput / low, tput, gpus, (index[sid],), config))
             else:
-                order, gpus = tuple(sorted(index[s] for s, _ in parts)), c.config.total_gpus
-            options.append(PassOption(i, c.throughput / low, c.throughput, gpus, order, c.config))
+                order = tuple(sorted([index[s] for s, _ in parts]))
+                add(PassOption(i, tput / low, tput, sum([g for _, g in parts]), order, config))
     return _finish_space("direct", options, len(jobs))
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from services.scheduler.candidates import ClassOption, Item, ServerClass
+from services.scheduler.classes import ClassOption, Item, ServerClass
 from services.scheduler.formulation import Assignment, OptionSpace, PassOption
 from shared.configuration import Configuration
 from shared.ids import ServerId
