@@ -18,11 +18,11 @@ from services.scheduler.passes import (
     PassJob,
     PassResult,
     SolverSettings,
-    _mip_time_limit,
     greedy_pass,
     scaled_weights,
     solve_pass,
 )
+from services.scheduler.proof import mip_time_limit
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, sensitivity
@@ -242,16 +242,16 @@ def test_time_limit_returns_a_feasible_plan() -> None:
 def test_proof_budget_caps_branch_and_bound_only_near_the_bound() -> None:
     s = SolverSettings(mip_rel_gap=0.01, time_limit_s=10.0, accept_gap=0.05, proof_time_s=1.0)
     # Start 2% below the LP bound: within accept_gap, so B&B gets the budget.
-    assert _mip_time_limit(98.0, 100.0, 9.5, s) == 1.0
-    assert _mip_time_limit(98.0, 100.0, 0.4, s) == 0.4  # never more than is left
+    assert mip_time_limit(98.0, 100.0, 9.5, s) == 1.0
+    assert mip_time_limit(98.0, 100.0, 0.4, s) == 0.4  # never more than is left
     # Start 10% below: B&B keeps all the time that is left.
-    assert _mip_time_limit(90.0, 100.0, 9.5, s) == 9.5
+    assert mip_time_limit(90.0, 100.0, 9.5, s) == 9.5
     # No start (objective 0) or no bound: never capped.
-    assert _mip_time_limit(0.0, 100.0, 9.5, s) == 9.5
-    assert _mip_time_limit(98.0, float("inf"), 9.5, s) == 9.5
+    assert mip_time_limit(0.0, 100.0, 9.5, s) == 9.5
+    assert mip_time_limit(98.0, float("inf"), 9.5, s) == 9.5
     # accept_gap 0 switches the budget off.
     off = msgspec.structs.replace(s, accept_gap=0.0)
-    assert _mip_time_limit(99.9, 100.0, 9.5, off) == 9.5
+    assert mip_time_limit(99.9, 100.0, 9.5, off) == 9.5
 
 
 def test_current_configuration_warm_start_keeps_optimum() -> None:

@@ -51,7 +51,6 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
 from services.scheduler.candidates import DEFAULT_SIGMA
 from services.scheduler.formulation import (
@@ -63,14 +62,15 @@ from services.scheduler.formulation import (
     incumbent_values,
     option_space,
 )
-from services.scheduler.ilp import MipModel, MipOptions, solve_mip, solve_relaxation
-from services.scheduler.warmstart import (
-    PlanState,
-    current_option,
-    fill_leftovers,
-    greedy_assign,
-    warm_start,
+from services.scheduler.ilp import MipOptions, solve_mip, solve_relaxation
+from services.scheduler.planstate import PlanState
+from services.scheduler.proof import (
+    RESTRICT_MIN_OPTIONS,
+    mip_time_limit,
+    proven,
+    restricted_incumbent,
 )
+from services.scheduler.warmstart import current_option, fill_leftovers, greedy_assign, warm_start
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -80,11 +80,6 @@ WEIGHT_FLOOR = 1e-9
 # Direct models above this many columns get the class formulation's plan as a
 # warm start (see _class_hint).
 CLASS_HINT_COLUMNS = 2000
-# Passes with more options than this first solve a restricted model for an
-# incumbent (see _restricted), keeping each job's best few options besides the
-# LP's support.
-RESTRICT_MIN_OPTIONS = 500
-RESTRICT_TOP_OPTIONS = 6
 
 
 class PassJob(msgspec.Struct, frozen=True):
@@ -113,8 +108,9 @@ class SolverSettings(msgspec.Struct, frozen=True):
     greedy: bool = False  # the lambda -> infinity limit of Eq. (11)
     max_patterns: int = 20000
     random_seed: int = 0
-    # Proof budget (see _mip_time_limit): a start already within accept_gap
-    # of the LP bound gets at most proof_time_s of branch and bound.
+    # Proof budget (see services.scheduler.proof.mip_time_limit): a start
+    # already within accept_gap of the LP bound gets at most proof_time_s of
+    # branch and bound.
     accept_gap: float = 0.05
     proof_time_s: float = 1.0
 
@@ -249,16 +245,18 @@ def _solve(
     if (
         relaxed is not None
         and len(space.options) > RESTRICT_MIN_OPTIONS
-        and not _proven(model.objective(incumbent), bound, gap / 4)
+        and not proven(model.objective(incumbent), bound, gap / 4)
     ):
-        incumbent, sub_s = _restricted(space, jobs, model, options, relaxed, start, incumbent)
+        incumbent, sub_s = restricted_incumbent(
+            space, jobs, model, options, relaxed, start, incumbent
+        )
         lp_s += sub_s
-    if _proven(model.objective(incumbent), bound, gap):
+    if proven(model.objective(incumbent), bound, gap):
         # The incumbent is within the gap of the LP bound: HiGHS would stop at
         # its root with it, so the full solve is skipped.
         values, status = np.asarray(incumbent, dtype=np.float64), "Optimal"
     else:
-        limit = _mip_time_limit(model.objective(incumbent), bound, left, settings)
+        limit = mip_time_limit(model.objective(incumbent), bound, left, settings)
         capped = msgspec.structs.replace(options, time_limit_s=limit)
         sol = solve_mip(model, capped, incumbent=incumbent)
         values, bound, status = sol.values, sol.bound, sol.status
@@ -278,62 +276,6 @@ def _solve(
         formulation=space.formulation,
         columns=model.num_cols,
     )
-
-
-def _mip_time_limit(start: float, bound: float, left: float, settings: SolverSettings) -> float:
-    """Branch and bound's time limit for a start of objective ``start``.
-
-    Where the start is within ``accept_gap`` of the LP bound, B&B gets at most
-    ``proof_time_s``. On loaded passes of the direct model the start from the
-    warm start and the restricted model is already the MIP's answer: re-solved
-    for 100 s, the heaviest passes of the ElasticFlow trace (1,300-3,000
-    columns) ended within 0.2% of the start, while the LP bound sits 1.5-2%
-    above it and HiGHS spends its whole 10 s limit proving the 1% gap
-    (docs/performance.md). The default accept_gap, 5%, is the gap the paper
-    ran Gurobi with (§4.7); the pass still reports the gap it proved.
-    """
-    if _proven(start, bound, settings.accept_gap):
-        return min(left, settings.proof_time_s)
-    return left
-
-
-def _proven(value: float, bound: float, gap: float) -> bool:
-    """``value`` is within the relative ``gap`` of ``bound``."""
-    return value > 0 and bound - value <= gap * value
-
-
-def _restricted(
-    space: OptionSpace,
-    jobs: Sequence[PassJob],
-    model: MipModel,
-    options: MipOptions,
-    relaxed: npt.NDArray[np.float64],
-    start: Assignment,
-    incumbent: list[float],
-) -> tuple[list[float], float]:
-    """A better incumbent from the MIP over a few columns per job: the LP
-    relaxation's support, the warm start, the jobs' current options and their
-    best few. The root LP bound is tight here while the heuristic starts are
-    not, so HiGHS searches the full model long unless it gets an incumbent
-    within the gap; the restricted model is small and solves quickly, and its
-    solution is feasible in the full model (same columns, the rest at 0)."""
-    allowed = set(np.flatnonzero(relaxed[: len(space.options)] > 1e-6).tolist())
-    allowed.update(o for o, _ in start.values())
-    for i, job in enumerate(jobs):
-        allowed.update(space.per_job[i][:RESTRICT_TOP_OPTIONS])
-        if job.current is not None and (o := current_option(space, i, job.current)) is not None:
-            allowed.add(o)
-    barred = np.setdiff1d(np.arange(len(space.options)), np.fromiter(allowed, np.int64))
-    sub = model.fixed_to_zero(barred)
-    sub_options = msgspec.structs.replace(
-        options,
-        mip_rel_gap=options.mip_rel_gap / 4,
-        time_limit_s=options.time_limit_s / 10,
-        presolve=True,
-    )
-    sol = solve_mip(sub, sub_options, incumbent=incumbent)
-    better = sol.has_solution and sol.objective > sub.objective(incumbent)
-    return ([float(v) for v in sol.values] if better else incumbent), sol.solve_s
 
 
 def _class_hint(

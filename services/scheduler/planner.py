@@ -56,7 +56,7 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mip_rel_gap: float = 0.01
     time_limit_s: float = 10.0
     # A start within accept_gap of the LP bound gets proof_time_s of branch
-    # and bound at most (services.scheduler.passes._mip_time_limit).
+    # and bound at most (services.scheduler.proof.mip_time_limit).
     accept_gap: float = 0.05
     proof_time_s: float = 1.0
     threads: int = 1
