@@ -397,7 +397,7 @@ def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
 
 
 def test_keep_servers_relabels_a_class_towards_current_placements() -> None:
-    from services.scheduler.formulation import keep_servers
+    from services.scheduler.classes import keep_servers
 
     servers = [ServerId(f"s{i}") for i in range(4)]
     # Realised: job 0 on s0 (4 GPUs), job 1 on s0 (2) and job 2 over s1+s2.

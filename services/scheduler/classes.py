@@ -247,3 +247,46 @@ def undominated(opts: Sequence[ClassOption]) -> list[ClassOption]:
             keep.append(o)
             best[o.klass] = o.throughput
     return keep
+
+
+def keep_servers(
+    servers: Sequence[ServerId],
+    configs: Sequence[Configuration | None],
+    wanted: Sequence[Configuration | None],
+) -> list[Configuration | None]:
+    """Permute a class's servers so that realised jobs land where they run now.
+
+    The servers of a class are interchangeable for every job of the pass, so
+    any permutation applied to all of the class's configurations keeps the
+    packing feasible and Eq. (11) unchanged; choosing one that maps each job's
+    realised servers onto its current ones (largest jobs first) spares those
+    jobs a checkpoint-restart.
+    """
+    members = set(servers)
+    perm: dict[ServerId, ServerId] = {}
+    targets: set[ServerId] = set()
+    order = sorted(range(len(configs)), key=lambda d: -(configs[d] or _EMPTY).total_gpus)
+    for d in order:
+        got, want = configs[d], wanted[d]
+        if got is None or want is None or not set(want.servers) <= members:
+            continue
+        src = sorted(got.parts, key=lambda p: (-p[1], p[0]))
+        dst = sorted(want.parts, key=lambda p: (-p[1], p[0]))
+        if [g for _, g in src] != [g for _, g in dst]:
+            continue
+        pairs = [(a, b) for (a, _), (b, _) in zip(src, dst, strict=True)]
+        if all((a not in perm and b not in targets) or perm.get(a) == b for a, b in pairs):
+            for a, b in pairs:
+                perm[a] = b
+                targets.add(b)
+    free_targets = iter(s for s in servers if s not in targets)
+    for s in servers:
+        if s not in perm:
+            perm[s] = next(free_targets)
+    return [
+        None if c is None else Configuration.of({perm[sid]: g for sid, g in c.parts})
+        for c in configs
+    ]
+
+
+_EMPTY = Configuration(((ServerId("-"), 1),))

@@ -23,6 +23,7 @@ from services.scheduler.classes import (
     ServerClass,
     class_options,
     complete_pattern,
+    keep_servers,
     maximal_patterns,
     realise_patterns,
     server_classes,
@@ -53,7 +54,10 @@ def assignment_model(
     Option columns not in ``allowed`` (when given) are fixed to 0, which keeps
     the column numbering of the unrestricted model.
     """
-    return _model(jobs, coeffs, [tuple(use.items()) for use in usage], capacity, supply, allowed)
+    # Options of one shape share their usage mapping: list its pairs once.
+    pairs: dict[int, tuple[tuple[Hashable, float], ...]] = {}
+    listed = [pairs.get(id(u)) or pairs.setdefault(id(u), tuple(u.items())) for u in usage]
+    return _model(jobs, coeffs, listed, capacity, supply, allowed)
 
 
 def _model(
@@ -106,9 +110,8 @@ def _model(
 
 class PassOption(msgspec.Struct, frozen=True, gc=False):
     """One column of Eq. (11): job ``job`` with gain G_ij and its resources,
-    either a concrete configuration (direct) or a class option (class).
-    A struct rather than a frozen dataclass: passes create millions of them,
-    and a frozen dataclass's ``__init__`` is several times slower."""
+    either a concrete configuration (direct) or a class option (class). A
+    struct: passes create millions, and frozen dataclasses build slowly."""
 
     job: int
     gain: float
@@ -240,49 +243,6 @@ def decode(
             if config is not None:
                 out[space.options[o].job] = (o, config)
     return out
-
-
-def keep_servers(
-    servers: Sequence[ServerId],
-    configs: Sequence[Configuration | None],
-    wanted: Sequence[Configuration | None],
-) -> list[Configuration | None]:
-    """Permute a class's servers so that realised jobs land where they run now.
-
-    The servers of a class are interchangeable for every job of the pass, so
-    any permutation applied to all of the class's configurations keeps the
-    packing feasible and Eq. (11) unchanged; choosing one that maps each job's
-    realised servers onto its current ones (largest jobs first) spares those
-    jobs a checkpoint-restart.
-    """
-    members = set(servers)
-    perm: dict[ServerId, ServerId] = {}
-    targets: set[ServerId] = set()
-    order = sorted(range(len(configs)), key=lambda d: -(configs[d] or _EMPTY).total_gpus)
-    for d in order:
-        got, want = configs[d], wanted[d]
-        if got is None or want is None or not set(want.servers) <= members:
-            continue
-        src = sorted(got.parts, key=lambda p: (-p[1], p[0]))
-        dst = sorted(want.parts, key=lambda p: (-p[1], p[0]))
-        if [g for _, g in src] != [g for _, g in dst]:
-            continue
-        pairs = [(a, b) for (a, _), (b, _) in zip(src, dst, strict=True)]
-        if all((a not in perm and b not in targets) or perm.get(a) == b for a, b in pairs):
-            for a, b in pairs:
-                perm[a] = b
-                targets.add(b)
-    free_targets = iter(s for s in servers if s not in targets)
-    for s in servers:
-        if s not in perm:
-            perm[s] = next(free_targets)
-    return [
-        None if c is None else Configuration.of({perm[sid]: g for sid, g in c.parts})
-        for c in configs
-    ]
-
-
-_EMPTY = Configuration(((ServerId("-"), 1),))
 
 
 class PassJobLike(Protocol):

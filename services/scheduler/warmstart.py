@@ -71,11 +71,16 @@ def _shapes(
         for o in sorted(space.per_job[job]):
             opt = space.options[o]
             groups.setdefault((job, opt.gain, opt.gpus), []).append(o)
+    values = np.asarray(x).tolist()
     per_job: dict[int, list[tuple[float, list[int]]]] = {}
     for (job, _, _), members in groups.items():
-        weight = round(sum(x[o] for o in members), 6)
+        total = 0.0
+        for o in members:
+            total += values[o]
+        # numpy's rounding, as the sum of the LP's float64 values had.
+        weight = float(round(np.float64(total), 6))
         if weight > 1e-6:
-            members.sort(key=lambda o: -x[o])
+            members.sort(key=lambda o: -values[o])
             per_job.setdefault(job, []).append((weight, members))
     for shapes in per_job.values():
         shapes.sort(key=lambda t: (-t[0], -coeffs[t[1][0]], t[1][0]))
@@ -120,8 +125,11 @@ def _lp_rounding(
 
 def by_ratio(space: OptionSpace, coeffs: Sequence[float]) -> list[int]:
     """All options, best objective per GPU first (then by index)."""
-    options = space.options
-    return sorted(range(len(options)), key=lambda o: (-coeffs[o] / options[o].gpus, o))
+    gpus = np.fromiter((o.gpus for o in space.options), np.float64, len(space.options))
+    ratio = -np.asarray(coeffs, dtype=np.float64)[: gpus.size] / gpus
+    # A stable sort breaks ties by index.
+    order: list[int] = np.argsort(ratio, kind="stable").tolist()
+    return order
 
 
 def _top_up(
