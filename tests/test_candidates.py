@@ -8,13 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.candidates import (
+from services.scheduler.candidates import FreeIndex, generate_configs
+from services.scheduler.classes import (
     ClassOption,
-    FreeIndex,
     ServerClass,
     class_options,
     complete_pattern,
-    generate_configs,
     maximal_patterns,
     realise_patterns,
     server_classes,

@@ -18,11 +18,11 @@ from services.scheduler.passes import (
     PassJob,
     PassResult,
     SolverSettings,
-    _settled,
     greedy_pass,
     scaled_weights,
     solve_pass,
 )
+from services.scheduler.proof import settled
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, sensitivity
@@ -241,17 +241,17 @@ def test_time_limit_returns_a_feasible_plan() -> None:
 
 def test_start_near_the_lp_bound_settles_the_pass_without_branch_and_bound() -> None:
     s = SolverSettings(mip_rel_gap=0.01, accept_gap=0.05)
-    assert _settled(99.5, 100.0, s, large=False) == "Optimal"  # within mip_rel_gap
-    assert _settled(98.0, 100.0, s, large=True) == "Accepted"  # within accept_gap
-    assert _settled(98.0, 100.0, s, large=False) is None  # small passes search on
-    assert _settled(90.0, 100.0, s, large=True) is None  # 10% below: B&B runs
+    assert settled(99.5, 100.0, s, large=False) == "Optimal"  # within mip_rel_gap
+    assert settled(98.0, 100.0, s, large=True) == "Accepted"  # within accept_gap
+    assert settled(98.0, 100.0, s, large=False) is None  # small passes search on
+    assert settled(90.0, 100.0, s, large=True) is None  # 10% below: B&B runs
     # No start (objective 0) or no bound: B&B runs.
-    assert _settled(0.0, 100.0, s, large=True) is None
-    assert _settled(98.0, float("inf"), s, large=True) is None
+    assert settled(0.0, 100.0, s, large=True) is None
+    assert settled(98.0, float("inf"), s, large=True) is None
     # accept_gap below mip_rel_gap: only the solver's own gap settles.
     exact = msgspec.structs.replace(s, accept_gap=0.0)
-    assert _settled(99.5, 100.0, exact, large=True) == "Optimal"
-    assert _settled(98.0, 100.0, exact, large=True) is None
+    assert settled(99.5, 100.0, exact, large=True) == "Optimal"
+    assert settled(98.0, 100.0, exact, large=True) is None
 
 
 def subset_sum(n: int = 40) -> MipModel:
@@ -421,7 +421,7 @@ def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
 
 
 def test_keep_servers_relabels_a_class_towards_current_placements() -> None:
-    from services.scheduler.formulation import keep_servers
+    from services.scheduler.classes import keep_servers
 
     servers = [ServerId(f"s{i}") for i in range(4)]
     # Realised: job 0 on s0 (4 GPUs), job 1 on s0 (2) and job 2 over s1+s2.

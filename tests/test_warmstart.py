@@ -6,13 +6,10 @@ from __future__ import annotations
 import random
 
 from services.scheduler.formulation import Assignment, OptionSpace, class_space, direct_space
+from services.scheduler.localsearch import improve
 from services.scheduler.passes import PassJob
-from services.scheduler.warmstart import (
-    PlanState,
-    _lp_rounding,
-    greedy_assign,
-    improve,
-)
+from services.scheduler.planstate import PlanState
+from services.scheduler.warmstart import _lp_rounding, greedy_assign
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve

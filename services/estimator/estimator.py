@@ -234,8 +234,11 @@ def _server_curve(
 def _rounded(curve: _RawCurve, settings: EstimatorSettings) -> ThroughputCurve:
     digits = settings.significant_digits
     return ThroughputCurve(
-        agg=tuple(round_sig(v, digits) for v in curve.agg),
-        dist=tuple(round_sig(v, digits) for v in curve.dist),
+        # round_sig, its guard inline: this rounds every value of every curve.
+        agg=tuple([v if v == 0 or not math.isfinite(v) else _round_sig(v, digits)
+                   for v in curve.agg]),
+        dist=tuple([v if v == 0 or not math.isfinite(v) else _round_sig(v, digits)
+                    for v in curve.dist]),
     )
 
 

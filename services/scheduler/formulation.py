@@ -11,19 +11,19 @@ from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from services.scheduler.candidates import (
+from services.scheduler.candidates import FreeIndex, generate_configs, largest_servers
+from services.scheduler.classes import (
     ClassOption,
-    FreeIndex,
     Item,
     Pattern,
     ServerClass,
     class_options,
     complete_pattern,
-    generate_configs,
-    largest_servers,
+    keep_servers,
     maximal_patterns,
     realise_patterns,
     server_classes,
@@ -54,7 +54,10 @@ def assignment_model(
     Option columns not in ``allowed`` (when given) are fixed to 0, which keeps
     the column numbering of the unrestricted model.
     """
-    return _model(jobs, coeffs, [tuple(use.items()) for use in usage], capacity, supply, allowed)
+    # Options of one shape share their usage mapping: list its pairs once.
+    pairs: dict[int, tuple[tuple[Hashable, float], ...]] = {}
+    listed = [pairs.get(id(u)) or pairs.setdefault(id(u), tuple(u.items())) for u in usage]
+    return _model(jobs, coeffs, listed, capacity, supply, allowed)
 
 
 def _model(
@@ -86,9 +89,10 @@ def _model(
     rest[heads] = False
     rows[heads], values[heads] = [job_rows[j] for j in jobs], 1.0
     rows[rest], values[rest] = [res_rows[r] for r, _ in flat], [v for _, v in flat]
-    uppers = [1.0 if allowed is None or o in allowed else 0.0 for o in range(len(jobs))]
-    model.add_cols(coeffs, uppers, integer=True, ends=ends.tolist(), rows=rows.tolist(),
-                   values=values.tolist())
+    uppers = np.ones(len(jobs))
+    if allowed is not None:
+        uppers[[o for o in range(len(jobs)) if o not in allowed]] = 0.0
+    model.add_cols(coeffs, uppers, integer=True, ends=ends, rows=rows, values=values)
     col_rows: list[int] = []
     col_values: list[float] = []
     col_ends: list[int] = []
@@ -104,10 +108,10 @@ def _model(
     return model
 
 
-@dataclass(frozen=True, slots=True)
-class PassOption:
+class PassOption(msgspec.Struct, frozen=True, gc=False):
     """One column of Eq. (11): job ``job`` with gain G_ij and its resources,
-    either a concrete configuration (direct) or a class option (class)."""
+    either a concrete configuration (direct) or a class option (class). A
+    struct: passes create millions, and frozen dataclasses build slowly."""
 
     job: int
     gain: float
@@ -220,7 +224,7 @@ def decode(
     current: Mapping[int, Configuration] | None = None,
 ) -> Assignment:
     """Chosen options as configurations; class solutions are realised on the
-    class's servers (:func:`~services.scheduler.candidates.realise_patterns`)
+    class's servers (:func:`~services.scheduler.classes.realise_patterns`)
     and then relabelled so jobs keep their ``current`` servers where they can."""
     chosen = [o for o in range(len(space.options)) if x[o] > 0.5]
     out: Assignment = {}
@@ -241,49 +245,6 @@ def decode(
     return out
 
 
-def keep_servers(
-    servers: Sequence[ServerId],
-    configs: Sequence[Configuration | None],
-    wanted: Sequence[Configuration | None],
-) -> list[Configuration | None]:
-    """Permute a class's servers so that realised jobs land where they run now.
-
-    The servers of a class are interchangeable for every job of the pass, so
-    any permutation applied to all of the class's configurations keeps the
-    packing feasible and Eq. (11) unchanged; choosing one that maps each job's
-    realised servers onto its current ones (largest jobs first) spares those
-    jobs a checkpoint-restart.
-    """
-    members = set(servers)
-    perm: dict[ServerId, ServerId] = {}
-    targets: set[ServerId] = set()
-    order = sorted(range(len(configs)), key=lambda d: -(configs[d] or _EMPTY).total_gpus)
-    for d in order:
-        got, want = configs[d], wanted[d]
-        if got is None or want is None or not set(want.servers) <= members:
-            continue
-        src = sorted(got.parts, key=lambda p: (-p[1], p[0]))
-        dst = sorted(want.parts, key=lambda p: (-p[1], p[0]))
-        if [g for _, g in src] != [g for _, g in dst]:
-            continue
-        pairs = [(a, b) for (a, _), (b, _) in zip(src, dst, strict=True)]
-        if all((a not in perm and b not in targets) or perm.get(a) == b for a, b in pairs):
-            for a, b in pairs:
-                perm[a] = b
-                targets.add(b)
-    free_targets = iter(s for s in servers if s not in targets)
-    for s in servers:
-        if s not in perm:
-            perm[s] = next(free_targets)
-    return [
-        None if c is None else Configuration.of({perm[sid]: g for sid, g in c.parts})
-        for c in configs
-    ]
-
-
-_EMPTY = Configuration(((ServerId("-"), 1),))
-
-
 class PassJobLike(Protocol):
     """What the option spaces need of a job of the pass."""
 
@@ -299,8 +260,9 @@ def _finish_space(formulation: str, options: list[PassOption], n_jobs: int) -> O
     per_job: list[list[int]] = [[] for _ in range(n_jobs)]
     for idx, opt in enumerate(options):
         per_job[opt.job].append(idx)
+    keys = [(-o.gain, o.gpus, o.order) for o in options]
     for idxs in per_job:
-        idxs.sort(key=lambda o: (-options[o].gain, options[o].gpus, options[o].order))
+        idxs.sort(key=keys.__getitem__)
     return OptionSpace(formulation, options, per_job)
 
 
@@ -310,19 +272,21 @@ def direct_space(
     """One option per generated configuration; G over the job's minimum (Table 1)."""
     index, largest = cluster.server_index, largest_servers(cluster)
     options: list[PassOption] = []
+    add = options.append
     for i, job in enumerate(jobs):
         cands = generate_configs(
             cluster, free, job.requirements, job.rho, job.estimate, sigma, largest
         )
         low = min((c.throughput for c in cands), default=0.0)
         for c in cands:
-            parts = c.config.parts
+            config, tput = c.config, c.throughput
+            parts = config.parts
             if len(parts) == 1:
-                order: tuple[int, ...] = (index[parts[0][0]],)
-                gpus = parts[0][1]
+                sid, gpus = parts[0]
+                add(PassOption(i, tput / low, tput, gpus, (index[sid],), config))
             else:
-                order, gpus = tuple(sorted(index[s] for s, _ in parts)), c.config.total_gpus
-            options.append(PassOption(i, c.throughput / low, c.throughput, gpus, order, c.config))
+                order = tuple(sorted([index[s] for s, _ in parts]))
+                add(PassOption(i, tput / low, tput, sum([g for _, g in parts]), order, config))
     return _finish_space("direct", options, len(jobs))
 
 

@@ -11,6 +11,7 @@ which is far slower from Python.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,20 +23,36 @@ import numpy.typing as npt
 INF = float(highspy.kHighsInf)
 
 
+Array = npt.NDArray[np.float64]
+Index = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Consecutive columns: lower and upper bounds, costs, integrality and
+    their non-zeros, column ``k`` owning ``rows[ends[k-1]:ends[k]]``."""
+
+    cost: Array
+    lower: Array
+    upper: Array
+    integer: bool
+    ends: Index
+    rows: Index
+    values: Array
+
+
 class MipModel:
     """Columns (cost, bounds, integrality) and rows (bounds) of a MIP whose
-    constraint matrix is kept in compressed sparse column form."""
+    constraint matrix is kept in compressed sparse column form. Columns are
+    kept in the numpy blocks they were added in and joined once per solve;
+    passes add thousands of columns in one block."""
 
     def __init__(self) -> None:
         self._row_lower: list[float] = []
         self._row_upper: list[float] = []
-        self._cost: list[float] = []
-        self._col_lower: list[float] = []
-        self._col_upper: list[float] = []
-        self._integer: list[bool] = []
-        self._starts: list[int] = [0]
-        self._index: list[int] = []
-        self._value: list[float] = []
+        self._blocks: list[_Block] = []
+        self._num_cols = 0
+        self._cost: Array | None = None  # all blocks' costs, joined on demand
 
     @property
     def num_rows(self) -> int:
@@ -43,7 +60,7 @@ class MipModel:
 
     @property
     def num_cols(self) -> int:
-        return len(self._cost)
+        return self._num_cols
 
     def add_row(self, lower: float, upper: float) -> int:
         """Declare a row ``lower <= a.x <= upper``; returns its index."""
@@ -52,6 +69,16 @@ class MipModel:
         self._row_lower.append(lower)
         self._row_upper.append(upper)
         return len(self._row_lower) - 1
+
+    def _check_rows(self, rows: Index) -> None:
+        n_rows = len(self._row_lower)
+        if rows.size and not (rows.min() >= 0 and rows.max() < n_rows):
+            raise ValueError(f"a column refers to a row outside the {n_rows} rows")
+
+    def _add(self, block: _Block) -> None:
+        self._blocks.append(block)
+        self._num_cols += block.cost.size
+        self._cost = None
 
     def add_col(
         self,
@@ -68,53 +95,74 @@ class MipModel:
             raise ValueError("rows and values must have the same length")
         if lower > upper:
             raise ValueError(f"column bounds [{lower}, {upper}] are empty")
-        n_rows = len(self._row_lower)
-        for r in rows:
-            if not 0 <= r < n_rows:
-                raise ValueError(f"column refers to row {r}, only {n_rows} rows exist")
-        self._cost.append(cost)
-        self._col_lower.append(lower)
-        self._col_upper.append(upper)
-        self._integer.append(integer)
-        self._index.extend(rows)
-        self._value.extend(values)
-        self._starts.append(len(self._index))
-        return len(self._cost) - 1
+        index = np.array(rows, dtype=np.int64)
+        self._check_rows(index)
+        self._add(_Block(
+            np.array([cost], dtype=np.float64), np.array([lower], dtype=np.float64),
+            np.array([upper], dtype=np.float64), integer, np.array([len(rows)], dtype=np.int64),
+            index, np.array(values, dtype=np.float64),
+        ))
+        return self._num_cols - 1
 
     def add_cols(
         self,
-        costs: Sequence[float],
-        uppers: Sequence[float],
+        costs: Sequence[float] | Array,
+        uppers: Sequence[float] | Array,
         *,
         integer: bool,
-        ends: Sequence[int],
-        rows: Sequence[int],
-        values: Sequence[float],
+        ends: Sequence[int] | Index,
+        rows: Sequence[int] | Index,
+        values: Sequence[float] | Array,
     ) -> None:
         """Add ``len(costs)`` columns with lower bound 0 at once, as
         :meth:`add_col` would one by one: column ``k`` has the non-zeros
         ``rows[ends[k-1]:ends[k]]`` (from 0 for the first), in that order."""
         if not len(costs) == len(uppers) == len(ends):
             raise ValueError("costs, uppers and ends must have the same length")
-        if len(rows) != len(values) or (ends and ends[-1] != len(rows)):
+        if len(rows) != len(values) or (len(ends) and ends[-1] != len(rows)):
             raise ValueError("rows and values must have the same length")
-        if any(up < 0.0 for up in uppers):
+        upper = np.array(uppers, dtype=np.float64)
+        if np.any(upper < 0.0):
             raise ValueError("column bounds are empty")
-        n_rows = len(self._row_lower)
-        if rows and not (min(rows) >= 0 and max(rows) < n_rows):
-            raise ValueError(f"a column refers to a row outside the {n_rows} rows")
-        base = len(self._index)
-        self._cost.extend(costs)
-        self._col_lower.extend([0.0] * len(costs))
-        self._col_upper.extend(uppers)
-        self._integer.extend([integer] * len(costs))
-        self._index.extend(rows)
-        self._value.extend(values)
-        self._starts.extend([base + e for e in ends] if base else ends)
+        index = np.array(rows, dtype=np.int64)
+        self._check_rows(index)
+        self._add(_Block(
+            np.array(costs, dtype=np.float64), np.zeros(upper.size), upper, integer,
+            np.array(ends, dtype=np.int64), index, np.array(values, dtype=np.float64),
+        ))
 
-    def objective(self, values: Sequence[float]) -> float:
+    def fixed_to_zero(self, columns: Index) -> MipModel:
+        """A copy whose ``columns`` have the upper bound 0: the same rows,
+        columns and numbering, those columns barred."""
+        copy = MipModel()
+        copy._row_lower, copy._row_upper = self._row_lower, self._row_upper
+        first = 0
+        for block in self._blocks:
+            mine = columns[(columns >= first) & (columns < first + block.cost.size)]
+            if mine.size:
+                upper = block.upper.copy()
+                upper[mine - first] = 0.0
+                block = dataclasses.replace(block, upper=upper)
+            copy._add(block)
+            first += block.cost.size
+        return copy
+
+    def objective(self, values: Sequence[float] | Array) -> float:
         """``c.x`` for a full column vector."""
-        return float(np.dot(np.asarray(self._cost), np.asarray(values, dtype=np.float64)))
+        if self._cost is None:
+            self._cost = self._joined("cost")
+        return float(np.dot(self._cost, np.asarray(values, dtype=np.float64)))
+
+    def _joined(self, name: str) -> Array:
+        parts: list[Array] = [getattr(b, name) for b in self._blocks]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _starts(self) -> Index:
+        starts, base = [np.zeros(1, dtype=np.int64)], 0
+        for block in self._blocks:
+            starts.append(block.ends + base)
+            base += int(block.ends[-1]) if block.ends.size else 0
+        return np.concatenate(starts)
 
     def to_highs(self, *, maximize: bool, relax: bool = False) -> highspy.HighsLp:
         """The model as a ``HighsLp`` with a column-wise ``a_matrix_``;
@@ -122,24 +170,23 @@ class MipModel:
         lp = highspy.HighsLp()
         lp.num_col_ = self.num_cols
         lp.num_row_ = self.num_rows
-        lp.col_cost_ = np.asarray(self._cost, dtype=np.float64)
-        lp.col_lower_ = np.asarray(self._col_lower, dtype=np.float64)
-        lp.col_upper_ = np.asarray(self._col_upper, dtype=np.float64)
+        lp.col_cost_ = self._joined("cost")
+        lp.col_lower_ = self._joined("lower")
+        lp.col_upper_ = self._joined("upper")
         lp.row_lower_ = np.asarray(self._row_lower, dtype=np.float64)
         lp.row_upper_ = np.asarray(self._row_upper, dtype=np.float64)
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.num_col_ = self.num_cols
         lp.a_matrix_.num_row_ = self.num_rows
-        lp.a_matrix_.start_ = np.asarray(self._starts, dtype=np.int32)
-        lp.a_matrix_.index_ = np.asarray(self._index, dtype=np.int32)
-        lp.a_matrix_.value_ = np.asarray(self._value, dtype=np.float64)
+        lp.a_matrix_.start_ = self._starts().astype(np.int32)
+        lp.a_matrix_.index_ = self._joined("rows").astype(np.int32)
+        lp.a_matrix_.value_ = self._joined("values")
         if not relax:
             kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
-            lp.integrality_ = (
-                [kinds[True]] * self.num_cols
-                if all(self._integer)
-                else [kinds[flag] for flag in self._integer]
-            )
+            integrality: list[highspy.HighsVarType] = []
+            for block in self._blocks:
+                integrality += [kinds[block.integer]] * block.cost.size
+            lp.integrality_ = integrality
         lp.sense_ = highspy.ObjSense.kMaximize if maximize else highspy.ObjSense.kMinimize
         return lp
 

@@ -42,9 +42,9 @@ pass whose start is not within a quarter of the gap of that bound first
 solves a model restricted to a few columns per job (its search ends at a
 node limit). When the incumbent is within ``mip_rel_gap`` of the LP bound,
 or for such a large pass within ``accept_gap``, the full MIP is not run at
-all (see ``_settled``); ``bound`` is then the LP bound. No step of a
-pass ends on the clock unless the safety time limit is reached, so a pass
-gives the same plan on any machine.
+all (see :func:`~services.scheduler.proof.settled`); ``bound`` is then the
+LP bound. No step of a pass ends on the clock unless the safety time limit
+is reached, so a pass gives the same plan on any machine.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
 from services.scheduler.candidates import DEFAULT_SIGMA
 from services.scheduler.formulation import (
@@ -67,13 +66,14 @@ from services.scheduler.formulation import (
     option_space,
 )
 from services.scheduler.ilp import MipOptions, solve_mip, solve_relaxation
-from services.scheduler.warmstart import (
-    PlanState,
-    current_option,
-    fill_leftovers,
-    greedy_assign,
-    warm_start,
+from services.scheduler.planstate import PlanState
+from services.scheduler.proof import (
+    RESTRICT_MIN_OPTIONS,
+    proven,
+    restricted_incumbent,
+    settled,
 )
+from services.scheduler.warmstart import current_option, fill_leftovers, greedy_assign, warm_start
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -83,11 +83,6 @@ WEIGHT_FLOOR = 1e-9
 # Direct models above this many columns get the class formulation's plan as a
 # warm start (see _class_hint).
 CLASS_HINT_COLUMNS = 2000
-# Passes with more options than this first solve a restricted model for an
-# incumbent (see _restricted), keeping each job's best few options besides the
-# LP's support.
-RESTRICT_MIN_OPTIONS = 500
-RESTRICT_TOP_OPTIONS = 6
 
 
 class PassJob(msgspec.Struct, frozen=True):
@@ -117,7 +112,8 @@ class SolverSettings(msgspec.Struct, frozen=True):
     max_patterns: int = 20000
     random_seed: int = 0
     # A start within accept_gap of the LP bound is the pass's answer (see
-    # _settled); the restricted model stops after restrict_nodes B&B nodes.
+    # services.scheduler.proof.settled); the restricted model stops after
+    # restrict_nodes B&B nodes.
     accept_gap: float = 0.05
     restrict_nodes: int = 200
 
@@ -250,14 +246,14 @@ def _solve(
     )
     incumbent = incumbent_values(space, start, state.items, model.num_cols)
     large = len(space.options) > RESTRICT_MIN_OPTIONS
-    if relaxed is not None and large and not _proven(model.objective(incumbent), bound, gap / 4):
-        incumbent, sub_s = _restricted(
-            space, jobs, coeffs, free, options, relaxed, start, incumbent, settings.restrict_nodes
+    if relaxed is not None and large and not proven(model.objective(incumbent), bound, gap / 4):
+        incumbent, sub_s = restricted_incumbent(
+            space, jobs, model, options, relaxed, start, incumbent, settings.restrict_nodes
         )
         lp_s += sub_s
-    settled = _settled(model.objective(incumbent), bound, settings, large=large)
-    if settled is not None:
-        values, status = np.asarray(incumbent, dtype=np.float64), settled
+    status = settled(model.objective(incumbent), bound, settings, large=large)
+    if status is not None:
+        values = np.asarray(incumbent, dtype=np.float64)
     else:
         sol = solve_mip(model, options, incumbent=incumbent)
         values, bound, status = sol.values, sol.bound, sol.status
@@ -277,69 +273,6 @@ def _solve(
         formulation=space.formulation,
         columns=model.num_cols,
     )
-
-
-def _settled(start: float, bound: float, settings: SolverSettings, *, large: bool) -> str | None:
-    """The status of a pass that a start of objective ``start`` settles
-    without branch and bound, or None when B&B has to run.
-
-    Within ``mip_rel_gap`` of the LP bound HiGHS would stop at its root with
-    the start ("Optimal"). A ``large`` pass (one whose start the restricted
-    model has searched) is also settled within ``accept_gap`` ("Accepted"):
-    5% is the gap the paper ran Gurobi with (§4.7), and on the loaded passes
-    of the ElasticFlow trace (direct models of 1,100-3,000 columns) that
-    start was already the answer: re-solved for 100 s they ended within 0.2%
-    of it, while the LP bound sits 1.5-2% above and HiGHS spends its whole
-    time limit proving a weak bound (docs/performance.md). Accepting, rather
-    than capping B&B by time, keeps the plan independent of the machine's
-    speed, so a simulation is repeatable. Small passes still search to
-    ``mip_rel_gap``, which takes HiGHS a fraction of a second there. The pass
-    reports the gap to the LP bound.
-    """
-    if _proven(start, bound, settings.mip_rel_gap):
-        return "Optimal"
-    if large and _proven(start, bound, settings.accept_gap):
-        return "Accepted"
-    return None
-
-
-def _proven(value: float, bound: float, gap: float) -> bool:
-    """``value`` is within the relative ``gap`` of ``bound``."""
-    return value > 0 and bound - value <= gap * value
-
-
-def _restricted(
-    space: OptionSpace,
-    jobs: Sequence[PassJob],
-    coeffs: Sequence[float],
-    free: Mapping[ServerId, int],
-    options: MipOptions,
-    relaxed: npt.NDArray[np.float64],
-    start: Assignment,
-    incumbent: list[float],
-    nodes: int,
-) -> tuple[list[float], float]:
-    """A better incumbent from the MIP over a few columns per job: the LP
-    relaxation's support, the warm start, the jobs' current options and their
-    best few. The root LP bound is tight here while the heuristic starts are
-    not, so HiGHS searches the full model long unless it gets an incumbent
-    within the gap; the restricted model is small and solves quickly, and its
-    solution is feasible in the full model (same columns, the rest at 0)."""
-    allowed = {o for o in range(len(space.options)) if relaxed[o] > 1e-6}
-    allowed.update(o for o, _ in start.values())
-    for i, job in enumerate(jobs):
-        allowed.update(space.per_job[i][:RESTRICT_TOP_OPTIONS])
-        if job.current is not None and (o := current_option(space, i, job.current)) is not None:
-            allowed.add(o)
-    sub = build_model(space, coeffs, free, allowed)
-    # A node limit, not a time limit, ends the search: the same incumbent on
-    # any machine. The pass's time limit stays as a safety net.
-    sub_options = msgspec.structs.replace(
-        options, mip_rel_gap=options.mip_rel_gap / 4, presolve=True, max_nodes=nodes
-    )
-    sol = solve_mip(sub, sub_options, incumbent=incumbent)
-    better = sol.has_solution and sol.objective > sub.objective(incumbent)
-    return ([float(v) for v in sol.values] if better else incumbent), sol.solve_s
 
 
 def _class_hint(

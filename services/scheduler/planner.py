@@ -56,7 +56,7 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mip_rel_gap: float = 0.01
     time_limit_s: float = 10.0
     # A start within accept_gap of the LP bound is accepted without branch
-    # and bound (services.scheduler.passes._settled).
+    # and bound (services.scheduler.proof.settled).
     accept_gap: float = 0.05
     threads: int = 1
     direct_max_columns: int = 5000
