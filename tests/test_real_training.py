@@ -176,6 +176,26 @@ async def test_train_cnn_is_profiled_preempted_resumed_and_finishes(
     assert not events, events  # a stop is neither a finish nor a failure
     ran_before = len(lines)
 
+    # the first run's samples reach the estimator: once it has applied the
+    # whole stream its answer equals the library's, and the type layer's
+    # measured one-GPU cell overrides the formula (Hops §3.5)
+    async def settled() -> ev.EstimateReply | None:
+        db = ThroughputDatabase()
+        for message in await stream_events(client):
+            apply_sample_event(db, message)
+        wanted, _ = estimates_for(db, ev.EstimateRequest(jobs=(job,), cluster=cluster))
+        got = await estimate(client, job, cluster)
+        return got if got == wanted else None
+
+    reply = await poll(settled, "the estimator's answer from the whole stream", 20)
+    stat = RunningStat()
+    for message in await stream_events(client):
+        if isinstance(message, ev.SampleReported):
+            stat.add(message.sample.per_gpu_throughput, DEFAULT_RECENT_WEIGHT)
+    assert stat.count > 0 and reply is not None
+    curve = reply.estimates[JobId("cnn")].by_type[CPU]
+    assert curve.agg[0] == round_sig(stat.recent, 4), (curve, stat)
+
     # resumed on two GPUs (a resize), from the checkpoint, until the end
     resumed_at = len(beats)
     second = start_cmd("k-run-2", job, A, {A: 2}, (0, 1), samples=stopped.samples_done)
@@ -201,29 +221,15 @@ async def test_train_cnn_is_profiled_preempted_resumed_and_finishes(
     assert by_gpus[1] and by_gpus[2], sampled
     assert all((s.server_id, s.gpu_type, s.nodes) == (A, CPU, 1) for s in sampled)
     assert all(s.per_gpu_throughput > 0 and s.data_times for s in sampled)
-    expected = {}
-    for k, cell in by_gpus.items():
-        stat = RunningStat()
-        for s in cell:
-            stat.add(s.per_gpu_throughput, DEFAULT_RECENT_WEIGHT)
-        expected[k] = round_sig(stat.recent, 4)
-
-    async def settled() -> ev.EstimateReply | None:
-        """The service's answer once it equals the library's over the whole
-        stream (the service applies the stream asynchronously)."""
-        db = ThroughputDatabase()
-        for message in await stream_events(client):
-            apply_sample_event(db, message)
-        wanted, _ = estimates_for(db, ev.EstimateRequest(jobs=(job,), cluster=cluster))
-        got = await estimate(client, job, cluster)
-        return got if got == wanted else None
-
-    reply = await poll(settled, "the estimator's answer from the whole stream", 20)
     stored = [m.sample for m in await stream_events(client) if isinstance(m, ev.SampleReported)]
     assert stored == sampled
-    curve = reply.estimates[JobId("cnn")].by_type[CPU]
-    # the type layer's measured cells override the formula (Hops §3.5)
-    assert (curve.agg[0], curve.agg[1]) == (expected[1], expected[2]), (curve, expected)
+
+    # the job has ended: the estimator drops it, and stays so
+    async def forgotten() -> bool:
+        reply = await estimate(client, job, cluster)
+        return reply is not None and JobId("cnn") not in reply.estimates
+
+    await poll(forgotten, "the estimator forgets the ended job", 20)
 
 
 # --- failures, and a stop that comes too late ----------------------------------------
