@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from collections.abc import Sequence
 
@@ -115,3 +116,14 @@ layouts = st.lists(
     min_size=1,
     max_size=3,
 )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a process that
+    must be told its port before it starts. Another process may take it in
+    between; where a server can pick its own port (nats-server's ``-p -1``)
+    the tests let it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

@@ -30,6 +30,7 @@ from hops.client import Answer, render_answer, render_jobs, render_nodes, render
 from hops.stack import Component, StackConfig, by_name, modules
 from hops.up import Launcher, missing_modules, wait_healthy
 from services.runtime.natsd import EmbeddedNats
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = missing_modules(modules())
@@ -46,13 +47,6 @@ servers:
   - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
   - {id: rtx-1, gpu_type: RTX3090, gpus: 4, model: other}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def port_free(port: int) -> bool:

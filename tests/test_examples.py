@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,16 +26,11 @@ from shared.jobreport import (
     Started,
     decode_line,
 )
+from tests.helpers import free_port
 
 R = TypeVar("R")
 ROOT = Path(__file__).resolve().parents[1]
 _LAUNCH = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_env(tmp_path: Path, mode: str, total: int, rank: int = 0, world: int = 1,

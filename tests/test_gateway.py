@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from shared.events import MAX_PAYLOAD
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord, Placement
+from tests.helpers import free_port
 from tests.natsfix import nats_server, nats_url
 
 __all__ = ["nats_server", "nats_url"]  # fixtures
@@ -357,13 +357,6 @@ def test_submit_and_cancel_through_the_real_scheduler(
 
 
 # --- python -m gateway ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def test_the_gateway_process_serves_and_stops_on_sigterm(nats_url: str, tmp_path: Path) -> None:
