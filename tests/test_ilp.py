@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,6 +55,17 @@ def test_solve_mip_knapsack_with_incumbent() -> None:
     assert list(result.values.round()) == [1.0, 1.0, 0.0, 0.0]
     assert result.bound == pytest.approx(17.0)
     assert model.objective(result.values) == pytest.approx(17.0)
+
+
+def test_fixed_to_zero_bars_columns_and_keeps_the_numbering() -> None:
+    model = knapsack()
+    barred = model.fixed_to_zero(np.array([0]))
+    assert (barred.num_rows, barred.num_cols) == (model.num_rows, model.num_cols)
+    result = solve_mip(barred, MipOptions(mip_rel_gap=0.0))
+    assert result.objective == pytest.approx(16.0)  # items 2, 3 and 4: weight 10
+    assert list(result.values.round()) == [0.0, 1.0, 1.0, 1.0]
+    # The original is untouched.
+    assert solve_mip(model, MipOptions(mip_rel_gap=0.0)).objective == pytest.approx(17.0)
 
 
 def test_solve_mip_time_limit_keeps_incumbent() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,7 +42,6 @@ def assignment_model(
     usage: Sequence[Mapping[Hashable, float]],
     capacity: Mapping[Hashable, float],
     supply: Sequence[tuple[float, Mapping[Hashable, float]]] = (),
-    allowed: Collection[int] | None = None,
 ) -> MipModel:
     """Eq. (11)-(13) as a MIP: binary option columns ``x`` (job ``jobs[o]``,
     objective coefficient ``coeffs[o]`` = w_i * G_ij), at most one per job
@@ -51,13 +50,13 @@ def assignment_model(
     ``supply`` adds integer columns ``0 <= z <= ub`` with raw entries in the
     resource rows; the class formulation uses them for pattern counts (an
     entry ``-count`` supplies items, ``+1`` uses a server of the class).
-    Option columns not in ``allowed`` (when given) are fixed to 0, which keeps
-    the column numbering of the unrestricted model.
+    (A restricted model fixes columns to 0 afterwards:
+    :meth:`~services.scheduler.ilp.MipModel.fixed_to_zero`.)
     """
     # Options of one shape share their usage mapping: list its pairs once.
     pairs: dict[int, tuple[tuple[Hashable, float], ...]] = {}
     listed = [pairs.get(id(u)) or pairs.setdefault(id(u), tuple(u.items())) for u in usage]
-    return _model(jobs, coeffs, listed, capacity, supply, allowed)
+    return _model(jobs, coeffs, listed, capacity, supply)
 
 
 def _model(
@@ -66,7 +65,6 @@ def _model(
     usage: Sequence[Sequence[tuple[Hashable, float]]],
     capacity: Mapping[Hashable, float],
     supply: Sequence[tuple[float, Mapping[Hashable, float]]],
-    allowed: Collection[int] | None,
 ) -> MipModel:
     """:func:`assignment_model` with each option's usage as (resource, amount)
     pairs, the option columns laid out with numpy and added in bulk. Rows are
@@ -90,8 +88,6 @@ def _model(
     rows[heads], values[heads] = [job_rows[j] for j in jobs], 1.0
     rows[rest], values[rest] = [res_rows[r] for r, _ in flat], [v for _, v in flat]
     uppers = np.ones(len(jobs))
-    if allowed is not None:
-        uppers[[o for o in range(len(jobs)) if o not in allowed]] = 0.0
     model.add_cols(coeffs, uppers, integer=True, ends=ends, rows=rows, values=values)
     col_rows: list[int] = []
     col_values: list[float] = []
@@ -152,19 +148,17 @@ def build_model(
     space: OptionSpace,
     coeffs: Sequence[float],
     free: Mapping[ServerId, int],
-    allowed: Collection[int] | None = None,
 ) -> MipModel:
     """Eq. (11)-(13) for ``space``: per-server rows (direct), or per class a
     server-count row and per item size a linking row ``items chosen <= items
-    supplied by the pattern counts`` (class). ``allowed`` restricts the
-    options (see :func:`assignment_model`)."""
+    supplied by the pattern counts`` (class)."""
     jobs = [o.job for o in space.options]
     if space.formulation == "direct":
         parts = [o.config.parts if o.config else () for o in space.options]
         room: dict[Hashable, float] = {sid: float(g) for sid, g in free.items()}
-        return _model(jobs, coeffs, parts, room, (), allowed)
+        return _model(jobs, coeffs, parts, room, ())
     usage, capacity, supply = _class_resources(space)
-    return assignment_model(jobs, coeffs, usage, capacity, supply, allowed)
+    return assignment_model(jobs, coeffs, usage, capacity, supply)
 
 
 def _class_resources(space: OptionSpace) -> ClassResources:
