@@ -164,7 +164,9 @@ async def test_ended_jobs_leave_every_replica_and_late_reports_stay_out(
         return reply if "j3" in reply.estimates else None
 
     assert set((await eventually(j3_known, what="j3 estimated")).estimates) == {"j2", "j3"}
-    # A restarted replica replays both streams and agrees.
+    # A restarted replica replays both streams and agrees, also when the
+    # stream ends with a late report of the ended job.
+    await bus.profile("j1", "a0", "A")
     assert await estimator.stop() == 0
     again = await stack.start("services.estimator")
     await again.wait_log("serving estimates")

@@ -204,11 +204,11 @@ class Feed:
         self.last_seq = seq
         try:
             event = ev.decode_sample_event(msg.data)
-            if measured_job(event) in self.ended:  # a late report of an ended job
-                self.ctx.log.debug("measurement of an ended job", job_id=measured_job(event))
-                return
+            job_id = measured_job(event)
             problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
-            if problem is not None:
+            if job_id in self.ended:  # a late report of an ended job
+                self.ctx.log.debug("measurement of an ended job", job_id=job_id)
+            elif problem is not None:
                 live = isinstance(event, ev.SampleReported)
                 await self._reject(msg, problem[1], problem[0], live)
             else:
