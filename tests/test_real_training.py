@@ -152,8 +152,13 @@ async def test_train_cnn_is_profiled_preempted_resumed_and_finishes(
     assert (profiled.report.server_id, profiled.report.gpu_type) == (A, CPU)
     assert profiled.report.batch_size == 8 and len(modules.t_d) == 5
     assert modules.t_f > 0 and modules.t_b > 0 and modules.t_u > 0
-    answer = await poll(lambda: estimate(client, job, cluster), "an estimate after the profile",
-                        30)
+    async def profiled_estimate() -> ev.EstimateReply | None:
+        # The estimator applies the stream asynchronously: an answer may come
+        # before the profile is in it.
+        reply = await estimate(client, job, cluster)
+        return reply if reply is not None and JobId("cnn") in reply.estimates else None
+
+    answer = await poll(profiled_estimate, "an estimate after the profile", 30)
     assert answer.ok and set(answer.estimates[JobId("cnn")].by_type) == {CPU}, answer
 
     # the profiling process exits 0 after its report, and says nothing more
