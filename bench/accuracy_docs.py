@@ -53,8 +53,9 @@ def _fit_text(b: Mapping[str, Any]) -> str:
         return f"fitted through the origin, {bandwidths}"
     return (f"fitted T = α + k·params (least squares, α >= 0): α = "
             f"{1000 * b['latency_s']:.2f} ms, {bandwidths}, for N = 2 "
-            f"(T_c = α + params·(N-1)/N / B_link on one node, α + params/B_net across "
-            f"nodes); the cluster's overlap_residual (T̃c/T_c of Eq. 1) is "
+            f"(T_c = k·α + params·(N-1)/N / B_link on one node, k·α + params/B_net "
+            f"across nodes, for k gradient buckets; α more for each other collective "
+            f"of an iteration); the cluster's overlap_residual (T̃c/T_c of Eq. 1) is "
             f"{b['overlap_residual']:.1f}")
 
 
@@ -93,10 +94,12 @@ def _terms_table(data: Data) -> str:
             exp = _mean(r["expected"][key] for r in rs)
             got = [r["measured"][key] for r in rs if r["measured"][key] is not None]
             return f"{exp:.2f} / " + (f"{_mean(got):.2f}" if got else "–")
+        # Results saved before collectives were counted have no t_s.
+        other = _mean(r["expected"].get("t_s", 0.0) for r in rs)
         rows.append((model, f"`{config}`", *(pair(k) for k in ("iteration", "t_d", "t_w",
-                                                                "t_c"))))
+                                                                "t_c")), f"{other:.2f}"))
     return _table(("model", "configuration", "iteration (ms)", "T_d (ms)", "T_w (ms)",
-                   "T_c (ms)"), "llrrrr", rows)
+                   "T_c (ms)", "other collectives (ms)"), "llrrrrr", rows)
 
 
 def _profile_table(data: Data) -> str:
@@ -119,8 +122,10 @@ def table_text(data: Data) -> str:
     Eq. (1)'s terms against what the runs saw."""
     return (f"{_main_table(data)}\n\nProfiles (one process, node-a's device 0; means over "
             f"the passes):\n\n{_profile_table(data)}\n\nPredicted / measured, per "
-            f"iteration, means over the passes (T_c: Eq. 2 with the fitted latency / "
-            f"the all-reduce span the plugin timed in backward):\n\n{_terms_table(data)}")
+            f"iteration, means over the passes (T_c: Eq. 2 with the fitted latency per "
+            f"gradient bucket / the all-reduce span the plugin timed in backward; other "
+            f"collectives: buffer broadcasts and the ranks' agreement, predicted only, "
+            f"measured within T_f and T_w):\n\n{_terms_table(data)}")
 
 
 def _points(n: int) -> list[int]:

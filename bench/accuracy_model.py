@@ -18,7 +18,12 @@ import msgspec
 
 from bench.accuracy_live import ROOT, Received
 from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import cell_comm_time, predict, theoretical_per_gpu
+from services.estimator.estimator import (
+    cell_comm_time,
+    other_collectives_time,
+    predict,
+    theoretical_per_gpu,
+)
 from services.estimator.formulas import iter_time
 from shared.cluster import Cluster
 from shared.configuration import Configuration
@@ -93,6 +98,7 @@ class Breakdown:
     t_c: float
     pattern: int
     iteration: float
+    t_s: float = 0.0  # the other collectives' latency (buffer broadcasts, agreement)
 
 
 def breakdown(db: ThroughputDatabase, spec: JobSpec, cluster: Cluster,
@@ -100,7 +106,8 @@ def breakdown(db: ThroughputDatabase, spec: JobSpec, cluster: Cluster,
     """The predicted iteration with the database's current history (means
     of T_d and T_w; the estimator uses the fitted Eq. 3 model), T_c as the
     estimator takes it (measured for this shape, else Eq. 2 with the type's
-    latency) and the type's overlap residual in Eq. (1)."""
+    latency per gradient bucket), the other collectives' latency, and the
+    type's overlap residual in Eq. (1)."""
     rec = db.record(spec.id, GPU_TYPE)
     if rec is None or rec.theory.modules is None:
         raise LookupError(f"{spec.id} has no profile")
@@ -109,12 +116,13 @@ def breakdown(db: ThroughputDatabase, spec: JobSpec, cluster: Cluster,
     t_w = data.p_cache * data.wait_means[0] + (1 - data.p_cache) * data.wait_means[1]
     gpus = config.total_gpus if config.num_nodes == 1 else config.num_nodes
     t_c = cell_comm_time(gpu, spec.params, gpus, config.num_nodes,
-                         rec.theory.measured_comm(gpus, config.num_nodes))
-    it = iter_time(data.mean, m.t_f, m.t_b, m.t_u, t_w, t_c, m.pattern,
+                         rec.theory.measured_comm(gpus, config.num_nodes), m.buckets)
+    t_s = other_collectives_time(m, data, gpu, gpus, config.num_nodes)
+    it = iter_time(data.mean, m.t_f, m.t_b, m.t_u, t_w + t_s, t_c, m.pattern,
                    residual=gpu.overlap_residual)
     ms = 1000.0
     return Breakdown(data.mean * ms, m.t_f * ms, m.t_b * ms, m.t_u * ms, t_w * ms, t_c * ms,
-                     m.pattern, it * ms)
+                     m.pattern, it * ms, t_s * ms)
 
 
 @dataclass(frozen=True)

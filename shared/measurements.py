@@ -42,6 +42,16 @@ class TimeModules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     once; ``t_d`` and ``t_w`` are per-iteration samples of data time and
     synchronisation wait, paired by index (``t_w`` may be empty: no wait was
     measured, read as zeros). ``pattern`` is the overlap pattern of Eq. (1).
+
+    What a data-parallel iteration of the job would communicate, counted by
+    the profiling plugin from the model it wraps (0 and ``False``: not known,
+    as for a job profiled without the plugin): ``buckets`` is the number of
+    gradient all-reduces (DistributedDataParallel's buckets), ``broadcasts``
+    the other collectives (module-buffer broadcasts in the forward pass), and
+    ``agreement`` whether the ranks also meet once per iteration (the
+    plugin's stop flag, where it measures T_w). The estimator charges each
+    collective the latency α of the GPU type (a departure: Eq. (2) has one
+    all-reduce and no latency).
     """
 
     t_f: float = 0.0
@@ -50,11 +60,17 @@ class TimeModules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pattern: Pattern = 1
     t_d: tuple[float, ...] = ()
     t_w: tuple[float, ...] = ()
+    buckets: int = 0
+    broadcasts: int = 0
+    agreement: bool = False
 
     def __post_init__(self) -> None:
         _check_times("time modules", (self.t_f, self.t_b, self.t_u))
         if self.pattern not in (1, 2):
             raise ValueError(f"pattern must be 1 or 2, got {self.pattern}")
+        if self.buckets < 0 or self.broadcasts < 0:
+            raise ValueError("buckets and broadcasts must be >= 0, got "
+                             f"{self.buckets} and {self.broadcasts}")
         _check_paired(self.t_d, self.t_w, "time modules")
 
     def paired_waits(self) -> tuple[float, ...]:

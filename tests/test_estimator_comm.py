@@ -197,3 +197,86 @@ def test_latency_and_bandwidth_fit() -> None:
     assert alpha == 0.0 and k == pytest.approx(0.014)
     with pytest.raises(ValueError, match="does not grow with size"):
         fit_latency_and_slope({100: 0.003, 200: 0.0029})
+
+
+# --- collectives counted per iteration ----------------------------------------
+
+
+def test_each_collective_of_an_iteration_pays_the_latency() -> None:
+    # Two gradient buckets, one buffer broadcast, the plugin's agreement.
+    counted = msgspec.structs.replace(MODULES, buckets=2, broadcasts=1, agreement=True)
+    db = ThroughputDatabase()
+    db.record_profile(ProfileReport(JOB.id, A, A0, counted))
+    cluster, spec = with_spec(link_latency_s=0.0045, net_latency_s=0.01, overlap_residual=1.0)
+    curve = estimate_job(db, JOB, cluster).by_type[A]
+    # 1 GPU: no collective at all, 32 / 0.08 = 400.
+    # 2 GPUs: T_c = 2·0.0045 + 0.0055 = 0.0145, in series with BP (residual 1);
+    # broadcast and agreement 2·0.0045 more: T = 0.08 + 0.0145 + 0.009 = 0.1035.
+    assert curve.agg[:2] == (400.0, round(32 / 0.1035, 1))
+    # Across 2 nodes: T_c = 2·0.01 + 0.11, plus 2·0.01: T = 0.08 + 0.13 + 0.02.
+    assert curve.dist[0] == round(32 / 0.23, 1)
+    # Uncounted modules keep one all-reduce and nothing else (the test above).
+    rec = db.record(JOB.id, A)
+    assert rec is not None
+    assert theoretical_per_gpu(rec.theory, JOB, spec, 2, 1) == pytest.approx(32 / 0.1035)
+
+
+def test_a_measured_wait_holds_the_agreements_latency() -> None:
+    counted = msgspec.structs.replace(MODULES, buckets=1, broadcasts=0, agreement=True)
+    db = ThroughputDatabase()
+    db.record_profile(ProfileReport(JOB.id, A, A0, counted))
+    cluster, spec = with_spec(link_latency_s=0.0045, net_latency_s=0.01, overlap_residual=1.0)
+    before = estimate_job(db, JOB, cluster).by_type[A].agg[1]
+    assert before == round(32 / (0.08 + 0.01 + 0.0045), 1)
+    # A running sample with 3 ms waits: T_w = 3 ms replaces the agreement's α.
+    db.record_sample(ThroughputSample(JOB.id, A0, A, 2, 1, 2, data_times=(0.0,) * 4,
+                                      wait_times=(0.003,) * 4))
+    rec = db.record(JOB.id, A)
+    assert rec is not None
+    assert theoretical_per_gpu(rec.theory, JOB, spec, 2, 1) == pytest.approx(
+        32 / (0.08 + 0.01 + 0.003), rel=1e-3)
+
+
+def test_the_plugin_counts_ddps_buckets_as_ddp_makes_them() -> None:
+    """A real DistributedDataParallel (gloo, one rank, in a subprocess so the
+    group dies with it) counts its bucket all-reduces with a comm hook; the
+    count without a group must agree, for small and large first buckets."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import free_port
+
+    script = r'''
+import os, sys, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from hops.plugin.dist import ddp_collectives
+sys.path.insert(0, "examples")
+from train_lm import TinyLM, parse_args
+a = parse_args([])
+dist.init_process_group("gloo", rank=0, world_size=1)
+for kwargs in ({}, {"bucket_cap_mb": 0.5}, {"bucket_cap_mb": 100}):
+    model = TinyLM(a.vocab, a.d_model, a.layers, a.seq_len)
+    expected = ddp_collectives(model, **kwargs)[0]
+    ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
+    calls = []
+    def hook(state, bucket):
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(None, bucket)
+    ddp.register_comm_hook(None, hook)
+    for _ in range(3):  # DDP rebuilds its buckets after the first iteration
+        calls.clear()
+        ddp(torch.randint(0, a.vocab, (4, a.seq_len))).sum().backward()
+    print(expected, len(calls))
+dist.destroy_process_group()
+'''
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, timeout=120,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pairs = [tuple(map(int, line.split())) for line in out.stdout.split("\n") if line]
+    assert len(pairs) == 3 and all(a == b for a, b in pairs), pairs
+    assert pairs[1][0] > pairs[0][0] > pairs[2][0] == 1, pairs

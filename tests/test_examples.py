@@ -115,7 +115,22 @@ def test_profiling_mode_writes_one_profile(tmp_path: Path, jobs: list[Job]) -> N
     assert len(m.t_d) == len(m.t_w) == 10 and min(m.t_d) > 0
     # A loader worker makes the batches while the loop computes: pattern 1.
     assert m.pattern == 1
+    # Its 114 k parameters (455 KB) fit DDP's 1 MiB first bucket; no buffers.
+    assert (m.buckets, m.broadcasts, m.agreement) == (1, 0, True)
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_profile_counts_the_collectives_of_a_data_parallel_iteration(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    jobs.append(Job(tmp_path, "train_lm.py", job_env(tmp_path, "profile", 10**6)))
+    jobs[0].ok()
+    (profiled,) = jobs[0].lines()
+    assert isinstance(profiled, Profiled)
+    # 339 k parameters (1.36 MB) overflow the 1 MiB first bucket: two
+    # all-reduces; its causal mask is a buffer, broadcast every forward.
+    m = profiled.modules
+    assert (m.buckets, m.broadcasts, m.agreement) == (2, 1, True)
 
 
 def test_running_mode_reports_and_finishes(tmp_path: Path, jobs: list[Job]) -> None:

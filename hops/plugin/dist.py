@@ -22,9 +22,11 @@ queued on the stream, so host timestamps would not time the transfer.
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's
 # ``bucket`` annotation against the GradBucket class, not its name.
+import math
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +37,11 @@ import torch.distributed as dist
 # until the interpreter tears its modules down (see shutdown()).
 import torch.distributed.nn.functional
 from torch import nn
-from torch._C._distributed_c10d import GradBucket  # = dist.GradBucket, which the stubs lack
+from torch._C._distributed_c10d import (  # = dist.GradBucket etc., which the stubs lack
+    _DEFAULT_FIRST_BUCKET_BYTES,
+    GradBucket,
+    _compute_bucket_assignment_by_size,
+)
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -53,6 +59,44 @@ def init_group(settings: Settings, device: torch.device, timeout_s: float) -> No
         world_size=settings.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+_MIB = 1024 * 1024
+DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb default
+BROADCAST_BUCKET_BYTES = 250 * _MIB  # and its buffer broadcast_bucket_size
+
+
+def ddp_collectives(model: nn.Module, **ddp_kwargs: Any) -> tuple[int, int]:
+    """(gradient all-reduces, buffer broadcasts) that one iteration of
+    ``model`` issues under DistributedDataParallel with ``ddp_kwargs``.
+
+    Counted without a process group, so that a one-process profile can tell
+    the estimator what a data-parallel run would pay latency for. The
+    buckets are DDP's once it has rebuilt them in the order gradients become
+    ready (about the reverse of the parameters'), with its default caps: a
+    small first bucket (1 MiB), then ``bucket_cap_mb`` (25 MiB). Buffers are
+    broadcast from rank 0 before every forward pass unless
+    ``broadcast_buffers=False``, in buckets of 250 MiB.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    caps = ddp_kwargs.get("bucket_cap_mb_list")
+    cap_mb = ddp_kwargs.get("bucket_cap_mb")
+    if caps:
+        limits = [int(c * _MIB) for c in caps]
+    elif cap_mb is None:
+        limits = [_DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_BUCKET_CAP_MB * _MIB]
+    else:
+        limits = [int(cap_mb * _MIB)]
+    buckets = 0
+    if params:
+        assignment, _ = _compute_bucket_assignment_by_size(
+            list(reversed(params)), limits, [False] * len(params))
+        buckets = len(assignment)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    broadcasts = 0
+    if ddp_kwargs.get("broadcast_buffers", True) and buffer_bytes > 0:
+        broadcasts = math.ceil(buffer_bytes / BROADCAST_BUCKET_BYTES)
+    return buckets, broadcasts
 
 
 class Agreement:

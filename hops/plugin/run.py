@@ -16,6 +16,7 @@ from contextlib import contextmanager, suppress
 from types import FrameType, TracebackType
 from typing import Any, Literal, TypeVar
 
+import msgspec
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -25,7 +26,14 @@ from torch.utils.data import Dataset
 from hops.plugin import checkpoint
 from hops.plugin.config import Mode, Settings
 from hops.plugin.data import DataClock, TimedLoader, make_loader
-from hops.plugin.dist import Agreement, CommTimer, init_group, shutdown, wrap_ddp
+from hops.plugin.dist import (
+    Agreement,
+    CommTimer,
+    ddp_collectives,
+    init_group,
+    shutdown,
+    wrap_ddp,
+)
 from hops.plugin.measure import (
     IterationTimes,
     SamplePeriod,
@@ -119,6 +127,9 @@ class Run:
         self._agreement: Agreement | None = None
         self._wrapped: list[DistributedDataParallel] = []
         self._comm_timer: CommTimer | None = None
+        # What a data-parallel iteration of the wrapped models communicates
+        # (gradient all-reduces, buffer broadcasts), for the profile.
+        self._collectives = (0, 0)
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._resumed: checkpoint.Loaded | None = None
@@ -177,6 +188,8 @@ class Run:
         """``model`` on the run's device; in DistributedDataParallel when
         distributed, its gradient all-reduce timed (gloo)."""
         model = model.to(self.device)
+        buckets, broadcasts = ddp_collectives(model, **ddp_kwargs)
+        self._collectives = (self._collectives[0] + buckets, self._collectives[1] + broadcasts)
         if not self.setup_distributed():
             return model
         if self.device.type == "cpu":
@@ -309,7 +322,10 @@ class Run:
         records = self._records
         seconds = sum(r.total for r in records)
         throughput = self.batch_size * len(records) / seconds if seconds > 0 else 0.0
-        self._report(Profiled(at=time.time(), modules=time_modules(records),
+        buckets, broadcasts = self._collectives
+        modules = msgspec.structs.replace(time_modules(records), buckets=buckets,
+                                          broadcasts=broadcasts, agreement=True)
+        self._report(Profiled(at=time.time(), modules=modules,
                               batch_size=self.batch_size, iterations=len(records),
                               throughput=throughput))
 

@@ -20,6 +20,7 @@ from services.estimator.database import (
 )
 from services.estimator.datatime import DataTimeModel
 from services.estimator.formulas import (
+    collective_latency,
     comm_time,
     expected_conditional_iter_time,
     expected_iter_time,
@@ -80,18 +81,35 @@ def _round_sig(value: float, digits: int) -> float:
 
 
 def cell_comm_time(
-    spec: GpuTypeSpec, params: float, gpus: int, nodes: int, measured: float | None = None
+    spec: GpuTypeSpec, params: float, gpus: int, nodes: int, measured: float | None = None,
+    buckets: int = 1,
 ) -> float:
     """T_c of Eq. (1) for ``gpus`` GPUs over ``nodes`` nodes: the all-reduce
     time running jobs measured for this shape when there is one (``measured``,
     see :meth:`TheoreticalLayer.measured_comm`), else Eq. (2) with the type's
-    bandwidths and latency term."""
+    bandwidths and a latency term per gradient bucket."""
     if measured is not None:
         return measured
     return comm_time(
         params, gpus, nodes, spec.link_bandwidth, spec.net_bandwidth,
         link_latency=spec.link_latency_s, net_latency=spec.net_latency_s,
+        collectives=max(1, buckets),
     )
+
+
+def other_collectives_time(
+    modules: TimeModules, data: DataTimeModel, spec: GpuTypeSpec, gpus: int, nodes: int
+) -> float:
+    """The latency of the collectives a data-parallel iteration runs besides
+    the gradient all-reduce, charged in series (a departure from Eq. 1; see
+    :class:`shared.measurements.TimeModules`): α per buffer broadcast, and α
+    for the ranks' per-iteration agreement while no wait has been measured.
+    A measured T_w was timed across that agreement, so it already holds its
+    latency, and counting it again would charge it twice."""
+    alpha = collective_latency(gpus, nodes, spec.link_latency_s, spec.net_latency_s)
+    waits_measured = any(w > 0.0 for w in data.wait_means)
+    meets = 1 if modules.agreement and not waits_measured else 0
+    return alpha * (modules.broadcasts + meets)
 
 
 def modelled_per_gpu_throughput(
@@ -109,12 +127,13 @@ def modelled_per_gpu_throughput(
     T_c from :func:`cell_comm_time` (measured, else Eq. 2), T̃c =
     ``spec.overlap_residual``·T_c; E(T_iter) from Eq. (4), each condition
     being Eq. (1) in expectation over the Eq. (3) component and its wait
-    mean; Eq. (5) gives the throughput.
+    mean, plus :func:`other_collectives_time`; Eq. (5) gives the throughput.
     """
-    t_c = cell_comm_time(spec, params, gpus, nodes, measured_comm)
+    t_c = cell_comm_time(spec, params, gpus, nodes, measured_comm, modules.buckets)
+    serial = other_collectives_time(modules, data, spec, gpus, nodes)
     per_condition = [
         expected_conditional_iter_time(
-            mu, sd, modules.t_f, modules.t_b, modules.t_u, wait, t_c, modules.pattern,
+            mu, sd, modules.t_f, modules.t_b, modules.t_u, wait + serial, t_c, modules.pattern,
             residual=spec.overlap_residual,
         )
         for mu, sd, wait in (

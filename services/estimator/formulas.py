@@ -23,6 +23,7 @@ def comm_time(
     *,
     link_latency: float = 0.0,
     net_latency: float = 0.0,
+    collectives: int = 1,
 ) -> float:
     """Eq. (2): all-reduce time of one iteration, plus a latency term.
 
@@ -35,15 +36,23 @@ def comm_time(
     departs from the paper, whose Eq. (2) models bandwidth only; with the
     default 0 it is Eq. (2) exactly. α is one constant per case, as fitted
     at the N it was measured with: a ring's latency grows with N, which it
-    does not model.
+    does not model. The gradients may go in ``collectives`` all-reduces
+    (DistributedDataParallel's buckets); each pays α, the bytes are the same.
     """
     if n_gpus <= 0 or nodes <= 0:
         raise ValueError("n_gpus and nodes must be > 0")
     if nodes == 1:
         if n_gpus == 1:
             return 0.0  # nothing to reduce: no bandwidth and no latency term
-        return link_latency + params / link_bw * (n_gpus - 1) / n_gpus
-    return net_latency + params / net_bw
+        return collectives * link_latency + params / link_bw * (n_gpus - 1) / n_gpus
+    return collectives * net_latency + params / net_bw
+
+
+def collective_latency(n_gpus: int, nodes: int, link_latency: float, net_latency: float) -> float:
+    """α of one collective among ``n_gpus`` over ``nodes`` (0 for one GPU)."""
+    if n_gpus <= 1 and nodes <= 1:
+        return 0.0
+    return link_latency if nodes == 1 else net_latency
 
 
 def _grad_sync_time(t_b: float, t_c: float, *, residual: float = OVERLAP_RESIDUAL) -> float:
