@@ -3,8 +3,11 @@ parameters/s).
 
 Two processes, each pinned to one core with one torch thread, join a gloo
 group over loopback and time ``all_reduce`` of fp32 tensors of known sizes
-(the range of the examples' parameter counts, 114 k and 339 k): a barrier,
-then the timed collective, repeated after a warm-up. On this host a
+(65 k to 2.1 M: around the examples' parameter counts, 114 k and 339 k, and
+DDP's 1 MiB first bucket, and wide enough that the time per parameter
+stands out of the latency's noise; over 98 k to 393 k alone the fitted slope
+sometimes came out negative): a barrier, then the timed collective,
+repeated after a warm-up. On this host a
 collective takes either a fraction of a millisecond or some 3 ms more, at
 random (a wake-up of the other virtual CPU, it seems), so the *mean* is
 used: Eq. (4) wants the expected iteration time, and a median would flip
@@ -47,7 +50,7 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = (98_304, 131_072, 196_608, 262_144, 393_216)
+SIZES = (65_536, 131_072, 262_144, 524_288, 1_048_576, 2_097_152)
 REPS = 100
 WARMUP = 10
 PROCESSES = 2
