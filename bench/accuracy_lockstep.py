@@ -1,18 +1,28 @@
-"""Does running in lock step slow two CPU "devices" down? (docs/accuracy.md)
+"""What slows two CPU "devices" down under data parallelism? (docs/accuracy.md)
 
 Two processes, pinned to cores 0 and 1 with one torch thread each, run the
 loop body of ``examples/train_cnn.py`` (preprocess a batch of 32, forward,
-backward, SGD update) without any torch.distributed: either free-running,
-or meeting at a ``multiprocessing.Barrier`` once per iteration, as
-DistributedDataParallel's ranks meet at their all-reduce. Each run reports
-the median data and compute time per iteration of each process (after 10
-warm-up iterations); the modes alternate, so that the host's drift falls
-on both alike.
+backward, SGD update) in one of four modes, which add one ingredient of a
+DistributedDataParallel run at a time:
 
-    .venv/bin/python -m bench.accuracy_lockstep --pairs 8   # about 4 minutes
+- ``free``: nothing shared, as two independent jobs;
+- ``barrier``: the two meet at a ``multiprocessing.Barrier`` once per
+  iteration (lock step, no torch.distributed);
+- ``gloo``: they meet in a 1-element gloo ``all_reduce`` instead, as the
+  plugin's per-iteration agreement does (a process group, its threads);
+- ``ddp``: that, and the model in DistributedDataParallel (its gradient
+  all-reduce inside backward);
+- ``ddp-view``: the same with ``gradient_as_bucket_view=True`` (gradients
+  live in DDP's buckets instead of being copied into them).
 
-Nothing here communicates, so a difference between the modes is what
-doing the same phase at the same time on both cores costs on this host.
+Each run reports the median data (before the meeting), forward and
+backward-plus-update time per iteration of each process (after 10 warm-up
+iterations); the modes take turns, so that the host's drift falls on all
+alike. Preprocessing and the
+forward pass communicate in no mode, so their times compare directly;
+backward includes DDP's all-reduce in the ``ddp`` modes only.
+
+    .venv/bin/python -m bench.accuracy_lockstep --rounds 6   # about 6 minutes
 """
 
 from __future__ import annotations
@@ -20,9 +30,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import socket
 import statistics
 import sys
 import time
+from datetime import timedelta
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -31,71 +43,121 @@ ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 10
 BATCH = 32
 DATASET = 4096
+MODES = ("free", "barrier", "gloo", "ddp", "ddp-view")
+PHASES = ("data", "forward", "backward+update")
+
+Times = tuple[float, float, float]
 
 
-def _worker(rank: int, barrier: Barrier | None, iters: int,
-            out: Queue[tuple[int, float, float]]) -> None:
+def _worker(rank: int, mode: str, barrier: Barrier, port: int, iters: int,
+            out: Queue[tuple[int, Times | str]]) -> None:
+    try:
+        out.put((rank, _loop(rank, mode, barrier, port, iters)))
+    except Exception as e:  # the parent reports it and ends the run
+        out.put((rank, f"{type(e).__name__}: {e}"))
+
+
+def _loop(rank: int, mode: str, barrier: Barrier, port: int, iters: int) -> Times:
     os.sched_setaffinity(0, {rank})
     import torch
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT / "examples"))
     import train_cnn
 
-    data = train_cnn.SyntheticImages(DATASET, 0)
-    model = train_cnn.SmallCNN()
+    torch.manual_seed(0)
+    model: torch.nn.Module = train_cnn.SmallCNN()
+    flag = torch.zeros(1)
+    if mode != "free" and mode != "barrier":
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=2,
+                                timeout=timedelta(seconds=60))
+        if mode.startswith("ddp"):
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, gradient_as_bucket_view=mode == "ddp-view")
+    data = train_cnn.SyntheticImages(DATASET, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    times: list[tuple[float, float]] = []
+    times: list[Times] = []
     for i in range(iters):
-        if barrier is not None:
-            barrier.wait()
         t0 = time.perf_counter()
         batch = [data[(i * BATCH + k) % DATASET] for k in range(BATCH)]
         x = torch.stack([b[0] for b in batch])
         y = torch.tensor([b[1] for b in batch])
+        tm = time.perf_counter()
+        if mode == "barrier":
+            barrier.wait()
+        elif mode != "free":
+            dist.all_reduce(flag)
         t1 = time.perf_counter()
         loss = loss_fn(model(x), y)
+        t2 = time.perf_counter()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        times.append((t1 - t0, time.perf_counter() - t1))
+        times.append((tm - t0, t2 - t1, time.perf_counter() - t2))
+    # DDP's reducer must go before its group does, or its destructor waits
+    # on a group that no longer exists.
+    del model, optimizer
+    if dist.is_initialized():
+        dist.destroy_process_group()
     kept = times[WARMUP:]
-    out.put((rank, statistics.median(a for a, _ in kept), statistics.median(b for _, b in kept)))
+    data, forward, backward = (statistics.median(t[k] for t in kept) for k in range(3))
+    return data, forward, backward
 
 
-def run(lock: bool, iters: int) -> list[tuple[float, float]]:
-    """(data, compute) median seconds per iteration of each of the two processes."""
-    barrier = mp.Barrier(2) if lock else None
-    out: Queue[tuple[int, float, float]] = mp.Queue()
-    procs = [mp.Process(target=_worker, args=(r, barrier, iters, out)) for r in (0, 1)]
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def run(mode: str, iters: int) -> list[Times]:
+    """(data, forward, backward+update) median seconds per iteration of each
+    of the two processes."""
+    barrier = mp.Barrier(2)
+    out: Queue[tuple[int, Times | str]] = mp.Queue()
+    port = _free_port()
+    procs = [mp.Process(target=_worker, args=(r, mode, barrier, port, iters, out))
+             for r in (0, 1)]
     for p in procs:
         p.start()
-    results = sorted(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
-    return [(d, c) for _, d, c in results]
+    try:
+        results = sorted(out.get(timeout=600) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():  # its peer failed; it would wait for it for a minute
+                p.kill()
+    failed = [f"rank {rank}: {r}" for rank, r in results if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"{mode} run failed: {'; '.join(failed)}")
+    return [r for _, r in results if not isinstance(r, str)]
 
 
 def _ms(values: list[float]) -> str:
-    return (f"{1000 * statistics.fmean(values):.2f} ms "
-            f"(sd {1000 * statistics.stdev(values):.2f})")
+    return f"{1000 * statistics.fmean(values):.2f} (sd {1000 * statistics.stdev(values):.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=8, help="free and lock-step runs each")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="runs of every mode")
     parser.add_argument("--iters", type=int, default=150, help="iterations per run")
+    parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args(argv)
-    got: dict[str, list[tuple[float, float]]] = {"free": [], "lock step": []}
-    for _ in range(args.pairs):
-        for mode in got:
-            got[mode] += run(mode == "lock step", args.iters)
-            print(mode, " ".join(f"{1000 * d:.2f}/{1000 * c:.2f}" for d, c in got[mode][-2:]),
+    modes = args.modes.split(",")
+    got: dict[str, list[Times]] = {m: [] for m in modes}
+    for _ in range(args.rounds):
+        for mode in modes:
+            got[mode] += run(mode, args.iters)
+            print(mode, " ".join("/".join(f"{1000 * v:.2f}" for v in t) for t in got[mode][-2:]),
                   flush=True)
+    print(f"means over {2 * args.rounds} process runs, ms per iteration (sd):")
     for mode, values in got.items():
-        data, compute = [d for d, _ in values], [c for _, c in values]
-        print(f"{mode}: data {_ms(data)}, compute {_ms(compute)}, {len(values)} process runs")
+        print(f"  {mode:8} " + ", ".join(f"{name} {_ms([t[k] for t in values])}"
+                                         for k, name in enumerate(PHASES)))
     return 0
 
 
