@@ -30,16 +30,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
 from datetime import timedelta
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.accuracy_bw import ROOT, free_port
+
 WARMUP = 10
 BATCH = 32
 DATASET = 4096
@@ -107,19 +106,12 @@ def _loop(rank: int, mode: str, barrier: Barrier, port: int, iters: int) -> Time
     return data, forward, backward
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def run(mode: str, iters: int) -> list[Times]:
     """(data, forward, backward+update) median seconds per iteration of each
     of the two processes."""
     barrier = mp.Barrier(2)
     out: Queue[tuple[int, Times | str]] = mp.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [mp.Process(target=_worker, args=(r, mode, barrier, port, iters, out))
              for r in (0, 1)]
     for p in procs:

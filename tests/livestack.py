@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -46,6 +45,7 @@ from hops.up import Child, Launcher, wait_healthy
 from services.runtime.kv import read_bucket
 from services.runtime.natsd import EmbeddedNats
 from simulator.clusters import cluster_arg
+from tests.helpers import free_port
 
 T = TypeVar("T")
 
@@ -63,13 +63,6 @@ FINAL = ("finished", "failed", "cancelled")
 # listener there would turn the requester's "no responders" into a timeout).
 RECORDED = ("hops.v1.jobs.events.>", "hops.v1.profiles.>", "hops.v1.samples.>", "hops.v1.plans",
             "hops.v1.cluster.released", "hops.v1.errors", "$KV.>")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def until(condition: Callable[[], T | None], what: str, timeout: float = 30.0,

@@ -4,6 +4,10 @@ residual of Eq. (1) and the latency term added to Eq. (2)."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -23,6 +27,7 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
+from tests.helpers import free_port
 
 A = GpuType("A")
 A0, A1, A2 = (ServerId(s) for s in ("a0", "a1", "a2"))
@@ -241,12 +246,6 @@ def test_the_plugin_counts_ddps_buckets_as_ddp_makes_them() -> None:
     """A real DistributedDataParallel (gloo, one rank, in a subprocess so the
     group dies with it) counts its bucket all-reduces with a comm hook; the
     count without a group must agree, for small and large first buckets."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.helpers import free_port
-
     script = r'''
 import os, sys, torch, torch.distributed as dist
 from torch import nn
@@ -272,7 +271,7 @@ for kwargs in ({}, {"bucket_cap_mb": 0.5}, {"bucket_cap_mb": 100}):
 dist.destroy_process_group()
 '''
     root = Path(__file__).resolve().parents[1]
-    env = {**__import__("os").environ, "MASTER_ADDR": "127.0.0.1",
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "PYTHONPATH": str(root)}
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, timeout=120,
                          capture_output=True, text=True)

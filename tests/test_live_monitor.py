@@ -30,6 +30,7 @@ from shared.records import NodeRecord, Placement
 from simulator.catalog import builtin_catalog
 from simulator.clusters import builtin_cluster
 from simulator.truth import GroundTruth
+from tests.helpers import free_port
 from tests.test_live_executor import (
     CLUSTER,
     HEARTBEAT_S,
@@ -41,7 +42,6 @@ from tests.test_live_executor import (
     Procs,
     client,
     eventually,
-    free_port,
     job_pids,
     nats_server,
     nats_url,

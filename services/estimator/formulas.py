@@ -41,11 +41,12 @@ def comm_time(
     """
     if n_gpus <= 0 or nodes <= 0:
         raise ValueError("n_gpus and nodes must be > 0")
+    if nodes == 1 and n_gpus == 1:
+        return 0.0  # nothing to reduce: no bandwidth and no latency term
+    latency = collectives * collective_latency(n_gpus, nodes, link_latency, net_latency)
     if nodes == 1:
-        if n_gpus == 1:
-            return 0.0  # nothing to reduce: no bandwidth and no latency term
-        return collectives * link_latency + params / link_bw * (n_gpus - 1) / n_gpus
-    return collectives * net_latency + params / net_bw
+        return latency + params / link_bw * (n_gpus - 1) / n_gpus
+    return latency + params / net_bw
 
 
 def collective_latency(n_gpus: int, nodes: int, link_latency: float, net_latency: float) -> float:
