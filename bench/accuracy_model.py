@@ -113,8 +113,9 @@ def breakdown(db: ThroughputDatabase, spec: JobSpec, cluster: Cluster,
         raise LookupError(f"{spec.id} has no profile")
     m, gpu = rec.theory.modules, cluster.type_by_name[GPU_TYPE]
     data = rec.theory.samples.model()
-    t_w = data.p_cache * data.wait_means[0] + (1 - data.p_cache) * data.wait_means[1]
     gpus = config.total_gpus if config.num_nodes == 1 else config.num_nodes
+    wait_cache, wait_load = data.waits(gpus)
+    t_w = data.p_cache * wait_cache + (1 - data.p_cache) * wait_load
     t_c = cell_comm_time(gpu, spec.params, gpus, config.num_nodes,
                          rec.theory.measured_comm(gpus, config.num_nodes), m.buckets)
     t_s = other_collectives_time(m, data, gpu, gpus, config.num_nodes)

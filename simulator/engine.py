@@ -11,7 +11,9 @@ seed; wall-clock time only from the injected ``timer``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -207,10 +209,17 @@ class Simulation:
                 running=len(self._running()),
                 throughput=sum(r.rate for r in self._running()),
                 planner_s=planned,
-                raqlr=raqlr(self.finished, self.now, self.settings.raqlr_window_h),
+                raqlr=raqlr(self._recent_finished(), self.now, self.settings.raqlr_window_h),
             )
         )
         self.next_round = self.now + self.settings.round_s
+
+    def _recent_finished(self) -> list[tuple[float, float]]:
+        """The finished jobs inside the RAQLR window (Eq. 7). ``finished`` is
+        in time order, so the window is its tail: the whole list, read every
+        round, made long traces quadratic."""
+        horizon = self.now - self.settings.raqlr_window_h * 3600.0
+        return self.finished[bisect.bisect_left(self.finished, (horizon, -math.inf)):]
 
     def _plan(self, first: bool) -> float:
         """Call the policy and apply its plan; returns the planner's time."""

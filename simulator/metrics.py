@@ -8,6 +8,8 @@ throughput, RAQLR (Eq. 7) and planner time.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -98,9 +100,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def _contenders(rounds: Sequence[RoundRecord], start: float, end: float) -> float:
-    inside = [r.waiting + r.running for r in rounds if start <= r.t <= end]
-    return sum(inside) / len(inside) if inside else 1.0
+class _Contention:
+    """Mean jobs contending (waiting or running) over the rounds of a time
+    span, from prefix sums over the rounds (in time order): reading every
+    round for every job made long traces quadratic. The counts are integers,
+    so the sums are exact."""
+
+    def __init__(self, rounds: Sequence[RoundRecord]) -> None:
+        self.times = [r.t for r in rounds]
+        self.prefix = [0, *itertools.accumulate(r.waiting + r.running for r in rounds)]
+
+    def mean(self, start: float, end: float) -> float:
+        lo = bisect.bisect_left(self.times, start)
+        hi = bisect.bisect_right(self.times, end)
+        return (self.prefix[hi] - self.prefix[lo]) / (hi - lo) if hi > lo else 1.0
 
 
 def ftf_rhos(result: SimResult, cluster: Cluster) -> dict[JobId, float]:
@@ -108,10 +121,11 @@ def ftf_rhos(result: SimResult, cluster: Cluster) -> dict[JobId, float]:
     T_id is the Eq. (9) run time on an equal 1/N share of the whole cluster,
     N the mean number of jobs contending over the job's life)."""
     out: dict[JobId, float] = {}
+    contention = _Contention(result.rounds)
     for j in result.jobs:
         if j.jct_s is None or j.finish is None or not math.isfinite(j.age_s):
             continue
-        n = max(1.0, _contenders(result.rounds, j.submit, j.finish))
+        n = max(1.0, contention.mean(j.submit, j.finish))
         share = min(float(j.max_gpus), max(1.0, cluster.total_gpus / n))
         isolated = j.age_s * j.r_avg / share
         out[j.id] = j.jct_s / isolated if isolated > 0 else 0.0

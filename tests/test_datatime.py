@@ -132,3 +132,53 @@ def test_fit_invariants(xs: list[float]) -> None:
     # An EM M-step preserves the sample mean: p·mu_c + (1-p)·mu_l = mean(x).
     assert m.mean == pytest.approx(float(np.mean(xs)), rel=1e-7, abs=1e-9)
     assert fit_data_time(xs) == m  # deterministic
+
+
+# --- waits per number of ranks -----------------------------------------------
+
+
+def test_waits_are_kept_per_number_of_ranks() -> None:
+    # The same bimodal data on one rank without waits and on four ranks with
+    # the source's waits: the four-rank waits must not leak into one rank.
+    t_d, t_w = bimodal(3000, seed=5)
+    ranks = np.where(np.arange(3000) < 1000, 1, 4)
+    t_w = np.where(ranks == 1, 0.0, t_w)
+    m = fit_data_time(t_d, t_w, ranks=ranks)
+    assert m.components == 2
+    assert [r for r, _, _ in m.rank_waits] == [1, 4]
+    assert m.waits(1) == (0.0, 0.0)
+    cache4, load4 = m.waits(4)
+    assert cache4 == pytest.approx(W_C, rel=0.05)
+    assert load4 == pytest.approx(W_L, rel=0.05)
+    # Unmeasured counts take the most ranks measured below, else the fewest above.
+    assert m.waits(2) == m.waits(1) and m.waits(16) == m.waits(4)
+    assert fit_data_time(t_d[1000:], t_w[1000:], ranks=ranks[1000:]).waits(1) == (cache4, load4)
+    # The pooled means mix both, as every count did before waits were kept apart.
+    assert 0.0 < m.wait_means[0] < cache4
+    with pytest.raises(ValueError):
+        fit_data_time(t_d, t_w, ranks=ranks[:10])
+
+
+def test_a_one_component_fit_keeps_waits_per_rank() -> None:
+    m = fit_data_time([0.05] * 20, [0.0] * 10 + [0.02] * 10, ranks=[1] * 10 + [2] * 10)
+    assert m.components == 1
+    assert m.rank_waits == ((1, 0.0, 0.0), (2, pytest.approx(0.02), pytest.approx(0.02)))
+    assert DataTimeModel().waits(3) == (0.0, 0.0)
+
+
+def test_a_new_number_of_ranks_calls_for_a_refit() -> None:
+    hist = DataTimeSamples()
+    hist.add([0.05] * 200, [0.0] * 200, ranks=1)
+    first = hist.model()
+    # More one-rank samples do not refit before the history doubles...
+    hist.add([0.05] * 10, [0.0] * 10, ranks=1)
+    assert hist.model() is first
+    # ...but the first samples of a new placement size do.
+    hist.add([0.05] * 10, [0.01] * 10, ranks=2)
+    second = hist.model()
+    assert second is not first and second.waits(2) == pytest.approx((0.01, 0.01))
+    assert hist.rank_counts == (1,) * 210 + (2,) * 10
+    with pytest.raises(ValueError):
+        hist.add([0.05], [0.0], ranks=0)
+    with pytest.raises(ValueError):
+        hist.add([0.05, 0.05], [0.0, 0.0], ranks=[1])

@@ -15,7 +15,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from simulator.catalog import builtin_catalog
 from simulator.engine import SimSettings, Simulation
-from simulator.metrics import SimResult, summarize
+from simulator.metrics import SimResult, ftf_rhos, summarize
 from simulator.truth import GroundTruth
 from simulator.workloads import SimJob
 
@@ -146,3 +146,25 @@ def test_conservation(specs: list[tuple[tuple[int, ...], float, float]], policy:
         assert j.finish is not None and j.first_start is not None
         assert j.wait_s <= j.finish - j.submit + 1e-6
         assert j.first_start >= j.submit
+
+
+def test_round_metrics_match_their_definitions() -> None:
+    # RAQLR (Eq. 7) per round and FTF's contention per job are read from the
+    # tail of the finished list and from prefix sums; both must equal the
+    # definitions evaluated over everything.
+    cluster = small_cluster(servers=1)
+    jobs = [job(f"j{i}", (1, 2), 1.5e6 * (1 + i % 3), submit=900.0 * i) for i in range(8)]
+    result, _ = run(cluster, jobs)
+    ended = [(j.finish, j.lr) for j in result.jobs if j.finish is not None]
+    assert len(ended) == len(jobs)
+    for r in result.rounds:
+        recent = [lr for t, lr in ended if r.t - 3600.0 <= t <= r.t]
+        assert r.raqlr == pytest.approx(sum(recent) / len(recent) if recent else 0.0)
+    assert any(r.raqlr > 0 for r in result.rounds)
+    rhos = ftf_rhos(result, cluster)
+    for j in result.jobs:
+        assert j.finish is not None and j.jct_s is not None
+        inside = [r.waiting + r.running for r in result.rounds if j.submit <= r.t <= j.finish]
+        n = max(1.0, sum(inside) / len(inside) if inside else 1.0)
+        share = min(float(j.max_gpus), max(1.0, cluster.total_gpus / n))
+        assert rhos[j.id] == pytest.approx(j.jct_s / (j.age_s * j.r_avg / share))

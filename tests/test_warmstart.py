@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import random
 
+import msgspec
+import pytest
+
+from services.scheduler import passes
 from services.scheduler.formulation import Assignment, OptionSpace, class_space, direct_space
 from services.scheduler.localsearch import improve
-from services.scheduler.passes import PassJob
+from services.scheduler.passes import PassJob, SolverSettings, solve_pass
 from services.scheduler.planstate import PlanState
-from services.scheduler.warmstart import _lp_rounding, greedy_assign
+from services.scheduler.warmstart import _lp_rounding, everyone_at_best, greedy_assign
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve
@@ -132,3 +136,66 @@ def test_lp_rounding_keeps_whole_columns_first() -> None:
     chosen, _ = _lp_rounding(space, x, coeffs, free)
     assert chosen[1][1] == here
     assert chosen[0][1] == Configuration.of({"s1": 4})
+
+
+# --- the plan that needs no solve ----------------------------------------------
+
+
+def test_running_jobs_at_their_best_are_kept_without_a_solve() -> None:
+    c = cluster(2)
+    s0 = ServerId("s0")
+    running = msgspec.structs.replace(
+        job("run", (4,)), current=Configuration(((s0, 4),)), switch_factor=0.9)
+    jobs = [running, job("new", (4,))]
+    free = {s0: 8, ServerId("s1"): 8}
+    result = solve_pass(c, free, jobs)
+    # "run" keeps s0 (any move costs the switch factor), "new" takes 4 GPUs
+    # (all its options are worth the same): Eq. (11)'s upper bound, proven.
+    assert result.status == "Optimal" and result.solve_s == 0.0
+    assert result.choices[0].config == running.current
+    assert result.choices[1].config.total_gpus == 4
+    assert result.objective == result.bound
+
+
+def test_a_job_below_its_best_goes_to_the_solver() -> None:
+    c = cluster(1)
+    s0 = ServerId("s0")
+    small = msgspec.structs.replace(
+        job("grow", (2, 8), base=10.0, rho=1.0), current=Configuration(((s0, 2),)),
+        switch_factor=0.9)
+    free = {s0: 8}
+    space = direct_space(c, free, [small], 1.4)
+    coeffs = [o.gain * (1.0 if o.config == small.current else 0.9) for o in space.options]
+    assert everyone_at_best(space, coeffs, free, {0: small.current}) is None
+    result = solve_pass(c, free, [small])
+    assert result.choices[0].config.total_gpus == 8  # worth the restart
+
+
+def test_the_shortcut_agrees_with_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Random small passes where the running jobs keep their places: whenever
+    # the shortcut answers, the MIP (solved with the shortcut switched off)
+    # finds nothing better.
+    fired = 0
+    for seed in range(30):
+        rng = random.Random(seed)
+        c = cluster(3, gpus=4)
+        free = {s.id: 4 for s in c.servers}
+        jobs, used = [], {s.id: 0 for s in c.servers}
+        for k in range(rng.randint(1, 4)):
+            reqs = tuple(sorted(rng.sample((1, 2, 4), rng.randint(1, 2))))
+            pj = job(f"j{k}", reqs, base=rng.uniform(5, 15), rho=rng.uniform(1.0, 2.0))
+            sid = c.servers[k % 3].id
+            if rng.random() < 0.6 and used[sid] + reqs[0] <= 4:
+                used[sid] += reqs[0]
+                pj = msgspec.structs.replace(
+                    pj, current=Configuration(((sid, reqs[0]),)), switch_factor=0.9)
+            jobs.append(pj)
+        fast = solve_pass(c, free, jobs)
+        if fast.solve_s == 0.0 and fast.status == "Optimal":
+            fired += 1
+            with monkeypatch.context() as m:
+                m.setattr(passes, "everyone_at_best", lambda *_: None)
+                exact = solve_pass(c, free, jobs, SolverSettings(mip_rel_gap=1e-9))
+            assert exact.solve_s > 0.0
+            assert fast.objective >= exact.objective - 1e-9
+    assert fired >= 3

@@ -7,7 +7,8 @@ One :class:`JobTypeRecord` per (job, GPU type) with three layers:
    number of nodes of the placement);
 2. the type layer: the same two tables over every server of the type;
 3. the theoretical layer: the profiled time modules (§3.2) and the data-time
-   and wait samples that running mode keeps adding (§3.5), plus the
+   and wait samples that running mode keeps adding (§3.5), each with the
+   number of ranks it ran with (waits are estimated per rank count), plus the
    all-reduce times running jobs measured, per placement shape (T_c of
    Eq. 1 measured instead of modelled by Eq. 2; not in the paper).
 
@@ -67,6 +68,9 @@ class RecordState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_times: tuple[float, ...] = ()
     wait_times: tuple[float, ...] = ()
     comm: tuple[CommState, ...] = ()
+    # Ranks each data/wait sample ran with; empty (states written before it
+    # was kept) reads as one each.
+    wait_ranks: tuple[int, ...] = ()
 
 
 class DatabaseState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -229,6 +233,7 @@ class JobTypeRecord:
             data_times=self.theory.samples.data_times,
             wait_times=self.theory.samples.wait_times,
             comm=self.theory.comm_to_state(),
+            wait_ranks=self.theory.samples.rank_counts,
         )
 
 
@@ -278,7 +283,8 @@ class ThroughputDatabase:
         theory.modules = report.modules
         theory.batch_size = report.batch_size
         theory.profiled_on = report.server_id
-        theory.samples.add(report.modules.t_d, report.modules.paired_waits())
+        # A profile runs on one GPU (§3.2).
+        theory.samples.add(report.modules.t_d, report.modules.paired_waits(), ranks=1)
 
     def record_sample(self, sample: ThroughputSample) -> None:
         """Running mode: update the entity and type tables (a zero throughput
@@ -291,7 +297,7 @@ class ThroughputDatabase:
                 sample, self.recent_weight
             )
             rec.type_layer.add(sample, self.recent_weight)
-        rec.theory.samples.add(sample.data_times, sample.paired_waits())
+        rec.theory.samples.add(sample.data_times, sample.paired_waits(), sample.total_gpus)
         rec.theory.add_comm(sample, self.recent_weight)
 
     def forget(self, job_id: JobId) -> None:
@@ -315,6 +321,6 @@ class ThroughputDatabase:
             rec.theory.modules = rs.modules
             rec.theory.batch_size = rs.batch_size
             rec.theory.profiled_on = rs.profiled_on
-            rec.theory.samples.add(rs.data_times, rs.wait_times)
+            rec.theory.samples.add(rs.data_times, rs.wait_times, rs.wait_ranks or 1)
             rec.theory.comm_from_state(rs.comm)
         return db

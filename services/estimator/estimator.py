@@ -107,7 +107,7 @@ def other_collectives_time(
     A measured T_w was timed across that agreement, so it already holds its
     latency, and counting it again would charge it twice."""
     alpha = collective_latency(gpus, nodes, spec.link_latency_s, spec.net_latency_s)
-    waits_measured = any(w > 0.0 for w in data.wait_means)
+    waits_measured = any(w > 0.0 for w in data.waits(gpus))
     meets = 1 if modules.agreement and not waits_measured else 0
     return alpha * (modules.broadcasts + meets)
 
@@ -127,18 +127,20 @@ def modelled_per_gpu_throughput(
     T_c from :func:`cell_comm_time` (measured, else Eq. 2), T̃c =
     ``spec.overlap_residual``·T_c; E(T_iter) from Eq. (4), each condition
     being Eq. (1) in expectation over the Eq. (3) component and its wait
-    mean, plus :func:`other_collectives_time`; Eq. (5) gives the throughput.
+    mean for ``gpus`` ranks (:meth:`DataTimeModel.waits`), plus
+    :func:`other_collectives_time`; Eq. (5) gives the throughput.
     """
     t_c = cell_comm_time(spec, params, gpus, nodes, measured_comm, modules.buckets)
     serial = other_collectives_time(modules, data, spec, gpus, nodes)
+    wait_cache, wait_load = data.waits(gpus)
     per_condition = [
         expected_conditional_iter_time(
             mu, sd, modules.t_f, modules.t_b, modules.t_u, wait + serial, t_c, modules.pattern,
             residual=spec.overlap_residual,
         )
         for mu, sd, wait in (
-            (data.mu_cache, data.sd_cache, data.wait_means[0]),
-            (data.mu_load, data.sd_load, data.wait_means[1]),
+            (data.mu_cache, data.sd_cache, wait_cache),
+            (data.mu_load, data.sd_load, wait_load),
         )
     ]
     return throughput(batch_size, expected_iter_time(data.p_cache, *per_condition))

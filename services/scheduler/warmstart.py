@@ -1,6 +1,6 @@
 """Starting points and completions for a pass's MIP (see
 :mod:`services.scheduler.passes`): the greedy order, the rounded LP
-relaxation, hints (current configurations, the class formulation's plan), a
+relaxation, hints (the jobs' current configurations), a
 local search on the best of them (:mod:`services.scheduler.localsearch`), and
 filling what a solution leaves idle.
 """
@@ -160,9 +160,9 @@ def _from_hint(
     ranked: Sequence[int] | None = None,
 ) -> tuple[Assignment, PlanState]:
     """Keep the hinted configurations that are options here and still fit;
-    a hinted job whose configuration is not (e.g. a class plan's distributed
-    configuration that is not adjacent) takes its best option of the same
-    size that fits. Then top up."""
+    a hinted job whose configuration is not (a running job whose servers
+    changed class, say) takes its best option of the same size that fits.
+    Then top up."""
     state = PlanState(space, free)
     chosen: Assignment = {}
     missed = []
@@ -182,6 +182,31 @@ def _from_hint(
     return _top_up(space, coeffs, state, chosen, ranked), state
 
 
+def everyone_at_best(
+    space: OptionSpace,
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
+    hint: Mapping[int, Configuration],
+) -> Assignment | None:
+    """The hinted plan (topped up) when it gives every job one of its best
+    options: then no plan does better, as Eq. (11) is a sum over jobs of one
+    coefficient each, and no solve is needed. None otherwise."""
+    if not hint:
+        return None
+    for i, config in hint.items():  # cheap test first: a running job not at its best
+        o = current_option(space, i, config)
+        if o is None or coeffs[o] < max(coeffs[k] for k in space.per_job[i]):
+            return None
+    chosen, _ = _from_hint(space, coeffs, hint, free)
+    for i, options in enumerate(space.per_job):
+        if not options:
+            continue
+        held = chosen.get(i)
+        if held is None or coeffs[held[0]] < max(coeffs[o] for o in options):
+            return None
+    return chosen
+
+
 def warm_start(
     space: OptionSpace,
     coeffs: Sequence[float],
@@ -191,8 +216,8 @@ def warm_start(
     hints: Sequence[Mapping[int, Configuration]],
     enough: float = math.inf,
 ) -> tuple[Assignment, PlanState]:
-    """The best of: each hint (the jobs' current configurations, a class
-    solution), the rounded LP relaxation, and the greedy pass, improved by
+    """The best of: each hint (the jobs' current configurations), the
+    rounded LP relaxation, and the greedy pass, improved by
     local search (:func:`improve`) until it is worth ``enough``."""
     ranked = by_ratio(space, coeffs)
     starts = [_from_hint(space, coeffs, hint, free, ranked) for hint in hints if hint]
