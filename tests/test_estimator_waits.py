@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.estimator.database import DatabaseState, ThroughputDatabase
+from services.estimator.database import DatabaseState, RecordState, ThroughputDatabase
 from services.estimator.estimator import theoretical_per_gpu
 from shared.cluster import GpuTypeSpec
 from shared.ids import GpuType, JobId, ServerId
@@ -61,7 +61,7 @@ def test_ranks_survive_a_state_round_trip() -> None:
     again = ThroughputDatabase.from_state(state)
     assert cell(again, 1) == cell(db, 1) and cell(again, 2) == cell(db, 2)
     # A state written before ranks were kept reads every sample as one rank.
-    old = DatabaseState(records=(state.records[0].__class__(
+    old = DatabaseState(records=(RecordState(
         job_id=JOB.id, gpu_type=A, modules=MODULES, batch_size=32, profiled_on=A0,
         data_times=state.records[0].data_times, wait_times=state.records[0].wait_times),))
     pooled = ThroughputDatabase.from_state(old)

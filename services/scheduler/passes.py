@@ -35,12 +35,9 @@ before proving one. :func:`greedy_pass` is the lambda -> infinity limit.
 
 HiGHS gets a warm start, the best of: the greedy pass, the rounded LP
 relaxation and the jobs' current configurations (each completed with what is
-left), improved by a local search. (A large direct model also got the class
-formulation's plan as a start until 2026-11-22; with the restricted model
-below it no longer changed a plan of the ElasticFlow trace's first 2,000
-jobs, and it cost 7% of the whole trace's run time.) When the current
-configurations give every job one of its best options, that plan is the
-optimum and nothing is solved. The LP relaxation's bound is usually within a fraction of a
+left), improved by a local search. When the current configurations give
+every job one of its best options, that plan is the optimum and nothing is
+solved. The LP relaxation's bound is usually within a fraction of a
 percent of the optimum, so the pass is settled by a good incumbent: a large
 pass whose start is not within a quarter of the gap of that bound first
 solves a model restricted to a few columns per job (its search ends at a

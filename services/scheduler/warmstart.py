@@ -193,16 +193,15 @@ def everyone_at_best(
     coefficient each, and no solve is needed. None otherwise."""
     if not hint:
         return None
+    best = [max((coeffs[o] for o in options), default=0.0) for options in space.per_job]
     for i, config in hint.items():  # cheap test first: a running job not at its best
         o = current_option(space, i, config)
-        if o is None or coeffs[o] < max(coeffs[k] for k in space.per_job[i]):
+        if o is None or coeffs[o] < best[i]:
             return None
     chosen, _ = _from_hint(space, coeffs, hint, free)
     for i, options in enumerate(space.per_job):
-        if not options:
-            continue
         held = chosen.get(i)
-        if held is None or coeffs[held[0]] < max(coeffs[o] for o in options):
+        if options and (held is None or coeffs[held[0]] < best[i]):
             return None
     return chosen
 
