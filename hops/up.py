@@ -8,6 +8,9 @@ metrics are, and supervises: a process that ends without being asked to is
 reported (with its log file). SIGINT (Ctrl-C) or SIGTERM stops everything:
 SIGTERM to each process, a grace period, then SIGKILL to whatever is left of
 each one's process group (emulated jobs included), and nats-server last.
+On Linux ``hops up`` is a child subreaper: descendants orphaned by a dead
+parent become its children, are reaped, and it returns only once every
+group it killed is gone.
 Real executors (``--executor real``) stop their jobs themselves on SIGTERM:
 a real job runs in a process group of its own, so that it can outlive a
 crash of its executor.
@@ -53,6 +56,8 @@ Say = Callable[[str], None]
 SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 _POLL_S = 0.1
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_REAP_WAIT_S = 5.0
 
 
 class UpError(RuntimeError):
@@ -93,6 +98,43 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def become_subreaper() -> bool:
+    """Linux: adopt our orphaned descendants (an emulated job whose executor
+    died first), so that we can reap them. Otherwise they are left to PID 1,
+    which in a container may never reap them, and a SIGKILLed group then
+    lingers as zombies. Whether it worked."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def reap_orphans(tracked: set[int]) -> int:
+    """Reap every exited child that is not one of ``tracked`` (those are
+    ``Popen``'s to wait for); peeking first leaves theirs alone. How many."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid in tracked:
+            return reaped
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+        reaped += 1
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Launcher:
     """Starts, supervises (restarting what dies, as compose's ``restart:
     unless-stopped`` would) and stops the processes of one stack."""
@@ -104,6 +146,7 @@ class Launcher:
         self.children: list[Child] = []
         self.stopping = threading.Event()
         self.on_restart: Callable[[], None] = lambda: None
+        self.reaper = False  # set once we adopt orphans (become_subreaper)
 
     def _spawn(self, comp: Component) -> subprocess.Popen[bytes]:
         log_path = comp.log_file(self.config)
@@ -143,6 +186,8 @@ class Launcher:
                 c.groups.append(c.proc.pid)
                 c.started, c.restart_at = now, None
                 self.on_restart()
+        if self.reaper:
+            reap_orphans({c.proc.pid for c in self.children})
         return died
 
     def stop(self) -> None:
@@ -168,6 +213,22 @@ class Launcher:
             for pgid in c.groups:
                 _kill_group(pgid)  # a group outlives its leader
             c.proc.wait()
+        if self.reaper:
+            self._await_groups([g for c in self.children for g in c.groups])
+
+    def _await_groups(self, groups: list[int]) -> None:
+        """SIGKILL takes effect asynchronously: return once every group is
+        gone (its orphans reaped), so that nothing outlives ``hops up``."""
+        deadline = time.monotonic() + _REAP_WAIT_S
+        while True:
+            reap_orphans(set())
+            left = [g for g in groups if _group_alive(g)]
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                self.say(f"hops up: process groups {left} are still there after SIGKILL")
+                return
+            time.sleep(0.02)
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:
@@ -284,6 +345,7 @@ def up(
     stop, 1 when it could not start). See the module docstring."""
     nats = EmbeddedNats(config.nats_dir, port=nats_port)
     launcher = Launcher(config, say)
+    launcher.reaper = become_subreaper()
     restore = _install_signals(launcher.stopping)
     try:
         _check_ports(config, nats_port)
