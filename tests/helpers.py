@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 from hypothesis import strategies as st
@@ -127,3 +128,13 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+def exited(pid: int) -> bool:
+    """Whether ``pid`` has ended: gone, or a zombie. An orphan's zombie stays
+    until PID 1 reaps it, which in some containers is late or never."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

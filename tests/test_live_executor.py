@@ -35,6 +35,7 @@ from shared.records import JobPhase, JobRecord, NodeRecord, Placement
 from simulator.catalog import builtin_catalog
 from simulator.clusters import builtin_cluster
 from simulator.truth import GroundTruth
+from tests.helpers import exited
 from tests.natsfix import nats_server, nats_url
 
 __all__ = ["nats_server", "nats_url"]  # fixtures
@@ -356,7 +357,7 @@ async def test_a_worker_only_beats_and_ends_with_its_executor(procs: Procs, clie
     assert {(b.server_id, b.samples_done) for b in beats} == {(S1, 500.0)}
     (pid,) = job_pids("dist")
     executor.send_signal(signal.SIGKILL)  # the node dies: its job processes follow
-    await eventually(lambda: not Path(f"/proc/{pid}").exists(), 10, "orphan exit")
+    await eventually(lambda: exited(pid), 10, "orphan exit")
 
 
 async def test_the_supervisor_runs_one_executor_per_server(
