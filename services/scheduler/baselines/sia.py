@@ -59,15 +59,17 @@ from dataclasses import dataclass
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from services.scheduler.baselines.sia_placement import Placement, TypeAllocation, place
+from services.scheduler.baselines.sia_start import Columns, good_start, lp_homes
 from services.scheduler.ilp import (
     INF,
     MipModel,
     MipOptions,
     MipResult,
     solve_mip,
-    solve_relaxation,
+    solve_relaxation_duals,
 )
 from services.scheduler.priorities import priority_fn, queue_priorities
 from services.scheduler.profiling import plan_profiling
@@ -80,6 +82,7 @@ from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, 
 # Share of one rounding step of G^p that the queue-order tie-break may use in
 # total, so that it can only decide between otherwise equal plans.
 TIE_BREAK_SHARE = 0.4
+STARTS = ("rounded-lp", "search")
 
 
 class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -102,6 +105,12 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     time_limit_s: float = 300.0
     threads: int = 1
     profile_gpus: int = 1
+    # HiGHS's starting solution: the LP optimum rounded down ("rounded-lp"),
+    # or the search of :mod:`.sia_start` ("search"), which halves HiGHS's
+    # time per ILP (docs/performance.md) but, as a different start, can end
+    # at a different plan within the same gap, so it is not the default the
+    # published comparisons use.
+    start: str = "rounded-lp"
 
     def __post_init__(self) -> None:
         if self.p == 0 or not math.isfinite(self.p):
@@ -112,6 +121,8 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"restart_penalty must be >= 0, got {self.restart_penalty}")
         if self.r_num < 1:
             raise ValueError(f"r_num must be >= 1, got {self.r_num}")
+        if self.start not in STARTS:
+            raise ValueError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +222,7 @@ class SiaPolicy:
         jobs, prios = self._queue(snapshot)
         capacity = type_capacity(snapshot.cluster, free)
         columns = self._columns(snapshot, jobs, capacity)
-        result = self._solve(jobs, columns, capacity)
+        result = self._solve(snapshot, jobs, columns, capacity)
         chosen = [c for c, x in zip(columns, result.values, strict=True) if x > 0.5]
         placement = place(snapshot.cluster, free, self._allocations(snapshot, jobs, chosen))
         assignments = self._assignments(snapshot, jobs, chosen, placement)
@@ -259,6 +270,7 @@ class SiaPolicy:
 
     def _solve(
         self,
+        snapshot: Snapshot,
         jobs: Sequence[JobState],
         columns: Sequence[SiaColumn],
         capacity: Mapping[GpuType, int],
@@ -275,13 +287,18 @@ class SiaPolicy:
             mip_rel_gap=s.mip_rel_gap, time_limit_s=s.time_limit_s, threads=s.threads
         )
         # Every row is a packing row (<=, non-negative entries), so the LP
-        # optimum rounded down is feasible: a start that spares HiGHS most of
-        # its search for a first good incumbent (several times faster on
-        # loaded rounds) without changing the gap the answer is proven to.
-        relaxed, lp_s = solve_relaxation(model, options, maximize=True)
-        start = None if relaxed is None else np.floor(relaxed + 1e-9).tolist()
+        # optimum rounded down is feasible: a start that spares HiGHS part of
+        # its search for a first good incumbent without changing the gap the
+        # answer is proven to.
+        relaxed = solve_relaxation_duals(model, options, maximize=True)
+        start = None
+        if relaxed.values is not None and relaxed.reduced is not None:
+            if s.start == "search":
+                start = _start(snapshot, jobs, columns, capacity, relaxed.values, relaxed.reduced)
+            else:
+                start = np.floor(relaxed.values + 1e-9).tolist()
         result = solve_mip(model, options, maximize=True, incumbent=start)
-        return dataclasses.replace(result, solve_s=result.solve_s + lp_s)
+        return dataclasses.replace(result, solve_s=result.solve_s + relaxed.solve_s)
 
     def _allocations(
         self, snapshot: Snapshot, jobs: Sequence[JobState], chosen: Sequence[SiaColumn]
@@ -316,6 +333,36 @@ class SiaPolicy:
             tput = config_throughput(blind, snapshot.cluster, config)
             out.append(Assignment(job.id, config, tput, gain[job.id]))
         return out
+
+
+def _start(
+    snapshot: Snapshot,
+    jobs: Sequence[JobState],
+    columns: Sequence[SiaColumn],
+    capacity: Mapping[GpuType, int],
+    relaxed: npt.NDArray[np.float64],
+    reduced: npt.NDArray[np.float64],
+) -> list[float]:
+    """A start for HiGHS (:mod:`.sia_start`): homes from the LP relaxation,
+    from the reduced costs, and the running jobs' current types."""
+    job_index = {j.id: i for i, j in enumerate(jobs)}
+    type_index = {t: i for i, t in enumerate(capacity)}
+    cols = Columns(
+        job=np.array([job_index[c.job_id] for c in columns], dtype=np.int64),
+        gpu_type=np.array([type_index[c.gpu_type] for c in columns], dtype=np.int64),
+        gpus=np.array([c.gpus for c in columns], dtype=np.int64),
+        coeff=np.array([c.coeff for c in columns], dtype=np.float64),
+        jobs=len(jobs),
+        capacity=tuple(capacity.values()),
+    )
+    by_share, by_reduced = lp_homes(cols, relaxed, reduced)
+    current = list(by_share)
+    for i, job in enumerate(jobs):
+        now = current_allocation(snapshot.cluster, job)
+        if now is not None and now[0] in type_index:
+            current[i] = type_index[now[0]]
+    start: list[float] = good_start(cols, (by_share, by_reduced, current)).tolist()
+    return start
 
 
 def type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
