@@ -68,7 +68,9 @@ def simulate(
     cluster: Annotated[str, typer.Option(help="paper-physical, paper-sim-512, gavel or a file")],
     workload: Annotated[str, typer.Option(help="paper-physical, paper-sim, or a file/trace")],
     out: Annotated[Path, typer.Option(help="output folder")],
-    policy: Annotated[str, typer.Option(help="hops, sia or gavel")] = "hops",
+    policy: Annotated[
+        str, typer.Option(help="hops, sia or gavel (or sia-search: Sia, searching for its start)")
+    ] = "hops",
     priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
     lam: Annotated[float | None, typer.Option(help="the policy's lambda")] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,

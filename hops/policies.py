@@ -22,6 +22,12 @@ def _sia(priority: str, lam: float | None) -> Policy:
     return SiaPolicy(SiaSettings(priority=priority, lam=1.1 if lam is None else lam))
 
 
+def _sia_search(priority: str, lam: float | None) -> Policy:
+    """Sia with the search start for its ILP (``SiaSettings.start``)."""
+    lam = 1.1 if lam is None else lam
+    return SiaPolicy(SiaSettings(priority=priority, lam=lam, start="search"))
+
+
 def _gavel(priority: str, lam: float | None) -> Policy:
     return GavelPolicy(GavelSettings(priority=priority))
 
@@ -29,6 +35,7 @@ def _gavel(priority: str, lam: float | None) -> Policy:
 POLICIES: Mapping[str, Callable[[str, float | None], Policy]] = {
     "hops": _hops,
     "sia": _sia,
+    "sia-search": _sia_search,
     "gavel": _gavel,
 }
 
