@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -106,16 +105,11 @@ def fit_latency_and_slope(times: dict[int, float]) -> tuple[float, float]:
     return alpha, slope
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (for the group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def measure(sizes: tuple[int, ...] = SIZES, reps: int = REPS, timeout_s: float = 300) -> Bandwidth:
     """Run the two pinned processes and fit Eq. (2)'s bandwidths and latency."""
+    # Imported here, not at the top: the two workers run this module too.
+    from hops.up import free_port
+
     port = free_port()
     arg = ",".join(map(str, sizes))
     procs = [

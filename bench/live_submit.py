@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from executor.procs import emulated_job_pids
 from hops.stack import StackConfig, by_name, components, modules
-from hops.up import Launcher, missing_modules, port_free, wait_healthy
+from hops.up import Launcher, free_port, missing_modules, port_free, wait_healthy
 from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats
@@ -75,15 +75,6 @@ def spec(job_id: str, total: int = 10**12) -> JobSpec:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 async def drive(

@@ -77,6 +77,17 @@ class Child:
     restart_at: float | None = None  # set while a restart is due
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago, for a process that
+    must be told its port before it starts. Another process may take it in
+    between; where a server can pick its own port (nats-server's ``-p -1``),
+    let it."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import msgspec
 from hypothesis import strategies as st
 
+from hops.up import free_port  # noqa: F401  (the tests' name for it)
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId
@@ -117,17 +117,6 @@ layouts = st.lists(
     min_size=1,
     max_size=3,
 )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, for a process that
-    must be told its port before it starts. Another process may take it in
-    between; where a server can pick its own port (nats-server's ``-p -1``)
-    the tests let it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def exited(pid: int) -> bool:
