@@ -64,7 +64,7 @@ def record_hard_rounds(min_s: float) -> tuple[list[Kept], float, int]:
             relaxed, t0 = seen["relaxed"], time.perf_counter()
             search = None
             if relaxed.values is not None:
-                search = sia._start(*seen["args"], relaxed.values, relaxed.reduced)
+                search = sia.search_start(*seen["args"], relaxed.values, relaxed.reduced)
             kept.append(Kept(model, options, incumbent, search, time.perf_counter() - t0))
         return result
 

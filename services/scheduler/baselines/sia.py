@@ -294,7 +294,9 @@ class SiaPolicy:
         start = None
         if relaxed.values is not None and relaxed.reduced is not None:
             if s.start == "search":
-                start = _start(snapshot, jobs, columns, capacity, relaxed.values, relaxed.reduced)
+                start = search_start(
+                    snapshot, jobs, columns, capacity, relaxed.values, relaxed.reduced
+                )
             else:
                 start = np.floor(relaxed.values + 1e-9).tolist()
         result = solve_mip(model, options, maximize=True, incumbent=start)
@@ -335,7 +337,7 @@ class SiaPolicy:
         return out
 
 
-def _start(
+def search_start(
     snapshot: Snapshot,
     jobs: Sequence[JobState],
     columns: Sequence[SiaColumn],

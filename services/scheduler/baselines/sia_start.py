@@ -183,16 +183,29 @@ def _swap(chosen: list[int], cols: Columns, index: dict[tuple[int, int, int], in
 def search(cols: Columns, homes: Sequence[int]) -> list[int]:
     """Steps 2 and 3 of the module docstring from one set of homes (-1: the
     job has no home); the chosen columns."""
-    opts = cols.options()
-    index = {(int(cols.job[c]), int(cols.gpu_type[c]), int(cols.gpus[c])): c
-             for c in range(len(cols.coeff))}
+    return _search(cols, cols.options(), _index(cols), homes)
+
+
+def _index(cols: Columns) -> dict[tuple[int, int, int], int]:
+    """The column of each (job, type, GPUs)."""
+    return {(int(cols.job[c]), int(cols.gpu_type[c]), int(cols.gpus[c])): c
+            for c in range(len(cols.coeff))}
+
+
+def _search(
+    cols: Columns,
+    opts: list[list[list[Option]]],
+    index: dict[tuple[int, int, int], int],
+    homes: Sequence[int],
+) -> list[int]:
     current = list(homes)
     chosen = _settle(current, opts, cols)
     for _ in range(_ROUNDS):
-        if not _swap(chosen, cols, index):
-            break
+        swapped = False
         while _swap(chosen, cols, index):
-            pass
+            swapped = True
+        if not swapped:
+            break
         for c in chosen:
             current[int(cols.job[c])] = int(cols.gpu_type[c])
         chosen = _settle(current, opts, cols)
@@ -202,10 +215,11 @@ def search(cols: Columns, homes: Sequence[int]) -> list[int]:
 def good_start(cols: Columns, sources: Sequence[Sequence[int]]) -> Floats:
     """The best :func:`search` result over the home ``sources``, as a 0/1
     column vector."""
+    opts, index = cols.options(), _index(cols)
     best: list[int] = []
     best_value = -np.inf
     for homes in sources:
-        chosen = search(cols, homes)
+        chosen = _search(cols, opts, index, homes)
         value = float(cols.coeff[chosen].sum()) if chosen else 0.0
         if value > best_value + _EPS:
             best, best_value = chosen, value
