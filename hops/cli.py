@@ -69,7 +69,8 @@ def simulate(
     workload: Annotated[str, typer.Option(help="paper-physical, paper-sim, or a file/trace")],
     out: Annotated[Path, typer.Option(help="output folder")],
     policy: Annotated[
-        str, typer.Option(help="hops, sia or gavel (or sia-search: Sia, searching for its start)")
+        str,
+        typer.Option(help="hops, sia or gavel (or sia-lp-start: Sia from the rounded LP optimum)"),
     ] = "hops",
     priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
     lam: Annotated[float | None, typer.Option(help="the policy's lambda")] = None,

@@ -118,8 +118,8 @@ def test_settings_reject_an_unknown_start() -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots())
-def test_the_search_start_plans_within_the_gap_of_the_default(s: Snapshot) -> None:
-    default = SiaPolicy().plan(s)
+def test_the_search_start_plans_within_the_gap_of_the_rounded_lp_start(s: Snapshot) -> None:
+    default = SiaPolicy(SiaSettings(start="rounded-lp")).plan(s)
     searched = SiaPolicy(SiaSettings(start="search")).plan(s)
     assert_feasible(searched, s)
     if not s.first_plan:

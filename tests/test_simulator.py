@@ -130,7 +130,7 @@ def test_same_seed_same_run_and_seeds_matter() -> None:
         min_size=1,
         max_size=6,
     ),
-    st.sampled_from(["hops", "sia", "sia-search", "gavel"]),
+    st.sampled_from(["hops", "sia", "sia-lp-start", "gavel"]),
 )
 def test_conservation(specs: list[tuple[tuple[int, ...], float, float]], policy: str) -> None:
     cluster = small_cluster(servers=2)

@@ -285,8 +285,13 @@ class Leader:
             self.progress[beat.job_id] = max(self.progress.get(beat.job_id, 0.0), beat.samples_done)
 
     async def _on_queue(self, msg: Msg) -> None:
+        # A record write holds the lock until the leader's own copy follows
+        # it, so a view taken under the lock includes every record a client
+        # could have read back already.
+        async with self.lock:
+            view = self._view()
         with contextlib.suppress(Exception):
-            await msg.respond(msgspec.json.encode(self._view()))
+            await msg.respond(msgspec.json.encode(view))
 
     def _view(self) -> QueueView:
         """The queue as of now: the records as they are, with the nodes,

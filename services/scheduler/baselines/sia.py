@@ -45,9 +45,10 @@ from them is written down in ``docs/baselines.md`` ("Sia"); in short:
   efficiency term to add;
 * latency-ratio priority (Hops §4.2) orders the queue. Sia's objective has no
   job weights (the artifact's ``job_weights`` are all ones), so the queue
-  order enters only where Sia is indifferent: a perturbation far below the
-  rounding step of ``G^p`` breaks exact ties between jobs in queue order, and
-  the Placer serves equal-sized allocations in queue order.
+  order enters only where Sia is indifferent: after the solve, an unserved
+  job takes an allocation that a job behind it holds and that it values at
+  least as much (:mod:`.sia_ties`), and the Placer serves equal-sized
+  allocations in queue order.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ import numpy.typing as npt
 
 from services.scheduler.baselines.sia_placement import Placement, TypeAllocation, place
 from services.scheduler.baselines.sia_start import Columns, good_start, lp_homes
+from services.scheduler.baselines.sia_ties import prefer_queue_order
 from services.scheduler.ilp import (
     INF,
     MipModel,
@@ -79,9 +81,6 @@ from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
-# Share of one rounding step of G^p that the queue-order tie-break may use in
-# total, so that it can only decide between otherwise equal plans.
-TIE_BREAK_SHARE = 0.4
 STARTS = ("rounded-lp", "search")
 
 
@@ -105,12 +104,11 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     time_limit_s: float = 300.0
     threads: int = 1
     profile_gpus: int = 1
-    # HiGHS's starting solution: the LP optimum rounded down ("rounded-lp"),
-    # or the search of :mod:`.sia_start` ("search"), which halves HiGHS's
-    # time per ILP (docs/performance.md) but, as a different start, can end
-    # at a different plan within the same gap, so it is not the default the
-    # published comparisons use.
-    start: str = "rounded-lp"
+    # HiGHS's starting solution: the search of :mod:`.sia_start` ("search"),
+    # or the LP optimum rounded down ("rounded-lp"), which takes HiGHS about
+    # 1.3x as long over a whole run (docs/performance.md). Either way the
+    # answer is proven to the same gap.
+    start: str = "search"
 
     def __post_init__(self) -> None:
         if self.p == 0 or not math.isfinite(self.p):
@@ -134,7 +132,7 @@ class SiaColumn:
     gpus: int
     nodes: int
     gain: float  # normalised goodput G (before the restart factor)
-    coeff: float  # objective coefficient, tie-break included
+    coeff: float  # objective coefficient
 
 
 def type_goodput(curve: ThroughputCurve, gpus: int, per_node: int) -> tuple[int, float]:
@@ -223,7 +221,8 @@ class SiaPolicy:
         capacity = type_capacity(snapshot.cluster, free)
         columns = self._columns(snapshot, jobs, capacity)
         result = self._solve(snapshot, jobs, columns, capacity)
-        chosen = [c for c, x in zip(columns, result.values, strict=True) if x > 0.5]
+        values = prefer_queue_order(index_columns(jobs, columns, capacity), result.values)
+        chosen = [c for c, x in zip(columns, values, strict=True) if x > 0.5]
         placement = place(snapshot.cluster, free, self._allocations(snapshot, jobs, chosen))
         assignments = self._assignments(snapshot, jobs, chosen, placement)
         stats = _stats(len(jobs), len(columns), result, placement, assignments)
@@ -248,12 +247,8 @@ class SiaPolicy:
         """The ILP's columns in queue order; a configuration larger than the
         free GPUs of its type is not offered this round."""
         s = self.settings
-        # Rank k of n adds unit * (n - k); over all n jobs that sums to
-        # TIE_BREAK_SHARE of one rounding step of G^p (1e-6 without rounding).
-        step = 10.0 ** -(s.round_decimals if s.round_decimals is not None else 6)
-        unit = TIE_BREAK_SHARE * step * 2 / (len(jobs) * (len(jobs) + 1)) if jobs else 0.0
         columns: list[SiaColumn] = []
-        for rank, job in enumerate(jobs):
+        for job in jobs:
             reqs = job.spec.requirement_set(s.r_num)
             row = job_row(snapshot.cluster, snapshot.estimates[job.id], reqs, s.scale_to_min_gpus)
             current = current_allocation(snapshot.cluster, job)
@@ -264,8 +259,7 @@ class SiaPolicy:
                 factor = 1.0 if (gpu_type, gpus) == current else r
                 coeff = coefficient(factor * g, s)
                 if coeff is not None:
-                    tie = unit * (len(jobs) - rank)
-                    columns.append(SiaColumn(job.id, gpu_type, gpus, nodes, g, coeff + tie))
+                    columns.append(SiaColumn(job.id, gpu_type, gpus, nodes, g, coeff))
         return columns
 
     def _solve(
@@ -276,20 +270,20 @@ class SiaPolicy:
         capacity: Mapping[GpuType, int],
     ) -> MipResult:
         """At most one column per job; per type, GPUs <= the type's free GPUs."""
+        s = self.settings
         model = MipModel()
         job_row_of = {j.id: model.add_row(-INF, 1.0) for j in jobs}
         type_row_of = {t: model.add_row(-INF, float(g)) for t, g in capacity.items()}
         for c in columns:
             rows = [job_row_of[c.job_id], type_row_of[c.gpu_type]]
             model.add_col(c.coeff, 0.0, 1.0, integer=True, rows=rows, values=[1.0, float(c.gpus)])
-        s = self.settings
         options = MipOptions(
             mip_rel_gap=s.mip_rel_gap, time_limit_s=s.time_limit_s, threads=s.threads
         )
         # Every row is a packing row (<=, non-negative entries), so the LP
-        # optimum rounded down is feasible: a start that spares HiGHS part of
-        # its search for a first good incumbent without changing the gap the
-        # answer is proven to.
+        # optimum rounded down is feasible; the search (the default) does
+        # better. A start spares HiGHS part of its search for a good
+        # incumbent without changing the gap the answer is proven to.
         relaxed = solve_relaxation_duals(model, options, maximize=True)
         start = None
         if relaxed.values is not None and relaxed.reduced is not None:
@@ -347,16 +341,8 @@ def search_start(
 ) -> list[float]:
     """A start for HiGHS (:mod:`.sia_start`): homes from the LP relaxation,
     from the reduced costs, and the running jobs' current types."""
-    job_index = {j.id: i for i, j in enumerate(jobs)}
+    cols = index_columns(jobs, columns, capacity)
     type_index = {t: i for i, t in enumerate(capacity)}
-    cols = Columns(
-        job=np.array([job_index[c.job_id] for c in columns], dtype=np.int64),
-        gpu_type=np.array([type_index[c.gpu_type] for c in columns], dtype=np.int64),
-        gpus=np.array([c.gpus for c in columns], dtype=np.int64),
-        coeff=np.array([c.coeff for c in columns], dtype=np.float64),
-        jobs=len(jobs),
-        capacity=tuple(capacity.values()),
-    )
     by_share, by_reduced = lp_homes(cols, relaxed, reduced)
     current = list(by_share)
     for i, job in enumerate(jobs):
@@ -365,6 +351,23 @@ def search_start(
             current[i] = type_index[now[0]]
     start: list[float] = good_start(cols, (by_share, by_reduced, current)).tolist()
     return start
+
+
+def index_columns(
+    jobs: Sequence[JobState], columns: Sequence[SiaColumn], capacity: Mapping[GpuType, int]
+) -> Columns:
+    """The columns as arrays, jobs numbered by queue rank and types in
+    ``capacity``'s order."""
+    job_index = {j.id: i for i, j in enumerate(jobs)}
+    type_index = {t: i for i, t in enumerate(capacity)}
+    return Columns(
+        job=np.array([job_index[c.job_id] for c in columns], dtype=np.int64),
+        gpu_type=np.array([type_index[c.gpu_type] for c in columns], dtype=np.int64),
+        gpus=np.array([c.gpus for c in columns], dtype=np.int64),
+        coeff=np.array([c.coeff for c in columns], dtype=np.float64),
+        jobs=len(jobs),
+        capacity=tuple(capacity.values()),
+    )
 
 
 def type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
