@@ -105,9 +105,9 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     threads: int = 1
     profile_gpus: int = 1
     # HiGHS's starting solution: the search of :mod:`.sia_start` ("search"),
-    # or the LP optimum rounded down ("rounded-lp"), which takes HiGHS about
-    # 1.3x as long over a whole run (docs/performance.md). Either way the
-    # answer is proven to the same gap.
+    # or the LP optimum rounded down ("rounded-lp"), from which HiGHS takes
+    # about twice as long on the same ILPs (docs/performance.md). Either way
+    # the answer is proven to the same gap.
     start: str = "search"
 
     def __post_init__(self) -> None:
