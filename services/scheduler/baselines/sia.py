@@ -274,9 +274,16 @@ class SiaPolicy:
         model = MipModel()
         job_row_of = {j.id: model.add_row(-INF, 1.0) for j in jobs}
         type_row_of = {t: model.add_row(-INF, float(g)) for t, g in capacity.items()}
-        for c in columns:
-            rows = [job_row_of[c.job_id], type_row_of[c.gpu_type]]
-            model.add_col(c.coeff, 0.0, 1.0, integer=True, rows=rows, values=[1.0, float(c.gpus)])
+        # Column k: 1 in its job's row, its GPU count in its type's row.
+        n = len(columns)
+        rows = np.empty(2 * n, dtype=np.int64)
+        rows[0::2] = [job_row_of[c.job_id] for c in columns]
+        rows[1::2] = [type_row_of[c.gpu_type] for c in columns]
+        values = np.ones(2 * n)
+        values[1::2] = [c.gpus for c in columns]
+        ends = np.arange(2, 2 * n + 1, 2, dtype=np.int64)
+        costs = [c.coeff for c in columns]
+        model.add_cols(costs, np.ones(n), integer=True, ends=ends, rows=rows, values=values)
         options = MipOptions(
             mip_rel_gap=s.mip_rel_gap, time_limit_s=s.time_limit_s, threads=s.threads
         )
