@@ -56,18 +56,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from services.scheduler.baselines.sia_ilp import SiaColumn, build_model, index_columns
 from services.scheduler.baselines.sia_placement import Placement, TypeAllocation, place
-from services.scheduler.baselines.sia_start import Columns, good_start, lp_homes
+from services.scheduler.baselines.sia_start import good_start, lp_homes
 from services.scheduler.baselines.sia_ties import prefer_queue_order
 from services.scheduler.ilp import (
-    INF,
-    MipModel,
     MipOptions,
     MipResult,
     solve_mip,
@@ -121,18 +119,6 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"r_num must be >= 1, got {self.r_num}")
         if self.start not in STARTS:
             raise ValueError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class SiaColumn:
-    """One (job, GPU type, requirement) configuration of the ILP."""
-
-    job_id: JobId
-    gpu_type: GpuType
-    gpus: int
-    nodes: int
-    gain: float  # normalised goodput G (before the restart factor)
-    coeff: float  # objective coefficient
 
 
 def type_goodput(curve: ThroughputCurve, gpus: int, per_node: int) -> tuple[int, float]:
@@ -271,19 +257,7 @@ class SiaPolicy:
     ) -> MipResult:
         """At most one column per job; per type, GPUs <= the type's free GPUs."""
         s = self.settings
-        model = MipModel()
-        job_row_of = {j.id: model.add_row(-INF, 1.0) for j in jobs}
-        type_row_of = {t: model.add_row(-INF, float(g)) for t, g in capacity.items()}
-        # Column k: 1 in its job's row, its GPU count in its type's row.
-        n = len(columns)
-        rows = np.empty(2 * n, dtype=np.int64)
-        rows[0::2] = [job_row_of[c.job_id] for c in columns]
-        rows[1::2] = [type_row_of[c.gpu_type] for c in columns]
-        values = np.ones(2 * n)
-        values[1::2] = [c.gpus for c in columns]
-        ends = np.arange(2, 2 * n + 1, 2, dtype=np.int64)
-        costs = [c.coeff for c in columns]
-        model.add_cols(costs, np.ones(n), integer=True, ends=ends, rows=rows, values=values)
+        model = build_model(jobs, columns, capacity)
         options = MipOptions(
             mip_rel_gap=s.mip_rel_gap, time_limit_s=s.time_limit_s, threads=s.threads
         )
@@ -358,23 +332,6 @@ def search_start(
             current[i] = type_index[now[0]]
     start: list[float] = good_start(cols, (by_share, by_reduced, current)).tolist()
     return start
-
-
-def index_columns(
-    jobs: Sequence[JobState], columns: Sequence[SiaColumn], capacity: Mapping[GpuType, int]
-) -> Columns:
-    """The columns as arrays, jobs numbered by queue rank and types in
-    ``capacity``'s order."""
-    job_index = {j.id: i for i, j in enumerate(jobs)}
-    type_index = {t: i for i, t in enumerate(capacity)}
-    return Columns(
-        job=np.array([job_index[c.job_id] for c in columns], dtype=np.int64),
-        gpu_type=np.array([type_index[c.gpu_type] for c in columns], dtype=np.int64),
-        gpus=np.array([c.gpus for c in columns], dtype=np.int64),
-        coeff=np.array([c.coeff for c in columns], dtype=np.float64),
-        jobs=len(jobs),
-        capacity=tuple(capacity.values()),
-    )
 
 
 def type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
