@@ -183,10 +183,10 @@ def _swap(chosen: list[int], cols: Columns, index: dict[tuple[int, int, int], in
 def search(cols: Columns, homes: Sequence[int]) -> list[int]:
     """Steps 2 and 3 of the module docstring from one set of homes (-1: the
     job has no home); the chosen columns."""
-    return _search(cols, cols.options(), _index(cols), homes)
+    return _search(cols, cols.options(), column_index(cols), homes)
 
 
-def _index(cols: Columns) -> dict[tuple[int, int, int], int]:
+def column_index(cols: Columns) -> dict[tuple[int, int, int], int]:
     """The column of each (job, type, GPUs)."""
     return {(int(cols.job[c]), int(cols.gpu_type[c]), int(cols.gpus[c])): c
             for c in range(len(cols.coeff))}
@@ -215,7 +215,7 @@ def _search(
 def good_start(cols: Columns, sources: Sequence[Sequence[int]]) -> Floats:
     """The best :func:`search` result over the home ``sources``, as a 0/1
     column vector."""
-    opts, index = cols.options(), _index(cols)
+    opts, index = cols.options(), column_index(cols)
     best: list[int] = []
     best_value = -np.inf
     for homes in sources:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.scheduler.baselines.sia_start import Columns, Floats
+from services.scheduler.baselines.sia_start import Columns, Floats, column_index
 
 _EPS = 1e-9
 
@@ -28,10 +28,7 @@ _EPS = 1e-9
 def prefer_queue_order(cols: Columns, values: Floats) -> Floats:
     """``values`` (a 0/1 solution over ``cols``, whose job index is the queue
     rank, 0 first) after the exchanges of the module docstring."""
-    index = {
-        (int(cols.job[c]), int(cols.gpu_type[c]), int(cols.gpus[c])): c
-        for c in range(len(cols.coeff))
-    }
+    index = column_index(cols)
     out = np.where(np.asarray(values) > 0.5, 1.0, 0.0)
     served = {int(cols.job[c]): int(c) for c in np.flatnonzero(out)}
     for job in range(cols.jobs):
