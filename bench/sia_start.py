@@ -5,10 +5,11 @@ down as its ILP's start (policy ``sia-lp-start``), keeps every round's ILP
 that took HiGHS longer than ``--min-s`` (with that start), then solves each
 kept ILP again three times: from that same start, from the start of
 ``SiaSettings(start="search")`` (services/scheduler/baselines/sia_start.py,
-Sia's default), and from the optimal solution the first solve found. The last is the best
-any start could do; the gap (1e-4) and everything else stay as Sia sets them.
+Sia's default), and from the optimal solution the first solve found. The
+last is the best any start could do; the gap (1e-4) and everything else
+stay as Sia sets them.
 
-    .venv/bin/python bench/sia_start.py [--min-s 1.0]   # --min-s 0: about 8 minutes
+    .venv/bin/python bench/sia_start.py [--min-s 1.0]   # --min-s 0: about 3 minutes
 """
 
 from __future__ import annotations
