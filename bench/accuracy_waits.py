@@ -9,13 +9,12 @@ one thread, as the accuracy study does) and prints that figure from the
 profile's per-iteration data times, to compare with the waits measured in
 the study's two-process runs.
 
-    .venv/bin/python -m bench.accuracy_waits   # about 30 seconds
+    .venv/bin/python -m bench.accuracy_waits   # about 15 seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ from pathlib import Path
 
 from bench.accuracy_bw import ROOT
 from bench.accuracy_model import SCRIPTS
+from shared import jobenv
+from shared.jobreport import Profiled, decode_line
 
 
 def wait_from_data_spread(t_d: Sequence[float], ranks: int) -> float:
@@ -44,15 +45,15 @@ def profile_data_times(script: str, iters: int) -> list[float]:
     """The per-iteration T_d of one profiling run of ``script``."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
-        env = {**os.environ, "HOPS_JOB_ID": "waits", "HOPS_MODE": "profile",
-               "HOPS_PROFILE_ITERS": str(iters), "HOPS_REPORT_FILE": str(report),
-               "HOPS_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, jobenv.JOB_ID: "waits", jobenv.MODE: "profile",
+               jobenv.PROFILE_ITERS: str(iters), jobenv.REPORT_FILE: str(report),
+               jobenv.THREADS: "1", "OMP_NUM_THREADS": "1"}
         subprocess.run([sys.executable, str(ROOT / script)], env=env, cwd=ROOT, check=True,
                        preexec_fn=lambda: os.sched_setaffinity(0, {0}), timeout=300)
-        for line in report.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("kind") == "profiled":
-                return [float(t) for t in event["modules"]["t_d"]]
+        for raw in report.read_bytes().splitlines():
+            line = decode_line(raw)
+            if isinstance(line, Profiled):
+                return list(line.modules.t_d)
     raise RuntimeError(f"{script} reported no profile")
 
 
