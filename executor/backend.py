@@ -106,6 +106,7 @@ class Backend(Protocol):
     """Runs jobs for :class:`executor.service.NodeExecutor`."""
 
     name: str
+    models: tuple[str, ...]  # what it can run (register_node.models; empty: any)
 
     def check(self, cmd: StartJob) -> Refusal | None:
         """The refusal of a start the ledger accepted, or None."""

@@ -123,6 +123,7 @@ class EmulatedBackend:
         self.log = log
         self.spawn_task = spawn_task
         self.truth = GroundTruth(cluster_arg(cluster), builtin_catalog())
+        self.models = tuple(sorted(builtin_catalog()))
 
     def check(self, cmd: StartJob) -> Refusal | None:
         try:

@@ -231,6 +231,7 @@ class RealBackend:
     """Runs real jobs (see the module docstring)."""
 
     name = "real"
+    models: tuple[str, ...] = ()  # any: it runs and profiles whatever it is given
 
     def __init__(self, server: Server, settings: RealSettings, sink: Sink,
                  log: FilteringBoundLogger, spawn_task: Spawner,

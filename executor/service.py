@@ -133,7 +133,8 @@ class NodeExecutor:
     async def register(self) -> None:
         req = RegisterNode(server=self.server, gpu_type=self.cluster.type_by_name[
             self.server.gpu_type], order=self.settings.order, at=time.time(),
-            address=self.settings.address, devices=self.settings.devices)
+            address=self.settings.address, devices=self.settings.devices,
+            models=self.backend.models)
         while not self.ctx.stopping.is_set():
             try:
                 reply = await request(self.ctx.nc, subjects.NODES_REGISTER, req, decode_reply)

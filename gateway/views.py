@@ -31,6 +31,7 @@ _STATUS_OF_CODE: Mapping[str, int] = {
     MALFORMED: 400,
     UNKNOWN_TYPE: 400,
     INVALID: 422,
+    "unschedulable": 422,  # fits no GPU type of the registered cluster
     TOO_LARGE: 413,
     CONFLICT: 409,
     DUPLICATE: 409,

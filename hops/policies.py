@@ -18,6 +18,13 @@ def _hops(priority: str, lam: float | None) -> Policy:
     return HopsPolicy(HopsSettings(priority=priority, lam=1.0 if lam is None else lam))
 
 
+def _hops_profile_preempt(priority: str, lam: float | None) -> Policy:
+    """Hops whose profiling may take a running job's GPU at a round boundary
+    (the paper's profiling-first, §3.2; ``HopsSettings.profile_preempt``)."""
+    lam = 1.0 if lam is None else lam
+    return HopsPolicy(HopsSettings(priority=priority, lam=lam, profile_preempt=True))
+
+
 def _sia(priority: str, lam: float | None) -> Policy:
     return SiaPolicy(SiaSettings(priority=priority, lam=1.1 if lam is None else lam))
 
@@ -35,6 +42,7 @@ def _gavel(priority: str, lam: float | None) -> Policy:
 
 POLICIES: Mapping[str, Callable[[str, float | None], Policy]] = {
     "hops": _hops,
+    "hops-profile-preempt": _hops_profile_preempt,
     "sia": _sia,
     "sia-lp-start": _sia_lp_start,
     "gavel": _gavel,

@@ -96,6 +96,10 @@ class RegisterNode(Message, frozen=True, tag="register_node"):
     at: float = 0.0
     address: str = ""
     devices: tuple[Device, ...] = ()
+    # The models this node can run; empty: any (a real executor runs and
+    # profiles whatever command it is given, an emulated one only the models
+    # its ground truth knows).
+    models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_token(self.server.id, "server id")

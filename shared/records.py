@@ -86,6 +86,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     alive: bool = True
     address: str = ""
     devices: tuple[Device, ...] = ()
+    models: tuple[str, ...] = ()  # register_node.models: empty means any
 
 
 class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -53,8 +53,8 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Input of one planning call.
 
     ``first_plan`` is true at the start of a round: every running job is
-    replanned and ``held`` lists only GPUs that no plan may use (down or
-    reserved). For a plan later in the round (§3.6, resources released by a job
+    replanned and ``held`` lists only GPUs that no plan may use (down,
+    reserved or profiling). For a plan later in the round (§3.6, resources released by a job
     that ended) it is false, running jobs keep their GPUs and ``held`` includes
     them.
     """
@@ -65,6 +65,9 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     estimates: dict[JobId, JobEstimate] = {}
     held: dict[ServerId, int] = {}
     first_plan: bool = True
+    # GPUs of ``held`` that profiling runs in progress hold (§3.2): the
+    # profiling queue's share of each type counts them.
+    profiling_held: dict[ServerId, int] = {}
 
     def free_gpus(self) -> dict[ServerId, int]:
         return {
@@ -113,6 +116,9 @@ class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     window: tuple[JobId, ...] = ()
     admitted_by_adjustment: tuple[JobId, ...] = ()
     passes: tuple[PassStats, ...] = ()
+    # Waiting jobs no configuration on this call's GPUs could serve: left out
+    # of the call so that they hold nothing back.
+    unplaceable: tuple[JobId, ...] = ()
 
 
 class Plan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -237,6 +237,7 @@ class Simulation:
             estimates=self._estimates(active),
             held={k: v for k, v in held.items() if v},
             first_plan=first,
+            profiling_held={k: v for k, v in self.occ.profiling.items() if v},
         )
         start = self.timer() if self.timer else 0.0
         plan = self.policy.plan(snap)

@@ -94,14 +94,25 @@ def test_latency_ratio_bounds_the_starvation_that_srtf_allows() -> None:
     # whoever loses the remaining-time race starve; LR priority spreads the
     # waiting in proportion to each job's age (Figure 13 of the paper), so the
     # worst latency ratio is far lower and the long job is no outlier.
+    # Every job needs the whole server, so a newcomer is profiled only if
+    # profiling may take the running job's GPUs at a round boundary: the
+    # paper's profiling-first (by default profiling waits for an idle GPU).
     cluster = small_cluster()
     max_lr, long_lr = {}, {}
     for priority in ("lr", "srtf"):
-        result, _ = run(cluster, starving_workload(), priority=priority)
+        result, _ = run(cluster, starving_workload(), "hops-profile-preempt", priority)
         max_lr[priority] = max(j.lr for j in result.jobs)
         long_lr[priority] = next(j.lr for j in result.jobs if j.id == "long")
     assert max_lr["lr"] < max_lr["srtf"] / 2
     assert long_lr["lr"] >= 0.8 * max_lr["lr"]
+
+
+def test_by_default_profiling_waits_for_the_running_job() -> None:
+    # The same stream with profiling on idle GPUs only: the long job is
+    # never stopped for a newcomer's profiling run, so it runs in one go.
+    result, _ = run(small_cluster(), starving_workload())
+    long = next(j for j in result.jobs if j.id == "long")
+    assert long.restarts == 1  # its first start, which costs a restart too
 
 
 def test_same_seed_same_run_and_seeds_matter() -> None:

@@ -51,7 +51,7 @@ def admit(nodes: Mapping[ServerId, NodeRecord], req: RegisterNode, now: float) -
     registered = old.registered_at if old is not None else now
     return NodeRecord(server=req.server, gpu_type=req.gpu_type, order=req.order,
                       registered_at=registered, last_heartbeat=now, alive=True,
-                      address=req.address, devices=req.devices)
+                      address=req.address, devices=req.devices, models=req.models)
 
 
 def revived(record: NodeRecord, now: float) -> NodeRecord:

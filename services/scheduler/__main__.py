@@ -35,7 +35,7 @@ from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
 from services.scheduler import live_admission as adm
 from services.scheduler import live_state as st
-from services.scheduler.live_kv import get_record
+from services.scheduler.live_kv import decode_all, get_record
 from services.scheduler.live_lease import (
     LEASE_KEY,
     Change,
@@ -49,11 +49,15 @@ from services.scheduler.live_settings import FIELDS, SchedulerSettings, schedule
 from services.scheduler.service import Leader
 from shared import events as ev
 from shared import subjects
+from shared.records import NodeRecord
+
+# How old admission's copy of the registered nodes may be.
+NODES_MAX_AGE_S = 1.0
 
 
 async def run(ctx: ServiceContext, settings: SchedulerSettings) -> None:
     """The service's main: admission, then the lease loop until stopped."""
-    admission = Admission(ctx, await ctx.js.key_value(subjects.KV_JOBS))
+    admission = Admission(ctx, await ctx.js.key_value(subjects.KV_JOBS), settings.policy.r_num)
     queue = subjects.ADMISSION_QUEUE
     await serve_requests(
         ctx.nc, subjects.JOBS_SUBMIT, ev.decode_submit, admission.submit, ctx.reporter, queue=queue
@@ -69,9 +73,21 @@ async def run(ctx: ServiceContext, settings: SchedulerSettings) -> None:
 class Admission:
     """Submit and cancel handlers, on every replica; see the module docstring."""
 
-    def __init__(self, ctx: ServiceContext, kv: KeyValue) -> None:
+    def __init__(self, ctx: ServiceContext, kv: KeyValue, r_num: int) -> None:
         self.ctx = ctx
         self.kv = kv
+        self.r_num = r_num
+        self._nodes: tuple[float, list[NodeRecord]] = (-NODES_MAX_AGE_S, [])
+
+    async def nodes(self) -> list[NodeRecord]:
+        """The registered nodes, read again once the copy is older than
+        :data:`NODES_MAX_AGE_S` (a burst of submissions reads them once)."""
+        read_at, nodes = self._nodes
+        now = time.monotonic()
+        if now - read_at >= NODES_MAX_AGE_S:
+            nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.ctx.log)
+            self._nodes = (now, nodes)
+        return nodes
 
     async def submit(self, req: ev.SubmitJob) -> ev.Message:
         with bound_contextvars(job_id=req.spec.id):  # on every line, the runtime's too
@@ -83,8 +99,12 @@ class Admission:
             error = f"invalid submit_job: {problem}"
             await self.ctx.reporter.report(subjects.JOBS_SUBMIT, error, ev.INVALID, ev.encode(req))
             raise Rejected(ev.INVALID, error)
-        refusal = adm.duplicate(req.spec.id, (await get_record(self.kv, req.spec.id))[0])
+        refusal = adm.fit_refusal(req.spec, await self.nodes(), self.r_num) or adm.duplicate(
+            req.spec.id, (await get_record(self.kv, req.spec.id))[0]
+        )
         if refusal is not None:
+            if refusal.code != adm.CONFLICT:
+                await self.ctx.reporter.report(subjects.JOBS_SUBMIT, refusal.message, refusal.code)
             raise Rejected(refusal.code, refusal.message)
         now = time.time()
         spec = adm.accepted_spec(req.spec, now)

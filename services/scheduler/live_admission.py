@@ -13,22 +13,38 @@ this module adds what the live system needs on top:
 
 A duplicate id is a ``conflict``; cancelling an unknown job is ``not_found``
 and cancelling a job that already ended is a ``conflict``.
+
+Against the registered nodes (``hops_nodes``, alive or not: a node that is
+down for a while is still the cluster's until an operator removes it), as
+Kueue refuses a workload no flavor can ever hold:
+
+- a job none of whose requirements fits any GPU type (a configuration never
+  mixes types, §3.4) is ``unschedulable``, naming its smallest requirement
+  and the most GPUs one type holds;
+- a model no node can run is ``invalid`` when every node names the models it
+  can run (emulated executors do; real ones run any command).
+
+With no node registered yet (a cluster starting) nothing can be judged and
+the job is admitted; the leader holds it as unschedulable until it fits.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import msgspec
 
-from shared.ids import JobId
+from shared.ids import GpuType, JobId
 from shared.job import JobSpec
-from shared.records import JobRecord
+from shared.records import JobRecord, NodeRecord
+from shared.wire import INVALID
 
 MAX_ID_LENGTH = 128
 MAX_GPUS = 4096
 NOT_FOUND = "not_found"
 CONFLICT = "conflict"
+UNSCHEDULABLE = "unschedulable"
 _ID = re.compile(r"[A-Za-z0-9_=-]+")
 
 
@@ -79,4 +95,45 @@ def cancel_refusal(job_id: JobId, record: JobRecord | None) -> Refusal | None:
         return Refusal(NOT_FOUND, f"no job {job_id}")
     if record.final:
         return Refusal(CONFLICT, f"job {job_id} is {record.phase} already")
+    return None
+
+
+def type_capacity(nodes: Iterable[NodeRecord]) -> dict[GpuType, int]:
+    """GPUs of each type over ``nodes``."""
+    out: dict[GpuType, int] = {}
+    for n in nodes:
+        out[n.server.gpu_type] = out.get(n.server.gpu_type, 0) + n.server.gpus
+    return out
+
+
+def unfit(spec: JobSpec, capacity: dict[GpuType, int], r_num: int) -> str | None:
+    """Why no requirement of ``spec`` fits ``capacity`` (GPUs per type), or
+    ``None`` when one does (or nothing is known of the cluster yet)."""
+    if not capacity:
+        return None
+    smallest = spec.requirement_set(r_num)[0]
+    most = max(capacity.values())
+    if smallest <= most:
+        return None
+    types = ", ".join(f"{g} {t}" for t, g in sorted(capacity.items()))
+    return (
+        f"the job needs at least {smallest} GPUs of one type, but the cluster holds at most "
+        f"{most} GPUs of one type ({types})"
+    )
+
+
+def fit_refusal(spec: JobSpec, nodes: Iterable[NodeRecord], r_num: int) -> Refusal | None:
+    """Whether the registered ``nodes`` could ever run ``spec`` (see the module docstring)."""
+    nodes = list(nodes)
+    problem = unfit(spec, type_capacity(nodes), r_num)
+    if problem is not None:
+        return Refusal(UNSCHEDULABLE, f"job {spec.id} can never run here: {problem}")
+    if nodes and all(n.models for n in nodes):
+        known = sorted({m for n in nodes for m in n.models})
+        if spec.model not in known:
+            return Refusal(
+                INVALID,
+                f"model {spec.model!r} cannot run on this cluster, whose nodes emulate "
+                f"only these models: {', '.join(known)}",
+            )
     return None

@@ -6,7 +6,9 @@ The leader builds a snapshot the way the simulator does
 
 - the cluster is the *alive* nodes of ``hops_nodes``, ordered by
   ``(order, id)`` (adjacency follows that order, §3.4);
-- every job that is not final becomes a :class:`JobState`: ``submitted`` and
+- every job that is not final becomes a :class:`JobState`, but a queued
+  job that fits no GPU type of the alive nodes (it is held, reason
+  ``unschedulable``, and waits for capacity to return): ``submitted`` and
   ``profiling`` jobs are ``profiling`` with the alive GPU types they still
   need (types profiled, being profiled or given up are left out, see
   :class:`~.live_round.Inflight`), and so is a job
@@ -38,9 +40,10 @@ from typing import NamedTuple
 
 import msgspec
 
+from services.scheduler.live_admission import type_capacity, unfit
 from services.scheduler.live_round import Inflight
 from services.scheduler.live_state import PROFILING_PHASES, Facts, LiveJobRecord
-from services.scheduler.planner import HopsSettings
+from services.scheduler.planner import R_NUM, HopsSettings
 from services.scheduler.priorities import job_facts, latency_ratio, priority_fn, queue_priorities
 from services.scheduler.window import QueueEntry as WindowEntry
 from services.scheduler.window import order_queue, service_window
@@ -138,16 +141,18 @@ def build_snapshot(
     inflight: Inflight,
     first_plan: bool,
     starts_run: bool = True,
+    r_num: int = R_NUM,
 ) -> Built:
     """See the module docstring; with ``starts_run`` false (the queue view),
     a job whose start is in flight is still queued, as its record says."""
     cluster = cluster_of(nodes)
+    capacity = type_capacity(n for n in nodes if n.alive)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
     jobs: list[JobState] = []
     sticky: dict[JobId, Configuration] = {}
     for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id)):
-        if rec.final:
-            continue
+        if rec.final or (rec.phase == "queued" and unfit(rec.spec, capacity, r_num)):
+            continue  # held: it fits no alive GPU type (live_state.hold)
         job = _job(
             now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan,
             starts_run,
@@ -171,8 +176,20 @@ def build_snapshot(
         estimates={k: v for k, v in estimates.items() if k in planned},
         held=capped,
         first_plan=first_plan,
+        profiling_held=_profiling_held(cluster, allocs, inflight),
     )
     return Built(snapshot, sticky)
+
+
+def _profiling_held(
+    cluster: Cluster, allocs: Mapping[JobId, Placement], inflight: Inflight
+) -> dict[ServerId, int]:
+    """GPUs of profiling runs, booked or still in flight, per alive server."""
+    out: Counter[ServerId] = inflight.unbooked_profiling(allocs)
+    for alloc in allocs.values():
+        if alloc.mode == "profile":
+            out.update(alloc.configuration.as_dict())
+    return {s.id: min(s.gpus, out[s.id]) for s in cluster.servers if out.get(s.id, 0) > 0}
 
 
 def _job(

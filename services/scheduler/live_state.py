@@ -26,6 +26,13 @@ and ``job_resized`` (where the placer knows it) and ``total_samples`` on
 ``restarts`` counts the checkpoint-restarts: every start after the first and
 every resize. A ``job_started`` or ``job_stopped`` while the job is still
 being profiled belongs to a profiling run and changes no phase.
+
+``reason`` says why a job waits or ended (a stop's reason, a failure's) and
+is cleared when it starts. A queued job that fits no GPU type of the alive
+nodes is *held*: reason ``unschedulable: ...``, in no plan, until capacity
+returns (:func:`hold`). While a job runs, the leader writes the progress its
+heartbeats report into ``samples_done`` (:func:`with_progress`), so what a
+client reads is current.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from shared.job import JobSpec
 from shared.records import JobPhase, JobRecord
 
 PROFILING_PHASES: frozenset[str] = frozenset({"submitted", "profiling"})
+UNSCHEDULABLE = "unschedulable"  # the reason of a job held out of every plan
 
 
 class LiveJobRecord(JobRecord, frozen=True, kw_only=True):
@@ -206,6 +214,27 @@ def promote(rec: LiveJobRecord, required: frozenset[GpuType], now: float) -> Liv
     return msgspec.structs.replace(rec, phase="queued", since=max(now, rec.since))
 
 
+def hold(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
+    """A waiting job that fits no alive GPU type (``problem`` says why) is
+    held with the reason ``unschedulable: ...``, and released when it fits
+    again (``problem`` None); ``None`` when nothing changes."""
+    if rec.phase != "queued":
+        return None
+    reason = f"{UNSCHEDULABLE}: {problem}" if problem is not None else ""
+    if reason == rec.reason or (not reason and not rec.reason.startswith(UNSCHEDULABLE)):
+        return None
+    return msgspec.structs.replace(rec, reason=reason)
+
+
+def with_progress(rec: LiveJobRecord, progress: float) -> LiveJobRecord | None:
+    """A running job's record with the progress its heartbeats reported
+    (``None`` when that is not more than the record has)."""
+    done = min(float(rec.spec.total_samples), progress)
+    if rec.phase != "running" or done <= rec.samples_done:
+        return None
+    return msgspec.structs.replace(rec, samples_done=done)
+
+
 def mark_profiling(rec: LiveJobRecord) -> LiveJobRecord | None:
     """A submitted job that a plan sends to profiling → ``profiling``."""
     return _set_phase(rec, "profiling") if rec.phase == "submitted" else None
@@ -231,6 +260,7 @@ def _started(
         configuration=config,
         first_start=at if first else rec.first_start,
         restarts=rec.restarts + (1 if resized or not first else 0),
+        reason="",  # why it waited is over
         samples_done=min(
             float(rec.spec.total_samples), max(rec.samples_done, facts.progress, resumed)
         ),

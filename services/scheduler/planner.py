@@ -19,23 +19,18 @@ from typing import Literal
 
 import msgspec
 
-from services.scheduler.candidates import (
-    distributed_allowed,
-    is_high_sensitivity,
-    largest_servers,
-)
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
 from services.scheduler.priorities import priority_fn, queue_priorities, weights
-from services.scheduler.profiling import plan_profiling
+from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.steady import Room, keep_in_place, unplaceable, without
 from services.scheduler.window import (
     QueueEntry,
     order_queue,
     sensitivity_adjustment,
     service_window,
 )
-from shared.cluster import Cluster
-from shared.estimate import JobEstimate, job_sensitivity, sensitivity
-from shared.ids import GpuType, JobId, ServerId
+from shared.estimate import job_sensitivity, sensitivity
+from shared.ids import JobId, ServerId
 from shared.snapshot import (
     Assignment,
     JobState,
@@ -45,6 +40,9 @@ from shared.snapshot import (
     Snapshot,
 )
 
+# R_num of §2.2: requirements a min/max range is turned into.
+R_NUM = 8
+
 
 class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Operator knobs. ``lam`` is Eq. (11)'s lambda (``inf`` = greedy order)."""
@@ -52,7 +50,7 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     priority: str = "lr"
     lam: float = 1.0
     sigma: float = 1.4
-    r_num: int = 8
+    r_num: int = R_NUM
     mip_rel_gap: float = 0.01
     time_limit_s: float = 10.0
     # A start within accept_gap of the LP bound is accepted without branch
@@ -62,6 +60,8 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     direct_max_columns: int = 5000
     max_fill_passes: int = 4
     profile_gpus: int = 1
+    profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
+    profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
     # Share of a round a configuration change costs (checkpoint-restart over
     # round length): options that would restart a job weigh this much less,
     # so a job is moved only when the new placement pays for the restart.
@@ -98,10 +98,16 @@ class HopsPolicy:
         self._priority = priority_fn(self.settings.priority)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        profiling, free = plan_profiling(
-            snapshot.jobs, snapshot.cluster, snapshot.free_gpus(), self.settings.profile_gpus
+        profiling, free = profile_first(
+            snapshot,
+            self.settings.profile_gpus,
+            self.settings.profile_share,
+            self.settings.profile_preempt,
         )
+        left_out = unplaceable(snapshot, free, self.settings.r_num, self.settings.sigma)
+        snapshot = without(snapshot, left_out)
         queue = self._queue(snapshot)
+        pool = dict(free)  # what the passes share
         assignments: list[Assignment] = []
         passes: list[PassStats] = []
         admitted: list[JobId] = []
@@ -125,8 +131,13 @@ class HopsPolicy:
             chosen = {c.job_id for c in result.choices}
             pending = [j for j in pending if j not in chosen]
             kind = "fill"
+        if snapshot.first_plan:
+            assignments = keep_in_place(
+                assignments, queue.jobs, snapshot.estimates, snapshot.cluster, pool
+            )
         reasons = PlanReasons(
             policy=self.name,
+            unplaceable=left_out,
             priorities=queue.priorities,
             window=first_window,
             admitted_by_adjustment=tuple(admitted),
@@ -168,7 +179,7 @@ class HopsPolicy:
         # A fragment plan's window skips jobs that no configuration on these
         # GPUs could serve: they cannot use the fragments, and letting them
         # fill the window would block the jobs behind them for nothing.
-        room = _Room(snapshot.cluster, free)
+        room = Room(snapshot.cluster, free)
         usable = [
             e
             for e in entries
@@ -211,31 +222,6 @@ class HopsPolicy:
             current=job.current,
             switch_factor=1.0 - self.settings.reconfig_cost,
         )
-
-
-class _Room:
-    """The idle GPUs of a pass per type: the most on one server and the total."""
-
-    def __init__(self, cluster: Cluster, free: Mapping[ServerId, int]) -> None:
-        self.largest = largest_servers(cluster)
-        self.most: dict[GpuType, int] = {}
-        self.total: dict[GpuType, int] = {}
-        for s in cluster.servers:
-            g = free.get(s.id, 0)
-            self.most[s.gpu_type] = max(self.most.get(s.gpu_type, 0), g)
-            self.total[s.gpu_type] = self.total.get(s.gpu_type, 0) + g
-
-    def admits(self, reqs: Sequence[int], est: JobEstimate, sigma: float) -> bool:
-        """Whether configuration generation (§3.6) could give the job anything here."""
-        for t in est.by_type:
-            high = is_high_sensitivity({}, est, t, sigma)
-            for r in reqs:
-                if r <= self.most.get(t, 0):
-                    return True
-                spread = distributed_allowed(reqs, r, high, self.largest.get(t, 0))
-                if spread and r <= self.total.get(t, 0):
-                    return True
-        return False
 
 
 def _stats(kind: Literal["first", "fill"], considered: int, r: PassResult) -> PassStats:

@@ -34,6 +34,7 @@ from structlog.contextvars import bound_contextvars
 from services.runtime.bus import publish_event, request
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
+from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
 from services.scheduler.live_kv import decode_all, get_record, read_bucket
@@ -310,6 +311,7 @@ class Leader:
                 self.inflight,
                 True,
                 starts_run=False,  # listed as queued until the placer starts it
+                r_num=self.settings.policy.r_num,
             ).snapshot
             policy, holder = self.settings.policy, self.lease.holder
             return snap.queue_view(snapshot, records, policy, holder, self.term)
@@ -324,15 +326,14 @@ class Leader:
         allocs = await self._allocs()
         cluster = snap.cluster_of(self.nodes)
         self.inflight.settle({k: r for k, (r, _) in self.records.items()}, allocs, now)
-        for job_id in list(self.records):
-            need = self._facts(job_id).required
-            await self._update(job_id, functools.partial(st.promote, required=need, now=now))
+        await self._refresh_records(now)
         records = {k: r for k, (r, _) in self.records.items()}
         self.progress = {k: p for k, p in self.progress.items() if k in records}
         estimates = await self._estimates(records, cluster)
         first = due != "fill"
         built = snap.build_snapshot(
-            now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first
+            now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
+            r_num=self.settings.policy.r_num,
         )
         self.allocs = allocs  # the queue view's, until the next plan or refresh
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
@@ -352,6 +353,21 @@ class Leader:
         else:  # nothing fits the idle GPUs: no news for the placer
             self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
         self.clock.done(due, now)
+
+    async def _refresh_records(self, now: float) -> None:
+        """Before a plan: jobs whose profiles now cover the alive types are
+        queued, jobs that no longer (or again) fit the alive nodes are held
+        (or released), and running jobs' records take their heartbeats'
+        progress (see :mod:`.live_state`)."""
+        capacity = adm.type_capacity(n for n in self.nodes if n.alive)
+        r_num = self.settings.policy.r_num
+        for job_id in list(self.records):
+            need = self._facts(job_id).required
+            await self._update(job_id, functools.partial(st.promote, required=need, now=now))
+            problem = adm.unfit(self.records[job_id][0].spec, capacity, r_num)
+            await self._update(job_id, functools.partial(st.hold, problem=problem))
+            if (progress := self.progress.get(job_id)) is not None:
+                await self._update(job_id, functools.partial(st.with_progress, progress=progress))
 
     async def _publish(self, plan: Plan, first: bool, now: float) -> None:
         if not self.lease.is_leader(time.time()):

@@ -61,7 +61,7 @@ from services.scheduler.baselines.gavel_rounds import (
 )
 from services.scheduler.ilp import MipOptions
 from services.scheduler.priorities import priority_fn, queue_priorities, weights
-from services.scheduler.profiling import plan_profiling
+from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
@@ -82,6 +82,8 @@ class GavelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     time_limit_s: float = 10.0
     threads: int = 1
     profile_gpus: int = 1
+    profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
+    profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
 
 
 class GavelRound(msgspec.Struct, frozen=True):
@@ -111,8 +113,11 @@ class GavelPolicy:
 
     def decide(self, snapshot: Snapshot) -> GavelRound:
         """:meth:`plan` with its workings, for tests and logs."""
-        profiling, free = plan_profiling(
-            snapshot.jobs, snapshot.cluster, snapshot.free_gpus(), self.settings.profile_gpus
+        profiling, free = profile_first(
+            snapshot,
+            self.settings.profile_gpus,
+            self.settings.profile_share,
+            self.settings.profile_preempt,
         )
         if not snapshot.first_plan:
             return GavelRound(Plan(profiling=tuple(profiling), reasons=PlanReasons(self.name)))

@@ -72,7 +72,7 @@ from services.scheduler.ilp import (
     solve_relaxation_duals,
 )
 from services.scheduler.priorities import priority_fn, queue_priorities
-from services.scheduler.profiling import plan_profiling
+from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
@@ -102,6 +102,8 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     time_limit_s: float = 300.0
     threads: int = 1
     profile_gpus: int = 1
+    profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
+    profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
     # HiGHS's starting solution: the search of :mod:`.sia_start` ("search"),
     # or the LP optimum rounded down ("rounded-lp"), from which HiGHS takes
     # about twice as long on the same ILPs (docs/performance.md). Either way
@@ -198,8 +200,11 @@ class SiaPolicy:
         self._priority = priority_fn(self.settings.priority)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        profiling, free = plan_profiling(
-            snapshot.jobs, snapshot.cluster, snapshot.free_gpus(), self.settings.profile_gpus
+        profiling, free = profile_first(
+            snapshot,
+            self.settings.profile_gpus,
+            self.settings.profile_share,
+            self.settings.profile_preempt,
         )
         if not snapshot.first_plan:
             return Plan((), tuple(profiling), PlanReasons(policy=self.name))
