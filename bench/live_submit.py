@@ -20,6 +20,7 @@ which includes starting the emulated job processes).
 
     .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 8,32] [--kills 3]
         [--round-jobs 6]
+    .venv/bin/python bench/live_submit.py --burst 500 [--long 8]   (bench/live_burst.py)
 
 Prints a table; nothing is written.
 """
@@ -345,7 +346,16 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=3, help="emulated jobs to SIGKILL (0: skip)")
     ap.add_argument("--round-jobs", type=int, default=6,
                     help="jobs started by the measured rounds (0: skip)")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="only the burst scenario: this many submissions while long jobs run")
+    ap.add_argument("--long", type=int, default=8, help="long 4-GPU jobs running in the burst")
     args = ap.parse_args()
+    if args.burst:
+        from bench.live_burst import run_burst  # it imports this module's helpers
+
+        configure_logging("bench", "warning", stream=sys.stderr)
+        run_burst(args.burst, args.long)
+        return 0
     concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
     configure_logging("bench", "warning", stream=sys.stderr)
     if args.jobs:

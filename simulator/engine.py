@@ -23,6 +23,7 @@ from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import EstimatorSettings, estimate_job
 from services.scheduler.fairness import raqlr
 from services.scheduler.policy import Policy
+from services.scheduler.profiling import busy_types, queue_without
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -221,11 +222,29 @@ class Simulation:
         horizon = self.now - self.settings.raqlr_window_h * 3600.0
         return self.finished[bisect.bisect_left(self.finished, (horizon, -math.inf)):]
 
+    def _queue_without_busy_types(self, active: Sequence[JobRecord]) -> None:
+        """Jobs waiting for a profile only on types every GPU of which runs a
+        job join the queue with the profiles they have (profiling.py)."""
+        busy = busy_types(self.cluster, self.occ.jobs)
+        in_flight = {p.job_id for p in self.profiling}
+        for rec in active:
+            if rec.phase != "profiling":
+                continue
+            supported = {
+                t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
+            }
+            profiled = supported - rec.unprofiled
+            if queue_without(profiled, rec.unprofiled, busy, rec.id in in_flight):
+                rec.unprofiled = set()
+                rec.phase = "queued"
+                rec.profile_end = self.now
+
     def _plan(self, first: bool) -> float:
         """Call the policy and apply its plan; returns the planner's time."""
         active = list(self.live.values())
         if not active:
             return 0.0
+        self._queue_without_busy_types(active)
         held = dict(self.occ.profiling)
         if not first:
             for sid, g in self.occ.jobs.items():

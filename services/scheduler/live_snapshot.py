@@ -45,6 +45,7 @@ from services.scheduler.live_round import Inflight
 from services.scheduler.live_state import PROFILING_PHASES, Facts, LiveJobRecord
 from services.scheduler.planner import R_NUM, HopsSettings
 from services.scheduler.priorities import job_facts, latency_ratio, priority_fn, queue_priorities
+from services.scheduler.profiling import busy_types
 from services.scheduler.window import QueueEntry as WindowEntry
 from services.scheduler.window import order_queue, service_window
 from shared.cluster import Cluster, GpuTypeSpec
@@ -66,6 +67,15 @@ def cluster_of(nodes: Iterable[NodeRecord], name: str = "live") -> Cluster:
     return Cluster(
         gpu_types=tuple(types.values()), servers=tuple(n.server for n in alive), name=name
     )
+
+
+def busy_types_of(cluster: Cluster, allocs: Mapping[JobId, Placement]) -> frozenset[GpuType]:
+    """The alive GPU types every GPU of which a running job has booked."""
+    running: Counter[ServerId] = Counter()
+    for alloc in allocs.values():
+        if alloc.mode == "run":
+            running.update(alloc.configuration.as_dict())
+    return busy_types(cluster, running)
 
 
 def server_types(nodes: Iterable[NodeRecord]) -> dict[ServerId, GpuType]:

@@ -11,6 +11,10 @@ from taking the cluster over (the paper is silent on bursts):
   where a new job may take a running job's GPU at a round boundary, is the
   setting ``preempt`` (:data:`PROFILE_PREEMPT`); it still takes idle GPUs
   first. docs/results.md measures both;
+- a job is not kept waiting for a profile on a GPU type every GPU of which
+  trains a running job (:func:`busy_types`): once profiled on some type and
+  with no run in flight, it joins the queue and is planned on the types it
+  was profiled on (the live leader and the simulator apply this);
 - profiling runs hold at most a share of each GPU type at a time
   (:data:`PROFILE_SHARE`, and never less than the type's largest server),
   counting the runs still in progress (``Snapshot.profiling_held``).
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 import msgspec
 
@@ -51,6 +55,25 @@ def profiling_budget(
         used = sum(profiling_held.get(s.id, 0) for s in servers)
         budget[t.name] = max(0, cap - used)
     return budget
+
+
+def busy_types(cluster: Cluster, running: Mapping[ServerId, int]) -> frozenset[GpuType]:
+    """GPU types every GPU of which a running job holds (``running``: GPUs
+    per server): a profile there waits as long as those jobs run."""
+    return frozenset(
+        t.name
+        for t in cluster.gpu_types
+        if all(running.get(s.id, 0) >= s.gpus for s in cluster.servers_of_type(t.name))
+    )
+
+
+def queue_without(
+    profiled: Set[GpuType], unprofiled: Set[GpuType], busy: Set[GpuType], in_flight: bool
+) -> bool:
+    """Whether a job still to profile on ``unprofiled`` joins the queue with
+    the profiles it has: some type profiled, nothing in flight, and every
+    type it lacks busy (see the module docstring)."""
+    return bool(profiled) and not in_flight and bool(unprofiled) and unprofiled <= busy
 
 
 def idle_gpus(snapshot: Snapshot) -> dict[ServerId, int]:

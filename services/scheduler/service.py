@@ -37,6 +37,7 @@ from services.runtime.service import ServiceContext
 from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
+from services.scheduler import profiling
 from services.scheduler.live_kv import decode_all, get_record, read_bucket
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
@@ -326,7 +327,7 @@ class Leader:
         allocs = await self._allocs()
         cluster = snap.cluster_of(self.nodes)
         self.inflight.settle({k: r for k, (r, _) in self.records.items()}, allocs, now)
-        await self._refresh_records(now)
+        await self._refresh_records(now, allocs, snap.cluster_of(self.nodes))
         records = {k: r for k, (r, _) in self.records.items()}
         self.progress = {k: p for k, p in self.progress.items() if k in records}
         estimates = await self._estimates(records, cluster)
@@ -354,15 +355,26 @@ class Leader:
             self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
         self.clock.done(due, now)
 
-    async def _refresh_records(self, now: float) -> None:
-        """Before a plan: jobs whose profiles now cover the alive types are
-        queued, jobs that no longer (or again) fit the alive nodes are held
-        (or released), and running jobs' records take their heartbeats'
-        progress (see :mod:`.live_state`)."""
+    async def _refresh_records(
+        self, now: float, allocs: dict[JobId, Placement], cluster: Cluster
+    ) -> None:
+        """Before a plan: jobs whose profiles now cover the alive types (but
+        those every GPU of which runs a job, :func:`.profiling.busy_types`)
+        are queued, jobs that no longer (or again) fit the alive nodes are
+        held (or released), and running jobs' records take their
+        heartbeats' progress (see :mod:`.live_state`)."""
         capacity = adm.type_capacity(n for n in self.nodes if n.alive)
+        busy = snap.busy_types_of(cluster, allocs)
         r_num = self.settings.policy.r_num
         for job_id in list(self.records):
             need = self._facts(job_id).required
+            rec = self.records[job_id][0]
+            in_flight = bool(self.inflight.profiling_types(job_id)) or (
+                job_id in allocs and allocs[job_id].mode == "profile"
+            )
+            lacking = need - set(rec.profiled)
+            if profiling.queue_without(set(rec.profiled) & need, lacking, busy, in_flight):
+                need = need - lacking
             await self._update(job_id, functools.partial(st.promote, required=need, now=now))
             problem = adm.unfit(self.records[job_id][0].spec, capacity, r_num)
             await self._update(job_id, functools.partial(st.hold, problem=problem))
