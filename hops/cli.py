@@ -223,13 +223,18 @@ def submit(
 @app.command()
 def jobs(
     phase: Annotated[str | None, typer.Option(help="only jobs in this phase")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs")] = None,
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="show at most this many (default: every job, page after page)"
+    )] = None,
     gateway: GatewayOpt = DEFAULT_GATEWAY,
     as_json: JsonOpt = False,
 ) -> None:
     """List the jobs the scheduler knows, oldest first."""
-    from hops.client import render_jobs
+    from hops.client import JobsQuery, render_jobs
 
-    body = _gateway_call(gateway, lambda c: c.jobs(phase))
+    query = JobsQuery(phase=phase, tenant=tenant, limit=limit)
+    body = _gateway_call(gateway, lambda c: c.jobs(query))
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs(body))
 
 
