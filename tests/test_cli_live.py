@@ -126,7 +126,8 @@ def test_submit_stops_on_a_bad_jobs_file(tmp_path: Path) -> None:
     bad = tmp_path / "jobs.yaml"
     bad.write_text("jobs:\n  - {id: a, model: m}\n")
     result = hops("submit", str(bad), gateway="http://127.0.0.1:1")
-    assert result.exit_code == 2 and "jobs.yaml" in result.output
+    assert result.exit_code == 1 and "jobs.yaml: jobs[0] (id 'a'), field " in result.output
+    assert "nothing sent" in result.output
 
 
 def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
