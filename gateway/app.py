@@ -36,6 +36,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import pages, views
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
@@ -75,6 +76,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.add_exception_handler(nats.errors.Error, _nats_failure)
     app.add_exception_handler(RequestValidationError, _bad_parameter)
+    app.add_exception_handler(StarletteHTTPException, _http_failure)
     _submit_route(app, settings.max_body)
     _job_routes(app)
     _cluster_routes(app)
@@ -224,7 +226,15 @@ def _cluster_routes(app: FastAPI) -> None:
 async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:
     """A KV read that failed on NATS (e.g. while reconnecting): 503, not 500."""
     _bus(request).log.warning("nats failure", path=request.url.path, error=repr(exc))
-    return _failure(503, views.UNAVAILABLE, f"NATS: {type(exc).__name__}: {exc}")
+    return _failure(503, views.UNAVAILABLE, views.nats_error(exc))
+
+
+async def _http_failure(request: Request, exc: Exception) -> JSONResponse:
+    """A path or method the gateway does not serve: the gateway's error
+    shape and a sentence, rather than Starlette's ``{"detail": ...}``."""
+    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+    error = views.route_error(status, request.method, request.url.path)
+    return _failure(status, views.code_of_status(status), error)
 
 
 async def _bad_parameter(_request: Request, exc: Exception) -> JSONResponse:

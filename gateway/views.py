@@ -94,6 +94,27 @@ def too_large_error(size: int | None, limit: int) -> str:
     return f"request body of {size} bytes is larger than the limit of {limit} bytes"
 
 
+def nats_error(exc: Exception) -> str:
+    """Why a read of NATS failed, as a sentence (nats-py's texts are terse,
+    e.g. ``nats: timeout``, and some exceptions have none)."""
+    detail = str(exc).removeprefix("nats: ").strip() or type(exc).__name__
+    return f"the gateway could not read from NATS ({detail}); try again once NATS is back"
+
+
+def route_error(status: int, method: str, path: str) -> str:
+    """Why the gateway refused a request before any endpoint ran."""
+    if status == 404:
+        return f"the gateway has no endpoint {path} (its endpoints are listed at /docs)"
+    if status == 405:
+        return f"{path} does not accept {method} (its methods are listed at /docs)"
+    return f"the gateway could not serve {method} {path} (HTTP {status})"
+
+
+def code_of_status(status: int) -> str:
+    """The error code of a status the gateway answers without a reply."""
+    return {404: NOT_FOUND, 405: "method_not_allowed"}.get(status, INVALID)
+
+
 def parameter_error(errors: Sequence[Mapping[str, Any]]) -> str:
     """One sentence for the first parameter FastAPI refused, e.g.
     ``limit=0 is invalid: input should be greater than or equal to 1``."""

@@ -48,6 +48,10 @@ class GatewayError(Exception):
         self.status = status
         self.code = code
 
+    @classmethod
+    def of(cls, response: httpx.Response, body: Mapping[str, Any]) -> GatewayError:
+        return cls(response.status_code, str(body.get("code", "")), _error_text(response, body))
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -99,9 +103,7 @@ class GatewayClient:
         response = self._call("GET", path, params=params)
         body = _json(response)
         if response.status_code != 200:
-            raise GatewayError(
-                response.status_code, str(body.get("code", "")), str(body.get("error", body))
-            )
+            raise GatewayError.of(response, body)
         return body
 
     def submit(self, spec: JobSpec) -> Answer:
@@ -153,11 +155,27 @@ class GatewayClient:
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
+    """The body as a gateway writes it; anything else (an HTML error page, a
+    JSON value of another shape) becomes an ``error`` that says so in one
+    sentence instead of being printed as it came."""
     try:
         body = response.json()
     except ValueError:
-        return {"error": response.text[:500] or response.reason_phrase}
-    return body if isinstance(body, dict) else {"value": body}
+        body = None
+    if isinstance(body, dict) and (response.is_success or isinstance(body.get("error"), str)):
+        return body
+    if response.is_success:
+        raise GatewayError(response.status_code, "", f"{response.url} {_NOT_A_GATEWAY}")
+    return {**(body if isinstance(body, dict) else {}), "error": _error_text(response, {})}
+
+
+_NOT_A_GATEWAY = "answered with something a Hops gateway never sends; is it the gateway's address?"
+
+
+def _error_text(response: httpx.Response, body: Mapping[str, Any]) -> str:
+    if isinstance(body.get("error"), str) and body["error"]:
+        return str(body["error"])
+    return f"{response.url} {_NOT_A_GATEWAY}"
 
 
 # --- renderings ------------------------------------------------------------------
@@ -169,7 +187,7 @@ def render_answer(what: str, answer: Answer, verb: str = "accepted") -> str:
         return f"{what}: {verb}"
     code = answer.body.get("code", "")
     error = answer.body.get("error", "")
-    return f"{what}: rejected ({answer.status} {code}): {error}"
+    return f"{what}: rejected ({answer.status}{f' {code}' if code else ''}): {error}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
