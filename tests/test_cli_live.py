@@ -309,6 +309,21 @@ def test_a_submitted_job_is_profiled_runs_and_finishes(stack: Stack) -> None:
 
 
 @needs_stack
+def test_every_line_the_services_write_is_json(stack: Stack) -> None:
+    """After the scheduler has planned (the job above ran), the log of every
+    service holds JSON objects only: no solver banner, no plain warning."""
+    for name in ("scheduler", "estimator", "profiler", "placer", "monitor", "gateway"):
+        log = stack.data_dir / "logs" / f"{name}.log"
+        lines = log.read_text(errors="replace").splitlines()
+        assert lines, name
+        for line in lines:
+            try:
+                assert isinstance(json.loads(line), dict), line
+            except json.JSONDecodeError:
+                pytest.fail(f"{log.name}: not a JSON line: {line!r}")
+
+
+@needs_stack
 def test_the_monitor_serves_metrics(stack: Stack) -> None:
     def metrics() -> str:
         try:
