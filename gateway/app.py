@@ -78,6 +78,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _bad_parameter)
     app.add_exception_handler(StarletteHTTPException, _http_failure)
     _submit_route(app, settings.max_body)
+    _list_route(app)
     _job_routes(app)
     _cluster_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -131,7 +132,7 @@ def _submit_route(app: FastAPI, limit: int) -> None:
         return _json(status, views.reply_body(reply), headers)
 
 
-def _job_routes(app: FastAPI) -> None:
+def _list_route(app: FastAPI) -> None:
     @app.get(
         "/jobs",
         summary="Jobs, a page at a time",
@@ -166,6 +167,8 @@ def _job_routes(app: FastAPI) -> None:
         records = await _bus(request).jobs()
         return _json(200, views.jobs_view(records, query))
 
+
+def _job_routes(app: FastAPI) -> None:
     @app.get("/jobs/{job_id}", summary="One job", responses={404: {"description": "no such job"}})
     async def get_job(request: Request, job_id: str) -> JSONResponse:
         record = await _bus(request).job(job_id)
