@@ -6,7 +6,9 @@ endpoint                     does                                          answe
 ``POST /jobs``               forwards the body, as it came, to             201 ``{job_id}``;
                              ``hops.v1.jobs.submit`` (a JobSpec or a       400/422/409/413/503
                              ``submit_job``)
-``GET /jobs[?phase=P]``      every ``hops_jobs`` record (of phase P)       200 ``{jobs, count}``
+``GET /jobs``                a page of ``hops_jobs`` records, oldest       200 ``{jobs, count,
+                             first; ``phase``, ``tenant``, ``limit``       total, next_cursor}``;
+                             (100, at most 1000), ``cursor``               400
 ``GET /jobs/{id}``           one record                                    200, 404
 ``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 404, 409, 503
 ``GET /queue``               the scheduler leader's ``QueueView``          200, 503
@@ -26,21 +28,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import nats.errors
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import views
+from gateway import pages, views
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
 from gateway.settings import GatewaySettings
 from services.runtime.bus import nats_status
 from shared import subjects
-from shared.events import TOO_LARGE, SubmitJob
+from shared.events import INVALID, TOO_LARGE, SubmitJob
 from shared.job import JobSpec
+from shared.records import JobRecord
 from shared.subjects import SubjectError, check_token
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -70,7 +75,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.add_exception_handler(nats.errors.Error, _nats_failure)
+    app.add_exception_handler(RequestValidationError, _bad_parameter)
+    app.add_exception_handler(StarletteHTTPException, _http_failure)
     _submit_route(app, settings.max_body)
+    _list_route(app)
     _job_routes(app)
     _cluster_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -124,16 +132,43 @@ def _submit_route(app: FastAPI, limit: int) -> None:
         return _json(status, views.reply_body(reply), headers)
 
 
-def _job_routes(app: FastAPI) -> None:
-    @app.get("/jobs", summary="All jobs (optionally of one phase)")
-    async def list_jobs(request: Request, phase: str | None = None) -> JSONResponse:
+def _list_route(app: FastAPI) -> None:
+    @app.get(
+        "/jobs",
+        summary="Jobs, a page at a time",
+        description=(
+            "Oldest submission first (ties by job id), at most `limit` jobs; follow "
+            "`next_cursor` until it is null to see every job. The cursor is opaque and "
+            "stable: a job submitted meanwhile is listed once, on a later page."
+        ),
+        responses={200: _json_response("One page of jobs", "JobPage"),
+                   400: _json_response("invalid phase, limit or cursor", "Error")},
+    )
+    async def list_jobs(
+        request: Request,
+        phase: Annotated[str | None, Query(
+            description="only jobs in this phase", json_schema_extra={"enum": list(views.PHASES)}
+        )] = None,
+        tenant: Annotated[str | None, Query(description="only this tenant's jobs")] = None,
+        limit: Annotated[int, Query(
+            ge=1, le=pages.MAX_LIMIT, description="jobs per page"
+        )] = pages.DEFAULT_LIMIT,
+        cursor: Annotated[str | None, Query(
+            description="`next_cursor` of the previous page"
+        )] = None,
+    ) -> JSONResponse:
         try:
-            chosen = views.check_phase(phase)
+            query = pages.JobQuery(
+                phase=views.check_phase(phase), tenant=tenant, limit=limit,
+                after=pages.Cursor.decode(cursor) if cursor is not None else None,
+            )
         except ValueError as e:
-            return _failure(400, "invalid", str(e))
+            return _failure(400, INVALID, str(e))
         records = await _bus(request).jobs()
-        return _json(200, views.jobs_view(records, chosen))
+        return _json(200, views.jobs_view(records, query))
 
+
+def _job_routes(app: FastAPI) -> None:
     @app.get("/jobs/{job_id}", summary="One job", responses={404: {"description": "no such job"}})
     async def get_job(request: Request, job_id: str) -> JSONResponse:
         record = await _bus(request).job(job_id)
@@ -194,7 +229,22 @@ def _cluster_routes(app: FastAPI) -> None:
 async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:
     """A KV read that failed on NATS (e.g. while reconnecting): 503, not 500."""
     _bus(request).log.warning("nats failure", path=request.url.path, error=repr(exc))
-    return _failure(503, views.UNAVAILABLE, f"NATS: {type(exc).__name__}: {exc}")
+    return _failure(503, views.UNAVAILABLE, views.nats_error(exc))
+
+
+async def _http_failure(request: Request, exc: Exception) -> JSONResponse:
+    """A path or method the gateway does not serve: the gateway's error
+    shape and a sentence, rather than Starlette's ``{"detail": ...}``."""
+    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+    error = views.route_error(status, request.method, request.url.path)
+    return _failure(status, views.code_of_status(status), error)
+
+
+async def _bad_parameter(_request: Request, exc: Exception) -> JSONResponse:
+    """A query parameter FastAPI refused (e.g. ``limit=0``): 400 in the
+    gateway's error shape with one sentence, not FastAPI's 422 list."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return _failure(400, INVALID, views.parameter_error(errors))
 
 
 def _upstream_failure(e: Exception) -> JSONResponse:
@@ -236,6 +286,11 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def _json_response(description: str, schema: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": _ref(schema)}}}
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema plus the JobSpec and SubmitJob schemas of the wire
     contract, which the submit body refers to."""
@@ -244,8 +299,25 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         _, components = msgspec.json.schema_components(
-            [JobSpec, SubmitJob], ref_template="#/components/schemas/{name}"
+            [JobSpec, SubmitJob, JobRecord], ref_template="#/components/schemas/{name}"
         )
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(components)
+        schemas["JobPage"] = pages.page_schema("#/components/schemas/JobRecord")
+        schemas["Error"] = views.ERROR_SCHEMA
+        _drop_validation_422(schema)
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def _drop_validation_422(schema: dict[str, Any]) -> None:
+    """Remove the 422 answers FastAPI documents for every route with
+    parameters: :func:`_bad_parameter` answers 400 instead."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            answer = operation.get("responses", {}).get("422", {})
+            if "HTTPValidationError" in str(answer.get("content", "")):
+                del operation["responses"]["422"]
+    schemas = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)

@@ -66,7 +66,10 @@ class GatewayBus:
         try:
             await self.nc.drain()
         except Exception:  # a connection that cannot drain is closed anyway
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except Exception as e:  # lost already (NATS down): nothing left to close
+                self.log.warning("nats connection lost at shutdown", error=repr(e))
 
     async def _request(self, subject: str, data: bytes) -> bytes:
         try:

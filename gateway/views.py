@@ -12,6 +12,7 @@ from typing import Any, get_args
 
 import msgspec
 
+from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
 
@@ -62,6 +63,19 @@ def error_body(code: str, error: str) -> dict[str, Any]:
     return {"ok": False, "code": code, "error": error}
 
 
+# The OpenAPI schema of :func:`error_body`.
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "required": ["ok", "code", "error"],
+    "properties": {
+        "ok": {"type": "boolean", "const": False},
+        "code": {"type": "string", "description": "e.g. invalid, not_found, unavailable"},
+        "error": {"type": "string", "description": "what went wrong, as a sentence"},
+    },
+}
+
+
 def declared_too_large(content_length: str | None, limit: int) -> bool:
     """Whether a ``Content-Length`` header announces more than ``limit`` bytes
     (a malformed header is left to the body read, which counts for itself)."""
@@ -74,8 +88,46 @@ def declared_too_large(content_length: str | None, limit: int) -> bool:
 
 
 def too_large_error(size: int | None, limit: int) -> str:
-    got = "more than" if size is None else f"{size} bytes,"
-    return f"request body is {got} above the limit of {limit} bytes"
+    """Why a body is refused; ``size`` is None when it came without a
+    ``Content-Length`` (chunked) and reading stopped at the limit."""
+    if size is None:
+        return f"request body is larger than the limit of {limit} bytes"
+    return f"request body of {size} bytes is larger than the limit of {limit} bytes"
+
+
+def nats_error(exc: Exception) -> str:
+    """Why a read of NATS failed, as a sentence (nats-py's texts are terse,
+    e.g. ``nats: timeout``, and some exceptions have none)."""
+    detail = str(exc).removeprefix("nats: ").strip() or type(exc).__name__
+    return f"the gateway could not read from NATS ({detail}); try again once NATS is back"
+
+
+def route_error(status: int, method: str, path: str) -> str:
+    """Why the gateway refused a request before any endpoint ran."""
+    if status == 404:
+        return f"the gateway has no endpoint {path} (its endpoints are listed at /docs)"
+    if status == 405:
+        return f"{path} does not accept {method} (its methods are listed at /docs)"
+    return f"the gateway could not serve {method} {path} (HTTP {status})"
+
+
+def code_of_status(status: int) -> str:
+    """The error code of a status the gateway answers without a reply."""
+    return {404: NOT_FOUND, 405: "method_not_allowed"}.get(status, INVALID)
+
+
+def parameter_error(errors: Sequence[Mapping[str, Any]]) -> str:
+    """One sentence for the first parameter FastAPI refused, e.g.
+    ``limit=0 is invalid: input should be greater than or equal to 1``."""
+    if not errors:
+        return "the request's parameters are invalid"
+    first = errors[0]
+    name = str(first.get("loc", ("", "parameter"))[-1])
+    message = str(first.get("msg", "invalid value"))
+    message = message[:1].lower() + message[1:]
+    if "input" not in first:
+        return f"{name} is invalid: {message}"
+    return f"{name}={first['input']!r} is invalid: {message}"
 
 
 def check_phase(phase: str | None) -> str | None:
@@ -108,11 +160,11 @@ def job_view(record: JobRecord) -> dict[str, Any]:
     return body
 
 
-def jobs_view(records: Iterable[JobRecord], phase: str | None = None) -> dict[str, Any]:
-    """The records (of ``phase``, when given), oldest submission first."""
-    chosen = [r for r in records if phase is None or r.phase == phase]
-    chosen.sort(key=lambda r: (r.submitted_at, r.job_id))
-    return {"jobs": [job_view(r) for r in chosen], "count": len(chosen)}
+def jobs_view(records: Iterable[JobRecord], query: JobQuery | None = None) -> dict[str, Any]:
+    """One page of the records that match ``query`` (:mod:`gateway.pages`)."""
+    page, total, cursor = select(records, query or JobQuery())
+    return {"jobs": [job_view(r) for r in page], "count": len(page), "total": total,
+            "next_cursor": cursor}
 
 
 def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -> dict[str, Any]:

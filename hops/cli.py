@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
 
@@ -12,6 +12,7 @@ import typer
 
 from hops.client import DEFAULT_GATEWAY, GatewayClient
 from services.scheduler.planner import HopsSettings
+from shared.job import JobSpec
 from shared.snapshot import Plan, Snapshot
 from shared.specs import SpecError
 
@@ -196,40 +197,73 @@ def _gateway_call(gateway: str, call: Callable[[GatewayClient], T]) -> T:
 @app.command()
 def submit(
     file: Annotated[Path, typer.Argument(help="jobs file (YAML, TOML or JSON)")],
+    skip_invalid: Annotated[bool, typer.Option(
+        "--skip-invalid", help="send the valid jobs even if some are invalid (still exit 1)"
+    )] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="check the whole file, send nothing"
+    )] = False,
     gateway: GatewayOpt = DEFAULT_GATEWAY,
 ) -> None:
-    """Submit every job of a jobs file; one line per job. Exit 1 if any was rejected."""
-    from hops.client import render_answer
-    from shared.specs import load_jobs
+    """Submit every job of a jobs file; one line per job.
+
+    The whole file is checked first: each invalid job gets one line (index,
+    id, field, problem) and, unless --skip-invalid, nothing is sent. Exit 1 if
+    any job was invalid or rejected, 2 if the file cannot be read."""
+    from hops.jobfile import check_jobs
 
     try:
-        specs = load_jobs(file)
+        checked = check_jobs(file)
     except SpecError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-
-    def send(client: GatewayClient) -> bool:
-        ok = True
-        for spec in specs:
-            answer = client.submit(spec)
-            typer.echo(render_answer(spec.id, answer))
-            ok = ok and answer.ok
-        return ok
-
-    if not _gateway_call(gateway, send):
+    for bad in checked.invalid:
+        typer.echo(bad.line(checked.source), err=True)
+    held = bool(checked.invalid) and not skip_invalid
+    if dry_run or held:
+        typer.echo(_nothing_sent(len(checked.valid), len(checked.invalid), dry_run), err=True)
+        raise typer.Exit(1 if checked.invalid else 0)
+    rejected = _gateway_call(gateway, lambda c: _send(c, checked.valid))
+    if checked.invalid:
+        typer.echo(f"{len(checked.invalid)} invalid jobs were not sent", err=True)
+    if rejected or checked.invalid:
         raise typer.Exit(1)
+
+
+def _nothing_sent(valid: int, invalid: int, dry_run: bool) -> str:
+    if not invalid:
+        return f"all {valid} jobs are valid; nothing sent (--dry-run)"
+    skip = "" if dry_run else f"; --skip-invalid sends the {valid} valid ones"
+    return f"{invalid} of {valid + invalid} jobs are invalid; nothing sent{skip}"
+
+
+def _send(client: GatewayClient, specs: Sequence[JobSpec]) -> int:
+    """Submit each spec, one line each; how many the scheduler rejected."""
+    from hops.client import render_answer
+
+    rejected = 0
+    for spec in specs:
+        answer = client.submit(spec)
+        typer.echo(render_answer(spec.id, answer))
+        rejected += not answer.ok
+    return rejected
 
 
 @app.command()
 def jobs(
     phase: Annotated[str | None, typer.Option(help="only jobs in this phase")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs")] = None,
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="show at most this many (default: every job, page after page)"
+    )] = None,
     gateway: GatewayOpt = DEFAULT_GATEWAY,
     as_json: JsonOpt = False,
 ) -> None:
     """List the jobs the scheduler knows, oldest first."""
-    from hops.client import render_jobs
+    from hops.client import JobsQuery, render_jobs
 
-    body = _gateway_call(gateway, lambda c: c.jobs(phase))
+    query = JobsQuery(phase=phase, tenant=tenant, limit=limit)
+    body = _gateway_call(gateway, lambda c: c.jobs(query))
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs(body))
 
 

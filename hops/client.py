@@ -16,11 +16,24 @@ from typing import Any
 
 import httpx
 
+from gateway.pages import MAX_LIMIT
 from shared.events import SubmitJob, encode
 from shared.job import JobSpec
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 GATEWAY_ENV = "HOPS_GATEWAY_URL"
+# The gateway's largest page: the fewest requests for a whole listing.
+PAGE = MAX_LIMIT
+
+
+@dataclass(frozen=True)
+class JobsQuery:
+    """What ``hops jobs`` lists: the filters (None: any) and how many at most
+    (None: every job)."""
+
+    phase: str | None = None
+    tenant: str | None = None
+    limit: int | None = None
 
 
 class GatewayUnreachable(Exception):
@@ -34,6 +47,10 @@ class GatewayError(Exception):
         super().__init__(f"{status} {code}: {error}" if code else f"{status}: {error}")
         self.status = status
         self.code = code
+
+    @classmethod
+    def of(cls, response: httpx.Response, body: Mapping[str, Any]) -> GatewayError:
+        return cls(response.status_code, str(body.get("code", "")), _error_text(response, body))
 
 
 @dataclass(frozen=True)
@@ -86,9 +103,7 @@ class GatewayClient:
         response = self._call("GET", path, params=params)
         body = _json(response)
         if response.status_code != 200:
-            raise GatewayError(
-                response.status_code, str(body.get("code", "")), str(body.get("error", body))
-            )
+            raise GatewayError.of(response, body)
         return body
 
     def submit(self, spec: JobSpec) -> Answer:
@@ -104,8 +119,30 @@ class GatewayClient:
         params = {"reason": reason} if reason else None
         return self._answer(self._call("DELETE", f"/jobs/{job_id}", params=params))
 
-    def jobs(self, phase: str | None = None) -> dict[str, Any]:
-        return self._get("/jobs", {"phase": phase} if phase else None)
+    def jobs_page(self, query: JobsQuery, limit: int, cursor: str | None = None) -> dict[str, Any]:
+        """One page of ``GET /jobs``."""
+        params = {"phase": query.phase, "tenant": query.tenant, "cursor": cursor}
+        chosen = {k: v for k, v in params.items() if v is not None}
+        return self._get("/jobs", {**chosen, "limit": str(limit)})
+
+    def jobs(self, query: JobsQuery | None = None) -> dict[str, Any]:
+        """The jobs matching ``query``, following ``next_cursor`` page after
+        page until ``query.limit`` jobs are in (all of them without a limit).
+        The answer has the page's shape: ``next_cursor`` is where the
+        listing would go on, None when nothing is left out."""
+        query = query or JobsQuery()
+        jobs: list[Any] = []
+        body: dict[str, Any] = {}
+        cursor: str | None = None
+        while query.limit is None or len(jobs) < query.limit:
+            want = PAGE if query.limit is None else min(PAGE, query.limit - len(jobs))
+            body = self.jobs_page(query, want, cursor)
+            jobs += body.get("jobs", [])
+            if body.get("next_cursor") in (None, cursor):  # the same again would loop
+                break
+            cursor = body["next_cursor"]
+        return {"jobs": jobs, "count": len(jobs), "total": body.get("total", len(jobs)),
+                "next_cursor": body.get("next_cursor")}
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._get(f"/jobs/{job_id}")
@@ -118,11 +155,27 @@ class GatewayClient:
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
+    """The body as a gateway writes it; anything else (an HTML error page, a
+    JSON value of another shape) becomes an ``error`` that says so in one
+    sentence instead of being printed as it came."""
     try:
         body = response.json()
     except ValueError:
-        return {"error": response.text[:500] or response.reason_phrase}
-    return body if isinstance(body, dict) else {"value": body}
+        body = None
+    if isinstance(body, dict) and (response.is_success or isinstance(body.get("error"), str)):
+        return body
+    if response.is_success:
+        raise GatewayError(response.status_code, "", f"{response.url} {_NOT_A_GATEWAY}")
+    return {**(body if isinstance(body, dict) else {}), "error": _error_text(response, {})}
+
+
+_NOT_A_GATEWAY = "answered with something a Hops gateway never sends; is it the gateway's address?"
+
+
+def _error_text(response: httpx.Response, body: Mapping[str, Any]) -> str:
+    if isinstance(body.get("error"), str) and body["error"]:
+        return str(body["error"])
+    return f"{response.url} {_NOT_A_GATEWAY}"
 
 
 # --- renderings ------------------------------------------------------------------
@@ -134,7 +187,7 @@ def render_answer(what: str, answer: Answer, verb: str = "accepted") -> str:
         return f"{what}: {verb}"
     code = answer.body.get("code", "")
     error = answer.body.get("error", "")
-    return f"{what}: rejected ({answer.status} {code}): {error}"
+    return f"{what}: rejected ({answer.status}{f' {code}' if code else ''}): {error}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -170,7 +223,11 @@ def render_jobs(body: Mapping[str, Any]) -> str:
              _gpus(j.get("configuration")), str(j.get("restarts", 0)), j.get("reason", "")]
         )
     header = ["job", "phase", "model", "done", "gpus", "restarts", "reason"]
-    return "\n".join(_table(header, rows))
+    lines = _table(header, rows)
+    left = int(body.get("total", len(jobs))) - len(jobs)
+    if body.get("next_cursor") and left > 0:
+        lines.append(f"{len(jobs)} of {body['total']} jobs shown; raise --limit to see more")
+    return "\n".join(lines)
 
 
 def render_queue(body: Mapping[str, Any]) -> str:

@@ -66,6 +66,18 @@ def plan_once(
     settings: HopsSettings,
     now: float | None = None,
 ) -> tuple[Snapshot, Plan]:
+    snap = load_snapshot(cluster_path, jobs_path, profiles_path, now)
+    return snap, HopsPolicy(settings).plan(snap)
+
+
+def load_snapshot(
+    cluster_path: str | Path,
+    jobs_path: str | Path,
+    profiles_path: str | Path,
+    now: float | None = None,
+) -> Snapshot:
+    """The snapshot of one round at ``now`` (default: the last submission):
+    every job submitted by then queued, with estimates from its profiles."""
     cluster = load_cluster(cluster_path)
     jobs = load_jobs(jobs_path)
     db = profile_database(cluster, jobs, load_profiles(profiles_path))
@@ -76,5 +88,4 @@ def plan_once(
         if j.submit_time <= at
     )
     estimates = {s.id: estimate_job(db, s.spec, cluster) for s in states}
-    snap = Snapshot(now=at, cluster=cluster, jobs=states, estimates=estimates)
-    return snap, HopsPolicy(settings).plan(snap)
+    return Snapshot(now=at, cluster=cluster, jobs=states, estimates=estimates)

@@ -126,7 +126,8 @@ def test_submit_stops_on_a_bad_jobs_file(tmp_path: Path) -> None:
     bad = tmp_path / "jobs.yaml"
     bad.write_text("jobs:\n  - {id: a, model: m}\n")
     result = hops("submit", str(bad), gateway="http://127.0.0.1:1")
-    assert result.exit_code == 2 and "jobs.yaml" in result.output
+    assert result.exit_code == 1 and "jobs.yaml: jobs[0] (id 'a'), field " in result.output
+    assert "nothing sent" in result.output
 
 
 def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
@@ -305,6 +306,21 @@ def test_a_submitted_job_is_profiled_runs_and_finishes(stack: Stack) -> None:
         record = until(ended, "the job ended", 90)
     assert record["phase"] == "finished", f"{record}\nphases {seen}\n{stack.logs()}"
     assert record["first_start"] is not None and record["finished_at"] is not None
+
+
+@needs_stack
+def test_every_line_the_services_write_is_json(stack: Stack) -> None:
+    """After the scheduler has planned (the job above ran), the log of every
+    service holds JSON objects only: no solver banner, no plain warning."""
+    for name in ("scheduler", "estimator", "profiler", "placer", "monitor", "gateway"):
+        log = stack.data_dir / "logs" / f"{name}.log"
+        lines = log.read_text(errors="replace").splitlines()
+        assert lines, name
+        for line in lines:
+            try:
+                assert isinstance(json.loads(line), dict), line
+            except json.JSONDecodeError:
+                pytest.fail(f"{log.name}: not a JSON line: {line!r}")
 
 
 @needs_stack

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 
 from gateway import views
 from gateway.app import create_app
+from gateway.pages import JobQuery
 from gateway.settings import GatewaySettings, from_env, parse
 from services.runtime.bus import connect, ensure_jetstream
 from services.runtime.settings import RuntimeSettings, SettingsError
@@ -153,7 +154,7 @@ def test_jobs_view_filters_sorts_and_writes_infinities_as_strings() -> None:
     view = views.jobs_view(records)
     assert [j["job_id"] for j in view["jobs"]] == ["c", "b", "a"]
     assert view["jobs"][2]["attained_by_type"] == {"x": "inf"}
-    assert views.jobs_view(records, "running")["count"] == 1
+    assert views.jobs_view(records, JobQuery(phase="running"))["count"] == 1
 
 
 def test_cluster_view_shows_holders_totals_and_problems() -> None:
@@ -198,7 +199,7 @@ def test_without_a_scheduler_requests_are_503_and_health_is_ok(client: TestClien
     assert "hops.v1.jobs.submit" in r.json()["error"]
     assert client.delete("/jobs/j1").status_code == 503
     assert client.get("/queue").status_code == 503
-    assert client.get("/jobs").json() == {"jobs": [], "count": 0}
+    assert client.get("/jobs").json() == {"jobs": [], "count": 0, "total": 0, "next_cursor": None}
     assert client.get("/jobs/j1").status_code == 404
     assert client.get("/jobs?phase=bogus").status_code == 400
     assert client.get("/cluster").json()["totals"]["gpus"] == 0

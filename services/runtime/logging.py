@@ -65,6 +65,9 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level.upper())
+    # Python's warnings (a library's DeprecationWarning, say) are otherwise
+    # printed on stderr as plain text, between the JSON lines.
+    logging.captureWarnings(True)
     return get_logger()
 
 

@@ -19,6 +19,7 @@ import highspy
 import msgspec
 import numpy as np
 import numpy.typing as npt
+from highspy._core import _Highs
 
 INF = float(highspy.kHighsInf)
 PRIMAL_SIMPLEX = 4  # HiGHS's simplex_strategy value
@@ -221,7 +222,7 @@ class MipResult:
     has_solution: bool
 
 
-def _configure(h: highspy.Highs, options: MipOptions) -> None:
+def _configure(h: _Highs, options: MipOptions) -> None:
     settings: dict[str, bool | float | int | str] = {
         "output_flag": False,
         "mip_rel_gap": options.mip_rel_gap,
@@ -237,7 +238,7 @@ def _configure(h: highspy.Highs, options: MipOptions) -> None:
             raise ValueError(f"HiGHS rejected option {name}={value!r}")
 
 
-def _pass_incumbent(h: highspy.Highs, incumbent: Sequence[float]) -> None:
+def _pass_incumbent(h: _Highs, incumbent: Sequence[float]) -> None:
     sol = highspy.HighsSolution()
     sol.col_value = np.asarray(incumbent, dtype=np.float64)
     sol.value_valid = True
@@ -246,9 +247,16 @@ def _pass_incumbent(h: highspy.Highs, incumbent: Sequence[float]) -> None:
     h.setSolution(sol)
 
 
-def _highs(model: MipModel, options: MipOptions, *, maximize: bool, relax: bool) -> highspy.Highs:
-    # highspy's constructor carries no annotations.
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
+def _highs(
+    model: MipModel, options: MipOptions, *, maximize: bool, relax: bool
+) -> _Highs:
+    # The bare binding, not highspy.Highs: that wrapper installs its callbacks
+    # in its constructor, and HiGHS prints its banner ("Running HiGHS ...") on
+    # stdout the first time that happens with output on, before any option
+    # can be set; in a service it would land among the JSON log lines. The
+    # binding has every method used here, and _configure turns output off
+    # before anything runs.
+    h = _Highs()
     _configure(h, options)
     if h.passModel(model.to_highs(maximize=maximize, relax=relax)) != highspy.HighsStatus.kOk:
         raise ValueError("HiGHS rejected the model")

@@ -62,18 +62,28 @@ def valid_id(job_id: str) -> bool:
 
 def check_spec(spec: JobSpec) -> str | None:
     """What is wrong with ``spec`` for the live system, or ``None``."""
+    problem = spec_problem(spec)
+    return problem[1] if problem else None
+
+
+def spec_problem(spec: JobSpec) -> tuple[str, str] | None:
+    """The field of ``spec`` the live system cannot take and why, or ``None``
+    (``hops submit`` checks a whole file with it before sending anything)."""
     if len(spec.id) > MAX_ID_LENGTH:
-        return f"job id is {len(spec.id)} characters long; at most {MAX_ID_LENGTH} are allowed"
+        return "id", (
+            f"job id is {len(spec.id)} characters long; at most {MAX_ID_LENGTH} are allowed"
+        )
     if not _ID.fullmatch(spec.id):
-        return (
+        return "id", (
             f"job id {spec.id!r} may only contain letters, digits, '-', '_' and '=' "
             "(it is a subject token and a KV key)"
         )
     if not spec.model.strip():
-        return "model must not be empty"
+        return "model", "model must not be empty"
     top = spec.max_gpus if spec.max_gpus is not None else max(spec.requirements)
     if top > MAX_GPUS:
-        return f"requirements ask for {top} GPUs; at most {MAX_GPUS} are allowed"
+        field = "max_gpus" if spec.max_gpus is not None else "requirements"
+        return field, f"requirements ask for {top} GPUs; at most {MAX_GPUS} are allowed"
     return None
 
 
