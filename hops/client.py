@@ -136,14 +136,13 @@ class GatewayClient:
         """Whether the job stored under ``spec.id`` is ``spec`` (an earlier
         attempt's), waiting a little for its record to be written."""
         mine = _comparable(json.loads(encode(spec)))
-        deadline = time.monotonic() + _STORED_WAIT_S
-        while True:
+        for poll in range(round(_STORED_WAIT_S / _STORED_POLL_S) + 1):
+            if poll:
+                self.sleep(_STORED_POLL_S)
             response = self._call("GET", f"/jobs/{spec.id}")
             if response.status_code == 200:
                 return _comparable(_json(response).get("spec", {})) == mine
-            if time.monotonic() >= deadline:
-                return False
-            self.sleep(_STORED_POLL_S)
+        return False
 
     def submit_raw(self, body: bytes) -> Answer:
         headers = {"Content-Type": "application/json"}
