@@ -169,7 +169,8 @@ class Launcher:
                 c.groups.append(c.proc.pid)
                 c.started, c.restart_at = now, None
                 self.on_restart()
-        self.on_tick(now)
+        if not self.stopping.is_set():
+            self.on_tick(now)
         if self.reaper:
             reap_orphans({c.proc.pid for c in self.children})
         return died

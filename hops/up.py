@@ -154,7 +154,8 @@ class NatsKeeper:
             url = self.nats.start()
         except NatsServerError as e:  # e.g. its port taken meanwhile: try again later
             self.started = now
-            self._schedule(now, f"hops up: nats-server did not start again ({e})")
+            reason = str(e).splitlines()[0]  # the log tail is in the log file
+            self._schedule(now, f"hops up: nats-server did not start again ({reason})")
             return
         self.started, self.restart_at = time.monotonic(), None
         self.say(f"hops up: nats-server restarted on {url} (same data dir)")

@@ -11,7 +11,9 @@ every test of this module, in order:
 - nats-server is SIGKILLed: ``hops up`` restarts it on the same port and data
   dir, and every job accepted in this module is still there and finishes.
 
-docs/live.md (*Faults*) describes the behaviour held here.
+Before them, the keeper of nats-server alone: its restart backoff while
+another process holds the port. docs/live.md (*Faults*) describes the
+behaviour held here.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,8 @@ from typer.testing import CliRunner
 
 from hops.cli import app
 from hops.stack import modules
-from hops.up import missing_modules
+from hops.up import NatsKeeper, missing_modules
+from services.runtime.natsd import EmbeddedNats
 from simulator.catalog import builtin_catalog
 from tests.livestack import FINAL, TEST_ENV, Bus, descendants, until
 from tests.upstack import UpProcess, hops_up
@@ -119,6 +124,33 @@ def _address(hex_address: str) -> str:
     raw = bytes.fromhex(hex_address)
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(words))
+
+
+def test_nats_keeper_restarts_with_backoff_while_the_port_is_taken(tmp_path: Path) -> None:
+    """nats-server is restarted on its own port only: while another process
+    holds the port, each try fails and the next waits twice as long."""
+    said: list[str] = []
+    restarts: list[int] = []
+    with EmbeddedNats(tmp_path / "nats") as nats:
+        keeper = NatsKeeper(nats, said.append, lambda: restarts.append(1))
+        port, first = nats.port, nats.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        until(lambda: nats.returncode is not None, "nats-server dead", 10)
+        now = time.monotonic()
+        keeper.tick(now)
+        assert said == [f"hops up: nats-server was killed by signal 9; see {nats.log_path}; "
+                        "restarting it in 1 s"]
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen()
+            keeper.tick(now + 1)
+            assert said[-1].startswith("hops up: nats-server did not start again (")
+            assert said[-1].endswith("restarting it in 2 s") and not restarts
+        keeper.tick(now + 3)
+        assert said[-1] == (f"hops up: nats-server restarted on nats://127.0.0.1:{port} "
+                            "(same data dir)")
+        assert nats.running and nats.pid != first and restarts == [1]
 
 
 def test_every_listener_binds_loopback_only(faults: Faults) -> None:
