@@ -46,8 +46,9 @@ from nats.aio.client import Client as NATS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from executor.procs import emulated_job_pids
+from hops.launcher import Launcher, free_port, port_free
 from hops.stack import StackConfig, by_name, components, modules
-from hops.up import Launcher, free_port, missing_modules, port_free, wait_healthy
+from hops.up import missing_modules, wait_healthy
 from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats

@@ -18,6 +18,10 @@ endpoint                     does                                          answe
 ``GET /docs``                the OpenAPI (Swagger) page
 ===========================  ============================================  =====================
 
+Every 503 carries ``Retry-After`` (:data:`gateway.views.RETRY_AFTER_S`):
+nothing answered in time, which passes (a scheduler replica restarting or
+failing over, NATS reconnecting).
+
 Submissions are forwarded byte for byte so that the HTTP path validates
 exactly as the NATS path does; :func:`gateway.views.reply_status` maps a
 reply's code to the status. Bodies above ``MAX_PAYLOAD`` are refused with
@@ -49,7 +53,11 @@ from shared.records import JobRecord
 from shared.subjects import SubjectError, check_token
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    503: {"description": "no scheduler answered (not running, or timed out)"},
+    503: {
+        "description": "no scheduler answered (restarting, failing over, or NATS "
+        "reconnecting): retry after the `Retry-After` seconds",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    },
 }
 
 
@@ -91,6 +99,8 @@ def _bus(request: Request) -> GatewayBus:
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    if status == 503:  # transient: say when to try again
+        headers = {**(headers or {}), "Retry-After": str(views.RETRY_AFTER_S)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

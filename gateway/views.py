@@ -26,6 +26,14 @@ NOT_FOUND = "not_found"
 UNAVAILABLE = "unavailable"
 BAD_GATEWAY = "bad_gateway"
 
+# Seconds a client should wait before it retries a 503 (``Retry-After``). A 503
+# means that no scheduler answered in time: the replica that held the request
+# died (another replica admits the retry at once), all of them are restarting
+# (1 s under ``hops up`` and compose), or NATS is reconnecting (the clients
+# retry every second). A submission is safe to retry: its job id makes it
+# idempotent.
+RETRY_AFTER_S = 1
+
 # A failed reply's code -> HTTP status. Bad input is the client's fault (4xx);
 # a failure inside the service that answered is the upstream's (502).
 _STATUS_OF_CODE: Mapping[str, int] = {

@@ -11,6 +11,8 @@ import msgspec
 import typer
 
 from hops.client import DEFAULT_GATEWAY, GatewayClient
+from hops.stack import DEFAULT_SCHEDULERS
+from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.scheduler.planner import HopsSettings
 from shared.job import JobSpec
 from shared.snapshot import Plan, Snapshot
@@ -151,9 +153,20 @@ def up(
     data_dir: Annotated[Path, typer.Option(help="NATS state, logs")] = Path(".hops"),
     nats_port: Annotated[int, typer.Option(help="NATS client port (0: any free)")] = 4222,
     gateway_port: Annotated[int, typer.Option(help="HTTP gateway port")] = 8080,
-    gateway_host: Annotated[str, typer.Option(help="HTTP gateway address")] = "127.0.0.1",
-    metrics_port: Annotated[int, typer.Option(help="the monitor's Prometheus port")] = 9464,
+    gateway_host: Annotated[str, typer.Option(
+        envvar="HOPS_GATEWAY_HOST", help="HTTP gateway address (0.0.0.0: every interface)"
+    )] = "127.0.0.1",
+    metrics_host: Annotated[str, typer.Option(
+        envvar="HOPS_METRICS_HOST", help="the monitor's Prometheus address (0.0.0.0: every "
+        "interface)"
+    )] = DEFAULT_METRICS_HOST,
+    metrics_port: Annotated[int, typer.Option(
+        help="the monitor's Prometheus port"
+    )] = DEFAULT_METRICS_PORT,
     round_s: Annotated[float, typer.Option(help="scheduling round, s")] = 30.0,
+    schedulers: Annotated[int, typer.Option(
+        help="scheduler replicas: all admit jobs, one leads, the others stand by"
+    )] = DEFAULT_SCHEDULERS,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
     executor: Annotated[str, typer.Option(
         help="emulated (jobs train nothing) or real (each job's command, one process per GPU)"
@@ -171,8 +184,9 @@ def up(
     try:
         config = StackConfig(
             cluster=cluster, time_scale=time_scale, data_dir=data_dir,
-            gateway_host=gateway_host, gateway_port=gateway_port, metrics_port=metrics_port,
-            round_s=round_s, log_level=log_level,
+            gateway_host=gateway_host, gateway_port=gateway_port,
+            metrics_host=metrics_host, metrics_port=metrics_port,
+            round_s=round_s, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
             cpu_affinity=cpu_affinity,
         )

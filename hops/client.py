@@ -5,13 +5,23 @@ The gateway's address comes from ``--gateway`` or ``HOPS_GATEWAY_URL``
 (default ``http://127.0.0.1:8080``, where ``hops up`` puts it). When nothing
 answers there, :class:`GatewayUnreachable` says so and how to point
 elsewhere, rather than a connection traceback.
+
+A submission answered 503 (no scheduler answered in time: a replica
+restarting or failing over, NATS reconnecting) is retried after the
+answer's ``Retry-After`` or the next of :data:`RETRY_DELAYS_S`, whichever is
+longer. The job id makes that safe: the scheduler accepts one job per id,
+so a retry never makes a second job. A retry answered 409 because an
+earlier attempt was accepted after all (its answer lost in the failure) is
+that acceptance when the stored job has the very spec submitted.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -24,6 +34,15 @@ DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 GATEWAY_ENV = "HOPS_GATEWAY_URL"
 # The gateway's largest page: the fewest requests for a whole listing.
 PAGE = MAX_LIMIT
+# Waits before the 2nd..5th attempt of a submission answered 503: 7.5 s in
+# all, more than a lease takeover takes at the default TTL (5 s + 5/3 s) and
+# than a restart of every scheduler replica (1 s, then their start).
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
+RETRY_AFTER_MAX_S = 10.0  # a larger Retry-After is not waited for in full
+# How long a retry answered 409 looks for the job an earlier attempt stored
+# (the record is written right after the stream's ack, or by the leader).
+_STORED_WAIT_S = 5.0
+_STORED_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -55,10 +74,13 @@ class GatewayError(Exception):
 
 @dataclass(frozen=True)
 class Answer:
-    """A submit or cancel answer: the HTTP status and the JSON body."""
+    """A submit or cancel answer: the HTTP status, the JSON body, the
+    ``Retry-After`` seconds of a 503 and how many attempts it took."""
 
     status: int
     body: Mapping[str, Any]
+    retry_after: float | None = None
+    attempts: int = 1
 
     @property
     def ok(self) -> bool:
@@ -73,9 +95,11 @@ class GatewayClient:
         base_url: str = DEFAULT_GATEWAY,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        self.sleep = sleep
 
     def close(self) -> None:
         self._http.close()
@@ -97,7 +121,8 @@ class GatewayClient:
             ) from None
 
     def _answer(self, response: httpx.Response) -> Answer:
-        return Answer(response.status_code, _json(response))
+        retry_after = _seconds(response.headers.get("Retry-After"))
+        return Answer(response.status_code, _json(response), retry_after)
 
     def _get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
         response = self._call("GET", path, params=params)
@@ -107,9 +132,32 @@ class GatewayClient:
         return body
 
     def submit(self, spec: JobSpec) -> Answer:
+        """Submit ``spec``, retrying a 503 (see the module docstring)."""
         data = encode(SubmitJob(spec=spec))
         headers = {"Content-Type": "application/json"}
-        return self._answer(self._call("POST", "/jobs", content=data, headers=headers))
+        answer = self._answer(self._call("POST", "/jobs", content=data, headers=headers))
+        attempts = 1
+        for delay in RETRY_DELAYS_S:
+            if answer.status != 503:
+                break
+            self.sleep(min(max(delay, answer.retry_after or 0.0), RETRY_AFTER_MAX_S))
+            answer = self._answer(self._call("POST", "/jobs", content=data, headers=headers))
+            attempts += 1
+        if attempts > 1 and answer.status == 409 and self._stored(spec):
+            answer = Answer(201, {"ok": True, "job_id": spec.id})
+        return replace(answer, attempts=attempts)
+
+    def _stored(self, spec: JobSpec) -> bool:
+        """Whether the job stored under ``spec.id`` is ``spec`` (an earlier
+        attempt's), waiting a little for its record to be written."""
+        mine = _comparable(json.loads(encode(spec)))
+        for poll in range(round(_STORED_WAIT_S / _STORED_POLL_S) + 1):
+            if poll:
+                self.sleep(_STORED_POLL_S)
+            response = self._call("GET", f"/jobs/{spec.id}")
+            if response.status_code == 200:
+                return _comparable(_json(response).get("spec", {})) == mine
+        return False
 
     def submit_raw(self, body: bytes) -> Answer:
         headers = {"Content-Type": "application/json"}
@@ -154,6 +202,19 @@ class GatewayClient:
         return self._get("/cluster")
 
 
+def _seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (its HTTP-date form is not used here)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec's JSON without ``submit_time``, which the scheduler sets."""
+    return {k: v for k, v in spec.items() if k != "submit_time"}
+
+
 def _json(response: httpx.Response) -> dict[str, Any]:
     """The body as a gateway writes it; anything else (an HTML error page, a
     JSON value of another shape) becomes an ``error`` that says so in one
@@ -184,7 +245,8 @@ def _error_text(response: httpx.Response, body: Mapping[str, Any]) -> str:
 def render_answer(what: str, answer: Answer, verb: str = "accepted") -> str:
     """One line per submitted or cancelled job."""
     if answer.ok:
-        return f"{what}: {verb}"
+        tries = f" (attempt {answer.attempts})" if answer.attempts > 1 else ""
+        return f"{what}: {verb}{tries}"
     code = answer.body.get("code", "")
     error = answer.body.get("error", "")
     return f"{what}: rejected ({answer.status}{f' {code}' if code else ''}): {error}"

@@ -17,9 +17,11 @@ starting anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
 PYTHON = "python"
@@ -29,7 +31,9 @@ DEFAULT_TIME_SCALE = 60.0
 DEFAULT_ROUND_S = 30.0
 DEFAULT_NATS_PORT = 4222
 DEFAULT_GATEWAY_PORT = 8080
-DEFAULT_METRICS_PORT = 9464
+# Scheduler replicas: a leader and a standby, so that admission goes on and
+# a standby takes the lease over when one of them dies.
+DEFAULT_SCHEDULERS = 2
 # Restarts of a process that died: the first after 1 s, each next one twice
 # as late up to 30 s, back to 1 s once it had run for a minute.
 RESTART_DELAY_S = (1.0, 30.0)
@@ -48,11 +52,13 @@ class StackConfig:
     nats_url: str = f"nats://127.0.0.1:{DEFAULT_NATS_PORT}"
     gateway_host: str = "127.0.0.1"
     gateway_port: int = DEFAULT_GATEWAY_PORT
+    metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int = DEFAULT_METRICS_PORT
     round_s: float = DEFAULT_ROUND_S
     log_level: str = "info"
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
+    schedulers: int = DEFAULT_SCHEDULERS
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -60,6 +66,8 @@ class StackConfig:
                              f"got {self.executor!r}")
         if self.cpu_affinity and self.executor != "real":
             raise ValueError("a CPU affinity is for real executors (--executor real)")
+        if self.schedulers < 1:
+            raise ValueError(f"at least one scheduler must run, got {self.schedulers}")
         if self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
         if self.round_s <= 0:
@@ -70,12 +78,11 @@ class StackConfig:
 
     @property
     def gateway_url(self) -> str:
-        host = "127.0.0.1" if self.gateway_host in ("0.0.0.0", "") else self.gateway_host
-        return f"http://{host}:{self.gateway_port}"
+        return f"http://{_reachable(self.gateway_host)}:{self.gateway_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{_reachable(self.metrics_host)}:{self.metrics_port}/metrics"
 
     @property
     def logs_dir(self) -> Path:
@@ -95,13 +102,20 @@ class StackConfig:
         return self.data_dir / "runs"
 
 
+def _reachable(host: str) -> str:
+    """Where this machine reaches a server bound to ``host`` (a wildcard
+    address is reached on loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 @dataclass(frozen=True)
 class Component:
     """One program of the live system.
 
     ``env`` holds the variables whose values come from the :class:`StackConfig`
     (compose.yaml must set each of them too, with its own values);
-    ``replicas`` is how many compose runs by default (``hops up`` runs one).
+    ``replicas`` is how many processes of it run (:func:`processes`; compose
+    runs as many by default).
     """
 
     name: str
@@ -137,7 +151,10 @@ def components(config: StackConfig) -> tuple[Component, ...]:
         Component(
             "monitor",
             "services.monitor",
-            env={"HOPS_METRICS_PORT": str(config.metrics_port)},
+            env={
+                "HOPS_METRICS_HOST": config.metrics_host,
+                "HOPS_METRICS_PORT": str(config.metrics_port),
+            },
             doc="node registry, heartbeats, releases, Prometheus metrics",
         ),
         Component("estimator", "services.estimator", doc="throughput estimates (§3.3)"),
@@ -146,7 +163,7 @@ def components(config: StackConfig) -> tuple[Component, ...]:
             "scheduler",
             "services.scheduler",
             env={"HOPS_ROUND_S": _num(config.round_s)},
-            replicas=2,
+            replicas=config.schedulers,
             doc="admission, leader lease, the Hops policy every round (§3.4-3.6)",
         ),
         Component("placer", "services.placer", doc="applies plans on the executors"),
@@ -180,6 +197,19 @@ def _cluster(config: StackConfig) -> Component:
         args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
         doc="the EMULATED GPU cluster: one emulated executor per server",
     )
+
+
+def processes(config: StackConfig) -> tuple[Component, ...]:
+    """Every process ``hops up`` runs, in start order: each component
+    ``replicas`` times, replica *k* of several named ``<name>-<k>``
+    (``scheduler-1``, ``scheduler-2``), with a log file of its own."""
+    out: list[Component] = []
+    for comp in components(config):
+        if comp.replicas == 1:
+            out.append(comp)
+        else:
+            out.extend(replace(comp, name=f"{comp.name}-{k}") for k in range(1, comp.replicas + 1))
+    return tuple(out)
 
 
 def by_name(config: StackConfig) -> dict[str, Component]:
@@ -226,9 +256,10 @@ def environment(
 
 
 def stop_order(config: StackConfig) -> tuple[str, ...]:
-    """Names in the order to stop them: the reverse of the start order, so
-    that the gateway stops taking requests before the services behind it go."""
-    return tuple(reversed([c.name for c in components(config)]))
+    """Process names in the order to stop them: the reverse of the start
+    order, so that the gateway stops taking requests before the services
+    behind it go."""
+    return tuple(reversed([c.name for c in processes(config)]))
 
 
 def describe_exit(name: str, returncode: int, log_file: Path) -> str:

@@ -1,11 +1,15 @@
 """``hops up``: the whole live system on this machine, one process per component.
 
 It starts nats-server with JetStream (:class:`~services.runtime.natsd.EmbeddedNats`,
-state under ``<data-dir>/nats``), then every component of :mod:`hops.stack`
-as its own process with its log in ``<data-dir>/logs/<name>.log``, waits
-until the gateway's ``/healthz`` answers, says where the gateway and the
-metrics are, and supervises: a process that ends without being asked to is
-reported (with its log file). SIGINT (Ctrl-C) or SIGTERM stops everything:
+state under ``<data-dir>/nats``), then every process of :mod:`hops.stack`
+(two scheduler replicas by default: a leader and a standby) with its log in
+``<data-dir>/logs/<name>.log``, waits until the gateway's ``/healthz``
+answers, says where the gateway and the metrics are, and supervises
+(:class:`hops.launcher.Launcher`): a process that ends without being asked
+to is reported (with its log file) and restarted, 1 s later, then twice as
+late each time up to 30 s. nats-server too (:class:`NatsKeeper`), on the
+same port and data dir, so that streams and KV buckets survive and every
+service reconnects to it. SIGINT (Ctrl-C) or SIGTERM stops everything:
 SIGTERM to each process, a grace period, then SIGKILL to whatever is left of
 each one's process group (emulated jobs included), and nats-server last.
 On Linux ``hops up`` is a child subreaper: descendants orphaned by a dead
@@ -14,232 +18,35 @@ group it killed is gone.
 Real executors (``--executor real``) stop their jobs themselves on SIGTERM:
 a real job runs in a process group of its own, so that it can outlive a
 crash of its executor.
-``<data-dir>/up.json`` lists the processes while the stack runs.
+``<data-dir>/up.json`` lists the processes (nats-server's pid included) while
+the stack runs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from types import FrameType
 from typing import IO
 
 import httpx
 
-from hops.stack import (
-    Component,
-    StackConfig,
-    components,
-    describe_exit,
-    environment,
-    modules,
-    restart_delay,
-    stop_order,
-)
+from hops.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
+from hops.stack import StackConfig, describe_exit, modules, processes, restart_delay
 from services.runtime.natsd import EmbeddedNats, NatsServerError
 
-Say = Callable[[str], None]
-# The folder holding hops/ and its sibling packages (gateway/, executor/,
-# services/...): a source checkout, or site-packages once installed.
-SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 _POLL_S = 0.1
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-_REAP_WAIT_S = 5.0
 
 
 class UpError(RuntimeError):
     """The stack cannot start; the message says why."""
-
-
-@dataclass
-class Child:
-    """One component's process, and its restarts."""
-
-    component: Component
-    proc: subprocess.Popen[bytes]
-    log: Path
-    started: float
-    groups: list[int] = field(default_factory=list)  # every process group it had
-    delay: float | None = None  # the last restart delay
-    restart_at: float | None = None  # set while a restart is due
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago, for a process that
-    must be told its port before it starts. Another process may take it in
-    between; where a server can pick its own port (nats-server's ``-p -1``),
-    let it."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): get SIGTERM if ``hops up`` dies, so a
-    killed launcher leaves no orphan services behind."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def become_subreaper() -> bool:
-    """Linux: adopt our orphaned descendants (an emulated job whose executor
-    died first), so that we can reap them. Otherwise they are left to PID 1,
-    which in a container may never reap them, and a SIGKILLed group then
-    lingers as zombies. Whether it worked."""
-    if sys.platform != "linux":
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-
-
-def reap_orphans(tracked: set[int]) -> int:
-    """Reap every exited child that is not one of ``tracked`` (those are
-    ``Popen``'s to wait for); peeking first leaves theirs alone. How many."""
-    reaped = 0
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return reaped
-        if info is None or info.si_pid in tracked:
-            return reaped
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(info.si_pid, 0)
-        reaped += 1
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Launcher:
-    """Starts, supervises (restarting what dies, as compose's ``restart:
-    unless-stopped`` would) and stops the processes of one stack."""
-
-    def __init__(self, config: StackConfig, say: Say, grace: float = 15.0) -> None:
-        self.config = config
-        self.say = say
-        self.grace = grace
-        self.children: list[Child] = []
-        self.stopping = threading.Event()
-        self.on_restart: Callable[[], None] = lambda: None
-        self.reaper = False  # set once we adopt orphans (become_subreaper)
-
-    def _spawn(self, comp: Component) -> subprocess.Popen[bytes]:
-        log_path = comp.log_file(self.config)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = environment(self.config, comp, os.environ, SOURCE_ROOT)
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                comp.argv(sys.executable),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # our own stop order, not the terminal's Ctrl-C
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-
-    def start(self, comp: Component) -> Child:
-        proc = self._spawn(comp)
-        child = Child(comp, proc, comp.log_file(self.config), time.monotonic(), [proc.pid])
-        self.children.append(child)
-        return child
-
-    def tick(self, now: float) -> list[Child]:
-        """Say which children died since the last tick and schedule their
-        restart; restart those that are due. Returns the newly dead."""
-        died = []
-        for c in self.children:
-            if c.restart_at is None and c.proc.poll() is not None:
-                died.append(c)
-                c.delay = restart_delay(c.delay, now - c.started)
-                c.restart_at = now + c.delay
-                note = describe_exit(c.component.name, c.proc.returncode, c.log)
-                self.say(f"{note}; restarting it in {c.delay:g} s")
-            elif c.restart_at is not None and now >= c.restart_at and not self.stopping.is_set():
-                _kill_group(c.proc.pid)  # what the dead one left behind
-                c.proc = self._spawn(c.component)
-                c.groups.append(c.proc.pid)
-                c.started, c.restart_at = now, None
-                self.on_restart()
-        if self.reaper:
-            reap_orphans({c.proc.pid for c in self.children})
-        return died
-
-    def stop(self) -> None:
-        """SIGTERM everyone (gateway first), wait, SIGKILL what is left,
-        including grandchildren in each process group; say which did not
-        stop cleanly."""
-        order = {name: i for i, name in enumerate(stop_order(self.config))}
-        running = [c for c in self.children if c.proc.poll() is None]
-        for c in sorted(running, key=lambda c: order.get(c.component.name, -1)):
-            with contextlib.suppress(ProcessLookupError):
-                c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        for c in running:
-            name = c.component.name
-            try:
-                code = c.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.say(f"hops up: {name} did not stop in {self.grace:g} s; killing it")
-                continue
-            if code != 0:
-                self.say(f"hops up: {name} exited with {code} while stopping; see {c.log}")
-        for c in self.children:
-            for pgid in c.groups:
-                _kill_group(pgid)  # a group outlives its leader
-            c.proc.wait()
-        if self.reaper:
-            self._await_groups([g for c in self.children for g in c.groups])
-
-    def _await_groups(self, groups: list[int]) -> None:
-        """SIGKILL takes effect asynchronously: return once every group is
-        gone (its orphans reaped), so that nothing outlives ``hops up``."""
-        deadline = time.monotonic() + _REAP_WAIT_S
-        while True:
-            reap_orphans(set())
-            left = [g for g in groups if _group_alive(g)]
-            if not left:
-                return
-            if time.monotonic() >= deadline:
-                self.say(f"hops up: process groups {left} are still there after SIGKILL")
-                return
-            time.sleep(0.02)
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:
@@ -266,12 +73,13 @@ def wait_healthy(launcher: Launcher, gateway: Child, timeout: float) -> None:
             launcher.stopping.wait(_POLL_S)
 
 
-def _check_ports(config: StackConfig, nats_port: int) -> None:
-    wanted = [("gateway", config.gateway_port), ("metrics", config.metrics_port)]
-    if nats_port:
-        wanted.append(("NATS", nats_port))
-    for name, port in wanted:
-        if not port_free(port):
+def _check_ports(config: StackConfig, nats: EmbeddedNats) -> None:
+    wanted = [("gateway", config.gateway_port, config.gateway_host),
+              ("metrics", config.metrics_port, config.metrics_host)]
+    if nats.port:
+        wanted.append(("NATS", nats.port, nats.host))
+    for name, port, host in wanted:
+        if not port_free(port, host):
             flag = {"NATS": "--nats-port"}.get(name, f"--{name}-port")
             raise UpError(f"port {port} ({name}) is in use; choose another with {flag}")
 
@@ -304,13 +112,54 @@ def _write_state(config: StackConfig, nats: EmbeddedNats, children: list[Child])
         "pid": os.getpid(),
         "gateway": config.gateway_url,
         "metrics": config.metrics_url,
-        "nats": {"url": nats.url, "log": str(nats.log_path)},
+        "nats": {"url": nats.url, "pid": nats.pid, "log": str(nats.log_path)},
         "components": {
             c.component.name: {"pid": c.proc.pid, "argv": c.proc.args, "log": str(c.log)}
             for c in children
         },
     }
     config.state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+
+class NatsKeeper:
+    """Restarts nats-server when it dies, as the launcher restarts every other
+    process (:func:`hops.stack.restart_delay`), on the same port and data dir:
+    JetStream's streams and KV buckets are on disk and every service
+    reconnects forever, so accepted jobs survive (docs/live.md, *Faults*)."""
+
+    def __init__(self, nats: EmbeddedNats, say: Say, on_restart: Callable[[], None]) -> None:
+        self.nats = nats
+        self.say = say
+        self.on_restart = on_restart
+        self.started = time.monotonic()
+        self.delay: float | None = None
+        self.restart_at: float | None = None
+
+    def tick(self, now: float) -> None:
+        if self.restart_at is None:
+            code = self.nats.returncode
+            if code is not None:
+                self._schedule(now, describe_exit("nats-server", code, self.nats.log_path))
+        elif now >= self.restart_at:
+            self._restart(now)
+
+    def _schedule(self, now: float, note: str) -> None:
+        self.delay = restart_delay(self.delay, now - self.started)
+        self.restart_at = now + self.delay
+        self.say(f"{note}; restarting it in {self.delay:g} s")
+
+    def _restart(self, now: float) -> None:
+        self.nats.stop()  # forget the dead process and its ports file
+        try:
+            url = self.nats.start()
+        except NatsServerError as e:  # e.g. its port taken meanwhile: try again later
+            self.started = now
+            reason = str(e).splitlines()[0]  # the log tail is in the log file
+            self._schedule(now, f"hops up: nats-server did not start again ({reason})")
+            return
+        self.started, self.restart_at = time.monotonic(), None
+        self.say(f"hops up: nats-server restarted on {url} (same data dir)")
+        self.on_restart()
 
 
 def _executors(config: StackConfig) -> str:
@@ -359,20 +208,22 @@ def up(
     launcher.reaper = become_subreaper()
     restore = _install_signals(launcher.stopping)
     try:
-        _check_ports(config, nats_port)
+        _check_ports(config, nats)
         missing = missing_modules(modules())
         if missing:
             raise UpError(f"cannot run {', '.join(missing)}: not found from {SOURCE_ROOT}")
         config.data_dir.mkdir(parents=True, exist_ok=True)
         nats.start()
         launcher.config = config = replace(config, nats_url=nats.url)
-        started = [launcher.start(comp) for comp in components(config)]
-        _write_state(config, nats, started)
+        started = [launcher.start(comp) for comp in processes(config)]
         launcher.on_restart = lambda: _write_state(config, nats, launcher.children)
+        launcher.on_tick = NatsKeeper(nats, say, launcher.on_restart).tick
+        launcher.on_restart()
         wait_healthy(launcher, started[-1], health_timeout)
         if not launcher.stopping.is_set():
             say(banner(config, nats.url))
-        _supervise(launcher, nats)
+        while not launcher.stopping.wait(_POLL_S * 5):
+            launcher.tick(time.monotonic())
         return 0
     except (UpError, NatsServerError, OSError) as e:
         say(f"hops up: {e}")
@@ -384,15 +235,6 @@ def up(
         nats.stop()
         config.state_file.unlink(missing_ok=True)
         restore()
-
-
-def _supervise(launcher: Launcher, nats: EmbeddedNats) -> None:
-    nats_reported = False
-    while not launcher.stopping.wait(_POLL_S * 5):
-        launcher.tick(time.monotonic())
-        if not nats.running and not nats_reported:
-            nats_reported = True
-            launcher.say(f"hops up: nats-server has stopped; see {nats.log_path}")
 
 
 def stdout_say(out: IO[str] | None = None) -> Say:

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 from hypothesis import strategies as st
 
-from hops.up import free_port  # noqa: F401  (the tests' name for it)
+from hops.launcher import free_port  # noqa: F401  (the tests' name for it)
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId

@@ -3,7 +3,7 @@ EMULATED GPU cluster (or, with ``executor="real"``, real executors running
 jobs' commands), each its own OS process.
 
 :class:`LiveStack` runs the process table of :mod:`hops.stack` with the
-launcher of ``hops up`` (:class:`hops.up.Launcher`), so a test runs the
+launcher of ``hops up`` (:class:`hops.launcher.Launcher`), so a test runs the
 same commands as ``hops up``. What differs is environment only: a temp data
 dir, free ports, short intervals (rounds of 2 s, a short leader lease), a
 large time scale, a health port per service and, by default, two scheduler
@@ -40,8 +40,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from hops.launcher import Child, Launcher
 from hops.stack import Component, ExecutorKind, StackConfig, components
-from hops.up import Child, Launcher, wait_healthy
+from hops.up import wait_healthy
 from services.runtime.kv import read_bucket
 from services.runtime.natsd import EmbeddedNats
 from simulator.clusters import cluster_arg

@@ -13,11 +13,8 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +24,17 @@ from typer.testing import CliRunner
 
 from hops.cli import app
 from hops.client import Answer, render_answer, render_jobs, render_nodes, render_queue
-from hops.stack import Component, StackConfig, by_name, modules
-from hops.up import Launcher, missing_modules, wait_healthy
+from hops.launcher import Launcher
+from hops.stack import Component, StackConfig, by_name, modules, processes
+from hops.up import missing_modules, wait_healthy
 from services.runtime.natsd import EmbeddedNats
 from tests.helpers import free_port
+from tests.upstack import UpProcess, hops_up
 
-ROOT = Path(__file__).resolve().parent.parent
 MISSING = missing_modules(modules())
 needs_stack = pytest.mark.skipif(
     bool(MISSING), reason=f"the live system is incomplete: cannot run {', '.join(MISSING)}"
 )
-HOPS = [sys.executable, "-c", "from hops.cli import app; app(prog_name='hops')"]
-# Two servers of one GPU type, so that a job is profiled on one server (§3.2).
-CLUSTER = """\
-name: two-servers
-gpu_types:
-  - {name: RTX3090, link_bandwidth: 2.5e9, net_bandwidth: 1.0e9}
-servers:
-  - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
-  - {id: rtx-1, gpu_type: RTX3090, gpus: 4, model: other}
-"""
 
 
 def port_free(port: int) -> bool:
@@ -171,27 +159,6 @@ def test_launcher_restarts_the_dead_and_stops_process_groups(tmp_path: Path) -> 
 # --- a whole stack -----------------------------------------------------------------------
 
 
-@dataclass
-class Stack:
-    proc: subprocess.Popen[bytes]
-    data_dir: Path
-    gateway: str
-    metrics: str
-    nats_port: int
-    gateway_port: int
-    out: Path
-
-    def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = json.loads((self.data_dir / "up.json").read_text())
-        return state
-
-    def logs(self) -> str:
-        parts = [self.out.read_text(errors="replace")]
-        for log in sorted((self.data_dir / "logs").glob("*.log")):
-            parts.append(f"--- {log.name}\n" + log.read_text(errors="replace")[-3000:])
-        return "\n".join(parts)
-
-
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
@@ -200,48 +167,27 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     if MISSING:
         pytest.skip(f"the live system is incomplete: cannot run {', '.join(MISSING)}")
-    base = tmp_path_factory.mktemp("up")
-    cluster = base / "cluster.yaml"
-    cluster.write_text(CLUSTER)
-    nats_port, gateway_port, metrics_port = free_port(), free_port(), free_port()
-    args = ["up", "--cluster", str(cluster), "--time-scale", "600", "--round-s", "2",
-            "--data-dir", str(base / "data"), "--nats-port", str(nats_port),
-            "--gateway-port", str(gateway_port), "--metrics-port", str(metrics_port)]
-    out = base / "stdout.txt"
-    with out.open("wb") as sink:
-        proc = subprocess.Popen([*HOPS, *args], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-    s = Stack(proc, base / "data", f"http://127.0.0.1:{gateway_port}",
-              f"http://127.0.0.1:{metrics_port}/metrics", nats_port, gateway_port, out)
-    try:
-        until(lambda: "Hops is up" in out.read_text() or proc.poll() is not None, "hops up", 90)
-        assert proc.poll() is None, s.logs()
-        yield s
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with hops_up(tmp_path_factory.mktemp("up")) as up:
+        yield up
 
 
 @needs_stack
-def test_up_prints_where_the_gateway_and_metrics_are(stack: Stack) -> None:
+def test_up_prints_where_the_gateway_and_metrics_are(stack: UpProcess) -> None:
     text = stack.out.read_text()
     assert f"gateway  {stack.gateway}" in text and f"metrics  {stack.metrics}" in text
     assert _healthy(stack.gateway)
     state = stack.state()
-    assert set(state["components"]) == set(by_name(StackConfig()))
+    assert set(state["components"]) == {c.name for c in processes(StackConfig())}
+    assert {"scheduler-1", "scheduler-2"} <= set(state["components"])  # a leader and a standby
     assert not gone(state["components"]["gateway"]["pid"])
     assert state["nats"]["url"] == f"nats://127.0.0.1:{stack.nats_port}"
 
 
 @needs_stack
-def test_nodes_lists_the_emulated_servers(stack: Stack) -> None:
+def test_nodes_lists_the_emulated_servers(stack: UpProcess) -> None:
     def alive() -> bool:
         result = hops("nodes", "--json", gateway=stack.gateway)
         return result.exit_code == 0 and json.loads(result.output)["totals"]["alive_servers"] == 2
@@ -254,7 +200,7 @@ def test_nodes_lists_the_emulated_servers(stack: Stack) -> None:
 
 
 @needs_stack
-def test_submit_list_queue_and_cancel(stack: Stack, tmp_path: Path) -> None:
+def test_submit_list_queue_and_cancel(stack: UpProcess, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(
         "jobs:\n"
@@ -288,7 +234,7 @@ def test_submit_list_queue_and_cancel(stack: Stack, tmp_path: Path) -> None:
 
 
 @needs_stack
-def test_a_submitted_job_is_profiled_runs_and_finishes(stack: Stack) -> None:
+def test_a_submitted_job_is_profiled_runs_and_finishes(stack: UpProcess) -> None:
     """End to end: admission, profiling on both GPU types (§3.2), a plan, the
     placer, an emulated run at 600x, and the finish."""
     with httpx.Client(base_url=stack.gateway, timeout=5) as client:
@@ -309,10 +255,11 @@ def test_a_submitted_job_is_profiled_runs_and_finishes(stack: Stack) -> None:
 
 
 @needs_stack
-def test_every_line_the_services_write_is_json(stack: Stack) -> None:
+def test_every_line_the_services_write_is_json(stack: UpProcess) -> None:
     """After the scheduler has planned (the job above ran), the log of every
     service holds JSON objects only: no solver banner, no plain warning."""
-    for name in ("scheduler", "estimator", "profiler", "placer", "monitor", "gateway"):
+    services = ("scheduler-1", "scheduler-2", "estimator", "profiler", "placer", "monitor")
+    for name in (*services, "gateway"):
         log = stack.data_dir / "logs" / f"{name}.log"
         lines = log.read_text(errors="replace").splitlines()
         assert lines, name
@@ -323,8 +270,7 @@ def test_every_line_the_services_write_is_json(stack: Stack) -> None:
                 pytest.fail(f"{log.name}: not a JSON line: {line!r}")
 
 
-@needs_stack
-def test_the_monitor_serves_metrics(stack: Stack) -> None:
+def test_the_monitor_serves_metrics(stack: UpProcess) -> None:
     def metrics() -> str:
         try:
             r = httpx.get(stack.metrics, timeout=2)
@@ -337,7 +283,7 @@ def test_the_monitor_serves_metrics(stack: Stack) -> None:
 
 
 @needs_stack
-def test_up_stops_every_process_on_sigint(stack: Stack) -> None:
+def test_up_stops_every_process_on_sigint(stack: UpProcess) -> None:
     """Last in this module: it stops the shared stack."""
     state = stack.state()
     pids = [c["pid"] for c in state["components"].values()]

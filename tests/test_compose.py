@@ -23,6 +23,7 @@ from hops.stack import (
     describe_exit,
     environment,
     modules,
+    processes,
     restart_delay,
     stop_order,
 )
@@ -54,7 +55,17 @@ def test_table_names_every_component_once_gateway_last() -> None:
         "monitor", "estimator", "profiler", "scheduler", "placer", "cluster", "gateway"
     ]
     assert stop_order(StackConfig())[0] == "gateway"
-    assert sorted(stop_order(StackConfig())) == sorted(names)
+
+
+def test_processes_run_each_replica_under_its_own_name() -> None:
+    names = [c.name for c in processes(StackConfig())]
+    assert names == ["monitor", "estimator", "profiler", "scheduler-1", "scheduler-2",
+                     "placer", "cluster", "gateway"]
+    assert list(stop_order(StackConfig())) == names[::-1]
+    one = [c.name for c in processes(StackConfig(schedulers=1))]
+    assert "scheduler" in one and "scheduler-1" not in one
+    assert {c.command for c in processes(StackConfig()) if c.module == "services.scheduler"} == {
+        by_name(StackConfig())["scheduler"].command}
 
 
 def test_commands_are_python_dash_m_with_config_in_flags_only_for_the_cluster() -> None:
@@ -68,7 +79,7 @@ def test_commands_are_python_dash_m_with_config_in_flags_only_for_the_cluster() 
     assert table["gateway"].command == ("python", "-m", "gateway")
     assert table["scheduler"].env == {"HOPS_ROUND_S": "7"}
     assert table["gateway"].env["HOPS_GATEWAY_PORT"] == "9000"
-    assert table["monitor"].env == {"HOPS_METRICS_PORT": "9464"}
+    assert table["monitor"].env == {"HOPS_METRICS_HOST": "127.0.0.1", "HOPS_METRICS_PORT": "9464"}
     assert by_name(StackConfig())["cluster"].args[-1] == "60"  # not "60.0"
 
 
@@ -109,9 +120,12 @@ def test_restart_delay_backs_off_and_resets_after_a_stable_run() -> None:
 def test_config_paths_urls_and_validation(tmp_path: Path) -> None:
     config = StackConfig(data_dir=tmp_path, gateway_host="0.0.0.0", gateway_port=8123)
     assert config.gateway_url == "http://127.0.0.1:8123"
+    assert StackConfig().metrics_url == "http://127.0.0.1:9464/metrics"
+    assert StackConfig(metrics_host="10.1.2.3").metrics_url == "http://10.1.2.3:9464/metrics"
     assert config.logs_dir == tmp_path / "logs"
     assert by_name(config)["placer"].log_file(config) == tmp_path / "logs" / "placer.log"
-    for bad in ({"time_scale": 0}, {"round_s": -1}, {"gateway_port": 0}, {"metrics_port": 70000}):
+    for bad in ({"time_scale": 0}, {"round_s": -1}, {"gateway_port": 0}, {"metrics_port": 70000},
+                {"schedulers": 0}):
         with pytest.raises(ValueError):
             StackConfig(**bad)  # type: ignore[arg-type]
 
@@ -171,8 +185,22 @@ def test_services_restart_wait_for_nats_and_check_their_health() -> None:
             assert "127.0.0.1:8081/healthz" in test[3], name
             assert svc["environment"]["HOPS_HEALTH_PORT"] == "8081", name
     assert "8080/healthz" in services["gateway"]["healthcheck"]["test"][3]
-    assert services["gateway"]["ports"] == ["8080:8080"]
     assert services["gateway"]["environment"]["HOPS_GATEWAY_HOST"] == "0.0.0.0"
+
+
+def test_containers_listen_on_every_interface_the_host_publishes_on_loopback() -> None:
+    """Inside the compose network the services reach each other, so each
+    container binds 0.0.0.0; the host publishes its ports on 127.0.0.1 only."""
+    services = compose()["services"]
+    assert services["gateway"]["ports"] == ["127.0.0.1:8080:8080"]
+    assert services["monitor"]["ports"] == ["127.0.0.1:9464:9464"]
+    assert services["monitor"]["environment"]["HOPS_METRICS_HOST"] == "0.0.0.0"
+    for name, svc in services.items():
+        for mapping in svc.get("ports", []):
+            assert mapping.startswith("127.0.0.1:"), (name, mapping)
+        if name not in INFRA:
+            assert svc["environment"]["HOPS_HEALTH_HOST"] == "0.0.0.0", name
+    assert "0.0.0.0:8080:8080" in (ROOT / "compose.yaml").read_text()  # says how to open it
 
 
 def test_replicas_and_scaling() -> None:

@@ -197,8 +197,9 @@ def test_without_a_scheduler_requests_are_503_and_health_is_ok(client: TestClien
     r = client.post("/jobs", json=spec_json("j1"))
     assert r.status_code == 503 and r.json()["code"] == "unavailable"
     assert "hops.v1.jobs.submit" in r.json()["error"]
-    assert client.delete("/jobs/j1").status_code == 503
-    assert client.get("/queue").status_code == 503
+    assert r.headers["Retry-After"] == str(views.RETRY_AFTER_S)  # no responders: transient
+    for r in (client.delete("/jobs/j1"), client.get("/queue")):
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert client.get("/jobs").json() == {"jobs": [], "count": 0, "total": 0, "next_cursor": None}
     assert client.get("/jobs/j1").status_code == 404
     assert client.get("/jobs?phase=bogus").status_code == 400
@@ -262,8 +263,10 @@ async def test_upstream_failures_are_502_or_503(api: httpx.AsyncClient, nc: NATS
     assert (r.status_code, r.json()["code"], r.json()["error"]) == (502, "internal", "boom")
     r = await api.post("/jobs", json=spec_json("j"))
     assert (r.status_code, r.json()["code"]) == (502, "bad_gateway")
+    assert "Retry-After" not in r.headers  # only a 503 is transient
     r = await api.post("/jobs", json=spec_json("j"))
     assert r.status_code == 503 and "within 0.5 s" in r.json()["error"]
+    assert r.headers["Retry-After"] == "1"  # a timeout is transient too
 
 
 async def test_jobs_and_cluster_come_from_the_kv_buckets(api: httpx.AsyncClient, nc: NATS) -> None:

@@ -28,7 +28,7 @@ def run(script: str) -> str:
 def test_a_killed_groups_orphan_is_adopted_and_reaped() -> None:
     out = run("""
         import os, signal, subprocess, time
-        from hops.up import become_subreaper, reap_orphans
+        from hops.launcher import become_subreaper, reap_orphans
         assert become_subreaper()
         leader = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; exit 0"],
                                   stdout=subprocess.PIPE, start_new_session=True)
@@ -54,7 +54,7 @@ def test_a_killed_groups_orphan_is_adopted_and_reaped() -> None:
 def test_reaping_leaves_the_status_of_a_tracked_child_alone() -> None:
     out = run("""
         import subprocess, time
-        from hops.up import become_subreaper, reap_orphans
+        from hops.launcher import become_subreaper, reap_orphans
         assert become_subreaper()
         child = subprocess.Popen(["sh", "-c", "exit 3"])
         time.sleep(0.3)

@@ -10,7 +10,8 @@ variable                         flag                           default  meaning
 ``HOPS_CHECK_S``                 ``--check-s``                  0.2      deadline check period
 ``HOPS_METRICS_PORT``            ``--metrics-port``             9464     ``GET /metrics``; 0 picks
                                                                          a free port, ``off`` none
-``HOPS_METRICS_HOST``            ``--metrics-host``             0.0.0.0  its address
+``HOPS_METRICS_HOST``            ``--metrics-host``             127.0.0.1 its address (loopback
+                                                                         unless configured)
 ``HOPS_QUEUE_POLL_S``            ``--queue-poll-s``             5        queue-view polling period
 ``HOPS_RAQLR_WINDOW_H``          ``--raqlr-window-h``           1        the h of Eq. (7), hours
 ``HOPS_COMMAND_TIMEOUT_S``       ``--command-timeout-s``        8        wait for a stop's ack
@@ -28,6 +29,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT, metrics_port
 from services.monitor.service import MonitorSettings, run_monitor
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, env_float, parse_args
@@ -53,18 +55,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _metrics_port(raw: str) -> int | None:
-    if raw.strip().lower() == "off":
-        return None
-    try:
-        port = int(raw)
-    except ValueError:
-        raise SettingsError(f"HOPS_METRICS_PORT must be a port or 'off', got {raw!r}") from None
-    if not 0 <= port <= 65535:
-        raise SettingsError(f"HOPS_METRICS_PORT must be a port number, got {raw!r}")
-    return port
-
-
 def monitor_settings(args: argparse.Namespace) -> MonitorSettings:
     """Flags over environment variables over defaults."""
     values: dict[str, float] = {}
@@ -73,9 +63,9 @@ def monitor_settings(args: argparse.Namespace) -> MonitorSettings:
         values[name] = flag if flag is not None else env_float(var, default)
         if values[name] <= 0:
             raise SettingsError(f"{var} must be > 0, got {values[name]}")
-    port_raw = args.metrics_port or os.environ.get("HOPS_METRICS_PORT") or "9464"
-    host = args.metrics_host or os.environ.get("HOPS_METRICS_HOST") or "0.0.0.0"
-    return MonitorSettings(metrics_port=_metrics_port(port_raw), metrics_host=host,
+    port_raw = args.metrics_port or os.environ.get("HOPS_METRICS_PORT") or str(DEFAULT_METRICS_PORT)
+    host = args.metrics_host or os.environ.get("HOPS_METRICS_HOST") or DEFAULT_METRICS_HOST
+    return MonitorSettings(metrics_port=metrics_port(port_raw), metrics_host=host,
                            **values)
 
 

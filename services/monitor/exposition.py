@@ -14,8 +14,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class MetricsServer:
     """Serves ``render()`` on ``GET /metrics``."""
 
-    def __init__(self, render: Callable[[], str], *, host: str = "0.0.0.0", port: int = 0
-                 ) -> None:
+    def __init__(self, render: Callable[[], str], *, host: str, port: int = 0) -> None:
         self.render = render
         self.host = host
         self.port = port

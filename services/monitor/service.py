@@ -39,6 +39,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from services.monitor.deadlines import DeadlineTracker
+from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.monitor.exposition import MetricsServer
 from services.monitor.metrics import LatencyBook, cluster_metrics, render
 from services.monitor.nodes import Refusal, admit, lost, revived
@@ -83,8 +84,8 @@ from shared.records import JobRecord, NodeRecord, Placement, QueueView
 class MonitorSettings:
     heartbeat_timeout_s: float = 3.0
     check_s: float = 0.2
-    metrics_port: int | None = 9464
-    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = DEFAULT_METRICS_PORT
+    metrics_host: str = DEFAULT_METRICS_HOST
     queue_poll_s: float = 5.0
     raqlr_window_h: float = 1.0
     command_timeout_s: float = 8.0

@@ -23,7 +23,7 @@ class HealthServer:
         service: str,
         nats_status: Callable[[], str],
         *,
-        host: str = "0.0.0.0",
+        host: str,
         port: int = 0,
         details: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:

@@ -31,7 +31,7 @@ PLAIN = "text/plain; charset=utf-8"
 class TinyHttpServer:
     """Serves ``handle`` on ``host:port`` (port 0: an ephemeral one)."""
 
-    def __init__(self, handle: Handler, *, host: str = "0.0.0.0", port: int = 0,
+    def __init__(self, handle: Handler, *, host: str, port: int = 0,
                  bad_request: Response = (400, b"bad request\n", PLAIN)) -> None:
         self.handle = handle
         self.bad_request = bad_request

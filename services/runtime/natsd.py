@@ -98,6 +98,17 @@ class EmbeddedNats:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id (also once it has exited), None before a start."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """How the server process ended (negative: killed by that signal);
+        None while it runs or before a start."""
+        return self._proc.poll() if self._proc is not None else None
+
     def start(self) -> str:
         """Start the server, wait until it serves clients, return its URL."""
         if self.running:

@@ -6,15 +6,17 @@ variable               flag                        default
 ``HOPS_NATS_URL``      ``--nats-url``              ``nats://127.0.0.1:4222``
 ``HOPS_NATS_CREDS``    ``--nats-creds``            none
 ``HOPS_HEALTH_PORT``   ``--health-port``           none (no health endpoint)
-``HOPS_HEALTH_HOST``   ``--health-host``           ``0.0.0.0``
+``HOPS_HEALTH_HOST``   ``--health-host``           ``127.0.0.1``
 ``HOPS_LOG_LEVEL``     ``--log-level``             ``info``
 ``HOPS_LEADER_TTL``    ``--leader-ttl``            ``5`` seconds
 =====================  ==========================  ===========================
 
 ``HOPS_NATS_URL`` may list several servers separated by commas. A health
-port of 0 binds an ephemeral port. Service-specific knobs use
-:func:`env_float`/:func:`env_int`. Every bad value raises :class:`SettingsError`
-naming the variable or flag.
+port of 0 binds an ephemeral port. Every endpoint binds loopback
+(:data:`LOOPBACK`) unless configured otherwise, as nats-server and the
+gateway do; a container sets ``0.0.0.0`` so that its peers reach it.
+Service-specific knobs use :func:`env_float`/:func:`env_int`. Every bad
+value raises :class:`SettingsError` naming the variable or flag.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, TypeVar
 
+LOOPBACK = "127.0.0.1"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 T = TypeVar("T")
@@ -41,7 +44,7 @@ class RuntimeSettings:
     nats_servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     nats_creds: str | None = None
     health_port: int | None = None
-    health_host: str = "0.0.0.0"
+    health_host: str = LOOPBACK
     log_level: str = "info"
     leader_ttl: float = 5.0
     connect_timeout: float = 2.0
