@@ -114,13 +114,13 @@ class Stack:
         self.term = 1
         self._lease: asyncio.Task[None] | None = None
 
-    async def start(self, procs: Procs, **placer_env: str) -> None:
+    async def start(self, procs: Procs, monitor_env: Mapping[str, str] | None = None,
+                    executor_env: Mapping[str, str] | None = None) -> None:
         self._lease = asyncio.create_task(self._hold_lease())
-        procs.monitor()
-        procs.executor(S0)
-        procs.executor(S1)
-        procs.start("placer", "services.placer", **{"HOPS_COMMAND_TIMEOUT_S": "15",
-                                                    **placer_env})
+        procs.monitor(**(monitor_env or {}))
+        procs.executor(S0, **(executor_env or {}))
+        procs.executor(S1, **(executor_env or {}))
+        procs.start("placer", "services.placer", HOPS_COMMAND_TIMEOUT_S="15")
         await self.client.wait_node(S0)
         await self.client.wait_node(S1)
         self.events = await self.client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)

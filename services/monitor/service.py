@@ -338,7 +338,8 @@ class Monitor:
                 await self._node_lost(sid, last)
             for job, sid in found.jobs:
                 self.log.warning("job heartbeat lost", job_id=job, server_id=sid)
-                self.releaser.spawn(job, partial(on_heartbeat_lost, ended=job in self.ended))
+                self.releaser.spawn(job, partial(on_heartbeat_lost, ended=job in self.ended,
+                                                 samples_done=found.progress.get(job)))
             for job, sid in found.vanished:
                 self.log.warning("job process ended without a word", job_id=job,
                                  server_id=sid)
