@@ -20,6 +20,8 @@ lists it: it hangs) the job already ended; when
                     ``job_stopped`` (requeued)
 node lost           ``job_stopped`` ("node        the placement's other servers
                     lost"): back to the queue
+node removed        ``job_stopped`` ("node        every server of the placement (the
+(by an operator)    removed"): back to the queue  removed node's executor may still run)
 profile reported    none                          the profiled server (its part only)
 process vanished    ``job_stopped``, for a run    every server of a run; a profiling
 (ended, no event;   (a profiling run: none)       run's server (its part only)
@@ -44,6 +46,7 @@ from shared.records import Placement
 
 JobEventKind = Literal["none", "stopped", "failed"]
 NODE_LOST = "node lost"
+NODE_REMOVED = "node removed"
 HEARTBEAT_LOST = "heartbeat lost"
 PROFILED = "profiled"
 VANISHED = "process vanished"
@@ -103,6 +106,16 @@ def on_node_lost(server: ServerId, placement: Placement, samples_done: float | N
     event: JobEventKind = "stopped" if placement.mode == "run" and not ended else "none"
     return Release(placement.job_id, servers, others, event, NODE_LOST,
                    samples_done if event == "stopped" else None)
+
+
+def on_node_removed(server: ServerId, placement: Placement, samples_done: float | None = None,
+                    ended: bool = False) -> Release | None:
+    """An operator removed ``server``: as a lost node, but its executor may
+    still run its part of the job, so that part is stopped too."""
+    rel = on_node_lost(server, placement, samples_done, ended)
+    if rel is None:
+        return None
+    return replace(rel, stop_on=placement.configuration.servers, reason=NODE_REMOVED)
 
 
 def on_profiled(placement: Placement, server: ServerId) -> Release | None:
