@@ -6,7 +6,7 @@ the monitor lists takes commands), registers its server on
 retrying until the monitor answers; a refusal stops it with exit code 1)
 and publishes a ``node_heartbeat`` listing its running jobs every
 ``heartbeat_s``, and the ``job_heartbeat`` of every job that does not beat
-itself. Commands:
+itself or is being stopped. Commands:
 
 * ``start_job``: the ledger's checks, then the backend's
   (:meth:`executor.backend.Backend.check`); the backend spawns the job and
@@ -172,7 +172,12 @@ class NodeExecutor:
             with contextlib.suppress(nats.errors.Error):
                 await self.ctx.nc.publish(subjects.node_heartbeat(self.server.id), encode(beat))
                 for job in list(self.procs.values()):
-                    if not job.beats_itself:  # a real job knows nothing of NATS
+                    # A real job knows nothing of NATS. A job being stopped falls
+                    # silent while it stops (it may take up to the stop grace, or be
+                    # slow to exit on a busy host) yet is still listed here: the
+                    # executor vouches for it, so the monitor never judges a stop in
+                    # progress a hung process and fails the job.
+                    if not job.beats_itself or job.stopping:
                         msg = JobHeartbeat(job_id=job.cmd.job_id, server_id=self.server.id,
                                            samples_done=job.samples_done, at=now)
                         await self.ctx.nc.publish(subjects.job_heartbeat(job.cmd.job_id),

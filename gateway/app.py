@@ -14,6 +14,8 @@ endpoint                     does                                          answe
 ``GET /queue``               the scheduler leader's ``QueueView``          200, 503
 ``GET /cluster``             ``hops_nodes`` servers, their GPUs and the    200
                              jobs holding them (``hops_alloc``)
+``DELETE /nodes/{id}``       ``remove_node`` on ``hops.v1.nodes.remove``   200, 404, 409, 503
+                             (``?force=true`` for an alive node)
 ``GET /healthz``             whether the NATS connection is up             200, 503
 ``GET /docs``                the OpenAPI (Swagger) page
 ===========================  ============================================  =====================
@@ -89,6 +91,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     _list_route(app)
     _job_routes(app)
     _cluster_routes(app)
+    _node_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -234,6 +237,41 @@ def _cluster_routes(app: FastAPI) -> None:
         ok = status == "connected"
         body = {"service": "gateway", "ok": ok, "nats": status}
         return _json(200 if ok else 503, body)
+
+
+_REMOVE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such node"},
+    409: {"description": "the node is alive and force is not set"},
+    **_ERRORS,
+}
+
+
+def _node_routes(app: FastAPI) -> None:
+    summary = "Remove a node (an alive one only with force=true; its jobs are requeued)"
+
+    @app.delete("/nodes/{server_id}", summary=summary, responses=_REMOVE_RESPONSES)
+    async def remove_node(request: Request, server_id: str, force: bool = False,
+                          reason: str = "") -> JSONResponse:
+        bus = _bus(request)
+        bad = _not_a_token(server_id, "server id")
+        if bad is not None:
+            return bad
+        try:
+            reply = await bus.remove_node(server_id, force, reason)
+        except (Unavailable, BadUpstream) as e:
+            return _upstream_failure(e)
+        bus.log.info("node removal answered", server_id=server_id, force=force, ok=reply.ok,
+                     code=reply.code)
+        return _json(views.reply_status(reply), views.node_reply_body(reply))
+
+
+def _not_a_token(value: str, what: str) -> JSONResponse | None:
+    """404 for an id that cannot name anything on the bus (a subject token)."""
+    try:
+        check_token(value, what)
+    except SubjectError as e:
+        return _failure(404, views.NOT_FOUND, str(e))
+    return None
 
 
 async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:

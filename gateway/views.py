@@ -67,6 +67,13 @@ def reply_body(reply: Reply) -> dict[str, Any]:
     return {"ok": False, "job_id": reply.job_id, "code": reply.code, "error": reply.error}
 
 
+def node_reply_body(reply: Reply) -> dict[str, Any]:
+    """The JSON body for a node removal reply."""
+    if reply.ok:
+        return {"ok": True, "server_id": reply.server_id}
+    return {"ok": False, "server_id": reply.server_id, "code": reply.code, "error": reply.error}
+
+
 def error_body(code: str, error: str) -> dict[str, Any]:
     return {"ok": False, "code": code, "error": error}
 
@@ -227,6 +234,7 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]]) -> dic
         "used": used,
         "free": s.gpus - used if node.alive else 0,
         "alive": node.alive,
+        "state": "alive" if node.alive else "lost",
         "order": node.order,
         "model": s.model,
         "last_heartbeat": node.last_heartbeat,
@@ -236,18 +244,27 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]]) -> dic
 
 
 def _totals(servers: Sequence[Mapping[str, Any]], placements: int) -> dict[str, Any]:
+    """Totals over the servers; GPU counts are those of alive servers, as in
+    the monitor's metrics (``hops_gpus_total``, ``hops_gpus_used``), and a
+    lost server's GPUs are counted apart (``lost_gpus``)."""
     by_type: dict[str, dict[str, int]] = {}
     for s in servers:
-        t = by_type.setdefault(s["gpu_type"], {"gpus": 0, "used": 0, "free": 0})
-        t["gpus"] += s["gpus"]
-        t["used"] += s["used"]
-        t["free"] += s["free"]
+        t = by_type.setdefault(s["gpu_type"], {"gpus": 0, "used": 0, "free": 0, "lost_gpus": 0})
+        if s["alive"]:
+            t["gpus"] += s["gpus"]
+            t["used"] += s["used"]
+            t["free"] += s["free"]
+        else:
+            t["lost_gpus"] += s["gpus"]
+    alive = [s for s in servers if s["alive"]]
     return {
         "servers": len(servers),
-        "alive_servers": sum(1 for s in servers if s["alive"]),
-        "gpus": sum(s["gpus"] for s in servers),
-        "used": sum(s["used"] for s in servers),
-        "free": sum(s["free"] for s in servers),
+        "alive_servers": len(alive),
+        "lost_servers": len(servers) - len(alive),
+        "gpus": sum(s["gpus"] for s in alive),
+        "used": sum(s["used"] for s in alive),
+        "free": sum(s["free"] for s in alive),
+        "lost_gpus": sum(s["gpus"] for s in servers if not s["alive"]),
         "placements": placements,
         "by_gpu_type": by_type,
     }

@@ -290,13 +290,38 @@ def queue(gateway: GatewayOpt = DEFAULT_GATEWAY, as_json: JsonOpt = False) -> No
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
 
 
-@app.command()
-def nodes(gateway: GatewayOpt = DEFAULT_GATEWAY, as_json: JsonOpt = False) -> None:
+nodes_app = typer.Typer(help="The registered servers (`hops nodes`), and their removal.")
+app.add_typer(nodes_app, name="nodes")
+
+
+@nodes_app.callback(invoke_without_command=True)
+def nodes(ctx: typer.Context, gateway: GatewayOpt = DEFAULT_GATEWAY,
+          as_json: JsonOpt = False) -> None:
     """The registered servers, their GPUs and the jobs holding them."""
     from hops.client import render_nodes
 
+    if ctx.invoked_subcommand is not None:
+        return
     body = _gateway_call(gateway, lambda c: c.cluster())
     typer.echo(json.dumps(body, indent=2) if as_json else render_nodes(body))
+
+
+@nodes_app.command("remove")
+def nodes_remove(
+    server_id: Annotated[str, typer.Argument(help="the server's id")],
+    force: Annotated[bool, typer.Option(
+        "--force", help="remove it even though it is alive (its jobs are requeued)")] = False,
+    reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
+    gateway: GatewayOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Remove a node: a lost one, or an alive one with --force. It comes back
+    when its executor registers again. Exit 1 if the monitor refuses."""
+    from hops.client import render_answer
+
+    answer = _gateway_call(gateway, lambda c: c.remove_node(server_id, force, reason))
+    typer.echo(render_answer(server_id, answer, verb="removed"))
+    if not answer.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -195,6 +195,10 @@ class GatewayClient:
     def job(self, job_id: str) -> dict[str, Any]:
         return self._get(f"/jobs/{job_id}")
 
+    def remove_node(self, server_id: str, force: bool = False, reason: str = "") -> Answer:
+        params = {"force": "true" if force else "false", "reason": reason}
+        return self._answer(self._call("DELETE", f"/nodes/{server_id}", params=params))
+
     def queue(self) -> dict[str, Any]:
         return self._get("/queue")
 
@@ -320,7 +324,8 @@ def render_nodes(body: Mapping[str, Any]) -> str:
     lines = _table(header, rows)
     lines.append(
         f"{t.get('alive_servers', 0)}/{t.get('servers', 0)} servers alive; "
-        f"GPUs {t.get('used', 0)} used, {t.get('free', 0)} free of {t.get('gpus', 0)}"
+        f"GPUs {t.get('used', 0)} used, {t.get('free', 0)} free of {t.get('gpus', 0)} alive"
+        + (f" ({t['lost_gpus']} more on lost servers)" if t.get("lost_gpus") else "")
     )
     for problem in ("unknown_servers", "double_booked"):
         if body.get(problem):

@@ -110,6 +110,18 @@ class RegisterNode(Message, frozen=True, tag="register_node"):
             )
 
 
+class RemoveNode(Message, frozen=True, tag="remove_node"):
+    """Request on ``hops.v1.nodes.remove``: an operator removes a registered
+    node; an alive one only with ``force`` (its jobs are requeued)."""
+
+    server_id: ServerId
+    force: bool = False
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        check_token(self.server_id, "server id")
+
+
 class EstimateRequest(Message, frozen=True, tag="estimate_request"):
     """Request on ``hops.v1.estimate`` (queue group ``estimator``)."""
 
@@ -336,6 +348,7 @@ AnyMessage: TypeAlias = (
     | CancelJob
     | Reply
     | RegisterNode
+    | RemoveNode
     | EstimateRequest
     | EstimateReply
     | Command
@@ -374,6 +387,7 @@ def decode_submit(data: bytes, max_payload: int = MAX_PAYLOAD) -> SubmitJob:
 decode_cancel = Codec[CancelJob](CancelJob, "cancel_job").decode
 decode_reply = Codec[Reply](Reply, "reply").decode
 decode_register = Codec[RegisterNode](RegisterNode, "register_node").decode
+decode_remove_node = Codec[RemoveNode](RemoveNode, "remove_node").decode
 decode_estimate_request = Codec[EstimateRequest](EstimateRequest, "estimate_request").decode
 decode_estimate_reply = Codec[EstimateReply](EstimateReply, "estimate_reply").decode
 decode_command = Codec[Command](Command, "command").decode

@@ -17,6 +17,7 @@ PREFIX = "hops.v1"
 JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
 JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
 NODES_REGISTER = f"{PREFIX}.nodes.register"
+NODES_REMOVE = f"{PREFIX}.nodes.remove"
 ESTIMATE = f"{PREFIX}.estimate"
 ESTIMATOR_QUEUE = "estimator"
 # The scheduler's queue view (priority, latency ratio, window), answered by the leader.

@@ -170,8 +170,10 @@ def test_cluster_view_shows_holders_totals_and_problems() -> None:
     assert s1["used"] == 2 and s1["free"] == 2 and s1["jobs"] == ["j1"]
     assert [g["job_id"] for g in s1["gpu_slots"]] == [None, "j1", "j1", None]
     assert view["servers"][1]["free"] == 0  # a dead server offers nothing
-    assert view["totals"]["gpus"] == 10 and view["totals"]["used"] == 3
-    assert view["totals"]["alive_servers"] == 2
+    # GPU totals count alive servers only, as the monitor's metrics do
+    assert view["totals"]["gpus"] == 6 and view["totals"]["used"] == 3
+    assert view["totals"]["lost_gpus"] == 4 and view["servers"][1]["state"] == "lost"
+    assert (view["totals"]["alive_servers"], view["totals"]["lost_servers"]) == (2, 1)
     assert view["double_booked"] == [{"server_id": "s1", "gpu": 2, "jobs": ["j1", "p"]}]
     assert view["unknown_servers"] == {"nowhere": ["ghost"]}
 
@@ -291,9 +293,10 @@ async def test_jobs_and_cluster_come_from_the_kv_buckets(api: httpx.AsyncClient,
     assert (await api.get("/jobs/a.b")).status_code == 404
     cluster = (await api.get("/cluster")).json()
     assert cluster["servers"][0]["jobs"] == ["a"]
-    assert cluster["totals"] == {"servers": 1, "alive_servers": 1, "gpus": 4, "used": 2,
-                                 "free": 2, "placements": 1,
-                                 "by_gpu_type": {"RTX3090": {"gpus": 4, "used": 2, "free": 2}}}
+    assert cluster["totals"] == {"servers": 1, "alive_servers": 1, "lost_servers": 0, "gpus": 4,
+                                 "used": 2, "free": 2, "lost_gpus": 0, "placements": 1,
+                                 "by_gpu_type": {"RTX3090": {"gpus": 4, "used": 2, "free": 2,
+                                                             "lost_gpus": 0}}}
 
 
 # --- with the real scheduler process ----------------------------------------------------

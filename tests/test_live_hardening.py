@@ -1,165 +1,170 @@
-"""Hardening of the live system against the stack of real processes: jobs
-that can never fit, unknown models, a job held when nodes leave, current
-progress and reasons, and a burst of submissions while jobs run.
+"""The live system against plans no leader issued, and operators' views of
+the nodes, with every component a real process (:mod:`tests.livestack`:
+nats-server, the services, the gateway and a two-server EMULATED cluster).
 
-One stack (:mod:`tests.livestack`, EMULATED executors) serves the module;
-each test leaves it able to run the next.
+* A ``plan_issued`` with a term no leader held is refused by the placer (a
+  log line and an ``error_record``), which goes on applying the leader's
+  plans: a job submitted afterwards runs to the end.
+* ``hops_nodes`` shows current heartbeat times; ``/cluster`` and the
+  metrics count the same nodes and GPUs; an operator removes a lost node
+  (``hops nodes remove``), an alive one only with ``--force`` (its job is
+  requeued with its progress and runs again elsewhere), and a removed node
+  whose executor registers again is back.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from nats.aio.msg import Msg
+from typer.testing import CliRunner
 
-from services.scheduler.profiling import profiling_budget
+from hops.cli import app
+from shared import events as ev
+from shared.cluster import GpuTypeSpec, Server
+from shared.ids import GpuType, ServerId
 from simulator.catalog import builtin_catalog
-from simulator.clusters import cluster_arg
 from tests.livestack import LiveStack, until
+from tests.test_live_monitor import scrape
 
 CLUSTER = """\
 name: hardening
 gpu_types:
   - {name: RTX3090, link_bandwidth: 2.5e9, net_bandwidth: 1.0e9}
-  - {name: TitanXP, link_bandwidth: 1.25e9, net_bandwidth: 1.0e9}
 servers:
   - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
   - {id: rtx-1, gpu_type: RTX3090, gpus: 4}
-  - {id: titan-0, gpu_type: TitanXP, gpus: 4}
 """
-NEVER = 10**13  # samples: a job that runs until something stops it
-SHORT = 10_000_000
-BURST = 200
+NODE_WRITE_S = 1.0
+FORGED_TERM = 10**15
 
 
-def spec(job_id: str, total: int = SHORT, model: str = "resnet18-cifar10",
-         **gpus: Any) -> dict[str, Any]:
-    truth = builtin_catalog()[model]
-    out = {"id": job_id, "model": model, "batch_size": truth.batch_size,
-           "params": truth.params, "total_samples": total}
-    out.update(gpus or {"requirements": [1]})
-    return out
+def spec(job_id: str, total: int, requirements: list[int]) -> dict[str, Any]:
+    truth = builtin_catalog()["resnet18-cifar10"]
+    return {"id": job_id, "model": "resnet18-cifar10", "batch_size": truth.batch_size,
+            "params": truth.params, "total_samples": total, "requirements": requirements}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
-    with LiveStack(tmp_path_factory.mktemp("hardening"), CLUSTER) as s:
+    env = {"HOPS_NODE_WRITE_S": str(NODE_WRITE_S)}
+    with LiveStack(tmp_path_factory.mktemp("hardening"), CLUSTER, schedulers=1, env=env) as s:
         yield s
 
 
-@pytest.fixture
-def gateway(stack: LiveStack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.config.gateway_url, timeout=10) as client:
-        yield client
+def hops(stack: LiveStack, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, [*args, "--gateway", stack.config.gateway_url])
+    return result.exit_code, result.output
 
 
-def running(stack: LiveStack, job_id: str) -> dict[str, Any] | None:
-    rec = stack.record(job_id)
-    return rec if rec and rec["phase"] == "running" else None
+def heartbeats(stack: LiveStack, job_id: str) -> list[float]:
+    """The ``samples_done`` of the job's heartbeats from now on, as they come."""
+    bus, seen = stack.bus_(), []
+
+    async def follow() -> None:
+        async def on_beat(msg: Msg) -> None:
+            seen.append(float(json.loads(msg.data)["samples_done"]))
+
+        await bus.nc.subscribe(f"hops.v1.jobs.heartbeat.{job_id}", cb=on_beat)
+
+    bus.call(follow())
+    return seen
 
 
-def test_jobs_that_can_never_fit_and_unknown_models_are_refused(
-    stack: LiveStack, gateway: httpx.Client
-) -> None:
-    before = set(stack.bus_().bucket("hops_jobs"))
-    huge = gateway.post("/jobs", json=spec("huge", requirements=[1000]))
-    assert huge.status_code == 422, huge.text
-    body = huge.json()
-    assert body["code"] == "unschedulable"
-    # It names the requirement and the most one GPU type holds, by type.
-    assert "1000 GPUs" in body["error"] and "at most 8 GPUs" in body["error"], body
-    assert "8 RTX3090" in body["error"] and "4 TitanXP" in body["error"], body
-    # A job that fits one type but not another is admitted.
-    assert stack.submit(spec("eight", requirements=[8]))["ok"] is True
-    unknown = gateway.post("/jobs", json={**spec("gpt"), "model": "gpt-17"})
-    assert unknown.status_code == 422, unknown.text
-    assert "gpt-17" in unknown.json()["error"] and "resnet18-cifar10" in unknown.json()["error"]
-    assert set(stack.bus_().bucket("hops_jobs")) - before == {"eight"}
-    assert gateway.delete("/jobs/eight").status_code == 200
+def cluster(stack: LiveStack) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{stack.config.gateway_url}/cluster", timeout=10).json()
+    return body
 
 
-def test_a_job_that_no_longer_fits_is_held_and_resumes_when_capacity_returns(
-    stack: LiveStack,
-) -> None:
-    """An 8-GPU job runs over both RTX servers; one leaves (its executor is
-    killed with the supervisor frozen), and the job, requeued, fits no
-    alive type: it is held with reason ``unschedulable`` while a small job
-    still runs; once the server is back it runs again."""
-    stack.submit(spec("wide", total=NEVER, requirements=[8]))
-    until(lambda: running(stack, "wide"), "wide running", 60, stack.logs)
-    supervisor = stack.pid("cluster")
-    os.kill(supervisor, signal.SIGSTOP)
-    try:
-        os.kill(stack.executor_pid("rtx-1"), signal.SIGKILL)
-        until(lambda: (stack.record("wide") or {}).get("reason", "").startswith("unschedulable"),
-              "wide held as unschedulable", 30, stack.logs)
-        assert stack.phase("wide") == "queued"
-        stack.submit(spec("small", requirements=[1]))
-        assert stack.wait_final(["small"], 60) == {"small": "finished"}
-        assert stack.phase("wide") == "queued"
-        assert not any(a["job_id"] == "wide" for p in stack.bus_().plans()[-3:]
-                       for a in p["plan"]["assignments"])
-    finally:
-        os.kill(supervisor, signal.SIGCONT)
-    rec = until(lambda: running(stack, "wide"), "wide running again", 60, stack.logs)
-    assert rec["reason"] == "", rec  # cleared when it started
-    assert stack.bus_().request("hops.v1.jobs.cancel",
-                                b'{"type": "cancel_job", "job_id": "wide"}')["ok"] is True
-
-
-def test_a_running_jobs_progress_is_current_in_its_record(stack: LiveStack) -> None:
-    stack.submit(spec("steady", total=NEVER, requirements=[1]))
-    first = until(lambda: running(stack, "steady"), "steady running", 60, stack.logs)
-    until(lambda: (stack.record("steady") or {}).get("samples_done", 0) > first["samples_done"],
-          "steady's progress in its record", 20, stack.logs)
-    stack.bus_().request("hops.v1.jobs.cancel", b'{"type": "cancel_job", "job_id": "steady"}')
-
-
-def test_a_burst_is_profiled_within_the_share_while_running_jobs_keep_their_gpus(
-    stack: LiveStack,
-) -> None:
-    """Two long jobs run; a burst of submissions follows. Profiling takes at
-    most its share of each type at any time and no running job's GPU: the
-    long jobs are never stopped for it and none fails, and every job of the
-    burst is profiled."""
-    for i in range(2):
-        stack.submit(spec(f"long-{i}", total=NEVER, requirements=[4]))
-    for i in range(2):
-        until(lambda i=i: running(stack, f"long-{i}"), f"long-{i} running", 60, stack.logs)  # type: ignore[misc]
-    cluster = cluster_arg(str(stack.cluster_file))
-    caps = profiling_budget(cluster, {})
-    type_of = {s.id: s.gpu_type for s in cluster.servers}
+def test_a_plan_of_a_term_no_leader_held_does_not_wedge_the_placer(stack: LiveStack) -> None:
     bus = stack.bus_()
     t0 = time.monotonic()
-    ids = [f"b{i:03d}" for i in range(BURST)]
-    for job_id in ids:
-        assert stack.submit(spec(job_id, total=1_000_000))["ok"] is True
-    most: Counter[str] = Counter()
+    lease = stack.leader()
+    assert lease is not None
+    forged = {"type": "plan_issued", "round": 10**6, "term": FORGED_TERM, "at": time.time(),
+              "first_plan": True, "plan": {"assignments": [], "profiling": []}}
+    bus.call(bus.nc.jetstream().publish("hops.v1.plans", json.dumps(forged).encode()))
 
-    def profiled() -> bool:
-        held: Counter[str] = Counter()
-        for alloc in stack.allocs().values():
-            if alloc["mode"] == "profile":
-                for sid, g in alloc["configuration"]["parts"]:
-                    held[type_of[sid]] += g
-        for t, g in held.items():
-            most[t] = max(most[t], g)
-        phases = Counter(stack.phase(j) for j in ids)
-        return phases["submitted"] + phases["profiling"] == 0
+    def refused() -> list[dict[str, Any]]:
+        return [e for e in bus.errors(since=t0)
+                if e["service"] == "placer" and str(FORGED_TERM) in e["error"]]
 
-    until(profiled, "the burst profiled", 600, stack.logs)
-    took = time.monotonic() - t0
-    assert all(most[t] <= caps[t] for t in most), (most, caps)
-    for i in range(2):
-        job = f"long-{i}"
-        kinds = [m.body["type"] for m in bus.job_events(job)]
-        assert "job_failed" not in kinds and "job_stopped" not in kinds, (job, kinds)
-        assert running(stack, job) is not None
-    assert not [j for j in ids if stack.phase(j) == "failed"]
-    print(f"burst of {BURST} profiled in {took:.1f} s; most profiling GPUs per type {dict(most)}")
+    (record,) = until(refused, "the placer's error record for the forged plan", 15, stack.logs)
+    assert record["code"] == "invalid" and "no leader has held it" in record["error"]
+    assert "plan ignored" in (stack.data_dir / "logs" / "placer.log").read_text()
+    # the leader's plans are still applied: a job submitted now is profiled, runs, ends
+    assert stack.submit(spec("after-forged", 10_000_000, [1, 2]))["ok"]
+    assert stack.wait_final(["after-forged"], 60) == {"after-forged": "finished"}
+
+
+def agree(stack: LiveStack) -> tuple[dict[str, Any], dict[str, float]]:
+    """``/cluster``'s totals and the metrics, once they count the same."""
+    def both() -> tuple[dict[str, Any], dict[str, float]] | None:
+        totals, m = cluster(stack)["totals"], scrape(stack.config.metrics_port)
+        same = (totals["gpus"], totals["used"], totals["alive_servers"],
+                totals["lost_servers"]) == (m["hops_gpus_total"], m["hops_gpus_used"],
+                                            m["hops_nodes[state=alive]"],
+                                            m["hops_nodes[state=lost]"])
+        return (totals, m) if same else None
+
+    return until(both, "/cluster and the metrics agree", 15,
+                 lambda: f"{cluster(stack)['totals']}\n{scrape(stack.config.metrics_port)}")
+
+
+def test_heartbeat_times_are_current(stack: LiveStack) -> None:
+    first = stack.nodes()["rtx-0"]["last_heartbeat"]
+    until(lambda: stack.nodes()["rtx-0"]["last_heartbeat"] > first, "a newer heartbeat time",
+          NODE_WRITE_S + 5)
+    age = time.time() - cluster(stack)["servers"][0]["last_heartbeat"]
+    assert age < NODE_WRITE_S + 3, age
+
+
+def test_a_dead_node_is_counted_alike_and_can_be_removed(stack: LiveStack) -> None:
+    bus = stack.bus_()
+    ghost = ev.RegisterNode(server=Server(ServerId("ghost"), GpuType("RTX3090"), 8),
+                            gpu_type=GpuTypeSpec(GpuType("RTX3090"), 2.5e9, 1e9), order=9)
+    assert bus.request("hops.v1.nodes.register", ev.encode(ghost))["ok"]
+    # it never beats: lost after the deadline, listed as lost, counted apart
+    until(lambda: stack.nodes().get("ghost", {}).get("alive") is False, "the ghost lost", 10)
+    totals, _ = agree(stack)
+    assert (totals["gpus"], totals["lost_gpus"], totals["lost_servers"]) == (8, 8, 1)
+    assert [s["state"] for s in cluster(stack)["servers"]] == ["alive", "alive", "lost"]
+    code, out = hops(stack, "nodes", "remove", "ghost")
+    assert (code, out.strip()) == (0, "ghost: removed")
+    assert "ghost" not in stack.nodes()
+    totals, metrics = agree(stack)
+    assert totals["servers"] == 2 and metrics["hops_nodes[state=lost]"] == 0
+    code, out = hops(stack, "nodes", "remove", "ghost")
+    assert code == 1 and "404 not_found" in out
+
+
+def test_an_alive_node_is_removed_only_by_force_and_comes_back(stack: LiveStack) -> None:
+    assert stack.submit(spec("long", 10**13, [4]))["ok"]
+    placed = until(lambda: (stack.allocs().get("long") or {}).get("mode") == "run"
+                   and stack.allocs()["long"], "the long job placed", 60, stack.logs)
+    (server,) = placed["gpu_indices"]
+    progress = heartbeats(stack, "long")
+    until(lambda: progress and progress[-1] > 0, "progress", 15)
+    code, out = hops(stack, "nodes", "remove", server)
+    assert code == 1 and "409 conflict" in out and "alive" in out
+    assert stack.nodes()[server]["alive"]
+    code, out = hops(stack, "nodes", "remove", server, "--force", "--reason", "maintenance")
+    assert code == 0, out
+    # requeued with its progress, then running on the other server
+    stopped = until(lambda: stack.bus_().job_events("long", "job_stopped"), "job_stopped", 15)
+    assert stopped[0].body["reason"] == "node removed" and stopped[0].body["samples_done"] > 0
+    other = ({"rtx-0", "rtx-1"} - {server}).pop()
+    until(lambda: (stack.allocs().get("long") or {}).get("gpu_indices", {}).keys() == {other},
+          "the long job running on the other server", 30, stack.logs)
+    assert stack.phase("long") == "running" and server not in stack.nodes()
+    # its executor registers again (restarted by the cluster's supervisor): it is back
+    os.kill(stack.executor_pid(server), signal.SIGKILL)
+    until(lambda: stack.nodes().get(server, {}).get("alive"), "the node back", 30, stack.logs)
+    agree(stack)

@@ -18,6 +18,7 @@ from typing import Literal
 
 import nats.errors
 import pytest
+from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.runtime.natsd import EmbeddedNats
@@ -138,13 +139,27 @@ async def test_registration_is_validated(procs: Procs, client: Client) -> None:
     await eventually(lambda: any(e.code == "not_found" for e in errors), what="ghost")
 
 
+async def stand_in_executor(client: Client, server: str) -> None:
+    """Answer every command to ``server`` with a success, as an executor that
+    stopped the job's (hung) process would."""
+
+    async def on_command(msg: Msg) -> None:
+        cmd = ev.decode_command(msg.data)
+        await msg.respond(ev.encode(ev.CommandAck(key=cmd.key, ok=True, samples_done=42.0)))
+
+    await client.nc.subscribe(subjects.exec_commands(server), cb=on_command)
+    await client.nc.flush()
+
+
 async def test_silent_jobs_hung_or_ended(procs: Procs, client: Client) -> None:
     """The deadline path alone (the test beats for a node and two jobs): a
-    job its node still lists hangs and fails at its deadline; a job its node
-    no longer lists ended, and without an event saying how it vanishes."""
+    job its node still lists hangs and fails at its deadline (the stop found
+    its process); a job its node no longer lists ended, and without an event
+    saying how it vanishes."""
     vanish = 4.0
     procs.monitor(HOPS_VANISH_GRACE_S=str(vanish))
     assert (await first_register(client, register("n0"))).ok
+    await stand_in_executor(client, "n0")
     events = await client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)
     released = await client.collect(subjects.RELEASED, decode_released)
     await place(client, "hung", {"n0": 2}, {"n0": (0, 1)})

@@ -1,19 +1,24 @@
 """The placer applying plans to two EMULATED executor processes, against a
 real nats-server: starts (one job over both servers), profiling runs,
 stops and resizes with the progress of the stop acks, plans of a deposed
-leader, plans the placer cannot fully carry out, fill plans.
+leader and of a term no leader held, plans the placer cannot fully carry
+out, fill plans.
 
-The test plays the scheduler: it writes ``hops_jobs`` and publishes
-``plan_issued`` on ``HOPS_PLANS``."""
+The test plays the scheduler: it holds the leader lease in ``hops_leader``,
+writes ``hops_jobs`` and publishes ``plan_issued`` on ``HOPS_PLANS``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TypeVar
 
+import pytest
+
 from services.runtime.bus import publish_event
+from services.scheduler.live_lease import LEASE_KEY, LeaseValue, encode_value
 from shared import events as ev
 from shared import subjects
 from shared.configuration import Configuration
@@ -35,6 +40,7 @@ from tests.test_live_executor import (
 )
 
 __all__ = ["client", "nats_server", "nats_url", "procs"]  # fixtures
+LEASE_REFRESH_S = 1.0  # the bucket's TTL is 5 s
 
 
 def plan(
@@ -96,18 +102,24 @@ E = TypeVar("E", bound=ev.Message)
 
 
 class Stack:
-    """Monitor, two executors and the placer; what the test sees of them."""
+    """Monitor, two executors and the placer; what the test sees of them.
+    The test holds the leader lease (term :attr:`term`), refreshing it as a
+    leader does."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.events: list[ev.JobEvent] = []
         self.errors: list[ev.ErrorRecord] = []
         self.beats: dict[str, list[ev.NodeHeartbeat]] = {}
+        self.term = 1
+        self._lease: asyncio.Task[None] | None = None
 
-    async def start(self, procs: Procs) -> None:
-        procs.monitor()
-        procs.executor(S0)
-        procs.executor(S1)
+    async def start(self, procs: Procs, monitor_env: Mapping[str, str] | None = None,
+                    executor_env: Mapping[str, str] | None = None) -> None:
+        self._lease = asyncio.create_task(self._hold_lease())
+        procs.monitor(**(monitor_env or {}))
+        procs.executor(S0, **(executor_env or {}))
+        procs.executor(S1, **(executor_env or {}))
         procs.start("placer", "services.placer", HOPS_COMMAND_TIMEOUT_S="15")
         await self.client.wait_node(S0)
         await self.client.wait_node(S1)
@@ -116,6 +128,26 @@ class Stack:
         for s in (S0, S1):
             self.beats[s] = await self.client.collect(subjects.node_heartbeat(s),
                                                       ev.decode_node_heartbeat)
+
+    async def lead(self, term: int) -> None:
+        """A new leader, of ``term``, holds the lease from now on."""
+        self.term = term
+        await self._write_lease()
+
+    async def _write_lease(self) -> None:
+        kv = await self.client.js.key_value(subjects.KV_LEADER)
+        await kv.put(LEASE_KEY, encode_value(LeaseValue(holder="test", term=self.term)))
+
+    async def _hold_lease(self) -> None:
+        while True:
+            await self._write_lease()
+            await asyncio.sleep(LEASE_REFRESH_S)
+
+    async def close(self) -> None:
+        if self._lease is not None:
+            self._lease.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease
 
     async def publish(self, issued: ev.PlanIssued) -> None:
         await publish_event(self.client.js, subjects.PLANS, issued)
@@ -133,8 +165,17 @@ class Stack:
         return [e for e in self.events if isinstance(e, kind)]
 
 
-async def test_plans_start_stop_and_resize_jobs(procs: Procs, client: Client) -> None:
-    stack = Stack(client)
+@pytest.fixture
+async def stack(client: Client) -> AsyncIterator[Stack]:
+    s = Stack(client)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_plans_start_stop_and_resize_jobs(procs: Procs, client: Client,
+                                                stack: Stack) -> None:
     await stack.start(procs)
     for job in ("a", "b", "p", "d", "e", "f", "x"):
         await client.put_job(spec(job), phase="profiling" if job == "p" else "queued")
@@ -163,17 +204,22 @@ async def test_plans_start_stop_and_resize_jobs(procs: Procs, client: Client) ->
     assert [(e.job_id, e.configuration.as_dict()) for e in resized] == [("a", {S1: 1})]
     assert resized[0].samples_done is not None and resized[0].samples_done > 0
 
-    # a plan of a deposed leader changes nothing (x would fit); a fill plan only adds
-    await stack.publish(plan(0, 9, {"x": {S0: 1}}))
+    # a new leader: a plan of the deposed one changes nothing (x would fit), nor does one
+    # of a term no leader held; the new leader's fill plan only adds
+    await stack.lead(2)
+    await stack.publish(plan(1, 9, {"x": {S0: 1}}))
+    await stack.publish(plan(10**12, 9, {"x": {S0: 1}}))
     await stack.publish(plan(2, 1, {"f": {S1: 2}}, first=False))
     want = {"a": {S1: 1}, "e": {S0: 3}, "p": {S1: 1}, "f": {S1: 2}}
     booked_once(await settle(client, want))
     assert not any(e.job_id == "x" for e in stack.events)
     await stack.running({S0: {"e"}, S1: {"a", "p", "f"}})
+    forged = [e for e in stack.errors if "no leader has held it" in e.error]
+    assert [(e.code, e.service) for e in forged] == [("invalid", "placer")]
 
 
-async def test_a_start_refused_on_one_server_is_undone(procs: Procs, client: Client) -> None:
-    stack = Stack(client)
+async def test_a_start_refused_on_one_server_is_undone(procs: Procs, client: Client,
+                                                       stack: Stack) -> None:
     await stack.start(procs)
     # a process the placer does not know of holds GPU 3 of S1
     assert (await client.command(S1, start_cmd("squat", spec("squat"), S1, {S1: 1}, (3,)))).ok

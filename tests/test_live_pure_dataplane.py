@@ -37,7 +37,6 @@ from services.monitor.release import (
     on_vanished,
 )
 from services.placer.diff import (
-    PlanGate,
     Want,
     book,
     changes,
@@ -46,6 +45,7 @@ from services.placer.diff import (
     free_indices,
     plan_prefix,
 )
+from services.placer.gate import PlanGate
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -149,11 +149,18 @@ def test_keys_and_term_gate() -> None:
                                                                         B)
     gate = PlanGate()
     admitted = []
-    for term, seq in ((1, 1), (2, 2), (1, 3), (2, 4), (2, 4), (2, 3), (3, 6), (0, 7)):
-        if gate.refuse(term, seq) is None:
+    # (plan term, lease term, stream seq); None: no lease
+    for term, lease, seq in ((1, 1, 1), (2, 2, 2), (1, 2, 3), (2, 2, 4), (2, 2, 4), (2, 2, 3),
+                             (10**12, 3, 5), (3, 3, 6), (3, None, 7), (0, 3, 8)):
+        refused = gate.refuse(term, lease, seq)
+        if refused is None:
             admitted.append(seq)
             gate.applied(seq)
-    assert admitted == [1, 2, 4, 6]  # older terms, repeats and late redeliveries are skipped
+        else:  # only a term no leader held is an error record
+            assert bool(refused.code) == (lease is not None and term > lease), refused
+    # other terms than the lease's, repeats and late redeliveries are skipped; a forged
+    # huge term leaves the gate as it was
+    assert admitted == [1, 2, 4, 6]
     assert free_indices([placement("j", {A: (1, 3)})], {A: 4}) == {A: [0, 2]}
     assert book([Want(JobId("w"), Configuration.of({A: 2}), "run")], {}, {A: 1}, "k")[1][0].code \
         == "conflict"

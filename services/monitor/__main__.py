@@ -19,6 +19,8 @@ variable                         flag                           default  meaning
                                                                          a placement after this
 ``HOPS_VANISH_GRACE_S``          ``--vanish-grace-s``           30       wait for the event of a job
                                                                          process that ended
+``HOPS_NODE_WRITE_S``            ``--node-write-s``             5        write a node's heartbeat
+                                                                         time at most this often
 ===============================  =============================  =======  =========================
 """
 
@@ -42,6 +44,7 @@ _FLOATS = (
     ("command_timeout_s", "HOPS_COMMAND_TIMEOUT_S", 8.0),
     ("orphan_grace_s", "HOPS_ORPHAN_GRACE_S", 60.0),
     ("vanish_grace_s", "HOPS_VANISH_GRACE_S", 30.0),
+    ("node_write_s", "HOPS_NODE_WRITE_S", 5.0),
 )
 
 

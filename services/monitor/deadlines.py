@@ -74,6 +74,13 @@ class DeadlineTracker:
         """Start (or restart) the deadline of an alive node."""
         self._nodes[server] = now
 
+    def forget_node(self, server: ServerId) -> None:
+        """The node was removed: no deadline, no orphans on it."""
+        self._nodes.pop(server, None)
+        self._listed.pop(server, None)
+        for part in [p for p in self._orphans if p[1] == server]:
+            del self._orphans[part]
+
     def watching(self, server: ServerId) -> bool:
         return server in self._nodes
 

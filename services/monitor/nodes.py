@@ -9,6 +9,13 @@ need both). Here: a server id registered again must describe the same
 server, type and order (an executor restarting), and every node of one GPU
 type must agree on that type's bandwidths (Eq. 2 reads one value per type);
 anything else is a ``conflict``.
+
+A registered node's record carries its ``last_heartbeat``, rewritten at
+most once per ``write_s`` (:func:`heartbeat_due`): every beat would be
+one KV write per node per second, while the monitor's verdict, ``alive``,
+is written at once when it changes. An operator removes a node with
+``remove_node`` (:func:`removal_refused`): a lost node at once, an alive
+one only when forced, as Slurm refuses to delete a node that is in use.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from shared.ids import ServerId
 from shared.records import NodeRecord
 
 CONFLICT = "conflict"
+NOT_FOUND = "not_found"
 
 
 class Refusal(ValueError):
@@ -62,6 +70,26 @@ def revived(record: NodeRecord, now: float) -> NodeRecord:
 def lost(record: NodeRecord, last_seen: float) -> NodeRecord:
     """``record`` after its heartbeat deadline passed."""
     return msgspec.structs.replace(record, alive=False, last_heartbeat=last_seen)
+
+
+def heartbeat_due(record: NodeRecord, now: float, write_s: float) -> bool:
+    """Whether a heartbeat at ``now`` is to be written to the record: at most
+    one write per ``write_s`` per node."""
+    return now - record.last_heartbeat >= write_s
+
+
+def removal_refused(sid: ServerId, record: NodeRecord | None, force: bool,
+                    now: float) -> Refusal | None:
+    """Why ``sid`` may not be removed (``not_found``; ``conflict`` for an alive
+    node without ``force``), or None."""
+    if record is None:
+        return Refusal(NOT_FOUND, f"no node {sid} is registered")
+    if record.alive and not force:
+        ago = max(0.0, now - record.last_heartbeat)
+        return Refusal(CONFLICT, f"node {sid} is alive (last heartbeat {ago:.0f} s ago); stop "
+                                 "its executor first, or force the removal (its jobs are "
+                                 "requeued)")
+    return None
 
 
 def _bandwidths(rec: NodeRecord) -> dict[str, object]:

@@ -15,9 +15,13 @@ job finished,       none (already published)      every server of the placement
 failed, cancelled
 heartbeat lost      ``job_failed``                every server of the placement
 (its node still     ("heartbeat lost"), unless
-lists it: it hangs) the job already ended
+lists it: it hangs) the job already ended; when
+                    no stop found the process,
+                    ``job_stopped`` (requeued)
 node lost           ``job_stopped`` ("node        the placement's other servers
                     lost"): back to the queue
+node removed        ``job_stopped`` ("node        every server of the placement (the
+(by an operator)    removed"): back to the queue  removed node's executor may still run)
 profile reported    none                          the profiled server (its part only)
 process vanished    ``job_stopped``, for a run    every server of a run; a profiling
 (ended, no event;   (a profiling run: none)       run's server (its part only)
@@ -31,7 +35,7 @@ A profiling placement that loses its node publishes no ``job_stopped``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import msgspec
@@ -42,6 +46,7 @@ from shared.records import Placement
 
 JobEventKind = Literal["none", "stopped", "failed"]
 NODE_LOST = "node lost"
+NODE_REMOVED = "node removed"
 HEARTBEAT_LOST = "heartbeat lost"
 PROFILED = "profiled"
 VANISHED = "process vanished"
@@ -67,12 +72,26 @@ def on_job_end(placement: Placement, kind: str) -> Release:
     return Release(placement.job_id, servers, servers, "none", kind)
 
 
-def on_heartbeat_lost(placement: Placement, ended: bool) -> Release:
+def on_heartbeat_lost(placement: Placement, ended: bool,
+                      samples_done: float | None = None) -> Release:
     """A part of the job fell silent while its node beat on; ``ended``: the
-    job is already final, so no second verdict is published."""
+    job is already final, so no second verdict is published. The verdict
+    stands only once a stop found the process (:func:`confirmed`)."""
     servers = placement.configuration.servers
     return Release(placement.job_id, servers, servers, "none" if ended else "failed",
-                   HEARTBEAT_LOST)
+                   HEARTBEAT_LOST, samples_done)
+
+
+def confirmed(rel: Release, found: bool) -> Release:
+    """``rel`` once its stops were answered; ``found``: some executor was
+    running the job and stopped it. A ``failed`` verdict stands only then:
+    the process hung. Otherwise it had ended, or was being stopped by the
+    placer (an executor answers the monitor's stop after the placer's), or
+    no executor answered: nothing shows that the job's own process failed,
+    so it goes back to the queue with its progress."""
+    if rel.event != "failed" or found:
+        return rel
+    return replace(rel, event="stopped")
 
 
 def on_node_lost(server: ServerId, placement: Placement, samples_done: float | None = None,
@@ -87,6 +106,16 @@ def on_node_lost(server: ServerId, placement: Placement, samples_done: float | N
     event: JobEventKind = "stopped" if placement.mode == "run" and not ended else "none"
     return Release(placement.job_id, servers, others, event, NODE_LOST,
                    samples_done if event == "stopped" else None)
+
+
+def on_node_removed(server: ServerId, placement: Placement, samples_done: float | None = None,
+                    ended: bool = False) -> Release | None:
+    """An operator removed ``server``: as a lost node, but its executor may
+    still run its part of the job, so that part is stopped too."""
+    rel = on_node_lost(server, placement, samples_done, ended)
+    if rel is None:
+        return None
+    return replace(rel, stop_on=placement.configuration.servers, reason=NODE_REMOVED)
 
 
 def on_profiled(placement: Placement, server: ServerId) -> Release | None:

@@ -20,7 +20,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from services.monitor.release import Release
+from services.monitor.release import Release, confirmed
 from services.runtime.bus import publish_event, request
 from services.runtime.service import ServiceContext
 from shared import subjects
@@ -75,7 +75,7 @@ class Releaser:
 
         self.background(run())
 
-    def background(self, coro: Awaitable[None]) -> None:
+    def background(self, coro: Awaitable[object]) -> None:
         async def guarded() -> None:
             try:
                 await coro
@@ -89,10 +89,14 @@ class Releaser:
 
     async def _apply(self, rel: Release, revision: int) -> None:
         log = self.log.bind(job_id=rel.job_id)
-        await asyncio.gather(*(
+        found = await asyncio.gather(*(
             self.stop(rel.job_id, s, f"release:{rel.job_id}@{s}:{revision}", rel.reason)
             for s in rel.stop_on
         ))
+        if confirmed(rel, any(found)) is not rel:
+            log.warning("no executor was running the silent job; requeued, not failed",
+                        servers=list(rel.stop_on))
+            rel = confirmed(rel, any(found))
         try:
             if rel.remaining is None:
                 await self.kv_alloc.delete(rel.job_id, last=revision)
@@ -123,8 +127,9 @@ class Releaser:
         await publish_event(js, subjects.RELEASED, released,
                             msg_id=f"{rel.job_id}:released:{revision}:{','.join(rel.servers)}")
 
-    async def stop(self, job: JobId, server: ServerId, key: str, reason: str) -> None:
-        """Best effort: a node that does not answer is lost, or soon will be."""
+    async def stop(self, job: JobId, server: ServerId, key: str, reason: str) -> bool:
+        """Best effort: a node that does not answer is lost, or soon will be.
+        True when the executor was running the job and stopped it."""
         cmd = StopJob(key=key, job_id=job, reason=reason)
         for attempt in range(1, STOP_ATTEMPTS + 1):
             try:
@@ -132,7 +137,7 @@ class Releaser:
                                     timeout=self.command_timeout_s)
             except nats.errors.NoRespondersError:
                 self.log.info("no executor to stop the job", job_id=job, server_id=server)
-                return
+                return False
             except (nats.errors.TimeoutError, WireError) as e:
                 self.log.info("stop not answered", job_id=job, server_id=server,
                               attempt=attempt, error=repr(e))
@@ -140,7 +145,8 @@ class Releaser:
             if not ack.ok and ack.code != "not_found":
                 self.log.warning("stop refused", job_id=job, server_id=server, code=ack.code,
                                  error=ack.error)
-            return
+            return ack.ok
+        return False
 
     async def close(self) -> None:
         for task in list(self._tasks):

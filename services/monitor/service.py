@@ -1,8 +1,9 @@
 """The monitor service shell (§3.1: it "continuously checks if a job has
 failed or ended, releasing the occupied resources immediately").
 
-* ``hops.v1.nodes.register``: admits nodes (:mod:`services.monitor.nodes`)
-  and writes ``hops_nodes``;
+* ``hops.v1.nodes.register`` and ``hops.v1.nodes.remove``: admits and
+  removes nodes, kept in ``hops_nodes`` by :mod:`services.monitor.registry`
+  (a removed node's jobs are requeued);
 * node and job heartbeats feed the :class:`DeadlineTracker`, checked every
   ``check_s``; a heartbeat from a server never registered is an error
   record (at most one per server per minute); a lost node that beats again
@@ -42,19 +43,20 @@ from services.monitor.deadlines import DeadlineTracker
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.monitor.exposition import MetricsServer
 from services.monitor.metrics import LatencyBook, cluster_metrics, render
-from services.monitor.nodes import Refusal, admit, lost, revived
+from services.monitor.registry import NodeRegistry
 from services.monitor.release import (
     EarlyReports,
+    Release,
     on_heartbeat_lost,
     on_job_end,
     on_node_lost,
+    on_node_removed,
     on_profiled,
     on_vanished,
 )
 from services.monitor.releaser import Releaser
-from services.runtime.bus import Rejected, serve_requests
+from services.runtime.bus import serve_requests
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
-from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.events import (
@@ -66,6 +68,7 @@ from shared.events import (
     Message,
     ProfileReported,
     RegisterNode,
+    RemoveNode,
     Reply,
     SampleEvent,
     WireError,
@@ -74,10 +77,11 @@ from shared.events import (
     decode_job_heartbeat,
     decode_node_heartbeat,
     decode_register,
+    decode_remove_node,
     decode_sample_event,
 )
 from shared.ids import JobId, ServerId
-from shared.records import JobRecord, NodeRecord, Placement, QueueView
+from shared.records import JobRecord, Placement, QueueView
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class MonitorSettings:
     orphan_grace_s: float = 60.0  # > the placer's command timeout times its attempts
     vanish_grace_s: float = 30.0  # for the event of a job process that ended
     unknown_report_s: float = 60.0
+    node_write_s: float = 5.0  # a node's last_heartbeat in hops_nodes, at most this often
     fetch_timeout_s: float = 1.0
 
 
@@ -106,23 +111,23 @@ class Monitor:
                                        settings.vanish_grace_s)
         self.book = LatencyBook()
         self.early = EarlyReports()
-        self.nodes: dict[ServerId, NodeRecord] = {}
         self.placements: dict[JobId, Placement] = {}
         self.jobs: dict[JobId, JobRecord] = {}
         self.ended: set[JobId] = set()
         self.errors: Counter[str] = Counter()
         self.metrics_port: int | None = None
-        self._unknown_reported: dict[str, float] = {}
 
     # --- start ------------------------------------------------------------------------
 
     async def start(self) -> None:
         js = self.ctx.js
-        self.kv_nodes = await js.key_value(subjects.KV_NODES)
         self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
         self.releaser = Releaser(self.ctx, self.kv_alloc, self.settings.command_timeout_s,
                                  self.clock)
-        await self._load_nodes()
+        self.registry = NodeRegistry(self.ctx, await js.key_value(subjects.KV_NODES),
+                                     self.tracker, self.settings.node_write_s,
+                                     self.settings.unknown_report_s, self.clock)
+        await self.registry.load()
         synced = [asyncio.Event(), asyncio.Event()]
         self.ctx.spawn(self._watch(subjects.KV_ALLOC, self._on_alloc, synced[0]), "watch-alloc")
         self.ctx.spawn(self._watch(subjects.KV_JOBS, self._on_job_record, synced[1]),
@@ -130,6 +135,7 @@ class Monitor:
         await asyncio.gather(*(e.wait() for e in synced))
         nc, rep = self.ctx.nc, self.ctx.reporter
         await serve_requests(nc, subjects.NODES_REGISTER, decode_register, self._on_register, rep)
+        await serve_requests(nc, subjects.NODES_REMOVE, decode_remove_node, self._on_remove, rep)
         await self._subscribe(subjects.NODE_HEARTBEATS_ALL, self._on_node_beat)
         await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_job_beat)
         await self._subscribe(subjects.ERRORS, self._on_error_record)
@@ -149,23 +155,8 @@ class Monitor:
             self.metrics = MetricsServer(self.render_metrics, host=self.settings.metrics_host,
                                          port=self.settings.metrics_port)
             self.metrics_port = await self.metrics.start()
-        self.log.info("monitor started", nodes=len(self.nodes), metrics_port=self.metrics_port)
-
-    async def _load_nodes(self) -> None:
-        now = self.clock()
-        # read_bucket, not keys(): nats-py's keys() may read a bucket with keys
-        # as empty on a busy host, and the nodes would be strangers till they
-        # registered again.
-        for key, value in (await read_bucket(self.ctx.js, subjects.KV_NODES)).items():
-            try:
-                rec = msgspec.json.decode(value.data, type=NodeRecord)
-            except msgspec.DecodeError as e:
-                await self.ctx.reporter.report(f"kv.{subjects.KV_NODES}.{key}", str(e), INVALID,
-                                               value.data)
-                continue
-            self.nodes[rec.server.id] = rec
-            if rec.alive:  # a fresh deadline: the monitor was away, not the node
-                self.tracker.watch_node(rec.server.id, now)
+        self.log.info("monitor started", nodes=len(self.registry.nodes),
+                      metrics_port=self.metrics_port)
 
     async def _watch(self, bucket: str, on_entry: Callable[[KeyValue.Entry], None],
                      synced: asyncio.Event) -> None:
@@ -229,18 +220,15 @@ class Monitor:
     # --- requests and heartbeats ------------------------------------------------------
 
     async def _on_register(self, req: RegisterNode) -> Message:
-        now = self.clock()
-        sid = req.server.id
-        try:
-            record = admit(self.nodes, req, now)
-        except Refusal as e:
-            await self.ctx.reporter.report(subjects.NODES_REGISTER, str(e), e.code)
-            raise Rejected(e.code, str(e)) from None
-        await self.kv_nodes.put(sid, msgspec.json.encode(record))
-        self.nodes[sid] = record
-        self.tracker.watch_node(sid, now)
-        self.log.info("node registered", server_id=sid, gpus=req.server.gpus,
-                      gpu_type=req.server.gpu_type, order=req.order)
+        await self.registry.register(req)
+        return Reply(ok=True, server_id=req.server.id)
+
+    async def _on_remove(self, req: RemoveNode) -> Message:
+        """An operator removes a node; its placements are released as by a
+        lost node, stopped on every server (the node may still run them)."""
+        sid = req.server_id
+        await self.registry.remove(req)
+        await self._release_on(sid, partial(on_node_removed, sid))
         return Reply(ok=True, server_id=sid)
 
     async def _subscribe(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> None:
@@ -262,21 +250,8 @@ class Monitor:
         sid = subjects.last_token(msg.subject, subjects.NODE_HEARTBEATS_ALL)
         if beat.server_id != sid:
             raise WireError(INVALID, f"heartbeat of {beat.server_id} on the subject of {sid}")
-        record = self.nodes.get(beat.server_id)
-        now = self.clock()
-        if record is None:
-            if now - self._unknown_reported.get(sid, -1e18) >= self.settings.unknown_report_s:
-                self._unknown_reported[sid] = now
-                await self.ctx.reporter.report(msg.subject, f"heartbeat from server {sid}, "
-                                               "which never registered", "not_found", msg.data)
+        if not await self.registry.beat(beat, msg.subject, msg.data):
             return
-        if not self.tracker.node_beat(beat.server_id, now, beat.running):
-            self.tracker.watch_node(beat.server_id, now)
-            self.tracker.node_beat(beat.server_id, now, beat.running)
-            record = revived(record, now)
-            self.nodes[beat.server_id] = record
-            await self.kv_nodes.put(sid, msgspec.json.encode(record))
-            self.log.warning("node is back", server_id=sid)
         for job in beat.lost:
             self._release_lost(job, beat.server_id)
 
@@ -339,7 +314,8 @@ class Monitor:
                 await self._node_lost(sid, last)
             for job, sid in found.jobs:
                 self.log.warning("job heartbeat lost", job_id=job, server_id=sid)
-                self.releaser.spawn(job, partial(on_heartbeat_lost, ended=job in self.ended))
+                self.releaser.spawn(job, partial(on_heartbeat_lost, ended=job in self.ended,
+                                                 samples_done=found.progress.get(job)))
             for job, sid in found.vanished:
                 self.log.warning("job process ended without a word", job_id=job,
                                  server_id=sid)
@@ -359,16 +335,18 @@ class Monitor:
 
     async def _node_lost(self, sid: ServerId, last: float) -> None:
         self.log.warning("node lost", server_id=sid, last_heartbeat=last)
-        record = self.nodes.get(sid)
-        if record is not None:
-            self.nodes[sid] = lost(record, last)
-            await self.kv_nodes.put(sid, msgspec.json.encode(self.nodes[sid]))
+        await self.registry.mark_lost(sid, last)
+        await self._release_on(sid, partial(on_node_lost, sid))
+
+    async def _release_on(self, sid: ServerId, decide: Callable[..., Release | None]) -> None:
+        """Release every placement on ``sid`` with ``decide`` (given the job's
+        heartbeat progress and whether it ended)."""
         for job, placement in sorted(self.placements.items()):
             if sid not in placement.configuration.servers:
                 continue
             progress = self.tracker.progress(job)
             self.tracker.release(job)  # before any await: not stranded next check
-            self.releaser.spawn(job, partial(on_node_lost, sid, samples_done=progress,
+            self.releaser.spawn(job, partial(decide, samples_done=progress,
                                              ended=job in self.ended))
 
     # --- metrics ------------------------------------------------------------------
@@ -387,7 +365,7 @@ class Monitor:
                 await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.queue_poll_s)
 
     def render_metrics(self) -> str:
-        families = cluster_metrics(self.nodes, self.placements, self.jobs, self.book,
+        families = cluster_metrics(self.registry.nodes, self.placements, self.jobs, self.book,
                                    self.errors, self.clock(), self.settings.raqlr_window_h)
         return render(families)
 

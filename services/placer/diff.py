@@ -269,25 +269,3 @@ def diff(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
     left = {j: p for j, p in current.items() if j not in stopped}
     starts, problems = book(ch.wants, left, capacity, prefix, at)
     return Commands(ch.stops, starts, ch.problems + problems)
-
-
-@dataclass
-class PlanGate:
-    """Which plans to apply, in stream order: not one of a term older than
-    the newest seen (a deposed leader's), and not one older than a plan
-    already applied (a late redelivery would undo newer plans)."""
-
-    newest_term: int = 0
-    applied_seq: int = 0
-
-    def refuse(self, term: int, seq: int) -> str | None:
-        """Why the plan at stream sequence ``seq`` is skipped, or None."""
-        if term < self.newest_term:
-            return f"term {term} is older than term {self.newest_term}"
-        if seq <= self.applied_seq:
-            return f"plan {seq} is not newer than the applied plan {self.applied_seq}"
-        self.newest_term = term
-        return None
-
-    def applied(self, seq: int) -> None:
-        self.applied_seq = max(self.applied_seq, seq)

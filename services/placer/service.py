@@ -4,9 +4,9 @@ It consumes ``plan_issued`` from ``HOPS_PLANS`` (durable ``placer``; a new
 durable starts at the newest plan, not at the stream's history) and, per
 plan:
 
-1. ignores it when its ``term`` is older than the newest term seen (which
-   starts as the term of the last plan on the stream), or when a later
-   plan was applied already (a redelivery after a crash would undo it);
+1. ignores it unless its ``term`` is the term of the leader lease as it is
+   now in KV ``hops_leader``, or when a later plan was applied already (a
+   redelivery after a crash would undo it); see :mod:`services.placer.gate`;
 2. reads ``hops_alloc``, the alive nodes of ``hops_nodes`` and the jobs'
    ``hops_jobs`` records, and computes the changes
    (:func:`services.placer.diff.changes`);
@@ -48,7 +48,6 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.placer.diff import (
-    PlanGate,
     Problem,
     Start,
     Stop,
@@ -57,6 +56,7 @@ from services.placer.diff import (
     command_key,
     plan_prefix,
 )
+from services.placer.gate import PlanGate, leader_term
 from services.runtime.bus import publish_event, request
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.kv import read_bucket
@@ -123,22 +123,14 @@ class Placer:
         self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
         self.kv_nodes = await js.key_value(subjects.KV_NODES)
         self.kv_jobs = await js.key_value(subjects.KV_JOBS)
-        self.gate.newest_term = await self._last_term()
+        self.kv_leader = await js.key_value(subjects.KV_LEADER)
         spec = NewestFirst(subjects.STREAM_PLANS.name, "placer", subjects.PLANS,
                            fetch_timeout=self.settings.fetch_timeout_s,
                            ack_wait=self.settings.ack_wait_s)
         plans = consume(self.ctx.js, spec, decode_plan_event, self.on_plan, self.ctx.reporter,
                         self.ctx.stopping)
         self.ctx.spawn(plans, "plans")
-        self.log.info("placer started", newest_term=self.gate.newest_term)
-
-    async def _last_term(self) -> int:
-        try:
-            msg = await self.ctx.js.get_last_msg(subjects.STREAM_PLANS.name, subjects.PLANS)
-            event = decode_plan_event(msg.data or b"")
-        except (nats.js.errors.NotFoundError, WireError):
-            return 0
-        return event.term if isinstance(event, PlanIssued) else 0
+        self.log.info("placer started")
 
     # --- one plan ---------------------------------------------------------------------
 
@@ -147,9 +139,13 @@ class Placer:
             return
         log = self.log.bind(term=event.term, round=event.round, first_plan=event.first_plan,
                             seq=delivery.stream_seq)
-        skip = self.gate.refuse(event.term, delivery.stream_seq)
+        lease_term = await leader_term(self.kv_leader)
+        skip = self.gate.refuse(event.term, lease_term, delivery.stream_seq)
         if skip is not None:
-            log.warning("plan ignored", why=skip)
+            log.warning("plan ignored", why=skip.why, leader_term=lease_term)
+            if skip.code:
+                await self.ctx.reporter.report(subjects.PLANS, f"plan {delivery.stream_seq} "
+                                               f"ignored: {skip.why}", skip.code)
             return
         prefix = plan_prefix(event.term, event.round, delivery.stream_seq)
         js = self.ctx.js
