@@ -23,7 +23,7 @@ from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import EstimatorSettings, estimate_job
 from services.scheduler.fairness import raqlr
 from services.scheduler.policy import Policy
-from services.scheduler.profiling import busy_types, queue_without
+from services.scheduler.profiling import busy_types, queue_without, reprofile
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -224,20 +224,26 @@ class Simulation:
 
     def _queue_without_busy_types(self, active: Sequence[JobRecord]) -> None:
         """Jobs waiting for a profile only on types every GPU of which runs a
-        job join the queue with the profiles they have (profiling.py)."""
+        job join the queue with the profiles they have; a waiting job goes
+        back to profiling once such a type is no longer busy (profiling.py)."""
         busy = busy_types(self.cluster, self.occ.jobs)
         in_flight = {p.job_id for p in self.profiling}
         for rec in active:
+            if rec.phase == "queued" and (back := reprofile(rec.deferred, busy)):
+                rec.unprofiled, rec.deferred = set(back), rec.deferred - back
+                rec.phase = "profiling"
+                continue
             if rec.phase != "profiling":
                 continue
             supported = {
                 t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
             }
-            profiled = supported - rec.unprofiled
+            profiled = supported - rec.unprofiled - rec.deferred
             if queue_without(profiled, rec.unprofiled, busy, rec.id in in_flight):
+                rec.deferred |= rec.unprofiled
                 rec.unprofiled = set()
                 rec.phase = "queued"
-                rec.profile_end = self.now
+                rec.profile_end = rec.profile_end or self.now
 
     def _plan(self, first: bool) -> float:
         """Call the policy and apply its plan; returns the planner's time."""

@@ -23,6 +23,9 @@ class JobRecord:
     model: str
     phase: Phase | None = None  # None: not yet arrived; "done" is tracked by ``finish``
     unprofiled: set[GpuType] = field(default_factory=set)
+    # Types it joined the queue without, every GPU of them running a job
+    # (services.scheduler.profiling): profiled once one is idle again.
+    deferred: set[GpuType] = field(default_factory=set)
     current: Configuration | None = None
     rate: float = 0.0  # true samples/s of ``current``
     paused_until: float = 0.0  # checkpoint-restart: no progress before this time

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import msgspec
 
+from services.scheduler.live_snapshot import profiling_step
+from services.scheduler.live_state import new_record
 from services.scheduler.planner import HopsPolicy, HopsSettings
-from services.scheduler.profiling import profile_first, profiling_budget
+from services.scheduler.profiling import (
+    busy_types,
+    profile_first,
+    profiling_budget,
+    queue_without,
+    reprofile,
+)
 from shared.configuration import Configuration
-from shared.ids import JobId, ServerId
+from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import JobState, Snapshot
 from tests.helpers import cluster, flat_estimate, state
 
@@ -70,3 +78,32 @@ def test_budget_is_never_negative_and_the_share_is_configurable() -> None:
     assert profiling_budget(c, {ServerId("A-0"): 4, ServerId("A-1"): 4}) == {"A": 0}
     assert profiling_budget(c, {}, share=1.0) == {"A": 8}
     assert profiling_budget(c, {}, share=0.0) == {"A": 4}
+
+
+def test_a_type_is_busy_when_running_jobs_hold_all_of_it() -> None:
+    c = cluster([("A", 2, 4), ("B", 1, 4)])
+    assert busy_types(c, {ServerId("A-0"): 4, ServerId("A-1"): 4}) == {"A"}
+    assert busy_types(c, {ServerId("A-0"): 4, ServerId("A-1"): 3, ServerId("B-0"): 4}) == {"B"}
+
+
+def test_a_job_queues_without_busy_types_and_goes_back_for_them() -> None:
+    a, b = GpuType("A"), GpuType("B")
+    # Profiled on B, A wholly busy, nothing in flight: it queues on B.
+    assert queue_without({b}, {a}, {a}, in_flight=False)
+    assert not queue_without({b}, {a}, {a}, in_flight=True)
+    assert not queue_without(set(), {a, b}, {a, b}, in_flight=False)  # no profile at all
+    assert not queue_without({b}, {a}, set(), in_flight=False)  # A has room: wait for it
+    # Waiting on B alone, it goes back to profile A once A is not busy.
+    assert reprofile({a}, {a}) == frozenset()
+    assert reprofile({a}, set()) == {a}
+
+
+def test_the_live_leader_applies_the_same_rule() -> None:
+    a, b = GpuType("A"), GpuType("B")
+    queued = msgspec.structs.replace(new_record(state("j", [1]).spec, 0.0), phase="queued",
+                                     profiled=(b,))
+    need = frozenset({a, b})
+    assert profiling_step(queued, need, frozenset({a}), False, False) == (frozenset(), {b})
+    assert profiling_step(queued, need, frozenset(), False, False) == ({a}, need)
+    # A start in flight: it is about to run, not to profile.
+    assert profiling_step(queued, need, frozenset(), False, True) == (frozenset(), need)

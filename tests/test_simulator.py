@@ -179,3 +179,23 @@ def test_round_metrics_match_their_definitions() -> None:
         n = max(1.0, sum(inside) / len(inside) if inside else 1.0)
         share = min(float(j.max_gpus), max(1.0, cluster.total_gpus / n))
         assert rhos[j.id] == pytest.approx(j.jct_s / (j.age_s * j.r_avg / share))
+
+
+def test_a_job_is_not_held_in_profiling_for_a_type_that_running_jobs_fill() -> None:
+    # Type A is filled by a long job for an hour; a newcomer profiled on B
+    # runs there at once instead of waiting for A, and is profiled on A
+    # once A is free again.
+    a, b = GpuType("RTX3090"), GpuType("TitanXP")
+    cluster = Cluster(
+        gpu_types=(GpuTypeSpec(a, 2.5e9, 1e9), GpuTypeSpec(b, 1.25e9, 1e9)),
+        servers=(Server(ServerId("a0"), a, 4), Server(ServerId("b0"), b, 4)),
+    )
+    truth = GroundTruth(cluster, builtin_catalog())
+    rate = truth.throughput(MODEL, Configuration.of({"a0": 4}))
+    jobs = [job("long", (4,), rate * 3600), job("late", (1,), rate * 60, submit=600.0)]
+    sim = Simulation(cluster, jobs, make_policy("hops"), truth, SimSettings())
+    result = sim.run()
+    long, late = (next(j for j in result.jobs if j.id == i) for i in ("long", "late"))
+    assert late.first_start is not None and long.finish is not None
+    assert late.first_start < long.finish
+    assert long.restarts == 1  # never stopped for the newcomer's profiling

@@ -26,6 +26,16 @@ def _service_adder(service: str) -> Processor:
     return add
 
 
+class _Stdout(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to ``sys.stdout`` as it is at each record:
+    whoever swaps stdout (a test runner, a CLI runner) after logging was
+    configured gets the lines, instead of the handler writing to a closed file."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stdout
+        super().emit(record)
+
+
 def configure_logging(
     service: str, level: str = "info", stream: TextIO | None = None
 ) -> FilteringBoundLogger:
@@ -51,7 +61,7 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = logging.StreamHandler(stream) if stream is not None else _Stdout()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*common, structlog.stdlib.add_logger_name],

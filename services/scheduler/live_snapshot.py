@@ -45,7 +45,7 @@ from services.scheduler.live_round import Inflight
 from services.scheduler.live_state import PROFILING_PHASES, Facts, LiveJobRecord
 from services.scheduler.planner import R_NUM, HopsSettings
 from services.scheduler.priorities import job_facts, latency_ratio, priority_fn, queue_priorities
-from services.scheduler.profiling import busy_types
+from services.scheduler.profiling import busy_types, queue_without, reprofile
 from services.scheduler.window import QueueEntry as WindowEntry
 from services.scheduler.window import order_queue, service_window
 from shared.cluster import Cluster, GpuTypeSpec
@@ -76,6 +76,25 @@ def busy_types_of(cluster: Cluster, allocs: Mapping[JobId, Placement]) -> frozen
         if alloc.mode == "run":
             running.update(alloc.configuration.as_dict())
     return busy_types(cluster, running)
+
+
+def profiling_step(
+    rec: LiveJobRecord,
+    need: frozenset[GpuType],
+    busy: frozenset[GpuType],
+    profiling: bool,
+    starting: bool,
+) -> tuple[frozenset[GpuType], frozenset[GpuType]]:
+    """For a job that needs profiles on ``need``: the types it goes back to
+    profiling for (a waiting job, no start in flight, lacking a type that is
+    no longer ``busy``), and the types its profiles must cover for it to be
+    queued (``need`` less the busy ones it lacks, once profiled on some type
+    with no profiling run in flight); see :mod:`.profiling`."""
+    lacking = need - set(rec.profiled)
+    back = reprofile(lacking, busy) if rec.phase == "queued" and not starting else frozenset()
+    if queue_without(set(rec.profiled) & need, lacking, busy, profiling):
+        need = need - lacking
+    return back, need
 
 
 def server_types(nodes: Iterable[NodeRecord]) -> dict[ServerId, GpuType]:

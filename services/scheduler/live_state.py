@@ -235,6 +235,20 @@ def with_progress(rec: LiveJobRecord, progress: float) -> LiveJobRecord | None:
     return msgspec.structs.replace(rec, samples_done=done)
 
 
+def back_to_profiling(
+    rec: LiveJobRecord, types: frozenset[GpuType], now: float
+) -> LiveJobRecord | None:
+    """A waiting job that lacks a profile on ``types`` (it joined the queue
+    while they were busy, or they are new) → ``profiling``; its wait so far
+    is kept. ``None`` when it is not waiting or ``types`` is empty."""
+    if rec.phase != "queued" or not types:
+        return None
+    waited = max(0.0, now - rec.since)
+    return msgspec.structs.replace(
+        rec, phase="profiling", wait_s=rec.wait_s + waited, since=max(now, rec.since)
+    )
+
+
 def mark_profiling(rec: LiveJobRecord) -> LiveJobRecord | None:
     """A submitted job that a plan sends to profiling → ``profiling``."""
     return _set_phase(rec, "profiling") if rec.phase == "submitted" else None

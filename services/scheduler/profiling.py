@@ -14,7 +14,9 @@ from taking the cluster over (the paper is silent on bursts):
 - a job is not kept waiting for a profile on a GPU type every GPU of which
   trains a running job (:func:`busy_types`): once profiled on some type and
   with no run in flight, it joins the queue and is planned on the types it
-  was profiled on (the live leader and the simulator apply this);
+  was profiled on, and while it waits it goes back to profiling once such a
+  type has a GPU no job runs on (:func:`reprofile`; the live leader and the
+  simulator apply both);
 - profiling runs hold at most a share of each GPU type at a time
   (:data:`PROFILE_SHARE`, and never less than the type's largest server),
   counting the runs still in progress (``Snapshot.profiling_held``).
@@ -74,6 +76,12 @@ def queue_without(
     the profiles it has: some type profiled, nothing in flight, and every
     type it lacks busy (see the module docstring)."""
     return bool(profiled) and not in_flight and bool(unprofiled) and unprofiled <= busy
+
+
+def reprofile(deferred: Set[GpuType], busy: Set[GpuType]) -> frozenset[GpuType]:
+    """The types a waiting job joined the queue without (``deferred``) that
+    are no longer busy: it goes back to profiling for them."""
+    return frozenset(deferred) - busy
 
 
 def idle_gpus(snapshot: Snapshot) -> dict[ServerId, int]:

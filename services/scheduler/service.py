@@ -37,7 +37,6 @@ from services.runtime.service import ServiceContext
 from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
-from services.scheduler import profiling
 from services.scheduler.live_kv import decode_all, get_record, read_bucket
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
@@ -367,14 +366,18 @@ class Leader:
         busy = snap.busy_types_of(cluster, allocs)
         r_num = self.settings.policy.r_num
         for job_id in list(self.records):
-            need = self._facts(job_id).required
             rec = self.records[job_id][0]
-            in_flight = bool(self.inflight.profiling_types(job_id)) or (
-                job_id in allocs and allocs[job_id].mode == "profile"
+            mode = allocs[job_id].mode if job_id in allocs else None
+            back, need = snap.profiling_step(
+                rec,
+                self._facts(job_id).required,
+                busy,
+                bool(self.inflight.profiling_types(job_id)) or mode == "profile",
+                job_id in self.inflight.starts or mode == "run",
             )
-            lacking = need - set(rec.profiled)
-            if profiling.queue_without(set(rec.profiled) & need, lacking, busy, in_flight):
-                need = need - lacking
+            await self._update(
+                job_id, functools.partial(st.back_to_profiling, types=back, now=now)
+            )
             await self._update(job_id, functools.partial(st.promote, required=need, now=now))
             problem = adm.unfit(self.records[job_id][0].spec, capacity, r_num)
             await self._update(job_id, functools.partial(st.hold, problem=problem))
