@@ -16,6 +16,7 @@ over NATS, and measures until every job of the burst has been profiled:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
 
 from bench.live_submit import config_in, spec, start_stack, wait_admission
 from hops.stack import components
@@ -31,7 +33,7 @@ from services.runtime.bus import connect
 from services.runtime.settings import RuntimeSettings
 from services.scheduler.profiling import profiling_budget
 from shared import subjects
-from shared.events import SubmitJob, decode_job_event, encode
+from shared.events import JobStopped, SubmitJob, decode_job_event, encode
 from shared.records import JobRecord, Placement
 from simulator.clusters import cluster_arg
 
@@ -47,12 +49,14 @@ class Watch:
     stopped_at: dict[str, float] = field(default_factory=dict)
     lost_s: float = 0.0
     failed: set[str] = field(default_factory=set)
+    reasons: Counter[str] = field(default_factory=Counter)  # of the stops
 
     def on_event(self, data: bytes) -> None:
         event = decode_job_event(data)
         kind, now = event.__struct_config__.tag, time.monotonic()
-        if kind == "job_stopped":
+        if isinstance(event, JobStopped):
             self.stopped_at.setdefault(event.job_id, now)
+            self.reasons[event.reason or "?"] += 1
         elif kind in ("job_started", "job_resized") and event.job_id in self.stopped_at:
             self.lost_s += now - self.stopped_at.pop(event.job_id)
         elif kind == "job_failed":
@@ -68,8 +72,9 @@ async def _records(nc: NATS) -> dict[str, JobRecord]:
     kv = await nc.jetstream().key_value(subjects.KV_JOBS)
     out: dict[str, JobRecord] = {}
     for key in await kv.keys():
-        entry = await kv.get(key)
-        out[key] = msgspec.json.decode(entry.value or b"", type=JobRecord)
+        with contextlib.suppress(KeyNotFoundError):  # deleted since the listing
+            entry = await kv.get(key)
+            out[key] = msgspec.json.decode(entry.value or b"", type=JobRecord)
     return out
 
 
@@ -81,7 +86,10 @@ async def _profiling_gpus(nc: NATS, type_of: dict[str, str]) -> Counter[str]:
     except Exception:  # an empty bucket has no keys
         return held
     for key in keys:
-        entry = await kv.get(key)
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # released since the listing
+            continue
         alloc = msgspec.json.decode(entry.value or b"", type=Placement)
         if alloc.mode == "profile":
             for sid, g in alloc.configuration.parts:
@@ -121,7 +129,7 @@ async def burst(nats_url: str, cluster: str, n: int, long_jobs: int, timeout: fl
             if time.monotonic() > deadline:
                 return "burst: the long jobs never all ran"
             await asyncio.sleep(1.0)
-        watch.lost_s, watch.stopped_at = 0.0, {}
+        watch.lost_s, watch.stopped_at, watch.reasons = 0.0, {}, Counter()
         ids = [f"burst-{i:04d}" for i in range(n)]
         t0 = time.monotonic()
         await _submit_all(nc, ids, total=10_000_000)
@@ -143,7 +151,8 @@ async def burst(nats_url: str, cluster: str, n: int, long_jobs: int, timeout: fl
     share = ", ".join(f"{t} {most[t]}/{caps[t]}" for t in sorted(caps))
     return (f"burst of {n} with {long_jobs} long {LONG_GPUS}-GPU jobs running: profiled in "
             f"{took:.1f} s; running work lost {watch.lost_s * LONG_GPUS:.0f} GPU-s; long jobs "
-            f"failed {len(watch.failed & set(longs))}; most profiling GPUs (of the share) {share}")
+            f"failed {len(watch.failed & set(longs))}; their stops by reason "
+            f"{dict(watch.reasons) or 'none'}; most profiling GPUs (of the share) {share}")
 
 
 def run_burst(n: int, long_jobs: int, timeout: float = 900.0) -> None:

@@ -1,19 +1,27 @@
-"""Reading the scheduler's KV buckets: job records with their revisions, and
-whole buckets decoded leniently (a bad entry is logged and skipped)."""
+"""Reading the scheduler's KV buckets: job records with their revisions,
+whole buckets decoded leniently (a bad entry is logged and skipped), and a
+watch of the alive servers."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from structlog.typing import FilteringBoundLogger
 
 from services.runtime.kv import read_bucket as kv_read
+from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
 from services.scheduler.live_state import LiveJobRecord
+from shared.records import NodeRecord
 
 T = TypeVar("T")
 
@@ -44,3 +52,40 @@ async def decode_all(
         except msgspec.DecodeError as e:
             log.warning("bad KV entry", bucket=bucket, key=key, error=str(e))
     return out
+
+
+async def watch_topology(
+    kv: KeyValue,
+    nc: NATS,
+    initial: Iterable[NodeRecord],
+    on_change: Callable[[], None],
+    log: FilteringBoundLogger,
+) -> None:
+    """Call ``on_change`` whenever the alive servers of ``hops_nodes``
+    change (:func:`.live_snapshot.topology`: heartbeat times do not count)."""
+    nodes: dict[str, NodeRecord] = {n.server.id: n for n in initial}
+    topology = snap.topology(nodes.values())
+    while True:
+        # A watcher is an ordered consumer, which a NATS restart ends
+        # without a word: after each reconnect a new one replays every key.
+        reconnects = nc.stats["reconnects"]
+        try:
+            watcher = await kv.watchall()
+        except (nats.errors.Error, TimeoutError) as e:
+            log.warning("cannot watch the nodes yet", error=repr(e))
+            await asyncio.sleep(0.5)
+            continue
+        try:
+            while nc.stats["reconnects"] == reconnects:
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
+                    if entry is not None:
+                        deleted = entry.operation in ("DEL", "PURGE")
+                        snap.node_update(nodes, entry.key, None if deleted else entry.value)
+                if snap.topology(nodes.values()) != topology:
+                    topology = snap.topology(nodes.values())
+                    log.info("cluster changed", servers=len(topology))
+                    on_change()
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]

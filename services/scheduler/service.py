@@ -37,7 +37,7 @@ from services.runtime.service import ServiceContext
 from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
-from services.scheduler.live_kv import decode_all, get_record, read_bucket
+from services.scheduler.live_kv import decode_all, get_record, read_bucket, watch_topology
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
 from services.scheduler.live_settings import SchedulerSettings
@@ -178,33 +178,7 @@ class Leader:
 
     async def _watch_nodes(self) -> None:
         """Plan within the round when the alive servers change (new capacity)."""
-        nodes: dict[str, NodeRecord] = {n.server.id: n for n in self.nodes}
-        topology = snap.topology(nodes.values())
-        nc = self.ctx.nc
-        while True:
-            # A watcher is an ordered consumer, which a NATS restart ends
-            # without a word: after each reconnect a new one replays every key.
-            reconnects = nc.stats["reconnects"]
-            try:
-                watcher = await self.kv_nodes.watchall()
-            except (nats.errors.Error, TimeoutError) as e:
-                self.log.warning("cannot watch the nodes yet", error=repr(e))
-                await asyncio.sleep(0.5)
-                continue
-            try:
-                while nc.stats["reconnects"] == reconnects:
-                    with contextlib.suppress(nats.errors.TimeoutError):
-                        entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
-                        if entry is not None:
-                            deleted = entry.operation in ("DEL", "PURGE")
-                            snap.node_update(nodes, entry.key, None if deleted else entry.value)
-                    if snap.topology(nodes.values()) != topology:
-                        topology = snap.topology(nodes.values())
-                        self.log.info("cluster changed", servers=len(topology))
-                        self._replan()
-            finally:
-                with contextlib.suppress(Exception):
-                    await watcher.stop()  # type: ignore[no-untyped-call]
+        await watch_topology(self.kv_nodes, self.ctx.nc, self.nodes, self._replan, self.log)
 
     # --- events --------------------------------------------------------------
 
