@@ -163,7 +163,10 @@ def test_an_alive_node_is_removed_only_by_force_and_comes_back(stack: LiveStack)
     other = ({"rtx-0", "rtx-1"} - {server}).pop()
     until(lambda: (stack.allocs().get("long") or {}).get("gpu_indices", {}).keys() == {other},
           "the long job running on the other server", 30, stack.logs)
-    assert stack.phase("long") == "running" and server not in stack.nodes()
+    # The placer books the GPUs before the leader applies job_started.
+    until(lambda: stack.phase("long") == "running", "the long job's record running", 10,
+          stack.logs)
+    assert server not in stack.nodes()
     # its executor registers again (restarted by the cluster's supervisor): it is back
     os.kill(stack.executor_pid(server), signal.SIGKILL)
     until(lambda: stack.nodes().get(server, {}).get("alive"), "the node back", 30, stack.logs)
