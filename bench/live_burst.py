@@ -16,7 +16,6 @@ over NATS, and measures until every job of the burst has been profiled:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 import time
 from collections import Counter
@@ -25,11 +24,11 @@ from dataclasses import dataclass, field
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError
 
 from bench.live_submit import config_in, spec, start_stack, wait_admission
 from hops.stack import components
 from services.runtime.bus import connect
+from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from services.scheduler.profiling import profiling_budget
 from shared import subjects
@@ -69,28 +68,14 @@ class Watch:
 
 
 async def _records(nc: NATS) -> dict[str, JobRecord]:
-    kv = await nc.jetstream().key_value(subjects.KV_JOBS)
-    out: dict[str, JobRecord] = {}
-    for key in await kv.keys():
-        with contextlib.suppress(KeyNotFoundError):  # deleted since the listing
-            entry = await kv.get(key)
-            out[key] = msgspec.json.decode(entry.value or b"", type=JobRecord)
-    return out
+    entries = await read_bucket(nc.jetstream(), subjects.KV_JOBS)
+    return {k: msgspec.json.decode(e.data, type=JobRecord) for k, e in entries.items()}
 
 
 async def _profiling_gpus(nc: NATS, type_of: dict[str, str]) -> Counter[str]:
-    kv = await nc.jetstream().key_value(subjects.KV_ALLOC)
     held: Counter[str] = Counter()
-    try:
-        keys = await kv.keys()
-    except Exception:  # an empty bucket has no keys
-        return held
-    for key in keys:
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:  # released since the listing
-            continue
-        alloc = msgspec.json.decode(entry.value or b"", type=Placement)
+    for entry in (await read_bucket(nc.jetstream(), subjects.KV_ALLOC)).values():
+        alloc = msgspec.json.decode(entry.data, type=Placement)
         if alloc.mode == "profile":
             for sid, g in alloc.configuration.parts:
                 held[type_of[sid]] += g
