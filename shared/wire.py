@@ -54,7 +54,8 @@ def encode(msg: msgspec.Struct, max_payload: int = MAX_PAYLOAD) -> bytes:
 
 def check_size(data: bytes, max_payload: int, what: str) -> None:
     if len(data) > max_payload:
-        raise WireError(TOO_LARGE, f"{what}: {len(data)} bytes exceed the limit of {max_payload}")
+        size = f"{what} of {len(data)} bytes"
+        raise WireError(TOO_LARGE, f"{size} is larger than the limit of {max_payload} bytes")
 
 
 class _Probe(msgspec.Struct):
