@@ -32,7 +32,15 @@ from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from services.scheduler.profiling import profiling_budget
 from shared import subjects
-from shared.events import JobStopped, SubmitJob, decode_job_event, encode
+from shared.events import (
+    JobFailed,
+    JobResized,
+    JobStarted,
+    JobStopped,
+    SubmitJob,
+    decode_job_event,
+    encode,
+)
 from shared.records import JobRecord, Placement
 from simulator.clusters import cluster_arg
 
@@ -51,15 +59,17 @@ class Watch:
     reasons: Counter[str] = field(default_factory=Counter)  # of the stops
 
     def on_event(self, data: bytes) -> None:
-        event = decode_job_event(data)
-        kind, now = event.__struct_config__.tag, time.monotonic()
-        if isinstance(event, JobStopped):
-            self.stopped_at.setdefault(event.job_id, now)
-            self.reasons[event.reason or "?"] += 1
-        elif kind in ("job_started", "job_resized") and event.job_id in self.stopped_at:
-            self.lost_s += now - self.stopped_at.pop(event.job_id)
-        elif kind == "job_failed":
-            self.failed.add(event.job_id)
+        now = time.monotonic()
+        match decode_job_event(data):
+            case JobStopped(job_id=job_id, reason=reason):
+                self.stopped_at.setdefault(job_id, now)
+                self.reasons[reason or "?"] += 1
+            case JobStarted(job_id=job_id) | JobResized(job_id=job_id) if job_id in self.stopped_at:
+                self.lost_s += now - self.stopped_at.pop(job_id)
+            case JobFailed(job_id=job_id):
+                self.failed.add(job_id)
+            case _:
+                pass
 
     def close(self) -> None:
         now = time.monotonic()

@@ -15,6 +15,7 @@ import msgspec
 from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
+from shared.wire import UNSCHEDULABLE
 
 PHASES: tuple[str, ...] = get_args(JobPhase)
 
@@ -40,7 +41,7 @@ _STATUS_OF_CODE: Mapping[str, int] = {
     MALFORMED: 400,
     UNKNOWN_TYPE: 400,
     INVALID: 422,
-    "unschedulable": 422,  # fits no GPU type of the registered cluster
+    UNSCHEDULABLE: 422,  # fits no GPU type of the registered cluster
     TOO_LARGE: 413,
     CONFLICT: 409,
     DUPLICATE: 409,

@@ -73,7 +73,10 @@ def simulate(
     out: Annotated[Path, typer.Option(help="output folder")],
     policy: Annotated[
         str,
-        typer.Option(help="hops, sia or gavel (or sia-lp-start: Sia from the rounded LP optimum)"),
+        typer.Option(
+            help="hops, sia or gavel; hops-profile-preempt (the paper's profiling-first) "
+            "and sia-lp-start (Sia from the rounded LP optimum) are variants (hops/policies.py)"
+        ),
     ] = "hops",
     priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
     lam: Annotated[float | None, typer.Option(help="the policy's lambda")] = None,

@@ -19,6 +19,8 @@ UNKNOWN_TYPE = "unknown_type"
 INVALID = "invalid"
 TOO_LARGE = "too_large"
 INTERNAL = "internal"
+# A failed reply's code for a job no GPU type of the cluster can ever hold.
+UNSCHEDULABLE = "unschedulable"
 
 
 class WireError(ValueError):

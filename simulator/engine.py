@@ -23,7 +23,7 @@ from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import EstimatorSettings, estimate_job
 from services.scheduler.fairness import raqlr
 from services.scheduler.policy import Policy
-from services.scheduler.profiling import busy_types, queue_without, reprofile
+from services.scheduler.profiling import busy_types, profiling_step
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -229,18 +229,20 @@ class Simulation:
         busy = busy_types(self.cluster, self.occ.jobs)
         in_flight = {p.job_id for p in self.profiling}
         for rec in active:
-            if rec.phase == "queued" and (back := reprofile(rec.deferred, busy)):
-                rec.unprofiled, rec.deferred = set(back), rec.deferred - back
-                rec.phase = "profiling"
+            if rec.phase not in ("queued", "profiling"):
                 continue
-            if rec.phase != "profiling":
-                continue
+            waiting = rec.phase == "queued"
             supported = {
                 t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
             }
             profiled = supported - rec.unprofiled - rec.deferred
-            if queue_without(profiled, rec.unprofiled, busy, rec.id in in_flight):
-                rec.deferred |= rec.unprofiled
+            lacking = rec.deferred if waiting else rec.unprofiled
+            step = profiling_step(waiting, profiled, lacking, busy, rec.id in in_flight)
+            if step.back:
+                rec.unprofiled, rec.deferred = set(step.back), rec.deferred - step.back
+                rec.phase = "profiling"
+            elif not waiting and step.skip:
+                rec.deferred |= step.skip
                 rec.unprofiled = set()
                 rec.phase = "queued"
                 rec.profile_end = rec.profile_end or self.now

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from hypothesis import strategies as st
@@ -15,6 +16,18 @@ from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.snapshot import JobState, Phase, Plan, Snapshot
+from simulator.catalog import builtin_catalog
+
+
+def catalog_spec(
+    job_id: str, total: int, model: str = "resnet18-cifar10", **gpus: Any
+) -> dict[str, Any]:
+    """The JSON of a job of a model the emulated cluster knows
+    (``simulator/catalog.py``), as a client submits it; ``gpus`` is its
+    ``requirements`` or its ``min_gpus`` and ``max_gpus``."""
+    truth = builtin_catalog()[model]
+    return {"id": job_id, "model": model, "batch_size": truth.batch_size,
+            "params": truth.params, "total_samples": total, **gpus}
 
 
 def cluster(layout: Sequence[tuple[str, int, int]]) -> Cluster:

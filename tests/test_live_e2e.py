@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from simulator.catalog import builtin_catalog
+from tests.helpers import catalog_spec
 from tests.livestack import FINAL, LiveStack, until
 
 CLUSTER = """\
@@ -46,11 +46,7 @@ SHORT = 10_000_000  # a second or two of wall time at x600
 
 def spec(job_id: str, model: str = "resnet18-cifar10", total: int = SHORT,
          **gpus: Any) -> dict[str, Any]:
-    truth = builtin_catalog()[model]
-    out = {"id": job_id, "model": model, "batch_size": truth.batch_size,
-           "params": truth.params, "total_samples": total}
-    out.update(gpus or {"requirements": [1, 2]})
-    return out
+    return catalog_spec(job_id, total, model, **(gpus or {"requirements": [1, 2]}))
 
 
 @pytest.fixture(scope="module")

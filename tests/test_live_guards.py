@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from services.scheduler.profiling import profiling_budget
-from simulator.catalog import builtin_catalog
 from simulator.clusters import cluster_arg
+from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 
 CLUSTER = """\
@@ -38,13 +38,8 @@ SHORT = 10_000_000
 BURST = 200
 
 
-def spec(job_id: str, total: int = SHORT, model: str = "resnet18-cifar10",
-         **gpus: Any) -> dict[str, Any]:
-    truth = builtin_catalog()[model]
-    out = {"id": job_id, "model": model, "batch_size": truth.batch_size,
-           "params": truth.params, "total_samples": total}
-    out.update(gpus or {"requirements": [1]})
-    return out
+def spec(job_id: str, total: int = SHORT, requirements: list[int] | None = None) -> dict[str, Any]:
+    return catalog_spec(job_id, total, requirements=requirements or [1])
 
 
 @pytest.fixture(scope="module")

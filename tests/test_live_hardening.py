@@ -30,7 +30,7 @@ from hops.cli import app
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
-from simulator.catalog import builtin_catalog
+from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 from tests.test_live_monitor import scrape
 
@@ -47,9 +47,7 @@ FORGED_TERM = 10**15
 
 
 def spec(job_id: str, total: int, requirements: list[int]) -> dict[str, Any]:
-    truth = builtin_catalog()["resnet18-cifar10"]
-    return {"id": job_id, "model": "resnet18-cifar10", "batch_size": truth.batch_size,
-            "params": truth.params, "total_samples": total, "requirements": requirements}
+    return catalog_spec(job_id, total, requirements=requirements)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from hops.cli import app
 from hops.stack import modules
 from hops.up import NatsKeeper, missing_modules
 from services.runtime.natsd import EmbeddedNats
-from simulator.catalog import builtin_catalog
+from tests.helpers import catalog_spec
 from tests.livestack import FINAL, TEST_ENV, Bus, descendants, until
 from tests.upstack import UpProcess, hops_up
 
@@ -48,9 +48,7 @@ _LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp
 
 
 def spec(job_id: str, total: int = SHORT) -> dict[str, Any]:
-    truth = builtin_catalog()["resnet18-cifar10"]
-    return {"id": job_id, "model": "resnet18-cifar10", "batch_size": truth.batch_size,
-            "params": truth.params, "total_samples": total, "requirements": [1, 2]}
+    return catalog_spec(job_id, total, requirements=[1, 2])
 
 
 class Faults:

@@ -27,8 +27,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from services.scheduler.live_lease import LEASE_KEY, decode_value
-
-INVALID = "invalid"
+from shared.wire import INVALID
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,12 @@ import msgspec
 from shared.ids import GpuType, JobId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord
-from shared.wire import INVALID
+from shared.wire import INVALID, UNSCHEDULABLE
 
 MAX_ID_LENGTH = 128
 MAX_GPUS = 4096
 NOT_FOUND = "not_found"
 CONFLICT = "conflict"
-UNSCHEDULABLE = "unschedulable"
 _ID = re.compile(r"[A-Za-z0-9_=-]+")
 
 

@@ -45,7 +45,8 @@ from services.scheduler.live_round import Inflight
 from services.scheduler.live_state import PROFILING_PHASES, Facts, LiveJobRecord
 from services.scheduler.planner import R_NUM, HopsSettings
 from services.scheduler.priorities import job_facts, latency_ratio, priority_fn, queue_priorities
-from services.scheduler.profiling import busy_types, queue_without, reprofile
+from services.scheduler.profiling import busy_types
+from services.scheduler.profiling import profiling_step as core_step
 from services.scheduler.window import QueueEntry as WindowEntry
 from services.scheduler.window import order_queue, service_window
 from shared.cluster import Cluster, GpuTypeSpec
@@ -91,10 +92,9 @@ def profiling_step(
     queued (``need`` less the busy ones it lacks, once profiled on some type
     with no profiling run in flight); see :mod:`.profiling`."""
     lacking = need - set(rec.profiled)
-    back = reprofile(lacking, busy) if rec.phase == "queued" and not starting else frozenset()
-    if queue_without(set(rec.profiled) & need, lacking, busy, profiling):
-        need = need - lacking
-    return back, need
+    step = core_step(rec.phase == "queued", set(rec.profiled) & need, lacking, busy, profiling,
+                     starting)
+    return step.back, need - step.skip
 
 
 def server_types(nodes: Iterable[NodeRecord]) -> dict[ServerId, GpuType]:

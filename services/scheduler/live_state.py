@@ -47,9 +47,9 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobPhase, JobRecord
+from shared.wire import UNSCHEDULABLE  # also the reason of a job held out of every plan
 
 PROFILING_PHASES: frozenset[str] = frozenset({"submitted", "profiling"})
-UNSCHEDULABLE = "unschedulable"  # the reason of a job held out of every plan
 
 
 class LiveJobRecord(JobRecord, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
+from typing import NamedTuple
 
 import msgspec
 
@@ -82,6 +83,30 @@ def reprofile(deferred: Set[GpuType], busy: Set[GpuType]) -> frozenset[GpuType]:
     """The types a waiting job joined the queue without (``deferred``) that
     are no longer busy: it goes back to profiling for them."""
     return frozenset(deferred) - busy
+
+
+class ProfilingStep(NamedTuple):
+    """What a plan's start changes for one job still lacking profiles."""
+
+    back: frozenset[GpuType]  # a waiting job goes back to profiling for these
+    skip: frozenset[GpuType]  # the lacking types it may be queued without
+
+
+def profiling_step(
+    waiting: bool,
+    profiled: Set[GpuType],
+    lacking: Set[GpuType],
+    busy: Set[GpuType],
+    in_flight: bool,
+    starting: bool = False,
+) -> ProfilingStep:
+    """One job's step, for the live leader and the simulator alike: a
+    ``waiting`` job with no start in flight goes back to profiling for the
+    lacking types no longer busy (:func:`reprofile`); a job may be queued
+    without the lacking types once :func:`queue_without` allows it."""
+    back = reprofile(lacking, busy) if waiting and not starting else frozenset()
+    allowed = queue_without(profiled, lacking, busy, in_flight)
+    return ProfilingStep(back, frozenset(lacking) if allowed else frozenset())
 
 
 def idle_gpus(snapshot: Snapshot) -> dict[ServerId, int]:
