@@ -47,15 +47,23 @@ class Child:
     restart_at: float | None = None  # set while a restart is due
 
 
+_GIVEN: set[int] = set()  # ports free_port has returned in this process
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that was free a moment ago, for a process that
     must be told its port before it starts. Another process may take it in
     between; where a server can pick its own port (nats-server's ``-p -1``),
-    let it."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-    return port
+    let it. The kernel may hand a just-closed port out again, so a port this
+    process already gave is never given twice (two services told the same
+    health port: one fails to bind)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port: int = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

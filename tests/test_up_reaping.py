@@ -61,3 +61,29 @@ def test_reaping_leaves_the_status_of_a_tracked_child_alone() -> None:
         print(reap_orphans({child.pid}), child.wait())
     """)
     assert out == "0 3"
+
+
+def test_free_port_never_gives_the_same_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may hand a just-closed ephemeral port out again; two services
+    told one health port meant one failed to bind. A fake socket (the kernel's
+    choice cannot be forced) answers 41000 twice, then 41001."""
+    import hops.launcher as launcher
+
+    answers = iter([41000, 41000, 41001])
+
+    class Kernel:
+        def __enter__(self) -> Kernel:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(answers)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(launcher, "_GIVEN", set())
+    monkeypatch.setattr("hops.launcher.socket.socket", Kernel)
+    assert [launcher.free_port(), launcher.free_port()] == [41000, 41001]
