@@ -17,9 +17,11 @@ JetStream consumers are in :mod:`services.runtime.consumer`.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
@@ -84,10 +86,24 @@ async def connect(settings: RuntimeSettings, name: str) -> NATS:
         "reconnected_cb": on_reconnected,
         "closed_cb": on_closed,
     }
-    if settings.nats_creds:
-        options["user_credentials"] = settings.nats_creds
+    options.update(auth_options(settings))
     nc = await nats.connect(**options)
     return nc
+
+
+def auth_options(settings: RuntimeSettings) -> dict[str, Any]:
+    """nats-py's options for the credential and CA of ``settings``: an nkey
+    seed file names the identity, whose replies come to its own inbox
+    (docs/security.md), so that no identity may read another's replies."""
+    options: dict[str, Any] = {}
+    if settings.nats_creds:
+        options["user_credentials"] = settings.nats_creds
+    if settings.nats_nkey:
+        options["nkeys_seed"] = settings.nats_nkey
+        options["inbox_prefix"] = f"_INBOX.{Path(settings.nats_nkey).name.removesuffix('.nk')}"
+    if settings.nats_ca:
+        options["tls"] = ssl.create_default_context(cafile=settings.nats_ca)
+    return options
 
 
 def nats_status(nc: NATS) -> str:

@@ -7,6 +7,13 @@ It can be stopped and started again on the same port and data directory, and
 JetStream's streams and KV buckets survive that, as they would on a real
 deployment. Use it from sync code (``with``/``start``/``stop``) or async code
 (``async with``).
+
+With ``auth_conf`` the server includes that file (the ``authorization {}``
+block that ``hops up`` generates, docs/security.md), read again on
+:meth:`EmbeddedNats.reload`; with ``tls_cert`` and ``tls_key`` it serves
+TLS only (its URL is ``tls://``). Neither changes the readiness probe: the
+server greets every client with INFO in plain text, before TLS and
+authentication.
 """
 
 from __future__ import annotations
@@ -75,8 +82,16 @@ class EmbeddedNats:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         start_timeout: float = 10.0,
         binary: str | None = None,
+        auth_conf: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise NatsServerError("TLS needs both a certificate and its key")
         self.data_dir = Path(data_dir)
+        self.auth_conf = Path(auth_conf).resolve() if auth_conf is not None else None
+        self.tls = (Path(tls_cert).resolve(), Path(tls_key).resolve()) \
+            if tls_cert is not None and tls_key is not None else None
         self.port = port
         self.host = host
         self.max_payload = max_payload
@@ -88,7 +103,7 @@ class EmbeddedNats:
     def url(self) -> str:
         if not self.port:
             raise NatsServerError("the server has not started yet: no port chosen")
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -115,9 +130,9 @@ class EmbeddedNats:
             return self.url
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
-        conf.write_text(f"max_payload: {self.max_payload}\n")
+        conf.write_text(self.config_text())
         args = [self.binary, "-c", str(conf), "-a", self.host, "-p", str(self.port or -1)]
-        args += ["-js", "-sd", str(self.data_dir), "-n", "hops-embedded"]
+        args += ["-js", "-sd", str(self.data_dir)]
         args += ["-l", str(self.log_path), "--ports_file_dir", str(self.data_dir)]
         with self.log_path.open("ab") as log:  # the server's own log and early errors
             self._proc = subprocess.Popen(
@@ -129,6 +144,26 @@ class EmbeddedNats:
             self.stop()
             raise
         return self.url
+
+    def config_text(self) -> str:
+        """The server's configuration file."""
+        # The name here, not as a flag: a reload (SIGHUP) reads only the file
+        # and refuses a name that differs from the running one's.
+        lines = [f"max_payload: {self.max_payload}", 'server_name: "hops-embedded"']
+        if self.auth_conf is not None:
+            # nats-server resolves an include against the including file's folder
+            where = os.path.relpath(self.auth_conf, self.data_dir.resolve())
+            lines.append(f"include {json.dumps(where)}")
+        if self.tls is not None:
+            cert, key = (json.dumps(str(p)) for p in self.tls)
+            lines.append(f"tls {{ cert_file: {cert}, key_file: {key} }}")
+        return "\n".join(lines) + "\n"
+
+    def reload(self) -> None:
+        """Have the running server read its configuration again (e.g. a
+        newly enrolled executor in the included authorization)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGHUP)
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM (JetStream flushes its state), then SIGKILL after ``timeout``."""

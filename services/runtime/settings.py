@@ -5,13 +5,18 @@ variable               flag                        default
 =====================  ==========================  ===========================
 ``HOPS_NATS_URL``      ``--nats-url``              ``nats://127.0.0.1:4222``
 ``HOPS_NATS_CREDS``    ``--nats-creds``            none
+``HOPS_NATS_NKEY``     ``--nats-nkey``             none (anonymous)
+``HOPS_NATS_CA``       ``--nats-ca``               none (the system's CAs)
 ``HOPS_HEALTH_PORT``   ``--health-port``           none (no health endpoint)
 ``HOPS_HEALTH_HOST``   ``--health-host``           ``127.0.0.1``
 ``HOPS_LOG_LEVEL``     ``--log-level``             ``info``
 ``HOPS_LEADER_TTL``    ``--leader-ttl``            ``5`` seconds
 =====================  ==========================  ===========================
 
-``HOPS_NATS_URL`` may list several servers separated by commas. A health
+``HOPS_NATS_URL`` may list several servers separated by commas.
+``HOPS_NATS_NKEY`` is the file of this process's nkey seed: its name
+without ``.nk`` is the identity (docs/security.md), whose replies come on
+``_INBOX.<identity>``. ``HOPS_NATS_CA`` verifies a ``tls://`` server. A health
 port of 0 binds an ephemeral port. Every endpoint binds loopback
 (:data:`LOOPBACK`) unless configured otherwise, as nats-server and the
 gateway do; a container sets ``0.0.0.0`` so that its peers reach it.
@@ -43,6 +48,8 @@ class RuntimeSettings:
 
     nats_servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     nats_creds: str | None = None
+    nats_nkey: str | None = None
+    nats_ca: str | None = None
     health_port: int | None = None
     health_host: str = LOOPBACK
     log_level: str = "info"
@@ -118,11 +125,17 @@ def _level(name: str, raw: str) -> str:
     return level
 
 
-def _creds(name: str, raw: str) -> str | None:
-    path = raw.strip()
-    if path and not os.path.isfile(path):
-        raise SettingsError(f"{name}: credentials file {path!r} does not exist")
-    return path or None
+def _file(what: str) -> Callable[[str, str], str | None]:
+    def parse(name: str, raw: str) -> str | None:
+        path = raw.strip()
+        if path and not os.path.isfile(path):
+            raise SettingsError(f"{name}: {what} {path!r} does not exist")
+        return path or None
+
+    return parse
+
+
+_creds = _file("credentials file")
 
 
 class _Field(NamedTuple):
@@ -135,6 +148,8 @@ class _Field(NamedTuple):
 _FIELDS = (
     _Field("nats_servers", "HOPS_NATS_URL", "--nats-url", _servers),
     _Field("nats_creds", "HOPS_NATS_CREDS", "--nats-creds", _creds),
+    _Field("nats_nkey", "HOPS_NATS_NKEY", "--nats-nkey", _file("nkey seed file")),
+    _Field("nats_ca", "HOPS_NATS_CA", "--nats-ca", _file("CA file")),
     _Field("health_port", "HOPS_HEALTH_PORT", "--health-port", _port),
     _Field("health_host", "HOPS_HEALTH_HOST", "--health-host", lambda _n, raw: raw.strip()),
     _Field("log_level", "HOPS_LOG_LEVEL", "--log-level", _level),

@@ -1,0 +1,244 @@
+"""Who may publish and subscribe what on NATS: one identity per actor.
+
+Every process of the live system connects to nats-server as an nkey user
+(docs/security.md). The identity is the name of that user's seed file
+(``<dir>/<identity>.nk``):
+
+* the services ``monitor``, ``estimator``, ``profiler``, ``scheduler``
+  (shared by its replicas: the leader lease tells them apart), ``placer``
+  and ``gateway``: system code, each allowed the subjects of its role;
+* ``admin``: the operator and the test harness, allowed everything;
+* ``executor-<server id>``: one server's executor, allowed only that
+  server's subjects (node-scoped, the server id taken from the subject);
+* ``tenant-<name>``: a client of one tenant, allowed only to submit and
+  cancel that tenant's jobs and to read that tenant's event feed;
+* ``audit``: a user of nats-server's system account that may only read
+  the server's authentication-failure advisories (for the monitor).
+
+Each identity has its own reply inbox, ``_INBOX.<identity>``, so that no
+identity can subscribe to another one's replies.
+
+Everything here is pure: :func:`permissions` is a table, and
+:func:`render_authorization` turns public keys and identities into the
+``authorization {}`` block of nats-server's configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from shared import subjects
+from shared.subjects import PREFIX, SubjectError, check_token
+
+MONITOR = "monitor"
+ESTIMATOR = "estimator"
+PROFILER = "profiler"
+SCHEDULER = "scheduler"
+PLACER = "placer"
+GATEWAY = "gateway"
+ADMIN = "admin"
+AUDIT = "audit"
+SERVICES = (MONITOR, ESTIMATOR, PROFILER, SCHEDULER, PLACER, GATEWAY)
+EXECUTOR_PREFIX = "executor-"
+TENANT_PREFIX = "tenant-"
+# nats-server's system account, where its advisories are published.
+SYSTEM_ACCOUNT = "SYS"
+AUTH_ERRORS = "$SYS.SERVER.*.CLIENT.AUTH.ERR"
+
+# What every service may use besides its own subjects: the JetStream API
+# (streams, consumers, KV reads; nats-server cannot scope it more finely
+# without listing every operation, see docs/security.md), acknowledgements
+# and flow control of its consumers, and the error records.
+_JS_CLIENT = ("$JS.API.>", "$JS.ACK.>", "$JS.FC.>")
+_ALL = ">"
+
+
+class IdentityError(ValueError):
+    """A name cannot be an identity (it must also be a file name and a subject token)."""
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One nats-server user's permissions: the subjects it may publish to and
+    subscribe to (wildcards allowed), and whether it may answer requests
+    (publish once to the reply subject of a message it received)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+
+def inbox_prefix(identity: str) -> str:
+    """The inbox prefix of ``identity``'s connection (nats-py ``inbox_prefix``)."""
+    return f"_INBOX.{check_identity(identity)}"
+
+
+def executor_identity(server_id: str) -> str:
+    return check_identity(EXECUTOR_PREFIX + check_token(server_id, "server id"))
+
+
+def tenant_identity(tenant: str) -> str:
+    return check_identity(TENANT_PREFIX + check_token(tenant, "tenant"))
+
+
+def check_identity(name: str) -> str:
+    """``name`` if it can be an identity: one subject token that is also a
+    plain file name; else :class:`IdentityError`."""
+    try:
+        check_token(name, "identity")
+    except SubjectError as e:
+        raise IdentityError(str(e)) from None
+    if "/" in name or "\\" in name or "\0" in name or name.startswith(("-", ".")):
+        raise IdentityError(f"identity {name!r} cannot be a file name")
+    return name
+
+
+def _suffix(identity: str, prefix: str) -> str:
+    rest = identity[len(prefix):]
+    if not rest:
+        raise IdentityError(f"identity {identity!r} names no {prefix.rstrip('-')}")
+    return rest
+
+
+def _service(identity: str, publish: Iterable[str], subscribe: Iterable[str] = (),
+             kv: Iterable[str] = (), responds: bool = False) -> Permissions:
+    """A service's permissions: its own subjects, the KV buckets it writes,
+    and what every service uses (:data:`_JS_CLIENT`, errors, its inbox)."""
+    writes = tuple(f"$KV.{bucket}.>" for bucket in kv)
+    return Permissions(
+        publish=(*_JS_CLIENT, subjects.ERRORS, *writes, *publish),
+        subscribe=(f"{inbox_prefix(identity)}.>", *subscribe),
+        allow_responses=responds,
+    )
+
+
+_EVENTS = subjects.JOB_EVENTS_ALL
+_JOB_BEATS = f"{PREFIX}.jobs.heartbeat.>"  # bare and node-scoped heartbeats
+
+
+def _monitor() -> Permissions:
+    # It relays executors' reports to their canonical subjects, so it may
+    # publish samples and profiles; it releases placements (hops_alloc).
+    return _service(
+        MONITOR,
+        publish=(_EVENTS, subjects.SAMPLES_ALL, subjects.PROFILES_ALL, subjects.RELEASED,
+                 subjects.EXEC_ALL, subjects.QUEUE),
+        subscribe=(subjects.NODES_REGISTER, f"{subjects.NODES_REGISTER}.*", subjects.NODES_REMOVE,
+                   subjects.NODE_HEARTBEATS_ALL, _JOB_BEATS, subjects.ERRORS),
+        kv=(subjects.KV_NODES, subjects.KV_ALLOC),
+        responds=True,
+    )
+
+
+def _scheduler() -> Permissions:
+    return _service(
+        SCHEDULER,
+        publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, f"{PREFIX}.tenants.*.events.*"),
+        subscribe=(subjects.JOBS_SUBMIT, f"{subjects.JOBS_SUBMIT}.*", subjects.JOBS_CANCEL,
+                   f"{subjects.JOBS_CANCEL}.*", subjects.QUEUE, subjects.RELEASED, _JOB_BEATS),
+        kv=(subjects.KV_JOBS, subjects.KV_LEADER),
+        responds=True,
+    )
+
+
+def _gateway() -> Permissions:
+    # A trusted caller: the bare subjects, with the tenant it authenticated.
+    return _service(GATEWAY, publish=(subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL,
+                                      subjects.NODES_REMOVE, subjects.QUEUE))
+
+
+_SERVICE_TABLE = {
+    MONITOR: _monitor,
+    ESTIMATOR: lambda: _service(ESTIMATOR, (), subscribe=(subjects.ESTIMATE,), responds=True),
+    PROFILER: lambda: _service(PROFILER, publish=(_EVENTS,)),
+    SCHEDULER: _scheduler,
+    PLACER: lambda: _service(PLACER, publish=(_EVENTS, subjects.EXEC_ALL),
+                             kv=(subjects.KV_ALLOC,)),
+    GATEWAY: _gateway,
+}
+
+# Until executors publish on node-scoped subjects only (docs/events.md),
+# they still use these; each lets an executor speak for any job, so this
+# tuple must be empty once the node-scoped subjects and the monitor's
+# relay are in.
+LEGACY_EXECUTOR_PUBLISH: tuple[str, ...] = (
+    "$JS.API.>", subjects.NODES_REGISTER, subjects.JOB_HEARTBEATS_ALL, _EVENTS,
+    subjects.SAMPLES_ALL, subjects.PROFILES_ALL,
+)
+
+
+def executor_permissions(server_id: str) -> Permissions:
+    """One server's executor (and the emulated jobs it starts): only its own
+    node-scoped subjects; the server id comes from the subject."""
+    sid = check_token(server_id, "server id")
+    return Permissions(
+        publish=(f"{PREFIX}.nodes.register.{sid}", subjects.node_heartbeat(sid),
+                 f"{PREFIX}.jobs.heartbeat.{sid}.*", f"{PREFIX}.reports.{sid}.*",
+                 subjects.ERRORS, *LEGACY_EXECUTOR_PUBLISH),
+        subscribe=(subjects.exec_commands(sid), f"{inbox_prefix(executor_identity(sid))}.>"),
+        allow_responses=True,
+    )
+
+
+def tenant_permissions(tenant: str) -> Permissions:
+    """A client of ``tenant``: submit and cancel its jobs, read its feed."""
+    t = check_token(tenant, "tenant")
+    return Permissions(
+        publish=(f"{subjects.JOBS_SUBMIT}.{t}", f"{subjects.JOBS_CANCEL}.{t}"),
+        subscribe=(f"{PREFIX}.tenants.{t}.>", f"{inbox_prefix(tenant_identity(t))}.>"),
+    )
+
+
+def permissions(identity: str) -> Permissions:
+    """What ``identity`` may do on NATS; :class:`IdentityError` for a name
+    that is no identity."""
+    check_identity(identity)
+    if identity in _SERVICE_TABLE:
+        return _SERVICE_TABLE[identity]()
+    if identity == ADMIN:
+        return Permissions(publish=(_ALL,), subscribe=(_ALL,), allow_responses=True)
+    if identity == AUDIT:
+        return Permissions(publish=(), subscribe=(AUTH_ERRORS, f"{inbox_prefix(AUDIT)}.>"))
+    if identity.startswith(EXECUTOR_PREFIX):
+        return executor_permissions(_suffix(identity, EXECUTOR_PREFIX))
+    if identity.startswith(TENANT_PREFIX):
+        return tenant_permissions(_suffix(identity, TENANT_PREFIX))
+    raise IdentityError(f"unknown identity {identity!r}: one of {', '.join(SERVICES)}, "
+                        f"{ADMIN}, {AUDIT}, {EXECUTOR_PREFIX}<server id> or "
+                        f"{TENANT_PREFIX}<tenant>")
+
+
+def _list(values: Iterable[str]) -> str:
+    return json.dumps(list(values))  # a JSON list is a valid nats-server config list
+
+
+def _user(public_key: str, identity: str) -> str:
+    p = permissions(identity)
+    deny_all = '{deny: [">"]}'
+    publish = f"{{allow: {_list(p.publish)}}}" if p.publish else deny_all
+    subscribe = f"{{allow: {_list(p.subscribe)}}}" if p.subscribe else deny_all
+    responses = ", allow_responses: true" if p.allow_responses else ""
+    return (f"    # {identity}\n    {{nkey: {json.dumps(public_key)}, permissions: "
+            f"{{publish: {publish}, subscribe: {subscribe}{responses}}}}}")
+
+
+def render_authorization(users: Mapping[str, str]) -> str:
+    """nats-server configuration for ``users`` (public key -> identity): an
+    ``authorization {}`` block with every identity but :data:`AUDIT`, and,
+    if an audit user is among them, nats-server's system account with it.
+    Deterministic: users in the order of their identity."""
+    for key in users:
+        if not (len(key) == 56 and key.startswith("U") and key.isalnum() and key.isupper()):
+            raise IdentityError(f"{key!r} is not an nkey user's public key")
+    ordered = sorted(users.items(), key=lambda kv: (kv[1], kv[0]))
+    lines = ["# Generated by hops (docs/security.md): one nkey user per identity.",
+             "authorization {", "  users = ["]
+    lines += [_user(k, i) for k, i in ordered if i != AUDIT]
+    lines += ["  ]", "}"]
+    audit = [_user(k, i) for k, i in ordered if i == AUDIT]
+    if audit:
+        lines += [f"accounts {{ {SYSTEM_ACCOUNT} {{ users = [", *audit, "] } }",
+                  f"system_account: {SYSTEM_ACCOUNT}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,273 @@
+"""NATS identities: each one's permissions (pure), the generated
+authorization block, and its enforcement by a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from hops.credentials import Credentials, enrol, ensure_credentials, write_auth
+from services.runtime.bus import connect
+from services.runtime.identity import (
+    ADMIN,
+    AUDIT,
+    LEGACY_EXECUTOR_PUBLISH,
+    SERVICES,
+    IdentityError,
+    executor_identity,
+    inbox_prefix,
+    permissions,
+    render_authorization,
+    tenant_identity,
+)
+from services.runtime.natsd import EmbeddedNats
+from services.runtime.settings import RuntimeSettings
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether NATS subject ``pattern`` (with ``*`` and ``>``) matches ``subject``."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def may_publish(identity: str, subject: str) -> bool:
+    return any(matches(p, subject) for p in permissions(identity).publish)
+
+
+def may_subscribe(identity: str, subject: str) -> bool:
+    return any(matches(p, subject) for p in permissions(identity).subscribe)
+
+
+def without_legacy(identity: str, subject: str) -> bool:
+    return any(matches(p, subject) for p in permissions(identity).publish
+               if p not in LEGACY_EXECUTOR_PUBLISH)
+
+
+def test_matches() -> None:
+    assert matches("a.*", "a.b") and not matches("a.*", "a.b.c")
+    assert matches("a.>", "a.b.c") and not matches("a.>", "a")
+    assert not matches("a.b", "a.c")
+
+
+def test_an_executor_publishes_only_its_own_node_scoped_subjects() -> None:
+    me = executor_identity("rtx-0")
+    for subject in ("hops.v1.nodes.register.rtx-0", "hops.v1.nodes.heartbeat.rtx-0",
+                    "hops.v1.jobs.heartbeat.rtx-0.j1", "hops.v1.reports.rtx-0.j1",
+                    "hops.v1.errors"):
+        assert without_legacy(me, subject), subject
+    for subject in ("hops.v1.nodes.register.rtx-1", "hops.v1.nodes.heartbeat.rtx-1",
+                    "hops.v1.jobs.heartbeat.rtx-1.j1", "hops.v1.reports.rtx-1.j1",
+                    "hops.v1.exec.rtx-0", "hops.v1.exec.rtx-1", "hops.v1.plans",
+                    "hops.v1.cluster.released", "$KV.hops_alloc.j1", "hops.v1.jobs.submit"):
+        assert not may_publish(me, subject), subject
+    assert may_subscribe(me, "hops.v1.exec.rtx-0")
+    assert may_subscribe(me, "_INBOX.executor-rtx-0.abc.1")
+    assert not may_subscribe(me, "hops.v1.exec.rtx-1")
+    assert not may_subscribe(me, "_INBOX.executor-rtx-1.abc.1")
+    assert not may_subscribe(me, "hops.v1.>")
+    assert permissions(me).allow_responses  # it answers the placer's commands
+
+
+def test_a_tenant_submits_cancels_and_reads_only_its_own() -> None:
+    alice = tenant_identity("alice")
+    assert may_publish(alice, "hops.v1.jobs.submit.alice")
+    assert may_publish(alice, "hops.v1.jobs.cancel.alice")
+    assert may_subscribe(alice, "hops.v1.tenants.alice.events.j1")
+    assert may_subscribe(alice, "_INBOX.tenant-alice.x.1")
+    for subject in ("hops.v1.jobs.submit.bob", "hops.v1.jobs.submit", "hops.v1.jobs.cancel",
+                    "hops.v1.exec.rtx-0", "hops.v1.jobs.events.j1", "hops.v1.plans",
+                    "$JS.API.STREAM.INFO.HOPS_JOBS", "$KV.hops_jobs.j1"):
+        assert not may_publish(alice, subject), subject
+    for subject in ("hops.v1.tenants.bob.events.j1", "hops.v1.jobs.events.j1",
+                    "_INBOX.tenant-bob.x.1", "_INBOX.scheduler.x.1"):
+        assert not may_subscribe(alice, subject), subject
+    assert not permissions(alice).allow_responses
+
+
+def test_only_the_scheduler_publishes_plans_and_only_admin_everything() -> None:
+    others = [*SERVICES, executor_identity("a"), tenant_identity("t")]
+    assert [i for i in others if may_publish(i, "hops.v1.plans")] == ["scheduler"]
+    assert [i for i in others if may_publish(i, "$KV.hops_leader.scheduler")] == ["scheduler"]
+    assert sorted(i for i in others if may_publish(i, "hops.v1.exec.rtx-0")) == [
+        "monitor", "placer"]
+    assert may_publish(ADMIN, "anything.at.all") and may_subscribe(ADMIN, "x")
+
+
+def test_services_write_only_their_own_buckets_and_use_their_own_inbox() -> None:
+    owners = {"hops_jobs": ["scheduler"], "hops_leader": ["scheduler"],
+              "hops_alloc": ["monitor", "placer"], "hops_nodes": ["monitor"]}
+    for bucket, expected in owners.items():
+        writers = [s for s in SERVICES if may_publish(s, f"$KV.{bucket}.k")]
+        assert writers == expected, bucket
+    for service in SERVICES:
+        assert may_publish(service, "$JS.API.STREAM.INFO.HOPS_JOBS")  # the residual
+        assert may_subscribe(service, f"{inbox_prefix(service)}.x.1")
+        assert not any(may_subscribe(service, f"_INBOX.{o}.x.1") for o in SERVICES
+                       if o != service)
+    assert may_subscribe("monitor", "hops.v1.nodes.register.rtx-0")
+    assert may_subscribe("scheduler", "hops.v1.jobs.submit.alice")
+    assert not may_subscribe("gateway", "hops.v1.jobs.submit")
+
+
+def test_the_audit_user_reads_auth_errors_only() -> None:
+    p = permissions(AUDIT)
+    assert p.publish == () and not p.allow_responses
+    assert may_subscribe(AUDIT, "$SYS.SERVER.NABC.CLIENT.AUTH.ERR")
+    assert not may_subscribe(AUDIT, "$SYS.REQ.SERVER.PING")
+
+
+@pytest.mark.parametrize("bad", ["", "nobody", "executor-", "tenant-", "a.b", "x/y",
+                                 "executor-a.b", "tenant-*", "-x", ".hidden"])
+def test_what_is_no_identity(bad: str) -> None:
+    with pytest.raises(IdentityError):
+        permissions(bad)
+
+
+KEY_A = "U" + "A" * 55
+KEY_B = "U" + "B" * 55
+
+
+def test_render_authorization_is_deterministic_and_puts_audit_in_the_system_account() -> None:
+    users = {KEY_B: "executor-rtx-0", KEY_A: "monitor", "U" + "C" * 55: AUDIT}
+    text = render_authorization(users)
+    assert text == render_authorization(dict(reversed(users.items())))
+    assert text.index(KEY_B) < text.index(KEY_A)  # by identity: executor-... < monitor
+    assert '"hops.v1.exec.rtx-0"' in text and "allow_responses: true" in text
+    assert "system_account: SYS" in text
+    assert "system_account" not in render_authorization({KEY_A: "monitor"})
+    with pytest.raises(IdentityError):
+        render_authorization({"not-a-key": "monitor"})
+
+
+# --- a real nats-server ----------------------------------------------------------------
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedNats, Credentials]]:
+    creds = Credentials(tmp_path / "credentials")
+    ensure_credentials(creds.dir, [ADMIN, "monitor", executor_identity("rtx-0"),
+                                   executor_identity("rtx-1"), tenant_identity("alice")])
+    write_auth(creds.dir)
+    with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf) as server:
+        yield server, creds
+
+
+def test_credential_files_are_private(secured: tuple[EmbeddedNats, Credentials]) -> None:
+    _, creds = secured
+    assert creds.dir.stat().st_mode & 0o777 == 0o700
+    for path in creds.dir.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+async def _client(server: EmbeddedNats, creds: Credentials, identity: str,
+                  errors: list[str] | None = None) -> NATS:
+    settings = RuntimeSettings(nats_servers=(server.url,), nats_nkey=str(creds.seed(identity)))
+    nc = await connect(settings, identity)
+    if errors is not None:
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+        nc._error_cb = on_error  # nats-py: errors after connect (permission violations)
+    return nc
+
+
+async def test_nats_server_enforces_the_permissions(
+    secured: tuple[EmbeddedNats, Credentials],
+) -> None:
+    server, creds = secured
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
+                           connect_timeout=2)
+    admin = await _client(server, creds, ADMIN)
+    seen: list[str] = []
+
+    async def record(msg: Msg) -> None:
+        seen.append(msg.subject)
+
+    await admin.subscribe("hops.v1.>", cb=record)
+    await asyncio.sleep(0)
+    await admin.flush()
+    errors: list[str] = []
+    rtx0 = await _client(server, creds, executor_identity("rtx-0"), errors)
+    alice = await _client(server, creds, tenant_identity("alice"), errors)
+    await rtx0.publish("hops.v1.nodes.heartbeat.rtx-0", b"{}")
+    await rtx0.publish("hops.v1.nodes.heartbeat.rtx-1", b"{}")  # as another server
+    await rtx0.publish("hops.v1.exec.rtx-1", b"{}")  # a command to another server
+    await alice.publish("hops.v1.exec.rtx-0", b'{"type": "stop_job"}')
+    await alice.publish("hops.v1.jobs.submit.alice", b"{}")
+    await alice.publish("hops.v1.jobs.submit.bob", b"{}")
+    for nc in (rtx0, alice):
+        await nc.flush()
+    await asyncio.sleep(0.3)
+    await admin.flush()
+    assert sorted(seen) == ["hops.v1.jobs.submit.alice", "hops.v1.nodes.heartbeat.rtx-0"]
+    assert len([e for e in errors if "permissions violation" in e]) == 4, errors
+    log = server.log_path.read_text()
+    assert 'Publish Violation - Subject "hops.v1.exec.rtx-0"' in log
+    for nc in (admin, rtx0, alice):
+        await nc.close()
+
+
+async def test_an_enrolled_executor_connects_after_a_reload(
+    secured: tuple[EmbeddedNats, Credentials],
+) -> None:
+    server, creds = secured
+    seed = enrol(creds.dir, "far-away-0")
+    assert seed == creds.seed("executor-far-away-0")
+    server.reload()
+    for _ in range(50):  # the reload is asynchronous
+        try:
+            nc = await nats.connect(server.url, nkeys_seed=str(seed), allow_reconnect=False,
+                                    max_reconnect_attempts=0, connect_timeout=2,
+                                    inbox_prefix="_INBOX.executor-far-away-0")
+            break
+        except nats.errors.Error:
+            await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the enrolled executor could not connect")
+    await nc.publish("hops.v1.nodes.heartbeat.far-away-0", b"{}")
+    await nc.flush()
+    await nc.close()
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_tls_and_nkey_together(tmp_path: Path, self_signed: tuple[Path, Path]) -> None:
+    cert, key = self_signed
+    creds = Credentials(tmp_path / "credentials")
+    ensure_credentials(creds.dir, ["monitor"])
+    write_auth(creds.dir)
+    with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf, tls_cert=cert,
+                      tls_key=key) as server:
+        assert server.url.startswith("tls://")
+        settings = RuntimeSettings(nats_servers=(server.url,), nats_nkey=str(creds.seed("monitor")),
+                                   nats_ca=str(cert))
+        nc = await connect(settings, "monitor")
+        assert nc.is_connected
+        await nc.publish("hops.v1.errors", b"{}")
+        await nc.flush()
+        await nc.close()
+        with pytest.raises(Exception):  # noqa: B017  # not trusted: no CA given
+            await nats.connect(server.url, nkeys_seed=str(creds.seed("monitor")),
+                               allow_reconnect=False, max_reconnect_attempts=0,
+                               connect_timeout=2)
