@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import nats.errors
 import numpy as np
@@ -55,7 +55,7 @@ from executor.emulator import (
 )
 from services.runtime.bus import connect, publish_event
 from services.runtime.logging import configure_logging, get_logger
-from services.runtime.settings import RuntimeSettings, from_env
+from services.runtime.settings import from_env
 from shared import subjects
 from shared.events import (
     JobFinished,
@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace, cmd: StartJob, truth: GroundTruth) -> int:
     settings = from_env()
     if args.nats_url:
-        settings = RuntimeSettings(nats_servers=tuple(args.nats_url.split(",")))
+        # The executor's own credential and CA come with its environment.
+        settings = replace(settings, nats_servers=tuple(args.nats_url.split(",")))
     log = get_logger(job_id=cmd.job_id, server_id=cmd.server_id, role=args.role)
     nc = await connect(settings, f"job-{cmd.job_id}@{cmd.server_id}")
     stop = asyncio.Event()

@@ -9,6 +9,10 @@ is restarted after a back-off (1 s, doubling up to 30 s; reset once a child
 stayed up a minute). SIGTERM/SIGINT stop every child and then the
 supervisor. The children run without a health endpoint (they would share
 one port); the supervisor logs each start and exit.
+
+With ``HOPS_NATS_CREDENTIALS_DIR`` set (``hops up``, compose), each child
+connects as its own server's identity, ``<dir>/executor-<server id>.nk``
+(docs/security.md), and is not told where the other seeds are.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from structlog.typing import FilteringBoundLogger
 
@@ -48,10 +53,24 @@ def child_argv(argv: Sequence[str], server_id: str, order: int) -> list[str]:
     return [*out, "--server-id", server_id, "--order", str(order)]
 
 
+CREDENTIALS_DIR = "HOPS_NATS_CREDENTIALS_DIR"
+
+
+def child_env(environ: Mapping[str, str], server_id: str) -> dict[str, str]:
+    """The environment of ``server_id``'s executor: the supervisor's, without
+    the health port, and with that server's own NATS credential when the
+    supervisor was given the credentials folder."""
+    env = {k: v for k, v in environ.items() if k not in ("HOPS_HEALTH_PORT", CREDENTIALS_DIR)}
+    folder = environ.get(CREDENTIALS_DIR, "")
+    if folder:
+        env["HOPS_NATS_NKEY"] = str(Path(folder) / f"executor-{server_id}.nk")
+    return env
+
+
 async def _keep(argv: list[str], server_id: str, stopping: asyncio.Event,
                 log: FilteringBoundLogger) -> None:
     """Run one executor until ``stopping``, restarting it when it exits."""
-    env = {k: v for k, v in os.environ.items() if k != "HOPS_HEALTH_PORT"}
+    env = child_env(os.environ, server_id)
     delay = _BACKOFF_S[0]
     loop = asyncio.get_running_loop()
     while not stopping.is_set():

@@ -177,6 +177,16 @@ def up(
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",
+    tenants: Annotated[Path | None, typer.Option(
+        help="tenants file: tenants, their tokens, who may run commands (docs/security.md)"
+    )] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="TLS certificate of NATS and the gateway")
+                        ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the key of --tls-cert")] = None,
+    tls_ca: Annotated[Path | None, typer.Option(
+        help="CA that clients trust (default: --tls-cert itself, for a self-signed one)")] = None,
+    no_auth: Annotated[bool, typer.Option(
+        "--no-auth", help="no authentication at all: for measurements only")] = False,
 ) -> None:
     """Run the live system here, one process each (NATS, services, gateway, and one
     executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
@@ -191,7 +201,8 @@ def up(
             metrics_host=metrics_host, metrics_port=metrics_port,
             round_s=round_s, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
-            cpu_affinity=cpu_affinity,
+            cpu_affinity=cpu_affinity, auth=not no_auth, tenants=tenants,
+            tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -325,6 +336,57 @@ def nodes_remove(
     typer.echo(render_answer(server_id, answer, verb="removed"))
     if not answer.ok:
         raise typer.Exit(1)
+
+
+@nodes_app.command("enrol")
+def nodes_enrol(
+    server_id: Annotated[str, typer.Argument(help="the server's id")],
+    data_dir: Annotated[Path, typer.Option(help="the data folder of `hops up`")] = Path(".hops"),
+) -> None:
+    """Issue the NATS credential of an executor on another host (kept if it
+    exists), admit it in nats-server and reload a running one. Copy the
+    printed file to that host (mode 0600) and start its executor with
+    HOPS_NATS_NKEY pointing at it."""
+    from hops.credentials import CredentialsError, enrol, reload_nats
+    from hops.stack import StackConfig
+    from services.runtime.identity import IdentityError
+
+    config = StackConfig(data_dir=data_dir)
+    try:
+        seed = enrol(config.credentials_dir, server_id)
+    except (CredentialsError, IdentityError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{seed}")
+    typer.echo(reload_nats(config.state_file), err=True)
+
+
+@app.command()
+def credentials(
+    out: Annotated[Path, typer.Option(help="folder to write them to (e.g. secrets/)")],
+    cluster: Annotated[str, typer.Option(help="the cluster whose executors get one each")] = (
+        "paper-physical"
+    ),
+    tenants: Annotated[Path | None, typer.Option(help="tenants file")] = None,
+    compose: Annotated[bool, typer.Option(
+        "--compose", help="files readable by the containers' user (the folder stays 0700)"
+    )] = False,
+) -> None:
+    """Generate (or complete) a credentials folder, as `hops up` does in its
+    data folder: for compose's secrets (`hops credentials --out secrets/ --compose`)."""
+    from hops.credentials import CredentialsError, prepare
+    from services.runtime.identity import IdentityError
+    from shared.tenants import TenantsError, load_tenants
+    from simulator.clusters import cluster_arg
+
+    try:
+        file = load_tenants(tenants.read_text()) if tenants is not None else None
+        servers = [s.id for s in cluster_arg(cluster).servers]
+        creds = prepare(out, servers, file, 0o644 if compose else 0o600)
+    except (OSError, SpecError, TenantsError, CredentialsError, IdentityError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"credentials in {creds.dir}/ (admin token: {creds.dir}/admin.token)")
 
 
 @app.command()

@@ -20,8 +20,10 @@ A shell around the pure :mod:`services.runtime.identity` and
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,3 +193,14 @@ def enrol(dir: Path, server_id: str) -> Path:
     ensure_credentials(dir, (identity,))
     write_auth(dir)
     return Credentials(dir).seed(identity)
+
+
+def reload_nats(state_file: Path) -> str:
+    """SIGHUP the nats-server of a running ``hops up`` (its pid is in
+    ``up.json``): it reads the authorization again. What happened."""
+    try:
+        pid = int(json.loads(state_file.read_text())["nats"]["pid"])
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "nats-server is not running here: the credential is admitted at its next start"
+    return f"nats-server (pid {pid}) reloaded its authorization"

@@ -59,6 +59,12 @@ class StackConfig:
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
     schedulers: int = DEFAULT_SCHEDULERS
+    # NATS authentication (docs/security.md); off only for measurements.
+    auth: bool = True
+    tenants: Path | None = None  # the operator's tenants file
+    tls_cert: Path | None = None  # NATS and the gateway serve TLS with these
+    tls_key: Path | None = None
+    tls_ca: Path | None = None  # what clients trust; the certificate itself by default
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -72,13 +78,33 @@ class StackConfig:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
         if self.round_s <= 0:
             raise ValueError(f"round length must be > 0 s, got {self.round_s:g}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ValueError("a TLS CA is for a stack with TLS (--tls-cert and --tls-key)")
         for name, port in (("gateway", self.gateway_port), ("metrics", self.metrics_port)):
             if not 0 < port <= 65535:
                 raise ValueError(f"{name} port must be in 1..65535, got {port}")
 
     @property
     def gateway_url(self) -> str:
-        return f"http://{_reachable(self.gateway_host)}:{self.gateway_port}"
+        scheme = "https" if self.tls_cert else "http"
+        return f"{scheme}://{_reachable(self.gateway_host)}:{self.gateway_port}"
+
+    @property
+    def credentials_dir(self) -> Path:
+        """Seeds, tokens and the effective tenants file (hops/credentials.py)."""
+        return self.data_dir / "credentials"
+
+    @property
+    def cli_config(self) -> Path:
+        """The CLI's config file: the gateway and the admin's token."""
+        return self.data_dir / "cli.yaml"
+
+    @property
+    def trusted_ca(self) -> Path | None:
+        """What a client of this stack's TLS trusts, None without TLS."""
+        return self.tls_ca or self.tls_cert
 
     @property
     def metrics_url(self) -> str:
@@ -143,10 +169,33 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def _security(config: StackConfig, identity: str, *, tenants: bool = False
+              ) -> dict[str, str]:
+    """The variables that give a component its NATS identity (``cluster``:
+    the folder its supervisor takes each executor's seed from), the CA of
+    NATS's TLS and, for the scheduler and the gateway, the tenants file."""
+    creds = config.credentials_dir
+    env: dict[str, str] = {}
+    if config.auth:
+        if identity == "cluster":
+            env["HOPS_NATS_CREDENTIALS_DIR"] = str(creds)
+        else:
+            env["HOPS_NATS_NKEY"] = str(creds / f"{identity}.nk")
+        if tenants:
+            env["HOPS_TENANTS"] = str(creds / "tenants.yaml")
+        if identity == "monitor":
+            env["HOPS_NATS_AUDIT_NKEY"] = str(creds / "audit.nk")
+    if config.trusted_ca is not None:
+        env["HOPS_NATS_CA"] = str(config.trusted_ca)
+    return env
+
+
 def components(config: StackConfig) -> tuple[Component, ...]:
     """The processes of the live system, in the order ``hops up`` starts them:
     the monitor first (executors register with it), the gateway last (its
     health answers once everything else has been started)."""
+    gateway_tls = {"HOPS_GATEWAY_CERT": str(config.tls_cert),
+                   "HOPS_GATEWAY_KEY": str(config.tls_key)} if config.tls_cert else {}
     return (
         Component(
             "monitor",
@@ -154,19 +203,24 @@ def components(config: StackConfig) -> tuple[Component, ...]:
             env={
                 "HOPS_METRICS_HOST": config.metrics_host,
                 "HOPS_METRICS_PORT": str(config.metrics_port),
+                **_security(config, "monitor"),
             },
             doc="node registry, heartbeats, releases, Prometheus metrics",
         ),
-        Component("estimator", "services.estimator", doc="throughput estimates (§3.3)"),
-        Component("profiler", "services.profiler", doc="profile reports (§3.2)"),
+        Component("estimator", "services.estimator", env=_security(config, "estimator"),
+                  doc="throughput estimates (§3.3)"),
+        Component("profiler", "services.profiler", env=_security(config, "profiler"),
+                  doc="profile reports (§3.2)"),
         Component(
             "scheduler",
             "services.scheduler",
-            env={"HOPS_ROUND_S": _num(config.round_s)},
+            env={"HOPS_ROUND_S": _num(config.round_s),
+                 **_security(config, "scheduler", tenants=True)},
             replicas=config.schedulers,
             doc="admission, leader lease, the Hops policy every round (§3.4-3.6)",
         ),
-        Component("placer", "services.placer", doc="applies plans on the executors"),
+        Component("placer", "services.placer", env=_security(config, "placer"),
+                  doc="applies plans on the executors"),
         _cluster(config),
         Component(
             "gateway",
@@ -174,6 +228,8 @@ def components(config: StackConfig) -> tuple[Component, ...]:
             env={
                 "HOPS_GATEWAY_HOST": config.gateway_host,
                 "HOPS_GATEWAY_PORT": str(config.gateway_port),
+                **gateway_tls,
+                **_security(config, "gateway", tenants=True),
             },
             doc="the HTTP API",
         ),
@@ -189,12 +245,14 @@ def _cluster(config: StackConfig) -> Component:
         if config.cpu_affinity:
             args += ("--cpu-affinity", config.cpu_affinity)
         return Component("cluster", "executor", args=args,
-                         env={"HOPS_RUN_DIR": str(config.runs_dir)},
+                         env={"HOPS_RUN_DIR": str(config.runs_dir),
+                              **_security(config, "cluster")},
                          doc="the REAL cluster: one executor per server running jobs' commands")
     return Component(
         "cluster",
         "executor",
         args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
+        env=_security(config, "cluster"),
         doc="the EMULATED GPU cluster: one emulated executor per server",
     )
 
@@ -222,6 +280,11 @@ def modules() -> tuple[str, ...]:
     return (*(c.module for c in components(StackConfig())), "executor.job")
 
 
+_SECURITY_VARS = ("HOPS_NATS_NKEY", "HOPS_NATS_CREDS", "HOPS_NATS_CREDENTIALS_DIR",
+                  "HOPS_NATS_AUDIT_NKEY", "HOPS_NATS_CA", "HOPS_TENANTS", "HOPS_GATEWAY_CERT",
+                  "HOPS_GATEWAY_KEY")
+
+
 def environment(
     config: StackConfig,
     component: Component,
@@ -235,6 +298,9 @@ def environment(
     health port (``HOPS_HEALTH_PORT`` is emptied: a value inherited from the
     caller would make every service bind the same port); the gateway serves
     its own ``/healthz`` on its port, which is what ``hops up`` waits for.
+    The caller's NATS credential, CA and tenants file are dropped: each
+    component gets its own identity (:func:`components`), or none with
+    authentication off.
     ``source_root`` (the folder holding the packages) goes first on
     ``PYTHONPATH``, so that ``python -m`` finds every component from any
     working directory.
@@ -248,6 +314,8 @@ def environment(
             "PYTHONUNBUFFERED": "1",  # log lines reach the log files as they happen
         }
     )
+    for inherited in _SECURITY_VARS:  # each component gets its own, or none
+        env.pop(inherited, None)
     if source_root:
         rest = base.get("PYTHONPATH", "")
         env["PYTHONPATH"] = source_root + (f":{rest}" if rest else "")

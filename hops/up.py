@@ -20,6 +20,14 @@ a real job runs in a process group of its own, so that it can outlive a
 crash of its executor.
 ``<data-dir>/up.json`` lists the processes (nats-server's pid included) while
 the stack runs.
+
+Authentication is on unless ``--no-auth`` (for measurements only): on first
+start ``hops up`` generates every identity's credential, the tokens and the
+effective tenants file into ``<data-dir>/credentials/`` (hops/credentials.py,
+reused after), nats-server admits only those identities, each process
+connects as its own, and ``<data-dir>/cli.yaml`` gives the CLI the gateway
+and the admin's token (docs/security.md). With ``--tls-cert``/``--tls-key``
+NATS and the gateway serve TLS.
 """
 
 from __future__ import annotations
@@ -38,9 +46,14 @@ from typing import IO
 
 import httpx
 
+from hops.credentials import Credentials, CredentialsError, prepare, write_cli_config
 from hops.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
 from hops.stack import StackConfig, describe_exit, modules, processes, restart_delay
+from services.runtime.identity import ADMIN, IdentityError
 from services.runtime.natsd import EmbeddedNats, NatsServerError
+from shared.specs import SpecError
+from shared.tenants import TenantsError, TenantsFile, load_tenants
+from simulator.clusters import cluster_arg
 
 _POLL_S = 0.1
 
@@ -61,7 +74,8 @@ def wait_healthy(launcher: Launcher, gateway: Child, timeout: float) -> None:
     longer than ``timeout``; returns early (quietly) on a stop request."""
     deadline = time.monotonic() + timeout
     see = f"see {gateway.log}"
-    with httpx.Client(timeout=1.0) as client:
+    ca = launcher.config.trusted_ca
+    with httpx.Client(timeout=1.0, verify=str(ca) if ca else True) as client:
         while not launcher.stopping.is_set():
             if _healthy(client, launcher.config.gateway_url):
                 return
@@ -107,11 +121,43 @@ def _is_plain_module(name: str) -> bool:
     return spec is not None and spec.submodule_search_locations is None
 
 
+def stack_nats(config: StackConfig, port: int) -> EmbeddedNats:
+    """The stack's nats-server: authorization from the credentials folder
+    unless authentication is off, TLS if asked for."""
+    auth = config.credentials_dir / "nats-auth.conf" if config.auth else None
+    return EmbeddedNats(config.nats_dir, port=port, auth_conf=auth,
+                        tls_cert=config.tls_cert, tls_key=config.tls_key)
+
+
+def _tenants(config: StackConfig) -> TenantsFile | None:
+    if config.tenants is None:
+        return None
+    try:
+        return load_tenants(config.tenants.read_text())
+    except OSError as e:
+        raise UpError(f"cannot read the tenants file: {e}") from None
+    except TenantsError as e:
+        raise UpError(f"{config.tenants}: {e}") from None
+
+
+def secure(config: StackConfig) -> Credentials | None:
+    """Generate (or reuse) the stack's credentials; None with
+    authentication off."""
+    if not config.auth:
+        return None
+    try:
+        servers = [s.id for s in cluster_arg(config.cluster).servers]
+        return prepare(config.credentials_dir, servers, _tenants(config))
+    except (SpecError, CredentialsError, IdentityError, TenantsError) as e:
+        raise UpError(f"cannot prepare the credentials: {e}") from None
+
+
 def _write_state(config: StackConfig, nats: EmbeddedNats, children: list[Child]) -> None:
     state = {
         "pid": os.getpid(),
         "gateway": config.gateway_url,
         "metrics": config.metrics_url,
+        "credentials": str(config.credentials_dir) if config.auth else None,
         "nats": {"url": nats.url, "pid": nats.pid, "log": str(nats.log_path)},
         "components": {
             c.component.name: {"pid": c.proc.pid, "argv": c.proc.args, "log": str(c.log)}
@@ -168,6 +214,15 @@ def _executors(config: StackConfig) -> str:
     return f"emulated, time x{config.time_scale:g}"
 
 
+def _access(config: StackConfig) -> list[str]:
+    if not config.auth:
+        return ["  auth     OFF (--no-auth: anyone who reaches NATS may do anything; "
+                "for measurements only)"]
+    creds = Credentials(config.credentials_dir)
+    return [f"  admin    token in {creds.token(ADMIN)}; the CLI reads {config.cli_config}",
+            f"  secrets  {creds.dir}/ (NATS seeds, tokens, tenants file)"]
+
+
 def banner(config: StackConfig, nats_url: str) -> str:
     return "\n".join(
         [
@@ -177,6 +232,7 @@ def banner(config: StackConfig, nats_url: str) -> str:
             f"  metrics  {config.metrics_url}",
             f"  NATS     {nats_url}",
             f"  logs     {config.logs_dir}/",
+            *_access(config),
             "Ctrl-C stops everything.",
         ]
     )
@@ -203,7 +259,7 @@ def up(
 ) -> int:
     """Run the stack until SIGINT/SIGTERM; the exit code (0 after a requested
     stop, 1 when it could not start). See the module docstring."""
-    nats = EmbeddedNats(config.nats_dir, port=nats_port)
+    nats = stack_nats(config, nats_port)
     launcher = Launcher(config, say)
     launcher.reaper = become_subreaper()
     restore = _install_signals(launcher.stopping)
@@ -213,8 +269,12 @@ def up(
         if missing:
             raise UpError(f"cannot run {', '.join(missing)}: not found from {SOURCE_ROOT}")
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        creds = secure(config)
         nats.start()
         launcher.config = config = replace(config, nats_url=nats.url)
+        if creds is not None:
+            write_cli_config(config.cli_config, config.gateway_url,
+                             creds.token(ADMIN).read_text().strip())
         started = [launcher.start(comp) for comp in processes(config)]
         launcher.on_restart = lambda: _write_state(config, nats, launcher.children)
         launcher.on_tick = NatsKeeper(nats, say, launcher.on_restart).tick

@@ -15,8 +15,10 @@ A :class:`Bus` (a NATS client on its own thread) records every event
 (:data:`RECORDED`) and every KV change (``$KV.>``) from the start, so a test can
 check what happened in between (a placement that existed for half a
 second, a ``job_started``), and reads KV buckets and streams for what is
-stored. Tests are plain functions; they wait on conditions with
-:func:`until`, never on fixed sleeps.
+stored. Authentication is on, as under ``hops up`` (credentials in
+``<data>/credentials``); the Bus connects as ``admin``. Tests are plain
+functions; they wait on conditions with :func:`until`, never on fixed
+sleeps.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from hops.launcher import Child, Launcher
 from hops.stack import Component, ExecutorKind, StackConfig, components
-from hops.up import wait_healthy
+from hops.up import secure, stack_nats, wait_healthy
+from services.runtime.bus import auth_options
 from services.runtime.kv import read_bucket
-from services.runtime.natsd import EmbeddedNats
+from services.runtime.settings import RuntimeSettings
 from simulator.clusters import cluster_arg
 from tests.helpers import free_port
 
@@ -100,8 +103,9 @@ class Bus:
     """A NATS client on a thread of its own: records what is published and
     runs coroutines for the (synchronous) tests."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, seed: Path | None = None, ca: Path | None = None) -> None:
         self.url = url
+        self.seed, self.ca = seed, ca  # the admin's credential; the CA of a tls:// URL
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -114,7 +118,11 @@ class Bus:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _connect(self) -> NATS:
-        nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        settings = RuntimeSettings(nats_servers=(self.url,),
+                                   nats_nkey=str(self.seed) if self.seed else None,
+                                   nats_ca=str(self.ca) if self.ca else None)
+        nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                **auth_options(settings))
         for subject in RECORDED:
             await nc.subscribe(subject, cb=self._record)
         await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
@@ -230,6 +238,7 @@ class LiveStack:
     env: Mapping[str, str] = field(default_factory=dict)
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""
+    auth: bool = True
     said: list[str] = field(default_factory=list)
     procs: dict[str, Child] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
@@ -237,11 +246,12 @@ class LiveStack:
     def __post_init__(self) -> None:
         self.data_dir = self.root / "data"
         self.cluster_file = self.root / "cluster.yaml"
-        self.nats = EmbeddedNats(self.data_dir / "nats", port=free_port())
         self.config = StackConfig(cluster=str(self.cluster_file), time_scale=self.time_scale,
                                   data_dir=self.data_dir, gateway_port=free_port(),
                                   metrics_port=free_port(), round_s=self.round_s,
-                                  executor=self.executor, cpu_affinity=self.cpu_affinity)
+                                  executor=self.executor, cpu_affinity=self.cpu_affinity,
+                                  auth=self.auth)
+        self.nats = stack_nats(self.config, free_port())
         self.launcher = Launcher(self.config, self.said.append, grace=10.0)
         self.bus: Bus | None = None
 
@@ -251,9 +261,10 @@ class LiveStack:
         self.root.mkdir(parents=True, exist_ok=True)
         self.cluster_file.write_text(self.cluster_yaml)
         try:
+            creds = secure(self.config)
             url = self.nats.start()
             self.launcher.config = self.config = replace(self.config, nats_url=url)
-            self.bus = Bus(url)
+            self.bus = Bus(url, creds.seed("admin") if creds else None)
             for comp in components(self.config):
                 for name, env in self._instances(comp):
                     self.procs[name] = self.launcher.start(replace(comp, name=name, env=env))
@@ -298,6 +309,11 @@ class LiveStack:
         self.stop()
 
     # --- processes ---------------------------------------------------------------
+
+    @property
+    def admin_seed(self) -> Path | None:
+        """The admin's NATS credential, None with authentication off."""
+        return self.config.credentials_dir / "admin.nk" if self.auth else None
 
     def bus_(self) -> Bus:
         assert self.bus is not None, "the stack has not started"

@@ -134,7 +134,8 @@ def test_launcher_restarts_the_dead_and_stops_process_groups(tmp_path: Path) -> 
     """The launcher of ``hops up`` with the real gateway and a plain second process."""
     say: list[str] = []
     with EmbeddedNats(tmp_path / "nats") as nats:
-        config = StackConfig(data_dir=tmp_path, nats_url=nats.url, gateway_port=free_port())
+        config = StackConfig(data_dir=tmp_path, nats_url=nats.url, gateway_port=free_port(),
+                             auth=False)  # a plain server: the launcher is under test
         launcher = Launcher(config, say.append, grace=10)
         other = launcher.start(Component("web", "http.server", ("0", "--bind", "127.0.0.1")))
         gateway = launcher.start(by_name(config)["gateway"])

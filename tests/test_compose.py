@@ -27,6 +27,7 @@ from hops.stack import (
     restart_delay,
     stop_order,
 )
+from simulator.clusters import cluster_arg
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "tests" / "data" / "compose-spec" / "compose_spec.json"
@@ -69,7 +70,7 @@ def test_processes_run_each_replica_under_its_own_name() -> None:
 
 
 def test_commands_are_python_dash_m_with_config_in_flags_only_for_the_cluster() -> None:
-    config = StackConfig(cluster="gavel", time_scale=0.5, round_s=7, gateway_port=9000)
+    config = StackConfig(cluster="gavel", time_scale=0.5, round_s=7, gateway_port=9000, auth=False)
     table = by_name(config)
     for comp in table.values():
         assert comp.command[:3] == (PYTHON, "-m", comp.module)
@@ -231,3 +232,70 @@ def test_dockerfile_copies_every_package_the_stack_runs() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
     assert not tops & set(ignored)
+
+
+# --- credentials -------------------------------------------------------------------------
+
+
+def test_every_process_gets_its_own_identity_and_auth_can_be_turned_off() -> None:
+    config = StackConfig(data_dir=Path("/d"))
+    table = by_name(config)
+    for name in ("monitor", "estimator", "profiler", "scheduler", "placer", "gateway"):
+        assert table[name].env["HOPS_NATS_NKEY"] == f"/d/credentials/{name}.nk", name
+    assert table["cluster"].env["HOPS_NATS_CREDENTIALS_DIR"] == "/d/credentials"
+    assert "HOPS_NATS_NKEY" not in table["cluster"].env  # each executor its own
+    for name in ("scheduler", "gateway"):
+        assert table[name].env["HOPS_TENANTS"] == "/d/credentials/tenants.yaml"
+    off = by_name(StackConfig(auth=False))
+    assert not any(k.startswith(("HOPS_NATS_", "HOPS_TENANTS")) for c in off.values()
+                   for k in c.env)
+    base = {"HOPS_NATS_NKEY": "/elsewhere/admin.nk", "HOPS_TENANTS": "/x"}
+    assert "HOPS_NATS_NKEY" not in environment(StackConfig(auth=False), off["placer"], base)
+    assert "HOPS_TENANTS" not in environment(config, table["placer"], base)
+
+
+def test_tls_reaches_nats_clients_and_the_gateway() -> None:
+    config = StackConfig(tls_cert=Path("/c.pem"), tls_key=Path("/k.pem"))
+    table = by_name(config)
+    assert config.gateway_url.startswith("https://")
+    assert table["gateway"].env["HOPS_GATEWAY_CERT"] == "/c.pem"
+    assert table["gateway"].env["HOPS_GATEWAY_KEY"] == "/k.pem"
+    assert all(c.env["HOPS_NATS_CA"] == "/c.pem" for c in table.values())
+    with pytest.raises(ValueError):
+        StackConfig(tls_cert=Path("/c.pem"))
+
+
+def test_compose_gives_each_service_only_its_own_secret() -> None:
+    doc = compose()
+    services = doc["services"]
+    declared = doc["secrets"]
+    for name, svc in services.items():
+        for secret in svc.get("secrets", []):
+            assert declared[secret]["file"] == f"./secrets/{secret}", (name, secret)
+    for name in ("monitor", "estimator", "profiler", "scheduler", "placer", "gateway"):
+        env = services[name]["environment"]
+        assert env["HOPS_NATS_NKEY"] == f"/run/secrets/{name}.nk", name
+        nkeys = [s for s in services[name]["secrets"] if s.endswith(".nk")]
+        assert nkeys == ([f"{name}.nk", "audit.nk"] if name == "monitor" else [f"{name}.nk"])
+    for name in ("scheduler", "gateway"):
+        assert services[name]["environment"]["HOPS_TENANTS"] == "/run/secrets/tenants.yaml"
+        assert "tenants.yaml" in services[name]["secrets"]
+    cluster = services["cluster"]
+    assert cluster["environment"]["HOPS_NATS_CREDENTIALS_DIR"] == "/run/secrets"
+    servers = cluster_arg(cluster["command"][cluster["command"].index("--cluster") + 1]).servers
+    assert cluster["secrets"] == [f"executor-{s.id}.nk" for s in servers]
+    nats = services["nats"]
+    assert nats["command"][:2] == ["-c", "/run/secrets/nats-auth.conf"]
+    assert nats["secrets"] == ["nats-auth.conf"]
+
+
+def test_hops_credentials_writes_what_compose_mounts(tmp_path: Path) -> None:
+    from hops.credentials import prepare
+
+    servers = [s.id for s in cluster_arg("paper-physical").servers]
+    creds = prepare(tmp_path / "secrets", servers, None, mode=0o644)
+    for secret in compose()["secrets"]:
+        path = creds.dir / secret
+        assert path.is_file(), secret
+        assert path.stat().st_mode & 0o777 == 0o644, secret
+    assert creds.dir.stat().st_mode & 0o777 == 0o700

@@ -119,7 +119,7 @@ import asyncio, json, sys
 import nats
 
 async def main():
-    nc = await nats.connect(sys.argv[1])
+    nc = await nats.connect(sys.argv[1], nkeys_seed=sys.argv[2], inbox_prefix="_INBOX.admin")
     body = (b'{"type": "submit_job", "spec": {"id": "raw-1", "model": "resnet50-cifar10",'
             b' "batch_size": 256, "params": 23528522, "total_samples": 20000000,'
             b' "min_gpus": 1, "max_gpus": 4}}')
@@ -135,7 +135,8 @@ asyncio.run(main())
 
 def test_a_bare_nats_client_submits_raw_json(stack: LiveStack, tmp_path: Path) -> None:
     # -I: isolated, neither the working directory nor PYTHONPATH is on the path
-    done = subprocess.run([sys.executable, "-I", "-c", RAW_CLIENT, stack.config.nats_url],
+    done = subprocess.run([sys.executable, "-I", "-c", RAW_CLIENT, stack.config.nats_url,
+                           str(stack.admin_seed)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     reply_line, imported = done.stdout.splitlines()

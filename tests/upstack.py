@@ -45,6 +45,12 @@ class UpProcess:
     gateway_port: int
     out: Path
 
+    @property
+    def admin_seed(self) -> Path | None:
+        """The admin's NATS credential (None when started with --no-auth)."""
+        seed = self.data_dir / "credentials" / "admin.nk"
+        return seed if seed.exists() else None
+
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = json.loads((self.data_dir / "up.json").read_text())
         return state
