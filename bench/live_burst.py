@@ -25,11 +25,10 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bench.live_submit import config_in, spec, start_stack, wait_admission
+from bench.live_submit import client_settings, config_in, spec, start_stack, wait_admission
 from hops.stack import components
 from services.runtime.bus import connect
 from services.runtime.kv import read_bucket
-from services.runtime.settings import RuntimeSettings
 from services.scheduler.profiling import profiling_budget
 from shared import subjects
 from shared.events import (
@@ -104,7 +103,7 @@ async def _submit_all(nc: NATS, ids: list[str], total: int) -> None:
 
 
 async def burst(nats_url: str, cluster: str, n: int, long_jobs: int, timeout: float) -> str:
-    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-burst")
+    nc = await connect(client_settings(nats_url), "bench-burst")
     type_of = {s.id: s.gpu_type for s in cluster_arg(cluster).servers}
     caps = profiling_budget(cluster_arg(cluster), {})
     watch = Watch()

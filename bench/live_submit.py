@@ -19,8 +19,12 @@ the jobs it starts (the placer booked them and every executor acknowledged,
 which includes starting the emulated job processes).
 
     .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 8,32] [--kills 3]
-        [--round-jobs 6]
+        [--round-jobs 6] [--no-auth]
     .venv/bin/python bench/live_submit.py --burst 500 [--long 8]   (bench/live_burst.py)
+
+Authentication is on, as under ``hops up``: the bench's own connections act
+as ``admin`` (``HOPS_NATS_NKEY`` in its environment, which no component
+inherits); ``--no-auth`` measures the same without it.
 
 Prints a table; nothing is written.
 """
@@ -48,11 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from executor.procs import emulated_job_pids
 from hops.launcher import Launcher, free_port, port_free
 from hops.stack import StackConfig, by_name, components, modules
-from hops.up import missing_modules, wait_healthy
+from hops.up import missing_modules, secure, stack_nats, wait_healthy
 from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats
-from services.runtime.settings import RuntimeSettings
+from services.runtime.settings import RuntimeSettings, from_env
 from shared import events as ev
 from shared import subjects
 from shared.events import SubmitJob, decode_plan_event, decode_reply, encode
@@ -164,7 +168,7 @@ def submitter(
 async def bench_submit(
     nats_url: str, gateway_port: int, jobs: int, concurrency: tuple[int, ...]
 ) -> list[str]:
-    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench")
+    nc = await connect(client_settings(nats_url), "bench")
     rows = []
     try:
         for transport in ("nats", "rest"):
@@ -184,7 +188,7 @@ async def bench_submit(
 
 
 async def wait_admission(nats_url: str, timeout: float = 60) -> None:
-    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-probe")
+    nc = await connect(client_settings(nats_url), "bench-probe")
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -199,8 +203,19 @@ async def wait_admission(nats_url: str, timeout: float = 60) -> None:
         await nc.close()
 
 
+def client_settings(nats_url: str) -> RuntimeSettings:
+    """The bench's own NATS settings: the identity :func:`start_stack` put
+    in its environment."""
+    return replace(from_env(), nats_servers=(nats_url,))
+
+
 def start_stack(config: StackConfig, names: tuple[str, ...]) -> tuple[EmbeddedNats, Launcher]:
-    nats = EmbeddedNats(config.nats_dir)
+    nats = stack_nats(config, 0)
+    creds = secure(config)
+    if creds is not None:
+        os.environ["HOPS_NATS_NKEY"] = str(creds.seed("admin"))
+    else:
+        os.environ.pop("HOPS_NATS_NKEY", None)
     nats.start()
     config = replace(config, nats_url=nats.url)
     launcher = Launcher(config, lambda line: print(line, file=sys.stderr))
@@ -217,7 +232,7 @@ async def bench_release(
     """Per SIGKILLed running emulated job: seconds until its ``hops_alloc``
     entry is deleted (its GPUs are free) and until ``resources_released``
     (None when none came within 2 s of the deletion)."""
-    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-release")
+    nc = await connect(client_settings(nats_url), "bench-release")
     released: dict[str, list[float]] = {}  # a job is released after profiling, too
     freed: dict[str, list[float]] = {}
 
@@ -268,7 +283,7 @@ async def bench_round(nats_url: str, gateway: str, n: int, timeout: float = 300)
     """Submit ``n`` one-GPU jobs at once; for each plan that starts some of
     them: ms from its ``at`` to its arrival, the solver's seconds, and ms to
     the last ``job_started`` of the jobs it started."""
-    nc = await connect(RuntimeSettings(nats_servers=(nats_url,)), "bench-round")
+    nc = await connect(client_settings(nats_url), "bench-round")
     plans: list[tuple[float, ev.PlanIssued]] = []
     started: dict[str, float] = {}
 
@@ -333,8 +348,11 @@ async def until_running(http: httpx.AsyncClient, job_id: str, timeout: float = 1
     raise RuntimeError(f"{job_id} never ran")
 
 
+AUTH = True  # --no-auth turns it off
+
+
 def config_in(tmp: str, **kw: object) -> StackConfig:
-    return StackConfig(data_dir=Path(tmp), gateway_port=free_port(),
+    return StackConfig(data_dir=Path(tmp), gateway_port=free_port(), auth=AUTH,
                        metrics_port=free_port(), **kw)  # type: ignore[arg-type]
 
 
@@ -350,7 +368,11 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=0,
                     help="only the burst scenario: this many submissions while long jobs run")
     ap.add_argument("--long", type=int, default=8, help="long 4-GPU jobs running in the burst")
+    ap.add_argument("--no-auth", action="store_true",
+                    help="no NATS authentication (to compare with the default)")
     args = ap.parse_args()
+    global AUTH
+    AUTH = not args.no_auth
     if args.burst:
         from bench.live_burst import run_burst  # it imports this module's helpers
 
