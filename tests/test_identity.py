@@ -15,7 +15,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from hops.credentials import Credentials, enrol, ensure_credentials, write_auth
-from services.runtime.bus import connect
+from services.monitor.natsaudit import auth_error_record, watch_auth_errors
+from services.runtime.bus import ErrorReporter, connect
 from services.runtime.identity import (
     ADMIN,
     AUDIT,
@@ -28,7 +29,9 @@ from services.runtime.identity import (
     render_authorization,
     tenant_identity,
 )
+from services.runtime.logging import get_logger
 from services.runtime.natsd import EmbeddedNats
+from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
 
 
@@ -271,3 +274,49 @@ async def test_tls_and_nkey_together(tmp_path: Path, self_signed: tuple[Path, Pa
             await nats.connect(server.url, nkeys_seed=str(creds.seed("monitor")),
                                allow_reconnect=False, max_reconnect_attempts=0,
                                connect_timeout=2)
+
+
+ADVISORY = (b'{"type":"io.nats.server.advisory.v1.client_disconnect","id":"x","timestamp":"t",'
+            b'"client":{"host":"127.0.0.1","id":6,"acc":"$G","lang":"python3",'
+            b'"name":"intruder"},"reason":"Authentication Failure"}')
+
+
+def test_an_auth_error_advisory_becomes_an_unauthorized_error_record() -> None:
+    record = auth_error_record(ADVISORY, 5.0)
+    assert record is not None
+    assert (record.service, record.code, record.at) == ("nats", "unauthorized", 5.0)
+    assert "127.0.0.1 intruder" in record.error and "Authentication Failure" in record.error
+    assert auth_error_record(b"not json", 1.0) is None
+    assert auth_error_record(b'{"client": 3}', 1.0) is None
+
+
+async def test_the_monitor_republishes_nats_refusals(tmp_path: Path) -> None:
+    creds = Credentials(tmp_path / "credentials")
+    ensure_credentials(creds.dir, [ADMIN, AUDIT])
+    write_auth(creds.dir)
+    with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf) as server:
+        admin = await _client(server, creds, ADMIN)
+        records: list[bytes] = []
+
+        async def record(msg: Msg) -> None:
+            records.append(msg.data)
+
+        await admin.subscribe("hops.v1.errors", cb=record)
+        await asyncio.sleep(0)
+        await admin.flush()
+        settings = RuntimeSettings(nats_servers=(server.url,))
+        ctx = ServiceContext("monitor", settings, admin, admin.jetstream(), get_logger(),
+                             ErrorReporter(admin, "monitor"))
+        task = asyncio.create_task(watch_auth_errors(ctx, str(creds.seed(AUDIT))))
+        await asyncio.sleep(0.5)  # subscribed
+        with pytest.raises(nats.errors.Error):
+            await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
+                               connect_timeout=2, name="intruder")
+        for _ in range(50):
+            if records:
+                break
+            await asyncio.sleep(0.1)
+        ctx.stopping.set()
+        await task
+        await admin.close()
+    assert records and b'"code":"unauthorized"' in records[0] and b'"service":"nats"' in records[0]

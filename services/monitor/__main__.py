@@ -21,6 +21,10 @@ variable                         flag                           default  meaning
                                                                          process that ended
 ``HOPS_NODE_WRITE_S``            ``--node-write-s``             5        write a node's heartbeat
                                                                          time at most this often
+``HOPS_NATS_AUDIT_NKEY``         (none)                         none     seed of the ``audit``
+                                                                         identity: count
+                                                                         nats-server's refused
+                                                                         connections
 ===============================  =============================  =======  =========================
 """
 
@@ -32,6 +36,7 @@ import sys
 from collections.abc import Sequence
 
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT, metrics_port
+from services.monitor.natsaudit import watch_auth_errors
 from services.monitor.service import MonitorSettings, run_monitor
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, env_float, parse_args
@@ -80,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as e:
         parser.error(str(e))
 
+    audit = os.environ.get("HOPS_NATS_AUDIT_NKEY", "").strip()
+
     async def monitor_main(ctx: ServiceContext) -> None:
+        if audit:  # nats-server's refusals of credentials (services/monitor/natsaudit.py)
+            ctx.spawn(watch_auth_errors(ctx, audit), "nats-audit")
         await run_monitor(ctx, settings)
 
     return run_service("monitor", monitor_main, runtime)
