@@ -87,3 +87,45 @@ def test_credentials_paths() -> None:
     creds = Credentials(Path("/x"))
     assert creds.seed("executor-a") == Path("/x/executor-a.nk")
     assert creds.auth_conf == Path("/x/nats-auth.conf")
+
+
+def test_the_credentials_and_enrol_commands(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hops.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "secrets"
+    done = runner.invoke(app, ["credentials", "--out", str(out), "--cluster", "gavel",
+                               "--compose"])
+    assert done.exit_code == 0, done.output
+    assert (out / "nats-auth.conf").stat().st_mode & 0o777 == 0o644
+    data = tmp_path / "data"
+    done = runner.invoke(app, ["nodes", "enrol", "far-0", "--data-dir", str(data)])
+    assert done.exit_code == 1 and "start `hops up` there first" in done.output
+    prepare(data / "credentials", [], None)
+    done = runner.invoke(app, ["nodes", "enrol", "far-0", "--data-dir", str(data)])
+    assert done.exit_code == 0, done.output
+    assert str(data / "credentials" / "executor-far-0.nk") in done.output
+    assert "next start" in done.output
+    done = runner.invoke(app, ["nodes", "enrol", "a.b", "--data-dir", str(data)])
+    assert done.exit_code == 1
+
+
+def test_hops_up_refuses_a_bad_tenants_file_and_skips_all_without_auth(tmp_path: Path) -> None:
+    import pytest
+
+    from hops.stack import StackConfig
+    from hops.up import UpError, secure
+
+    bad = tmp_path / "tenants.yaml"
+    bad.write_text("tenants:\n  alice: {run_command: true}\n")  # a typo
+    with pytest.raises(UpError, match="tenants"):
+        secure(StackConfig(data_dir=tmp_path / "d", cluster="gavel", tenants=bad))
+    assert secure(StackConfig(data_dir=tmp_path / "off", auth=False)) is None
+    assert not (tmp_path / "off").exists()
+    good = tmp_path / "good.yaml"
+    good.write_text("tenants:\n  alice: {}\n  bob: {run_commands: true}\n")
+    creds = secure(StackConfig(data_dir=tmp_path / "d", cluster="gavel", tenants=good))
+    assert creds is not None
+    assert creds.seed("tenant-bob").exists() and not creds.seed("tenant-default").exists()
