@@ -347,7 +347,8 @@ def test_hops_up_runs_real_executors_on_request(tmp_path: Path) -> None:
     assert cluster.command == ("python", "-m", "executor", "--cluster",
                                "examples/cluster-local-cpu.yaml", "--all", "--backend", "real",
                                "--cpu-affinity", "local-a=0|1;local-b=1")
-    assert cluster.env == {"HOPS_RUN_DIR": str(tmp_path / "runs")}
+    assert cluster.env == {"HOPS_RUN_DIR": str(tmp_path / "runs"),
+                           "HOPS_NATS_CREDENTIALS_DIR": str(tmp_path / "credentials")}
     assert "--backend" not in by_name(StackConfig())["cluster"].command  # emulated by default
     with pytest.raises(ValueError, match="executor must be"):
         StackConfig(executor="gpu")  # type: ignore[arg-type]

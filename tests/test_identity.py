@@ -211,12 +211,18 @@ async def test_nats_server_enforces_the_permissions(
     await alice.publish("hops.v1.exec.rtx-0", b'{"type": "stop_job"}')
     await alice.publish("hops.v1.jobs.submit.alice", b"{}")
     await alice.publish("hops.v1.jobs.submit.bob", b"{}")
-    for nc in (rtx0, alice):
+    await alice.publish("hops.v1.jobs.events.j1", b'{"type": "job_finished"}')
+    await rtx0.publish("hops.v1.nodes.register.rtx-1", b"{}")  # register as another
+    monitor = await _client(server, creds, "monitor", errors)
+    for nc in (rtx0, alice, monitor):  # a plan from anything but the scheduler
+        await nc.publish("hops.v1.plans", b'{"type": "plan_issued"}')
+    for nc in (rtx0, alice, monitor):
         await nc.flush()
     await asyncio.sleep(0.3)
     await admin.flush()
     assert sorted(seen) == ["hops.v1.jobs.submit.alice", "hops.v1.nodes.heartbeat.rtx-0"]
-    assert len([e for e in errors if "permissions violation" in e]) == 4, errors
+    assert len([e for e in errors if "permissions violation" in e]) == 9, errors
+    await monitor.close()
     log = server.log_path.read_text()
     assert 'Publish Violation - Subject "hops.v1.exec.rtx-0"' in log
     for nc in (admin, rtx0, alice):
