@@ -12,6 +12,7 @@ again. docs/live.md describes the behaviour these tests hold the system to.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
+import nats.errors
 import pytest
 
 from tests.helpers import catalog_spec
@@ -145,6 +148,22 @@ def test_a_bare_nats_client_submits_raw_json(stack: LiveStack, tmp_path: Path) -
     assert json.loads(imported) == []
     assert stack.wait_final(["raw-1"], 60) == {"raw-1": "finished"}
     check_ran_to_the_end(stack, "raw-1")
+
+
+def test_nats_refuses_an_anonymous_client_and_the_monitor_records_it(stack: LiveStack) -> None:
+    """No credential, no connection (nats-server's own refusal); the monitor
+    turns the server's advisory into an ``unauthorized`` error record."""
+    t0 = time.monotonic()
+
+    async def anonymous() -> None:
+        await nats.connect(stack.config.nats_url, allow_reconnect=False,
+                           max_reconnect_attempts=0, connect_timeout=2, name="intruder")
+
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        asyncio.run(anonymous())
+    until(lambda: [e for e in stack.bus_().errors(since=t0)
+                   if (e.get("service"), e.get("code")) == ("nats", "unauthorized")],
+          "the refusal recorded", 15, stack.logs)
 
 
 def test_bad_input_gets_clear_errors_and_changes_nothing(
