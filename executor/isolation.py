@@ -128,13 +128,10 @@ def resolve_identity(wanted: str, allow_root: bool, euid: int, egid: int,
         if entry is not None and entry.uid != euid:
             note += f" (job user {entry.name} ignored: switching users needs root)"
         return JobIdentity(my_name, euid, egid, allow_root=allow_root, note=note)
-    if entry is None or entry.uid == 0:
-        ident = JobIdentity(entry.name if entry else my_name, 0, entry.gid if entry else egid,
-                            allow_root=allow_root)
-        if ident.refusal() is None:
-            return JobIdentity(ident.name, 0, ident.gid, allow_root=True,
-                               note="jobs run as root (allowed by --allow-root-jobs)")
-        return ident
+    if entry is None or entry.uid == 0:  # root jobs: refusal() says whether they may run
+        name, gid = (entry.name, entry.gid) if entry else (my_name, egid)
+        note = "jobs run as root (allowed by --allow-root-jobs)" if allow_root else ""
+        return JobIdentity(name, 0, gid, allow_root=allow_root, note=note)
     return JobIdentity(entry.name, entry.uid, entry.gid, switch=True, allow_root=allow_root,
                        note=f"jobs run as {entry.name} (uid {entry.uid}, gid {entry.gid})")
 
