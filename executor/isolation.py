@@ -32,10 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-# The reply code of a start refused because of who the job would run as
-# (shared.wire's FORBIDDEN, once that constant exists there).
-FORBIDDEN = "forbidden"
-
 # What a job may inherit from the executor: the program search path, the
 # locale and time zone, the import path of the hops plugin, and the
 # variables that locate CUDA and configure NCCL/Gloo on the host.

@@ -53,7 +53,6 @@ from executor.backend import (
     profile_msg_id,
 )
 from executor.isolation import (
-    FORBIDDEN,
     FolderError,
     JobIdentity,
     prepare_folders,
@@ -73,6 +72,7 @@ from shared import subjects
 from shared.cluster import Server
 from shared.events import INVALID, JobFinished, Message, ProfileReported, SampleReported, StartJob
 from shared.ids import GpuType, JobId
+from shared.wire import FORBIDDEN
 
 Spawner = Callable[[Coroutine[Any, Any, None], str], object]
 LOST_LISTED_S = 30.0  # how long node heartbeats list a lost job

@@ -28,9 +28,17 @@ from shared import events as ev
 from shared import subjects
 from shared.ids import JobId
 from shared.job import JobSpec
-from tests.test_live_executor import Client, Procs, client, eventually, nats_server, nats_url
-from tests.test_live_executor import procs as procs
-from tests.test_real_executor import A, CLUSTER, registrar, start_cmd
+from tests.test_live_executor import (
+    Client,
+    Procs,
+    client,
+    eventually,
+    nats_server,
+    nats_url,
+    procs,
+    start_cmd,
+)
+from tests.test_real_executor import CLUSTER, A, registrar
 
 __all__ = ["client", "nats_server", "nats_url", "procs"]  # fixtures
 
