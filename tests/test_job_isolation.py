@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import structlog
 
 import executor.__main__ as executor_main
 from executor.isolation import (
@@ -27,10 +28,14 @@ from executor.isolation import (
     unreachable,
 )
 from executor.launch import LaunchOptions, job_paths, launches
+from executor.real import RealBackend, RealSettings
 from executor.reports import ReportTail, log_tail
 from hops.stack import StackConfig, by_name, default_job_user
 from shared import jobenv
-from tests.test_executor_launch import A, start
+from shared.cluster import Server
+from shared.ids import GpuType
+from shared.wire import FORBIDDEN
+from tests.test_executor_launch import A, spec, start
 
 EXECUTOR_ENV = {
     "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC",
@@ -113,6 +118,20 @@ def test_every_start_checks_again_that_no_job_runs_as_root() -> None:
     stale = JobIdentity("alice", 1000, 1000)
     assert root_refusal(stale, euid=0) is not None
     assert root_refusal(resolve("", allow_root=True), euid=0) is None
+
+
+def test_a_start_that_would_run_as_root_is_refused_not_failed(tmp_path: Path) -> None:
+    def backend(ident: JobIdentity) -> RealBackend:
+        settings = RealSettings(tmp_path, LaunchOptions(gpu_type="cpu"), identity=ident)
+        return RealBackend(Server(A, GpuType("cpu"), 2), settings, sink=None,  # type: ignore[arg-type]
+                           log=structlog.get_logger(), spawn_task=lambda coro, name: None)
+
+    cmd = start(job=spec(workdir=str(tmp_path)))
+    no = backend(JobIdentity("root", 0, 0)).check(cmd)
+    assert no is not None and (no.code, no.fail_job) == (FORBIDDEN, False)  # elsewhere, maybe
+    assert "refusing to run jobs as root" in no.error
+    assert backend(JobIdentity("root", 0, 0, allow_root=True)).check(cmd) is None
+    assert backend(NOBODY).check(cmd) is None
 
 
 def test_a_folder_closed_to_the_job_user_is_named(tmp_path: Path) -> None:
