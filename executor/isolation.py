@@ -172,31 +172,45 @@ def prepare_folders(root: Path, folders: Iterable[Path], files: Iterable[Path],
                     ident: JobIdentity) -> None:
     """Create the job's run folder ``root`` and ``folders`` under it, mode
     0700, and give them and the existing ``files`` to the job user (when the
-    executor switches users). Symbolic links are never followed: a job owns
-    its folder and could otherwise point the executor, which is root, at any
-    file of the host."""
+    executor switches users). Each is opened without following a symbolic
+    link and changed through its descriptor: a job owns its folder, and a
+    job of the same user could otherwise swap a link in at the right moment
+    to point the executor, which is root, at any file of the host."""
     root.parent.mkdir(parents=True, exist_ok=True)  # the executor's run folder
     for folder in (root, *folders):
+        fd = _open_folder(folder)
         try:
-            st = folder.lstat()
-        except FileNotFoundError:
-            folder.mkdir(mode=0o700)
-            st = folder.lstat()
-        if not stat.S_ISDIR(st.st_mode):
-            raise FolderError(f"{folder} is not a folder (a link or a file); remove it")
-        if ident.switch:
-            os.chown(folder, ident.uid, ident.gid, follow_symlinks=False)
-        os.chmod(folder, 0o700)
+            if ident.switch:
+                os.fchown(fd, ident.uid, ident.gid)
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
     if not ident.switch:
         return
     for file in files:
         try:
-            st = file.lstat()
+            with open_job_file(file) as f:
+                os.fchown(f.fileno(), ident.uid, ident.gid)
         except FileNotFoundError:
             continue
-        if not stat.S_ISREG(st.st_mode):
-            raise FolderError(f"{file} is not a plain file (a link?); remove it")
-        os.chown(file, ident.uid, ident.gid, follow_symlinks=False)
+
+
+def _open_folder(folder: Path) -> int:
+    """A descriptor of ``folder``, created if need be; :class:`FolderError`
+    if it is a link or not a folder."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            return os.open(folder, flags)
+        except FileNotFoundError:
+            folder.mkdir(mode=0o700)
+            return os.open(folder, flags)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise FolderError(f"{folder} is not a folder (a link or a file); remove it") from e
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FolderError(f"{folder} is a symbolic link; remove it") from e
+        raise
 
 
 def open_job_file(path: Path, append: bool = False) -> BinaryIO:

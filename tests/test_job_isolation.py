@@ -159,9 +159,21 @@ def test_run_folders_are_private_and_links_in_them_are_refused(tmp_path: Path) -
     for folder in (paths.root, *folders):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     paths.checkpoint.rmdir()
-    paths.checkpoint.symlink_to("/etc")
+    target = tmp_path / "target"
+    target.mkdir(mode=0o755)
+    paths.checkpoint.symlink_to(target)
+    with pytest.raises(FolderError, match="link"):
+        prepare_folders(paths.root, folders, (paths.report,), me)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755  # not changed through the link
+    paths.checkpoint.unlink()
+    paths.checkpoint.write_text("a file")
     with pytest.raises(FolderError, match="not a folder"):
         prepare_folders(paths.root, folders, (paths.report,), me)
+    paths.checkpoint.unlink()
+    paths.report.symlink_to(tmp_path / "elsewhere")
+    if me.switch:  # only then does the executor touch the job's files
+        with pytest.raises(FolderError, match="symbolic link"):
+            prepare_folders(paths.root, folders, (paths.report,), me)
 
 
 def test_the_executor_never_follows_a_link_the_job_left_for_its_files(tmp_path: Path) -> None:
