@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 # What a job may inherit from the executor: the program search path, the
-# locale and time zone, the import path of the hops plugin, and the
-# variables that locate CUDA and configure NCCL/Gloo on the host.
+# locale and time zone, the import path of the hops plugin (and unbuffered
+# output, so its log shows lines as they are printed), and the variables
+# that locate CUDA and configure NCCL/Gloo on the host.
 PASSED: frozenset[str] = frozenset({
-    "PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_HOME",
+    "PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH",
+    "CUDA_HOME",
 })
 PASSED_PREFIXES: tuple[str, ...] = ("LC_", "NCCL_", "GLOO_")
 # Never inherited, whatever the lists above say: the system's own settings
