@@ -16,6 +16,10 @@ PREFIX = "hops.v1"
 # Request/reply, JSON (external clients speak these).
 JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
 JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
+# The same, scoped to one tenant (its clients' subjects; the tenant is the last
+# token): the scheduler serves both patterns in queue group ``admission``.
+JOBS_SUBMIT_TENANT_ALL = f"{JOBS_SUBMIT}.*"
+JOBS_CANCEL_TENANT_ALL = f"{JOBS_CANCEL}.*"
 NODES_REGISTER = f"{PREFIX}.nodes.register"
 NODES_REMOVE = f"{PREFIX}.nodes.remove"
 ESTIMATE = f"{PREFIX}.estimate"
@@ -88,6 +92,25 @@ def samples(job_id: str) -> str:
 
 def profiles(job_id: str) -> str:
     return f"{PREFIX}.profiles.{check_token(job_id, 'job id')}"
+
+
+def tenant_submit(tenant: str) -> str:
+    return f"{JOBS_SUBMIT}.{check_token(tenant, 'tenant')}"
+
+
+def tenant_cancel(tenant: str) -> str:
+    return f"{JOBS_CANCEL}.{check_token(tenant, 'tenant')}"
+
+
+def tenant_events(tenant: str, job_id: str) -> str:
+    """The live feed of a tenant's job (core NATS; the scheduler republishes
+    each job event of the tenant's jobs here)."""
+    tenant = check_token(tenant, "tenant")
+    return f"{PREFIX}.tenants.{tenant}.events.{check_token(job_id, 'job id')}"
+
+
+def tenant_events_all(tenant: str) -> str:
+    return f"{PREFIX}.tenants.{check_token(tenant, 'tenant')}.events.*"
 
 
 def job_heartbeat(job_id: str) -> str:

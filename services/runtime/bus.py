@@ -10,13 +10,15 @@ handler raises, it replies with a failed reply (``ok=False``, ``error``,
 ``hops.v1.errors`` and goes on serving. A handler that refuses a valid
 request on purpose raises :class:`Rejected`: a failed reply with its code,
 logged, but not an error record, unless the code is ``not_found`` (the
-request names a job or server that does not exist: bad input). Durable
+request names a job or server that does not exist: bad input) or a refusal
+of identity, ``forbidden``/``unauthorized`` (the audit). Durable
 JetStream consumers are in :mod:`services.runtime.consumer`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -220,17 +222,21 @@ async def request(
     return decode(reply.data)
 
 
-# Refusals that are bad input all the same: also published as error records.
-REPORTED_REFUSALS = frozenset({"not_found"})
+# Refusals that are bad input all the same, or an actor overstepping its role
+# (the audit of docs/security.md): also published as error records.
+REPORTED_REFUSALS = frozenset({"not_found", "forbidden", "unauthorized"})
 
 
 class Rejected(Exception):
     """Raised by a request handler to refuse a valid request (e.g. ``conflict``).
-    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record."""
+    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record;
+    ``audit`` overrides the record's code where the reply must not tell the
+    truth (another tenant's job answers ``not_found``, audited ``forbidden``)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, audit: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.audit = audit
 
 
 class ErrorReporter:
@@ -270,7 +276,31 @@ async def serve_requests(
     on_error: Callable[[str, str], Message] = error_reply,
     workers: int | None = None,
 ) -> list[Subscription]:
-    """Serve requests on ``subject``; see the module docstring.
+    """Serve requests on ``subject``; see the module docstring and
+    :func:`serve_scoped_requests`."""
+
+    async def unscoped(_subject: str, req: Req) -> Message:
+        return await handle(req)
+
+    return await serve_scoped_requests(
+        nc, subject, decode, unscoped, reporter, queue=queue, on_error=on_error, workers=workers
+    )
+
+
+async def serve_scoped_requests(
+    nc: NATS,
+    subject: str,
+    decode: Callable[[bytes], Req],
+    handle: Callable[[str, Req], Awaitable[Message]],
+    reporter: ErrorReporter,
+    *,
+    queue: str = "",
+    on_error: Callable[[str, str], Message] = error_reply,
+    workers: int | None = None,
+) -> list[Subscription]:
+    """Serve requests on ``subject`` (a wildcard pattern, e.g. the tenant
+    scoped ``hops.v1.jobs.submit.*``), passing ``handle`` the subject each
+    came on as well as the request.
     ``on_error(code, error)`` builds the failed reply (``Reply`` by default;
     a subject whose reply is another message passes its own). Returns once
     the server knows the subscriptions.
@@ -287,7 +317,8 @@ async def serve_requests(
         raise ValueError("several workers need a queue group (each would get every request)")
 
     async def on_msg(msg: Msg) -> None:
-        reply = await _answer(msg, decode, handle, reporter, on_error)
+        reply = await _answer(msg, decode, functools.partial(handle, msg.subject), reporter,
+                              on_error)
         if not msg.reply:
             return
         try:
@@ -321,8 +352,8 @@ async def _answer(
     try:
         return await handle(req)
     except Rejected as e:
-        if e.code in REPORTED_REFUSALS:
-            await reporter.report(msg.subject, str(e), e.code, msg.data)
+        if e.audit or e.code in REPORTED_REFUSALS:
+            await reporter.report(msg.subject, str(e), e.audit or e.code, msg.data)
         else:
             reporter.log.info("request rejected", subject=msg.subject, code=e.code, error=str(e))
         return on_error(e.code, str(e))

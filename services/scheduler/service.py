@@ -10,7 +10,9 @@ submitted or becomes plannable, resources are released or the alive servers
 change (:mod:`.live_round`): a snapshot from ``hops_jobs``, ``hops_nodes``
 and ``hops_alloc`` (:mod:`.live_snapshot`), estimates from
 ``hops.v1.estimate``, :class:`~.planner.HopsPolicy`, and a ``plan_issued``
-with its lease term. It answers ``hops.v1.queue`` with the queue view as of
+with its lease term. It republishes each job event on its tenant's live feed,
+``hops.v1.tenants.<tenant>.events.<job_id>`` (:mod:`.live_tenancy`). It
+answers ``hops.v1.queue`` with the queue view as of
 the request; estimates are refreshed for it every ``HOPS_PRIORITY_REFRESH_S``
 seconds (:mod:`.live_settings` lists the settings).
 """
@@ -37,6 +39,7 @@ from services.runtime.service import ServiceContext
 from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
+from services.scheduler import live_tenancy as tn
 from services.scheduler.live_kv import decode_all, get_record, read_bucket, watch_topology
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
@@ -202,6 +205,7 @@ class Leader:
                 except KeyWrongLastSequenceError:
                     if attempt == 2:
                         raise
+        await self._feed(applied.record or rec, event, delivery, applied.record is not None)
         if applied.note == "unknown job":
             error = f"{tag} for unknown job {job_id}"
             await self.ctx.reporter.report(delivery.subject, error, "not_found")
@@ -210,6 +214,19 @@ class Leader:
             self.log.info("job event applied", kind=tag, phase=phase, note=note)
         if st.wants_plan(rec, applied.record, event):
             self._replan()
+
+    async def _feed(
+        self, rec: LiveJobRecord | None, event: ev.JobEvent, delivery: Delivery, changed: bool
+    ) -> None:
+        """Republish ``event`` on its tenant's live feed: the leader applies
+        every event, and each once (:func:`.live_tenancy.feed_subject`)."""
+        subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
+        if subject is None:
+            return
+        try:
+            await self.ctx.nc.publish(subject, ev.encode(event))
+        except Exception as e:  # the feed is a convenience: never fail the event for it
+            self.log.warning("tenant feed publish failed", subject=subject, error=repr(e))
 
     def _facts(self, job_id: JobId) -> st.Facts:
         given_up = self.inflight.given_up(job_id)
