@@ -133,7 +133,7 @@ async def test_openapi_describes_the_pages(api: httpx.AsyncClient) -> None:
     assert (params["limit"]["minimum"], params["limit"]["maximum"]) == (1, MAX_LIMIT)
     assert params["limit"]["default"] == DEFAULT_LIMIT
     assert "running" in params["phase"]["enum"]
-    assert set(listing["responses"]) == {"200", "400"}
+    assert set(listing["responses"]) == {"200", "400", "401", "403"}
     page = schema["components"]["schemas"]["JobPage"]
     assert set(page["required"]) == {"jobs", "count", "total", "next_cursor"}
     assert {"JobRecord", "Error"} <= set(schema["components"]["schemas"])
