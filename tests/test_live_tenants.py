@@ -95,6 +95,9 @@ async def test_a_tenant_client_submits_and_cancels_on_its_own_subjects(
         "a1": "alice", "a2": "alice", "b1": "bob", "b2": "bob"}
     assert not {"a3", "a4", "m1"} & set(await kv.keys())
     await eventually(lambda: _audited(errors), "audit records of every refusal")
+    # the hidden refusal is audited once, as what it is
+    assert ("hops.v1.jobs.cancel.alice", "not_found") not in {
+        (e.subject, e.code) for e in errors}
     await _check_feed(feed)
 
 

@@ -10,15 +10,13 @@ handler raises, it replies with a failed reply (``ok=False``, ``error``,
 ``hops.v1.errors`` and goes on serving. A handler that refuses a valid
 request on purpose raises :class:`Rejected`: a failed reply with its code,
 logged, but not an error record, unless the code is ``not_found`` (the
-request names a job or server that does not exist: bad input) or a refusal
-of identity, ``forbidden``/``unauthorized`` (the audit). Durable
+request names a job or server that does not exist: bad input). Durable
 JetStream consumers are in :mod:`services.runtime.consumer`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -222,21 +220,21 @@ async def request(
     return decode(reply.data)
 
 
-# Refusals that are bad input all the same, or an actor overstepping its role
-# (the audit of docs/security.md): also published as error records.
-REPORTED_REFUSALS = frozenset({"not_found", "forbidden", "unauthorized"})
+# Refusals that are bad input all the same: also published as error records.
+REPORTED_REFUSALS = frozenset({"not_found"})
 
 
 class Rejected(Exception):
     """Raised by a request handler to refuse a valid request (e.g. ``conflict``).
-    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record;
-    ``audit`` overrides the record's code where the reply must not tell the
-    truth (another tenant's job answers ``not_found``, audited ``forbidden``)."""
+    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record,
+    unless ``audited``: the handler audited it already
+    (:meth:`ErrorReporter.refused`; e.g. another tenant's job, answered
+    ``not_found`` and audited ``forbidden``)."""
 
-    def __init__(self, code: str, message: str, audit: str = "") -> None:
+    def __init__(self, code: str, message: str, audited: bool = False) -> None:
         super().__init__(message)
         self.code = code
-        self.audit = audit
+        self.audited = audited
 
 
 class ErrorReporter:
@@ -251,6 +249,18 @@ class ErrorReporter:
     async def report(self, subject: str, error: str, code: str, data: bytes = b"") -> None:
         excerpt = data[:200].decode("utf-8", errors="replace")
         self.log.warning("bad input", subject=subject, code=code, error=error, excerpt=excerpt)
+        await self.publish(subject, error, code, excerpt)
+
+    async def refused(self, identity: str, subject: str, reason: str, code: str,
+                      data: bytes = b"") -> None:
+        """Audit a refusal on purpose (``forbidden``, ``unauthorized``): who
+        tried what, and why it was refused; an error record with ``code``."""
+        excerpt = data[:200].decode("utf-8", errors="replace")
+        self.log.warning("refused", identity=identity, subject=subject, reason=reason, code=code)
+        await self.publish(subject, reason, code, excerpt)
+
+    async def publish(self, subject: str, error: str, code: str, excerpt: str = "") -> None:
+        """Publish the error record (never raises)."""
         record = ErrorRecord(
             service=self.service,
             subject=subject,
@@ -276,31 +286,30 @@ async def serve_requests(
     on_error: Callable[[str, str], Message] = error_reply,
     workers: int | None = None,
 ) -> list[Subscription]:
-    """Serve requests on ``subject``; see the module docstring and
-    :func:`serve_scoped_requests`."""
+    """Serve requests on ``subject``; see :func:`serve_scoped_requests`."""
 
-    async def unscoped(_subject: str, req: Req) -> Message:
+    async def unscoped(req: Req, _subject: str) -> Message:
         return await handle(req)
 
-    return await serve_scoped_requests(
-        nc, subject, decode, unscoped, reporter, queue=queue, on_error=on_error, workers=workers
-    )
+    return await serve_scoped_requests(nc, subject, decode, unscoped, reporter, queue=queue,
+                                       on_error=on_error, workers=workers)
 
 
 async def serve_scoped_requests(
     nc: NATS,
     subject: str,
     decode: Callable[[bytes], Req],
-    handle: Callable[[str, Req], Awaitable[Message]],
+    handle: Callable[[Req, str], Awaitable[Message]],
     reporter: ErrorReporter,
     *,
     queue: str = "",
     on_error: Callable[[str, str], Message] = error_reply,
     workers: int | None = None,
 ) -> list[Subscription]:
-    """Serve requests on ``subject`` (a wildcard pattern, e.g. the tenant
-    scoped ``hops.v1.jobs.submit.*``), passing ``handle`` the subject each
-    came on as well as the request.
+    """Serve requests on ``subject``; see the module docstring. ``handle``
+    gets each request with the subject it came on: on a wildcard subject
+    whose tokens NATS permissions tie to an identity (a server id), the
+    subject says who asks.
     ``on_error(code, error)`` builds the failed reply (``Reply`` by default;
     a subject whose reply is another message passes its own). Returns once
     the server knows the subscriptions.
@@ -317,8 +326,7 @@ async def serve_scoped_requests(
         raise ValueError("several workers need a queue group (each would get every request)")
 
     async def on_msg(msg: Msg) -> None:
-        reply = await _answer(msg, decode, functools.partial(handle, msg.subject), reporter,
-                              on_error)
+        reply = await _answer(msg, decode, handle, reporter, on_error)
         if not msg.reply:
             return
         try:
@@ -340,7 +348,7 @@ async def serve_scoped_requests(
 async def _answer(
     msg: Msg,
     decode: Callable[[bytes], Req],
-    handle: Callable[[Req], Awaitable[Message]],
+    handle: Callable[[Req, str], Awaitable[Message]],
     reporter: ErrorReporter,
     on_error: Callable[[str, str], Message],
 ) -> Message:
@@ -350,10 +358,10 @@ async def _answer(
         await reporter.report(msg.subject, str(e), e.code, msg.data)
         return on_error(e.code, str(e))
     try:
-        return await handle(req)
+        return await handle(req, msg.subject)
     except Rejected as e:
-        if e.audit or e.code in REPORTED_REFUSALS:
-            await reporter.report(msg.subject, str(e), e.audit or e.code, msg.data)
+        if e.code in REPORTED_REFUSALS and not e.audited:
+            await reporter.report(msg.subject, str(e), e.code, msg.data)
         else:
             reporter.log.info("request rejected", subject=msg.subject, code=e.code, error=str(e))
         return on_error(e.code, str(e))

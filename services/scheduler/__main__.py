@@ -26,6 +26,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 import nats.errors
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -100,7 +101,7 @@ class Admission:
             self._nodes = (now, nodes)
         return nodes
 
-    async def submit(self, subject: str, req: ev.SubmitJob) -> ev.Message:
+    async def submit(self, req: ev.SubmitJob, subject: str) -> ev.Message:
         scope = tn.scope_of(subject, subjects.JOBS_SUBMIT_TENANT_ALL)
         # on every line, the runtime's too: the audit names who asked
         with bound_contextvars(job_id=req.spec.id, identity=_identity(scope)):
@@ -114,7 +115,7 @@ class Admission:
             raise Rejected(ev.INVALID, error)
         spec, denied = tn.submit_refusal(self.tenants, req.spec, scope)
         if denied is not None:
-            raise Rejected(denied.code, denied.message, denied.audit)
+            await self._refuse(denied, subject, scope, ev.encode(req))
         refusal = adm.fit_refusal(spec, await self.nodes(), self.r_num) or adm.duplicate(
             spec.id, (await get_record(self.kv, spec.id))[0]
         )
@@ -133,16 +134,16 @@ class Admission:
         self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant)
         return ev.Reply(ok=True, job_id=spec.id)
 
-    async def cancel(self, subject: str, req: ev.CancelJob) -> ev.Message:
+    async def cancel(self, req: ev.CancelJob, subject: str) -> ev.Message:
         scope = tn.scope_of(subject, subjects.JOBS_CANCEL_TENANT_ALL)
         with bound_contextvars(job_id=req.job_id, identity=_identity(scope)):
-            return await self._cancel(req, scope)
+            return await self._cancel(req, subject, scope)
 
-    async def _cancel(self, req: ev.CancelJob, scope: str | None) -> ev.Message:
+    async def _cancel(self, req: ev.CancelJob, subject: str, scope: str | None) -> ev.Message:
         record = (await get_record(self.kv, req.job_id))[0] if adm.valid_id(req.job_id) else None
         denied = tn.cancel_scope_refusal(self.tenants, req.job_id, record, scope)
         if denied is not None:
-            raise Rejected(denied.code, denied.message, denied.audit)
+            await self._refuse(denied, subject, scope, ev.encode(req))
         refusal = adm.cancel_refusal(req.job_id, record)
         if refusal is not None:
             raise Rejected(refusal.code, refusal.message)
@@ -151,6 +152,13 @@ class Admission:
         await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
         self.ctx.log.info("job cancelled", reason=req.reason)
         return ev.Reply(ok=True, job_id=req.job_id)
+
+    async def _refuse(self, denied: tn.TenantRefusal, subject: str, scope: str | None,
+                      data: bytes) -> NoReturn:
+        """Audit a refusal of the tenants' rules (who, what, why), then refuse."""
+        audit = denied.audit or denied.code
+        await self.ctx.reporter.refused(_identity(scope), subject, denied.message, audit, data)
+        raise Rejected(denied.code, denied.message, audited=True)
 
 
 def _identity(scope: str | None) -> str:
