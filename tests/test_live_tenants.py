@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -22,7 +25,7 @@ from nats.aio.msg import Msg
 from shared import events as ev
 from shared import subjects
 from tests.natsfix import nats_server, nats_url
-from tests.test_gateway import nc, spec_json
+from tests.test_gateway import ROOT, nc, spec_json
 from tests.test_gateway_auth import errors, eventually, scheduler, tenants_file
 
 __all__ = ["errors", "nats_server", "nats_url", "nc", "scheduler", "tenants_file"]  # fixtures
@@ -124,3 +127,14 @@ async def _check_feed(feed: list[tuple[str, dict[str, Any]]]) -> None:
     assert not [s for s, _ in feed if s.endswith((".a3", ".a4", ".m1"))]
     decoded = [msgspec.json.decode(json.dumps(e).encode(), type=ev.JobEvent) for _, e in feed]
     assert all(d.job_id for d in decoded)
+
+
+def test_the_scheduler_refuses_to_start_with_a_tenants_file_it_cannot_use(tmp_path: Path) -> None:
+    for args, said in ((["--tenants", str(tmp_path / "none.yaml")], "cannot read the tenants file"),
+                       ([], "tenants.yaml")):
+        bad = tmp_path / "tenants.yaml"
+        bad.write_text("tenants: {a: {tokens: [x]}, b: {tokens: [x]}}\n")
+        env = {**os.environ, "HOPS_TENANTS": str(bad), "HOPS_HEALTH_PORT": ""}
+        done = subprocess.run([sys.executable, "-m", "services.scheduler", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and said in done.stderr, done.stderr
