@@ -143,14 +143,14 @@ def experiment(
 
 GatewayOpt = Annotated[str | None, typer.Option(
     "--gateway", envvar="HOPS_GATEWAY_URL",
-    help="the gateway's URL [default: the config file's, else http://127.0.0.1:8080]",
+    help="the gateway's URL (else the config file's, else http://127.0.0.1:8080)",
 )]
 TokenOpt = Annotated[str | None, typer.Option(
-    "--token", envvar="HOPS_TOKEN", help="bearer token [default: the config file's]",
+    "--token", envvar="HOPS_TOKEN", help="bearer token (else the config file's)",
 )]
 ConfigOpt = Annotated[str | None, typer.Option(
-    "--config", envvar="HOPS_CONFIG", help="CLI config file (gateway, token) "
-    "[default: .hops/cli.yaml, which `hops up` writes]",
+    "--config", envvar="HOPS_CONFIG", help="CLI config file with gateway and token "
+    "(default .hops/cli.yaml, which `hops up` writes)",
 )]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the gateway's JSON")]
 
