@@ -16,10 +16,6 @@ PREFIX = "hops.v1"
 # Request/reply, JSON (external clients speak these).
 JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
 JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
-# The same, scoped to one tenant (its clients' subjects; the tenant is the last
-# token): the scheduler serves both patterns in queue group ``admission``.
-JOBS_SUBMIT_TENANT_ALL = f"{JOBS_SUBMIT}.*"
-JOBS_CANCEL_TENANT_ALL = f"{JOBS_CANCEL}.*"
 NODES_REGISTER = f"{PREFIX}.nodes.register"
 NODES_REMOVE = f"{PREFIX}.nodes.remove"
 ESTIMATE = f"{PREFIX}.estimate"
@@ -28,6 +24,10 @@ ESTIMATOR_QUEUE = "estimator"
 QUEUE = f"{PREFIX}.queue"
 # Submissions and cancels are answered by every scheduler replica in this group.
 ADMISSION_QUEUE = "admission"
+# Submit and cancel scoped to one tenant (its clients' subjects; the tenant is the
+# last token): the scheduler serves both patterns in queue group ``admission``.
+JOBS_SUBMIT_TENANT_ALL = f"{JOBS_SUBMIT}.*"
+JOBS_CANCEL_TENANT_ALL = f"{JOBS_CANCEL}.*"
 
 # Persisted on JetStream.
 JOB_EVENTS_ALL = f"{PREFIX}.jobs.events.*"
@@ -94,6 +94,18 @@ def profiles(job_id: str) -> str:
     return f"{PREFIX}.profiles.{check_token(job_id, 'job id')}"
 
 
+def job_heartbeat(job_id: str) -> str:
+    return f"{PREFIX}.jobs.heartbeat.{check_token(job_id, 'job id')}"
+
+
+def node_heartbeat(server_id: str) -> str:
+    return f"{PREFIX}.nodes.heartbeat.{check_token(server_id, 'server id')}"
+
+
+def exec_commands(server_id: str) -> str:
+    return f"{PREFIX}.exec.{check_token(server_id, 'server id')}"
+
+
 def tenant_submit(tenant: str) -> str:
     return f"{JOBS_SUBMIT}.{check_token(tenant, 'tenant')}"
 
@@ -111,18 +123,6 @@ def tenant_events(tenant: str, job_id: str) -> str:
 
 def tenant_events_all(tenant: str) -> str:
     return f"{PREFIX}.tenants.{check_token(tenant, 'tenant')}.events.*"
-
-
-def job_heartbeat(job_id: str) -> str:
-    return f"{PREFIX}.jobs.heartbeat.{check_token(job_id, 'job id')}"
-
-
-def node_heartbeat(server_id: str) -> str:
-    return f"{PREFIX}.nodes.heartbeat.{check_token(server_id, 'server id')}"
-
-
-def exec_commands(server_id: str) -> str:
-    return f"{PREFIX}.exec.{check_token(server_id, 'server id')}"
 
 
 def last_token(subject: str, pattern: str) -> str:
