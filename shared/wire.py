@@ -21,6 +21,9 @@ TOO_LARGE = "too_large"
 INTERNAL = "internal"
 # A failed reply's code for a job no GPU type of the cluster can ever hold.
 UNSCHEDULABLE = "unschedulable"
+# No or bad credential (HTTP 401), and authenticated but not allowed (HTTP 403).
+UNAUTHORIZED = "unauthorized"
+FORBIDDEN = "forbidden"
 
 
 class WireError(ValueError):

@@ -112,6 +112,9 @@ class JetStreamLayout:
     samples_max_bytes: int = 4 * _GIB
     plans_max_age: float = 14 * _DAY
     plans_max_bytes: int = _GIB
+    # Executors' reports wait here only until the monitor relayed them.
+    reports_max_age: float = _DAY
+    reports_max_bytes: int = _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -122,6 +125,7 @@ class JetStreamLayout:
             subjects.STREAM_JOBS: (None, self.jobs_max_bytes),
             subjects.STREAM_SAMPLES: (self.samples_max_age, self.samples_max_bytes),
             subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
+            subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
         }
         return tuple(
             StreamConfig(
@@ -245,6 +249,18 @@ class ErrorReporter:
     async def report(self, subject: str, error: str, code: str, data: bytes = b"") -> None:
         excerpt = data[:200].decode("utf-8", errors="replace")
         self.log.warning("bad input", subject=subject, code=code, error=error, excerpt=excerpt)
+        await self.publish(subject, error, code, excerpt)
+
+    async def refused(self, identity: str, subject: str, reason: str, code: str,
+                      data: bytes = b"") -> None:
+        """Audit a refusal on purpose (``forbidden``, ``unauthorized``): who
+        tried what, and why it was refused; an error record with ``code``."""
+        excerpt = data[:200].decode("utf-8", errors="replace")
+        self.log.warning("refused", identity=identity, subject=subject, reason=reason, code=code)
+        await self.publish(subject, reason, code, excerpt)
+
+    async def publish(self, subject: str, error: str, code: str, excerpt: str = "") -> None:
+        """Publish the error record (never raises)."""
         record = ErrorRecord(
             service=self.service,
             subject=subject,
@@ -270,7 +286,30 @@ async def serve_requests(
     on_error: Callable[[str, str], Message] = error_reply,
     workers: int | None = None,
 ) -> list[Subscription]:
-    """Serve requests on ``subject``; see the module docstring.
+    """Serve requests on ``subject``; see :func:`serve_scoped_requests`."""
+
+    async def unscoped(req: Req, _subject: str) -> Message:
+        return await handle(req)
+
+    return await serve_scoped_requests(nc, subject, decode, unscoped, reporter, queue=queue,
+                                       on_error=on_error, workers=workers)
+
+
+async def serve_scoped_requests(
+    nc: NATS,
+    subject: str,
+    decode: Callable[[bytes], Req],
+    handle: Callable[[Req, str], Awaitable[Message]],
+    reporter: ErrorReporter,
+    *,
+    queue: str = "",
+    on_error: Callable[[str, str], Message] = error_reply,
+    workers: int | None = None,
+) -> list[Subscription]:
+    """Serve requests on ``subject``; see the module docstring. ``handle``
+    gets each request with the subject it came on: on a wildcard subject
+    whose tokens NATS permissions tie to an identity (a server id), the
+    subject says who asks.
     ``on_error(code, error)`` builds the failed reply (``Reply`` by default;
     a subject whose reply is another message passes its own). Returns once
     the server knows the subscriptions.
@@ -309,7 +348,7 @@ async def serve_requests(
 async def _answer(
     msg: Msg,
     decode: Callable[[bytes], Req],
-    handle: Callable[[Req], Awaitable[Message]],
+    handle: Callable[[Req, str], Awaitable[Message]],
     reporter: ErrorReporter,
     on_error: Callable[[str, str], Message],
 ) -> Message:
@@ -319,7 +358,7 @@ async def _answer(
         await reporter.report(msg.subject, str(e), e.code, msg.data)
         return on_error(e.code, str(e))
     try:
-        return await handle(req)
+        return await handle(req, msg.subject)
     except Rejected as e:
         if e.code in REPORTED_REFUSALS:
             await reporter.report(msg.subject, str(e), e.code, msg.data)
