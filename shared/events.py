@@ -398,6 +398,7 @@ decode_command = Codec[Command](Command, "command").decode
 decode_ack = Codec[CommandAck](CommandAck, "command_ack").decode
 decode_job_event = Codec[JobEvent](JobEvent, "job event").decode
 decode_sample_event = Codec[SampleEvent](SampleEvent, "sample event").decode
+decode_report = Codec[Report](Report, "report").decode
 decode_node_heartbeat = Codec[NodeHeartbeat](NodeHeartbeat, "node_heartbeat").decode
 decode_job_heartbeat = Codec[JobHeartbeat](JobHeartbeat, "job_heartbeat").decode
 decode_plan_event = Codec[PlanEvent](PlanEvent, "plan event").decode
