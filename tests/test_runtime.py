@@ -392,6 +392,22 @@ async def test_a_crash_stops_the_service_with_exit_code_1(nats_url: str) -> None
     assert await asyncio.wait_for(serve("placer", main_with_task, settings_for(nats_url)), 5) == 1
 
 
+async def test_a_service_without_the_jetstream_api_creates_no_streams(nats_url: str) -> None:
+    """An executor's identity may not use ``$JS.API``: it runs on the streams
+    the system services made, and serve() must not try to make them."""
+    seen: list[list[str]] = []
+
+    async def main(ctx: ServiceContext) -> None:
+        seen.append(sorted(s.config.name for s in await ctx.js.streams_info()))
+        ctx.stopping.set()
+
+    settings = settings_for(nats_url)
+    assert await asyncio.wait_for(serve("x", main, settings, ensure_streams=False), 5) == 0
+    assert await asyncio.wait_for(serve("y", main, settings), 5) == 0
+    assert seen[0] == []
+    assert {s.name for s in subjects.STREAMS} <= set(seen[1])
+
+
 async def test_run_service_stops_on_sigterm_and_logs_json(nats_url: str, tmp_path: Path) -> None:
     script = tmp_path / "demo.py"
     script.write_text(
