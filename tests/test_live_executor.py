@@ -32,6 +32,7 @@ from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
+from shared.snapshot import Assignment, Plan
 from simulator.catalog import builtin_catalog
 from simulator.clusters import builtin_cluster
 from simulator.truth import GroundTruth
@@ -202,6 +203,15 @@ async def client(nats_url: str) -> AsyncIterator[Client]:
 
 
 job_pids = emulated_job_pids
+
+
+async def announce(client: Client, job: str, config: dict[str, int]) -> None:
+    """Publish a plan putting ``job`` on ``config``'s servers, as the scheduler
+    does before any start: the monitor relays an executor's reports only for
+    jobs placed (or planned) on its server. No placer runs to act on it."""
+    plan = Plan(assignments=(Assignment(JobId(job), Configuration.of(config)),))
+    msg = ev.PlanIssued(round=0, term=0, plan=plan, at=time.time())
+    await client.js.publish(subjects.PLANS, ev.encode(msg))
 
 
 def start_cmd(
