@@ -30,7 +30,7 @@ from services.runtime.bus import (
     request,
     serve_requests,
 )
-from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.consumer import ConsumerSpec, Delivery, Later, Terminate, consume
 from services.runtime.health import HealthServer
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats, NatsServerError
@@ -252,6 +252,40 @@ async def test_a_poison_message_is_given_up_after_max_deliver(nc: NATS) -> None:
     assert calls == [1, 2, 3]
     assert record.code == ev.INTERNAL and "gave up after 3 deliveries" in record.error
     assert (await js.consumer_info("HOPS_SAMPLES", "poison")).num_ack_pending == 0
+
+
+async def test_a_handler_may_judge_later_or_terminate_quietly(nc: NATS) -> None:
+    """``Later``: redelivered after the nak delay; ``Terminate``: never again,
+    and no error record (the handler audited its refusal itself)."""
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    errors = await error_records(nc)
+    for job in ("later", "never"):
+        await publish_event(js, subjects.samples(job), ev.SampleReported(sample=_sample(job)),
+                            msg_id=f"id-{job}")
+    seen: list[tuple[str, int, str]] = []
+
+    async def handle(event: ev.SampleEvent, delivery: Delivery) -> None:
+        assert isinstance(event, ev.SampleReported)
+        seen.append((event.sample.job_id, delivery.num_delivered, delivery.msg_id))
+        if event.sample.job_id == "never":
+            raise Terminate("refused")
+        if delivery.num_delivered < 3:
+            raise Later("not yet")
+
+    consumer = fast_consumer("judge", subjects.SAMPLES_ALL, max_deliver=5)
+    task = asyncio.create_task(
+        consume(js, consumer, ev.decode_sample_event, handle, ErrorReporter(nc, "t"))
+    )
+    await eventually(lambda: ("later", 3, "id-later") in seen)
+    await asyncio.sleep(0.3)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert sorted(seen) == [("later", 1, "id-later"), ("later", 2, "id-later"),
+                            ("later", 3, "id-later"), ("never", 1, "id-never")]
+    assert errors.empty()
+    info = await js.consumer_info("HOPS_SAMPLES", "judge")
+    assert info.num_pending == 0 and info.num_ack_pending == 0
 
 
 def _sample(job_id: str) -> ThroughputSample:

@@ -41,11 +41,15 @@ PLANS_DURABLE = "monitor-plans"
 @dataclass(frozen=True)
 class RelaySettings:
     """``tries`` deliveries ``retry_s`` apart before a report for a job not
-    known to be placed on its server is refused."""
+    known to be placed on its server is refused; a relay that fails (NATS
+    is briefly away) is retried ``publish_tries`` more times, as long as an
+    executor would have retried its own publish (a lost ``job_finished``
+    would have the job requeued)."""
 
     tries: int = 10
     retry_s: float = 0.5
     fetch_timeout_s: float = 1.0
+    publish_tries: int = 120
 
     @classmethod
     def waiting(cls, wait_s: float, retry_s: float, fetch_timeout_s: float) -> RelaySettings:
@@ -78,7 +82,7 @@ class ReportRelay:
         s = self.settings
         return ConsumerSpec(subjects.STREAM_REPORTS.name, DURABLE, subjects.REPORTS_ALL,
                             fetch_timeout=s.fetch_timeout_s, nak_delay=s.retry_s,
-                            max_deliver=s.tries)
+                            max_deliver=s.tries + s.publish_tries)
 
     async def run(self) -> None:
         await consume(self.ctx.js, self.spec(), decode_any, self.handle, self.ctx.reporter,
