@@ -66,7 +66,10 @@ class Executors:
                     "--cluster", str(self.cluster_file), "--server-id", server,
                     "--cpu-affinity", AFFINITY, "--threads-per-gpu", "1",
                     "--run-dir", str(self.run_dir), "--sample-s", repr(self.sample_s),
-                    "--profile-iters", str(self.profile_iters), "--nats-url", self.nats_url]
+                    "--profile-iters", str(self.profile_iters), "--nats-url", self.nats_url,
+                    # a measurement on the operator's own machine: its jobs may run as
+                    # whoever runs it, root included (docs/security-jobs.md)
+                    "--allow-root-jobs"]
             self.procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log,
                                                stdin=subprocess.DEVNULL))
             log.close()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from structlog.typing import FilteringBoundLogger
 
 from executor.backend import Backend, JobHandle, OnEnding, StartFailed
 from executor.emulated import EmulatedBackend
+from executor.isolation import JobIdentity, lookup_user, resolve_identity
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
 from executor.publish import NatsSink, publish_retrying
@@ -96,10 +98,20 @@ class ExecutorSettings:
     threads: int | None = None  # per process of a real job (None: the job's own)
     affinity: tuple[tuple[int, ...], ...] = ()  # device index -> cores, real jobs
     devices: tuple[Device, ...] = ()  # what the executor registers (real: discovered)
+    job_user: str = ""  # real jobs run as this user ('' : none configured)
+    allow_root_jobs: bool = False  # an executor running as root may run jobs as root
+    job_identity: JobIdentity | None = None  # resolved from the two above (real)
 
 
 class RegistrationRefused(RuntimeError):
     """The monitor refused this node (e.g. ``conflict``): a configuration error."""
+
+
+def job_identity(settings: ExecutorSettings) -> JobIdentity:
+    """Who this executor's real jobs run as (:class:`JobUserError` if the
+    job user does not exist)."""
+    return resolve_identity(settings.job_user, settings.allow_root_jobs, os.geteuid(),
+                            os.getegid(), lookup_user)
 
 
 def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> Backend:
@@ -110,7 +122,8 @@ def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clust
         options = LaunchOptions(gpu_type=server.gpu_type, sample_s=settings.sample_s,
                                 profile_iters=settings.profile_iters, threads=settings.threads,
                                 affinity=settings.affinity)
-        real = RealSettings(run_dir=settings.run_dir, options=options,
+        ident = settings.job_identity or job_identity(settings)
+        real = RealSettings(run_dir=settings.run_dir, options=options, identity=ident,
                             stop_grace_s=settings.stop_grace_s)
         return RealBackend(server, real, NatsSink(ctx.nc, ctx.js, server.id, log, ctx.spawn),
                            log, ctx.spawn)

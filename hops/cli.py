@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -177,12 +178,24 @@ def up(
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",
+    job_user: Annotated[str | None, typer.Option(
+        help="real executors: the user jobs run as (default: nobody when run as root, "
+        "else your own user)"
+    )] = None,
+    allow_root_jobs: Annotated[bool, typer.Option(
+        "--allow-root-jobs",
+        help="real executors running as root: run jobs as root (a root executor refuses "
+        "to otherwise)"
+    )] = False,
 ) -> None:
     """Run the live system here, one process each (NATS, services, gateway, and one
     executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
-    from hops.stack import StackConfig
+    from hops.stack import StackConfig, default_job_user
     from hops.up import stdout_say
     from hops.up import up as run_up
+
+    if job_user is None:
+        job_user = "" if allow_root_jobs else default_job_user(executor, os.geteuid())
 
     try:
         config = StackConfig(
@@ -191,7 +204,7 @@ def up(
             metrics_host=metrics_host, metrics_port=metrics_port,
             round_s=round_s, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
-            cpu_affinity=cpu_affinity,
+            cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -21,7 +21,8 @@ TOO_LARGE = "too_large"
 INTERNAL = "internal"
 # A failed reply's code for a job no GPU type of the cluster can ever hold.
 UNSCHEDULABLE = "unschedulable"
-# No or bad credential (HTTP 401), and authenticated but not allowed (HTTP 403).
+# Refusals of identity (docs/security.md): no or a bad credential (HTTP 401),
+# and an authenticated actor doing what its role does not allow (HTTP 403).
 UNAUTHORIZED = "unauthorized"
 FORBIDDEN = "forbidden"
 

@@ -143,9 +143,11 @@ class Setup:
                        env=env if argv else {})
 
     def executor(self, procs: Procs, name: str = "executor", **env: str) -> subprocess.Popen[bytes]:
+        # Jobs run as the executor's user, root included: the stand-in lives in
+        # the test's private folder (tests/test_real_jobuser.py runs one as nobody).
         return procs.start(name, "executor", "--cluster", str(self.cluster), "--server-id", A,
                            "--backend", "real", "--run-dir", str(self.runs),
-                           "--stop-grace-s", "1", **env)
+                           "--stop-grace-s", "1", "--allow-root-jobs", **env)
 
     def state(self) -> ExecutorState:
         return load_state(state_path(self.runs, A), A)
@@ -221,6 +223,7 @@ async def test_a_real_job_runs_reports_and_finishes(procs: Procs, client: Client
     assert env0["HOPS_THREADS"] == env0["OMP_NUM_THREADS"] == "1"  # declared devices
     assert env0["HOPS_REPORT_FILE"] == str(setup.runs / "train" / "reports" / "node-a.jsonl")
     assert env0["HOPS_CHECKPOINT_DIR"] == str(setup.runs / "train" / "checkpoint")
+    assert "HOPS_NATS_URL" not in env0 and "HOPS_SAMPLE_S" in env0  # the job's, not the system's
     assert f"CWD {setup.work}" in rank0
     assert setup.state().jobs == ()  # ended: nothing to adopt
 
