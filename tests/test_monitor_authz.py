@@ -188,3 +188,31 @@ def test_only_a_consistent_report_of_a_placed_job_is_ever_relayed(
         assert verdict.subject.endswith(f".{job}")
     # Waiting is only ever for the placement, and never on the last try.
     assert isinstance(verdict, Wait) == (consistent and not on and not last)
+
+
+events = st.lists(st.one_of(
+    st.tuples(st.just("placed"), ids),
+    st.tuples(st.just("submitted"), st.sampled_from([1.0, 2.0, 3.0])),
+), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq=events, server=ids)
+def test_a_server_counts_iff_placed_since_the_last_new_submission(
+        seq: list[tuple[str, object]], server: str) -> None:
+    """Watchers deliver placements and records in any order; a record with a
+    new ``submitted_at`` starts the history again, the same one does not."""
+    h = PlacementHistory()
+    expected: set[str] = set()
+    current: float | None = None
+    for kind, value in seq:
+        if kind == "placed":
+            h.placed(J, (ServerId(str(value)),))
+            expected.add(str(value))
+        else:
+            assert isinstance(value, float)
+            h.submitted(J, value)
+            if current is not None and value != current:
+                expected = set()
+            current = value
+    assert h.on(J, ServerId(server)) == (server in expected)
