@@ -142,9 +142,9 @@ class Bus:
         nc = await connect(RuntimeSettings(nats_servers=(url,), reconnect_wait=0.2), "accuracy")
         await ensure_jetstream(nc.jetstream())
         bus = cls(nc, Meter(), quiet, tries)
-        await nc.subscribe(subjects.NODES_REGISTER, cb=bus._on_register)
-        await nc.subscribe(subjects.SAMPLES_ALL, cb=bus._on_sample)
-        await nc.subscribe(subjects.PROFILES_ALL, cb=bus._on_sample)
+        await nc.subscribe(subjects.NODES_REGISTER_ALL, cb=bus._on_register)
+        # No monitor relays the executors' reports here: read them at the source.
+        await nc.subscribe(subjects.REPORTS_ALL, cb=bus._on_sample)
         await nc.subscribe(subjects.NODE_HEARTBEATS_ALL, cb=bus._on_beat)
         await nc.flush()
         return bus
@@ -159,10 +159,10 @@ class Bus:
         await msg.respond(ev.encode(ev.Reply(ok=True, server_id=req.server.id)))
 
     async def _on_sample(self, msg: Msg) -> None:
-        event = ev.decode_sample_event(msg.data)
+        event = ev.decode_report(msg.data)
         if isinstance(event, ev.SampleReported):
             self.samples.append(Received(time.monotonic(), event.sample))
-        else:
+        elif isinstance(event, ev.ProfileReported):
             self.profiles.append(event.report)
 
     async def _on_beat(self, msg: Msg) -> None:

@@ -245,7 +245,10 @@ def _run(settings: ExecutorSettings, cluster: Cluster, runtime: RuntimeSettings)
 
     grace = settings.stop_grace_s + _SHUTDOWN_MARGIN_S
     try:
-        return asyncio.run(serve("executor", node_main, runtime, grace=grace))
+        # No ensure_jetstream: an executor's identity has no JetStream API; the
+        # monitor makes the streams before it answers the registration.
+        return asyncio.run(serve("executor", node_main, runtime, grace=grace,
+                                 ensure_streams=False))
     except KeyboardInterrupt:
         return 130
     except Exception:

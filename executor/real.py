@@ -68,9 +68,8 @@ from executor.ranks import (
     start_ranks,
 )
 from executor.reports import End, JobReports, ReportTail, log_tail, verdict
-from shared import subjects
 from shared.cluster import Server
-from shared.events import INVALID, JobFinished, Message, ProfileReported, SampleReported, StartJob
+from shared.events import INVALID, JobFinished, ProfileReported, Report, SampleReported, StartJob
 from shared.ids import GpuType, JobId
 from shared.wire import FORBIDDEN
 
@@ -83,7 +82,7 @@ class Sink(Protocol):
 
     async def sample(self, msg: SampleReported) -> None: ...
 
-    def event(self, job_id: str, subject: str, msg: Message, msg_id: str) -> None: ...
+    def event(self, job_id: str, msg: Report, msg_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -176,8 +175,7 @@ class RealJob:
             if isinstance(msg, SampleReported):
                 await self.sink.sample(msg)
             elif isinstance(msg, ProfileReported):
-                self.sink.event(self.cmd.job_id, subjects.profiles(self.cmd.job_id), msg,
-                                profile_msg_id(self.cmd))
+                self.sink.event(self.cmd.job_id, msg, profile_msg_id(self.cmd))
                 self.log.info("job profiled", gpu_type=msg.report.gpu_type)
         if self.tail.skipped > skipped:
             self.log.warning("unreadable report lines skipped", count=self.tail.skipped - skipped)
@@ -355,14 +353,12 @@ class RealBackend:
             except ValueError:
                 continue
             if isinstance(msg, ProfileReported):  # samples this old are not worth sending
-                self.sink.event(cmd.job_id, subjects.profiles(cmd.job_id), msg,
-                                profile_msg_id(cmd))
+                self.sink.event(cmd.job_id, msg, profile_msg_id(cmd))
         tail = log_tail(Path(rec.logs[0])) if rec.logs else ""
         if reports.done:
             if cmd.mode == "run" and world_of(cmd)[3] == 0:
                 event = JobFinished(job_id=cmd.job_id, at=time.time(), log_tail=tail)
-                self.sink.event(cmd.job_id, subjects.job_events(cmd.job_id), event,
-                                f"{cmd.job_id}:job_finished")
+                self.sink.event(cmd.job_id, event, f"{cmd.job_id}:job_finished")
             log.info("job ended while the executor was away", samples_done=reports.samples_done)
             return
         self._lost[cmd.job_id] = time.monotonic()

@@ -56,6 +56,7 @@ from tests.livestack import LiveStack, until
 from tests.test_live_executor import (
     Client,
     Procs,
+    announce,
     client,
     eventually,
     nats_server,
@@ -132,8 +133,9 @@ async def test_train_cnn_is_profiled_preempted_resumed_and_finishes(
                 "--backend", "real", "--run-dir", str(runs), "--stop-grace-s", "20",
                 "--allow-root-jobs", HOPS_PROFILE_ITERS="5", HOPS_SAMPLE_S="0.3")
     await client.wait_node(A)
+    await announce(client, "cnn", {A: 2})  # the monitor relays its reports
     events = await client.collect(subjects.job_events("cnn"), ev.decode_job_event)
-    beats = await client.collect(subjects.job_heartbeat("cnn"), ev.decode_job_heartbeat)
+    beats = await client.collect(subjects.job_heartbeat(A, "cnn"), ev.decode_job_heartbeat)
     samples = await client.collect(subjects.samples("cnn"), ev.decode_sample_event)
     profiles = await client.collect(subjects.profiles("cnn"), ev.decode_sample_event)
     job = cnn_spec("cnn", 3000)

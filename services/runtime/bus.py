@@ -112,6 +112,9 @@ class JetStreamLayout:
     samples_max_bytes: int = 4 * _GIB
     plans_max_age: float = 14 * _DAY
     plans_max_bytes: int = _GIB
+    # Executors' reports wait here only until the monitor relayed them.
+    reports_max_age: float = _DAY
+    reports_max_bytes: int = _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -122,6 +125,7 @@ class JetStreamLayout:
             subjects.STREAM_JOBS: (None, self.jobs_max_bytes),
             subjects.STREAM_SAMPLES: (self.samples_max_age, self.samples_max_bytes),
             subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
+            subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
         }
         return tuple(
             StreamConfig(
