@@ -65,7 +65,8 @@ Caller = Annotated[Principal, Depends(caller)]
 
 async def on_refused(request: Request, exc: Exception) -> JSONResponse:
     """Audit a refusal (log and ``error_record``), then answer it."""
-    assert isinstance(exc, Refused)
+    if not isinstance(exc, Refused):  # registered for Refused only
+        raise exc
     denied = exc.denied
     endpoint = f"{request.method} {request.url.path}"
     who = access.identity(exc.principal)
