@@ -40,7 +40,14 @@ from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
 from services.scheduler import live_tenancy as tn
-from services.scheduler.live_kv import decode_all, get_record, read_bucket, watch_topology
+from services.scheduler.live_kv import (
+    catch_up,
+    decode_all,
+    get_record,
+    read_bucket,
+    unacked,
+    watch_topology,
+)
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
 from services.scheduler.live_settings import SchedulerSettings
@@ -90,7 +97,7 @@ class Leader:
             await self._subscribe(subjects.RELEASED, self._on_released),
             await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_heartbeat),
         ]
-        held = await self._unacked()  # taken by a leader before this one
+        held = await unacked(js, JOBS_CONSUMER)  # taken by a leader before this one
         tasks = [
             asyncio.create_task(
                 consume(
@@ -105,7 +112,7 @@ class Leader:
             asyncio.create_task(self._watch_nodes()),
         ]
         try:
-            await self._catch_up(held)
+            await catch_up(js, JOBS_CONSUMER, held, self.log)
             await self._loop(tasks)
         finally:
             for task in tasks:
@@ -132,27 +139,6 @@ class Leader:
         s = self.settings
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
         self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
-
-    async def _unacked(self) -> int:
-        with contextlib.suppress(NotFoundError):  # not created yet
-            info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
-            return int(info.num_ack_pending or 0)
-        return 0
-
-    async def _catch_up(self, held: int, limit_s: float = 5.0) -> None:
-        """Before the first plan, apply what ``HOPS_JOBS`` holds for the
-        consumer (events of the interregnum), for at most ``limit_s``. The
-        ``held`` events a killed leader took and never acked come again only
-        after the consumer's ack wait; admission wrote their jobs' records,
-        so the first plan does not wait for them."""
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(NotFoundError):  # not created yet
-                info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
-                if info.num_pending == 0 and (info.num_ack_pending or 0) <= held:
-                    return
-            await asyncio.sleep(0.05)
-        self.log.warning("planning before every job event was applied")
 
     async def _subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Subscription:
         sub = await self.ctx.nc.subscribe(subject, cb=cb)
@@ -299,20 +285,9 @@ class Leader:
             return QueueView(ok=False, error="the leader is starting", term=self.term)
         records = {k: r for k, (r, _) in self.records.items()}
         try:
-            snapshot = snap.build_snapshot(
-                time.time(),
-                records,
-                self.nodes,
-                self.allocs,
-                self.estimates,
-                self.progress,
-                self.inflight,
-                True,
-                starts_run=False,  # listed as queued until the placer starts it
-                r_num=self.settings.policy.r_num,
-            ).snapshot
-            policy, holder = self.settings.policy, self.lease.holder
-            return snap.queue_view(snapshot, records, policy, holder, self.term)
+            return snap.view_now(time.time(), records, self.nodes, self.allocs, self.estimates,
+                                 self.progress, self.inflight, self.settings.policy,
+                                 self.lease.holder, self.term)
         except Exception as e:  # a bad reply, not a dead leader
             self.log.exception("queue view failed")
             return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
