@@ -66,7 +66,10 @@ class Executors:
                     "--cluster", str(self.cluster_file), "--server-id", server,
                     "--cpu-affinity", AFFINITY, "--threads-per-gpu", "1",
                     "--run-dir", str(self.run_dir), "--sample-s", repr(self.sample_s),
-                    "--profile-iters", str(self.profile_iters), "--nats-url", self.nats_url]
+                    "--profile-iters", str(self.profile_iters), "--nats-url", self.nats_url,
+                    # a measurement on the operator's own machine: its jobs may run as
+                    # whoever runs it, root included (docs/security-jobs.md)
+                    "--allow-root-jobs"]
             self.procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log,
                                                stdin=subprocess.DEVNULL))
             log.close()
@@ -139,9 +142,9 @@ class Bus:
         nc = await connect(RuntimeSettings(nats_servers=(url,), reconnect_wait=0.2), "accuracy")
         await ensure_jetstream(nc.jetstream())
         bus = cls(nc, Meter(), quiet, tries)
-        await nc.subscribe(subjects.NODES_REGISTER, cb=bus._on_register)
-        await nc.subscribe(subjects.SAMPLES_ALL, cb=bus._on_sample)
-        await nc.subscribe(subjects.PROFILES_ALL, cb=bus._on_sample)
+        await nc.subscribe(subjects.NODES_REGISTER_ALL, cb=bus._on_register)
+        # No monitor relays the executors' reports here: read them at the source.
+        await nc.subscribe(subjects.REPORTS_ALL, cb=bus._on_sample)
         await nc.subscribe(subjects.NODE_HEARTBEATS_ALL, cb=bus._on_beat)
         await nc.flush()
         return bus
@@ -156,10 +159,10 @@ class Bus:
         await msg.respond(ev.encode(ev.Reply(ok=True, server_id=req.server.id)))
 
     async def _on_sample(self, msg: Msg) -> None:
-        event = ev.decode_sample_event(msg.data)
+        event = ev.decode_report(msg.data)
         if isinstance(event, ev.SampleReported):
             self.samples.append(Received(time.monotonic(), event.sample))
-        else:
+        elif isinstance(event, ev.ProfileReported):
             self.profiles.append(event.report)
 
     async def _on_beat(self, msg: Msg) -> None:

@@ -115,8 +115,9 @@ class KeepAlive:
     gateway itself, so on a small machine it would measure the client; this
     one does the least a client can."""
 
-    def __init__(self, host: str, port: int, size: int) -> None:
+    def __init__(self, host: str, port: int, size: int, token: str = "") -> None:
         self.host, self.port = host, port
+        self.auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self.free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
         self.free = asyncio.Queue()
         self.size = size
@@ -133,7 +134,7 @@ class KeepAlive:
     async def post(self, path: str, body: bytes) -> int:
         reader, writer = await self.free.get()
         try:
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n{self.auth}Content-Type: "
                          f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                          + body)
             status = int((await reader.readline()).split()[1])
@@ -174,7 +175,7 @@ async def bench_submit(
         for transport in ("nats", "rest"):
             for conc in (1, *concurrency):
                 n = max(50, jobs // 10) if conc == 1 else jobs
-                http = KeepAlive("127.0.0.1", gateway_port, conc)
+                http = KeepAlive("127.0.0.1", gateway_port, conc, admin_token())
                 await http.open()
                 try:
                     r = await drive(n, conc, submitter(transport, f"{transport}-{conc}-", nc, http))
@@ -203,6 +204,15 @@ async def wait_admission(nats_url: str, timeout: float = 60) -> None:
         await nc.close()
 
 
+def admin_token() -> str:
+    """The bench's bearer token (:func:`start_stack` put it in ``HOPS_TOKEN``)."""
+    return os.environ.get("HOPS_TOKEN", "")
+
+
+def auth_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {admin_token()}"} if admin_token() else {}
+
+
 def client_settings(nats_url: str) -> RuntimeSettings:
     """The bench's own NATS settings: the identity :func:`start_stack` put
     in its environment."""
@@ -214,8 +224,10 @@ def start_stack(config: StackConfig, names: tuple[str, ...]) -> tuple[EmbeddedNa
     creds = secure(config)
     if creds is not None:
         os.environ["HOPS_NATS_NKEY"] = str(creds.seed("admin"))
+        os.environ["HOPS_TOKEN"] = creds.token("admin").read_text().strip()
     else:
         os.environ.pop("HOPS_NATS_NKEY", None)
+        os.environ.pop("HOPS_TOKEN", None)
     nats.start()
     config = replace(config, nats_url=nats.url)
     launcher = Launcher(config, lambda line: print(line, file=sys.stderr))
@@ -255,7 +267,7 @@ async def bench_release(
     await nc.flush()
     out: list[tuple[float, float | None]] = []
     try:
-        async with httpx.AsyncClient(base_url=gateway, timeout=10) as http:
+        async with httpx.AsyncClient(base_url=gateway, timeout=10, headers=auth_headers()) as http:
             for k in range(kills):
                 job_id = f"victim-{k}"
                 await http.post("/jobs", content=encode(SubmitJob(spec=spec(job_id))))
@@ -305,7 +317,7 @@ async def bench_round(nats_url: str, gateway: str, n: int, timeout: float = 300)
     await nc.flush()
     jobs = [f"round-{k}" for k in range(n)]
     try:
-        async with httpx.AsyncClient(base_url=gateway, timeout=10) as http:
+        async with httpx.AsyncClient(base_url=gateway, timeout=10, headers=auth_headers()) as http:
             for job_id in jobs:
                 await http.post("/jobs", content=encode(SubmitJob(spec=spec(job_id))))
         deadline = time.monotonic() + timeout

@@ -28,6 +28,8 @@ variable                   flag                    default     meaning
 ``HOPS_RUN_DIR``           ``--run-dir``           see below   real jobs' logs, checkpoints
 ``HOPS_CPU_AFFINITY``      ``--cpu-affinity``      none        real jobs: cores per device
 ``HOPS_THREADS``           ``--threads-per-gpu``   see below   real jobs: threads per process
+``HOPS_JOB_USER``          ``--job-user``          none        real jobs run as this user
+``HOPS_ALLOW_ROOT_JOBS``   ``--allow-root-jobs``   off (0)     root executor may run jobs as root
 =========================  ======================  ==========  ==============================
 
 The run folder defaults to ``<HOPS_DATA_DIR or ./.hops>/runs``. The CPU
@@ -38,6 +40,13 @@ default to 1 on declared (CPU) devices and are left to the job on GPUs.
 The real executor discovers its GPUs through NVML; without NVML it says so
 and runs the GPUs the cluster file declares. With NVML, a count other than
 the declared one stops it with exit code 2.
+
+A real executor running as root runs its jobs as ``--job-user`` (a name or
+a uid; no supplementary groups) and stops at once with exit code 2 when
+none is set, or it is root, unless ``--allow-root-jobs``; or when the job
+user cannot reach the run folder. Not root, it runs jobs as its own user.
+Either way a job inherits almost nothing of the executor's environment
+(:mod:`executor.isolation`).
 """
 
 from __future__ import annotations
@@ -51,10 +60,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from executor.discovery import DiscoveryError, discover
+from executor.isolation import JobIdentity, JobUserError, unreachable
 from executor.launch import AffinityError, check_affinity, parse_affinity
-from executor.service import ExecutorSettings, run_node
+from executor.service import ExecutorSettings, job_identity, run_node
 from executor.supervisor import supervise
 from services.runtime.logging import configure_logging
 from services.runtime.service import ServiceContext, serve
@@ -112,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads-per-gpu", type=int, default=None,
                    help="threads per process of a real job; overrides $HOPS_THREADS "
                         "(default 1 on declared devices)")
+    p.add_argument("--job-user", default=_env("HOPS_JOB_USER") or "",
+                   help="user (name or uid) real jobs run as when the executor is root; "
+                        "overrides $HOPS_JOB_USER")
+    p.add_argument("--allow-root-jobs", action="store_true",
+                   default=os.environ.get("HOPS_ALLOW_ROOT_JOBS", "") in ("1", "true", "yes"),
+                   help="let an executor running as root run jobs as root "
+                        "($HOPS_ALLOW_ROOT_JOBS=1)")
     for name, var, kind, default in _NUMBERS:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                        help=f"overrides ${var} (default {default})")
@@ -152,6 +170,7 @@ def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSet
     return ExecutorSettings(cluster=args.cluster, server_id=server_id, order=order,
                             backend=args.backend, address=args.address,
                             run_dir=run_dir_of(args), threads=threads, affinity=affinity,
+                            job_user=args.job_user, allow_root_jobs=args.allow_root_jobs,
                             **values)  # type: ignore[arg-type]
 
 
@@ -170,17 +189,55 @@ def with_devices(settings: ExecutorSettings, cluster: Cluster) -> ExecutorSettin
     return replace(settings, devices=found.devices, threads=threads)
 
 
+def checked_identity(settings: ExecutorSettings) -> JobIdentity:
+    """Who the real jobs will run as, after checking that they may:
+    :class:`JobUserError` with the reason when they may not (an unknown job
+    user, root without --allow-root-jobs, a run folder it cannot reach)."""
+    ident = job_identity(settings)
+    why = ident.refusal()
+    if why is not None:
+        raise JobUserError(why)
+    if ident.switch:
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        settings.run_dir.chmod(0o711)  # jobs reach their own folder, list none
+        wall = unreachable(settings.run_dir, ident.uid, ident.gid)
+        if wall is not None:
+            raise JobUserError(f"job user {ident.name} cannot reach the run folder "
+                               f"{settings.run_dir}: {wall} is closed to it; choose "
+                               "another --run-dir (or --data-dir under hops up)")
+    return ident
+
+
+def _identity_or_none(settings: ExecutorSettings,
+                      log: FilteringBoundLogger) -> JobIdentity | None:
+    """The jobs' identity (logged); None, said loudly, when no job may run:
+    the executor then exits rather than look healthy and refuse every job."""
+    try:
+        ident = checked_identity(settings)
+    except JobUserError as e:
+        log.error("real jobs cannot run as configured", error=str(e))
+        print(f"hops-executor: {e}", file=sys.stderr)
+        return None
+    log.info("job user", user=ident.name, uid=ident.uid, switch=ident.switch, note=ident.note)
+    return ident
+
+
 def _run(settings: ExecutorSettings, cluster: Cluster, runtime: RuntimeSettings) -> int:
-    """Run one executor as a service (the real one after finding its devices)."""
+    """Run one executor as a service (the real one after finding its devices
+    and checking who its jobs run as)."""
     log = configure_logging("executor", runtime.log_level)
     structlog.contextvars.bind_contextvars(server_id=settings.server_id)
     if settings.backend == "real":
+        ident = _identity_or_none(settings, log)
+        if ident is None:
+            return 2
         try:
             settings = with_devices(settings, cluster)
         except DiscoveryError as e:
             log.error("devices do not match the cluster file", error=str(e))
             print(f"hops-executor: {e}", file=sys.stderr)
             return 2
+        settings = replace(settings, job_identity=ident)
         settings.run_dir.mkdir(parents=True, exist_ok=True)
 
     async def node_main(ctx: ServiceContext) -> None:
@@ -188,7 +245,10 @@ def _run(settings: ExecutorSettings, cluster: Cluster, runtime: RuntimeSettings)
 
     grace = settings.stop_grace_s + _SHUTDOWN_MARGIN_S
     try:
-        return asyncio.run(serve("executor", node_main, runtime, grace=grace))
+        # No ensure_jetstream: an executor's identity has no JetStream API; the
+        # monitor makes the streams before it answers the registration.
+        return asyncio.run(serve("executor", node_main, runtime, grace=grace,
+                                 ensure_streams=False))
     except KeyboardInterrupt:
         return 130
     except Exception:
@@ -208,6 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if args.all:
         log = configure_logging("executor-supervisor", runtime.log_level)
+        if args.backend == "real":  # once here, rather than each child failing for ever
+            first = ExecutorSettings(cluster=args.cluster, server_id=cluster.servers[0].id,
+                                     run_dir=run_dir_of(args), job_user=args.job_user,
+                                     allow_root_jobs=args.allow_root_jobs)
+            if _identity_or_none(first, log) is None:
+                return 2
         return asyncio.run(supervise(cluster, argv, log))
     if not args.server_id:
         parser.error("--server-id (or HOPS_SERVER_ID) is required without --all")

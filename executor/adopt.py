@@ -89,7 +89,8 @@ def save_state(path: Path, state: ExecutorState) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("wb") as f:
+        # 0600: it holds every job's command and env, which are no job's business.
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(msgspec.json.encode(state))
             f.flush()
             os.fsync(f.fileno())

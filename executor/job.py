@@ -5,15 +5,22 @@ It trains nothing. By role (:func:`executor.emulator.role_of`):
 
 * ``lead`` advances the job at the ground-truth rate times the time scale
   from the command's ``samples_done``, sends a ``job_heartbeat`` every
-  ``--heartbeat-s``, publishes running-mode ``sample_reported`` (one
-  ThroughputSample per server of the configuration, §3.2) every
-  ``--sample-s``, and on reaching ``total_samples`` publishes
-  ``job_finished`` (JetStream, msg_id ``<job>:job_finished``) and exits 0;
-* ``worker`` (another server of a distributed configuration) only
-  heartbeats, until it is stopped;
+  ``--heartbeat-s``, publishes running-mode ``sample_reported`` (its
+  server's ThroughputSample, §3.2) every ``--sample-s``, and on reaching
+  ``total_samples`` publishes ``job_finished`` (JetStream, msg_id
+  ``<job>:job_finished``) and exits 0;
+* ``worker`` (another server of a distributed configuration) heartbeats and
+  publishes its own server's samples on the same clock, until it is stopped;
 * ``profile`` runs the ground truth's profiling run of the job on this
   server (§3.2, profiling mode), heartbeating, then publishes
   ``profile_reported`` and exits 0.
+
+Everything goes to subjects of the job's server (``cmd.server_id``), the
+only ones that server's NATS identity may use: heartbeats on
+``hops.v1.jobs.heartbeat.<server>.<job>``, reports on
+``hops.v1.reports.<server>.<job>`` (the monitor relays them). So each
+process reports only its own server's samples: the monitor refuses a
+report whose payload names another server than its subject.
 
 SIGTERM or SIGINT stops the job: it prints its progress and exits 0. When its
 executor dies, the process notices that it was re-parented and exits 3
@@ -60,8 +67,8 @@ from shared import subjects
 from shared.events import (
     JobFinished,
     JobHeartbeat,
-    Message,
     ProfileReported,
+    Report,
     SampleReported,
     StartJob,
     decode_command,
@@ -111,7 +118,8 @@ class JobContext:
         msg = JobHeartbeat(job_id=self.cmd.job_id, server_id=self.cmd.server_id,
                            samples_done=samples_done, at=time.time())
         try:
-            await self.nc.publish(subjects.job_heartbeat(self.cmd.job_id), encode(msg))
+            await self.nc.publish(subjects.job_heartbeat(self.cmd.server_id, self.cmd.job_id),
+                                  encode(msg))
             if first:
                 await self.nc.flush()
         except nats.errors.Error as e:
@@ -119,8 +127,9 @@ class JobContext:
                 raise
             self.log.warning("heartbeat not sent", error=repr(e))
 
-    async def publish(self, subject: str, msg: Message, msg_id: str) -> None:
-        """A JetStream publish, retried while NATS is unavailable."""
+    async def publish(self, msg: Report, msg_id: str) -> None:
+        """A JetStream publish of a report, retried while NATS is unavailable."""
+        subject = subjects.reports(self.cmd.server_id, self.cmd.job_id)
         for attempt in range(_PUBLISH_TRIES):
             try:
                 await publish_event(self.js, subject, msg, msg_id=msg_id, timeout=2.0)
@@ -158,8 +167,7 @@ async def run_lead(job: JobContext) -> int:
             job.emit("ready" if first else "progress", done)
             first = False
         if progress.done(elapsed):
-            await job.publish(subjects.job_events(cmd.job_id),
-                              JobFinished(job_id=cmd.job_id, at=time.time()),
+            await job.publish(JobFinished(job_id=cmd.job_id, at=time.time()),
                               msg_id=f"{cmd.job_id}:job_finished")
             job.log.info("job finished", samples_done=done, wall_s=elapsed)
             job.emit("finished", done)
@@ -175,33 +183,46 @@ async def run_lead(job: JobContext) -> int:
 
 
 async def _report_samples(job: JobContext, samples: float, rng: np.random.Generator) -> None:
-    """Running-mode reports of the last period (§3.2), one per server."""
+    """This server's running-mode report of the last period (§3.2)."""
     cmd = job.cmd
     iters = sample_iterations(samples, cmd.spec.batch_size, cmd.configuration.total_gpus)
     for s in job.truth.running_samples(cmd.job_id, cmd.spec.model, cmd.configuration, iters,
                                        rng):
-        # Core publish: the subject is on HOPS_SAMPLES, and a lost sample only
+        if s.server_id != cmd.server_id:
+            continue  # the other servers' processes report theirs
+        # Core publish: the subject is on HOPS_REPORTS, and a lost sample only
         # costs the estimator one observation, so the job does not wait on acks.
         try:
-            await job.nc.publish(subjects.samples(cmd.job_id),
+            await job.nc.publish(subjects.reports(cmd.server_id, cmd.job_id),
                                  encode(SampleReported(sample=s, at=time.time())))
         except nats.errors.Error as e:
             job.log.warning("sample not sent", error=repr(e))
 
 
 async def run_worker(job: JobContext) -> int:
+    cmd = job.cmd
+    # The lead's progress, followed only to report this server's samples.
+    progress = run_progress(job.truth, cmd.spec, cmd.configuration, cmd.samples_done,
+                            job.time_scale)
     beat = Cadence(job.heartbeat_s)
+    sample = Cadence(job.sample_s, next_at=job.sample_s)
+    rng = np.random.default_rng(job_seed(cmd.job_id, cmd.key))
+    reported = progress.start
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     first = True
     while not job.stop.is_set():
         elapsed = loop.time() - t0
         if beat.due(elapsed):
-            await job.beat(job.cmd.samples_done, first)
-            job.emit("ready" if first else "progress", job.cmd.samples_done)
+            await job.beat(cmd.samples_done, first)
+            job.emit("ready" if first else "progress", cmd.samples_done)
             first = False
-        await job.nap(beat.next_at - elapsed)
-    job.emit("stopped", job.cmd.samples_done)
+        if sample.due(elapsed) and not progress.done(elapsed):
+            done = progress.at(elapsed)
+            await _report_samples(job, done - reported, rng)
+            reported = done
+        await job.nap(min(beat.next_at, sample.next_at) - elapsed)
+    job.emit("stopped", cmd.samples_done)
     return 0
 
 
@@ -225,8 +246,7 @@ async def run_profile(job: JobContext) -> int:
             first = False
         await job.nap(min(beat.next_at, wall) - elapsed)
     msg_id = profile_msg_id(cmd)
-    await job.publish(subjects.profiles(cmd.job_id), ProfileReported(report=report, at=time.time()),
-                      msg_id=msg_id)
+    await job.publish(ProfileReported(report=report, at=time.time()), msg_id=msg_id)
     job.log.info("job profiled", gpu_type=report.gpu_type, wall_s=wall)
     job.emit("finished", 0.0)
     return 0

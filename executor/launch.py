@@ -14,9 +14,12 @@ plus PyTorch's distributed-launch variables:
 * ``CUDA_VISIBLE_DEVICES`` = every GPU index the job holds here, for every
   local rank (rank k uses ``cuda:k``).
 
-A profiling run is one process with ``WORLD_SIZE`` 1. The job's own ``env``
-comes first and the executor's variables last, so a job cannot override
-them (:data:`shared.jobenv.RESERVED`; the spec already refuses those).
+A profiling run is one process with ``WORLD_SIZE`` 1. A process inherits
+only what :func:`executor.isolation.base_env` lets through of the
+executor's environment (``PATH``, the locale, ``PYTHONPATH``..., never a
+``HOPS_`` variable) plus ``HOME`` (the job's run folder); then come the
+job's own ``env`` and the executor's variables last, so a job cannot
+override them (:data:`shared.jobenv.RESERVED`; the spec already refuses those).
 
 Files live in the run folder, per job: ``<run-dir>/<job>/logs/<server>-rank<k>.log``
 (stdout and stderr of each process, appended across starts),
@@ -31,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor.isolation import JobIdentity, base_env
 from shared import jobenv
 from shared.configuration import Configuration
 from shared.events import StartJob
@@ -86,7 +90,7 @@ class LaunchOptions:
 @dataclass(frozen=True)
 class RankLaunch:
     """One process to start: its argv (never through a shell), environment,
-    working folder (None: the executor's), log file and CPU cores."""
+    working folder (None: the executor's), log file, CPU cores and user."""
 
     local_rank: int
     argv: tuple[str, ...]
@@ -94,6 +98,8 @@ class RankLaunch:
     cwd: str | None
     log: Path
     cpus: tuple[int, ...] = ()
+    uid: int | None = None  # the job user's, when the executor switches users
+    gid: int | None = None
 
 
 def node_rank(configuration: Configuration, server: ServerId) -> int:
@@ -163,12 +169,17 @@ def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int
 
 
 def launches(cmd: StartJob, opts: LaunchOptions, paths: JobPaths,
-             base_env: Mapping[str, str]) -> list[RankLaunch]:
-    """Every process of ``cmd`` on this server, local rank 0 first."""
+             executor_env: Mapping[str, str],
+             ident: JobIdentity | None = None) -> list[RankLaunch]:
+    """Every process of ``cmd`` on this server, local rank 0 first, as
+    ``ident`` (None: the executor's user) with what it may inherit of
+    ``executor_env`` (:func:`executor.isolation.base_env`)."""
     _, local, _, _ = world_of(cmd)
+    inherited = base_env(executor_env, home=str(paths.root), user=ident.name if ident else "")
+    uid, gid = (ident.uid, ident.gid) if ident is not None and ident.switch else (None, None)
     out = []
     for k in range(local):
-        env = dict(base_env)
+        env = dict(inherited)
         if opts.threads is not None:  # before the job's env: a job may choose its own
             env["OMP_NUM_THREADS"] = str(opts.threads)
         env.update(cmd.spec.env)
@@ -176,7 +187,8 @@ def launches(cmd: StartJob, opts: LaunchOptions, paths: JobPaths,
         device = cmd.gpu_indices[k]
         cpus = opts.affinity[device] if device < len(opts.affinity) else ()
         out.append(RankLaunch(local_rank=k, argv=tuple(cmd.spec.command), env=env,
-                              cwd=cmd.spec.workdir or None, log=paths.log(k), cpus=cpus))
+                              cwd=cmd.spec.workdir or None, log=paths.log(k), cpus=cpus,
+                              uid=uid, gid=gid))
     return out
 
 

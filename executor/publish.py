@@ -1,9 +1,13 @@
 """How a node executor publishes what its jobs say.
 
-Verdicts (``job_finished``, ``job_failed``) and profiles go to JetStream
+Everything job-scoped goes to ``hops.v1.reports.<server_id>.<job_id>``
+(stream ``HOPS_REPORTS``), the only job subjects the executor's identity
+may publish; the monitor checks that the job is placed here and relays
+each report to its canonical subject with the same message id. Verdicts
+(``job_finished``, ``job_failed``) and profiles are JetStream publishes
 with a message id, retried for a while when NATS is briefly away (the id
 makes a retry that did get through count once). Samples are a plain
-publish: the subject is on ``HOPS_SAMPLES`` all the same, and a lost sample
+publish: the subject is on ``HOPS_REPORTS`` all the same, and a lost sample
 costs the estimator one observation, not worth holding a job for.
 """
 
@@ -20,13 +24,13 @@ from structlog.typing import FilteringBoundLogger
 
 from services.runtime.bus import publish_event
 from shared import subjects
-from shared.events import Message, SampleReported, encode
+from shared.events import Report, SampleReported, encode
 
 TRIES = 20
 RETRY_S = 0.5
 
 
-async def publish_retrying(js: JetStreamContext, subject: str, msg: Message, msg_id: str,
+async def publish_retrying(js: JetStreamContext, subject: str, msg: Report, msg_id: str,
                            log: FilteringBoundLogger, tries: int = TRIES) -> bool:
     """Publish ``msg`` to a stream, retrying; False (and a warning) if it never went."""
     for attempt in range(1, tries + 1):
@@ -44,21 +48,26 @@ async def publish_retrying(js: JetStreamContext, subject: str, msg: Message, msg
 class NatsSink:
     """Publishes a real job's samples and profile (see the module)."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, log: FilteringBoundLogger,
+    def __init__(self, nc: NATS, js: JetStreamContext, server_id: str,
+                 log: FilteringBoundLogger,
                  spawn: Callable[[Coroutine[Any, Any, None], str], object]) -> None:
         self.nc = nc
         self.js = js
+        self.server_id = server_id
         self.log = log
         self.spawn = spawn
 
     async def sample(self, msg: SampleReported) -> None:
         try:
-            await self.nc.publish(subjects.samples(msg.sample.job_id), encode(msg))
+            await self.nc.publish(subjects.reports(self.server_id, msg.sample.job_id),
+                                  encode(msg))
         except nats.errors.Error as e:
             self.log.warning("sample not sent", job_id=msg.sample.job_id, error=repr(e))
 
-    def event(self, job_id: str, subject: str, msg: Message, msg_id: str) -> None:
+    def event(self, job_id: str, msg: Report, msg_id: str) -> None:
         """Publish in the background (retried): the caller does not wait."""
+        subject = subjects.reports(self.server_id, job_id)
+
         async def go() -> None:
             await publish_retrying(self.js, subject, msg, msg_id, self.log.bind(job_id=job_id))
 

@@ -26,9 +26,10 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from executor.adopt import RankRecord, running, start_time
+from executor.isolation import open_job_file
 from executor.launch import RankLaunch
 
 
@@ -93,16 +94,21 @@ class LaunchError(RuntimeError):
 
 def _start_one(launch: RankLaunch, what: str, pgid: int | None) -> subprocess.Popen[bytes]:
     launch.log.parent.mkdir(parents=True, exist_ok=True)
-    with launch.log.open("ab") as log:
+    with open_job_file(launch.log, append=True) as log:
         log.write(header(launch, what))
         log.flush()
+        # The job user (when the executor switches users): its uid, its primary
+        # group and no other group, so it keeps none of the executor's groups.
+        who: dict[str, Any] = {}
+        if launch.uid is not None:
+            who = {"user": launch.uid, "group": launch.gid, "extra_groups": []}
         try:
             # Never a shell: the argv is the job's, argument for argument. The
             # first rank leads a new group (0: its own pid); the others join it.
             proc = subprocess.Popen(list(launch.argv), cwd=launch.cwd, env=launch.env,
                                     stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, close_fds=True,
-                                    process_group=0 if pgid is None else pgid)
+                                    process_group=0 if pgid is None else pgid, **who)
         except OSError as e:
             log.write(f"==== cannot start: {e}\n".encode())
             raise LaunchError(str(e)) from e
@@ -110,7 +116,7 @@ def _start_one(launch: RankLaunch, what: str, pgid: int | None) -> subprocess.Po
         try:
             os.sched_setaffinity(proc.pid, launch.cpus)
         except OSError as e:  # the process may have exited already; say so in its log
-            with launch.log.open("ab") as log:
+            with open_job_file(launch.log, append=True) as log:
                 log.write(f"==== cannot pin to cores {list(launch.cpus)}: {e}\n".encode())
     return proc
 

@@ -2,7 +2,8 @@
 
 A start runs ``spec.command`` once per GPU of this server's part of the
 configuration (a profiling run: once), in one process group, in
-``spec.workdir``, with the environment of :mod:`executor.launch`, and is
+``spec.workdir``, as the job user, in the clean environment of
+:mod:`executor.launch` (:mod:`executor.isolation`), and is
 acknowledged as soon as the processes are spawned. From then on the
 executor speaks for the job, which knows nothing of NATS: it publishes the
 job's heartbeats with the progress read from the job's report file
@@ -51,6 +52,12 @@ from executor.backend import (
     StartFailed,
     profile_msg_id,
 )
+from executor.isolation import (
+    FolderError,
+    JobIdentity,
+    prepare_folders,
+    root_refusal,
+)
 from executor.launch import LaunchOptions, job_paths, launches, world_of
 from executor.ranks import (
     AdoptedRank,
@@ -61,10 +68,10 @@ from executor.ranks import (
     start_ranks,
 )
 from executor.reports import End, JobReports, ReportTail, log_tail, verdict
-from shared import subjects
 from shared.cluster import Server
-from shared.events import INVALID, JobFinished, Message, ProfileReported, SampleReported, StartJob
+from shared.events import INVALID, JobFinished, ProfileReported, Report, SampleReported, StartJob
 from shared.ids import GpuType, JobId
+from shared.wire import FORBIDDEN
 
 Spawner = Callable[[Coroutine[Any, Any, None], str], object]
 LOST_LISTED_S = 30.0  # how long node heartbeats list a lost job
@@ -75,7 +82,7 @@ class Sink(Protocol):
 
     async def sample(self, msg: SampleReported) -> None: ...
 
-    def event(self, job_id: str, subject: str, msg: Message, msg_id: str) -> None: ...
+    def event(self, job_id: str, msg: Report, msg_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class RealSettings:
 
     run_dir: Path
     options: LaunchOptions
+    identity: JobIdentity  # who the jobs run as (executor.isolation)
     stop_grace_s: float = 5.0
     poll_s: float = 0.2
 
@@ -167,8 +175,7 @@ class RealJob:
             if isinstance(msg, SampleReported):
                 await self.sink.sample(msg)
             elif isinstance(msg, ProfileReported):
-                self.sink.event(self.cmd.job_id, subjects.profiles(self.cmd.job_id), msg,
-                                profile_msg_id(self.cmd))
+                self.sink.event(self.cmd.job_id, msg, profile_msg_id(self.cmd))
                 self.log.info("job profiled", gpu_type=msg.report.gpu_type)
         if self.tail.skipped > skipped:
             self.log.warning("unreadable report lines skipped", count=self.tail.skipped - skipped)
@@ -250,6 +257,11 @@ class RealBackend:
 
     def check(self, cmd: StartJob) -> Refusal | None:
         spec = cmd.spec
+        why = root_refusal(self.settings.identity, os.geteuid())
+        if why is not None:  # the executor refuses to start so; this is the backstop
+            self.log.error("start refused: jobs would run as root", job_id=cmd.job_id,
+                           error=why)
+            return Refusal(FORBIDDEN, f"executor {self.server.id}: {why}")
         if not spec.command:
             return Refusal(INVALID, f"job {cmd.job_id} has no command; executor "
                                     f"{self.server.id} runs real jobs", fail_job=True)
@@ -261,16 +273,17 @@ class RealBackend:
     async def spawn(self, cmd: StartJob, on_ending: OnEnding) -> JobHandle:
         self._lost.pop(cmd.job_id, None)  # it runs here again: no longer lost
         paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
-        for folder in (paths.logs, paths.checkpoint, paths.report.parent):
-            folder.mkdir(parents=True, exist_ok=True)
-        # Only what this start writes counts: earlier starts' lines are history.
-        offset = paths.report.stat().st_size if paths.report.exists() else 0
-        plan = launches(cmd, self.settings.options, paths, self.base_env)
+        ident = self.settings.identity
         log = self.log.bind(job_id=cmd.job_id)
         what = f"start {cmd.key} of job {cmd.job_id} on {self.server.id} ({cmd.mode})"
         try:
+            prepare_folders(paths.root, (paths.logs, paths.checkpoint, paths.report.parent),
+                            (paths.report,), ident)
+            # Only what this start writes counts: earlier starts' lines are history.
+            offset = paths.report.lstat().st_size if paths.report.exists() else 0
+            plan = launches(cmd, self.settings.options, paths, self.base_env, ident)
             ranks, pgid = start_ranks(plan, what)
-        except LaunchError as e:
+        except (LaunchError, FolderError) as e:  # FolderError: the job tampered with its folder
             error = f"cannot start job {cmd.job_id} on {self.server.id}: {e}"
             log.warning("job command cannot start", error=str(e), argv=list(cmd.spec.command))
             raise StartFailed(error) from None
@@ -279,7 +292,8 @@ class RealBackend:
                       tuple(launch.log for launch in plan), log.bind(pgid=pgid), self.sink,
                       on_ending, self.settings)
         log.info("job processes started", mode=cmd.mode, pgid=pgid, pids=[r.pid for r in ranks],
-                 gpu_indices=list(cmd.gpu_indices), samples_done=cmd.samples_done,
+                 user=ident.name, gpu_indices=list(cmd.gpu_indices),
+                 samples_done=cmd.samples_done,
                  workdir=cmd.spec.workdir or os.getcwd())
         self._follow(job)
         return job
@@ -339,14 +353,12 @@ class RealBackend:
             except ValueError:
                 continue
             if isinstance(msg, ProfileReported):  # samples this old are not worth sending
-                self.sink.event(cmd.job_id, subjects.profiles(cmd.job_id), msg,
-                                profile_msg_id(cmd))
+                self.sink.event(cmd.job_id, msg, profile_msg_id(cmd))
         tail = log_tail(Path(rec.logs[0])) if rec.logs else ""
         if reports.done:
             if cmd.mode == "run" and world_of(cmd)[3] == 0:
                 event = JobFinished(job_id=cmd.job_id, at=time.time(), log_tail=tail)
-                self.sink.event(cmd.job_id, subjects.job_events(cmd.job_id), event,
-                                f"{cmd.job_id}:job_finished")
+                self.sink.event(cmd.job_id, event, f"{cmd.job_id}:job_finished")
             log.info("job ended while the executor was away", samples_done=reports.samples_done)
             return
         self._lost[cmd.job_id] = time.monotonic()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor.isolation import open_job_file
 from shared.events import JobFailed, JobFinished, ProfileReported, SampleReported, StartJob
 from shared.ids import GpuType
 from shared.jobreport import (
@@ -66,13 +67,13 @@ class ReportTail:
     def read(self, final: bool = False) -> list[AnyReport]:
         """The reports appended since the last read (none if no file yet)."""
         try:
-            with self.path.open("rb") as f:
+            with open_job_file(self.path) as f:
                 size = f.seek(0, 2)
                 if size < self.offset:  # the file was replaced: read it anew
                     self.offset = 0
                 f.seek(self.offset)
                 data = f.read(MAX_READ)
-        except FileNotFoundError:
+        except OSError:  # none yet, or not a plain file (the job's doing)
             return []
         reports, used, bad = split_lines(data, final and len(data) < MAX_READ)
         self.offset += used
@@ -83,7 +84,7 @@ class ReportTail:
 def log_tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
     """The last ``lines`` lines of ``path``, at most ``max_bytes`` bytes."""
     try:
-        with path.open("rb") as f:
+        with open_job_file(path) as f:
             size = f.seek(0, 2)
             f.seek(max(0, size - max_bytes))
             data = f.read(max_bytes)

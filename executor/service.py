@@ -2,7 +2,7 @@
 
 It serves ``hops.v1.exec.<server_id>`` (before registering, so that a node
 the monitor lists takes commands), registers its server on
-``hops.v1.nodes.register`` (with its rendezvous address and devices;
+``hops.v1.nodes.register.<server_id>`` (with its rendezvous address and devices;
 retrying until the monitor answers; a refusal stops it with exit code 1)
 and publishes a ``node_heartbeat`` listing its running jobs every
 ``heartbeat_s``, and the ``job_heartbeat`` of every job that does not beat
@@ -14,6 +14,13 @@ itself or is being stopped. Commands:
   says so (emulated: the first heartbeat; real: spawned);
 * ``stop_job``: SIGTERM, SIGKILL after ``stop_grace_s``; acknowledged with
   the job's ``samples_done`` (and, for real jobs, the exit code and log tail).
+
+Every subject it publishes on names its server (NATS permissions let an
+executor's identity use no other): job heartbeats on
+``hops.v1.jobs.heartbeat.<server_id>.<job_id>`` and job events on
+``hops.v1.reports.<server_id>.<job_id>``, which the monitor relays (see
+:mod:`executor.publish`). It does not create streams (``serve(...,
+ensure_streams=False)``): its identity has no JetStream API.
 
 The decisions (idempotency by key, conflicts, unknown jobs) are
 :class:`executor.ledger.NodeLedger`'s. A job whose processes end without
@@ -31,14 +38,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import nats.errors
+from structlog.typing import FilteringBoundLogger
 
 from executor.backend import Backend, JobHandle, OnEnding, StartFailed
 from executor.emulated import EmulatedBackend
+from executor.isolation import JobIdentity, lookup_user, resolve_identity
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
 from executor.publish import NatsSink, publish_retrying
@@ -88,10 +98,20 @@ class ExecutorSettings:
     threads: int | None = None  # per process of a real job (None: the job's own)
     affinity: tuple[tuple[int, ...], ...] = ()  # device index -> cores, real jobs
     devices: tuple[Device, ...] = ()  # what the executor registers (real: discovered)
+    job_user: str = ""  # real jobs run as this user ('' : none configured)
+    allow_root_jobs: bool = False  # an executor running as root may run jobs as root
+    job_identity: JobIdentity | None = None  # resolved from the two above (real)
 
 
 class RegistrationRefused(RuntimeError):
     """The monitor refused this node (e.g. ``conflict``): a configuration error."""
+
+
+def job_identity(settings: ExecutorSettings) -> JobIdentity:
+    """Who this executor's real jobs run as (:class:`JobUserError` if the
+    job user does not exist)."""
+    return resolve_identity(settings.job_user, settings.allow_root_jobs, os.geteuid(),
+                            os.getegid(), lookup_user)
 
 
 def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> Backend:
@@ -102,10 +122,11 @@ def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clust
         options = LaunchOptions(gpu_type=server.gpu_type, sample_s=settings.sample_s,
                                 profile_iters=settings.profile_iters, threads=settings.threads,
                                 affinity=settings.affinity)
-        real = RealSettings(run_dir=settings.run_dir, options=options,
+        ident = settings.job_identity or job_identity(settings)
+        real = RealSettings(run_dir=settings.run_dir, options=options, identity=ident,
                             stop_grace_s=settings.stop_grace_s)
-        return RealBackend(server, real, NatsSink(ctx.nc, ctx.js, log, ctx.spawn), log,
-                           ctx.spawn)
+        return RealBackend(server, real, NatsSink(ctx.nc, ctx.js, server.id, log, ctx.spawn),
+                           log, ctx.spawn)
     s = settings
     job_args = ["--time-scale", repr(s.time_scale), "--heartbeat-s", repr(s.heartbeat_s),
                 "--sample-s", repr(s.sample_s), "--profile-iters", str(s.profile_iters),
@@ -137,7 +158,8 @@ class NodeExecutor:
             models=self.backend.models)
         while not self.ctx.stopping.is_set():
             try:
-                reply = await request(self.ctx.nc, subjects.NODES_REGISTER, req, decode_reply)
+                reply = await request(self.ctx.nc, subjects.nodes_register(self.server.id), req,
+                                      decode_reply)
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError, WireError) as e:
                 self.log.info("monitor not answering; retrying", error=repr(e))
                 await asyncio.sleep(self.settings.register_retry_s)
@@ -180,8 +202,8 @@ class NodeExecutor:
                     if not job.beats_itself or job.stopping:
                         msg = JobHeartbeat(job_id=job.cmd.job_id, server_id=self.server.id,
                                            samples_done=job.samples_done, at=now)
-                        await self.ctx.nc.publish(subjects.job_heartbeat(job.cmd.job_id),
-                                                  encode(msg))
+                        subject = subjects.job_heartbeat(self.server.id, job.cmd.job_id)
+                        await self.ctx.nc.publish(subject, encode(msg))
             await self.backend.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.heartbeat_s)
@@ -263,8 +285,7 @@ class NodeExecutor:
         elif isinstance(event, JobFinished):
             job.log.info("job finished", samples_done=job.samples_done,
                          exit_code=outcome.exit_code)
-            await publish_retrying(self.ctx.js, subjects.job_events(event.job_id), event,
-                                   f"{event.job_id}:job_finished", job.log)
+            await self._report(event, f"{event.job_id}:job_finished", job.log)
         else:
             job.log.warning("job process failed", exit_code=event.exit_code,
                             reason=event.reason)
@@ -278,8 +299,13 @@ class NodeExecutor:
     async def _publish_failed(self, event: JobFailed) -> None:
         """``job_failed`` (msg_id shared with the monitor: recorded once). A
         failure not published is still caught by the monitor's deadlines."""
-        await publish_retrying(self.ctx.js, subjects.job_events(event.job_id), event,
-                               f"{event.job_id}:job_failed", self.log.bind(job_id=event.job_id))
+        await self._report(event, f"{event.job_id}:job_failed", self.log.bind(job_id=event.job_id))
+
+    async def _report(self, event: JobFinished | JobFailed, msg_id: str,
+                      log: FilteringBoundLogger) -> None:
+        """Publish a job's verdict for the monitor to check and relay."""
+        await publish_retrying(self.ctx.js, subjects.reports(self.server.id, event.job_id), event,
+                               msg_id, log)
 
     async def _stop(self, cmd: StopJob) -> CommandAck:
         refusal = self.ledger.refuse_stop(cmd)
@@ -298,8 +324,7 @@ class NodeExecutor:
                 # It had done its work and was exiting: said before the ack, as a
                 # job that ends by itself says it, so the job is not run again.
                 job.log.info("job finished before the stop", samples_done=samples)
-                await publish_retrying(self.ctx.js, subjects.job_events(cmd.job_id), finished,
-                                       f"{cmd.job_id}:job_finished", job.log)
+                await self._report(finished, f"{cmd.job_id}:job_finished", job.log)
             self._forget(job)
         self.ledger.release(cmd.job_id)
         return CommandAck(key=cmd.key, ok=True, samples_done=samples, exit_code=exit_code,

@@ -20,6 +20,14 @@ endpoint                     does                                          answe
 ``GET /docs``                the OpenAPI (Swagger) page
 ===========================  ============================================  =====================
 
+Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``, a
+token of the tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
+401 without one; a tenant submits only for itself (403 for a body naming
+another tenant; without one, the job is the caller's), sees and cancels only
+its own jobs (another's answers 404) and removes no node (403); admins do
+everything. The scheduler's admission refuses, 403, a ``command`` from a
+tenant that may not run commands.
+
 Every 503 carries ``Retry-After`` (:data:`gateway.views.RETRY_AFTER_S`):
 nothing answered in time, which passes (a scheduler replica restarting or
 failing over, NATS reconnecting).
@@ -36,23 +44,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import msgspec
 import nats.errors
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import pages, views
+from gateway import access, pages, views
+from gateway.auth import Caller, Refused, check, on_refused
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
+from gateway.openapi import json_response, openapi, submit_body_schema
 from gateway.settings import GatewaySettings
 from services.runtime.bus import nats_status
 from shared import subjects
-from shared.events import INVALID, TOO_LARGE, SubmitJob
-from shared.job import JobSpec
+from shared.events import INVALID, TOO_LARGE
 from shared.records import JobRecord
 from shared.subjects import SubjectError, check_token
+from shared.tenants import Principal, TenantsFile
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {
@@ -63,8 +71,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
-    """The gateway app; it connects to NATS in its lifespan."""
+def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile | None
+               ) -> FastAPI:
+    """The gateway app; it connects to NATS in its lifespan. ``tenants``
+    authenticates every request (:mod:`gateway.access`); None makes every
+    caller an admin (``--insecure``)."""
     settings = settings or GatewaySettings()
 
     @asynccontextmanager
@@ -84,6 +95,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.tenants = tenants
+    app.add_exception_handler(Refused, on_refused)
     app.add_exception_handler(nats.errors.Error, _nats_failure)
     app.add_exception_handler(RequestValidationError, _bad_parameter)
     app.add_exception_handler(StarletteHTTPException, _http_failure)
@@ -92,7 +105,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     _job_routes(app)
     _cluster_routes(app)
     _node_routes(app)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 
 
@@ -117,7 +130,7 @@ def _submit_route(app: FastAPI, limit: int) -> None:
         status_code=201,
         summary="Submit a job",
         description="Body: a JobSpec, or a `submit_job` message (docs/events.md).",
-        openapi_extra=_submit_body_schema(),
+        openapi_extra=submit_body_schema(),
         responses={
             400: {"description": "malformed JSON or unknown message type"},
             409: {"description": "a job with this id exists"},
@@ -126,7 +139,7 @@ def _submit_route(app: FastAPI, limit: int) -> None:
             **_ERRORS,
         },
     )
-    async def submit(request: Request) -> JSONResponse:
+    async def submit(request: Request, principal: Caller) -> JSONResponse:
         bus = _bus(request)
         body = await _read_limited(request, limit)
         if body is None:
@@ -134,12 +147,16 @@ def _submit_route(app: FastAPI, limit: int) -> None:
             error = views.too_large_error(int(size) if size and size.isdigit() else None, limit)
             await bus.reporter.report(subjects.JOBS_SUBMIT, f"POST /jobs: {error}", TOO_LARGE)
             return _failure(413, TOO_LARGE, error)
+        forwarded = access.submit_body(principal, body)
+        if isinstance(forwarded, access.Denied):
+            raise Refused(principal, forwarded)
         try:
-            reply = await bus.submit(body)
+            reply = await bus.submit(forwarded)
         except (Unavailable, BadUpstream) as e:
             return _upstream_failure(e)
         log = bus.log.bind(job_id=reply.job_id) if reply.job_id else bus.log
-        log.info("submit answered", ok=reply.ok, code=reply.code)
+        log.info("submit answered", ok=reply.ok, code=reply.code,
+                 identity=access.identity(principal))
         status = views.reply_status(reply, ok_status=201)
         headers = {"Location": f"/jobs/{reply.job_id}"} if reply.ok else None
         return _json(status, views.reply_body(reply), headers)
@@ -154,15 +171,18 @@ def _list_route(app: FastAPI) -> None:
             "`next_cursor` until it is null to see every job. The cursor is opaque and "
             "stable: a job submitted meanwhile is listed once, on a later page."
         ),
-        responses={200: _json_response("One page of jobs", "JobPage"),
-                   400: _json_response("invalid phase, limit or cursor", "Error")},
+        responses={200: json_response("One page of jobs", "JobPage"),
+                   400: json_response("invalid phase, limit or cursor", "Error")},
     )
     async def list_jobs(
         request: Request,
+        principal: Caller,
         phase: Annotated[str | None, Query(
             description="only jobs in this phase", json_schema_extra={"enum": list(views.PHASES)}
         )] = None,
-        tenant: Annotated[str | None, Query(description="only this tenant's jobs")] = None,
+        tenant: Annotated[str | None, Query(
+            description="only this tenant's jobs (a tenant's token lists only its own)"
+        )] = None,
         limit: Annotated[int, Query(
             ge=1, le=pages.MAX_LIMIT, description="jobs per page"
         )] = pages.DEFAULT_LIMIT,
@@ -170,9 +190,12 @@ def _list_route(app: FastAPI) -> None:
             description="`next_cursor` of the previous page"
         )] = None,
     ) -> JSONResponse:
+        listed = access.list_tenant(principal, tenant)
+        if isinstance(listed, access.Denied):
+            raise Refused(principal, listed)
         try:
             query = pages.JobQuery(
-                phase=views.check_phase(phase), tenant=tenant, limit=limit,
+                phase=views.check_phase(phase), tenant=listed, limit=limit,
                 after=pages.Cursor.decode(cursor) if cursor is not None else None,
             )
         except ValueError as e:
@@ -183,8 +206,8 @@ def _list_route(app: FastAPI) -> None:
 
 def _job_routes(app: FastAPI) -> None:
     @app.get("/jobs/{job_id}", summary="One job", responses={404: {"description": "no such job"}})
-    async def get_job(request: Request, job_id: str) -> JSONResponse:
-        record = await _bus(request).job(job_id)
+    async def get_job(request: Request, job_id: str, principal: Caller) -> JSONResponse:
+        record = await _visible(request, principal, job_id)
         if record is None:
             return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
         return _json(200, views.job_view(record))
@@ -198,37 +221,47 @@ def _job_routes(app: FastAPI) -> None:
             **_ERRORS,
         },
     )
-    async def cancel(request: Request, job_id: str, reason: str = "") -> JSONResponse:
+    async def cancel(request: Request, job_id: str, principal: Caller,
+                     reason: str = "") -> JSONResponse:
         bus = _bus(request)
         try:
             check_token(job_id, "job id")
         except SubjectError as e:
             return _failure(404, views.NOT_FOUND, str(e))
+        if not principal.admin:  # a tenant cancels only its own jobs
+            await _visible(request, principal, job_id)
         try:
             reply = await bus.cancel(job_id, reason)
         except (Unavailable, BadUpstream) as e:
             return _upstream_failure(e)
-        bus.log.info("cancel answered", job_id=job_id, ok=reply.ok, code=reply.code)
+        bus.log.info("cancel answered", job_id=job_id, ok=reply.ok, code=reply.code,
+                     identity=access.identity(principal))
         return _json(views.reply_status(reply), views.reply_body(reply))
 
 
 def _cluster_routes(app: FastAPI) -> None:
     @app.get("/queue", summary="The waiting jobs in priority order", responses=_ERRORS)
-    async def queue(request: Request) -> JSONResponse:
+    async def queue(request: Request, principal: Caller) -> JSONResponse:
         try:
             view = await _bus(request).queue()
         except (Unavailable, BadUpstream) as e:
             return _upstream_failure(e)
         if not view.ok:
             return _failure(503, views.UNAVAILABLE, view.error or "the scheduler cannot answer")
+        if not principal.admin:
+            view = access.own_queue(view, await _own_jobs(request, principal))
         return _json(200, views.jsonable(view))
 
-    @app.get("/cluster", summary="Servers, their GPUs and the jobs holding them")
-    async def cluster(request: Request) -> JSONResponse:
+    @app.get("/cluster", summary="Servers, their GPUs and the jobs holding them",
+             description="A tenant sees other tenants' jobs as `(another tenant)`.")
+    async def cluster(request: Request, principal: Caller) -> JSONResponse:
         bus = _bus(request)
         nodes = await bus.nodes()
         placements = await bus.placements()
-        return _json(200, views.cluster_view(nodes, placements))
+        view = views.cluster_view(nodes, placements)
+        if not principal.admin:
+            view = access.redact_cluster(view, await _own_jobs(request, principal))
+        return _json(200, view)
 
     @app.get("/healthz", summary="Health: 200 while connected to NATS")
     async def healthz(request: Request) -> JSONResponse:
@@ -249,9 +282,11 @@ _REMOVE_RESPONSES: dict[int | str, dict[str, Any]] = {
 def _node_routes(app: FastAPI) -> None:
     summary = "Remove a node (an alive one only with force=true; its jobs are requeued)"
 
-    @app.delete("/nodes/{server_id}", summary=summary, responses=_REMOVE_RESPONSES)
-    async def remove_node(request: Request, server_id: str, force: bool = False,
-                          reason: str = "") -> JSONResponse:
+    @app.delete("/nodes/{server_id}", summary=summary, responses=_REMOVE_RESPONSES,
+                description="For admins only.")
+    async def remove_node(request: Request, server_id: str, principal: Caller,
+                          force: bool = False, reason: str = "") -> JSONResponse:
+        check(principal, access.admin_only(principal, "removing a node"))
         bus = _bus(request)
         bad = _not_a_token(server_id, "server id")
         if bad is not None:
@@ -263,6 +298,20 @@ def _node_routes(app: FastAPI) -> None:
         bus.log.info("node removal answered", server_id=server_id, force=force, ok=reply.ok,
                      code=reply.code)
         return _json(views.reply_status(reply), views.node_reply_body(reply))
+
+
+async def _visible(request: Request, principal: Principal, job_id: str) -> JobRecord | None:
+    """The record of ``job_id``; :class:`Refused` (a 404, audited) when it
+    is another tenant's."""
+    record = await _bus(request).job(job_id)
+    if record is not None and not access.may_see(principal, record.spec.tenant):
+        raise Refused(principal, access.hidden(principal, job_id, record.spec.tenant))
+    return record
+
+
+async def _own_jobs(request: Request, principal: Principal) -> set[str]:
+    """The ids of ``principal``'s tenant's jobs."""
+    return {r.job_id for r in await _bus(request).jobs() if r.spec.tenant == principal.tenant}
 
 
 def _not_a_token(value: str, what: str) -> JSONResponse | None:
@@ -315,57 +364,3 @@ async def _read_limited(request: Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _submit_body_schema() -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {"oneOf": [_ref("JobSpec"), _ref("SubmitJob")]},
-                }
-            },
-        }
-    }
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json_response(description: str, schema: str) -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/json": {"schema": _ref(schema)}}}
-
-
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the JobSpec and SubmitJob schemas of the wire
-    contract, which the submit body refers to."""
-    if app.openapi_schema is None:
-        schema = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
-        )
-        _, components = msgspec.json.schema_components(
-            [JobSpec, SubmitJob, JobRecord], ref_template="#/components/schemas/{name}"
-        )
-        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        schemas.update(components)
-        schemas["JobPage"] = pages.page_schema("#/components/schemas/JobRecord")
-        schemas["Error"] = views.ERROR_SCHEMA
-        _drop_validation_422(schema)
-        app.openapi_schema = schema
-    return app.openapi_schema
-
-
-def _drop_validation_422(schema: dict[str, Any]) -> None:
-    """Remove the 422 answers FastAPI documents for every route with
-    parameters: :func:`_bad_parameter` answers 400 instead."""
-    for operations in schema.get("paths", {}).values():
-        for operation in operations.values():
-            answer = operation.get("responses", {}).get("422", {})
-            if "HTTPValidationError" in str(answer.get("content", "")):
-                del operation["responses"]["422"]
-    schemas = schema.get("components", {}).get("schemas", {})
-    for name in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(name, None)

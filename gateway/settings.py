@@ -6,7 +6,17 @@ variable                    flag              default        meaning
 ``HOPS_GATEWAY_HOST``       ``--host``        ``127.0.0.1``  address to listen on
 ``HOPS_GATEWAY_PORT``       ``--port``        ``8080``       port to listen on (0: any free)
 ``HOPS_GATEWAY_TIMEOUT_S``  ``--timeout-s``   ``5``          how long to wait for a reply on NATS
+``HOPS_TENANTS``            ``--tenants``     none           the tenants file: bearer tokens
+                                                             of tenants and admins
+``HOPS_GATEWAY_INSECURE``   ``--insecure``    off            ``1``: serve without a tenants
+                                                             file, every caller an admin
+``HOPS_GATEWAY_CERT``       ``--tls-cert``    none           certificate (PEM): serve HTTPS
+``HOPS_GATEWAY_KEY``        ``--tls-key``     none           its private key (PEM)
 ==========================  ================  =============  ==============================
+
+Without a tenants file the gateway refuses to start unless told
+``--insecure``: an open gateway lets anyone run anything, so it must be a
+decision (a measurement, a machine of one's own), never an omission.
 
 plus the runtime's ``HOPS_NATS_URL``, ``HOPS_NATS_CREDS``, ``HOPS_LOG_LEVEL``
 and ``HOPS_LEADER_TTL`` (:mod:`services.runtime.settings`). The gateway
@@ -29,6 +39,7 @@ from services.runtime.settings import (
     parse_args,
 )
 from shared.events import MAX_PAYLOAD
+from shared.tenants import TENANTS_ENV
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -43,6 +54,15 @@ class GatewaySettings:
     request_timeout: float = 5.0
     max_body: int = MAX_PAYLOAD
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    tenants: str = ""  # path of the tenants file
+    insecure: bool = False
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError("HTTPS needs both HOPS_GATEWAY_CERT and HOPS_GATEWAY_KEY "
+                                "(--tls-cert and --tls-key), or neither")
 
 
 def _port(name: str, value: int) -> int:
@@ -59,8 +79,14 @@ def from_env(
     host = source.get("HOPS_GATEWAY_HOST", "").strip() or DEFAULT_HOST
     port = _port("HOPS_GATEWAY_PORT", env_int("HOPS_GATEWAY_PORT", DEFAULT_PORT, env=source))
     timeout = env_float("HOPS_GATEWAY_TIMEOUT_S", 5.0, env=source, minimum=0.01)
+    insecure = source.get("HOPS_GATEWAY_INSECURE", "").strip().lower()
+    if insecure not in ("", "0", "1", "true", "false"):
+        raise SettingsError(f"HOPS_GATEWAY_INSECURE must be 1 or 0, got {insecure!r}")
     return GatewaySettings(
-        host=host, port=port, request_timeout=timeout, runtime=runtime or RuntimeSettings()
+        host=host, port=port, request_timeout=timeout, runtime=runtime or RuntimeSettings(),
+        tenants=source.get(TENANTS_ENV, "").strip(), insecure=insecure in ("1", "true"),
+        tls_cert=source.get("HOPS_GATEWAY_CERT", "").strip(),
+        tls_key=source.get("HOPS_GATEWAY_KEY", "").strip(),
     )
 
 
@@ -70,6 +96,11 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> G
     parser.add_argument("--host", help="overrides $HOPS_GATEWAY_HOST")
     parser.add_argument("--port", type=int, help="overrides $HOPS_GATEWAY_PORT")
     parser.add_argument("--timeout-s", type=float, help="overrides $HOPS_GATEWAY_TIMEOUT_S")
+    parser.add_argument("--tenants", metavar="FILE", help="overrides $HOPS_TENANTS")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="serve without a tenants file: every caller is an admin")
+    parser.add_argument("--tls-cert", metavar="PEM", help="overrides $HOPS_GATEWAY_CERT")
+    parser.add_argument("--tls-key", metavar="PEM", help="overrides $HOPS_GATEWAY_KEY")
     runtime, args = parse_args(argv, service="gateway", parser=parser, env=env)
     base = from_env(env, runtime)
     if args.timeout_s is not None and args.timeout_s <= 0:
@@ -79,4 +110,8 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> G
         port=_port("--port", args.port) if args.port is not None else base.port,
         request_timeout=args.timeout_s or base.request_timeout,
         runtime=runtime,
+        tenants=args.tenants or base.tenants,
+        insecure=args.insecure or base.insecure,
+        tls_cert=args.tls_cert or base.tls_cert,
+        tls_key=args.tls_key or base.tls_key,
     )

@@ -15,7 +15,7 @@ import msgspec
 from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
-from shared.wire import UNSCHEDULABLE
+from shared.wire import FORBIDDEN, UNAUTHORIZED, UNSCHEDULABLE
 
 PHASES: tuple[str, ...] = get_args(JobPhase)
 
@@ -46,6 +46,8 @@ _STATUS_OF_CODE: Mapping[str, int] = {
     CONFLICT: 409,
     DUPLICATE: 409,
     NOT_FOUND: 404,
+    UNAUTHORIZED: 401,
+    FORBIDDEN: 403,  # e.g. a command from a tenant that may not run commands
     INTERNAL: 502,
     UNAVAILABLE: 503,
     BAD_GATEWAY: 502,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -10,7 +11,7 @@ from typing import Annotated, TypeVar
 import msgspec
 import typer
 
-from hops.client import DEFAULT_GATEWAY, GatewayClient
+from hops.client import GatewayClient
 from hops.stack import DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.scheduler.planner import HopsSettings
@@ -140,10 +141,17 @@ def experiment(
 
 # --- the live system -----------------------------------------------------------------
 
-GatewayOpt = Annotated[
-    str,
-    typer.Option("--gateway", envvar="HOPS_GATEWAY_URL", help="the gateway's URL"),
-]
+GatewayOpt = Annotated[str | None, typer.Option(
+    "--gateway", envvar="HOPS_GATEWAY_URL",
+    help="the gateway's URL (else the config file's, else http://127.0.0.1:8080)",
+)]
+TokenOpt = Annotated[str | None, typer.Option(
+    "--token", envvar="HOPS_TOKEN", help="bearer token (else the config file's)",
+)]
+ConfigOpt = Annotated[str | None, typer.Option(
+    "--config", envvar="HOPS_CONFIG", help="CLI config file with gateway and token "
+    "(default .hops/cli.yaml, which `hops up` writes)",
+)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the gateway's JSON")]
 
 
@@ -177,6 +185,15 @@ def up(
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",
+    job_user: Annotated[str | None, typer.Option(
+        help="real executors: the user jobs run as (default: nobody when run as root, "
+        "else your own user)"
+    )] = None,
+    allow_root_jobs: Annotated[bool, typer.Option(
+        "--allow-root-jobs",
+        help="real executors running as root: run jobs as root (a root executor refuses "
+        "to otherwise)"
+    )] = False,
     tenants: Annotated[Path | None, typer.Option(
         help="tenants file: tenants, their tokens, who may run commands (docs/security.md)"
     )] = None,
@@ -190,9 +207,12 @@ def up(
 ) -> None:
     """Run the live system here, one process each (NATS, services, gateway, and one
     executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
-    from hops.stack import StackConfig
+    from hops.stack import StackConfig, default_job_user
     from hops.up import stdout_say
     from hops.up import up as run_up
+
+    if job_user is None:
+        job_user = "" if allow_root_jobs else default_job_user(executor, os.geteuid())
 
     try:
         config = StackConfig(
@@ -201,8 +221,8 @@ def up(
             metrics_host=metrics_host, metrics_port=metrics_port,
             round_s=round_s, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
-            cpu_affinity=cpu_affinity, auth=not no_auth, tenants=tenants,
-            tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+            cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
+            auth=not no_auth, tenants=tenants, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -210,12 +230,21 @@ def up(
     raise typer.Exit(run_up(config, nats_port, stdout_say()))
 
 
-def _gateway_call(gateway: str, call: Callable[[GatewayClient], T]) -> T:
-    """``call`` on a client of ``gateway``; a failure becomes one line and exit 1."""
+def _gateway_call(gateway: str | None, token: str | None, config: str | None,
+                  call: Callable[[GatewayClient], T]) -> T:
+    """``call`` on a client of the gateway the flags, the environment or the
+    config file name (:mod:`hops.cliconfig`); a failure (a 401 included)
+    becomes one line and exit 1, a config file that cannot be used exit 2."""
+    from hops.cliconfig import ConfigError, target
     from hops.client import GatewayError, GatewayUnreachable
 
     try:
-        with GatewayClient(gateway) as client:
+        found = target(gateway, token, config, os.environ)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        with GatewayClient(found.gateway, token=found.token) as client:
             return call(client)
     except (GatewayUnreachable, GatewayError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -231,7 +260,9 @@ def submit(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="check the whole file, send nothing"
     )] = False,
-    gateway: GatewayOpt = DEFAULT_GATEWAY,
+    gateway: GatewayOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Submit every job of a jobs file; one line per job.
 
@@ -251,7 +282,7 @@ def submit(
     if dry_run or held:
         typer.echo(_nothing_sent(len(checked.valid), len(checked.invalid), dry_run), err=True)
         raise typer.Exit(1 if checked.invalid else 0)
-    rejected = _gateway_call(gateway, lambda c: _send(c, checked.valid))
+    rejected = _gateway_call(gateway, token, config, lambda c: _send(c, checked.valid))
     if checked.invalid:
         typer.echo(f"{len(checked.invalid)} invalid jobs were not sent", err=True)
     if rejected or checked.invalid:
@@ -284,23 +315,26 @@ def jobs(
     limit: Annotated[int | None, typer.Option(
         min=1, help="show at most this many (default: every job, page after page)"
     )] = None,
-    gateway: GatewayOpt = DEFAULT_GATEWAY,
+    gateway: GatewayOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List the jobs the scheduler knows, oldest first."""
     from hops.client import JobsQuery, render_jobs
 
     query = JobsQuery(phase=phase, tenant=tenant, limit=limit)
-    body = _gateway_call(gateway, lambda c: c.jobs(query))
+    body = _gateway_call(gateway, token, config, lambda c: c.jobs(query))
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs(body))
 
 
 @app.command()
-def queue(gateway: GatewayOpt = DEFAULT_GATEWAY, as_json: JsonOpt = False) -> None:
+def queue(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+          as_json: JsonOpt = False) -> None:
     """The waiting jobs in priority order, as the scheduler leader sees them."""
     from hops.client import render_queue
 
-    body = _gateway_call(gateway, lambda c: c.queue())
+    body = _gateway_call(gateway, token, config, lambda c: c.queue())
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
 
 
@@ -309,14 +343,14 @@ app.add_typer(nodes_app, name="nodes")
 
 
 @nodes_app.callback(invoke_without_command=True)
-def nodes(ctx: typer.Context, gateway: GatewayOpt = DEFAULT_GATEWAY,
-          as_json: JsonOpt = False) -> None:
+def nodes(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt = None,
+          config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The registered servers, their GPUs and the jobs holding them."""
     from hops.client import render_nodes
 
     if ctx.invoked_subcommand is not None:
         return
-    body = _gateway_call(gateway, lambda c: c.cluster())
+    body = _gateway_call(gateway, token, config, lambda c: c.cluster())
     typer.echo(json.dumps(body, indent=2) if as_json else render_nodes(body))
 
 
@@ -326,13 +360,16 @@ def nodes_remove(
     force: Annotated[bool, typer.Option(
         "--force", help="remove it even though it is alive (its jobs are requeued)")] = False,
     reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
-    gateway: GatewayOpt = DEFAULT_GATEWAY,
+    gateway: GatewayOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Remove a node: a lost one, or an alive one with --force. It comes back
     when its executor registers again. Exit 1 if the monitor refuses."""
     from hops.client import render_answer
 
-    answer = _gateway_call(gateway, lambda c: c.remove_node(server_id, force, reason))
+    answer = _gateway_call(gateway, token, config,
+                           lambda c: c.remove_node(server_id, force, reason))
     typer.echo(render_answer(server_id, answer, verb="removed"))
     if not answer.ok:
         raise typer.Exit(1)
@@ -393,12 +430,14 @@ def credentials(
 def cancel(
     job_id: Annotated[str, typer.Argument(help="the job's id")],
     reason: Annotated[str, typer.Option(help="why (kept with the job)")] = "",
-    gateway: GatewayOpt = DEFAULT_GATEWAY,
+    gateway: GatewayOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Cancel a job (waiting or running). Exit 1 if the scheduler refuses."""
     from hops.client import render_answer
 
-    answer = _gateway_call(gateway, lambda c: c.cancel(job_id, reason))
+    answer = _gateway_call(gateway, token, config, lambda c: c.cancel(job_id, reason))
     typer.echo(render_answer(job_id, answer, verb="cancelled"))
     if not answer.ok:
         raise typer.Exit(1)

@@ -1,10 +1,11 @@
 """What ``hops submit/jobs/queue/nodes/cancel`` use: an HTTP client of the
 gateway (:mod:`gateway.app`) and plain-text renderings of its answers.
 
-The gateway's address comes from ``--gateway`` or ``HOPS_GATEWAY_URL``
-(default ``http://127.0.0.1:8080``, where ``hops up`` puts it). When nothing
+The gateway's address and the bearer token come from flags, the
+environment or the config file (:mod:`hops.cliconfig`). When nothing
 answers there, :class:`GatewayUnreachable` says so and how to point
-elsewhere, rather than a connection traceback.
+elsewhere, rather than a connection traceback. A 401 (no token, or one the
+gateway does not know) is a :class:`GatewayError` at once, never retried.
 
 A submission answered 503 (no scheduler answered in time: a replica
 restarting or failing over, NATS reconnecting) is retried after the
@@ -27,11 +28,12 @@ from typing import Any
 import httpx
 
 from gateway.pages import MAX_LIMIT
+from hops.cliconfig import DEFAULT_GATEWAY, GATEWAY_ENV
 from shared.events import SubmitJob, encode
 from shared.job import JobSpec
+from shared.tenants import DEFAULT_TENANT
 
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
-GATEWAY_ENV = "HOPS_GATEWAY_URL"
+__all__ = ["DEFAULT_GATEWAY", "GATEWAY_ENV", "GatewayClient"]
 # The gateway's largest page: the fewest requests for a whole listing.
 PAGE = MAX_LIMIT
 # Waits before the 2nd..5th attempt of a submission answered 503: 7.5 s in
@@ -96,9 +98,12 @@ class GatewayClient:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
+                                  headers=headers)
         self.sleep = sleep
 
     def close(self) -> None:
@@ -121,8 +126,12 @@ class GatewayClient:
             ) from None
 
     def _answer(self, response: httpx.Response) -> Answer:
+        """The answer; a 401 raises: no job of the call can succeed without a token."""
+        body = _json(response)
+        if response.status_code == 401:
+            raise GatewayError.of(response, body)
         retry_after = _seconds(response.headers.get("Retry-After"))
-        return Answer(response.status_code, _json(response), retry_after)
+        return Answer(response.status_code, body, retry_after)
 
     def _get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
         response = self._call("GET", path, params=params)
@@ -156,7 +165,10 @@ class GatewayClient:
                 self.sleep(_STORED_POLL_S)
             response = self._call("GET", f"/jobs/{spec.id}")
             if response.status_code == 200:
-                return _comparable(_json(response).get("spec", {})) == mine
+                stored = _comparable(_json(response).get("spec", {}))
+                if mine.get("tenant") == DEFAULT_TENANT:  # the gateway set the caller's
+                    stored["tenant"] = DEFAULT_TENANT
+                return stored == mine
         return False
 
     def submit_raw(self, body: bytes) -> Answer:

@@ -59,6 +59,8 @@ class StackConfig:
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
     schedulers: int = DEFAULT_SCHEDULERS
+    job_user: str = ""  # real executors: the user jobs run as ('' : the executor's)
+    allow_root_jobs: bool = False  # real executors running as root may run jobs as root
     # NATS authentication (docs/security.md); off only for measurements.
     auth: bool = True
     tenants: Path | None = None  # the operator's tenants file
@@ -72,6 +74,8 @@ class StackConfig:
                              f"got {self.executor!r}")
         if self.cpu_affinity and self.executor != "real":
             raise ValueError("a CPU affinity is for real executors (--executor real)")
+        if (self.job_user or self.allow_root_jobs) and self.executor != "real":
+            raise ValueError("a job user is for real executors (--executor real)")
         if self.schedulers < 1:
             raise ValueError(f"at least one scheduler must run, got {self.schedulers}")
         if self.time_scale <= 0:
@@ -126,6 +130,13 @@ class StackConfig:
     def runs_dir(self) -> Path:
         """Where real executors keep their jobs' logs, checkpoints and reports."""
         return self.data_dir / "runs"
+
+
+def default_job_user(executor: str, euid: int) -> str:
+    """The user real jobs run as when ``hops up`` is not told: ``nobody``
+    when it runs as root (a real executor refuses to run jobs as root),
+    else none (jobs run as the executor's own user, who runs ``hops up``)."""
+    return "nobody" if executor == "real" and euid == 0 else ""
 
 
 def _reachable(host: str) -> str:
@@ -185,6 +196,8 @@ def _security(config: StackConfig, identity: str, *, tenants: bool = False
             env["HOPS_TENANTS"] = str(creds / "tenants.yaml")
         if identity == "monitor":
             env["HOPS_NATS_AUDIT_NKEY"] = str(creds / "audit.nk")
+    elif identity == "gateway":  # no tenants file: the gateway must be told it is open
+        env["HOPS_GATEWAY_INSECURE"] = "1"
     if config.trusted_ca is not None:
         env["HOPS_NATS_CA"] = str(config.trusted_ca)
     return env
@@ -244,6 +257,10 @@ def _cluster(config: StackConfig) -> Component:
         args: tuple[str, ...] = ("--cluster", config.cluster, "--all", "--backend", "real")
         if config.cpu_affinity:
             args += ("--cpu-affinity", config.cpu_affinity)
+        if config.job_user:
+            args += ("--job-user", config.job_user)
+        if config.allow_root_jobs:
+            args += ("--allow-root-jobs",)
         return Component("cluster", "executor", args=args,
                          env={"HOPS_RUN_DIR": str(config.runs_dir),
                               **_security(config, "cluster")},
@@ -282,7 +299,7 @@ def modules() -> tuple[str, ...]:
 
 _SECURITY_VARS = ("HOPS_NATS_NKEY", "HOPS_NATS_CREDS", "HOPS_NATS_CREDENTIALS_DIR",
                   "HOPS_NATS_AUDIT_NKEY", "HOPS_NATS_CA", "HOPS_TENANTS", "HOPS_GATEWAY_CERT",
-                  "HOPS_GATEWAY_KEY")
+                  "HOPS_GATEWAY_KEY", "HOPS_GATEWAY_INSECURE", "HOPS_TOKEN")
 
 
 def environment(

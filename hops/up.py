@@ -210,7 +210,8 @@ class NatsKeeper:
 
 def _executors(config: StackConfig) -> str:
     if config.executor == "real":
-        return f"real executors, job files in {config.runs_dir}/"
+        who = config.job_user or ("root" if config.allow_root_jobs else "the executors' user")
+        return f"real executors, jobs run as {who}, job files in {config.runs_dir}/"
     return f"emulated, time x{config.time_scale:g}"
 
 

@@ -35,11 +35,13 @@ from shared.measurements import ProfileReport, ThroughputSample
 from shared.node import Device, Rendezvous
 from shared.snapshot import Plan
 from shared.subjects import check_token
+from shared.wire import FORBIDDEN as FORBIDDEN
 from shared.wire import INTERNAL as INTERNAL
 from shared.wire import INVALID as INVALID
 from shared.wire import MALFORMED as MALFORMED
 from shared.wire import MAX_PAYLOAD as MAX_PAYLOAD
 from shared.wire import TOO_LARGE as TOO_LARGE
+from shared.wire import UNAUTHORIZED as UNAUTHORIZED
 from shared.wire import UNKNOWN_TYPE as UNKNOWN_TYPE
 from shared.wire import Codec, check_size, probe_type
 from shared.wire import WireError as WireError
@@ -341,6 +343,8 @@ JobEvent: TypeAlias = (
     | JobCancelled
 )
 SampleEvent: TypeAlias = SampleReported | ProfileReported
+# What an executor may say of a job on ``hops.v1.reports.<server>.<job>``.
+Report: TypeAlias = SampleReported | ProfileReported | JobFinished | JobFailed
 Command: TypeAlias = StartJob | StopJob
 PlanEvent: TypeAlias = PlanIssued | ResourcesReleased
 AnyMessage: TypeAlias = (
@@ -394,6 +398,7 @@ decode_command = Codec[Command](Command, "command").decode
 decode_ack = Codec[CommandAck](CommandAck, "command_ack").decode
 decode_job_event = Codec[JobEvent](JobEvent, "job event").decode
 decode_sample_event = Codec[SampleEvent](SampleEvent, "sample event").decode
+decode_report = Codec[Report](Report, "report").decode
 decode_node_heartbeat = Codec[NodeHeartbeat](NodeHeartbeat, "node_heartbeat").decode
 decode_job_heartbeat = Codec[JobHeartbeat](JobHeartbeat, "job_heartbeat").decode
 decode_plan_event = Codec[PlanEvent](PlanEvent, "plan event").decode

@@ -16,7 +16,9 @@ PREFIX = "hops.v1"
 # Request/reply, JSON (external clients speak these).
 JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
 JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
-NODES_REGISTER = f"{PREFIX}.nodes.register"
+# Node-scoped: the last token is the executor's server id, which its NATS
+# identity may use and no other (the monitor serves the wildcard).
+NODES_REGISTER_ALL = f"{PREFIX}.nodes.register.*"
 NODES_REMOVE = f"{PREFIX}.nodes.remove"
 ESTIMATE = f"{PREFIX}.estimate"
 ESTIMATOR_QUEUE = "estimator"
@@ -24,6 +26,10 @@ ESTIMATOR_QUEUE = "estimator"
 QUEUE = f"{PREFIX}.queue"
 # Submissions and cancels are answered by every scheduler replica in this group.
 ADMISSION_QUEUE = "admission"
+# Submit and cancel scoped to one tenant (its clients' subjects; the tenant is the
+# last token): the scheduler serves both patterns in queue group ``admission``.
+JOBS_SUBMIT_TENANT_ALL = f"{JOBS_SUBMIT}.*"
+JOBS_CANCEL_TENANT_ALL = f"{JOBS_CANCEL}.*"
 
 # Persisted on JetStream.
 JOB_EVENTS_ALL = f"{PREFIX}.jobs.events.*"
@@ -31,10 +37,13 @@ SAMPLES_ALL = f"{PREFIX}.samples.*"
 PROFILES_ALL = f"{PREFIX}.profiles.*"
 PLANS = f"{PREFIX}.plans"
 RELEASED = f"{PREFIX}.cluster.released"
+# What executors report of their jobs, ``hops.v1.reports.<server_id>.<job_id>``:
+# the monitor checks each one and relays it to its canonical subject above.
+REPORTS_ALL = f"{PREFIX}.reports.*.*"
 
 # Core NATS (not persisted): heartbeats, executor commands, error records.
 NODE_HEARTBEATS_ALL = f"{PREFIX}.nodes.heartbeat.*"
-JOB_HEARTBEATS_ALL = f"{PREFIX}.jobs.heartbeat.*"
+JOB_HEARTBEATS_ALL = f"{PREFIX}.jobs.heartbeat.*.*"  # <server_id>.<job_id>
 EXEC_ALL = f"{PREFIX}.exec.*"
 ERRORS = f"{PREFIX}.errors"
 
@@ -61,7 +70,8 @@ class StreamDef(msgspec.Struct, frozen=True):
 STREAM_JOBS = StreamDef("HOPS_JOBS", (JOB_EVENTS_ALL,))
 STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL))
 STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
-STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS)
+STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
+STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS)
 KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER)
 
 
@@ -90,8 +100,18 @@ def profiles(job_id: str) -> str:
     return f"{PREFIX}.profiles.{check_token(job_id, 'job id')}"
 
 
-def job_heartbeat(job_id: str) -> str:
-    return f"{PREFIX}.jobs.heartbeat.{check_token(job_id, 'job id')}"
+def nodes_register(server_id: str) -> str:
+    return f"{PREFIX}.nodes.register.{check_token(server_id, 'server id')}"
+
+
+def job_heartbeat(server_id: str, job_id: str) -> str:
+    sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
+    return f"{PREFIX}.jobs.heartbeat.{sid}.{job}"
+
+
+def reports(server_id: str, job_id: str) -> str:
+    sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
+    return f"{PREFIX}.reports.{sid}.{job}"
 
 
 def node_heartbeat(server_id: str) -> str:
@@ -100,6 +120,25 @@ def node_heartbeat(server_id: str) -> str:
 
 def exec_commands(server_id: str) -> str:
     return f"{PREFIX}.exec.{check_token(server_id, 'server id')}"
+
+
+def tenant_submit(tenant: str) -> str:
+    return f"{JOBS_SUBMIT}.{check_token(tenant, 'tenant')}"
+
+
+def tenant_cancel(tenant: str) -> str:
+    return f"{JOBS_CANCEL}.{check_token(tenant, 'tenant')}"
+
+
+def tenant_events(tenant: str, job_id: str) -> str:
+    """The live feed of a tenant's job (core NATS; the scheduler republishes
+    each job event of the tenant's jobs here)."""
+    tenant = check_token(tenant, "tenant")
+    return f"{PREFIX}.tenants.{tenant}.events.{check_token(job_id, 'job id')}"
+
+
+def tenant_events_all(tenant: str) -> str:
+    return f"{PREFIX}.tenants.{check_token(tenant, 'tenant')}.events.*"
 
 
 def last_token(subject: str, pattern: str) -> str:
@@ -112,3 +151,17 @@ def last_token(subject: str, pattern: str) -> str:
     if not rest or "." in rest:
         raise SubjectError(f"subject {subject!r} does not match {pattern!r}")
     return rest
+
+
+def last_two_tokens(subject: str, pattern: str) -> tuple[str, str]:
+    """The two ids in ``subject`` matched by the trailing ``*.*`` of
+    ``pattern``, e.g. ``("a0", "j1")`` for ``hops.v1.reports.a0.j1`` and
+    :data:`REPORTS_ALL`."""
+    if not pattern.endswith(".*.*"):
+        raise ValueError(f"pattern {pattern!r} must end with '.*.*'")
+    head = pattern[:-3]
+    rest = subject[len(head) :] if subject.startswith(head) else ""
+    first, _, second = rest.partition(".")
+    if not first or not second or "." in second:
+        raise SubjectError(f"subject {subject!r} does not match {pattern!r}")
+    return first, second

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
+from pathlib import Path
 
 import msgspec
 import yaml
@@ -27,6 +28,8 @@ from shared.subjects import SubjectError, check_token
 
 DIGEST_PREFIX = "sha256:"
 DEFAULT_TENANT = "default"
+# The variable naming the (effective) tenants file, for the gateway and the scheduler.
+TENANTS_ENV = "HOPS_TENANTS"
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -171,3 +174,22 @@ def with_tokens(file: TenantsFile, tenants: Mapping[str, str], admins: Mapping[s
         old = new_admins.get(name, AdminSpec())
         new_admins[name] = msgspec.structs.replace(old, tokens=(*old.tokens, token))
     return validate(TenantsFile(tenants=new_tenants, admins=new_admins))
+
+
+def read_tenants(path: str | Path) -> TenantsFile:
+    """The tenants file at ``path``; :class:`TenantsError` naming the path
+    when it cannot be read or used."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise TenantsError(f"cannot read the tenants file {path}: {e.strerror or e}") from None
+    try:
+        return load_tenants(text)
+    except TenantsError as e:
+        raise TenantsError(f"{path}: {e}") from None
+
+
+def tenants_from_env(env: Mapping[str, str]) -> TenantsFile | None:
+    """The file ``$HOPS_TENANTS`` names, None when it is unset or empty."""
+    path = env.get(TENANTS_ENV, "").strip()
+    return read_tenants(path) if path else None

@@ -311,6 +311,14 @@ class LiveStack:
     # --- processes ---------------------------------------------------------------
 
     @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers of the admin's requests to the gateway."""
+        if not self.auth:
+            return {}
+        token = (self.config.credentials_dir / "admin.token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
+
+    @property
     def admin_seed(self) -> Path | None:
         """The admin's NATS credential, None with authentication off."""
         return self.config.credentials_dir / "admin.nk" if self.auth else None

@@ -69,8 +69,11 @@ def until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any
         time.sleep(0.2)
 
 
-def hops(*args: str, gateway: str | None = None) -> Any:
+def hops(*args: str, gateway: str | None = None, up: UpProcess | None = None) -> Any:
+    """The CLI against ``gateway``, or as the admin of the ``hops up`` ``up``."""
     env = {"HOPS_GATEWAY_URL": gateway} if gateway else {}
+    if up is not None:
+        env = {"HOPS_GATEWAY_URL": up.gateway, "HOPS_TOKEN": up.admin_token or ""}
     return CliRunner().invoke(app, list(args), env=env)
 
 
@@ -190,11 +193,11 @@ def test_up_prints_where_the_gateway_and_metrics_are(stack: UpProcess) -> None:
 @needs_stack
 def test_nodes_lists_the_emulated_servers(stack: UpProcess) -> None:
     def alive() -> bool:
-        result = hops("nodes", "--json", gateway=stack.gateway)
+        result = hops("nodes", "--json", up=stack)
         return result.exit_code == 0 and json.loads(result.output)["totals"]["alive_servers"] == 2
 
     until(alive, "both servers registered", 30)
-    result = hops("nodes", gateway=stack.gateway)
+    result = hops("nodes", up=stack)
     assert result.exit_code == 0
     assert "rtx-0" in result.output and "rtx-1" in result.output
     assert "2/2 servers alive" in result.output
@@ -210,26 +213,27 @@ def test_submit_list_queue_and_cancel(stack: UpProcess, tmp_path: Path) -> None:
         "  - {id: big-b, model: vgg11-imagenet, batch_size: 32, params: 132863336,\n"
         "     total_samples: 1000000000, min_gpus: 1, max_gpus: 4}\n"
     )
-    result = hops("submit", str(jobs), gateway=stack.gateway)
+    result = hops("submit", str(jobs), up=stack)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == ["big-a: accepted", "big-b: accepted"]
-    again = hops("submit", str(jobs), gateway=stack.gateway)
+    again = hops("submit", str(jobs), up=stack)
     assert again.exit_code == 1 and "big-a: rejected (409 conflict)" in again.output
 
-    listed = hops("jobs", gateway=stack.gateway)
+    listed = hops("jobs", up=stack)
     assert listed.exit_code == 0 and "big-a" in listed.output and "big-b" in listed.output
-    bad = hops("jobs", "--phase", "bogus", gateway=stack.gateway)
+    bad = hops("jobs", "--phase", "bogus", up=stack)
     assert bad.exit_code == 1 and "unknown phase 'bogus'" in bad.output
-    until(lambda: hops("queue", gateway=stack.gateway).exit_code == 0, "the queue view", 30)
-    assert "leader" in hops("queue", gateway=stack.gateway).output
+    until(lambda: hops("queue", up=stack).exit_code == 0, "the queue view", 30)
+    assert "leader" in hops("queue", up=stack).output
 
-    cancelled = hops("cancel", "big-b", "--reason", "test", gateway=stack.gateway)
+    cancelled = hops("cancel", "big-b", "--reason", "test", up=stack)
     assert cancelled.exit_code == 0 and cancelled.output.strip() == "big-b: cancelled"
-    ghost = hops("cancel", "ghost", gateway=stack.gateway)
+    ghost = hops("cancel", "ghost", up=stack)
     assert ghost.exit_code == 1 and "404 not_found" in ghost.output
 
     def phase(job_id: str) -> str:
-        return str(httpx.get(f"{stack.gateway}/jobs/{job_id}", timeout=5).json()["phase"])
+        return str(httpx.get(f"{stack.gateway}/jobs/{job_id}", timeout=5,
+                                 headers=stack.headers).json()["phase"])
 
     until(lambda: phase("big-b") == "cancelled", "big-b cancelled", 30)
 
@@ -238,7 +242,7 @@ def test_submit_list_queue_and_cancel(stack: UpProcess, tmp_path: Path) -> None:
 def test_a_submitted_job_is_profiled_runs_and_finishes(stack: UpProcess) -> None:
     """End to end: admission, profiling on both GPU types (§3.2), a plan, the
     placer, an emulated run at 600x, and the finish."""
-    with httpx.Client(base_url=stack.gateway, timeout=5) as client:
+    with httpx.Client(base_url=stack.gateway, timeout=5, headers=stack.headers) as client:
         spec = {"id": "small", "model": "resnet18-cifar10", "batch_size": 128,
                 "params": 11689512, "total_samples": 2_000_000, "requirements": [1, 2]}
         assert client.post("/jobs", json=spec).status_code == 201

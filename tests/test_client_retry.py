@@ -2,7 +2,8 @@
 scheduler answers): after ``Retry-After`` or its own backoff, a few times,
 and a retry answered 409 for the very spec it sent is the acceptance of an
 earlier attempt. The gateway here is a stand-in (``httpx.MockTransport``);
-tests/test_up_faults.py retries against a real ``hops up``."""
+tests/test_up_faults.py retries against a real ``hops up``. A 401 is never
+retried; a 403 is the job's own refusal."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import pytest
 
-from hops.client import RETRY_DELAYS_S, Answer, GatewayClient, render_answer
+from hops.client import RETRY_DELAYS_S, Answer, GatewayClient, GatewayError, render_answer
 from shared.job import JobSpec
 
 SPEC = JobSpec(id="j1", model="m", batch_size=32, params=1000, total_samples=10_000,
@@ -100,3 +102,44 @@ def test_an_answer_without_retry_after_uses_the_backoff() -> None:
     assert Answer(201, {}).attempts == 1
     client, slept, _ = gateway([UNAVAILABLE, ACCEPTED], retry_after="soon")
     assert client.submit(SPEC).ok and slept == [RETRY_DELAYS_S[0]]
+
+
+UNAUTHORIZED = (401, {"ok": False, "code": "unauthorized",
+                      "error": "the bearer token is not valid"})
+FORBIDDEN = (403, {"ok": False, "code": "forbidden", "error": "tenant a may not run commands"})
+
+
+def test_a_401_is_an_error_at_once_and_never_retried() -> None:
+    client, slept, seen = gateway([UNAUTHORIZED, ACCEPTED])
+    with pytest.raises(GatewayError) as refused:
+        client.submit(SPEC)
+    assert (refused.value.status, refused.value.code) == (401, "unauthorized")
+    assert str(refused.value) == "401 unauthorized: the bearer token is not valid"
+    assert seen == ["POST"] and slept == []
+
+
+def test_a_403_is_the_jobs_refusal_not_retried() -> None:
+    client, slept, seen = gateway([FORBIDDEN, ACCEPTED])
+    answer = client.submit(SPEC)
+    assert (answer.status, answer.attempts, seen, slept) == (403, 1, ["POST"], [])
+    assert render_answer("j1", answer) == (
+        "j1: rejected (403 forbidden): tenant a may not run commands")
+
+
+def test_a_conflict_after_a_retry_is_ours_when_the_gateway_set_our_tenant() -> None:
+    client, _, _ = gateway([UNAVAILABLE, CONFLICT], get=stored(tenant="alice"))
+    assert client.submit(SPEC).status == 201
+
+
+def test_the_client_sends_its_token() -> None:
+    headers: list[str | None] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"jobs": [], "count": 0, "total": 0,
+                                         "next_cursor": None})
+
+    transport = httpx.MockTransport(handle)
+    GatewayClient("http://gw", transport=transport, token="t1").jobs()
+    GatewayClient("http://gw", transport=transport).jobs()
+    assert headers == ["Bearer t1", None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -219,10 +220,45 @@ def test_subject_builders() -> None:
     assert subjects.job_events("j1") == "hops.v1.jobs.events.j1"
     assert subjects.samples("j1") == "hops.v1.samples.j1"
     assert subjects.profiles("j1") == "hops.v1.profiles.j1"
-    assert subjects.job_heartbeat("j1") == "hops.v1.jobs.heartbeat.j1"
+    assert subjects.job_heartbeat("rtx-0", "j1") == "hops.v1.jobs.heartbeat.rtx-0.j1"
     assert subjects.node_heartbeat("rtx-0") == "hops.v1.nodes.heartbeat.rtx-0"
+    assert subjects.nodes_register("rtx-0") == "hops.v1.nodes.register.rtx-0"
+    assert subjects.reports("rtx-0", "j1") == "hops.v1.reports.rtx-0.j1"
     assert subjects.exec_commands("rtx-0") == "hops.v1.exec.rtx-0"
     assert subjects.last_token("hops.v1.jobs.events.j1", subjects.JOB_EVENTS_ALL) == "j1"
+    assert subjects.last_two_tokens("hops.v1.reports.rtx-0.j1", subjects.REPORTS_ALL) == (
+        "rtx-0",
+        "j1",
+    )
+
+
+@pytest.mark.parametrize(
+    "subject",
+    ["hops.v1.reports.a", "hops.v1.reports.a.b.c", "hops.v1.reports..j", "hops.v1.samples.a.b"],
+)
+def test_last_two_tokens_rejects_other_subjects(subject: str) -> None:
+    with pytest.raises(subjects.SubjectError):
+        subjects.last_two_tokens(subject, subjects.REPORTS_ALL)
+
+
+@pytest.mark.parametrize(
+    ("build", "granted"),
+    [
+        (subjects.job_heartbeat, "hops.v1.jobs.heartbeat.a0.*"),
+        (subjects.reports, "hops.v1.reports.a0.*"),
+    ],
+)
+def test_node_scoped_subjects_name_the_server_first(
+    build: Callable[[str, str], str], granted: str
+) -> None:
+    """NATS permissions grant executor a0 ``...a0.*``: the server id must be
+    the token before the job id, and both must be single tokens."""
+    assert _matches(granted, build("a0", "j"))
+    assert not _matches(granted, build("a1", "j"))
+    with pytest.raises(subjects.SubjectError):
+        build("a.0", "j")
+    with pytest.raises(subjects.SubjectError):
+        build("a0", "j.1")
 
 
 @pytest.mark.parametrize("bad", ["", "a.b", "a*", ">", "a b", "a\tb", "a\n"])
@@ -245,7 +281,8 @@ def test_streams_do_not_capture_request_subjects() -> None:
     requests = (subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL, subjects.ESTIMATE)
     captured = [p for s in subjects.STREAMS for p in s.subjects]
     assert not any(">" in p for p in captured)
-    for subject in (*requests, subjects.NODES_REGISTER, subjects.job_heartbeat("j1")):
+    node = (subjects.nodes_register("s0"), subjects.job_heartbeat("s0", "j1"))
+    for subject in (*requests, *node):
         assert not any(_matches(p, subject) for p in captured), subject
     assert _matches(subjects.JOB_EVENTS_ALL, subjects.job_events("j1"))
 

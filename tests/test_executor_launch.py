@@ -238,7 +238,7 @@ def test_nvml_must_find_the_declared_number_of_gpus(
                        "servers: [{id: a, gpu_type: A100, gpus: 8}]\n")
     monkeypatch.setattr(executor_main, "discover", lambda server: discover(server, FakeNvml()))
     code = executor_main.main(["--cluster", str(cluster), "--server-id", "a", "--backend", "real",
-                               "--run-dir", str(tmp_path / "runs")])
+                               "--run-dir", str(tmp_path / "runs"), "--allow-root-jobs"])
     assert code == 2
     assert "NVML finds 4 GPUs on this machine, but the cluster file declares 8" in (
         capsys.readouterr().err)

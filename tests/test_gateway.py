@@ -74,7 +74,7 @@ def gateway_settings(url: str, timeout: float = 2.0) -> GatewaySettings:
 
 @pytest.fixture
 def client(nats_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(gateway_settings(nats_url))) as c:
+    with TestClient(create_app(gateway_settings(nats_url), tenants=None)) as c:
         yield c
 
 
@@ -90,7 +90,7 @@ async def nc(nats_url: str) -> AsyncIterator[NATS]:
 async def api(nats_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """The app in the test's own event loop (so that the test can serve NATS
     requests while the gateway waits on them), lifespan included."""
-    app: FastAPI = create_app(gateway_settings(nats_url, timeout=0.5))
+    app: FastAPI = create_app(gateway_settings(nats_url, timeout=0.5), tenants=None)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
@@ -368,7 +368,8 @@ def test_submit_and_cancel_through_the_real_scheduler(
 
 def test_the_gateway_process_serves_and_stops_on_sigterm(nats_url: str, tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "HOPS_NATS_URL": nats_url, "HOPS_GATEWAY_PORT": str(port)}
+    env = {**os.environ, "HOPS_NATS_URL": nats_url, "HOPS_GATEWAY_PORT": str(port),
+           "HOPS_GATEWAY_INSECURE": "1"}
     log = tmp_path / "gateway.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=ROOT, env=env,

@@ -133,7 +133,7 @@ async def test_openapi_describes_the_pages(api: httpx.AsyncClient) -> None:
     assert (params["limit"]["minimum"], params["limit"]["maximum"]) == (1, MAX_LIMIT)
     assert params["limit"]["default"] == DEFAULT_LIMIT
     assert "running" in params["phase"]["enum"]
-    assert set(listing["responses"]) == {"200", "400"}
+    assert set(listing["responses"]) == {"200", "400", "401", "403"}
     page = schema["components"]["schemas"]["JobPage"]
     assert set(page["required"]) == {"jobs", "count", "total", "next_cursor"}
     assert {"JobRecord", "Error"} <= set(schema["components"]["schemas"])
@@ -147,7 +147,8 @@ async def test_openapi_describes_the_pages(api: httpx.AsyncClient) -> None:
 @pytest.fixture
 def gateway(nats_url: str) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "HOPS_NATS_URL": nats_url, "HOPS_GATEWAY_PORT": str(port)}
+    env = {**os.environ, "HOPS_NATS_URL": nats_url, "HOPS_GATEWAY_PORT": str(port),
+           "HOPS_GATEWAY_INSECURE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -20,7 +20,6 @@ from services.runtime.bus import ErrorReporter, connect
 from services.runtime.identity import (
     ADMIN,
     AUDIT,
-    LEGACY_EXECUTOR_PUBLISH,
     SERVICES,
     IdentityError,
     executor_identity,
@@ -54,11 +53,6 @@ def may_subscribe(identity: str, subject: str) -> bool:
     return any(matches(p, subject) for p in permissions(identity).subscribe)
 
 
-def without_legacy(identity: str, subject: str) -> bool:
-    return any(matches(p, subject) for p in permissions(identity).publish
-               if p not in LEGACY_EXECUTOR_PUBLISH)
-
-
 def test_matches() -> None:
     assert matches("a.*", "a.b") and not matches("a.*", "a.b.c")
     assert matches("a.>", "a.b.c") and not matches("a.>", "a")
@@ -70,11 +64,13 @@ def test_an_executor_publishes_only_its_own_node_scoped_subjects() -> None:
     for subject in ("hops.v1.nodes.register.rtx-0", "hops.v1.nodes.heartbeat.rtx-0",
                     "hops.v1.jobs.heartbeat.rtx-0.j1", "hops.v1.reports.rtx-0.j1",
                     "hops.v1.errors"):
-        assert without_legacy(me, subject), subject
+        assert may_publish(me, subject), subject
     for subject in ("hops.v1.nodes.register.rtx-1", "hops.v1.nodes.heartbeat.rtx-1",
                     "hops.v1.jobs.heartbeat.rtx-1.j1", "hops.v1.reports.rtx-1.j1",
                     "hops.v1.exec.rtx-0", "hops.v1.exec.rtx-1", "hops.v1.plans",
-                    "hops.v1.cluster.released", "$KV.hops_alloc.j1", "hops.v1.jobs.submit"):
+                    "hops.v1.cluster.released", "$KV.hops_alloc.j1", "hops.v1.jobs.submit",
+                    "hops.v1.jobs.events.j1", "hops.v1.samples.j1", "hops.v1.profiles.j1",
+                    "$JS.API.STREAM.INFO.HOPS_JOBS", "hops.v1.nodes.register"):
         assert not may_publish(me, subject), subject
     assert may_subscribe(me, "hops.v1.exec.rtx-0")
     assert may_subscribe(me, "_INBOX.executor-rtx-0.abc.1")

@@ -60,7 +60,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 
 @pytest.fixture
 def gateway(stack: LiveStack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.config.gateway_url, timeout=10) as client:
+    with httpx.Client(base_url=stack.config.gateway_url, timeout=10,
+                      headers=stack.headers) as client:
         yield client
 
 
@@ -96,6 +97,9 @@ def check_ran_to_the_end(stack: LiveStack, job_id: str) -> None:
     assert record["samples_done"] == record["spec"]["total_samples"]
     assert record["first_start"] is not None and record["finished_at"] is not None
     until(lambda: job_id not in stack.allocs(), f"{job_id}'s GPUs released", 10, stack.logs)
+    # Its executors' reports and heartbeats were all its own: the monitor refused none.
+    refused = [e for e in bus.errors() if e["code"] == "forbidden" and job_id in e["error"]]
+    assert not refused, (refused, why)
 
 
 def test_jobs_submitted_over_nats_and_rest_are_profiled_placed_and_finish(

@@ -32,6 +32,7 @@ from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
+from shared.snapshot import Assignment, Plan
 from simulator.catalog import builtin_catalog
 from simulator.clusters import builtin_cluster
 from simulator.truth import GroundTruth
@@ -204,6 +205,15 @@ async def client(nats_url: str) -> AsyncIterator[Client]:
 job_pids = emulated_job_pids
 
 
+async def announce(client: Client, job: str, config: dict[str, int]) -> None:
+    """Publish a plan putting ``job`` on ``config``'s servers, as the scheduler
+    does before any start: the monitor relays an executor's reports only for
+    jobs placed (or planned) on its server. No placer runs to act on it."""
+    plan = Plan(assignments=(Assignment(JobId(job), Configuration.of(config)),))
+    msg = ev.PlanIssued(round=0, term=0, plan=plan, at=time.time())
+    await client.js.publish(subjects.PLANS, ev.encode(msg))
+
+
 def start_cmd(
     key: str,
     job_spec: JobSpec,
@@ -245,14 +255,15 @@ async def test_commands_are_idempotent_and_never_double_book(procs: Procs, clien
     assert (again.ok, again.code) == (False, "conflict")
     taken = await client.command(S0, start_cmd("k-taken", spec("b"), S0, {S0: 2}, (1, 2)))
     assert (taken.ok, taken.code) == (False, "conflict") and "[1]" in taken.error
-    verdicts = await client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)
+    verdicts = await client.collect(f"hops.v1.reports.{S0}.*", ev.decode_report)
     unknown = await client.command(
         S0, start_cmd("k-model", spec("c", model="no-such-net"), S0, {S0: 1}, (2,))
     )
     assert (unknown.ok, unknown.code) == (False, "invalid") and "no-such-net" in unknown.error
     # no server can run it: the job fails rather than wait for ever; only that job
     await eventually(lambda: bool(verdicts), what="job_failed")
-    assert [(e.job_id, type(e).__name__) for e in verdicts] == [("c", "JobFailed")]
+    assert len(verdicts) == 1 and isinstance(verdicts[0], ev.JobFailed)
+    assert verdicts[0].job_id == "c"
     beyond = await client.command(S0, start_cmd("k-gpu", spec("d"), S0, {S0: 1}, (7,)))
     assert (beyond.ok, beyond.code) == (False, "invalid")
     missing = await client.command(S0, ev.StopJob(key="k-missing", job_id=JobId("nope")))
@@ -296,32 +307,34 @@ async def test_an_emulated_job_runs_at_the_ground_truth_rate(procs: Procs, clien
     procs.monitor()
     procs.executor(S0, time_scale=scale)
     await client.wait_node(S0)
-    finished = await client.collect(subjects.job_events("timed"), ev.decode_job_event)
-    samples = await client.collect(subjects.samples("timed"), ev.decode_sample_event)
-    beats = await client.collect(subjects.job_heartbeat("timed"), ev.decode_job_heartbeat)
+    # What the executor publishes: on its own server's subjects (the monitor
+    # relays reports only for placed jobs, and none is placed here).
+    reports = await client.collect(subjects.reports(S0, "timed"), ev.decode_report)
+    beats = await client.collect(subjects.job_heartbeat(S0, "timed"), ev.decode_job_heartbeat)
     ack = await client.command(S0, start_cmd("k1", job, S0, {S0: 2}, (0, 1)))
     began = time.monotonic()
     assert ack.ok
     await eventually(
-        lambda: any(isinstance(e, ev.JobFinished) for e in finished), 20, "job_finished"
+        lambda: any(isinstance(e, ev.JobFinished) for e in reports), 20, "job_finished"
     )
     took = time.monotonic() - began
     assert wall - 0.5 < took < wall + 2.0, took
     assert beats and all(b.server_id == S0 for b in beats)
     assert [b.samples_done for b in beats] == sorted(b.samples_done for b in beats)
-    reported = [s.sample for s in samples if isinstance(s, ev.SampleReported)]
+    reported = [s.sample for s in reports if isinstance(s, ev.SampleReported)]
     assert reported and all(s.server_id == S0 and s.local_gpus == 2 for s in reported)
     per_gpu = rate / 2
     assert all(0.7 * per_gpu < s.per_gpu_throughput < 1.3 * per_gpu for s in reported)
-    stream = await client.js.stream_info("HOPS_JOBS")
-    assert stream.state.messages == 1  # job_finished went through JetStream, once
+    assert sum(isinstance(e, ev.JobFinished) for e in reports) == 1
+    stream = await client.js.stream_info("HOPS_REPORTS")
+    assert stream.state.messages == len(reports)  # each report went to the stream, once
 
 
 async def test_profiling_runs_report_a_profile(procs: Procs, client: Client) -> None:
     procs.monitor()
     procs.executor(S1, time_scale=200.0)
     await client.wait_node(S1)
-    reports = await client.collect(subjects.profiles("prof"), ev.decode_sample_event)
+    reports = await client.collect(subjects.reports(S1, "prof"), ev.decode_report)
     ack = await client.command(S1, start_cmd("kp", spec("prof"), S1, {S1: 1}, (3,), "profile"))
     assert ack.ok
     await eventually(lambda: bool(reports), 15, "profile_reported")
@@ -336,7 +349,7 @@ async def test_a_killed_job_process_is_a_failed_job(procs: Procs, client: Client
     procs.monitor()
     procs.executor(S0)
     await client.wait_node(S0)
-    events = await client.collect(subjects.job_events("victim"), ev.decode_job_event)
+    events = await client.collect(subjects.reports(S0, "victim"), ev.decode_report)
     assert (await client.command(S0, start_cmd("kv", spec("victim"), S0, {S0: 1}, (0,)))).ok
     (pid,) = job_pids("victim")
     os.kill(pid, signal.SIGKILL)
@@ -346,15 +359,20 @@ async def test_a_killed_job_process_is_a_failed_job(procs: Procs, client: Client
     assert (await client.command(S0, start_cmd("kw", spec("next"), S0, {S0: 1}, (0,)))).ok
 
 
-async def test_a_worker_only_beats_and_ends_with_its_executor(procs: Procs, client: Client) -> None:
+async def test_a_worker_beats_reports_its_own_samples_and_ends_with_its_executor(
+    procs: Procs, client: Client
+) -> None:
     procs.monitor()
     executor = procs.executor(S1)
     await client.wait_node(S1)
-    beats = await client.collect(subjects.job_heartbeat("dist"), ev.decode_job_heartbeat)
+    beats = await client.collect(subjects.job_heartbeat(S1, "dist"), ev.decode_job_heartbeat)
+    reports = await client.collect(subjects.reports(S1, "dist"), ev.decode_report)
     cmd = start_cmd("kd", spec("dist"), S1, {S0: 1, S1: 1}, (0,), samples=500.0)
     assert (await client.command(S1, cmd)).ok
-    await eventually(lambda: len(beats) >= 2, 10, "worker beats")
+    await eventually(lambda: len(beats) >= 2 and bool(reports), 10, "worker beats and samples")
     assert {(b.server_id, b.samples_done) for b in beats} == {(S1, 500.0)}
+    # S1's identity may publish only S1's reports: the worker reports its own part.
+    assert all(isinstance(r, ev.SampleReported) and r.sample.server_id == S1 for r in reports)
     (pid,) = job_pids("dist")
     executor.send_signal(signal.SIGKILL)  # the node dies: its job processes follow
     await eventually(lambda: exited(pid), 10, "orphan exit")

@@ -50,7 +50,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 
 @pytest.fixture
 def gateway(stack: LiveStack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.config.gateway_url, timeout=10) as client:
+    with httpx.Client(base_url=stack.config.gateway_url, timeout=10,
+                      headers=stack.headers) as client:
         yield client
 
 

@@ -70,14 +70,15 @@ def heartbeats(stack: LiveStack, job_id: str) -> list[float]:
         async def on_beat(msg: Msg) -> None:
             seen.append(float(json.loads(msg.data)["samples_done"]))
 
-        await bus.nc.subscribe(f"hops.v1.jobs.heartbeat.{job_id}", cb=on_beat)
+        await bus.nc.subscribe(f"hops.v1.jobs.heartbeat.*.{job_id}", cb=on_beat)
 
     bus.call(follow())
     return seen
 
 
 def cluster(stack: LiveStack) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(f"{stack.config.gateway_url}/cluster", timeout=10).json()
+    body: dict[str, Any] = httpx.get(f"{stack.config.gateway_url}/cluster", timeout=10,
+                                        headers=stack.headers).json()
     return body
 
 
@@ -128,7 +129,7 @@ def test_a_dead_node_is_counted_alike_and_can_be_removed(stack: LiveStack) -> No
     bus = stack.bus_()
     ghost = ev.RegisterNode(server=Server(ServerId("ghost"), GpuType("RTX3090"), 8),
                             gpu_type=GpuTypeSpec(GpuType("RTX3090"), 2.5e9, 1e9), order=9)
-    assert bus.request("hops.v1.nodes.register", ev.encode(ghost))["ok"]
+    assert bus.request("hops.v1.nodes.register.ghost", ev.encode(ghost))["ok"]
     # it never beats: lost after the deadline, listed as lost, counted apart
     until(lambda: stack.nodes().get("ghost", {}).get("alive") is False, "the ghost lost", 10)
     totals, _ = agree(stack)

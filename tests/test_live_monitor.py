@@ -64,9 +64,13 @@ def register(
     )
 
 
-async def ask_register(client: Client, msg: ev.RegisterNode | bytes) -> ev.Reply:
+async def ask_register(
+    client: Client, msg: ev.RegisterNode | bytes, server: str | None = None
+) -> ev.Reply:
+    """Register on ``server``'s subject (by default the server ``msg`` names)."""
     data = msg if isinstance(msg, bytes) else ev.encode(msg)
-    reply = await client.nc.request(subjects.NODES_REGISTER, data, timeout=10)
+    sid = server or (msg.server.id if isinstance(msg, ev.RegisterNode) else "")
+    reply = await client.nc.request(subjects.nodes_register(sid), data, timeout=10)
     return ev.decode_reply(reply.data)
 
 
@@ -122,7 +126,7 @@ async def test_registration_is_validated(procs: Procs, client: Client) -> None:
     # a server whose gpu_type names another type than the spec describes
     bad = json.loads(ev.encode(register("n1")))
     bad["server"]["gpu_type"] = "TitanXP"
-    mismatch = await ask_register(client, json.dumps(bad).encode())
+    mismatch = await ask_register(client, json.dumps(bad).encode(), "n1")
     assert (mismatch.ok, mismatch.code) == (False, "invalid") and "TitanXP" in mismatch.error
     twice = await ask_register(client, register("n0", gpus=8, order=3))
     assert (twice.ok, twice.code) == (False, "conflict") and "gpus" in twice.error
@@ -175,7 +179,7 @@ async def test_silent_jobs_hung_or_ended(procs: Procs, client: Client) -> None:
             if now < silent:
                 hb = ev.JobHeartbeat(job_id=JobId(job), server_id=ServerId("n0"),
                                      samples_done=42.0, at=time.time())
-                await client.nc.publish(subjects.job_heartbeat(job), ev.encode(hb))
+                await client.nc.publish(subjects.job_heartbeat("n0", job), ev.encode(hb))
             elif job not in gone_at and await client.placement(job) is None:
                 gone_at[job] = now - silent
         assert now - silent < vanish + 3.0, f"not released in time: {gone_at}"

@@ -143,9 +143,11 @@ class Setup:
                        env=env if argv else {})
 
     def executor(self, procs: Procs, name: str = "executor", **env: str) -> subprocess.Popen[bytes]:
+        # Jobs run as the executor's user, root included: the stand-in lives in
+        # the test's private folder (tests/test_real_jobuser.py runs one as nobody).
         return procs.start(name, "executor", "--cluster", str(self.cluster), "--server-id", A,
                            "--backend", "real", "--run-dir", str(self.runs),
-                           "--stop-grace-s", "1", **env)
+                           "--stop-grace-s", "1", "--allow-root-jobs", **env)
 
     def state(self) -> ExecutorState:
         return load_state(state_path(self.runs, A), A)
@@ -163,7 +165,7 @@ async def registrar(client: Client) -> list[ev.RegisterNode]:
         seen.append(req)
         await msg.respond(ev.encode(ev.Reply(ok=True, server_id=req.server.id)))
 
-    await client.nc.subscribe(subjects.NODES_REGISTER, cb=on_msg)
+    await client.nc.subscribe(subjects.NODES_REGISTER_ALL, cb=on_msg)
     await client.nc.flush()
     return seen
 
@@ -187,23 +189,24 @@ async def test_a_real_job_runs_reports_and_finishes(procs: Procs, client: Client
     assert "NVML unavailable" in procs.log("executor")
     assert "running with 2 declared GPUs of type cpu" in procs.log("executor")
 
-    events = await client.collect(subjects.job_events("train"), ev.decode_job_event)
-    beats = await client.collect(subjects.job_heartbeat("train"), ev.decode_job_heartbeat)
-    samples = await client.collect(subjects.samples("train"), ev.decode_sample_event)
+    # No monitor relays them here: what the executor publishes, on its own subjects.
+    reports = await client.collect(subjects.reports(A, "train"), ev.decode_report)
+    beats = await client.collect(subjects.job_heartbeat(A, "train"), ev.decode_job_heartbeat)
     nodes = await client.collect(subjects.node_heartbeat(A), ev.decode_node_heartbeat)
     job = setup.spec("train", total=1200)  # 24 steps of 50 samples, 0.05 s each
     began = time.monotonic()
     ack = await client.command(A, start_cmd("k-train", job, A, {A: 2}, (0, 1)))
     assert ack.ok, ack
     assert time.monotonic() - began < 3.0  # spawned, not waiting for the script
-    await eventually(lambda: bool(events), 20, "job_finished")
-    (finished,) = events
+    await eventually(lambda: any(isinstance(r, ev.JobFinished) for r in reports), 20,
+                     "job_finished")
+    (finished,) = [r for r in reports if isinstance(r, ev.JobFinished | ev.JobFailed)]
     assert isinstance(finished, ev.JobFinished) and finished.exit_code == 0
     assert "finished at 1200" in finished.log_tail
     assert beats and {b.server_id for b in beats} == {A}
     assert [b.samples_done for b in beats] == sorted(b.samples_done for b in beats)
     assert any(0 < b.samples_done < 1200 for b in beats)
-    reported = [s.sample for s in samples if isinstance(s, ev.SampleReported)]
+    reported = [s.sample for s in reports if isinstance(s, ev.SampleReported)]
     assert reported and all((s.server_id, s.gpu_type, s.local_gpus, s.total_gpus)
                             == (A, "cpu", 2, 2) for s in reported)
     assert any(n.running == ("train",) for n in nodes)
@@ -220,10 +223,11 @@ async def test_a_real_job_runs_reports_and_finishes(procs: Procs, client: Client
     assert env0["HOPS_THREADS"] == env0["OMP_NUM_THREADS"] == "1"  # declared devices
     assert env0["HOPS_REPORT_FILE"] == str(setup.runs / "train" / "reports" / "node-a.jsonl")
     assert env0["HOPS_CHECKPOINT_DIR"] == str(setup.runs / "train" / "checkpoint")
+    assert "HOPS_NATS_URL" not in env0 and "HOPS_SAMPLE_S" in env0  # the job's, not the system's
     assert f"CWD {setup.work}" in rank0
     assert setup.state().jobs == ()  # ended: nothing to adopt
 
-    profiles = await client.collect(subjects.profiles("prof"), ev.decode_sample_event)
+    profiles = await client.collect(subjects.reports(A, "prof"), ev.decode_report)
     prof = start_cmd("k-prof", setup.spec("prof"), A, {A: 1}, (1,), mode="profile")
     assert (await client.command(A, prof)).ok
     await eventually(lambda: bool(profiles), 15, "profile_reported")
@@ -239,8 +243,12 @@ async def test_stops_failures_and_refusals(procs: Procs, client: Client, tmp_pat
     registered = await registrar(client)
     setup.executor(procs)
     await eventually(lambda: bool(registered), 20, "registration")
-    events = await client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)
-    beats = await client.collect(subjects.job_heartbeat("long"), ev.decode_job_heartbeat)
+    reports = await client.collect(f"hops.v1.reports.{A}.*", ev.decode_report)
+
+    def ends() -> list[ev.JobFinished | ev.JobFailed]:
+        return [r for r in reports if isinstance(r, ev.JobFinished | ev.JobFailed)]
+
+    beats = await client.collect(subjects.job_heartbeat(A, "long"), ev.decode_job_heartbeat)
 
     # a stop: SIGTERM, the job checkpoints and exits 0; the ack says how far it got
     assert (await client.command(A, start_cmd("k-long", setup.spec("long"), A, {A: 1},
@@ -265,8 +273,8 @@ async def test_stops_failures_and_refusals(procs: Procs, client: Client, tmp_pat
     boom = setup.spec("boom", command=(sys.executable, "-c",
                                        "import sys; print('boom'); sys.exit(3)"))
     assert (await client.command(A, start_cmd("k-boom", boom, A, {A: 1}, (0,)))).ok
-    await eventually(lambda: any(e.job_id == "boom" for e in events), 10, "job_failed")
-    (failed,) = [e for e in events if e.job_id == "boom"]
+    await eventually(lambda: any(e.job_id == "boom" for e in ends()), 10, "job_failed")
+    (failed,) = [e for e in ends() if e.job_id == "boom"]
     assert isinstance(failed, ev.JobFailed) and failed.exit_code == 3
     assert "boom" in failed.log_tail and "exited with code 3 on node-a" in failed.reason
     # one rank of two fails: the other is stopped, the failed one's log is the tail
@@ -275,8 +283,8 @@ async def test_stops_failures_and_refusals(procs: Procs, client: Client, tmp_pat
         "time.sleep(0.3); sys.exit(4) if r == '1' else time.sleep(60)")))
     began = time.monotonic()
     assert (await client.command(A, start_cmd("k-half", half, A, {A: 2}, (0, 1)))).ok
-    await eventually(lambda: any(e.job_id == "half" for e in events), 10, "job_failed")
-    (half_failed,) = [e for e in events if e.job_id == "half"]
+    await eventually(lambda: any(e.job_id == "half" for e in ends()), 10, "job_failed")
+    (half_failed,) = [e for e in ends() if e.job_id == "half"]
     assert isinstance(half_failed, ev.JobFailed) and half_failed.exit_code == 4
     assert "rank 1" in half_failed.log_tail and time.monotonic() - began < 5  # not 60 s
 
@@ -292,8 +300,8 @@ async def test_stops_failures_and_refusals(procs: Procs, client: Client, tmp_pat
     for job, (spec, why) in cases.items():
         ack = await client.command(A, start_cmd(f"k-{job}", spec, A, {A: 1}, (1,)))
         assert (ack.ok, ack.code) == (False, "invalid") and why in ack.error, ack
-    await eventually(lambda: {e.job_id for e in events} >= set(cases), 10, "job_failed")
-    for e in events:
+    await eventually(lambda: {e.job_id for e in ends()} >= set(cases), 10, "job_failed")
+    for e in ends():
         if e.job_id in cases:
             assert isinstance(e, ev.JobFailed) and cases[e.job_id][1] in e.reason
     assert (await client.command(A, start_cmd("k-free", setup.spec("free"), A, {A: 2},
@@ -331,7 +339,7 @@ async def test_a_restarted_executor_adopts_running_jobs_and_reports_lost_ones(
     os.killpg(jobs[JobId("gone")].pgid, signal.SIGKILL)  # one of them dies meanwhile
     await eventually(lambda: group_members(jobs[JobId("gone")].pgid) == [], 5, "gone died")
     assert all(group_members(jobs[JobId("keep")].pgid) for _ in range(3))
-    beats = await client.collect(subjects.job_heartbeat("keep"), ev.decode_job_heartbeat)
+    beats = await client.collect(subjects.job_heartbeat(A, "keep"), ev.decode_job_heartbeat)
 
     setup.executor(procs, name="executor-again")
     await eventually(lambda: any(n.lost == ("gone",) for n in nodes), 20, "lost listed")

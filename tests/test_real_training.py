@@ -56,6 +56,7 @@ from tests.livestack import LiveStack, until
 from tests.test_live_executor import (
     Client,
     Procs,
+    announce,
     client,
     eventually,
     nats_server,
@@ -130,10 +131,11 @@ async def test_train_cnn_is_profiled_preempted_resumed_and_finishes(
     procs.start("estimator", "services.estimator")
     procs.start("executor", "executor", "--cluster", str(CLUSTER_FILE), "--server-id", A,
                 "--backend", "real", "--run-dir", str(runs), "--stop-grace-s", "20",
-                HOPS_PROFILE_ITERS="5", HOPS_SAMPLE_S="0.3")
+                "--allow-root-jobs", HOPS_PROFILE_ITERS="5", HOPS_SAMPLE_S="0.3")
     await client.wait_node(A)
+    await announce(client, "cnn", {A: 2})  # the monitor relays its reports
     events = await client.collect(subjects.job_events("cnn"), ev.decode_job_event)
-    beats = await client.collect(subjects.job_heartbeat("cnn"), ev.decode_job_heartbeat)
+    beats = await client.collect(subjects.job_heartbeat(A, "cnn"), ev.decode_job_heartbeat)
     samples = await client.collect(subjects.samples("cnn"), ev.decode_sample_event)
     profiles = await client.collect(subjects.profiles("cnn"), ev.decode_sample_event)
     job = cnn_spec("cnn", 3000)
@@ -251,7 +253,8 @@ async def test_failing_commands_fail_and_a_finish_outlives_a_late_stop(
     runs = tmp_path / "runs"
     procs.monitor()
     procs.start("executor", "executor", "--cluster", str(CLUSTER_FILE), "--server-id", A,
-                "--backend", "real", "--run-dir", str(runs), "--stop-grace-s", "10")
+                "--backend", "real", "--run-dir", str(runs), "--stop-grace-s", "10",
+                "--allow-root-jobs")
     await client.wait_node(A)
     events = await client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)
     nodes = await client.collect(subjects.node_heartbeat(A), ev.decode_node_heartbeat)
@@ -316,7 +319,9 @@ def test_a_stop_after_the_finished_line_is_a_finish() -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
     affinity = "local-a=0|1;local-b=1" if len(os.sched_getaffinity(0)) >= 2 else ""
     # torch processes take a second or two to exit on 2 busy cores: a longer grace
-    env = {"HOPS_PROFILE_ITERS": "5", "HOPS_SAMPLE_S": "0.5", "HOPS_STOP_GRACE_S": "15"}
+    env = {"HOPS_PROFILE_ITERS": "5", "HOPS_SAMPLE_S": "0.5", "HOPS_STOP_GRACE_S": "15",
+           # the scripts and the interpreter may lie in root's private folders
+           "HOPS_ALLOW_ROOT_JOBS": "1"}
     with LiveStack(tmp_path_factory.mktemp("real"), CLUSTER_FILE.read_text(), env=env,
                    executor="real", cpu_affinity=affinity) as s:
         yield s
@@ -341,7 +346,8 @@ def test_malformed_commands_are_refused_at_submission(stack: LiveStack) -> None:
         "bad-env-name": ({"env": {"MY-VAR": "1"}}, "'MY-VAR' is not a valid variable name"),
         "env-no-cmd": ({"command": [], "env": {"X": "1"}}, "workdir and env need a command"),
     }
-    with httpx.Client(base_url=stack.config.gateway_url, timeout=10) as gateway:
+    with httpx.Client(base_url=stack.config.gateway_url, timeout=10,
+                      headers=stack.headers) as gateway:
         for job, (change, why) in cases.items():
             spec = submission(job, CNN, 8, CNN_PARAMS, 1000, **change)
             reply = stack.submit(spec)

@@ -30,7 +30,7 @@ from services.runtime.bus import (
     request,
     serve_requests,
 )
-from services.runtime.consumer import ConsumerSpec, Delivery, consume
+from services.runtime.consumer import ConsumerSpec, Delivery, Later, Terminate, consume
 from services.runtime.health import HealthServer
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats, NatsServerError
@@ -254,6 +254,40 @@ async def test_a_poison_message_is_given_up_after_max_deliver(nc: NATS) -> None:
     assert (await js.consumer_info("HOPS_SAMPLES", "poison")).num_ack_pending == 0
 
 
+async def test_a_handler_may_judge_later_or_terminate_quietly(nc: NATS) -> None:
+    """``Later``: redelivered after the nak delay; ``Terminate``: never again,
+    and no error record (the handler audited its refusal itself)."""
+    js = nc.jetstream()
+    await ensure_jetstream(js)
+    errors = await error_records(nc)
+    for job in ("later", "never"):
+        await publish_event(js, subjects.samples(job), ev.SampleReported(sample=_sample(job)),
+                            msg_id=f"id-{job}")
+    seen: list[tuple[str, int, str]] = []
+
+    async def handle(event: ev.SampleEvent, delivery: Delivery) -> None:
+        assert isinstance(event, ev.SampleReported)
+        seen.append((event.sample.job_id, delivery.num_delivered, delivery.msg_id))
+        if event.sample.job_id == "never":
+            raise Terminate("refused")
+        if delivery.num_delivered < 3:
+            raise Later("not yet")
+
+    consumer = fast_consumer("judge", subjects.SAMPLES_ALL, max_deliver=5)
+    task = asyncio.create_task(
+        consume(js, consumer, ev.decode_sample_event, handle, ErrorReporter(nc, "t"))
+    )
+    await eventually(lambda: ("later", 3, "id-later") in seen)
+    await asyncio.sleep(0.3)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert sorted(seen) == [("later", 1, "id-later"), ("later", 2, "id-later"),
+                            ("later", 3, "id-later"), ("never", 1, "id-never")]
+    assert errors.empty()
+    info = await js.consumer_info("HOPS_SAMPLES", "judge")
+    assert info.num_pending == 0 and info.num_ack_pending == 0
+
+
 def _sample(job_id: str) -> ThroughputSample:
     return ThroughputSample(JobId(job_id), ServerId("s0"), GpuType("rtx"), per_gpu_throughput=1.0)
 
@@ -390,6 +424,22 @@ async def test_a_crash_stops_the_service_with_exit_code_1(nats_url: str) -> None
 
     assert await asyncio.wait_for(serve("placer", main, settings_for(nats_url)), 5) == 1
     assert await asyncio.wait_for(serve("placer", main_with_task, settings_for(nats_url)), 5) == 1
+
+
+async def test_a_service_without_the_jetstream_api_creates_no_streams(nats_url: str) -> None:
+    """An executor's identity may not use ``$JS.API``: it runs on the streams
+    the system services made, and serve() must not try to make them."""
+    seen: list[list[str]] = []
+
+    async def main(ctx: ServiceContext) -> None:
+        seen.append(sorted(s.config.name for s in await ctx.js.streams_info()))
+        ctx.stopping.set()
+
+    settings = settings_for(nats_url)
+    assert await asyncio.wait_for(serve("x", main, settings, ensure_streams=False), 5) == 0
+    assert await asyncio.wait_for(serve("y", main, settings), 5) == 0
+    assert seen[0] == []
+    assert {s.name for s in subjects.STREAMS} <= set(seen[1])
 
 
 async def test_run_service_stops_on_sigterm_and_logs_json(nats_url: str, tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ class Faults:
     def __init__(self, up: UpProcess) -> None:
         self.up = up
         self.bus = Bus(up.state()["nats"]["url"], up.admin_seed)
-        self.http = httpx.Client(base_url=up.gateway, timeout=10)
+        self.http = httpx.Client(base_url=up.gateway, timeout=10, headers=up.headers)
         self.accepted: list[str] = []
 
     def pids(self, module: str) -> list[int]:

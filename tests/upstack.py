@@ -46,6 +46,17 @@ class UpProcess:
     out: Path
 
     @property
+    def admin_token(self) -> str | None:
+        """The admin's bearer token (None when started with --no-auth)."""
+        path = self.data_dir / "credentials" / "admin.token"
+        return path.read_text().strip() if path.exists() else None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers of the admin's requests to the gateway."""
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
+    @property
     def admin_seed(self) -> Path | None:
         """The admin's NATS credential (None when started with --no-auth)."""
         seed = self.data_dir / "credentials" / "admin.nk"

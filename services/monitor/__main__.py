@@ -21,6 +21,9 @@ variable                         flag                           default  meaning
                                                                          process that ended
 ``HOPS_NODE_WRITE_S``            ``--node-write-s``             5        write a node's heartbeat
                                                                          time at most this often
+``HOPS_REPORT_WAIT_S``           ``--report-wait-s``            5        wait for an executor's
+                                                                         report's job to be placed
+                                                                         on its server, then refuse
 ``HOPS_NATS_AUDIT_NKEY``         (none)                         none     seed of the ``audit``
                                                                          identity: count
                                                                          nats-server's refused
@@ -50,6 +53,7 @@ _FLOATS = (
     ("orphan_grace_s", "HOPS_ORPHAN_GRACE_S", 60.0),
     ("vanish_grace_s", "HOPS_VANISH_GRACE_S", 30.0),
     ("node_write_s", "HOPS_NODE_WRITE_S", 5.0),
+    ("report_wait_s", "HOPS_REPORT_WAIT_S", 5.0),
 )
 
 

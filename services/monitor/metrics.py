@@ -10,7 +10,8 @@ the monitor counted:
 * the latency ratio (Eq. 6/8, wait/age) of finished jobs, maximum and mean,
   and RAQLR (Eq. 7): the mean latency ratio of the jobs that finished
   within the last ``window_h`` hours (``services.scheduler.fairness.raqlr``);
-* error records seen, per service.
+* error records seen, per service, and the refusals among them (codes
+  ``forbidden`` and ``unauthorized``), per service and code.
 
 Latency ratios are the scheduler's own: :class:`LatencyBook` keeps the
 last value the scheduler's queue view (``hops.v1.queue``) showed for each
@@ -29,9 +30,12 @@ from typing import Literal, get_args
 from services.scheduler.fairness import raqlr
 from shared.ids import JobId, ServerId
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement, QueueEntry
+from shared.wire import FORBIDDEN, UNAUTHORIZED
 
 MetricType = Literal["gauge", "counter"]
 PHASES: tuple[str, ...] = get_args(JobPhase)
+# The error-record codes that are refusals of an identity (the audit).
+REFUSAL_CODES = frozenset({FORBIDDEN, UNAUTHORIZED})
 
 
 class LatencyBook:
@@ -131,6 +135,15 @@ def cluster_metrics(
             Sample("hops_errors_total", n, (("service", svc),))
             for svc, n in sorted(errors.items()))),
     ]
+
+
+def refused_family(refused: Mapping[tuple[str, str], int]) -> Family:
+    """``hops_refused_total{service,code}``: refusals each service audited
+    (error records with a code of :data:`REFUSAL_CODES`)."""
+    return Family("hops_refused_total", "counter",
+                  "Refused actions (error records with code forbidden or unauthorized).",
+                  tuple(Sample("hops_refused_total", n, (("service", svc), ("code", code)))
+                        for (svc, code), n in sorted(refused.items())))
 
 
 def _value(v: float) -> str:

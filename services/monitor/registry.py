@@ -60,14 +60,14 @@ class NodeRegistry:
             if rec.alive:  # a fresh deadline: the monitor was away, not the node
                 self.tracker.watch_node(rec.server.id, now)
 
-    async def register(self, req: RegisterNode) -> None:
+    async def register(self, req: RegisterNode, subject: str) -> None:
         """Admit the node (:class:`Rejected` when it contradicts what is registered)."""
         now = self.clock()
         sid = req.server.id
         try:
             record = admit(self.nodes, req, now)
         except Refusal as e:
-            await self.ctx.reporter.report(subjects.NODES_REGISTER, str(e), e.code)
+            await self.ctx.reporter.report(subject, str(e), e.code)
             raise Rejected(e.code, str(e)) from None
         await self._put(record)
         self.tracker.watch_node(sid, now)

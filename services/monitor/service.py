@@ -1,9 +1,16 @@
 """The monitor service shell (§3.1: it "continuously checks if a job has
 failed or ended, releasing the occupied resources immediately").
 
-* ``hops.v1.nodes.register`` and ``hops.v1.nodes.remove``: admits and
-  removes nodes, kept in ``hops_nodes`` by :mod:`services.monitor.registry`
-  (a removed node's jobs are requeued);
+* ``hops.v1.nodes.register.<server_id>`` and ``hops.v1.nodes.remove``:
+  admits and removes nodes, kept in ``hops_nodes`` by
+  :mod:`services.monitor.registry` (a removed node's jobs are requeued);
+* what executors send is held to the server its subject names, and to the
+  jobs placed there (:mod:`services.monitor.authz`): a registration or
+  heartbeat of another server is refused, a heartbeat entry of a job not
+  placed there is ignored; ``HOPS_REPORTS`` is relayed, checked, to the
+  canonical subjects (:mod:`services.monitor.relay`); each refusal is
+  logged, published as an error record (code ``forbidden``) and counted in
+  ``hops_refused_total``;
 * node and job heartbeats feed the :class:`DeadlineTracker`, checked every
   ``check_s``; a heartbeat from a server never registered is an error
   record (at most one per server per minute); a lost node that beats again
@@ -34,16 +41,31 @@ from dataclasses import dataclass
 from functools import partial
 
 import msgspec
-import nats.errors
-import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from services.monitor.authz import (
+    PlacementHistory,
+    Suspects,
+    foreign_jobs,
+    heartbeat_refusal,
+    job_beat_refusal,
+    register_refusal,
+    without_jobs,
+)
 from services.monitor.deadlines import DeadlineTracker
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.monitor.exposition import MetricsServer
-from services.monitor.metrics import LatencyBook, cluster_metrics, render
+from services.monitor.follow import poll_queue, watch_bucket
+from services.monitor.metrics import (
+    REFUSAL_CODES,
+    LatencyBook,
+    cluster_metrics,
+    refused_family,
+    render,
+)
 from services.monitor.registry import NodeRegistry
+from services.monitor.relay import RelaySettings, ReportRelay, audit, follow_plans
 from services.monitor.release import (
     EarlyReports,
     Release,
@@ -55,11 +77,12 @@ from services.monitor.release import (
     on_vanished,
 )
 from services.monitor.releaser import Releaser
-from services.runtime.bus import serve_requests
+from services.runtime.bus import serve_requests, serve_scoped_requests
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.events import (
+    FORBIDDEN,
     INVALID,
     JobCancelled,
     JobEvent,
@@ -79,9 +102,11 @@ from shared.events import (
     decode_register,
     decode_remove_node,
     decode_sample_event,
+    encode,
+    error_reply,
 )
 from shared.ids import JobId, ServerId
-from shared.records import JobRecord, Placement, QueueView
+from shared.records import JobRecord, Placement
 
 
 @dataclass(frozen=True)
@@ -98,6 +123,8 @@ class MonitorSettings:
     unknown_report_s: float = 60.0
     node_write_s: float = 5.0  # a node's last_heartbeat in hops_nodes, at most this often
     fetch_timeout_s: float = 1.0
+    report_wait_s: float = 5.0  # for a report's job to be known placed on its server
+    report_retry_s: float = 0.5
 
 
 class Monitor:
@@ -115,6 +142,10 @@ class Monitor:
         self.jobs: dict[JobId, JobRecord] = {}
         self.ended: set[JobId] = set()
         self.errors: Counter[str] = Counter()
+        self.refused: Counter[tuple[str, str]] = Counter()  # (service, code)
+        self.history = PlacementHistory()
+        # A start's first heartbeats come before its placement is written.
+        self.suspects = Suspects(grace=2 * settings.heartbeat_timeout_s)
         self.metrics_port: int | None = None
 
     # --- start ------------------------------------------------------------------------
@@ -129,12 +160,14 @@ class Monitor:
                                      self.settings.unknown_report_s, self.clock)
         await self.registry.load()
         synced = [asyncio.Event(), asyncio.Event()]
-        self.ctx.spawn(self._watch(subjects.KV_ALLOC, self._on_alloc, synced[0]), "watch-alloc")
-        self.ctx.spawn(self._watch(subjects.KV_JOBS, self._on_job_record, synced[1]),
+        self.ctx.spawn(watch_bucket(self.ctx, subjects.KV_ALLOC, self._on_alloc, synced[0]),
+                       "watch-alloc")
+        self.ctx.spawn(watch_bucket(self.ctx, subjects.KV_JOBS, self._on_job_record, synced[1]),
                        "watch-jobs")
         await asyncio.gather(*(e.wait() for e in synced))
         nc, rep = self.ctx.nc, self.ctx.reporter
-        await serve_requests(nc, subjects.NODES_REGISTER, decode_register, self._on_register, rep)
+        await serve_scoped_requests(nc, subjects.NODES_REGISTER_ALL, decode_register,
+                                    self._on_register, rep)
         await serve_requests(nc, subjects.NODES_REMOVE, decode_remove_node, self._on_remove, rep)
         await self._subscribe(subjects.NODE_HEARTBEATS_ALL, self._on_node_beat)
         await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_job_beat)
@@ -149,42 +182,18 @@ class Monitor:
         self.ctx.spawn(consume(self.ctx.js, profiles, decode_sample_event, self._on_profile,
                                self.ctx.reporter, self.ctx.stopping),
                        "profiles")
+        self.relay = ReportRelay(self.ctx, self.history, RelaySettings.waiting(
+            self.settings.report_wait_s, self.settings.report_retry_s, fetch))
+        self.ctx.spawn(follow_plans(self.ctx, self.history, fetch), "plans")
+        self.ctx.spawn(self.relay.run(), "reports")
         self.ctx.spawn(self._check_loop(), "deadlines")
-        self.ctx.spawn(self._queue_loop(), "queue-view")
+        self.ctx.spawn(poll_queue(self.ctx, self.book, self.settings.queue_poll_s), "queue-view")
         if self.settings.metrics_port is not None:
             self.metrics = MetricsServer(self.render_metrics, host=self.settings.metrics_host,
                                          port=self.settings.metrics_port)
             self.metrics_port = await self.metrics.start()
         self.log.info("monitor started", nodes=len(self.registry.nodes),
                       metrics_port=self.metrics_port)
-
-    async def _watch(self, bucket: str, on_entry: Callable[[KeyValue.Entry], None],
-                     synced: asyncio.Event) -> None:
-        """Follow every key of ``kv``. A watcher does not outlive a restart of
-        the NATS server, so after each reconnect a new one replays the latest
-        value (or delete marker) of every key; the handlers are idempotent."""
-        nc = self.ctx.nc
-        while not self.ctx.stopping.is_set():
-            reconnects = nc.stats["reconnects"]
-            try:
-                watcher = await (await self.ctx.js.key_value(bucket)).watchall()
-            except nats.errors.Error as e:
-                self.log.warning("cannot watch", bucket=bucket, error=repr(e))
-                await asyncio.sleep(1.0)
-                continue
-            try:
-                while nc.stats["reconnects"] == reconnects:
-                    try:
-                        entry = await watcher.updates(timeout=1.0)  # type: ignore[no-untyped-call]
-                    except nats.errors.TimeoutError:
-                        continue
-                    if entry is None:
-                        synced.set()
-                    else:
-                        on_entry(entry)
-            finally:
-                with contextlib.suppress(Exception):
-                    await watcher.stop()  # type: ignore[no-untyped-call]
 
     def _on_alloc(self, entry: KeyValue.Entry) -> None:
         job = JobId(entry.key)
@@ -199,6 +208,7 @@ class Monitor:
                 f"kv.{subjects.KV_ALLOC}.{job}", str(e), INVALID, entry.value))
             return
         self.placements[job] = placement
+        self.history.placed(job, placement.configuration.servers)
         now = self.clock()
         self.tracker.expect(job, placement.configuration.servers, now)
         if job in self.ended:  # it ended before its placement was written
@@ -210,17 +220,25 @@ class Monitor:
         job = JobId(entry.key)
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             self.jobs.pop(job, None)
+            self.history.forget(job)
             return
         with contextlib.suppress(msgspec.DecodeError):
             rec = msgspec.json.decode(entry.value, type=JobRecord)
             self.jobs[job] = rec
+            config = rec.configuration
+            self.history.submitted(job, rec.submitted_at, config.servers if config else ())
             if rec.final:
                 self.ended.add(job)
 
     # --- requests and heartbeats ------------------------------------------------------
 
-    async def _on_register(self, req: RegisterNode) -> Message:
-        await self.registry.register(req)
+    async def _on_register(self, req: RegisterNode, subject: str) -> Message:
+        sid = subjects.last_token(subject, subjects.NODES_REGISTER_ALL)
+        refusal = register_refusal(req, sid)
+        if refusal is not None:
+            await audit(self.ctx.reporter, sid, subject, refusal, encode(req))
+            return error_reply(FORBIDDEN, refusal)
+        await self.registry.register(req, subject)
         return Reply(ok=True, server_id=req.server.id)
 
     async def _on_remove(self, req: RemoveNode) -> Message:
@@ -248,8 +266,14 @@ class Monitor:
     async def _on_node_beat(self, msg: Msg) -> None:
         beat = decode_node_heartbeat(msg.data)
         sid = subjects.last_token(msg.subject, subjects.NODE_HEARTBEATS_ALL)
-        if beat.server_id != sid:
-            raise WireError(INVALID, f"heartbeat of {beat.server_id} on the subject of {sid}")
+        refusal = heartbeat_refusal(beat, sid)
+        if refusal is not None:
+            await audit(self.ctx.reporter, sid, msg.subject, refusal, msg.data)
+            return
+        foreign = foreign_jobs(beat, self.history)
+        for job in foreign:
+            self.suspects.saw(job, beat.server_id, msg.subject, self.clock())
+        beat = without_jobs(beat, foreign)
         if not await self.registry.beat(beat, msg.subject, msg.data):
             return
         for job in beat.lost:
@@ -271,13 +295,30 @@ class Monitor:
 
     async def _on_job_beat(self, msg: Msg) -> None:
         beat = decode_job_heartbeat(msg.data)
-        self.tracker.job_beat(beat.job_id, beat.server_id, self.clock(), beat.samples_done)
+        sid, job = subjects.last_two_tokens(msg.subject, subjects.JOB_HEARTBEATS_ALL)
+        refusal = job_beat_refusal(beat, sid, job)
+        if refusal is not None:
+            await audit(self.ctx.reporter, sid, msg.subject, refusal, msg.data)
+        elif not self.history.on(beat.job_id, beat.server_id):
+            self.suspects.saw(beat.job_id, beat.server_id, msg.subject, self.clock())
+        else:
+            self.tracker.job_beat(beat.job_id, beat.server_id, self.clock(), beat.samples_done)
+
+    async def _audit_suspects(self) -> None:
+        for s in self.suspects.due(self.history, self.clock()):
+            await audit(self.ctx.reporter, s.server, s.subject,
+                        f"heartbeat entry of job {s.job}, which is not placed on server "
+                        f"{s.server}; ignored")
 
     async def _on_error_record(self, msg: Msg) -> None:
         try:
-            self.errors[decode_error_record(msg.data).service] += 1
+            record = decode_error_record(msg.data)
         except WireError:  # no error record about an error record: count it, go on
             self.errors["unreadable"] += 1
+            return
+        self.errors[record.service] += 1
+        if record.code in REFUSAL_CODES:
+            self.refused[(record.service, record.code)] += 1
 
     # --- job ends -------------------------------------------------------------------
 
@@ -309,6 +350,7 @@ class Monitor:
                 reconnects = nc.stats["reconnects"]
                 self.tracker.rebase(self.clock())
                 self.log.info("reconnected: every heartbeat deadline starts again")
+            await self._audit_suspects()
             found = self.tracker.check(self.clock())
             for sid, last in found.nodes:
                 await self._node_lost(sid, last)
@@ -351,23 +393,10 @@ class Monitor:
 
     # --- metrics ------------------------------------------------------------------
 
-    async def _queue_loop(self) -> None:
-        decoder = msgspec.json.Decoder(QueueView)
-        while not self.ctx.stopping.is_set():
-            try:
-                reply = await self.ctx.nc.request(subjects.QUEUE, b"", timeout=2.0)
-                view = decoder.decode(reply.data)
-                if view.ok:
-                    self.book.observe(view.entries)
-            except (nats.errors.Error, msgspec.DecodeError) as e:
-                self.log.debug("no queue view", error=repr(e))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.queue_poll_s)
-
     def render_metrics(self) -> str:
         families = cluster_metrics(self.registry.nodes, self.placements, self.jobs, self.book,
                                    self.errors, self.clock(), self.settings.raqlr_window_h)
-        return render(families)
+        return render([*families, refused_family(self.refused)])
 
     async def stop(self) -> None:
         await self.releaser.close()

@@ -128,6 +128,9 @@ class JetStreamLayout:
     samples_max_bytes: int = 4 * _GIB
     plans_max_age: float = 14 * _DAY
     plans_max_bytes: int = _GIB
+    # Executors' reports wait here only until the monitor relayed them.
+    reports_max_age: float = _DAY
+    reports_max_bytes: int = _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -138,6 +141,7 @@ class JetStreamLayout:
             subjects.STREAM_JOBS: (None, self.jobs_max_bytes),
             subjects.STREAM_SAMPLES: (self.samples_max_age, self.samples_max_bytes),
             subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
+            subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
         }
         return tuple(
             StreamConfig(
@@ -242,11 +246,15 @@ REPORTED_REFUSALS = frozenset({"not_found"})
 
 class Rejected(Exception):
     """Raised by a request handler to refuse a valid request (e.g. ``conflict``).
-    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record."""
+    A refusal with a code of :data:`REPORTED_REFUSALS` is also an error record,
+    unless ``audited``: the handler audited it already
+    (:meth:`ErrorReporter.refused`; e.g. another tenant's job, answered
+    ``not_found`` and audited ``forbidden``)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, audited: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.audited = audited
 
 
 class ErrorReporter:
@@ -261,6 +269,18 @@ class ErrorReporter:
     async def report(self, subject: str, error: str, code: str, data: bytes = b"") -> None:
         excerpt = data[:200].decode("utf-8", errors="replace")
         self.log.warning("bad input", subject=subject, code=code, error=error, excerpt=excerpt)
+        await self.publish(subject, error, code, excerpt)
+
+    async def refused(self, identity: str, subject: str, reason: str, code: str,
+                      data: bytes = b"") -> None:
+        """Audit a refusal on purpose (``forbidden``, ``unauthorized``): who
+        tried what, and why it was refused; an error record with ``code``."""
+        excerpt = data[:200].decode("utf-8", errors="replace")
+        self.log.warning("refused", identity=identity, subject=subject, reason=reason, code=code)
+        await self.publish(subject, reason, code, excerpt)
+
+    async def publish(self, subject: str, error: str, code: str, excerpt: str = "") -> None:
+        """Publish the error record (never raises)."""
         record = ErrorRecord(
             service=self.service,
             subject=subject,
@@ -286,7 +306,30 @@ async def serve_requests(
     on_error: Callable[[str, str], Message] = error_reply,
     workers: int | None = None,
 ) -> list[Subscription]:
-    """Serve requests on ``subject``; see the module docstring.
+    """Serve requests on ``subject``; see :func:`serve_scoped_requests`."""
+
+    async def unscoped(req: Req, _subject: str) -> Message:
+        return await handle(req)
+
+    return await serve_scoped_requests(nc, subject, decode, unscoped, reporter, queue=queue,
+                                       on_error=on_error, workers=workers)
+
+
+async def serve_scoped_requests(
+    nc: NATS,
+    subject: str,
+    decode: Callable[[bytes], Req],
+    handle: Callable[[Req, str], Awaitable[Message]],
+    reporter: ErrorReporter,
+    *,
+    queue: str = "",
+    on_error: Callable[[str, str], Message] = error_reply,
+    workers: int | None = None,
+) -> list[Subscription]:
+    """Serve requests on ``subject``; see the module docstring. ``handle``
+    gets each request with the subject it came on: on a wildcard subject
+    whose tokens NATS permissions tie to an identity (a server id), the
+    subject says who asks.
     ``on_error(code, error)`` builds the failed reply (``Reply`` by default;
     a subject whose reply is another message passes its own). Returns once
     the server knows the subscriptions.
@@ -325,7 +368,7 @@ async def serve_requests(
 async def _answer(
     msg: Msg,
     decode: Callable[[bytes], Req],
-    handle: Callable[[Req], Awaitable[Message]],
+    handle: Callable[[Req, str], Awaitable[Message]],
     reporter: ErrorReporter,
     on_error: Callable[[str, str], Message],
 ) -> Message:
@@ -335,9 +378,9 @@ async def _answer(
         await reporter.report(msg.subject, str(e), e.code, msg.data)
         return on_error(e.code, str(e))
     try:
-        return await handle(req)
+        return await handle(req, msg.subject)
     except Rejected as e:
-        if e.code in REPORTED_REFUSALS:
+        if e.code in REPORTED_REFUSALS and not e.audited:
             await reporter.report(msg.subject, str(e), e.code, msg.data)
         else:
             reporter.log.info("request rejected", subject=msg.subject, code=e.code, error=str(e))

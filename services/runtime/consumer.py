@@ -7,7 +7,12 @@
 - calls the handler and acks after it returns;
 - when the handler raises, naks with a delay so JetStream redelivers it,
   up to ``max_deliver`` deliveries; the last failure is reported and the
-  message terminated, so a poison message cannot loop forever.
+  message terminated, so a poison message cannot loop forever;
+- a handler that refused a message on purpose (and audited it) raises
+  :class:`Terminate`: the message is terminated, nothing more reported; one
+  that cannot judge it yet raises :class:`Later`: redelivered after
+  ``nak_delay`` without a warning (the handler gives its verdict on the last
+  delivery, ``Delivery.num_delivered >= ConsumerSpec.max_deliver``).
 
 Delivery is at least once: a message comes again if the service dies
 between the handler's effect and the ack, or when ``ack_wait`` passes.
@@ -65,11 +70,21 @@ class ConsumerSpec:
 @dataclass(frozen=True)
 class Delivery:
     """Where a message came from: its subject, its sequence in the stream
-    (unique, a natural idempotency key) and how often it has been delivered."""
+    (unique, a natural idempotency key), how often it has been delivered
+    and the ``Nats-Msg-Id`` its publisher gave it ("" when none)."""
 
     subject: str
     stream_seq: int
     num_delivered: int
+    msg_id: str = ""
+
+
+class Terminate(Exception):
+    """Raised by a handler that refused the message for good (and said why)."""
+
+
+class Later(Exception):
+    """Raised by a handler that cannot judge the message yet."""
 
 
 Handler = Callable[[T, Delivery], Awaitable[None]]
@@ -120,7 +135,8 @@ async def _process(
     reporter: ErrorReporter,
 ) -> None:
     meta = msg.metadata
-    delivery = Delivery(msg.subject, meta.sequence.stream, meta.num_delivered)
+    msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+    delivery = Delivery(msg.subject, meta.sequence.stream, meta.num_delivered, msg_id)
     try:
         event = decode(msg.data)
     except WireError as e:
@@ -129,6 +145,12 @@ async def _process(
         return
     try:
         await handle(event, delivery)
+    except Terminate:
+        await msg.term()
+        return
+    except Later:
+        await msg.nak(delay=spec.nak_delay)
+        return
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         if 0 < spec.max_deliver <= delivery.num_delivered:

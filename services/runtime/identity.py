@@ -115,7 +115,7 @@ def _service(identity: str, publish: Iterable[str], subscribe: Iterable[str] = (
 
 
 _EVENTS = subjects.JOB_EVENTS_ALL
-_JOB_BEATS = f"{PREFIX}.jobs.heartbeat.>"  # bare and node-scoped heartbeats
+_TENANT_FEEDS = f"{PREFIX}.tenants.*.events.*"
 
 
 def _monitor() -> Permissions:
@@ -125,8 +125,8 @@ def _monitor() -> Permissions:
         MONITOR,
         publish=(_EVENTS, subjects.SAMPLES_ALL, subjects.PROFILES_ALL, subjects.RELEASED,
                  subjects.EXEC_ALL, subjects.QUEUE),
-        subscribe=(subjects.NODES_REGISTER, f"{subjects.NODES_REGISTER}.*", subjects.NODES_REMOVE,
-                   subjects.NODE_HEARTBEATS_ALL, _JOB_BEATS, subjects.ERRORS),
+        subscribe=(subjects.NODES_REGISTER_ALL, subjects.NODES_REMOVE,
+                   subjects.NODE_HEARTBEATS_ALL, subjects.JOB_HEARTBEATS_ALL, subjects.ERRORS),
         kv=(subjects.KV_NODES, subjects.KV_ALLOC),
         responds=True,
     )
@@ -135,9 +135,10 @@ def _monitor() -> Permissions:
 def _scheduler() -> Permissions:
     return _service(
         SCHEDULER,
-        publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, f"{PREFIX}.tenants.*.events.*"),
-        subscribe=(subjects.JOBS_SUBMIT, f"{subjects.JOBS_SUBMIT}.*", subjects.JOBS_CANCEL,
-                   f"{subjects.JOBS_CANCEL}.*", subjects.QUEUE, subjects.RELEASED, _JOB_BEATS),
+        publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, _TENANT_FEEDS),
+        subscribe=(subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL, subjects.JOBS_CANCEL,
+                   subjects.JOBS_CANCEL_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
+                   subjects.JOB_HEARTBEATS_ALL),
         kv=(subjects.KV_JOBS, subjects.KV_LEADER),
         responds=True,
     )
@@ -159,24 +160,16 @@ _SERVICE_TABLE = {
     GATEWAY: _gateway,
 }
 
-# Until executors publish on node-scoped subjects only (docs/events.md),
-# they still use these; each lets an executor speak for any job, so this
-# tuple must be empty once the node-scoped subjects and the monitor's
-# relay are in.
-LEGACY_EXECUTOR_PUBLISH: tuple[str, ...] = (
-    "$JS.API.>", subjects.NODES_REGISTER, subjects.JOB_HEARTBEATS_ALL, _EVENTS,
-    subjects.SAMPLES_ALL, subjects.PROFILES_ALL,
-)
-
-
 def executor_permissions(server_id: str) -> Permissions:
     """One server's executor (and the emulated jobs it starts): only its own
     node-scoped subjects; the server id comes from the subject."""
     sid = check_token(server_id, "server id")
+    # No $JS.API: its reports are plain publishes captured by HOPS_REPORTS
+    # (the stream's ack comes to its inbox), relayed by the monitor.
     return Permissions(
-        publish=(f"{PREFIX}.nodes.register.{sid}", subjects.node_heartbeat(sid),
+        publish=(subjects.nodes_register(sid), subjects.node_heartbeat(sid),
                  f"{PREFIX}.jobs.heartbeat.{sid}.*", f"{PREFIX}.reports.{sid}.*",
-                 subjects.ERRORS, *LEGACY_EXECUTOR_PUBLISH),
+                 subjects.ERRORS),
         subscribe=(subjects.exec_commands(sid), f"{inbox_prefix(executor_identity(sid))}.>"),
         allow_responses=True,
     )
@@ -184,10 +177,10 @@ def executor_permissions(server_id: str) -> Permissions:
 
 def tenant_permissions(tenant: str) -> Permissions:
     """A client of ``tenant``: submit and cancel its jobs, read its feed."""
-    t = check_token(tenant, "tenant")
     return Permissions(
-        publish=(f"{subjects.JOBS_SUBMIT}.{t}", f"{subjects.JOBS_CANCEL}.{t}"),
-        subscribe=(f"{PREFIX}.tenants.{t}.>", f"{inbox_prefix(tenant_identity(t))}.>"),
+        publish=(subjects.tenant_submit(tenant), subjects.tenant_cancel(tenant)),
+        subscribe=(f"{PREFIX}.tenants.{check_token(tenant, 'tenant')}.>",
+                   f"{inbox_prefix(tenant_identity(tenant))}.>"),
     )
 
 

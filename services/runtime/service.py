@@ -87,10 +87,14 @@ async def serve(
     stop: asyncio.Event | None = None,
     layout: JetStreamLayout | None = None,
     grace: float = 5.0,
+    ensure_streams: bool = True,
 ) -> int:
     """Run service ``name`` until ``stop`` is set or SIGINT/SIGTERM arrives;
     return the exit code. Waits for NATS as long as it takes (a signal ends
-    the wait). Logging must already be configured."""
+    the wait). Logging must already be configured. With ``ensure_streams``
+    it first creates or updates the streams and buckets (``layout``); an
+    identity without the JetStream API (an executor) passes False and finds
+    them made by the system services."""
     stopping = asyncio.Event()
     restore = _install_signals(stopping)
     relay = asyncio.create_task(_relay(stop, stopping)) if stop is not None else None
@@ -98,7 +102,8 @@ async def serve(
         nc = await _unless_stopped(connect(settings, name), stopping)
         if nc is None:
             return 0
-        layout = layout or JetStreamLayout(leader_ttl=settings.leader_ttl)
+        layout = (layout or JetStreamLayout(leader_ttl=settings.leader_ttl)
+                  if ensure_streams else None)
         return await _serve_connected(name, main, settings, nc, stopping, layout, grace)
     finally:
         restore()
@@ -112,7 +117,7 @@ async def _serve_connected(
     settings: RuntimeSettings,
     nc: NATS,
     stopping: asyncio.Event,
-    layout: JetStreamLayout,
+    layout: JetStreamLayout | None,
     grace: float,
 ) -> int:
     log = get_logger()
@@ -120,7 +125,8 @@ async def _serve_connected(
     ctx = ServiceContext(name, settings, nc, js, log, ErrorReporter(nc, name), stopping)
     health: HealthServer | None = None
     try:
-        await ensure_jetstream(js, layout)
+        if layout is not None:  # None: the streams are not this identity's to make
+            await ensure_jetstream(js, layout)
         health = await _start_health(ctx)
         log.info("service started", health_port=ctx.health_port, nats=nats_status(nc))
         await _run_main(ctx, main, grace)

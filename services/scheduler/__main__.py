@@ -1,7 +1,9 @@
 """``python -m services.scheduler``: one scheduler replica (Hops §3.1).
 
-Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel`` in
-queue group ``admission``, so jobs are accepted during a failover too. A
+Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel``,
+and their tenant-scoped forms ``...submit.<tenant>``/``...cancel.<tenant>``
+(:mod:`.live_tenancy`), in queue group ``admission``, so jobs are accepted
+during a failover too. A
 submission is validated (:mod:`.live_admission`), published as
 ``job_submitted`` on ``HOPS_JOBS`` (``Nats-Msg-Id`` = job id) and
 acknowledged only once the stream has stored it; its record is then created
@@ -24,17 +26,19 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 import nats.errors
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from structlog.contextvars import bound_contextvars
 
-from services.runtime.bus import Rejected, publish_event, serve_requests
+from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
 from services.scheduler import live_admission as adm
 from services.scheduler import live_state as st
+from services.scheduler import live_tenancy as tn
 from services.scheduler.live_kv import decode_all, get_record
 from services.scheduler.live_lease import (
     LEASE_KEY,
@@ -50,6 +54,7 @@ from services.scheduler.service import Leader
 from shared import events as ev
 from shared import subjects
 from shared.records import NodeRecord
+from shared.tenants import DEFAULT_TENANTS, TenantsFile
 
 # How old admission's copy of the registered nodes may be.
 NODES_MAX_AGE_S = 1.0
@@ -57,26 +62,33 @@ NODES_MAX_AGE_S = 1.0
 
 async def run(ctx: ServiceContext, settings: SchedulerSettings) -> None:
     """The service's main: admission, then the lease loop until stopped."""
-    admission = Admission(ctx, await ctx.js.key_value(subjects.KV_JOBS), settings.policy.r_num)
+    kv = await ctx.js.key_value(subjects.KV_JOBS)
+    admission = Admission(ctx, kv, settings.policy.r_num, settings.tenants)
     queue = subjects.ADMISSION_QUEUE
-    await serve_requests(
-        ctx.nc, subjects.JOBS_SUBMIT, ev.decode_submit, admission.submit, ctx.reporter, queue=queue
-    )
-    await serve_requests(
-        ctx.nc, subjects.JOBS_CANCEL, ev.decode_cancel, admission.cancel, ctx.reporter, queue=queue
-    )
+    # the bare subjects (trusted callers) and the tenant-scoped ones, alike
+    for submit in (subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL):
+        await serve_scoped_requests(
+            ctx.nc, submit, ev.decode_submit, admission.submit, ctx.reporter, queue=queue
+        )
+    for cancel in (subjects.JOBS_CANCEL, subjects.JOBS_CANCEL_TENANT_ALL):
+        await serve_scoped_requests(
+            ctx.nc, cancel, ev.decode_cancel, admission.cancel, ctx.reporter, queue=queue
+        )
     elector = Elector(ctx, settings)
-    ctx.log.info("admission ready", replica=elector.lease.holder)
+    ctx.log.info("admission ready", replica=elector.lease.holder,
+                 tenants=sorted(settings.tenants.tenants))
     await elector.run()
 
 
 class Admission:
     """Submit and cancel handlers, on every replica; see the module docstring."""
 
-    def __init__(self, ctx: ServiceContext, kv: KeyValue, r_num: int) -> None:
+    def __init__(self, ctx: ServiceContext, kv: KeyValue, r_num: int,
+                 tenants: TenantsFile = DEFAULT_TENANTS) -> None:
         self.ctx = ctx
         self.kv = kv
         self.r_num = r_num
+        self.tenants = tenants
         self._nodes: tuple[float, list[NodeRecord]] = (-NODES_MAX_AGE_S, [])
 
     async def nodes(self) -> list[NodeRecord]:
@@ -89,40 +101,49 @@ class Admission:
             self._nodes = (now, nodes)
         return nodes
 
-    async def submit(self, req: ev.SubmitJob) -> ev.Message:
-        with bound_contextvars(job_id=req.spec.id):  # on every line, the runtime's too
-            return await self._submit(req)
+    async def submit(self, req: ev.SubmitJob, subject: str) -> ev.Message:
+        scope = tn.scope_of(subject, subjects.JOBS_SUBMIT_TENANT_ALL)
+        # on every line, the runtime's too: the audit names who asked
+        with bound_contextvars(job_id=req.spec.id, identity=_identity(scope)):
+            return await self._submit(subject, req, scope)
 
-    async def _submit(self, req: ev.SubmitJob) -> ev.Message:
+    async def _submit(self, subject: str, req: ev.SubmitJob, scope: str | None) -> ev.Message:
         problem = adm.check_spec(req.spec)
         if problem is not None:
             error = f"invalid submit_job: {problem}"
-            await self.ctx.reporter.report(subjects.JOBS_SUBMIT, error, ev.INVALID, ev.encode(req))
+            await self.ctx.reporter.report(subject, error, ev.INVALID, ev.encode(req))
             raise Rejected(ev.INVALID, error)
-        refusal = adm.fit_refusal(req.spec, await self.nodes(), self.r_num) or adm.duplicate(
-            req.spec.id, (await get_record(self.kv, req.spec.id))[0]
+        spec, denied = tn.submit_refusal(self.tenants, req.spec, scope)
+        if denied is not None:
+            await self._refuse(denied, subject, scope, ev.encode(req))
+        refusal = adm.fit_refusal(spec, await self.nodes(), self.r_num) or adm.duplicate(
+            spec.id, (await get_record(self.kv, spec.id))[0]
         )
         if refusal is not None:
             if refusal.code != adm.CONFLICT:
-                await self.ctx.reporter.report(subjects.JOBS_SUBMIT, refusal.message, refusal.code)
+                await self.ctx.reporter.report(subject, refusal.message, refusal.code)
             raise Rejected(refusal.code, refusal.message)
         now = time.time()
-        spec = adm.accepted_spec(req.spec, now)
+        spec = adm.accepted_spec(spec, now)
         event = ev.JobSubmitted(job_id=spec.id, spec=spec, at=now)
         ack = await publish_event(self.ctx.js, subjects.job_events(spec.id), event, msg_id=spec.id)
         if ack.duplicate:
             raise Rejected(adm.CONFLICT, f"job {spec.id} was submitted already")
         with contextlib.suppress(KeyWrongLastSequenceError):  # the leader was quicker
             await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
-        self.ctx.log.info("job accepted", stream_seq=ack.seq)
+        self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant)
         return ev.Reply(ok=True, job_id=spec.id)
 
-    async def cancel(self, req: ev.CancelJob) -> ev.Message:
-        with bound_contextvars(job_id=req.job_id):
-            return await self._cancel(req)
+    async def cancel(self, req: ev.CancelJob, subject: str) -> ev.Message:
+        scope = tn.scope_of(subject, subjects.JOBS_CANCEL_TENANT_ALL)
+        with bound_contextvars(job_id=req.job_id, identity=_identity(scope)):
+            return await self._cancel(req, subject, scope)
 
-    async def _cancel(self, req: ev.CancelJob) -> ev.Message:
+    async def _cancel(self, req: ev.CancelJob, subject: str, scope: str | None) -> ev.Message:
         record = (await get_record(self.kv, req.job_id))[0] if adm.valid_id(req.job_id) else None
+        denied = tn.cancel_scope_refusal(self.tenants, req.job_id, record, scope)
+        if denied is not None:
+            await self._refuse(denied, subject, scope, ev.encode(req))
         refusal = adm.cancel_refusal(req.job_id, record)
         if refusal is not None:
             raise Rejected(refusal.code, refusal.message)
@@ -131,6 +152,19 @@ class Admission:
         await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
         self.ctx.log.info("job cancelled", reason=req.reason)
         return ev.Reply(ok=True, job_id=req.job_id)
+
+    async def _refuse(self, denied: tn.TenantRefusal, subject: str, scope: str | None,
+                      data: bytes) -> NoReturn:
+        """Audit a refusal of the tenants' rules (who, what, why), then refuse."""
+        audit = denied.audit or denied.code
+        await self.ctx.reporter.refused(_identity(scope), subject, denied.message, audit, data)
+        raise Rejected(denied.code, denied.message, audited=True)
+
+
+def _identity(scope: str | None) -> str:
+    """Who asked, for the log: a tenant's client, or a trusted caller (the
+    gateway or an admin; nats-server let it publish the bare subject)."""
+    return f"tenant-{scope}" if scope is not None else "trusted"
 
 
 class Elector:
@@ -223,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, var, flag in FIELDS:
         parser.add_argument(flag, dest=name, type=float, metavar="S", help=f"overrides ${var}")
     parser.add_argument("--replica-id", metavar="ID", help="overrides $HOPS_REPLICA_ID")
+    parser.add_argument("--tenants", metavar="FILE", help="overrides $HOPS_TENANTS")
     try:
         runtime, args = parse_args(argv, parser=parser)
         settings = scheduler_settings(os.environ, vars(args))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -13,10 +14,11 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from structlog.typing import FilteringBoundLogger
 
+from services.runtime.consumer import ConsumerSpec
 from services.runtime.kv import read_bucket as kv_read
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
@@ -89,3 +91,29 @@ async def watch_topology(
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+async def unacked(js: JetStreamContext, spec: ConsumerSpec) -> int:
+    """Deliveries of the durable consumer not acked yet (taken by a leader
+    before this one); 0 before the consumer exists."""
+    with contextlib.suppress(NotFoundError):
+        info = await js.consumer_info(spec.stream, spec.durable)
+        return int(info.num_ack_pending or 0)
+    return 0
+
+
+async def catch_up(js: JetStreamContext, spec: ConsumerSpec, held: int,
+                   log: FilteringBoundLogger, limit_s: float = 5.0) -> None:
+    """Before the first plan, wait until the consumer has applied what the
+    stream holds for it (events of the interregnum), for at most ``limit_s``.
+    The ``held`` events a killed leader took and never acked come again only
+    after the consumer's ack wait; admission wrote their jobs' records, so
+    the first plan does not wait for them."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(NotFoundError):  # not created yet
+            info = await js.consumer_info(spec.stream, spec.durable)
+            if info.num_pending == 0 and (info.num_ack_pending or 0) <= held:
+                return
+        await asyncio.sleep(0.05)
+    log.warning("planning before every job event was applied")

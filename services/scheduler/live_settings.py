@@ -12,6 +12,9 @@ variable                        flag                     default
 ``HOPS_PLACEMENT_GRACE_S``      ``--placement-grace-s``  60 (how long an issued
                                                          start or profiling task
                                                          is awaited)
+``HOPS_TENANTS``                ``--tenants``            none: the one tenant
+                                                         ``default`` (the tenants
+                                                         file, shared.tenants)
 ==============================  =======================  =========================
 
 The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 5 s; the lease
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 
 from services.runtime.settings import env_float
 from services.scheduler.planner import HopsSettings
+from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class SchedulerSettings:
     replan_delay_s: float = 1.0
     grace_s: float = 60.0
     policy: HopsSettings = field(default_factory=HopsSettings)
+    # who may submit, and run commands (admission, :mod:`.live_tenancy`)
+    tenants: TenantsFile = field(default_factory=lambda: DEFAULT_TENANTS)
 
     def __post_init__(self) -> None:
         for name in ("round_s", "refresh_s", "estimate_timeout_s"):
@@ -64,7 +70,7 @@ def scheduler_settings(
 ) -> SchedulerSettings:
     """Settings from ``env``, overridden by ``flags`` (field name → value,
     ``None`` for a flag not given). Raises ``SettingsError`` naming the
-    variable or the flag."""
+    variable or the flag, or ``TenantsError`` naming the tenants file."""
     flags = flags or {}
     values: dict[str, object] = {}
     defaults = SchedulerSettings()
@@ -75,4 +81,7 @@ def scheduler_settings(
         if given is not None:
             values[name] = env_float(flag, 0.0, env={flag: str(given)}, minimum=minimum)
     values["replica_id"] = str(flags.get("replica_id") or env.get("HOPS_REPLICA_ID", "")).strip()
+    tenants = str(flags.get("tenants") or env.get(TENANTS_ENV, "")).strip()
+    if tenants:
+        values["tenants"] = read_tenants(tenants)
     return SchedulerSettings(**values)  # type: ignore[arg-type]

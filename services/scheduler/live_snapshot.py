@@ -349,3 +349,22 @@ def _window(snapshot: Snapshot, ordered: Sequence[JobState], r_num: int) -> set[
     ]
     capacity = sum(snapshot.free_gpus().values())
     return {e.job_id for e in service_window(entries, capacity)}
+
+
+def view_now(
+    now: float,
+    records: Mapping[JobId, LiveJobRecord],
+    nodes: Sequence[NodeRecord],
+    allocs: Mapping[JobId, Placement],
+    estimates: Mapping[JobId, JobEstimate],
+    progress: Mapping[JobId, float],
+    inflight: Inflight,
+    settings: HopsSettings,
+    leader: str,
+    term: int,
+) -> QueueView:
+    """:func:`queue_view` of the snapshot the leader would take now, with
+    jobs the placer has not started yet listed as queued."""
+    snapshot = build_snapshot(now, records, nodes, allocs, estimates, progress, inflight, True,
+                              starts_run=False, r_num=settings.r_num).snapshot
+    return queue_view(snapshot, records, settings, leader, term)

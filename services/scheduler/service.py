@@ -10,7 +10,9 @@ submitted or becomes plannable, resources are released or the alive servers
 change (:mod:`.live_round`): a snapshot from ``hops_jobs``, ``hops_nodes``
 and ``hops_alloc`` (:mod:`.live_snapshot`), estimates from
 ``hops.v1.estimate``, :class:`~.planner.HopsPolicy`, and a ``plan_issued``
-with its lease term. It answers ``hops.v1.queue`` with the queue view as of
+with its lease term. It republishes each job event on its tenant's live feed,
+``hops.v1.tenants.<tenant>.events.<job_id>`` (:mod:`.live_tenancy`). It
+answers ``hops.v1.queue`` with the queue view as of
 the request; estimates are refreshed for it every ``HOPS_PRIORITY_REFRESH_S``
 seconds (:mod:`.live_settings` lists the settings).
 """
@@ -37,7 +39,15 @@ from services.runtime.service import ServiceContext
 from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
-from services.scheduler.live_kv import decode_all, get_record, read_bucket, watch_topology
+from services.scheduler import live_tenancy as tn
+from services.scheduler.live_kv import (
+    catch_up,
+    decode_all,
+    get_record,
+    read_bucket,
+    unacked,
+    watch_topology,
+)
 from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
 from services.scheduler.live_settings import SchedulerSettings
@@ -87,7 +97,7 @@ class Leader:
             await self._subscribe(subjects.RELEASED, self._on_released),
             await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_heartbeat),
         ]
-        held = await self._unacked()  # taken by a leader before this one
+        held = await unacked(js, JOBS_CONSUMER)  # taken by a leader before this one
         tasks = [
             asyncio.create_task(
                 consume(
@@ -102,7 +112,7 @@ class Leader:
             asyncio.create_task(self._watch_nodes()),
         ]
         try:
-            await self._catch_up(held)
+            await catch_up(js, JOBS_CONSUMER, held, self.log)
             await self._loop(tasks)
         finally:
             for task in tasks:
@@ -129,27 +139,6 @@ class Leader:
         s = self.settings
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
         self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
-
-    async def _unacked(self) -> int:
-        with contextlib.suppress(NotFoundError):  # not created yet
-            info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
-            return int(info.num_ack_pending or 0)
-        return 0
-
-    async def _catch_up(self, held: int, limit_s: float = 5.0) -> None:
-        """Before the first plan, apply what ``HOPS_JOBS`` holds for the
-        consumer (events of the interregnum), for at most ``limit_s``. The
-        ``held`` events a killed leader took and never acked come again only
-        after the consumer's ack wait; admission wrote their jobs' records,
-        so the first plan does not wait for them."""
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(NotFoundError):  # not created yet
-                info = await self.ctx.js.consumer_info(JOBS_CONSUMER.stream, JOBS_CONSUMER.durable)
-                if info.num_pending == 0 and (info.num_ack_pending or 0) <= held:
-                    return
-            await asyncio.sleep(0.05)
-        self.log.warning("planning before every job event was applied")
 
     async def _subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Subscription:
         sub = await self.ctx.nc.subscribe(subject, cb=cb)
@@ -202,6 +191,7 @@ class Leader:
                 except KeyWrongLastSequenceError:
                     if attempt == 2:
                         raise
+        await self._feed(applied.record or rec, event, delivery, applied.record is not None)
         if applied.note == "unknown job":
             error = f"{tag} for unknown job {job_id}"
             await self.ctx.reporter.report(delivery.subject, error, "not_found")
@@ -210,6 +200,19 @@ class Leader:
             self.log.info("job event applied", kind=tag, phase=phase, note=note)
         if st.wants_plan(rec, applied.record, event):
             self._replan()
+
+    async def _feed(
+        self, rec: LiveJobRecord | None, event: ev.JobEvent, delivery: Delivery, changed: bool
+    ) -> None:
+        """Republish ``event`` on its tenant's live feed: the leader applies
+        every event, and each once (:func:`.live_tenancy.feed_subject`)."""
+        subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
+        if subject is None:
+            return
+        try:
+            await self.ctx.nc.publish(subject, ev.encode(event))
+        except Exception as e:  # the feed is a convenience: never fail the event for it
+            self.log.warning("tenant feed publish failed", subject=subject, error=repr(e))
 
     def _facts(self, job_id: JobId) -> st.Facts:
         given_up = self.inflight.given_up(job_id)
@@ -255,8 +258,15 @@ class Leader:
                 self._replan()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        with contextlib.suppress(ev.WireError):
+        with contextlib.suppress(ev.WireError, subjects.SubjectError):
             beat = ev.decode_job_heartbeat(msg.data)
+            sid, job = subjects.last_two_tokens(msg.subject, subjects.JOB_HEARTBEATS_ALL)
+            # Progress only from the servers the job is placed on, as the subject
+            # (which NATS ties to the executor's identity) says; the monitor audits.
+            placed = (self.allocs or {}).get(beat.job_id)
+            if (beat.job_id, beat.server_id) != (job, sid) or (
+                    placed is not None and sid not in placed.configuration.servers):
+                return
             self.progress[beat.job_id] = max(self.progress.get(beat.job_id, 0.0), beat.samples_done)
 
     async def _on_queue(self, msg: Msg) -> None:
@@ -275,20 +285,9 @@ class Leader:
             return QueueView(ok=False, error="the leader is starting", term=self.term)
         records = {k: r for k, (r, _) in self.records.items()}
         try:
-            snapshot = snap.build_snapshot(
-                time.time(),
-                records,
-                self.nodes,
-                self.allocs,
-                self.estimates,
-                self.progress,
-                self.inflight,
-                True,
-                starts_run=False,  # listed as queued until the placer starts it
-                r_num=self.settings.policy.r_num,
-            ).snapshot
-            policy, holder = self.settings.policy, self.lease.holder
-            return snap.queue_view(snapshot, records, policy, holder, self.term)
+            return snap.view_now(time.time(), records, self.nodes, self.allocs, self.estimates,
+                                 self.progress, self.inflight, self.settings.policy,
+                                 self.lease.holder, self.term)
         except Exception as e:  # a bad reply, not a dead leader
             self.log.exception("queue view failed")
             return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
