@@ -190,7 +190,7 @@ def test_hops_submit_retries_until_a_scheduler_answers(faults: Faults, tmp_path:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  - {id: retried, model: resnet18-cifar10, batch_size: 128,\n"
                     f"     params: 11689512, total_samples: {SHORT}, requirements: [1, 2]}}\n")
-    env = {"HOPS_GATEWAY_URL": faults.up.gateway}
+    env = {"HOPS_GATEWAY_URL": faults.up.gateway, "HOPS_TOKEN": faults.up.admin_token or ""}
     result = CliRunner().invoke(app, ["submit", str(jobs)], env=env)
     assert result.exit_code == 0, (result.output, faults.up.logs())
     assert result.output.startswith("retried: accepted (attempt "), result.output
