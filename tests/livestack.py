@@ -311,12 +311,17 @@ class LiveStack:
     # --- processes ---------------------------------------------------------------
 
     @property
+    def admin_token(self) -> str:
+        """The admin's bearer token; empty with authentication off."""
+        if not self.auth:
+            return ""
+        return (self.config.credentials_dir / "admin.token").read_text().strip()
+
+    @property
     def headers(self) -> dict[str, str]:
         """HTTP headers of the admin's requests to the gateway."""
-        if not self.auth:
-            return {}
-        token = (self.config.credentials_dir / "admin.token").read_text().strip()
-        return {"Authorization": f"Bearer {token}"}
+        token = self.admin_token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     @property
     def admin_seed(self) -> Path | None:

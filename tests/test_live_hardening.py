@@ -58,7 +58,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 
 
 def hops(stack: LiveStack, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, [*args, "--gateway", stack.config.gateway_url])
+    result = CliRunner().invoke(app, [*args, "--gateway", stack.config.gateway_url],
+                                env={"HOPS_TOKEN": stack.admin_token})
     return result.exit_code, result.output
 
 
