@@ -120,18 +120,30 @@ def test_jobs_submitted_over_nats_and_rest_are_profiled_placed_and_finish(
     assert {"via-nats", "via-rest"} <= {j["job_id"] for j in listed["jobs"]}
 
 
-# A client that knows nothing of Hops but the subject and the JSON of docs/events.md.
+# A client that knows nothing of Hops but the subjects and the JSON of
+# docs/events.md, with its tenant's credential (docs/security.md).
 RAW_CLIENT = """
 import asyncio, json, sys
 import nats
 
 async def main():
-    nc = await nats.connect(sys.argv[1], nkeys_seed=sys.argv[2], inbox_prefix="_INBOX.admin")
+    errors = []
+    async def on_error(e):
+        errors.append(str(e))
+    nc = await nats.connect(sys.argv[1], nkeys_seed=sys.argv[2],
+                            inbox_prefix="_INBOX.tenant-default", error_cb=on_error)
+    feed = await nc.subscribe("hops.v1.tenants.default.events.raw-1")
+    await nc.subscribe("hops.v1.jobs.events.>")  # the system's history: not a tenant's
     body = (b'{"type": "submit_job", "spec": {"id": "raw-1", "model": "resnet50-cifar10",'
             b' "batch_size": 256, "params": 23528522, "total_samples": 20000000,'
             b' "min_gpus": 1, "max_gpus": 4}}')
-    msg = await nc.request("hops.v1.jobs.submit", body, timeout=10)
+    msg = await nc.request("hops.v1.jobs.submit.default", body, timeout=10)
     print(msg.data.decode())
+    kinds = []
+    while "job_finished" not in kinds:
+        kinds.append(json.loads((await feed.next_msg(timeout=60)).data)["type"])
+    print(json.dumps(kinds))
+    print(json.dumps([e for e in errors if "permissions violation" in e.lower()]))
     ours = ("shared", "services", "hops", "executor", "gateway", "simulator", "tests")
     print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(ours))))
     await nc.close()
@@ -140,15 +152,21 @@ asyncio.run(main())
 """
 
 
-def test_a_bare_nats_client_submits_raw_json(stack: LiveStack, tmp_path: Path) -> None:
+def test_a_tenant_nats_client_submits_raw_json_and_follows_its_job(
+    stack: LiveStack, tmp_path: Path
+) -> None:
+    seed = stack.config.credentials_dir / "tenant-default.nk"
     # -I: isolated, neither the working directory nor PYTHONPATH is on the path
     done = subprocess.run([sys.executable, "-I", "-c", RAW_CLIENT, stack.config.nats_url,
-                           str(stack.admin_seed)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                           str(seed)], cwd=tmp_path, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
-    reply_line, imported = done.stdout.splitlines()
+    reply_line, kinds_line, refused_line, imported = done.stdout.splitlines()
     reply = json.loads(reply_line)
     assert (reply["type"], reply["ok"], reply["job_id"]) == ("reply", True, "raw-1"), reply
+    kinds = json.loads(kinds_line)
+    assert kinds[0] == "job_submitted" and kinds[-1] == "job_finished", kinds
+    refused = json.loads(refused_line)
+    assert len(refused) == 1 and "hops.v1.jobs.events.>" in refused[0], refused
     assert json.loads(imported) == []
     assert stack.wait_final(["raw-1"], 60) == {"raw-1": "finished"}
     check_ran_to_the_end(stack, "raw-1")
