@@ -187,6 +187,12 @@ def test_nats_refuses_an_anonymous_client_and_the_monitor_records_it(stack: Live
                    if (e.get("service"), e.get("code")) == ("nats", "unauthorized")],
           "the refusal recorded", 15, stack.logs)
 
+    def counted() -> bool:
+        text = httpx.get(stack.config.metrics_url, timeout=5).text
+        return 'hops_refused_total{service="nats",code="unauthorized"}' in text
+
+    until(counted, "the refusal counted in hops_refused_total", 15, stack.logs)
+
 
 def test_bad_input_gets_clear_errors_and_changes_nothing(
     stack: LiveStack, gateway: httpx.Client
