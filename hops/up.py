@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -75,7 +76,8 @@ def wait_healthy(launcher: Launcher, gateway: Child, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     see = f"see {gateway.log}"
     ca = launcher.config.trusted_ca
-    with httpx.Client(timeout=1.0, verify=str(ca) if ca else True) as client:
+    verify = ssl.create_default_context(cafile=str(ca)) if ca else True
+    with httpx.Client(timeout=1.0, verify=verify) as client:
         while not launcher.stopping.is_set():
             if _healthy(client, launcher.config.gateway_url):
                 return
