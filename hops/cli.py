@@ -11,6 +11,7 @@ from typing import Annotated, TypeVar
 import msgspec
 import typer
 
+from hops import cli_auth
 from hops.client import GatewayClient
 from hops.stack import DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
@@ -338,7 +339,8 @@ def queue(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt 
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
 
 
-nodes_app = typer.Typer(help="The registered servers (`hops nodes`), and their removal.")
+nodes_app = typer.Typer(
+    help="The registered servers (`hops nodes`), their removal and the enrolment of new ones.")
 app.add_typer(nodes_app, name="nodes")
 
 
@@ -373,57 +375,6 @@ def nodes_remove(
     typer.echo(render_answer(server_id, answer, verb="removed"))
     if not answer.ok:
         raise typer.Exit(1)
-
-
-@nodes_app.command("enrol")
-def nodes_enrol(
-    server_id: Annotated[str, typer.Argument(help="the server's id")],
-    data_dir: Annotated[Path, typer.Option(help="the data folder of `hops up`")] = Path(".hops"),
-) -> None:
-    """Issue the NATS credential of an executor on another host (kept if it
-    exists), admit it in nats-server and reload a running one. Copy the
-    printed file to that host (mode 0600) and start its executor with
-    HOPS_NATS_NKEY pointing at it."""
-    from hops.credentials import CredentialsError, enrol, reload_nats
-    from hops.stack import StackConfig
-    from services.runtime.identity import IdentityError
-
-    config = StackConfig(data_dir=data_dir)
-    try:
-        seed = enrol(config.credentials_dir, server_id)
-    except (CredentialsError, IdentityError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"{seed}")
-    typer.echo(reload_nats(config.state_file), err=True)
-
-
-@app.command()
-def credentials(
-    out: Annotated[Path, typer.Option(help="folder to write them to (e.g. secrets/)")],
-    cluster: Annotated[str, typer.Option(help="the cluster whose executors get one each")] = (
-        "paper-physical"
-    ),
-    tenants: Annotated[Path | None, typer.Option(help="tenants file")] = None,
-    compose: Annotated[bool, typer.Option(
-        "--compose", help="files readable by the containers' user (the folder stays 0700)"
-    )] = False,
-) -> None:
-    """Generate (or complete) a credentials folder, as `hops up` does in its
-    data folder: for compose's secrets (`hops credentials --out secrets/ --compose`)."""
-    from hops.credentials import CredentialsError, prepare
-    from services.runtime.identity import IdentityError
-    from shared.tenants import TenantsError, load_tenants
-    from simulator.clusters import cluster_arg
-
-    try:
-        file = load_tenants(tenants.read_text()) if tenants is not None else None
-        servers = [s.id for s in cluster_arg(cluster).servers]
-        creds = prepare(out, servers, file, 0o644 if compose else 0o600)
-    except (OSError, SpecError, TenantsError, CredentialsError, IdentityError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(f"credentials in {creds.dir}/ (admin token: {creds.dir}/admin.token)")
 
 
 @app.command()
@@ -470,6 +421,11 @@ def render_plan(snap: Snapshot, result: Plan) -> str:
             f"{p.solve_s * 1000:.1f} ms, {p.status}"
         )
     return "\n".join(lines)
+
+
+# The credentials commands live in hops/cli_auth.py; registered here.
+nodes_app.command("enrol")(cli_auth.nodes_enrol)
+app.command()(cli_auth.credentials)
 
 
 if __name__ == "__main__":  # pragma: no cover
