@@ -249,6 +249,8 @@ def test_every_process_gets_its_own_identity_and_auth_can_be_turned_off() -> Non
     off = by_name(StackConfig(auth=False))
     assert not any(k.startswith(("HOPS_NATS_", "HOPS_TENANTS")) for c in off.values()
                    for k in c.env)
+    assert off["gateway"].env["HOPS_GATEWAY_INSECURE"] == "1"  # no tenants: it must be told
+    assert "HOPS_GATEWAY_INSECURE" not in table["gateway"].env
     base = {"HOPS_NATS_NKEY": "/elsewhere/admin.nk", "HOPS_TENANTS": "/x"}
     assert "HOPS_NATS_NKEY" not in environment(StackConfig(auth=False), off["placer"], base)
     assert "HOPS_TENANTS" not in environment(config, table["placer"], base)
