@@ -160,6 +160,7 @@ _SERVICE_TABLE = {
     GATEWAY: _gateway,
 }
 
+
 def executor_permissions(server_id: str) -> Permissions:
     """One server's executor (and the emulated jobs it starts): only its own
     node-scoped subjects; the server id comes from the subject."""
