@@ -68,7 +68,7 @@ class Executors:
                     "--run-dir", str(self.run_dir), "--sample-s", repr(self.sample_s),
                     "--profile-iters", str(self.profile_iters), "--nats-url", self.nats_url,
                     # a measurement on the operator's own machine: its jobs may run as
-                    # whoever runs it, root included (docs/security-jobs.md)
+                    # whoever runs it, root included (docs/security.md, *Jobs*)
                     "--allow-root-jobs"]
             self.procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log,
                                                stdin=subprocess.DEVNULL))

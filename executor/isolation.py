@@ -1,4 +1,4 @@
-"""Who a real job runs as, and what it inherits (docs/security-jobs.md).
+"""Who a real job runs as, and what it inherits (docs/security.md, *Jobs*).
 
 A job's command is someone else's code. The executor therefore runs it:
 

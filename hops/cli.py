@@ -17,7 +17,6 @@ from hops.stack import DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.scheduler.planner import HopsSettings
 from shared.job import JobSpec
-from shared.snapshot import Plan, Snapshot
 from shared.specs import SpecError
 
 app = typer.Typer(
@@ -54,7 +53,7 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Plan one round for the jobs in a file, with their profiles."""
-    from hops.oneshot import plan_once
+    from hops.oneshot import plan_once, render_plan
 
     settings = HopsSettings(priority=priority, lam=lam, sigma=sigma, mip_rel_gap=gap)
     try:
@@ -392,35 +391,6 @@ def cancel(
     typer.echo(render_answer(job_id, answer, verb="cancelled"))
     if not answer.ok:
         raise typer.Exit(1)
-
-
-def render_plan(snap: Snapshot, result: Plan) -> str:
-    """A human-readable plan: assignments in priority order, then the reasons."""
-    r = result.reasons
-    held = {a.job_id: a for a in result.assignments}
-    lines = [
-        f"cluster {snap.cluster.name}: {snap.cluster.total_gpus} GPUs on "
-        f"{len(snap.cluster.servers)} servers; {len(snap.jobs)} jobs; policy {r.policy}",
-        "",
-        f"{'job':<22} {'priority':>9} {'gpus':>5} {'samples/s':>10}  configuration",
-    ]
-    for jid in sorted(r.priorities, key=lambda j: -r.priorities[j]):
-        a = held.get(jid)
-        where = str(a.config) if a else "waits"
-        gpus = str(a.config.total_gpus) if a else "-"
-        tput = f"{a.throughput:10.1f}" if a else f"{'-':>10}"
-        lines.append(f"{jid:<22} {r.priorities[jid]:9.3f} {gpus:>5} {tput}  {where}")
-    used = sum(a.config.total_gpus for a in result.assignments)
-    lines += ["", f"GPUs used {used}/{snap.cluster.total_gpus}; window {len(r.window)} jobs"]
-    if r.admitted_by_adjustment:
-        lines.append(f"admitted by sensitivity adjustment: {', '.join(r.admitted_by_adjustment)}")
-    for i, p in enumerate(r.passes):
-        lines.append(
-            f"pass {i} ({p.kind}, {p.formulation}): {p.jobs} jobs, {p.variables} columns, "
-            f"objective {p.objective:.4f}, bound {p.bound:.4f}, gap {p.gap:.2%}, "
-            f"{p.solve_s * 1000:.1f} ms, {p.status}"
-        )
-    return "\n".join(lines)
 
 
 # The credentials commands live in hops/cli_auth.py; registered here.

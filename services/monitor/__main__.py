@@ -40,7 +40,8 @@ from collections.abc import Sequence
 
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT, metrics_port
 from services.monitor.natsaudit import watch_auth_errors
-from services.monitor.service import MonitorSettings, run_monitor
+from services.monitor.service import run_monitor
+from services.monitor.settings import MonitorSettings
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, env_float, parse_args
 

@@ -37,7 +37,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 
 import msgspec
@@ -54,7 +53,6 @@ from services.monitor.authz import (
     without_jobs,
 )
 from services.monitor.deadlines import DeadlineTracker
-from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.monitor.exposition import MetricsServer
 from services.monitor.follow import poll_queue, watch_bucket
 from services.monitor.metrics import (
@@ -77,6 +75,7 @@ from services.monitor.release import (
     on_vanished,
 )
 from services.monitor.releaser import Releaser
+from services.monitor.settings import MonitorSettings
 from services.runtime.bus import serve_requests, serve_scoped_requests
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
@@ -107,24 +106,6 @@ from shared.events import (
 )
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, Placement
-
-
-@dataclass(frozen=True)
-class MonitorSettings:
-    heartbeat_timeout_s: float = 3.0
-    check_s: float = 0.2
-    metrics_port: int | None = DEFAULT_METRICS_PORT
-    metrics_host: str = DEFAULT_METRICS_HOST
-    queue_poll_s: float = 5.0
-    raqlr_window_h: float = 1.0
-    command_timeout_s: float = 8.0
-    orphan_grace_s: float = 60.0  # > the placer's command timeout times its attempts
-    vanish_grace_s: float = 30.0  # for the event of a job process that ended
-    unknown_report_s: float = 60.0
-    node_write_s: float = 5.0  # a node's last_heartbeat in hops_nodes, at most this often
-    fetch_timeout_s: float = 1.0
-    report_wait_s: float = 5.0  # for a report's job to be known placed on its server
-    report_retry_s: float = 0.5
 
 
 class Monitor:
