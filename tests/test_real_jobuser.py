@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import nkeys
 import pytest
 
 from executor.isolation import unreachable
@@ -71,8 +72,10 @@ echo "{\"kind\": \"progress\", \"at\": $now, \"samples_done\": 100, \"iterations
   >> "$HOPS_REPORT_FILE"
 echo "{\"kind\": \"finished\", \"at\": $now, \"samples_done\": 100}" >> "$HOPS_REPORT_FILE"
 '''
-SECRETS = {"HOPS_TOKEN": "system-token", "HOPS_NATS_NKEY": "/etc/hops/executor-a.nk",
-           "HOPS_TENANTS": "/etc/hops/tenants.yaml", "DB_PASSWORD": "hunter2"}
+# The executor's own secrets; HOPS_NATS_NKEY (a real seed, which the test's
+# server without authentication ignores) is added by the test.
+SECRETS = {"HOPS_TOKEN": "system-token", "HOPS_TENANTS": "/etc/hops/tenants.yaml",
+           "DB_PASSWORD": "hunter2"}
 
 
 @pytest.fixture
@@ -97,13 +100,14 @@ async def test_a_real_job_runs_as_nobody_without_the_systems_credentials(
     cluster = open_dir / "cluster.yaml"
     cluster.write_text(CLUSTER)
     secret = open_dir / "executor-a.nk"
-    secret.write_text("SUASECRETSEED\n")
+    secret.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
     secret.chmod(0o600)  # root's, as the credentials hops up writes
+    secrets = {**SECRETS, "HOPS_NATS_NKEY": str(secret)}
     runs = open_dir / "runs"
     registered = await registrar(client)
     procs.start("executor", "executor", "--cluster", str(cluster), "--server-id", A,
                 "--backend", "real", "--run-dir", str(runs), "--job-user", "nobody",
-                "--stop-grace-s", "1", **SECRETS)
+                "--stop-grace-s", "1", **secrets)
     await eventually(lambda: bool(registered), 20, "registration")
     assert "jobs run as nobody" in procs.log("executor")
 
@@ -129,8 +133,9 @@ async def test_a_real_job_runs_as_nobody_without_the_systems_credentials(
     assert env["HOME"] == str(job) and env["USER"] == "nobody"
     assert env["HOPS_JOB_ID"] == "who" and env["HOPS_REPORT_FILE"].startswith(str(job))
     leaked = {k for k in env if k.startswith(("HOPS_NATS", "HOPS_TOKEN", "HOPS_TENANTS"))
-              or k in SECRETS or k == "HOPS_HEARTBEAT_S"}
+              or k in secrets or k == "HOPS_HEARTBEAT_S"}
     assert leaked == set(), leaked
+    # (the seed's path is in the job's own env, SECRET_FILE: the job reads it below)
     assert not any(v in json.dumps(env) for v in SECRETS.values())
 
     for folder in (job, job / "logs", job / "checkpoint", job / "reports"):

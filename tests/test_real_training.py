@@ -256,6 +256,8 @@ async def test_failing_commands_fail_and_a_finish_outlives_a_late_stop(
                 "--backend", "real", "--run-dir", str(runs), "--stop-grace-s", "10",
                 "--allow-root-jobs")
     await client.wait_node(A)
+    for job in ("badarg", "raises", "linger"):  # the monitor relays their reports
+        await announce(client, job, {A: 1})
     events = await client.collect(subjects.JOB_EVENTS_ALL, ev.decode_job_event)
     nodes = await client.collect(subjects.node_heartbeat(A), ev.decode_node_heartbeat)
     badarg = cnn_spec("badarg", 1000, "--lr-rule", "cubic")
