@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.scheduler import lifecycle as lc
-from services.scheduler.live_state import Facts, apply_event
+from services.scheduler.live_state import Facts, apply_event, life_of
 from shared import events as ev
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
@@ -84,6 +84,24 @@ def test_random_event_sequences_keep_the_lifecycle_invariants(
         # A finished, failed or cancelled job never runs again: nothing moves it.
         for kind in range(10):
             assert isinstance(lc.step(life, _event(kind, 0, 1e9)), lc.Refused)
+
+
+@settings(max_examples=150, deadline=None)
+@given(SEQUENCES)
+def test_the_live_record_follows_the_lifecycle(seq: list[tuple[int, int]]) -> None:
+    # Profiles on A never cover A and B: the leader's own promotion stays out.
+    facts = Facts({ServerId("a0"): GpuType("A")}, frozenset({GpuType("A"), GpuType("B")}))
+    rec = None
+    life: lc.Life | None = None
+    for i, (kind, config) in enumerate(seq, 1):
+        event = _event(kind, config, float(i))
+        if isinstance(event, lc.Profile | lc.Queue):
+            continue  # the leader's decisions are not stream events
+        outcome = lc.step(life, event)
+        applied = apply_event(rec, event, i, facts)
+        assert isinstance(outcome, lc.Refused) == bool(applied.note)
+        rec, life = applied.record or rec, outcome if isinstance(outcome, lc.Life) else life
+        assert (None if rec is None else life_of(rec)) == life
 
 
 def _life(*events: lc.Transition) -> lc.Life:
