@@ -14,12 +14,18 @@ from hypothesis import strategies as st
 
 from services.scheduler import lifecycle as lc
 from services.scheduler.live_state import Facts, apply_event, life_of
+from services.scheduler.planner import HopsPolicy
 from shared import events as ev
+from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.measurements import ProfileReport
 from simulator import events as sim
+from simulator.catalog import builtin_catalog
+from simulator.engine import Simulation
+from simulator.truth import GroundTruth
+from simulator.workloads import SimJob
 
 J = JobId("j")
 SPEC = JobSpec(J, "resnet50", 32, 1_000_000, 1000, requirements=(1, 2))
@@ -208,3 +214,25 @@ def test_simulator_events_are_a_tagged_union_and_profile_ends_order_by_time() ->
     assert heapq.heappop(heap) is early
     decoded = msgspec.json.decode(msgspec.json.encode(sim.FillPlan(3.0)), type=sim.Event)
     assert decoded == sim.FillPlan(3.0)
+
+
+def test_the_simulator_moves_jobs_through_the_lifecycle() -> None:
+    rtx = GpuType("RTX3090")
+    cluster = Cluster(
+        gpu_types=(GpuTypeSpec(rtx, link_bandwidth=2.5e9, net_bandwidth=1e9),),
+        servers=(Server(ServerId("n0"), rtx, 4, model="TIGERWAY YK8100-8G"),),
+    )
+    spec = JobSpec(JobId("a"), "resnet18-cifar10", 256, 11_181_642, 100_000, requirements=(1, 2))
+    engine = Simulation(
+        cluster, [SimJob(spec=spec, model=spec.model)], HopsPolicy(),
+        GroundTruth(cluster, builtin_catalog()),
+    )
+    (a,) = engine.run().jobs
+    life = engine.jobs[JobId("a")].life
+    assert life is not None and life.phase == "finished" and life.configuration is None
+    assert (a.restarts, a.first_start, a.finish) == (
+        life.restarts, life.first_start, life.finished_at,
+    )
+    assert a.restarts >= 1  # its first start is a restart
+    with pytest.raises(AssertionError):  # no kind of event falls through
+        engine._handle(object())  # type: ignore[arg-type]
