@@ -6,7 +6,10 @@ builds the same :class:`~shared.snapshot.Snapshot` the live scheduler builds
 and calls the policy's ``plan``. Jobs progress at the ground truth's rate, the
 estimator learns only from what profiling and running jobs report, and a
 configuration change costs a checkpoint-restart. Randomness comes from the
-seed; wall-clock time only from the injected ``timer``.
+seed; wall-clock time only from the injected ``timer``. The events are a
+tagged union (``simulator.events``) dispatched with one ``match``; jobs change
+phase only through the lifecycle the live scheduler uses too
+(``services.scheduler.lifecycle``).
 """
 
 from __future__ import annotations
