@@ -30,9 +30,9 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     cluster: str
     workload: str
-    policy: str = "hops"
-    priority: str = "lr"
-    lam: float | None = None
+    policy: str = "hops"  # a spec: a name, or name:setting=value,... (registry)
+    priority: str | None = None  # overrides the spec's, when given
+    lam: float | None = None  # overrides the spec's, when given
     seed: int = 0
     first_n: int | None = None
     compress: float = 1.0

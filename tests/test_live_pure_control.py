@@ -46,7 +46,7 @@ from services.scheduler.live_state import (
     running_configs,
     wants_plan,
 )
-from services.scheduler.planner import HopsPolicy, HopsSettings
+from services.scheduler.planner import HopsPolicy
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -542,12 +542,12 @@ def test_queue_view_follows_the_planner() -> None:
         j: flat_estimate(j, {"A": 50.0 + i, "B": 80.0}) for i, j in enumerate(records) if j != "p"
     }
     snap = build_snapshot(100.0, records, NODES, {}, ests, {}, Inflight(60.0), True).snapshot
-    view = queue_view(snap, records, HopsSettings(), "me", 7)
+    plan = HopsPolicy().plan(snap)
+    view = queue_view(plan.reasons, records, snap.now, "me", 7)
     assert (view.leader, view.term, view.ok) == ("me", 7, True)
     order = [e.job_id for e in view.entries]
     assert order[:6] == ["q5", "q4", "q3", "q2", "q1", "q0"] and order[6] == "p"
     assert view.entries[-1].phase == "profiling" and not view.entries[-1].in_window
-    plan = HopsPolicy().plan(snap)
     assert {e.job_id for e in view.entries if e.in_window} == set(plan.reasons.window)
     for e in view.entries[:6]:
         assert e.priority == pytest.approx(plan.reasons.priorities[e.job_id])

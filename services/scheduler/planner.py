@@ -20,7 +20,7 @@ from typing import Literal
 import msgspec
 
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
-from services.scheduler.priorities import priority_fn, queue_priorities, weights
+from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities, weights
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from services.scheduler.steady import Room, keep_in_place, unplaceable, without
 from services.scheduler.window import (
@@ -139,6 +139,7 @@ class HopsPolicy:
             policy=self.name,
             unplaceable=left_out,
             priorities=queue.priorities,
+            latency_ratios=latency_ratios(snapshot, queue.jobs, self.settings.r_num),
             window=first_window,
             admitted_by_adjustment=tuple(admitted),
             passes=tuple(passes),

@@ -60,7 +60,7 @@ from services.scheduler.baselines.gavel_rounds import (
     select,
 )
 from services.scheduler.ilp import MipOptions
-from services.scheduler.priorities import priority_fn, queue_priorities, weights
+from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities, weights
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from shared.cluster import Cluster
 from shared.configuration import Configuration
@@ -142,6 +142,7 @@ class GavelPolicy:
         reasons = PlanReasons(
             policy=self.name,
             priorities=prios,
+            latency_ratios=latency_ratios(snapshot, jobs, self.settings.r_num, ests),
             passes=(_stats(len(jobs), alloc, assignments, skipped),),
         )
         return GavelRound(

@@ -71,7 +71,7 @@ from services.scheduler.ilp import (
     solve_mip,
     solve_relaxation_duals,
 )
-from services.scheduler.priorities import priority_fn, queue_priorities
+from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
@@ -217,7 +217,10 @@ class SiaPolicy:
         placement = place(snapshot.cluster, free, self._allocations(snapshot, jobs, chosen))
         assignments = self._assignments(snapshot, jobs, chosen, placement)
         stats = _stats(len(jobs), len(columns), result, placement, assignments)
-        reasons = PlanReasons(policy=self.name, priorities=prios, passes=(stats,))
+        ratios = latency_ratios(snapshot, {j.id: j for j in jobs}, self.settings.r_num)
+        reasons = PlanReasons(
+            policy=self.name, priorities=prios, latency_ratios=ratios, passes=(stats,)
+        )
         return Plan(tuple(assignments), tuple(profiling), reasons)
 
     def _queue(self, snapshot: Snapshot) -> tuple[list[JobState], dict[JobId, float]]:
