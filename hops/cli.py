@@ -13,7 +13,7 @@ import typer
 
 from hops import cli_auth
 from hops.client import GatewayClient
-from hops.stack import DEFAULT_SCHEDULERS
+from hops.stack import DEFAULT_ROUND_S, DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from shared.job import JobSpec
 from shared.specs import SpecError
@@ -180,7 +180,8 @@ def up(
     metrics_port: Annotated[int, typer.Option(
         help="the monitor's Prometheus port"
     )] = DEFAULT_METRICS_PORT,
-    round_s: Annotated[float, typer.Option(help="scheduling round, s")] = 30.0,
+    round_s: Annotated[float, typer.Option(help="scheduling round, s")] = DEFAULT_ROUND_S,
+    policy: Annotated[str, typer.Option(envvar="HOPS_POLICY", help=POLICY_HELP)] = "hops",
     schedulers: Annotated[int, typer.Option(
         help="scheduler replicas: all admit jobs, one leads, the others stand by"
     )] = DEFAULT_SCHEDULERS,
@@ -225,7 +226,7 @@ def up(
             cluster=cluster, time_scale=time_scale, data_dir=data_dir,
             gateway_host=gateway_host, gateway_port=gateway_port,
             metrics_host=metrics_host, metrics_port=metrics_port,
-            round_s=round_s, schedulers=schedulers, log_level=log_level,
+            round_s=round_s, policy=policy, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
             auth=not no_auth, tenants=tenants, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
