@@ -15,6 +15,7 @@ from hops import cli_auth
 from hops.client import GatewayClient
 from hops.stack import DEFAULT_ROUND_S, DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.job import JobSpec
 from shared.specs import SpecError
 
@@ -89,8 +90,8 @@ def simulate(
     compress: Annotated[float, typer.Option(help="divide inter-arrival times by this")] = 1.0,
     elastic: Annotated[bool, typer.Option(help="derive elastic requirement sets (traces)")] = False,
     rate: Annotated[float | None, typer.Option(help="arrivals per hour (paper-sim)")] = None,
-    round_s: Annotated[float, typer.Option(help="round length, s")] = 300.0,
-    restart_s: Annotated[float, typer.Option(help="checkpoint-restart cost, s")] = 30.0,
+    round_s: Annotated[float, typer.Option(help="round length, s")] = ROUND_S,
+    restart_s: Annotated[float, typer.Option(help="checkpoint-restart cost, s")] = RESTART_S,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Simulate one policy on one workload; writes OUT/summary.json, jobs.csv, rounds.csv."""

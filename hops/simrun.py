@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from hops.policies import make_policy
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster
 from simulator.catalog import builtin_catalog
 from simulator.clusters import cluster_arg
@@ -38,8 +39,8 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compress: float = 1.0
     elastic: bool = False
     rate_per_h: float | None = None
-    round_s: float = 300.0
-    restart_s: float = 30.0
+    round_s: float = ROUND_S
+    restart_s: float = RESTART_S
 
 
 def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:

@@ -47,6 +47,7 @@ from services.scheduler.live_state import (
     wants_plan,
 )
 from services.scheduler.planner import HopsPolicy
+from services.scheduler.registry import make_policy
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -553,6 +554,28 @@ def test_queue_view_follows_the_planner() -> None:
         assert e.priority == pytest.approx(plan.reasons.priorities[e.job_id])
         assert e.latency_ratio == e.priority  # the LR priority is the latency ratio
     assert msgspec.json.decode(msgspec.json.encode(view), type=type(view)) == view
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel"])
+def test_queue_view_reads_any_policys_reasons_and_lists_late_jobs_unranked(policy: str) -> None:
+    records = {
+        JobId(f"q{i}"): live(f"q{i}", "queued", since=0.0, wait_s=float(10 * i), submit=float(i))
+        for i in range(4)
+    }
+    ests = {j: flat_estimate(j, {"A": 50.0 + i, "B": 80.0}) for i, j in enumerate(records)}
+    snap = build_snapshot(100.0, records, NODES, {}, ests, {}, Inflight(60.0), True).snapshot
+    reasons = make_policy(policy).plan(snap).reasons
+    assert reasons.policy == policy and set(reasons.latency_ratios) == set(records)
+    records[JobId("late")] = live("late", "queued", submit=50.0)  # since the plan
+    records[JobId("held")] = live("held", "queued", submit=51.0, reason="unschedulable: x")
+    records[JobId("ran")] = live("ran", "running", submit=52.0)
+    view = queue_view(reasons, records, snap.now, "me", 3)
+    assert [e.job_id for e in view.entries] == ["q3", "q2", "q1", "q0", "late"]
+    for e in view.entries[:4]:
+        assert e.priority == reasons.priorities[e.job_id] > 0 and not e.in_window
+        assert e.latency_ratio == reasons.latency_ratios[e.job_id]
+    assert (view.entries[-1].priority, view.entries[-1].phase) == (0.0, "queued")
+    assert view.at == 100.0
 
 
 # --- round timing ------------------------------------------------------------------

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from services.runtime.settings import SettingsError, env_float
 from services.scheduler.registry import HopsSpec, PolicyError, PolicySpec, parse_policy
+from services.scheduler.rounds import ROUND_S
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
 
 
@@ -38,7 +39,7 @@ from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenan
 class SchedulerSettings:
     """See the module docstring; ``policy`` is the spec the leader plans with."""
 
-    round_s: float = 300.0
+    round_s: float = ROUND_S
     refresh_s: float = 30.0
     estimate_timeout_s: float = 5.0
     replica_id: str = ""

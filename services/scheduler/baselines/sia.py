@@ -73,6 +73,7 @@ from services.scheduler.ilp import (
 )
 from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.rounds import RESTART_S
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
@@ -89,7 +90,7 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     p: float = -0.5
     lam: float = 1.1
-    restart_penalty: float = 30.0  # S_i of Sia Eq. (2), seconds lost per restart
+    restart_penalty: float = RESTART_S  # S_i of Sia Eq. (2), seconds lost per restart
     priority: str = "lr"
     r_num: int = 8
     scale_to_min_gpus: bool = True
