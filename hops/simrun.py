@@ -60,8 +60,8 @@ def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
 
 
 def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, SimResult]:
+    policy = make_policy(spec.policy, spec.priority, spec.lam)  # a bad spec: before the work
     cluster, truth, jobs = prepare(spec)
-    policy = make_policy(spec.policy, spec.priority, spec.lam)
     settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed)
     sim = Simulation(cluster, jobs, policy, truth, settings, timer=time.perf_counter)
     return cluster, sim.run(progress)

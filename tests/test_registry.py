@@ -3,11 +3,15 @@ parser for every entry point, and clear errors."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
+from typer.testing import CliRunner
 
+from hops.cli import app
 from hops.policies import make_policy, resolve
 from services.runtime.settings import SettingsError
 from services.scheduler.baselines.gavel import GavelPolicy, GavelSettings
@@ -121,3 +125,24 @@ def test_live_settings_read_the_policy_from_env_and_flags() -> None:
         scheduler_settings({"HOPS_POLICY": "nope"})
     with pytest.raises(SettingsError, match="--policy: policy gavel takes no setting sigma"):
         scheduler_settings({}, {"policy": "gavel:sigma=2"})
+
+
+def test_the_cli_takes_a_policy_spec_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for policy in ("gavel", "sia:lam=1.2", "hops:sigma=1.6"):
+        done = runner.invoke(app, ["plan", "--policy", policy, "--json"])
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.output)["reasons"]["policy"] == policy.partition(":")[0]
+    done = runner.invoke(app, ["plan", "--priority", "srtf", "--lam", "2"])
+    assert done.exit_code == 0, done.output
+    bad = [
+        (["plan", "--policy", "gavel", "--sigma", "1.2"], "policy gavel takes no setting sigma"),
+        (["simulate", "--cluster", "paper-physical", "--workload", "paper-physical",
+          "--out", str(tmp_path), "--policy", "nope"], "unknown policy 'nope'"),
+        (["experiment", "table3", "--out", str(tmp_path), "--policy", "sia:sigma=1"],
+         "policy sia takes no setting sigma"),
+        (["up", "--policy", "gavel:lam=soon"], "policy gavel"),
+    ]
+    for args, error in bad:
+        done = runner.invoke(app, args)
+        assert done.exit_code == 2 and error in done.output, (args, done.output)
