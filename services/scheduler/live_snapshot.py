@@ -168,11 +168,9 @@ def build_snapshot(
     progress: Mapping[JobId, float],
     inflight: Inflight,
     first_plan: bool,
-    starts_run: bool = True,
     r_num: int = R_NUM,
 ) -> Built:
-    """See the module docstring; with ``starts_run`` false (the queue view),
-    a job whose start is in flight is still queued, as its record says."""
+    """See the module docstring."""
     cluster = cluster_of(nodes)
     capacity = type_capacity(n for n in nodes if n.alive)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
@@ -182,8 +180,7 @@ def build_snapshot(
         if rec.final or (rec.phase == "queued" and unfit(rec.spec, capacity, r_num)):
             continue  # held: it fits no alive GPU type (live_state.hold)
         job = _job(
-            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan,
-            starts_run,
+            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan
         )
         if job.state is not None:
             jobs.append(job.state)
@@ -229,7 +226,6 @@ def _job(
     progress: Mapping[JobId, float],
     inflight: Inflight,
     first: bool,
-    starts_run: bool,
 ) -> _Job:
     run_alloc = alloc.configuration if alloc is not None and alloc.mode == "run" else None
     booked = alloc.configuration if alloc is not None else None
@@ -249,7 +245,7 @@ def _job(
         state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
         return _Job(state, booked, False, False)
     current = (run_alloc or rec.configuration) if rec.phase == "running" else None
-    starting = starts_run and current is None and rec.job_id in inflight.starts
+    starting = current is None and rec.job_id in inflight.starts
     if starting:  # started by a plan, not booked yet: it runs there, as in the simulator
         current = inflight.starts[rec.job_id][0]
     on_alive = current is not None and all(s in cluster.by_id for s in current.servers)

@@ -10,9 +10,9 @@ submitted or becomes plannable, resources are released or the alive servers
 change (:mod:`.live_round`): a snapshot from ``hops_jobs``, ``hops_nodes``
 and ``hops_alloc`` (:mod:`.live_snapshot`), estimates from
 ``hops.v1.estimate``, the policy ``HOPS_POLICY`` names (:mod:`.registry`),
-and a ``plan_issued``
-with its lease term. It republishes each job event on its tenant's live feed,
-``hops.v1.tenants.<tenant>.events.<job_id>`` (:mod:`.live_tenancy`). It
+and a ``plan_issued`` with its lease term. It republishes each job event on
+its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
+(:mod:`.live_tenancy`). It
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`.live_snapshot.queue_view`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
@@ -310,7 +310,7 @@ class Leader:
             now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
             r_num=self.settings.policy.r_num,
         )
-        self.allocs = allocs  # the queue view's, until the next plan or refresh
+        self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
         if due == "refresh" or not cluster.servers or not busy:
             self.clock.done(due, now)
@@ -322,7 +322,9 @@ class Leader:
             await self.ctx.reporter.report("scheduler.plan", repr(e), ev.INTERNAL)
             self.clock.done(due, now)
             return
-        if plan.reasons.priorities or first:  # a fill plan of Sia or Gavel ranks nothing
+        # A fill plan that ranked nothing (no job waiting, or a policy that
+        # ranks at round starts only) keeps the round's ranking for the view.
+        if plan.reasons.priorities or first:
             self.ranked = (plan.reasons, now)
         plan = snap.with_sticky(plan, built.sticky)
         if due == "first" or plan.assignments or plan.profiling:
