@@ -43,7 +43,6 @@ import msgspec
 from services.scheduler.live_admission import type_capacity, unfit
 from services.scheduler.live_round import Inflight
 from services.scheduler.live_state import PROFILING_PHASES, Facts, LiveJobRecord
-from services.scheduler.planner import R_NUM
 from services.scheduler.profiling import busy_types
 from services.scheduler.profiling import profiling_step as core_step
 from services.scheduler.window import order_queue
@@ -52,7 +51,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.events import EstimateRequest
 from shared.ids import GpuType, JobId, ServerId
-from shared.job import JobSpec
+from shared.job import R_NUM, JobSpec
 from shared.records import NodeRecord, Placement, QueueEntry, QueueView
 from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
 from shared.wire import UNSCHEDULABLE

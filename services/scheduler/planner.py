@@ -32,6 +32,7 @@ from services.scheduler.window import (
 )
 from shared.estimate import job_sensitivity, sensitivity
 from shared.ids import JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import (
     Assignment,
     JobState,
@@ -41,8 +42,6 @@ from shared.snapshot import (
     Snapshot,
 )
 
-# R_num of §2.2: requirements a min/max range is turned into.
-R_NUM = 8
 # The solver's defaults are the planner's: one definition of each knob.
 _SOLVER = SolverSettings()
 

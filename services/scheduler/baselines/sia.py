@@ -78,6 +78,7 @@ from services.scheduler.window import order_queue
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
 STARTS = ("rounded-lp", "search")
@@ -92,7 +93,7 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lam: float = 1.1
     restart_penalty: float = RESTART_S  # S_i of Sia Eq. (2), seconds lost per restart
     priority: str = "lr"
-    r_num: int = 8
+    r_num: int = R_NUM
     scale_to_min_gpus: bool = True
     round_decimals: int | None = 2
     goodput_clip: float = 3000.0
