@@ -113,7 +113,7 @@ def spec_from_mapping(mapping: Mapping[str, object]) -> PolicySpec:
     name = values.pop("name", None)
     if not isinstance(name, str):
         raise PolicyError(f"a policy spec needs a name; known: {', '.join(POLICIES)}")
-    return with_settings(SPECS[name]() if name in SPECS else _spec_type(name)(), values)
+    return with_settings(_spec_type(name)(), values)
 
 
 def with_settings(spec: PolicySpec, values: Mapping[str, object]) -> PolicySpec:
