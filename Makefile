@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11:
 #   make run    the live system on this machine (hops up; Ctrl-C stops it)
-#   make test   lint, type-check and the whole test suite
+#   make test   lint, type-check, the import contract and the whole test suite
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -21,6 +21,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest
 
 bench: $(STAMP)

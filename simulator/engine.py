@@ -6,7 +6,10 @@ builds the same :class:`~shared.snapshot.Snapshot` the live scheduler builds
 and calls the policy's ``plan``. Jobs progress at the ground truth's rate, the
 estimator learns only from what profiling and running jobs report, and a
 configuration change costs a checkpoint-restart. Randomness comes from the
-seed; wall-clock time only from the injected ``timer``.
+seed; wall-clock time only from the injected ``timer``. The events are a
+tagged union (``simulator.events``) dispatched with one ``match``; jobs change
+phase only through the lifecycle the live scheduler uses too
+(``services.scheduler.lifecycle``).
 """
 
 from __future__ import annotations
@@ -14,22 +17,25 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import assert_never
 
 import msgspec
 import numpy as np
 
 from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import EstimatorSettings, estimate_job
+from services.scheduler import lifecycle as lc
 from services.scheduler.fairness import raqlr
 from services.scheduler.policy import Policy
 from services.scheduler.profiling import busy_types, profiling_step
+from shared import events as ev
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
-from shared.measurements import ProfileReport
 from shared.snapshot import Plan, Snapshot
+from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.metrics import RoundRecord, SimResult, job_outcome
 from simulator.state import JobRecord, Occupancy
 from simulator.truth import GroundTruth
@@ -55,13 +61,6 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     raqlr_window_h: float = 1.0
     max_time_s: float = 90 * 86400.0
     estimator: EstimatorSettings = EstimatorSettings()
-
-
-class _Profiling(msgspec.Struct, order=True):
-    end: float
-    job_id: JobId
-    server: ServerId
-    report: ProfileReport
 
 
 class Simulation:
@@ -90,7 +89,7 @@ class Simulation:
         self.live: dict[JobId, JobRecord] = {}
         self._order = {j.spec.id: i for i, j in enumerate(jobs)}
         self.occ = Occupancy(cluster)
-        self.profiling: list[_Profiling] = []
+        self.profiling: list[ProfileEnd] = []  # a heap: the runs in flight
         self.db = ThroughputDatabase()
         self.estimates: dict[JobId, JobEstimate] = {}
         self.dirty: set[JobId] = set()
@@ -102,96 +101,138 @@ class Simulation:
         self.plan_seconds: list[float] = []
         self.finished: list[tuple[float, float]] = []
         self.done = 0
+        self._arrived = False  # jobs arrived since ``live`` was last put in workload order
 
     # ------------------------------------------------------------ main loop
 
     def run(self, progress: Progress | None = None) -> SimResult:
         total = len(self.jobs)
         while self.done < total and self.now < self.settings.max_time_s:
-            t = self._next_event()
-            finishing = [r for r in self._running() if r.completion_time(self.now) <= t + EPS]
+            pending = self._pending()
+            t = max(self.now, min(e.at for e in pending))
+            finishing = [e for e in pending if isinstance(e, Completion) and e.at <= t + EPS]
             for rec in self.live.values():
                 rec.advance(self.now, t, self.cluster)
             self.now = t
-            released = self._complete(finishing) | self._end_profiling()
-            arrived = self._arrive()
-            if (released or arrived) and self.fill_at is None:
+            changed = False  # GPUs released or jobs arrived: a plan within the round
+            for event in self._due(finishing):
+                changed = self._handle(event) or changed
+            if self._arrived:
+                self.live = dict(sorted(self.live.items(), key=lambda kv: self._order[kv[0]]))
+                self._arrived = False
+            if changed and self.fill_at is None:
                 self.fill_at = self.now + self.settings.fill_delay_s
-            if self.now >= self.next_round - EPS:
-                self._round()
-                self.fill_at = None
-            elif self.fill_at is not None and self.now >= self.fill_at - EPS:
-                self._plan(first=False)
-                self.fill_at = None
+            for event in self._plans_due():
+                self._handle(event)
             if progress is not None:
                 progress(self.now, self.done, total)
         outcomes = tuple(job_outcome(r, self.truth, self.cluster) for r in self.jobs.values())
         return SimResult(outcomes, tuple(self.rounds), tuple(self.plan_seconds), self.now)
 
-    def _next_event(self) -> float:
-        candidates = [self.next_round]
+    def _pending(self) -> list[Event]:
+        """The next event of each kind (each running job's completion)."""
+        pending: list[Event] = [RoundStart(at=self.next_round)]
         if self.fill_at is not None:
-            candidates.append(self.fill_at)
+            pending.append(FillPlan(at=self.fill_at))
         if self.next_arrival < len(self.arrivals):
-            candidates.append(self.arrivals[self.next_arrival].spec.submit_time)
+            spec = self.arrivals[self.next_arrival].spec
+            pending.append(Arrival(at=spec.submit_time, job_id=spec.id))
         if self.profiling:
-            candidates.append(self.profiling[0].end)
-        candidates += [r.completion_time(self.now) for r in self._running()]
-        return max(self.now, min(candidates))
+            pending.append(self.profiling[0])
+        pending += [
+            Completion(at=r.completion_time(self.now), job_id=r.id) for r in self._running()
+        ]
+        return pending
+
+    def _due(self, finishing: Sequence[Completion]) -> Iterator[Event]:
+        """The events at ``now``, in the order they apply (simulator.events).
+        Lazy: a profiling run's end asks whether others of its job are still
+        in flight, so the next is taken off the heap only after it applied."""
+        yield from finishing
+        while self.profiling and self.profiling[0].at <= self.now + EPS:
+            yield heapq.heappop(self.profiling)
+        while (
+            self.next_arrival < len(self.arrivals)
+            and self.arrivals[self.next_arrival].spec.submit_time <= self.now + EPS
+        ):
+            spec = self.arrivals[self.next_arrival].spec
+            self.next_arrival += 1
+            yield Arrival(at=spec.submit_time, job_id=spec.id)
+
+    def _plans_due(self) -> Iterator[Event]:
+        """A round's first plan, or else a plan later in the round that is due."""
+        if self.now >= self.next_round - EPS:
+            yield RoundStart(at=self.next_round)
+        elif self.fill_at is not None and self.now >= self.fill_at - EPS:
+            yield FillPlan(at=self.fill_at)
+
+    def _handle(self, event: Event) -> bool:
+        """Apply one event; whether it released GPUs or added a job."""
+        match event:
+            case Completion(job_id=job_id):
+                self._complete(self.jobs[job_id])
+                return True
+            case ProfileEnd():
+                self._end_profiling(event)
+                return True
+            case Arrival(job_id=job_id):
+                self._arrive(self.jobs[job_id])
+                return True
+            case RoundStart():
+                self._round()
+                self.fill_at = None
+                return False
+            case FillPlan():
+                self._plan(first=False)
+                self.fill_at = None
+                return False
+            case _:
+                assert_never(event)
+
+    def _move(self, rec: JobRecord, event: lc.Transition) -> None:
+        """Move ``rec`` through the one lifecycle; a refusal here is an engine bug."""
+        outcome = rec.move(event)
+        if isinstance(outcome, lc.Refused):
+            raise RuntimeError(f"job {rec.id}: {type(event).__name__} refused: {outcome.reason}")
 
     def _running(self) -> list[JobRecord]:
         return [r for r in self.live.values() if r.phase == "running"]
 
     # --------------------------------------------------------------- events
 
-    def _arrive(self) -> bool:
-        arrived = False
-        while (
-            self.next_arrival < len(self.arrivals)
-            and self.arrivals[self.next_arrival].spec.submit_time <= self.now + EPS
-        ):
-            rec = self.jobs[self.arrivals[self.next_arrival].spec.id]
-            self.next_arrival += 1
-            rec.unprofiled = {
-                t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
-            }
-            if not rec.unprofiled:
-                raise ValueError(f"job {rec.id}: model {rec.model} runs on no GPU type here")
-            rec.phase = "profiling"
-            self.live[rec.id] = rec
-            arrived = True
-        if arrived:
-            self.live = dict(sorted(self.live.items(), key=lambda kv: self._order[kv[0]]))
-        return arrived
+    def _arrive(self, rec: JobRecord) -> None:
+        rec.unprofiled = {
+            t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
+        }
+        if not rec.unprofiled:
+            raise ValueError(f"job {rec.id}: model {rec.model} runs on no GPU type here")
+        self._move(rec, ev.JobSubmitted(job_id=rec.id, spec=rec.spec, at=self.now))
+        self._move(rec, lc.Profile(job_id=rec.id, at=self.now))
+        self.live[rec.id] = rec
+        self._arrived = True
 
-    def _complete(self, finishing: Sequence[JobRecord]) -> bool:
-        for rec in finishing:
-            assert rec.current is not None
-            self.occ.give(rec.current, self.occ.jobs)
-            rec.done_samples = float(rec.spec.total_samples)
-            # phase None: out of the scheduler's hands (finish tells it from "not arrived")
-            rec.finish, rec.phase, rec.current, rec.rate = self.now, None, None, 0.0
-            self.done += 1
-            del self.live[rec.id]
-            self.db.forget(rec.id)
-            self.estimates.pop(rec.id, None)
-            outcome = job_outcome(rec, self.truth, self.cluster)
-            self.finished.append((self.now, outcome.lr))
-        return bool(finishing)
+    def _complete(self, rec: JobRecord) -> None:
+        assert rec.current is not None
+        self.occ.give(rec.current, self.occ.jobs)
+        rec.done_samples = float(rec.spec.total_samples)
+        # Finished: out of the scheduler's hands, its finish time in its life.
+        self._move(rec, ev.JobFinished(job_id=rec.id, at=self.now))
+        rec.rate = 0.0
+        self.done += 1
+        del self.live[rec.id]
+        self.db.forget(rec.id)
+        self.estimates.pop(rec.id, None)
+        outcome = job_outcome(rec, self.truth, self.cluster)
+        self.finished.append((self.now, outcome.lr))
 
-    def _end_profiling(self) -> bool:
-        ended = False
-        while self.profiling and self.profiling[0].end <= self.now + EPS:
-            run = heapq.heappop(self.profiling)
-            self.occ.profiling[run.server] -= 1
-            self.db.record_profile(run.report)
-            self.dirty.add(run.job_id)
-            rec = self.jobs[run.job_id]
-            if not rec.unprofiled and not any(p.job_id == rec.id for p in self.profiling):
-                rec.phase = "queued"
-                rec.profile_end = self.now
-            ended = True
-        return ended
+    def _end_profiling(self, run: ProfileEnd) -> None:
+        self.occ.profiling[run.server] -= 1
+        self.db.record_profile(run.report)
+        self.dirty.add(run.job_id)
+        rec = self.jobs[run.job_id]
+        if not rec.unprofiled and not any(p.job_id == rec.id for p in self.profiling):
+            self._move(rec, lc.Queue(job_id=rec.id, at=self.now))
+            rec.profile_end = self.now
 
     # -------------------------------------------------------------- planning
 
@@ -240,11 +281,11 @@ class Simulation:
             step = profiling_step(waiting, profiled, lacking, busy, rec.id in in_flight)
             if step.back:
                 rec.unprofiled, rec.deferred = set(step.back), rec.deferred - step.back
-                rec.phase = "profiling"
+                self._move(rec, lc.Profile(job_id=rec.id, at=self.now))
             elif not waiting and step.skip:
                 rec.deferred |= step.skip
                 rec.unprofiled = set()
-                rec.phase = "queued"
+                self._move(rec, lc.Queue(job_id=rec.id, at=self.now))
                 rec.profile_end = rec.profile_end or self.now
 
     def _plan(self, first: bool) -> float:
@@ -302,7 +343,8 @@ class Simulation:
     def _stop(self, rec: JobRecord) -> None:
         assert rec.current is not None
         self.occ.give(rec.current, self.occ.jobs)
-        rec.phase, rec.current, rec.rate = "queued", None, 0.0
+        self._move(rec, ev.JobStopped(job_id=rec.id, at=self.now))
+        rec.rate = 0.0
 
     def _start(self, rec: JobRecord, config: Configuration) -> None:
         if rec.phase == "running" and rec.current == config:
@@ -315,11 +357,10 @@ class Simulation:
         key = (rec.model, config)
         if key not in self.rates:
             self.rates[key] = self.truth.throughput(rec.model, config)
-        rec.phase, rec.current, rec.rate = "running", config, self.rates[key]
+        # Every start is a checkpoint-restart (the lifecycle counts it).
+        self._move(rec, ev.JobStarted(job_id=rec.id, configuration=config, at=self.now))
+        rec.rate = self.rates[key]
         rec.paused_until = self.now + self.settings.restart_s
-        rec.restarts += 1
-        if rec.first_start is None:
-            rec.first_start = self.now
 
     def _profile(self, job_id: JobId, gpu_type: GpuType, server: ServerId) -> None:
         rec = self.jobs[job_id]
@@ -330,7 +371,8 @@ class Simulation:
         report, seconds = self.truth.profile(
             job_id, rec.model, server, self.settings.profile_iters, self.rng
         )
-        heapq.heappush(self.profiling, _Profiling(self.now + seconds, job_id, server, report))
+        run = ProfileEnd(at=self.now + seconds, job_id=job_id, server=server, report=report)
+        heapq.heappush(self.profiling, run)
 
     def _sample_running(self) -> None:
         """Running-mode reports of the round that ends (§3.2)."""

@@ -1,17 +1,21 @@
 """Mutable bookkeeping of one simulation run: jobs and GPUs over virtual time.
 
 Nothing here knows which policy runs; the engine (``simulator.engine``) moves
-jobs between phases and this module keeps the numbers consistent.
+jobs between phases through the one job lifecycle
+(:mod:`services.scheduler.lifecycle`, which the live scheduler uses too) and
+this module keeps the numbers consistent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.scheduler.lifecycle import Life, Outcome, Transition, step
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
+from shared.records import JobPhase
 from shared.snapshot import JobState, Phase
 
 
@@ -21,26 +25,50 @@ class JobRecord:
 
     spec: JobSpec
     model: str
-    phase: Phase | None = None  # None: not yet arrived; "done" is tracked by ``finish``
+    # Phase, configuration, restarts, first start and finish: None before arrival.
+    life: Life | None = None
     unprofiled: set[GpuType] = field(default_factory=set)
     # Types it joined the queue without, every GPU of them running a job
     # (services.scheduler.profiling): profiled once one is idle again.
     deferred: set[GpuType] = field(default_factory=set)
-    current: Configuration | None = None
     rate: float = 0.0  # true samples/s of ``current``
     paused_until: float = 0.0  # checkpoint-restart: no progress before this time
     done_samples: float = 0.0
     wait_s: float = 0.0
     attained_gpu_s: float = 0.0
     attained_by_type: dict[GpuType, float] = field(default_factory=dict)
-    restarts: int = 0
-    first_start: float | None = None
-    finish: float | None = None
     profile_end: float | None = None
 
     @property
     def id(self) -> JobId:
         return self.spec.id
+
+    @property
+    def phase(self) -> JobPhase | None:
+        return None if self.life is None else self.life.phase
+
+    @property
+    def current(self) -> Configuration | None:
+        return None if self.life is None else self.life.configuration
+
+    @property
+    def restarts(self) -> int:
+        return 0 if self.life is None else self.life.restarts
+
+    @property
+    def first_start(self) -> float | None:
+        return None if self.life is None else self.life.first_start
+
+    @property
+    def finish(self) -> float | None:
+        return None if self.life is None else self.life.finished_at
+
+    def move(self, event: Transition) -> Outcome:
+        """Apply ``event`` to the job's life; a refusal changes nothing."""
+        outcome = step(self.life, event)
+        if isinstance(outcome, Life):
+            self.life = outcome
+        return outcome
 
     @property
     def remaining(self) -> float:
@@ -69,10 +97,9 @@ class JobRecord:
         return max(now, self.paused_until) + self.remaining / self.rate
 
     def state(self) -> JobState:
-        assert self.phase is not None
         return JobState(
             spec=self.spec,
-            phase=self.phase,
+            phase=_planned(self.phase),
             wait_s=self.wait_s,
             attained_gpu_s=self.attained_gpu_s,
             done_samples=self.done_samples,
@@ -81,6 +108,15 @@ class JobRecord:
             attained_by_type=dict(self.attained_by_type),
             restarts=self.restarts,
         )
+
+
+def _planned(phase: JobPhase | None) -> Phase:
+    """The phase of a job the planner sees: arrived and not finished."""
+    match phase:
+        case "profiling" | "queued" | "running":
+            return phase
+        case _:
+            raise ValueError(f"a job {phase or 'not yet arrived'} is not planned")
 
 
 @dataclass

@@ -196,10 +196,11 @@ def test_a_job_goes_through_its_phases() -> None:
     rec = run(rec, ev.JobProfiled(job_id=j, gpu_types=(GpuType("B"),), at=30.0), start=3)
     assert (rec.phase, rec.profiled, rec.since) == ("queued", ("A", "B"), 30.0)
     rec = run(rec, ev.JobStarted(job_id=j, configuration=cfg(a0=2), at=40.0), start=4)
-    assert (rec.phase, rec.wait_s, rec.first_start, rec.restarts) == ("running", 10.0, 40.0, 0)
+    # The first start counts as a restart, as in the simulator (one lifecycle).
+    assert (rec.phase, rec.wait_s, rec.first_start, rec.restarts) == ("running", 10.0, 40.0, 1)
     resized = ev.JobResized(job_id=j, configuration=cfg(a1=1, b0=1), at=50.0, samples_done=120.0)
     rec = run(rec, resized, start=5)
-    assert rec.restarts == 1 and rec.attained_by_type == {"A": 20.0} and rec.samples_done == 120.0
+    assert rec.restarts == 2 and rec.attained_by_type == {"A": 20.0} and rec.samples_done == 120.0
     stopped = apply_event(rec, ev.JobStopped(job_id=j, at=60.0), 6, facts_(progress=400.0))
     assert stopped.record is not None
     rec = stopped.record
@@ -207,7 +208,7 @@ def test_a_job_goes_through_its_phases() -> None:
     assert rec.attained_by_type == {"A": 30.0, "B": 10.0} and rec.attained_gpu_s == 40.0
     assert rec.run_s_by_type == {"A": 20.0, "B": 10.0}
     rec = run(rec, ev.JobStarted(job_id=j, configuration=cfg(b0=1), at=65.0), start=7)
-    assert rec.restarts == 2 and rec.wait_s == 15.0 and rec.first_start == 40.0
+    assert rec.restarts == 3 and rec.wait_s == 15.0 and rec.first_start == 40.0
     stop = ev.JobStopped(job_id=j, at=70.0, samples_done=650.0)
     rec = run(rec, stop, start=8)
     assert (rec.phase, rec.samples_done, rec.attained_gpu_s) == ("queued", 650.0, 45.0)

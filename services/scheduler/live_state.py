@@ -23,9 +23,12 @@ is the largest progress heard of: ``job_heartbeat`` (kept by the shell and
 passed in as :attr:`Facts.progress`), the ``samples_done`` of ``job_stopped``
 and ``job_resized`` (where the placer knows it) and ``total_samples`` on
 ``job_finished``.
-``restarts`` counts the checkpoint-restarts: every start after the first and
+The phase, the configuration, ``restarts``, ``first_start`` and
+``finished_at`` come from the one lifecycle (:mod:`.lifecycle`), which the
+simulator uses too: ``restarts`` counts every start, the first included, and
 every resize. A ``job_started`` or ``job_stopped`` while the job is still
-being profiled belongs to a profiling run and changes no phase.
+being profiled belongs to a profiling run and changes no phase; an event the
+lifecycle refuses changes only ``last_seq`` and says why.
 
 ``reason`` says why a job waits or ended (a stop's reason, a failure's) and
 is cleared when it starts. A queued job that fits no GPU type of the alive
@@ -38,18 +41,19 @@ client reads is current.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, assert_never
 
 import msgspec
 
+from services.scheduler import lifecycle as lc
 from shared import events as ev
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.records import JobPhase, JobRecord
+from shared.records import JobRecord
 from shared.wire import UNSCHEDULABLE  # also the reason of a job held out of every plan
 
-PROFILING_PHASES: frozenset[str] = frozenset({"submitted", "profiling"})
+PROFILING_PHASES = lc.PROFILING_PHASES
 
 
 class LiveJobRecord(JobRecord, frozen=True, kw_only=True):
@@ -140,56 +144,83 @@ def close_phase(rec: LiveJobRecord, at: float, facts: Facts) -> LiveJobRecord:
 
 
 def apply_event(rec: LiveJobRecord | None, event: ev.JobEvent, seq: int, facts: Facts) -> Applied:
-    """The record after ``event`` (stream sequence ``seq``); see the module docstring."""
-    if isinstance(event, ev.JobSubmitted):
-        if rec is None:
-            return Applied(new_record(event.spec, event.at, seq))
-        if seq <= rec.last_seq:
-            return Applied(None, "already applied")
-        return Applied(msgspec.structs.replace(rec, last_seq=seq))
-    if rec is None:
-        return Applied(None, "unknown job")
-    if seq <= rec.last_seq:
+    """The record after ``event`` (stream sequence ``seq``): the phase from
+    the lifecycle (:func:`.lifecycle.step`), the bookkeeping here."""
+    if rec is not None and seq <= rec.last_seq:
         return Applied(None, "already applied")
-    if rec.final:
-        return Applied(msgspec.structs.replace(rec, last_seq=seq), f"job is {rec.phase}")
-    new = _transition(rec, event, facts)
-    if new is None:
-        return Applied(msgspec.structs.replace(rec, last_seq=seq), "profiling run")
-    return Applied(msgspec.structs.replace(new, last_seq=seq))
+    outcome = lc.step(None if rec is None else life_of(rec), event)
+    match outcome:
+        case lc.Refused(reason=why):
+            return Applied(None if rec is None else msgspec.structs.replace(rec, last_seq=seq), why)
+        case lc.Life():
+            if rec is None:
+                assert isinstance(event, ev.JobSubmitted)  # the only event that creates a job
+                return Applied(new_record(event.spec, event.at, seq))
+            return Applied(msgspec.structs.replace(_book(rec, outcome, event, facts), last_seq=seq))
+        case _:
+            assert_never(outcome)
 
 
-def _transition(rec: LiveJobRecord, event: ev.JobEvent, facts: Facts) -> LiveJobRecord | None:
-    at = event.at
-    profiling = rec.phase in PROFILING_PHASES
-    if isinstance(event, ev.JobProfiled):
-        return _profiled(rec, event, facts)
-    if isinstance(event, ev.JobStarted | ev.JobResized):
-        if profiling:
-            return None
-        resized = isinstance(event, ev.JobResized)
-        resumed = (event.samples_done or 0.0) if isinstance(event, ev.JobResized) else 0.0
-        return _started(rec, event.configuration, at, facts, resized, resumed)
-    if isinstance(event, ev.JobStopped):
-        if profiling:
-            return None
-        stopped = max(event.samples_done or 0.0, facts.progress)
-        return _ended(rec, "queued", at, facts, stopped, event.reason)
-    if isinstance(event, ev.JobFinished):
-        return _ended(rec, "finished", at, facts, float(rec.spec.total_samples), "")
-    if isinstance(event, ev.JobFailed):
-        return _ended(rec, "failed", at, facts, facts.progress, event.reason)
-    return _ended(rec, "cancelled", at, facts, facts.progress, "cancelled")
+def life_of(rec: JobRecord) -> lc.Life:
+    """The lifecycle part of a record."""
+    return lc.Life(
+        phase=rec.phase,
+        configuration=rec.configuration,
+        restarts=rec.restarts,
+        first_start=rec.first_start,
+        finished_at=rec.finished_at,
+    )
 
 
-def _profiled(rec: LiveJobRecord, event: ev.JobProfiled, facts: Facts) -> LiveJobRecord:
+def _with_life(rec: LiveJobRecord, life: lc.Life) -> LiveJobRecord:
+    return msgspec.structs.replace(
+        rec,
+        phase=life.phase,
+        configuration=life.configuration,
+        restarts=life.restarts,
+        first_start=life.first_start,
+        finished_at=life.finished_at,
+    )
+
+
+def _decide(rec: LiveJobRecord, decision: lc.Profile | lc.Queue) -> LiveJobRecord | None:
+    """``rec`` after one of the leader's decisions; ``None`` when refused."""
+    life = lc.step(life_of(rec), decision)
+    return _with_life(rec, life) if isinstance(life, lc.Life) else None
+
+
+def _book(rec: LiveJobRecord, life: lc.Life, event: ev.JobEvent, facts: Facts) -> LiveJobRecord:
+    """The bookkeeping of an accepted event: wait, service, progress, reason."""
+    match event:
+        case ev.JobProfiled():
+            return _profiled(rec, life, event, facts)
+        case ev.JobStarted():
+            return _started(rec, life, event.at, facts, 0.0)
+        case ev.JobResized():
+            return _started(rec, life, event.at, facts, event.samples_done or 0.0)
+        case ev.JobStopped():
+            stopped = max(event.samples_done or 0.0, facts.progress)
+            return _ended(rec, life, event.at, facts, stopped, event.reason)
+        case ev.JobFinished():
+            return _ended(rec, life, event.at, facts, float(rec.spec.total_samples), "")
+        case ev.JobFailed():
+            return _ended(rec, life, event.at, facts, facts.progress, event.reason)
+        case ev.JobCancelled():
+            return _ended(rec, life, event.at, facts, facts.progress, "cancelled")
+        case ev.JobSubmitted():  # the lifecycle refuses a known job's submission
+            raise AssertionError(f"job {rec.job_id} submitted twice")
+        case _:
+            assert_never(event)
+
+
+def _profiled(
+    rec: LiveJobRecord, life: lc.Life, event: ev.JobProfiled, facts: Facts
+) -> LiveJobRecord:
     # The union: job_profiled lists are cumulative, but a profiler replica
     # that restarted may know fewer types than an earlier event named.
     profiled = tuple(sorted(set(rec.profiled) | set(event.gpu_types)))
-    rec = msgspec.structs.replace(rec, profiled=profiled)
-    if rec.phase in PROFILING_PHASES:
-        return promote(rec, facts.required, event.at) or _set_phase(rec, "profiling")
-    return rec
+    rec = _with_life(msgspec.structs.replace(rec, profiled=profiled), life)
+    return promote(rec, facts.required, event.at) or rec
 
 
 def wants_plan(
@@ -209,9 +240,10 @@ def wants_plan(
 
 def promote(rec: LiveJobRecord, required: frozenset[GpuType], now: float) -> LiveJobRecord | None:
     """A job still being profiled whose profiles now cover ``required`` → queued."""
-    if rec.phase not in PROFILING_PHASES or not covered(required, rec.profiled):
+    if not covered(required, rec.profiled):
         return None
-    return msgspec.structs.replace(rec, phase="queued", since=max(now, rec.since))
+    queued = _decide(rec, lc.Queue(job_id=rec.job_id, at=now))
+    return None if queued is None else msgspec.structs.replace(queued, since=max(now, rec.since))
 
 
 def hold(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
@@ -243,37 +275,23 @@ def back_to_profiling(
     is kept. ``None`` when it is not waiting or ``types`` is empty."""
     if rec.phase != "queued" or not types:
         return None
+    back = _decide(rec, lc.Profile(job_id=rec.job_id, at=now))
+    assert back is not None  # the lifecycle sends a queued job back to profiling
     waited = max(0.0, now - rec.since)
-    return msgspec.structs.replace(
-        rec, phase="profiling", wait_s=rec.wait_s + waited, since=max(now, rec.since)
-    )
+    return msgspec.structs.replace(back, wait_s=rec.wait_s + waited, since=max(now, rec.since))
 
 
 def mark_profiling(rec: LiveJobRecord) -> LiveJobRecord | None:
     """A submitted job that a plan sends to profiling → ``profiling``."""
-    return _set_phase(rec, "profiling") if rec.phase == "submitted" else None
-
-
-def _set_phase(rec: LiveJobRecord, phase: JobPhase) -> LiveJobRecord:
-    return rec if rec.phase == phase else msgspec.structs.replace(rec, phase=phase)
+    return _decide(rec, lc.Profile(job_id=rec.job_id)) if rec.phase == "submitted" else None
 
 
 def _started(
-    rec: LiveJobRecord,
-    config: Configuration,
-    at: float,
-    facts: Facts,
-    resized: bool,
-    resumed: float,
+    rec: LiveJobRecord, life: lc.Life, at: float, facts: Facts, resumed: float
 ) -> LiveJobRecord:
     closed = close_phase(rec, at, facts)
-    first = rec.first_start is None
     return msgspec.structs.replace(
-        closed,
-        phase="running",
-        configuration=config,
-        first_start=at if first else rec.first_start,
-        restarts=rec.restarts + (1 if resized or not first else 0),
+        _with_life(closed, life),
         reason="",  # why it waited is over
         samples_done=min(
             float(rec.spec.total_samples), max(rec.samples_done, facts.progress, resumed)
@@ -282,15 +300,11 @@ def _started(
 
 
 def _ended(
-    rec: LiveJobRecord, phase: JobPhase, at: float, facts: Facts, samples: float, reason: str
+    rec: LiveJobRecord, life: lc.Life, at: float, facts: Facts, samples: float, reason: str
 ) -> LiveJobRecord:
     closed = close_phase(rec, at, facts)
-    final = phase != "queued"
     return msgspec.structs.replace(
-        closed,
-        phase=phase,
-        configuration=None,
+        _with_life(closed, life),
         samples_done=min(float(rec.spec.total_samples), max(rec.samples_done, samples)),
-        finished_at=at if final else None,
         reason=reason,
     )
