@@ -13,9 +13,9 @@ import typer
 
 from hops import cli_auth
 from hops.client import GatewayClient
-from hops.stack import DEFAULT_SCHEDULERS
+from hops.stack import DEFAULT_ROUND_S, DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
-from services.scheduler.planner import HopsSettings
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.job import JobSpec
 from shared.specs import SpecError
 
@@ -29,6 +29,11 @@ DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
 EXPERIMENTS_HELP = "table3, table4, priorities, arrival-rates or elasticflow"
+POLICY_HELP = (
+    "policy spec: hops, sia or gavel, with settings as in sia:lam=1.2 or "
+    "hops:sigma=1.6,priority=ftf; hops-profile-preempt and sia-lp-start are variants "
+    "(services/scheduler/registry.py)"
+)
 T = TypeVar("T")
 
 
@@ -45,19 +50,24 @@ def plan(
     cluster: Annotated[Path, typer.Option(help="cluster spec")] = DEFAULT_CLUSTER,
     jobs: Annotated[Path, typer.Option(help="job specs")] = DEFAULT_JOBS,
     profiles: Annotated[Path, typer.Option(help="profiled time modules")] = DEFAULT_PROFILES,
-    priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
-    lam: Annotated[float, typer.Option(help="lambda of Eq. (11); inf = greedy order")] = 1.0,
-    sigma: Annotated[float, typer.Option(help="sensitivity threshold")] = 1.4,
-    gap: Annotated[float, typer.Option(help="relative MIP gap")] = 0.01,
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "hops",
+    priority: Annotated[str | None, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = None,
+    lam: Annotated[float | None, typer.Option(help="lambda of Eq. (11); inf: greedy order")
+                   ] = None,
+    sigma: Annotated[float | None, typer.Option(help="sensitivity threshold")] = None,
+    gap: Annotated[float | None, typer.Option(help="relative MIP gap")] = None,
     now: Annotated[float | None, typer.Option(help="plan time, s")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
-    """Plan one round for the jobs in a file, with their profiles."""
+    """Plan one round for the jobs in a file, with their profiles; --priority,
+    --lam, --sigma and --gap set that setting of the policy."""
     from hops.oneshot import plan_once, render_plan
+    from hops.policies import resolve
+    from services.scheduler.registry import make_policy
 
-    settings = HopsSettings(priority=priority, lam=lam, sigma=sigma, mip_rel_gap=gap)
     try:
-        snap, result = plan_once(cluster, jobs, profiles, settings, now)
+        spec = resolve(policy, priority=priority, lam=lam, sigma=sigma, mip_rel_gap=gap)
+        snap, result = plan_once(cluster, jobs, profiles, make_policy(spec), now)
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -72,22 +82,16 @@ def simulate(
     cluster: Annotated[str, typer.Option(help="paper-physical, paper-sim-512, gavel or a file")],
     workload: Annotated[str, typer.Option(help="paper-physical, paper-sim, or a file/trace")],
     out: Annotated[Path, typer.Option(help="output folder")],
-    policy: Annotated[
-        str,
-        typer.Option(
-            help="hops, sia or gavel; hops-profile-preempt (the paper's profiling-first) "
-            "and sia-lp-start (Sia from the rounded LP optimum) are variants (hops/policies.py)"
-        ),
-    ] = "hops",
-    priority: Annotated[str, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = "lr",
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "hops",
+    priority: Annotated[str | None, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = None,
     lam: Annotated[float | None, typer.Option(help="the policy's lambda")] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     first_n: Annotated[int | None, typer.Option(help="take the first N jobs")] = None,
     compress: Annotated[float, typer.Option(help="divide inter-arrival times by this")] = 1.0,
     elastic: Annotated[bool, typer.Option(help="derive elastic requirement sets (traces)")] = False,
     rate: Annotated[float | None, typer.Option(help="arrivals per hour (paper-sim)")] = None,
-    round_s: Annotated[float, typer.Option(help="round length, s")] = 300.0,
-    restart_s: Annotated[float, typer.Option(help="checkpoint-restart cost, s")] = 30.0,
+    round_s: Annotated[float, typer.Option(help="round length, s")] = ROUND_S,
+    restart_s: Annotated[float, typer.Option(help="checkpoint-restart cost, s")] = RESTART_S,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Simulate one policy on one workload; writes OUT/summary.json, jobs.csv, rounds.csv."""
@@ -99,7 +103,8 @@ def simulate(
         seed=seed, first_n=first_n, compress=compress, elastic=elastic, rate_per_h=rate,
         round_s=round_s, restart_s=restart_s,
     )
-    update, close = rich_progress(f"{policy}/{priority}") if progress else (None, lambda: None)
+    label = f"{policy}/{priority}" if priority else policy
+    update, close = rich_progress(label) if progress else (None, lambda: None)
     try:
         c, result = run(spec, update)
     except (SpecError, ValueError) as exc:
@@ -122,16 +127,18 @@ def experiment(
     rates: Annotated[str, typer.Option(help="arrival rates per hour, comma-separated")] = (
         "30,60,120,300,600,1200"
     ),
+    policy: Annotated[list[str] | None, typer.Option(
+        help="a policy spec to compare, repeatable (default: hops, sia and gavel)")] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
-    from hops.experiments import define, run_experiment
+    from hops.experiments import POLICIES, define, run_experiment
     from hops.simrun import rich_progress
 
     try:
         per_hour = tuple(float(r) for r in rates.split(","))
         exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress,
-                     rates=per_hour)
+                     rates=per_hour, policies=tuple(policy or POLICIES))
         run_experiment(exp, out, rich_progress if progress else None)
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -174,7 +181,8 @@ def up(
     metrics_port: Annotated[int, typer.Option(
         help="the monitor's Prometheus port"
     )] = DEFAULT_METRICS_PORT,
-    round_s: Annotated[float, typer.Option(help="scheduling round, s")] = 30.0,
+    round_s: Annotated[float, typer.Option(help="scheduling round, s")] = DEFAULT_ROUND_S,
+    policy: Annotated[str, typer.Option(envvar="HOPS_POLICY", help=POLICY_HELP)] = "hops",
     schedulers: Annotated[int, typer.Option(
         help="scheduler replicas: all admit jobs, one leads, the others stand by"
     )] = DEFAULT_SCHEDULERS,
@@ -219,7 +227,7 @@ def up(
             cluster=cluster, time_scale=time_scale, data_dir=data_dir,
             gateway_host=gateway_host, gateway_port=gateway_port,
             metrics_host=metrics_host, metrics_port=metrics_port,
-            round_s=round_s, schedulers=schedulers, log_level=log_level,
+            round_s=round_s, policy=policy, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
             auth=not no_auth, tenants=tenants, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from hops.simrun import RunSpec, simulate, write_outputs
+from services.scheduler.registry import parse_policy
 from simulator.metrics import SimResult
 
 # Table 3 (physical, 64 GPUs) and Table 4 (simulated, 512 GPUs) of the paper:
@@ -43,10 +44,14 @@ class Experiment(msgspec.Struct, frozen=True):
 
 
 def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
-           compress: float = 1.0, rates: tuple[float, ...] = RATES) -> Experiment:
+           compress: float = 1.0, rates: tuple[float, ...] = RATES,
+           policies: tuple[str, ...] = POLICIES) -> Experiment:
     """The runs of experiment ``name``; ``first_n`` and ``compress`` apply to
-    every run's workload."""
-    exp = _define(name, seed, trace, rates)
+    every run's workload. ``policies`` are the specs compared (each run's
+    label is its spec); ``priorities`` varies the queue priority of the first."""
+    for p in policies:
+        parse_policy(p)  # a bad spec fails before the first run
+    exp = _define(name, seed, trace, rates, policies)
     runs = tuple(
         (label, msgspec.structs.replace(spec, first_n=first_n or spec.first_n,
                                         compress=compress if compress != 1.0 else spec.compress))
@@ -55,31 +60,35 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
     return msgspec.structs.replace(exp, runs=runs)
 
 
-def _define(name: str, seed: int, trace: str | None, rates: tuple[float, ...]) -> Experiment:
+def _define(name: str, seed: int, trace: str | None, rates: tuple[float, ...],
+            policies: tuple[str, ...]) -> Experiment:
     if name == "table3":
         base = RunSpec(cluster="paper-physical", workload="paper-physical", seed=seed)
-        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
+        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, "Physical 64-GPU cluster (Table 3)", runs)
     if name == "table4":
         base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
-        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
+        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, "Simulated 512-GPU cluster (Table 4)", runs)
     if name == "priorities":
         base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
-        runs = tuple((f"hops-{q}", msgspec.structs.replace(base, priority=q)) for q in PRIORITIES)
+        runs = tuple(
+            (f"{policies[0]}-{q}", msgspec.structs.replace(base, policy=policies[0], priority=q))
+            for q in PRIORITIES
+        )
         return Experiment(name, "Hops under different queue priorities (Figure 13)", runs)
     if name == "arrival-rates":
         base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
         runs = tuple(
             (f"{p}@{rate:g}/h", msgspec.structs.replace(base, policy=p, rate_per_h=rate))
             for rate in rates
-            for p in POLICIES
+            for p in policies
         )
         return Experiment(name, "Average JCT against the arrival rate (§4.6)", runs)
     if name == "elasticflow":
         base = RunSpec(cluster="paper-sim-512", workload=trace or "elasticflow-cluster04",
                        seed=seed)
-        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in POLICIES)
+        runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, f"ElasticFlow trace {base.workload}", runs)
     known = "table3, table4, priorities, arrival-rates, elasticflow"
     raise ValueError(f"unknown experiment {name!r}; known: {known}")

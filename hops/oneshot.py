@@ -2,7 +2,7 @@
 
 This is the core on its own — no services, no clock: the profiles stand for
 what the profiler would have measured, the estimator turns them into
-estimates, and the Hops policy plans a first plan at ``now``.
+estimates, and the policy (Hops by default) plans a first plan at ``now``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import msgspec
 
 from services.estimator.database import ThroughputDatabase
 from services.estimator.estimator import estimate_job
-from services.scheduler.planner import HopsPolicy, HopsSettings
+from services.scheduler.policy import Policy
 from shared.cluster import Cluster
 from shared.ids import GpuType
 from shared.job import JobSpec
@@ -63,11 +63,11 @@ def plan_once(
     cluster_path: str | Path,
     jobs_path: str | Path,
     profiles_path: str | Path,
-    settings: HopsSettings,
+    policy: Policy,
     now: float | None = None,
 ) -> tuple[Snapshot, Plan]:
     snap = load_snapshot(cluster_path, jobs_path, profiles_path, now)
-    return snap, HopsPolicy(settings).plan(snap)
+    return snap, policy.plan(snap)
 
 
 def load_snapshot(

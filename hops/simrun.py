@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from hops.policies import make_policy
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster
 from simulator.catalog import builtin_catalog
 from simulator.clusters import cluster_arg
@@ -30,16 +31,16 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     cluster: str
     workload: str
-    policy: str = "hops"
-    priority: str = "lr"
-    lam: float | None = None
+    policy: str = "hops"  # a spec: a name, or name:setting=value,... (registry)
+    priority: str | None = None  # overrides the spec's, when given
+    lam: float | None = None  # overrides the spec's, when given
     seed: int = 0
     first_n: int | None = None
     compress: float = 1.0
     elastic: bool = False
     rate_per_h: float | None = None
-    round_s: float = 300.0
-    restart_s: float = 30.0
+    round_s: float = ROUND_S
+    restart_s: float = RESTART_S
 
 
 def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
@@ -59,8 +60,8 @@ def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
 
 
 def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, SimResult]:
+    policy = make_policy(spec.policy, spec.priority, spec.lam)  # a bad spec: before the work
     cluster, truth, jobs = prepare(spec)
-    policy = make_policy(spec.policy, spec.priority, spec.lam)
     settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed)
     sim = Simulation(cluster, jobs, policy, truth, settings, timer=time.perf_counter)
     return cluster, sim.run(progress)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from services.scheduler.registry import DEFAULT_POLICY, parse_policy
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
 PYTHON = "python"
@@ -55,6 +56,7 @@ class StackConfig:
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int = DEFAULT_METRICS_PORT
     round_s: float = DEFAULT_ROUND_S
+    policy: str = DEFAULT_POLICY  # the leader's policy spec (services/scheduler/registry.py)
     log_level: str = "info"
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
@@ -82,6 +84,7 @@ class StackConfig:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
         if self.round_s <= 0:
             raise ValueError(f"round length must be > 0 s, got {self.round_s:g}")
+        parse_policy(self.policy)  # a bad spec fails here, not in every replica
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_ca is not None and self.tls_cert is None:
@@ -180,6 +183,11 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def _policy(config: StackConfig) -> dict[str, str]:
+    """``HOPS_POLICY`` when another policy than the scheduler's default is asked for."""
+    return {} if config.policy == DEFAULT_POLICY else {"HOPS_POLICY": config.policy}
+
+
 def _security(config: StackConfig, identity: str, *, tenants: bool = False
               ) -> dict[str, str]:
     """The variables that give a component its NATS identity (``cluster``:
@@ -227,10 +235,10 @@ def components(config: StackConfig) -> tuple[Component, ...]:
         Component(
             "scheduler",
             "services.scheduler",
-            env={"HOPS_ROUND_S": _num(config.round_s),
+            env={"HOPS_ROUND_S": _num(config.round_s), **_policy(config),
                  **_security(config, "scheduler", tenants=True)},
             replicas=config.schedulers,
-            doc="admission, leader lease, the Hops policy every round (§3.4-3.6)",
+            doc="admission, leader lease, the policy every round (§3.4-3.6)",
         ),
         Component("placer", "services.placer", env=_security(config, "placer"),
                   doc="applies plans on the executors"),

@@ -16,6 +16,11 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ScalingRule = Literal["linear", "sqrt"]
 
 
+# R_num of §2.2: requirements a min/max range is turned into (every policy's
+# default).
+R_NUM = 8
+
+
 class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a user submits.
 
@@ -97,7 +102,7 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             bounds = f"[{self.min_gpus}, {self.max_gpus}]"
             raise ValueError(f"requirements: need 0 < min_gpus <= max_gpus, got {bounds}")
 
-    def requirement_set(self, r_num: int = 8) -> tuple[int, ...]:
+    def requirement_set(self, r_num: int = R_NUM) -> tuple[int, ...]:
         """The sorted requirement set R; bounds become ``r_num`` equal steps."""
         if self.requirements:
             return tuple(sorted(set(self.requirements)))

@@ -113,6 +113,9 @@ class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     policy: str
     priorities: dict[JobId, float] = {}
+    # Eq. (8) of every ranked job, whatever the queue priority: the queue
+    # view and the monitor report it, and must not recompute it.
+    latency_ratios: dict[JobId, float] = {}
     window: tuple[JobId, ...] = ()
     admitted_by_adjustment: tuple[JobId, ...] = ()
     passes: tuple[PassStats, ...] = ()

@@ -235,6 +235,7 @@ class LiveStack:
     schedulers: int = 2
     time_scale: float = 600.0
     round_s: float = 2.0
+    policy: str = "hops"  # the scheduler's policy spec (hops up --policy)
     env: Mapping[str, str] = field(default_factory=dict)
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""
@@ -249,6 +250,7 @@ class LiveStack:
         self.config = StackConfig(cluster=str(self.cluster_file), time_scale=self.time_scale,
                                   data_dir=self.data_dir, gateway_port=free_port(),
                                   metrics_port=free_port(), round_s=self.round_s,
+                                  policy=self.policy,
                                   executor=self.executor, cpu_affinity=self.cpu_affinity,
                                   auth=self.auth)
         self.nats = stack_nats(self.config, free_port())

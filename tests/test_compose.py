@@ -301,3 +301,15 @@ def test_hops_credentials_writes_what_compose_mounts(tmp_path: Path) -> None:
         assert path.is_file(), secret
         assert path.stat().st_mode & 0o777 == 0o644, secret
     assert creds.dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_policy_spec_reaches_the_scheduler_and_compose_has_a_default() -> None:
+    assert by_name(StackConfig(policy="sia:lam=1.2"))["scheduler"].env["HOPS_POLICY"] == (
+        "sia:lam=1.2"
+    )
+    assert "HOPS_POLICY" not in by_name(StackConfig())["scheduler"].env  # the scheduler's own
+    assert compose()["services"]["scheduler"]["environment"]["HOPS_POLICY"] == (
+        "${HOPS_POLICY:-hops}"
+    )
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        StackConfig(policy="nope")

@@ -46,7 +46,8 @@ from services.scheduler.live_state import (
     running_configs,
     wants_plan,
 )
-from services.scheduler.planner import HopsPolicy, HopsSettings
+from services.scheduler.planner import HopsPolicy
+from services.scheduler.registry import make_policy
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -543,17 +544,39 @@ def test_queue_view_follows_the_planner() -> None:
         j: flat_estimate(j, {"A": 50.0 + i, "B": 80.0}) for i, j in enumerate(records) if j != "p"
     }
     snap = build_snapshot(100.0, records, NODES, {}, ests, {}, Inflight(60.0), True).snapshot
-    view = queue_view(snap, records, HopsSettings(), "me", 7)
+    plan = HopsPolicy().plan(snap)
+    view = queue_view(plan.reasons, records, snap.now, "me", 7)
     assert (view.leader, view.term, view.ok) == ("me", 7, True)
     order = [e.job_id for e in view.entries]
     assert order[:6] == ["q5", "q4", "q3", "q2", "q1", "q0"] and order[6] == "p"
     assert view.entries[-1].phase == "profiling" and not view.entries[-1].in_window
-    plan = HopsPolicy().plan(snap)
     assert {e.job_id for e in view.entries if e.in_window} == set(plan.reasons.window)
     for e in view.entries[:6]:
         assert e.priority == pytest.approx(plan.reasons.priorities[e.job_id])
         assert e.latency_ratio == e.priority  # the LR priority is the latency ratio
     assert msgspec.json.decode(msgspec.json.encode(view), type=type(view)) == view
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel"])
+def test_queue_view_reads_any_policys_reasons_and_lists_late_jobs_unranked(policy: str) -> None:
+    records = {
+        JobId(f"q{i}"): live(f"q{i}", "queued", since=0.0, wait_s=float(10 * i), submit=float(i))
+        for i in range(4)
+    }
+    ests = {j: flat_estimate(j, {"A": 50.0 + i, "B": 80.0}) for i, j in enumerate(records)}
+    snap = build_snapshot(100.0, records, NODES, {}, ests, {}, Inflight(60.0), True).snapshot
+    reasons = make_policy(policy).plan(snap).reasons
+    assert reasons.policy == policy and set(reasons.latency_ratios) == set(records)
+    records[JobId("late")] = live("late", "queued", submit=50.0)  # since the plan
+    records[JobId("held")] = live("held", "queued", submit=51.0, reason="unschedulable: x")
+    records[JobId("ran")] = live("ran", "running", submit=52.0)
+    view = queue_view(reasons, records, snap.now, "me", 3)
+    assert [e.job_id for e in view.entries] == ["q3", "q2", "q1", "q0", "late"]
+    for e in view.entries[:4]:
+        assert e.priority == reasons.priorities[e.job_id] > 0 and not e.in_window
+        assert e.latency_ratio == reasons.latency_ratios[e.job_id]
+    assert (view.entries[-1].priority, view.entries[-1].phase) == (0.0, "queued")
+    assert view.at == 100.0
 
 
 # --- round timing ------------------------------------------------------------------

@@ -258,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(flag, dest=name, type=float, metavar="S", help=f"overrides ${var}")
     parser.add_argument("--replica-id", metavar="ID", help="overrides $HOPS_REPLICA_ID")
     parser.add_argument("--tenants", metavar="FILE", help="overrides $HOPS_TENANTS")
+    parser.add_argument("--policy", metavar="SPEC", help="overrides $HOPS_POLICY (hops, sia, "
+                        "gavel; with settings: sia:lam=1.2)")
     try:
         runtime, args = parse_args(argv, parser=parser)
         settings = scheduler_settings(os.environ, vars(args))

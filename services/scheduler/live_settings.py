@@ -15,6 +15,9 @@ variable                        flag                     default
 ``HOPS_TENANTS``                ``--tenants``            none: the one tenant
                                                          ``default`` (the tenants
                                                          file, shared.tenants)
+``HOPS_POLICY``                 ``--policy``             ``hops`` (a policy spec,
+                                                         e.g. ``sia:lam=1.2``;
+                                                         :mod:`.registry`)
 ==============================  =======================  =========================
 
 The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 5 s; the lease
@@ -26,22 +29,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from services.runtime.settings import env_float
-from services.scheduler.planner import HopsSettings
+from services.runtime.settings import SettingsError, env_float
+from services.scheduler.registry import HopsSpec, PolicyError, PolicySpec, parse_policy
+from services.scheduler.rounds import ROUND_S
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
 
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """See the module docstring; ``policy`` are the planner's defaults."""
+    """See the module docstring; ``policy`` is the spec the leader plans with."""
 
-    round_s: float = 300.0
+    round_s: float = ROUND_S
     refresh_s: float = 30.0
     estimate_timeout_s: float = 5.0
     replica_id: str = ""
     replan_delay_s: float = 1.0
     grace_s: float = 60.0
-    policy: HopsSettings = field(default_factory=HopsSettings)
+    policy: PolicySpec = field(default_factory=HopsSpec)
     # who may submit, and run commands (admission, :mod:`.live_tenancy`)
     tenants: TenantsFile = field(default_factory=lambda: DEFAULT_TENANTS)
 
@@ -81,6 +85,13 @@ def scheduler_settings(
         if given is not None:
             values[name] = env_float(flag, 0.0, env={flag: str(given)}, minimum=minimum)
     values["replica_id"] = str(flags.get("replica_id") or env.get("HOPS_REPLICA_ID", "")).strip()
+    policy = str(flags.get("policy") or env.get("HOPS_POLICY", "")).strip()
+    if policy:
+        source = "--policy" if flags.get("policy") else "HOPS_POLICY"
+        try:
+            values["policy"] = parse_policy(policy)
+        except PolicyError as e:
+            raise SettingsError(f"{source}: {e}") from None
     tenants = str(flags.get("tenants") or env.get(TENANTS_ENV, "")).strip()
     if tenants:
         values["tenants"] = read_tenants(tenants)

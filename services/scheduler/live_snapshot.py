@@ -1,5 +1,5 @@
 """From the live system's records to the planner's :class:`Snapshot`, and the
-queue view.
+queue view (from the last plan's reasons).
 
 The leader builds a snapshot the way the simulator does
 (``simulator/engine.py``), from three KV buckets instead of its own state:
@@ -43,20 +43,18 @@ import msgspec
 from services.scheduler.live_admission import type_capacity, unfit
 from services.scheduler.live_round import Inflight
 from services.scheduler.live_state import PROFILING_PHASES, Facts, LiveJobRecord
-from services.scheduler.planner import R_NUM, HopsSettings
-from services.scheduler.priorities import job_facts, latency_ratio, priority_fn, queue_priorities
 from services.scheduler.profiling import busy_types
 from services.scheduler.profiling import profiling_step as core_step
-from services.scheduler.window import QueueEntry as WindowEntry
-from services.scheduler.window import order_queue, service_window
+from services.scheduler.window import order_queue
 from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
-from shared.estimate import JobEstimate, job_sensitivity
+from shared.estimate import JobEstimate
 from shared.events import EstimateRequest
 from shared.ids import GpuType, JobId, ServerId
-from shared.job import JobSpec
+from shared.job import R_NUM, JobSpec
 from shared.records import NodeRecord, Placement, QueueEntry, QueueView
-from shared.snapshot import Assignment, JobState, Plan, Snapshot
+from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
+from shared.wire import UNSCHEDULABLE
 
 
 def cluster_of(nodes: Iterable[NodeRecord], name: str = "live") -> Cluster:
@@ -169,11 +167,9 @@ def build_snapshot(
     progress: Mapping[JobId, float],
     inflight: Inflight,
     first_plan: bool,
-    starts_run: bool = True,
     r_num: int = R_NUM,
 ) -> Built:
-    """See the module docstring; with ``starts_run`` false (the queue view),
-    a job whose start is in flight is still queued, as its record says."""
+    """See the module docstring."""
     cluster = cluster_of(nodes)
     capacity = type_capacity(n for n in nodes if n.alive)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
@@ -183,8 +179,7 @@ def build_snapshot(
         if rec.final or (rec.phase == "queued" and unfit(rec.spec, capacity, r_num)):
             continue  # held: it fits no alive GPU type (live_state.hold)
         job = _job(
-            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan,
-            starts_run,
+            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan
         )
         if job.state is not None:
             jobs.append(job.state)
@@ -230,7 +225,6 @@ def _job(
     progress: Mapping[JobId, float],
     inflight: Inflight,
     first: bool,
-    starts_run: bool,
 ) -> _Job:
     run_alloc = alloc.configuration if alloc is not None and alloc.mode == "run" else None
     booked = alloc.configuration if alloc is not None else None
@@ -250,7 +244,7 @@ def _job(
         state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
         return _Job(state, booked, False, False)
     current = (run_alloc or rec.configuration) if rec.phase == "running" else None
-    starting = starts_run and current is None and rec.job_id in inflight.starts
+    starting = current is None and rec.job_id in inflight.starts
     if starting:  # started by a plan, not booked yet: it runs there, as in the simulator
         current = inflight.starts[rec.job_id][0]
     on_alive = current is not None and all(s in cluster.by_id for s in current.servers)
@@ -294,77 +288,46 @@ def _finite(x: float) -> float:
 
 
 def queue_view(
-    snapshot: Snapshot,
+    reasons: PlanReasons,
     records: Mapping[JobId, LiveJobRecord],
-    settings: HopsSettings,
+    at: float,
     leader: str,
     term: int,
 ) -> QueueView:
-    """The waiting jobs in the order of a first plan (§3.6): priority (Eq. 8
-    by default), latency ratio and whether the service window over the GPUs
-    the plan may use contains them, computed with the planner's own
-    functions. Jobs still being profiled, and queued jobs without an
-    estimate, follow with priority 0, outside the window."""
-    plannable = {
-        j.id: j
-        for j in snapshot.jobs
-        if j.phase in ("queued", "running") and j.id in snapshot.estimates
+    """The waiting jobs as the last plan (made at ``at``) ranked them, read
+    from its own reasons, whatever the policy: priority, latency ratio and
+    whether its service window holds them (Sia and Gavel have no window).
+    Waiting jobs the plan did not rank (profiling, without an estimate, or
+    arrived since) follow in submission order with priority 0, outside the
+    window; held jobs (``unschedulable``) and running ones are left out."""
+    waiting = sorted(
+        (r for r in records.values() if _waiting(r)),
+        key=lambda r: (r.spec.submit_time, r.job_id),
+    )
+    ranked = {
+        r.job_id: reasons.priorities[r.job_id]
+        for r in waiting
+        if r.phase == "queued" and r.job_id in reasons.priorities
     }
-    prios = queue_priorities(snapshot, plannable, priority_fn(settings.priority), settings.r_num)
-    order = order_queue(prios, {jid: j.spec.submit_time for jid, j in plannable.items()})
-    window = _window(snapshot, [plannable[jid] for jid in order], settings.r_num)
-    active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
-    entries: list[QueueEntry] = []
-    for job in (plannable[jid] for jid in order if plannable[jid].phase == "queued"):
-        est = snapshot.estimates[job.id]
-        facts = job_facts(job, est, snapshot.cluster, snapshot.now, settings.r_num, active)
-        ratio = _finite(latency_ratio(job, facts))
-        priority = _finite(prios[job.id])
-        entries.append(
-            QueueEntry(
-                job_id=job.id, priority=priority, latency_ratio=ratio, in_window=job.id in window
-            )
-        )
-    for job in snapshot.jobs:
-        if job.id not in plannable and job.phase != "running":
-            rec = records.get(job.id)
-            phase = rec.phase if rec is not None else "queued"
-            entries.append(
-                QueueEntry(
-                    job_id=job.id, priority=0.0, latency_ratio=0.0, in_window=False, phase=phase
-                )
-            )
-    return QueueView(entries=tuple(entries), at=snapshot.now, leader=leader, term=term)
-
-
-def _window(snapshot: Snapshot, ordered: Sequence[JobState], r_num: int) -> set[JobId]:
-    """The service window of a first plan over ``ordered`` (highest priority first)."""
+    order = order_queue(ranked, {jid: records[jid].spec.submit_time for jid in ranked})
+    window = set(reasons.window)
     entries = [
-        WindowEntry(
-            job_id=job.id,
-            min_gpus=job.spec.requirement_set(r_num)[0],
-            rho=job_sensitivity(snapshot.estimates[job.id], snapshot.cluster),
+        QueueEntry(
+            job_id=jid,
+            priority=_finite(ranked[jid]),
+            latency_ratio=_finite(reasons.latency_ratios.get(jid, 0.0)),
+            in_window=jid in window,
         )
-        for job in ordered
+        for jid in order
     ]
-    capacity = sum(snapshot.free_gpus().values())
-    return {e.job_id for e in service_window(entries, capacity)}
+    entries += [
+        QueueEntry(job_id=r.job_id, priority=0.0, latency_ratio=0.0, in_window=False,
+                   phase=r.phase)
+        for r in waiting
+        if r.job_id not in ranked
+    ]
+    return QueueView(entries=tuple(entries), at=at, leader=leader, term=term)
 
 
-def view_now(
-    now: float,
-    records: Mapping[JobId, LiveJobRecord],
-    nodes: Sequence[NodeRecord],
-    allocs: Mapping[JobId, Placement],
-    estimates: Mapping[JobId, JobEstimate],
-    progress: Mapping[JobId, float],
-    inflight: Inflight,
-    settings: HopsSettings,
-    leader: str,
-    term: int,
-) -> QueueView:
-    """:func:`queue_view` of the snapshot the leader would take now, with
-    jobs the placer has not started yet listed as queued."""
-    snapshot = build_snapshot(now, records, nodes, allocs, estimates, progress, inflight, True,
-                              starts_run=False, r_num=settings.r_num).snapshot
-    return queue_view(snapshot, records, settings, leader, term)
+def _waiting(rec: LiveJobRecord) -> bool:
+    return not rec.final and rec.phase != "running" and not rec.reason.startswith(UNSCHEDULABLE)

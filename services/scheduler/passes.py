@@ -102,15 +102,21 @@ class PassJob(msgspec.Struct, frozen=True):
     switch_factor: float = 1.0
 
 
+# Largest direct model; beyond it the class formulation (its one definition:
+# the planner's setting defaults to it).
+DIRECT_MAX_COLUMNS = 5000
+_MIP = MipOptions()  # the solver's defaults are the passes'
+
+
 class SolverSettings(msgspec.Struct, frozen=True):
     """Knobs of a pass. ``threads`` must not change within a process (HiGHS
     fixes its thread pool at the first solve)."""
 
     sigma: float = DEFAULT_SIGMA
-    mip_rel_gap: float = 0.01
-    time_limit_s: float = 10.0
-    threads: int = 1
-    direct_max_columns: int = 20000
+    mip_rel_gap: float = _MIP.mip_rel_gap
+    time_limit_s: float = _MIP.time_limit_s
+    threads: int = _MIP.threads
+    direct_max_columns: int = DIRECT_MAX_COLUMNS
     greedy: bool = False  # the lambda -> infinity limit of Eq. (11)
     max_patterns: int = 20000
     random_seed: int = 0

@@ -20,8 +20,9 @@ from typing import Literal
 import msgspec
 
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
-from services.scheduler.priorities import priority_fn, queue_priorities, weights
+from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities, weights
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from services.scheduler.steady import Room, keep_in_place, unplaceable, without
 from services.scheduler.window import (
     QueueEntry,
@@ -31,6 +32,7 @@ from services.scheduler.window import (
 )
 from shared.estimate import job_sensitivity, sensitivity
 from shared.ids import JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import (
     Assignment,
     JobState,
@@ -40,8 +42,8 @@ from shared.snapshot import (
     Snapshot,
 )
 
-# R_num of §2.2: requirements a min/max range is turned into.
-R_NUM = 8
+# The solver's defaults are the planner's: one definition of each knob.
+_SOLVER = SolverSettings()
 
 
 class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -49,15 +51,15 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     priority: str = "lr"
     lam: float = 1.0
-    sigma: float = 1.4
+    sigma: float = _SOLVER.sigma
     r_num: int = R_NUM
-    mip_rel_gap: float = 0.01
-    time_limit_s: float = 10.0
+    mip_rel_gap: float = _SOLVER.mip_rel_gap
+    time_limit_s: float = _SOLVER.time_limit_s
     # A start within accept_gap of the LP bound is accepted without branch
     # and bound (services.scheduler.proof.settled).
-    accept_gap: float = 0.05
-    threads: int = 1
-    direct_max_columns: int = 5000
+    accept_gap: float = _SOLVER.accept_gap
+    threads: int = _SOLVER.threads
+    direct_max_columns: int = _SOLVER.direct_max_columns
     max_fill_passes: int = 4
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
@@ -65,7 +67,7 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Share of a round a configuration change costs (checkpoint-restart over
     # round length): options that would restart a job weigh this much less,
     # so a job is moved only when the new placement pays for the restart.
-    reconfig_cost: float = 0.1
+    reconfig_cost: float = RESTART_S / ROUND_S
 
     def solver(self) -> SolverSettings:
         return SolverSettings(
@@ -139,6 +141,7 @@ class HopsPolicy:
             policy=self.name,
             unplaceable=left_out,
             priorities=queue.priorities,
+            latency_ratios=latency_ratios(snapshot, queue.jobs, self.settings.r_num),
             window=first_window,
             admitted_by_adjustment=tuple(admitted),
             passes=tuple(passes),

@@ -74,6 +74,16 @@ def queue_priorities(
     }
 
 
+def latency_ratios(
+    snapshot: Snapshot,
+    jobs: Mapping[JobId, JobState],
+    r_num: int,
+    estimates: Mapping[JobId, JobEstimate] | None = None,
+) -> dict[JobId, float]:
+    """Each job's latency ratio at ``snapshot.now``, for the plan's reasons."""
+    return queue_priorities(snapshot, jobs, latency_ratio, r_num, estimates)
+
+
 def latency_ratio(job: JobState, facts: JobFacts) -> float:
     """Eq. (6)/(8): wait_i / age_i."""
     if not math.isfinite(facts.age_s) or facts.age_s <= 0:

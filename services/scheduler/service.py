@@ -9,12 +9,14 @@ round every ``HOPS_ROUND_S`` seconds and within the round when a job is
 submitted or becomes plannable, resources are released or the alive servers
 change (:mod:`.live_round`): a snapshot from ``hops_jobs``, ``hops_nodes``
 and ``hops_alloc`` (:mod:`.live_snapshot`), estimates from
-``hops.v1.estimate``, :class:`~.planner.HopsPolicy`, and a ``plan_issued``
-with its lease term. It republishes each job event on its tenant's live feed,
-``hops.v1.tenants.<tenant>.events.<job_id>`` (:mod:`.live_tenancy`). It
-answers ``hops.v1.queue`` with the queue view as of
-the request; estimates are refreshed for it every ``HOPS_PRIORITY_REFRESH_S``
-seconds (:mod:`.live_settings` lists the settings).
+``hops.v1.estimate``, the policy ``HOPS_POLICY`` names (:mod:`.registry`),
+and a ``plan_issued`` with its lease term. It republishes each job event on
+its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
+(:mod:`.live_tenancy`). It
+answers ``hops.v1.queue`` with the records as of the request, ranked by the
+reasons of its last plan (:func:`.live_snapshot.queue_view`); estimates are
+refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
+lists the settings).
 """
 
 from __future__ import annotations
@@ -52,14 +54,14 @@ from services.scheduler.live_lease import Lease
 from services.scheduler.live_round import Due, Inflight, RoundClock
 from services.scheduler.live_settings import SchedulerSettings
 from services.scheduler.live_state import LiveJobRecord
-from services.scheduler.planner import HopsPolicy
+from services.scheduler.registry import make_policy
 from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.records import NodeRecord, Placement, QueueView
-from shared.snapshot import Plan
+from shared.snapshot import Plan, PlanReasons
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
@@ -82,7 +84,9 @@ class Leader:
         self.inflight = Inflight(settings.grace_s)
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
-        self.policy = HopsPolicy(settings.policy)
+        self.policy = make_policy(settings.policy)
+        # The last plan's reasons and time, whichever policy made it: the queue view.
+        self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.wake = asyncio.Event()
         self.lock = asyncio.Lock()
 
@@ -279,15 +283,13 @@ class Leader:
             await msg.respond(msgspec.json.encode(view))
 
     def _view(self) -> QueueView:
-        """The queue as of now: the records as they are, with the nodes,
-        placements and estimates of the last plan or refresh."""
+        """The records as they are now, ranked by the last plan's reasons."""
         if self.allocs is None:
             return QueueView(ok=False, error="the leader is starting", term=self.term)
         records = {k: r for k, (r, _) in self.records.items()}
+        reasons, at = self.ranked
         try:
-            return snap.view_now(time.time(), records, self.nodes, self.allocs, self.estimates,
-                                 self.progress, self.inflight, self.settings.policy,
-                                 self.lease.holder, self.term)
+            return snap.queue_view(reasons, records, at, self.lease.holder, self.term)
         except Exception as e:  # a bad reply, not a dead leader
             self.log.exception("queue view failed")
             return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
@@ -308,7 +310,7 @@ class Leader:
             now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
             r_num=self.settings.policy.r_num,
         )
-        self.allocs = allocs  # the queue view's, until the next plan or refresh
+        self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
         if due == "refresh" or not cluster.servers or not busy:
             self.clock.done(due, now)
@@ -320,6 +322,10 @@ class Leader:
             await self.ctx.reporter.report("scheduler.plan", repr(e), ev.INTERNAL)
             self.clock.done(due, now)
             return
+        # A fill plan that ranked nothing (no job waiting, or a policy that
+        # ranks at round starts only) keeps the round's ranking for the view.
+        if plan.reasons.priorities or first:
+            self.ranked = (plan.reasons, now)
         plan = snap.with_sticky(plan, built.sticky)
         if due == "first" or plan.assignments or plan.profiling:
             await self._publish(plan, first, now)

@@ -60,14 +60,16 @@ from services.scheduler.baselines.gavel_rounds import (
     select,
 )
 from services.scheduler.ilp import MipOptions
-from services.scheduler.priorities import priority_fn, queue_priorities, weights
+from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities, weights
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
+_MIP = MipOptions()  # the solver's defaults are Gavel's
 SkipReason = Literal["no_throughput", "no_room", "unplaceable"]
 
 
@@ -77,10 +79,10 @@ class GavelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     priority: str = "lr"
     lam: float = 1.0
-    r_num: int = 8
+    r_num: int = R_NUM
     global_queue: bool = False
-    time_limit_s: float = 10.0
-    threads: int = 1
+    time_limit_s: float = _MIP.time_limit_s
+    threads: int = _MIP.threads
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
@@ -142,6 +144,7 @@ class GavelPolicy:
         reasons = PlanReasons(
             policy=self.name,
             priorities=prios,
+            latency_ratios=latency_ratios(snapshot, jobs, self.settings.r_num, ests),
             passes=(_stats(len(jobs), alloc, assignments, skipped),),
         )
         return GavelRound(

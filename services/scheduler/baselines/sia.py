@@ -71,12 +71,14 @@ from services.scheduler.ilp import (
     solve_mip,
     solve_relaxation_duals,
 )
-from services.scheduler.priorities import priority_fn, queue_priorities
+from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities
 from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.rounds import RESTART_S
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
 STARTS = ("rounded-lp", "search")
@@ -89,9 +91,9 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     p: float = -0.5
     lam: float = 1.1
-    restart_penalty: float = 30.0  # S_i of Sia Eq. (2), seconds lost per restart
+    restart_penalty: float = RESTART_S  # S_i of Sia Eq. (2), seconds lost per restart
     priority: str = "lr"
-    r_num: int = 8
+    r_num: int = R_NUM
     scale_to_min_gpus: bool = True
     round_decimals: int | None = 2
     goodput_clip: float = 3000.0
@@ -217,7 +219,10 @@ class SiaPolicy:
         placement = place(snapshot.cluster, free, self._allocations(snapshot, jobs, chosen))
         assignments = self._assignments(snapshot, jobs, chosen, placement)
         stats = _stats(len(jobs), len(columns), result, placement, assignments)
-        reasons = PlanReasons(policy=self.name, priorities=prios, passes=(stats,))
+        ratios = latency_ratios(snapshot, {j.id: j for j in jobs}, self.settings.r_num)
+        reasons = PlanReasons(
+            policy=self.name, priorities=prios, latency_ratios=ratios, passes=(stats,)
+        )
         return Plan(tuple(assignments), tuple(profiling), reasons)
 
     def _queue(self, snapshot: Snapshot) -> tuple[list[JobState], dict[JobId, float]]:
