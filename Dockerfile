@@ -20,6 +20,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY shared/ shared/
 COPY services/ services/
 COPY simulator/ simulator/
+COPY world/ world/
 COPY hops/ hops/
 COPY gateway/ gateway/
 COPY executor/ executor/

@@ -41,7 +41,7 @@ from shared.events import (
     encode,
 )
 from shared.records import JobRecord, Placement
-from simulator.clusters import cluster_arg
+from world.clusters import cluster_arg
 
 LONG_GPUS = 4
 IN_FLIGHT = 32

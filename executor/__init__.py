@@ -9,7 +9,7 @@ backend (:mod:`executor.backend`):
 * **emulated** (the default, :mod:`executor.emulated`), for machines without
   GPUs: each job is a real OS subprocess (``python -m executor.job``) that
   trains nothing; it advances at the simulator's ground-truth rate
-  (:class:`simulator.truth.GroundTruth`) times a time-scale factor and
+  (:class:`world.truth.GroundTruth`) times a time-scale factor and
   reports what a real job would report, so the rest of the system runs
   unchanged;
 * **real** (``--backend real``, :mod:`executor.real`): each job's own

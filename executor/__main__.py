@@ -79,7 +79,7 @@ from services.runtime.settings import (
 from shared.cluster import Cluster
 from shared.ids import ServerId
 from shared.specs import SpecError
-from simulator.clusters import cluster_arg
+from world.clusters import cluster_arg
 
 BACKENDS = ("emulated", "real")
 _NUMBERS = (

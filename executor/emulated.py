@@ -27,9 +27,9 @@ from executor.emulator import EmulationError, Role, UnknownModel, check_runnable
 from shared.cluster import Server
 from shared.events import INVALID, JobFailed, StartJob, encode
 from shared.ids import JobId
-from simulator.catalog import builtin_catalog
-from simulator.clusters import cluster_arg
-from simulator.truth import GroundTruth
+from world.catalog import builtin_catalog
+from world.clusters import cluster_arg
+from world.truth import GroundTruth
 
 Spawner = Callable[[Coroutine[Any, Any, None], str], object]
 

@@ -3,7 +3,7 @@ and of when it reports.
 
 The emulator stands in for a real training process on a machine without
 GPUs. A job on ``configuration`` advances at the simulator's ground-truth
-throughput (:meth:`simulator.truth.GroundTruth.throughput`, the whole job's
+throughput (:meth:`world.truth.GroundTruth.throughput`, the whole job's
 samples/s) times ``time_scale``, starting from the ``samples_done`` it was
 resumed at, so a job the ground truth runs for an hour ends after
 ``3600 / time_scale`` wall seconds. A profiling run (§3.2, profiling mode)
@@ -22,7 +22,7 @@ from typing import Literal
 from shared.configuration import Configuration
 from shared.ids import ServerId
 from shared.job import JobSpec
-from simulator.truth import GroundTruth
+from world.truth import GroundTruth
 
 Role = Literal["lead", "worker", "profile"]
 # Running-mode reports carry at most this many per-iteration observations

@@ -74,9 +74,9 @@ from shared.events import (
     decode_command,
     encode,
 )
-from simulator.catalog import builtin_catalog
-from simulator.clusters import cluster_arg
-from simulator.truth import GroundTruth
+from world.catalog import builtin_catalog
+from world.clusters import cluster_arg
+from world.truth import GroundTruth
 
 EXIT_ORPHANED = 3
 _TICK_S = 0.25  # longest sleep: bounds how late a stop or a lost parent is seen

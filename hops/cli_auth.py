@@ -49,7 +49,7 @@ def credentials(
     from hops.credentials import CredentialsError, prepare
     from services.runtime.identity import IdentityError
     from shared.tenants import TenantsError, load_tenants
-    from simulator.clusters import cluster_arg
+    from world.clusters import cluster_arg
 
     try:
         file = load_tenants(tenants.read_text()) if tenants is not None else None

@@ -18,12 +18,12 @@ import msgspec
 from hops.policies import make_policy
 from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster
-from simulator.catalog import builtin_catalog
-from simulator.clusters import cluster_arg
 from simulator.engine import Progress, SimSettings, Simulation
 from simulator.metrics import SimResult, summarize
-from simulator.truth import GroundTruth
 from simulator.workloads import SimJob, load_workload
+from world.catalog import builtin_catalog
+from world.clusters import cluster_arg
+from world.truth import GroundTruth
 
 
 class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -54,7 +54,7 @@ from services.runtime.identity import ADMIN, IdentityError
 from services.runtime.natsd import EmbeddedNats, NatsServerError
 from shared.specs import SpecError
 from shared.tenants import TenantsError, TenantsFile, load_tenants
-from simulator.clusters import cluster_arg
+from world.clusters import cluster_arg
 
 _POLL_S = 0.1
 

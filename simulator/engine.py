@@ -38,8 +38,8 @@ from shared.snapshot import Plan, Snapshot
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.metrics import RoundRecord, SimResult, job_outcome
 from simulator.state import JobRecord, Occupancy
-from simulator.truth import GroundTruth
 from simulator.workloads import SimJob
+from world.truth import GroundTruth
 
 Progress = Callable[[float, int, int], None]
 EPS = 1e-6

@@ -18,7 +18,7 @@ import msgspec
 from shared.cluster import Cluster
 from shared.ids import JobId
 from simulator.state import JobRecord
-from simulator.truth import GroundTruth
+from world.truth import GroundTruth
 
 
 class RoundRecord(msgspec.Struct, frozen=True):

@@ -30,8 +30,8 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec, ScalingRule
 from shared.specs import SpecError, convert, read_document
-from simulator.catalog import Category, ModelTruth
-from simulator.truth import GroundTruth
+from world.catalog import Category, ModelTruth
+from world.truth import GroundTruth
 
 
 class SimJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -16,14 +16,14 @@ from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.snapshot import JobState, Phase, Plan, Snapshot
-from simulator.catalog import builtin_catalog
+from world.catalog import builtin_catalog
 
 
 def catalog_spec(
     job_id: str, total: int, model: str = "resnet18-cifar10", **gpus: Any
 ) -> dict[str, Any]:
     """The JSON of a job of a model the emulated cluster knows
-    (``simulator/catalog.py``), as a client submits it; ``gpus`` is its
+    (``world/catalog.py``), as a client submits it; ``gpus`` is its
     ``requirements`` or its ``min_gpus`` and ``max_gpus``."""
     truth = builtin_catalog()[model]
     return {"id": job_id, "model": model, "batch_size": truth.batch_size,

@@ -48,8 +48,8 @@ from hops.up import secure, stack_nats, wait_healthy
 from services.runtime.bus import auth_options
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
-from simulator.clusters import cluster_arg
 from tests.helpers import free_port
+from world.clusters import cluster_arg
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from hops.stack import (
     restart_delay,
     stop_order,
 )
-from simulator.clusters import cluster_arg
+from world.clusters import cluster_arg
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "tests" / "data" / "compose-spec" / "compose_spec.json"
@@ -228,7 +228,7 @@ def test_dockerfile_copies_every_package_the_stack_runs() -> None:
     copied = set(re.findall(r"^COPY (\w+)/ ", text, re.M))
     tops = {m.split(".")[0] for m in modules()}
     assert tops <= copied, tops - copied
-    assert "shared" in copied and "simulator" in copied
+    assert "shared" in copied and "simulator" in copied and "world" in copied
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
     assert not tops & set(ignored)

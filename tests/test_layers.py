@@ -74,6 +74,9 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
         # The event loop, indirectly: through a helper that is not in the core.
         "services/scheduler/probe_helper.py": "import asyncio\n",
         "simulator/probe_indirect.py": "from services.scheduler import probe_helper\n",
+        # The world model: no clock, and nothing above it.
+        "world/probe_clock.py": "import time\n",
+        "world/probe_simulator.py": "from simulator import engine\n",
     }
     for path, text in bad.items():
         (tmp_path / path).write_text(text)
@@ -84,7 +87,9 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
                    "services.scheduler.baselines is not allowed to import "
                    "services.scheduler.service",
                    "shared is not allowed to import gateway",
-                   "simulator is not allowed to import asyncio"):
+                   "simulator is not allowed to import asyncio",
+                   "world is not allowed to import time",
+                   "world is not allowed to import simulator"):
         assert broken in out, out
     assert "simulator.probe_indirect -> services.scheduler.probe_helper" in out, out
 

@@ -22,10 +22,10 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.measurements import ProfileReport
 from simulator import events as sim
-from simulator.catalog import builtin_catalog
 from simulator.engine import Simulation
-from simulator.truth import GroundTruth
 from simulator.workloads import SimJob
+from world.catalog import builtin_catalog
+from world.truth import GroundTruth
 
 J = JobId("j")
 SPEC = JobSpec(J, "resnet50", 32, 1_000_000, 1000, requirements=(1, 2))

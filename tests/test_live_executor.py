@@ -33,11 +33,11 @@ from shared.ids import JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
 from shared.snapshot import Assignment, Plan
-from simulator.catalog import builtin_catalog
-from simulator.clusters import builtin_cluster
-from simulator.truth import GroundTruth
 from tests.helpers import exited
 from tests.natsfix import nats_server, nats_url
+from world.catalog import builtin_catalog
+from world.clusters import builtin_cluster
+from world.truth import GroundTruth
 
 __all__ = ["nats_server", "nats_url"]  # fixtures
 

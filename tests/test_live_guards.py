@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from services.scheduler.profiling import profiling_budget
-from simulator.clusters import cluster_arg
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
+from world.clusters import cluster_arg
 
 CLUSTER = """\
 name: hardening

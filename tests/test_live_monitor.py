@@ -28,9 +28,6 @@ from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.records import NodeRecord, Placement
-from simulator.catalog import builtin_catalog
-from simulator.clusters import builtin_cluster
-from simulator.truth import GroundTruth
 from tests.helpers import free_port
 from tests.test_live_executor import (
     CLUSTER,
@@ -50,6 +47,9 @@ from tests.test_live_executor import (
     spec,
     start_cmd,
 )
+from world.catalog import builtin_catalog
+from world.clusters import builtin_cluster
+from world.truth import GroundTruth
 
 __all__ = ["client", "nats_server", "nats_url", "procs"]  # fixtures
 

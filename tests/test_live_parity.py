@@ -1,12 +1,12 @@
 """Parity: the live system plans as the simulator does.
 
-The same three jobs (different models of ``simulator/catalog.py``, all
+The same three jobs (different models of ``world/catalog.py``, all
 submitted at time 0) on the same cluster go through the simulator
 (:class:`simulator.engine.Simulation` with :class:`HopsPolicy`, as
 ``hops simulate`` runs it) and through the live system (every component
 its own process, :mod:`tests.livestack`); the first plan that carries
 assignments must give every job the same configuration in both. Both sides
-profile with the same ground truth (``simulator.truth.GroundTruth``), each
+profile with the same ground truth (``world.truth.GroundTruth``), each
 with its own noise.
 
 A unit test here also holds the live snapshot to one rule of the
@@ -31,13 +31,13 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import NodeRecord, Placement
 from shared.snapshot import Plan, Snapshot
-from simulator.catalog import builtin_catalog
-from simulator.clusters import cluster_arg
 from simulator.engine import SimSettings, Simulation
-from simulator.truth import GroundTruth
 from simulator.workloads import SimJob
 from tests.helpers import flat_estimate
 from tests.livestack import LiveStack, until
+from world.catalog import builtin_catalog
+from world.clusters import cluster_arg
+from world.truth import GroundTruth
 
 CLUSTER = """\
 name: parity

@@ -53,9 +53,9 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord, Placement, QueueEntry
 from shared.snapshot import Assignment, Plan, ProfilingTask
-from simulator.catalog import builtin_catalog
-from simulator.clusters import builtin_cluster
-from simulator.truth import GroundTruth
+from world.catalog import builtin_catalog
+from world.clusters import builtin_cluster
+from world.truth import GroundTruth
 
 A, B, C = ServerId("a"), ServerId("b"), ServerId("c")
 CAP = {A: 4, B: 4}

@@ -51,7 +51,6 @@ from shared.cluster import Cluster
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.jobreport import AnyReport, Checkpointed, Finished, Started, decode_line
-from simulator.clusters import cluster_arg
 from tests.livestack import LiveStack, until
 from tests.test_live_executor import (
     Client,
@@ -64,6 +63,7 @@ from tests.test_live_executor import (
     procs,
     start_cmd,
 )
+from world.clusters import cluster_arg
 
 __all__ = ["client", "nats_server", "nats_url", "procs"]  # fixtures
 

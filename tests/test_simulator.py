@@ -13,11 +13,11 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from simulator.catalog import builtin_catalog
 from simulator.engine import SimSettings, Simulation
 from simulator.metrics import SimResult, ftf_rhos, summarize
-from simulator.truth import GroundTruth
 from simulator.workloads import SimJob
+from world.catalog import builtin_catalog
+from world.truth import GroundTruth
 
 MODEL = "resnet18-cifar10"
 RTX = GpuType("RTX3090")

@@ -17,9 +17,9 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from simulator.catalog import GAVEL_PREFIX, ModelTruth, builtin_catalog, gavel_catalog
-from simulator.clusters import builtin_cluster
-from simulator.truth import PROFILE_STARTUP_S, GroundTruth
+from world.catalog import GAVEL_PREFIX, ModelTruth, builtin_catalog, gavel_catalog
+from world.clusters import builtin_cluster
+from world.truth import PROFILE_STARTUP_S, GroundTruth
 
 CATALOG = builtin_catalog()
 PHYSICAL = builtin_cluster("paper-physical")
@@ -40,7 +40,7 @@ def gavel_8gpu_cluster() -> Cluster:
 
 
 def raw_gavel() -> dict[str, dict[tuple[str, int], float]]:
-    text = (resources.files("simulator") / "data" / "gavel" / "simulation_throughputs.json")
+    text = (resources.files("world") / "data" / "gavel" / "simulation_throughputs.json")
     raw = json.loads(text.read_text())
     return {
         worker: {ast.literal_eval(k): v["null"] for k, v in table.items()}

@@ -11,9 +11,6 @@ import pytest
 from shared.configuration import Configuration
 from shared.ids import GpuType
 from shared.specs import SpecError, load_cluster
-from simulator.catalog import builtin_catalog
-from simulator.clusters import BUILTIN_CLUSTERS, builtin_cluster, cluster_arg
-from simulator.truth import GroundTruth
 from simulator.workloads import (
     GPU_HOURS,
     SimJob,
@@ -23,6 +20,9 @@ from simulator.workloads import (
     paper_physical,
     paper_sim,
 )
+from world.catalog import builtin_catalog
+from world.clusters import BUILTIN_CLUSTERS, builtin_cluster, cluster_arg
+from world.truth import GroundTruth
 
 CATALOG = builtin_catalog()
 PHYSICAL = builtin_cluster("paper-physical")

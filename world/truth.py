@@ -1,5 +1,6 @@
-"""Ground truth of the simulator: how fast a job really runs in a configuration.
+"""Ground truth of the world model: how fast a job really runs in a configuration.
 
+The simulator and the emulated executors both advance jobs at these rates.
 Deliberately not the estimator's formula (services/estimator), so that the
 simulator tests the estimator instead of agreeing with it by construction.
 It keeps the structure of Hops §3.5 (data, forward, backward, communication,
@@ -40,7 +41,7 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
-from simulator.catalog import DataSource, ModelTruth, TypeTruth
+from world.catalog import DataSource, ModelTruth, TypeTruth
 
 Array = npt.NDArray[np.float64]
 

@@ -1,4 +1,4 @@
-"""The simulator's model catalog: what each model *really* does on each GPU type.
+"""The world model's catalog: what each model *really* does on each GPU type.
 
 A :class:`ModelTruth` holds, per GPU type, the true single-GPU time modules of
 Eq. (1) (forward, backward, update and overlap pattern), the true bimodal
@@ -15,7 +15,7 @@ Two catalogs are built in (provenance of every number: docs/simulator-data.md):
 * Gavel's 26 job types on K80, P100 and V100 from its measured
   ``simulation_throughputs.json`` (Narayanan et al., "Heterogeneity-Aware
   Cluster Scheduling Policies for Deep Learning Workloads", OSDI'20, MIT
-  licence, simulator/data/gavel/LICENSE).
+  licence, world/data/gavel/LICENSE).
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def _gavel_name(job_type: str) -> tuple[str, int]:
 
 
 def _read_gavel() -> dict[str, dict[tuple[str, int], float]]:
-    path = resources.files("simulator") / "data" / "gavel" / "simulation_throughputs.json"
+    path = resources.files("world") / "data" / "gavel" / "simulation_throughputs.json"
     raw = json.loads(path.read_text())
     out: dict[str, dict[tuple[str, int], float]] = {}
     for worker, entries in raw.items():

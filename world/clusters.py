@@ -1,7 +1,7 @@
-"""Built-in clusters of the simulator: the Hops paper's physical cluster (§4.2),
+"""Built-in clusters of the world model: the Hops paper's physical cluster (§4.2),
 its 512-GPU simulated cluster (§4.3) and Gavel's simulated cluster (OSDI'20).
 
-The specs live as YAML under simulator/data/clusters/, in the format of
+The specs live as YAML under world/data/clusters/, in the format of
 :mod:`shared.specs`, with the rationale of their bandwidths in comments.
 """
 
@@ -26,7 +26,7 @@ def builtin_cluster(name: str) -> Cluster:
         known = ", ".join(BUILTIN_CLUSTERS)
         raise SpecError(f"unknown built-in cluster {name!r} (known: {known})")
     source = f"{name}.yaml"
-    text = (resources.files("simulator") / "data" / "clusters" / source).read_text()
+    text = (resources.files("world") / "data" / "clusters" / source).read_text()
     # YAML 1.1 reads 1.25e9 as a string, hence the lenient conversion.
     return cluster_from_doc(yaml.safe_load(text), source, lenient_keys=True)
 
