@@ -15,7 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from hops.policies import make_policy
+from hops.policies import resolve
+from services.scheduler.registry import make_policy
 from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster
 from simulator.engine import Progress, SimSettings, Simulation
@@ -60,9 +61,13 @@ def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
 
 
 def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, SimResult]:
-    policy = make_policy(spec.policy, spec.priority, spec.lam)  # a bad spec: before the work
+    policy_spec = resolve(spec.policy, priority=spec.priority, lam=spec.lam)
+    policy = make_policy(policy_spec)  # a bad spec: before the work
     cluster, truth, jobs = prepare(spec)
-    settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed)
+    # The simulator checks plans against the requirement sets the policy
+    # plans with, so it takes the policy's own R_num.
+    settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed,
+                           r_num=policy_spec.r_num)
     sim = Simulation(cluster, jobs, policy, truth, settings, timer=time.perf_counter)
     return cluster, sim.run(progress)
 

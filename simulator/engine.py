@@ -29,11 +29,13 @@ from services.scheduler import lifecycle as lc
 from services.scheduler.fairness import raqlr
 from services.scheduler.policy import Policy
 from services.scheduler.profiling import busy_types, profiling_step
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared import events as ev
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import Plan, Snapshot
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.metrics import RoundRecord, SimResult, job_outcome
@@ -47,10 +49,15 @@ EPS = 1e-6
 
 class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``round_s``: round length; ``restart_s``: checkpoint-restart cost of
-    any (re)start; iterations per profiling run and per running sample."""
+    any (re)start; iterations per profiling run and per running sample;
+    ``r_num``: the policy's R_num (§2.2), which turns a job's GPU bounds into
+    the requirement set that its plans must come from and its Eq. (9) age
+    averages over (the policy spec's ``r_num``, as the live scheduler reads
+    it)."""
 
-    round_s: float = 300.0
-    restart_s: float = 30.0
+    round_s: float = ROUND_S
+    restart_s: float = RESTART_S
+    r_num: int = R_NUM
     # Plans later in a round (§3.6) run at most this long after the release or
     # arrival that calls for them, so the events in between share one plan;
     # the paper refreshes its queue every 30 s. 0 plans at every event.
@@ -126,7 +133,9 @@ class Simulation:
                 self._handle(event)
             if progress is not None:
                 progress(self.now, self.done, total)
-        outcomes = tuple(job_outcome(r, self.truth, self.cluster) for r in self.jobs.values())
+        r_num = self.settings.r_num
+        outcomes = tuple(job_outcome(r, self.truth, self.cluster, r_num)
+                         for r in self.jobs.values())
         return SimResult(outcomes, tuple(self.rounds), tuple(self.plan_seconds), self.now)
 
     def _pending(self) -> list[Event]:
@@ -222,7 +231,7 @@ class Simulation:
         del self.live[rec.id]
         self.db.forget(rec.id)
         self.estimates.pop(rec.id, None)
-        outcome = job_outcome(rec, self.truth, self.cluster)
+        outcome = job_outcome(rec, self.truth, self.cluster, self.settings.r_num)
         self.finished.append((self.now, outcome.lr))
 
     def _end_profiling(self, run: ProfileEnd) -> None:
@@ -351,7 +360,7 @@ class Simulation:
             return
         if rec.phase != "queued":
             raise RuntimeError(f"{self.policy.name}: job {rec.id} is {rec.phase}, not queued")
-        if config.total_gpus not in rec.spec.requirement_set():
+        if config.total_gpus not in rec.spec.requirement_set(self.settings.r_num):
             raise RuntimeError(f"{self.policy.name}: {config} is not a requirement of {rec.id}")
         self.occ.take(config, self.occ.jobs)
         key = (rec.model, config)

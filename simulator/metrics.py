@@ -55,10 +55,11 @@ class SimResult(msgspec.Struct, frozen=True):
     end_time: float
 
 
-def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster) -> float:
+def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> float:
     """Eq. (9) with the true single-GPU throughputs: the run time the job
-    would expect without waiting."""
-    reqs = rec.spec.requirement_set()
+    would expect without waiting, over the requirement set of the run's
+    R_num."""
+    reqs = rec.spec.requirement_set(r_num)
     r_avg = sum(reqs) / len(reqs)
     terms = [
         (p, rec.spec.total_samples / (tput * r_avg))
@@ -71,9 +72,9 @@ def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster) -> float:
     return sum(p * a for p, a in terms) / mass if mass else math.inf
 
 
-def job_outcome(rec: JobRecord, truth: GroundTruth, cluster: Cluster) -> JobOutcome:
-    reqs = rec.spec.requirement_set()
-    age = true_age(rec, truth, cluster)
+def job_outcome(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> JobOutcome:
+    reqs = rec.spec.requirement_set(r_num)
+    age = true_age(rec, truth, cluster, r_num)
     return JobOutcome(
         id=rec.id,
         model=rec.model,

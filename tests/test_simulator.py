@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hops.policies import make_policy
+from hops.simrun import RunSpec
+from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
@@ -199,3 +201,26 @@ def test_a_job_is_not_held_in_profiling_for_a_type_that_running_jobs_fill() -> N
     assert late.first_start is not None and long.finish is not None
     assert late.first_start < long.finish
     assert long.restarts == 1  # never stopped for the newcomer's profiling
+
+
+def test_plans_are_checked_against_the_policys_own_r_num() -> None:
+    # Bounds 1..15 become {1, 8, 15} under R_num = 3 but {1, 3, ..., 15}
+    # under the default 8: the simulator must take the policy's 8 GPUs, and
+    # report the requirement set that the policy planned with.
+    cluster = small_cluster(gpus=8)
+    truth = GroundTruth(cluster, builtin_catalog())
+    rate = truth.throughput(MODEL, Configuration.of({"n0": 8}))
+    spec = JobSpec(id=JobId("a"), model=MODEL, batch_size=256, params=11_181_642,
+                   total_samples=int(rate * 600), min_gpus=1, max_gpus=15)
+    jobs = [SimJob(spec=spec, model=MODEL)]
+    policy = make_policy("hops:r_num=3")
+    (a,) = Simulation(cluster, jobs, policy, truth, SimSettings(r_num=3)).run().jobs
+    assert a.finish is not None
+    assert (a.min_gpus, a.max_gpus, a.r_avg) == (1, 15, 8.0)
+    with pytest.raises(RuntimeError, match="not a requirement"):
+        Simulation(cluster, jobs, make_policy("hops:r_num=3"), truth, SimSettings()).run()
+
+
+def test_the_round_and_the_restart_have_one_definition() -> None:
+    assert (SimSettings().round_s, SimSettings().restart_s) == (ROUND_S, RESTART_S)
+    assert (RunSpec("c", "w").round_s, RunSpec("c", "w").restart_s) == (ROUND_S, RESTART_S)
