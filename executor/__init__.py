@@ -8,7 +8,7 @@ backend (:mod:`executor.backend`):
 
 * **emulated** (the default, :mod:`executor.emulated`), for machines without
   GPUs: each job is a real OS subprocess (``python -m executor.job``) that
-  trains nothing; it advances at the simulator's ground-truth rate
+  trains nothing; it advances at the world model's ground-truth rate
   (:class:`world.truth.GroundTruth`) times a time-scale factor and
   reports what a real job would report, so the rest of the system runs
   unchanged;

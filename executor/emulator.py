@@ -2,7 +2,7 @@
 and of when it reports.
 
 The emulator stands in for a real training process on a machine without
-GPUs. A job on ``configuration`` advances at the simulator's ground-truth
+GPUs. A job on ``configuration`` advances at the world model's ground-truth
 throughput (:meth:`world.truth.GroundTruth.throughput`, the whole job's
 samples/s) times ``time_scale``, starting from the ``samples_done`` it was
 resumed at, so a job the ground truth runs for an hour ends after
