@@ -171,7 +171,7 @@ def make_policy(spec: PolicySpec | str) -> Policy:
     return _inner(spec).wrapped(ProfilingFirst(profiling_settings(spec)))
 
 
-def profiling_settings(spec: PolicySpec) -> ProfilingSettings:
+def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:
     """The profiling-first layer's settings in ``spec`` (every policy takes
     the same three, with the same defaults)."""
     return ProfilingSettings(spec.profile_gpus, spec.profile_share, spec.profile_preempt)
