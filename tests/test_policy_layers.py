@@ -11,16 +11,25 @@ import pytest
 
 from services.scheduler.baselines.gavel import GavelPolicy
 from services.scheduler.baselines.sia import SiaPolicy
-from services.scheduler.layers.base import LayeredPolicy, hold, hold_back, plan_groups, stack
+from services.scheduler.layers.base import (
+    LayeredPolicy,
+    annotate,
+    drop,
+    hold,
+    hold_back,
+    plan_groups,
+    stack,
+)
 from services.scheduler.layers.profiling_first import ProfilingFirst, ProfilingSettings
 from services.scheduler.planner import HopsPolicy
+from services.scheduler.policy import Policy
 from services.scheduler.profiling import profile_first
 from services.scheduler.registry import POLICIES, make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.snapshot import JobState, Plan, Snapshot
+from shared.snapshot import JobState, LayerRecord, Plan, Snapshot
 from simulator.catalog import builtin_catalog
 from simulator.engine import Simulation
 from simulator.truth import GroundTruth
@@ -155,3 +164,28 @@ def test_hold_back_and_plan_groups_restrict_jobs_and_servers() -> None:
     placed = [j for j in ("y", "z") if plan.config_of(JobId(j)) is not None]
     assert len(placed) == 1 and plan.config_of(JobId(placed[0])) == Configuration.of({"A-0": 4})
     assert plan.reasons.policy == "hops" and len(plan.reasons.passes) >= 2
+
+
+class NoJob:
+    """Post-processes the inner plan: one job never gets an assignment."""
+
+    name = "no-job"
+
+    def __init__(self, job_id: JobId) -> None:
+        self.job_id = job_id
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        plan, removed = drop(inner.plan(snapshot), lambda j: j != self.job_id)
+        return annotate(plan, LayerRecord(self.name, removed=removed))
+
+
+def test_a_layer_post_processes_the_inner_plan() -> None:
+    snap = mixed_snapshot()
+    base = make_policy("hops").plan(snap)
+    assert base.config_of(JobId("q")) is not None
+    plan = stack(make_policy("hops"), NoJob(JobId("q"))).plan(snap)
+    assert plan.config_of(JobId("q")) is None
+    assert plan.assignments == tuple(a for a in base.assignments if a.job_id != "q")
+    assert [(r.name, r.removed) for r in plan.reasons.layers] == [
+        ("no-job", ("q",)), ("profiling-first", ()),
+    ]
