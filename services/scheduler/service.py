@@ -72,13 +72,8 @@ T = TypeVar("T")
 class Leader:
     """The leader's state and loops for one term; see the module docstring."""
 
-    def __init__(
-        self,
-        ctx: ServiceContext,
-        settings: SchedulerSettings,
-        lease: Lease,
-        layers: Sequence[Layer] = (),
-    ) -> None:
+    def __init__(self, ctx: ServiceContext, settings: SchedulerSettings, lease: Lease,
+                 layers: Sequence[Layer] = ()) -> None:
         self.ctx = ctx
         self.settings = settings
         self.lease = lease
@@ -91,8 +86,7 @@ class Leader:
         self.inflight = Inflight(settings.grace_s)
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
-        # The configured policy (with its profiling-first layer) inside any
-        # layers the launcher adds; the leader never looks at which.
+        # The configured policy inside any layers a launcher adds (__main__.main).
         self.policy = stack(make_policy(settings.policy), *layers)
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
