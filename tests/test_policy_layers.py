@@ -29,7 +29,7 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.snapshot import JobState, LayerRecord, Plan, Snapshot
+from shared.snapshot import JobState, LayerRecord, Plan, PlanReasons, Snapshot
 from simulator.catalog import builtin_catalog
 from simulator.engine import Simulation
 from simulator.truth import GroundTruth
@@ -189,3 +189,11 @@ def test_a_layer_post_processes_the_inner_plan() -> None:
     assert [(r.name, r.removed) for r in plan.reasons.layers] == [
         ("no-job", ("q",)), ("profiling-first", ()),
     ]
+
+
+def test_layer_records_travel_and_old_reasons_still_decode() -> None:
+    plan = make_policy("gavel").plan(mixed_snapshot())
+    assert msgspec.json.decode(msgspec.json.encode(plan), type=Plan) == plan
+    old = b'{"policy": "hops", "priorities": {"q": 1.5}}'  # written before layers
+    reasons = msgspec.json.decode(old, type=PlanReasons)
+    assert reasons.layers == () and reasons.priorities == {"q": 1.5}

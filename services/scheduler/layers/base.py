@@ -110,7 +110,9 @@ def hold(snapshot: Snapshot, gpus: Mapping[ServerId, int]) -> Snapshot:
 
 
 def hold_servers(snapshot: Snapshot, servers: Collection[ServerId]) -> Snapshot:
-    """``snapshot`` with every GPU of ``servers`` held."""
+    """``snapshot`` with every GPU of ``servers`` held: in a first plan a
+    running job there cannot keep its configuration, as on a server that
+    went down."""
     return hold(snapshot, {s.id: s.gpus for s in snapshot.cluster.servers if s.id in servers})
 
 
