@@ -20,7 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import make_cluster, make_queue
+from services.scheduler.layers.profiling_first import ProfilingFirst
 from services.scheduler.planner import HopsPolicy, HopsSettings
+from services.scheduler.registry import profiling_settings
 from shared.snapshot import Plan, Snapshot
 
 
@@ -38,7 +40,7 @@ def run_size(gpus: int, trials: int, settings: HopsSettings) -> dict[str, object
         cluster = make_cluster(rng, gpus)
         queue, estimates = make_queue(rng, cluster)
         snap = Snapshot(now=7200.0, cluster=cluster, jobs=tuple(queue), estimates=estimates)
-        policy = HopsPolicy(settings)
+        policy = HopsPolicy(settings).wrapped(ProfilingFirst(profiling_settings(settings)))
         start = time.perf_counter()
         plans.append(policy.plan(snap))
         walls.append(time.perf_counter() - start)

@@ -108,6 +108,18 @@ class PassStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     assigned: tuple[JobId, ...] = ()
 
 
+class LayerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one layer around the policy did in this call
+    (services/scheduler/layers): the GPUs it kept from the policy beneath
+    it, the jobs it held back, the assignments it removed, and a note."""
+
+    name: str
+    held: dict[ServerId, int] = {}
+    held_back: tuple[JobId, ...] = ()
+    removed: tuple[JobId, ...] = ()
+    note: str = ""
+
+
 class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Why the plan looks the way it does, for logs and a later dashboard."""
 
@@ -122,6 +134,9 @@ class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Waiting jobs no configuration on this call's GPUs could serve: left out
     # of the call so that they hold nothing back.
     unplaceable: tuple[JobId, ...] = ()
+    # One record per layer the policy is wrapped in, outermost first; the
+    # default keeps plans written before layers readable.
+    layers: tuple[LayerRecord, ...] = ()
 
 
 class Plan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

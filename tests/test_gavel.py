@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from services.scheduler.baselines.gavel import GavelPolicy, GavelRound, GavelSettings
 from services.scheduler.baselines.gavel_lp import rigid_requirement
+from services.scheduler.registry import make_policy
 from shared.cluster import Cluster, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve
@@ -266,11 +267,11 @@ def test_blind_to_server_entities() -> None:
 def test_later_plan_in_a_round_only_profiles() -> None:
     c = cluster([("V100", 1, 4), ("K80", 1, 4)])
     jobs = [state("new", [1], phase="profiling", unprofiled=["V100", "K80"]), state("q", [2])]
-    plan = GavelPolicy().plan(snap(c, jobs, now=0.0, first_plan=False))
+    plan = make_policy("gavel").plan(snap(c, jobs, now=0.0, first_plan=False))  # layered
     assert plan.assignments == ()
     assert {(t.job_id, t.gpu_type) for t in plan.profiling} == {("new", V), ("new", K)}
     assert plan.reasons.policy == "gavel"
-    first = GavelPolicy().plan(snap(c, jobs, now=0.0))
+    first = make_policy("gavel").plan(snap(c, jobs, now=0.0))
     assert [a.job_id for a in first.assignments] == ["q"]
     assert len(first.profiling) == 2
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from services.scheduler import lifecycle as lc
 from services.scheduler.live_state import Facts, apply_event, life_of
-from services.scheduler.planner import HopsPolicy
+from services.scheduler.registry import make_policy
 from shared import events as ev
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -225,7 +225,7 @@ def test_the_simulator_moves_jobs_through_the_lifecycle() -> None:
     )
     spec = JobSpec(JobId("a"), "resnet18-cifar10", 256, 11_181_642, 100_000, requirements=(1, 2))
     engine = Simulation(
-        cluster, [SimJob(spec=spec, model=spec.model)], HopsPolicy(),
+        cluster, [SimJob(spec=spec, model=spec.model)], make_policy("hops"),
         GroundTruth(cluster, builtin_catalog()),
     )
     (a,) = engine.run().jobs

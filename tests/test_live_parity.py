@@ -25,6 +25,7 @@ from services.scheduler.live_round import Inflight
 from services.scheduler.live_snapshot import build_snapshot
 from services.scheduler.live_state import LiveJobRecord, new_record, running_configs
 from services.scheduler.planner import HopsPolicy
+from services.scheduler.registry import make_policy
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
@@ -77,7 +78,7 @@ class _Stop:
     name = "hops"
 
     def __init__(self) -> None:
-        self.policy = HopsPolicy()
+        self.policy = make_policy("hops")  # as the simulator and the leader get it
 
     def plan(self, snapshot: Snapshot) -> Plan:
         plan = self.policy.plan(snapshot)

@@ -146,8 +146,8 @@ class Stack:
     async def close(self) -> None:
         if self._lease is not None:
             self._lease.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lease
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._lease, 10)  # bounded, as the client's close
 
     async def publish(self, issued: ev.PlanIssued) -> None:
         await publish_event(self.client.js, subjects.PLANS, issued)

@@ -498,7 +498,7 @@ def test_plans_on_live_snapshots_never_double_book(
     ests = {j: flat_estimate(j, {"A": 100.0, "B": 150.0}) for j in records}
     built = build_snapshot(50.0, records, NODES, allocs, ests, {}, Inflight(60.0), first)
     snap = built.snapshot
-    plan = HopsPolicy().plan(snap)
+    plan = make_policy("hops").plan(snap)  # with its profiling-first layer
     assert_feasible(plan, snap)
     running = {j for j, r in records.items() if r.phase == "running"}
     assigned = {a.job_id for a in plan.assignments}
@@ -519,7 +519,7 @@ def test_a_type_that_cannot_be_profiled_is_given_up_after_some_attempts() -> Non
         inflight.settle(records, {}, 100.0 * attempt + 11.0)  # never booked: expired
     assert inflight.given_up(JobId("j")) == {"B"}
     snap = build_snapshot(300.0, records, NODES, {}, {}, {}, inflight, True).snapshot
-    assert snap.jobs[0].unprofiled == () and HopsPolicy().plan(snap).profiling == ()
+    assert snap.jobs[0].unprofiled == () and make_policy("hops").plan(snap).profiling == ()
     required = facts(NODES, given_up=inflight.given_up(JobId("j"))).required
     promoted = promote(records[JobId("j")], required, 300.0)
     assert required == {"A"} and promoted is not None and promoted.phase == "queued"

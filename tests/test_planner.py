@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.planner import HopsPolicy, HopsSettings
+from services.scheduler.registry import make_policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
@@ -58,7 +59,7 @@ def test_profiling_queue_is_served_before_planning() -> None:
         state("new", [1], phase="profiling", unprofiled=["A", "B"]),
         state("old", [4, 3]),
     ]
-    plan = HopsPolicy().plan(snapshot(c, jobs))
+    plan = make_policy("hops").plan(snapshot(c, jobs))  # with its profiling-first layer
     assert {(t.gpu_type, t.server) for t in plan.profiling} == {("A", "A-0"), ("B", "B-0")}
     # 'old' can no longer take 4 GPUs on one server; 3 still fit.
     cfg = plan.config_of(JobId("old"))

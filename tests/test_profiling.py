@@ -6,7 +6,6 @@ import msgspec
 
 from services.scheduler.live_snapshot import profiling_step
 from services.scheduler.live_state import new_record
-from services.scheduler.planner import HopsPolicy, HopsSettings
 from services.scheduler.profiling import (
     busy_types,
     profile_first,
@@ -14,6 +13,7 @@ from services.scheduler.profiling import (
     queue_without,
     reprofile,
 )
+from services.scheduler.registry import make_policy
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import JobState, Snapshot
@@ -36,11 +36,11 @@ def test_profiling_never_takes_a_running_jobs_gpu() -> None:
     jobs = (running("r", {"A-0": 4}), *newcomers(1, ["A"]))
     ests = {JobId("r"): flat_estimate("r", {"A": 1.0})}
     snap = Snapshot(now=10.0, cluster=c, jobs=jobs, estimates=ests)
-    plan = HopsPolicy().plan(snap)
+    plan = make_policy("hops").plan(snap)  # with its profiling-first layer
     assert plan.profiling == ()
     assert plan.config_of(JobId("r")) == Configuration.of({"A-0": 4})
     # The paper's profiling-first takes the GPU at the round boundary.
-    eager = HopsPolicy(HopsSettings(profile_preempt=True)).plan(snap)
+    eager = make_policy("hops:profile_preempt=true").plan(snap)
     assert [(t.job_id, t.server) for t in eager.profiling] == [("new0", "A-0")]
     # Later in the round the running job's GPUs are held: nothing either way.
     later = msgspec.structs.replace(snap, first_plan=False, held={ServerId("A-0"): 4})

@@ -17,6 +17,7 @@ from services.scheduler.baselines.sia import (
     restart_factor,
 )
 from services.scheduler.policy import Policy
+from services.scheduler.registry import make_policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
@@ -181,7 +182,7 @@ def test_distributed_allocation_takes_whole_nodes() -> None:
 def test_later_plans_in_a_round_only_serve_profiling() -> None:
     c = cluster([("A", 1, 8)])
     jobs = [state("q", [2]), state("p", [1], phase="profiling", unprofiled=["A"])]
-    plan = SiaPolicy().plan(snap(c, jobs, first_plan=False))
+    plan = make_policy("sia").plan(snap(c, jobs, first_plan=False))  # profiling-first layer
     assert plan.assignments == ()
     assert [t.job_id for t in plan.profiling] == ["p"]
     assert plan.reasons.policy == "sia" and plan.reasons.passes == ()

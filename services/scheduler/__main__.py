@@ -39,6 +39,7 @@ from services.runtime.settings import SettingsError, build_parser, parse_args
 from services.scheduler import live_admission as adm
 from services.scheduler import live_state as st
 from services.scheduler import live_tenancy as tn
+from services.scheduler.layers.base import Layer
 from services.scheduler.live_kv import decode_all, get_record
 from services.scheduler.live_lease import (
     LEASE_KEY,
@@ -60,8 +61,11 @@ from shared.tenants import DEFAULT_TENANTS, TenantsFile
 NODES_MAX_AGE_S = 1.0
 
 
-async def run(ctx: ServiceContext, settings: SchedulerSettings) -> None:
-    """The service's main: admission, then the lease loop until stopped."""
+async def run(
+    ctx: ServiceContext, settings: SchedulerSettings, layers: Sequence[Layer] = ()
+) -> None:
+    """The service's main: admission, then the lease loop until stopped.
+    ``layers`` wrap the configured policy (see :func:`main`)."""
     kv = await ctx.js.key_value(subjects.KV_JOBS)
     admission = Admission(ctx, kv, settings.policy.r_num, settings.tenants)
     queue = subjects.ADMISSION_QUEUE
@@ -74,7 +78,7 @@ async def run(ctx: ServiceContext, settings: SchedulerSettings) -> None:
         await serve_scoped_requests(
             ctx.nc, cancel, ev.decode_cancel, admission.cancel, ctx.reporter, queue=queue
         )
-    elector = Elector(ctx, settings)
+    elector = Elector(ctx, settings, layers)
     ctx.log.info("admission ready", replica=elector.lease.holder,
                  tenants=sorted(settings.tenants.tenants))
     await elector.run()
@@ -170,9 +174,12 @@ def _identity(scope: str | None) -> str:
 class Elector:
     """Runs the lease (:class:`.live_lease.Lease`) and the leader's work while it lasts."""
 
-    def __init__(self, ctx: ServiceContext, settings: SchedulerSettings) -> None:
+    def __init__(
+        self, ctx: ServiceContext, settings: SchedulerSettings, layers: Sequence[Layer] = ()
+    ) -> None:
         self.ctx = ctx
         self.settings = settings
+        self.layers = tuple(layers)
         self.lease = Lease(
             settings.replica(socket.gethostname(), os.getpid()), ctx.settings.leader_ttl
         )
@@ -228,7 +235,7 @@ class Elector:
     async def _change(self, change: Change) -> None:
         if change == "elected":
             self.ctx.log.info("elected leader", term=self.lease.term)
-            leader = Leader(self.ctx, self.settings, self.lease)
+            leader = Leader(self.ctx, self.settings, self.lease, self.layers)
             self.task = asyncio.create_task(self._lead(leader), name="leader")
         elif change == "deposed":
             self.ctx.log.warning("no longer leader", term=self.lease.term)
@@ -252,7 +259,11 @@ class Elector:
             await asyncio.gather(task, return_exceptions=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, layers: Sequence[Layer] = ()) -> int:
+    """The scheduler replica. ``layers`` (services/scheduler/layers) wrap
+    the policy that ``HOPS_POLICY``/``--policy`` names, the first innermost:
+    a launcher that calls ``main(layers=...)`` runs the real scheduler with
+    a layer of its own, as tests/forbid_layer.py does."""
     parser = build_parser("scheduler")
     for name, var, flag in FIELDS:
         parser.add_argument(flag, dest=name, type=float, metavar="S", help=f"overrides ${var}")
@@ -266,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, ValueError) as e:
         print(f"hops-scheduler: {e}", file=sys.stderr)
         return 2
-    return run_service("scheduler", lambda ctx: run(ctx, settings), runtime)
+    return run_service("scheduler", lambda ctx: run(ctx, settings, layers), runtime)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 Order of work in a call:
 
-1. the profiling queue takes GPUs first (§3.2);
+1. the profiling queue has taken GPUs first (§3.2): the registry wraps the
+   policy in the profiling-first layer
+   (:mod:`services.scheduler.layers.profiling_first`), so the snapshot this
+   policy sees holds the profiling runs' GPUs;
 2. at the start of a round, the *first plan*: priorities, the service window
    over all GPUs, and the prior-weighted ILP of Eq. (11)-(13);
 3. *fill plans* over whatever is still idle — fragments, or GPUs released
@@ -19,9 +22,10 @@ from typing import Literal
 
 import msgspec
 
+from services.scheduler.layers.base import LayeredPolicy
 from services.scheduler.passes import PassJob, PassResult, SolverSettings, greedy_pass, solve_pass
 from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities, weights
-from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE
 from services.scheduler.rounds import RESTART_S, ROUND_S
 from services.scheduler.steady import Room, keep_in_place, unplaceable, without
 from services.scheduler.window import (
@@ -61,6 +65,8 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     threads: int = _SOLVER.threads
     direct_max_columns: int = _SOLVER.direct_max_columns
     max_fill_passes: int = 4
+    # The profiling-first layer's knobs (layers/profiling_first.py), set per
+    # policy spec; the planner itself does not read them.
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
@@ -90,7 +96,7 @@ class _Queue(msgspec.Struct, frozen=True):
     jobs: dict[JobId, JobState]
 
 
-class HopsPolicy:
+class HopsPolicy(LayeredPolicy):
     """Latency-ratio-fair, heterogeneity-aware planning (the paper's scheduler)."""
 
     name = "hops"
@@ -99,13 +105,8 @@ class HopsPolicy:
         self.settings = settings or HopsSettings()
         self._priority = priority_fn(self.settings.priority)
 
-    def plan(self, snapshot: Snapshot) -> Plan:
-        profiling, free = profile_first(
-            snapshot,
-            self.settings.profile_gpus,
-            self.settings.profile_share,
-            self.settings.profile_preempt,
-        )
+    def plan_inner(self, snapshot: Snapshot) -> Plan:
+        free = snapshot.free_gpus()
         left_out = unplaceable(snapshot, free, self.settings.r_num, self.settings.sigma)
         snapshot = without(snapshot, left_out)
         queue = self._queue(snapshot)
@@ -146,7 +147,7 @@ class HopsPolicy:
             admitted_by_adjustment=tuple(admitted),
             passes=tuple(passes),
         )
-        return Plan(tuple(assignments), tuple(profiling), reasons)
+        return Plan(tuple(assignments), (), reasons)
 
     def _queue(self, snapshot: Snapshot) -> _Queue:
         """Jobs this call may plan: with an estimate, and either waiting or —

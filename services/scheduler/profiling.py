@@ -1,4 +1,6 @@
-"""The profiling queue (Hops §3.2): served before anything else in a plan.
+"""The profiling queue (Hops §3.2): served before anything else in a plan,
+by the profiling-first layer around every policy
+(:mod:`services.scheduler.layers.profiling_first`).
 
 A new job runs a few iterations on one GPU of every type it has not been
 profiled on, in parallel across types. Profiling takes GPUs first; the

@@ -21,7 +21,10 @@ not know, or a setting the policy does not take, is an error that names it:
 penalty, and nothing is silently dropped.
 
 The mechanism (simulator, leader) receives the policy object built by
-:func:`make_policy` and never looks at its name.
+:func:`make_policy` and never looks at its name. Every policy comes wrapped
+in the profiling-first layer (Hops §3.2,
+:class:`~.layers.profiling_first.ProfilingFirst`) with the spec's
+``profile_*`` settings: no policy profiles on its own.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import msgspec
 
 from services.scheduler.baselines.gavel import GavelPolicy, GavelSettings
 from services.scheduler.baselines.sia import SiaPolicy, SiaSettings
+from services.scheduler.layers.base import LayeredPolicy
+from services.scheduler.layers.profiling_first import ProfilingFirst, ProfilingSettings
 from services.scheduler.planner import HopsPolicy, HopsSettings
 from services.scheduler.policy import Policy
 from services.scheduler.priorities import priority_fn
@@ -159,9 +164,20 @@ def spec_text(spec: PolicySpec) -> str:
 
 
 def make_policy(spec: PolicySpec | str) -> Policy:
-    """The policy ``spec`` names, with its settings."""
+    """The policy ``spec`` names, with its settings, inside the
+    profiling-first layer."""
     if isinstance(spec, str):
         spec = parse_policy(spec)
+    return _inner(spec).wrapped(ProfilingFirst(profiling_settings(spec)))
+
+
+def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:
+    """The profiling-first layer's settings in ``spec`` (every policy takes
+    the same three, with the same defaults)."""
+    return ProfilingSettings(spec.profile_gpus, spec.profile_share, spec.profile_preempt)
+
+
+def _inner(spec: PolicySpec) -> LayeredPolicy:
     match spec:
         case HopsSpec() | HopsProfilePreemptSpec():
             return HopsPolicy(spec)

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -42,6 +42,7 @@ from services.scheduler import live_admission as adm
 from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
 from services.scheduler import live_tenancy as tn
+from services.scheduler.layers.base import Layer, stack
 from services.scheduler.live_kv import (
     catch_up,
     decode_all,
@@ -71,7 +72,8 @@ T = TypeVar("T")
 class Leader:
     """The leader's state and loops for one term; see the module docstring."""
 
-    def __init__(self, ctx: ServiceContext, settings: SchedulerSettings, lease: Lease) -> None:
+    def __init__(self, ctx: ServiceContext, settings: SchedulerSettings, lease: Lease,
+                 layers: Sequence[Layer] = ()) -> None:
         self.ctx = ctx
         self.settings = settings
         self.lease = lease
@@ -84,7 +86,8 @@ class Leader:
         self.inflight = Inflight(settings.grace_s)
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
-        self.policy = make_policy(settings.policy)
+        # The configured policy inside any layers a launcher adds (__main__.main).
+        self.policy = stack(make_policy(settings.policy), *layers)
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.wake = asyncio.Event()

@@ -5,7 +5,9 @@ Scheduling Policies for Deep Learning Workloads", OSDI'20) behind the
 
 One first plan of a round:
 
-1. the profiling queue takes GPUs first, as in every policy here (§3.2);
+1. the profiling queue has taken GPUs first, as in every policy here (§3.2):
+   the registry wraps the policy in the profiling-first layer
+   (:mod:`services.scheduler.layers.profiling_first`);
 2. each job gets a rigid size, the (lower) median of its requirement set —
    Gavel has no elastic requirements, so Hops fixes the median;
 3. the throughput matrix ``T[j][t]`` is read off the estimator's per-type
@@ -22,8 +24,8 @@ One first plan of a round:
    selection in that order with the queue priority breaking ties, and
    placement on concrete servers, running jobs kept where they are.
 
-Later plans of a round only serve the profiling queue: Gavel plans once per
-round (Hops §3.6). The allocation is recomputed every round because the
+Later plans of a round plan nothing (the layer still serves the profiling
+queue): Gavel plans once per round (Hops §3.6). The allocation is recomputed every round because the
 latency-ratio weights change every round; Gavel recomputes it when jobs
 arrive or leave, at most once per ``minimum_time_between_allocation_resets``.
 The round length (Gavel's ``time_per_iteration``, 360 s) is the runner's.
@@ -60,8 +62,9 @@ from services.scheduler.baselines.gavel_rounds import (
     select,
 )
 from services.scheduler.ilp import MipOptions
+from services.scheduler.layers.base import LayeredPolicy
 from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities, weights
-from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
@@ -83,6 +86,8 @@ class GavelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     global_queue: bool = False
     time_limit_s: float = _MIP.time_limit_s
     threads: int = _MIP.threads
+    # The profiling-first layer's knobs (layers/profiling_first.py), set per
+    # policy spec; Gavel itself does not read them.
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
@@ -101,7 +106,7 @@ class GavelRound(msgspec.Struct, frozen=True):
     skipped: dict[JobId, SkipReason] = {}
 
 
-class GavelPolicy:
+class GavelPolicy(LayeredPolicy):
     """Gavel's heterogeneity-aware max-min fairness, realised in rounds."""
 
     name = "gavel"
@@ -110,19 +115,15 @@ class GavelPolicy:
         self.settings = settings or GavelSettings()
         self._priority = priority_fn(self.settings.priority)
 
-    def plan(self, snapshot: Snapshot) -> Plan:
+    def plan_inner(self, snapshot: Snapshot) -> Plan:
         return self.decide(snapshot).plan
 
     def decide(self, snapshot: Snapshot) -> GavelRound:
-        """:meth:`plan` with its workings, for tests and logs."""
-        profiling, free = profile_first(
-            snapshot,
-            self.settings.profile_gpus,
-            self.settings.profile_share,
-            self.settings.profile_preempt,
-        )
+        """:meth:`plan_inner` with its workings, for tests and logs (the
+        layers' work, profiling included, is not in it)."""
+        free = snapshot.free_gpus()
         if not snapshot.first_plan:
-            return GavelRound(Plan(profiling=tuple(profiling), reasons=PlanReasons(self.name)))
+            return GavelRound(Plan(reasons=PlanReasons(self.name)))
         jobs = _plannable(snapshot)
         ests = {jid: _by_type(snapshot.estimates[jid]) for jid in jobs}
         rigid = {jid: rigid_requirement(j.spec, self.settings.r_num) for jid, j in jobs.items()}
@@ -148,7 +149,7 @@ class GavelPolicy:
             passes=(_stats(len(jobs), alloc, assignments, skipped),),
         )
         return GavelRound(
-            plan=Plan(assignments, tuple(profiling), reasons),
+            plan=Plan(assignments, (), reasons),
             rigid=rigid,
             allocation=alloc.fractions,
             round_priority=_by_job(entries),

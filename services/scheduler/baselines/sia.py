@@ -4,8 +4,9 @@ paper configures it (§2.1, §4.2 "Baseline Settings", §4.4).
 
 One call at the start of a round:
 
-1. the shared profiling queue takes GPUs first
-   (:func:`~services.scheduler.profiling.plan_profiling`);
+1. the shared profiling queue has taken GPUs first: the registry wraps the
+   policy in the profiling-first layer
+   (:mod:`services.scheduler.layers.profiling_first`);
 2. every job with an estimate, queued or running, gets one configuration per
    (GPU type, requirement R_k) with the type's goodput; Sia sees GPU types
    only, so per-server curves (``JobEstimate.by_server``) are ignored;
@@ -18,8 +19,8 @@ One call at the start of a round:
    (type, count) onto servers; an allocation that the server-level
    fragmentation defeats gets nothing this round.
 
-Later plans in a round only serve the profiling queue: "Sia and Gavel only
-plan once at the beginning of each round" (Hops §3.6).
+Later plans in a round plan nothing (the layer still serves the profiling
+queue): "Sia and Gavel only plan once at the beginning of each round" (Hops §3.6).
 
 Sources read (``siasosp23/artifacts``): ``sia-simulator/sia.py``
 (``populate_valid_configs``, ``optimize_mip``, ``__solve_mip_rescaled``,
@@ -71,8 +72,9 @@ from services.scheduler.ilp import (
     solve_mip,
     solve_relaxation_duals,
 )
+from services.scheduler.layers.base import LayeredPolicy
 from services.scheduler.priorities import latency_ratios, priority_fn, queue_priorities
-from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
+from services.scheduler.profiling import PROFILE_PREEMPT, PROFILE_SHARE
 from services.scheduler.rounds import RESTART_S
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
@@ -103,6 +105,8 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # let it (up to 70 s to prove 1e-4 under load), so runs differed.
     time_limit_s: float = 300.0
     threads: int = 1
+    # The profiling-first layer's knobs (layers/profiling_first.py), set per
+    # policy spec; Sia itself does not read them.
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
@@ -192,7 +196,7 @@ def coefficient(g: float, settings: SiaSettings) -> float | None:
     return coeff if coeff > 0 else None
 
 
-class SiaPolicy:
+class SiaPolicy(LayeredPolicy):
     """Sia's type-level goodput ILP plus its Placer, behind ``plan(snapshot)``."""
 
     name = "sia"
@@ -201,15 +205,10 @@ class SiaPolicy:
         self.settings = settings or SiaSettings()
         self._priority = priority_fn(self.settings.priority)
 
-    def plan(self, snapshot: Snapshot) -> Plan:
-        profiling, free = profile_first(
-            snapshot,
-            self.settings.profile_gpus,
-            self.settings.profile_share,
-            self.settings.profile_preempt,
-        )
+    def plan_inner(self, snapshot: Snapshot) -> Plan:
+        free = snapshot.free_gpus()
         if not snapshot.first_plan:
-            return Plan((), tuple(profiling), PlanReasons(policy=self.name))
+            return Plan((), (), PlanReasons(policy=self.name))
         jobs, prios = self._queue(snapshot)
         capacity = type_capacity(snapshot.cluster, free)
         columns = self._columns(snapshot, jobs, capacity)
@@ -223,7 +222,7 @@ class SiaPolicy:
         reasons = PlanReasons(
             policy=self.name, priorities=prios, latency_ratios=ratios, passes=(stats,)
         )
-        return Plan(tuple(assignments), tuple(profiling), reasons)
+        return Plan(tuple(assignments), (), reasons)
 
     def _queue(self, snapshot: Snapshot) -> tuple[list[JobState], dict[JobId, float]]:
         """Every plannable job (Sia replans all of them each round), in

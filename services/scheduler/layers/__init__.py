@@ -1,0 +1,1 @@
+"""Layers: policies that wrap an inner policy (docs/design.md, "Policy layers")."""
