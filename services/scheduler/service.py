@@ -35,7 +35,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from structlog.contextvars import bound_contextvars
 
-from services.runtime.bus import publish_event, request
+from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
 from services.scheduler import live_admission as adm
@@ -43,6 +43,7 @@ from services.scheduler import live_snapshot as snap
 from services.scheduler import live_state as st
 from services.scheduler import live_tenancy as tn
 from services.scheduler.layers.base import Layer, stack
+from services.scheduler.live_estimates import fetch_estimates
 from services.scheduler.live_kv import (
     catch_up,
     decode_all,
@@ -392,23 +393,8 @@ class Leader:
     ) -> dict[JobId, JobEstimate]:
         """Fresh estimates where the estimators answer, the last ones otherwise."""
         requests = snap.estimate_requests(records, cluster, ESTIMATE_CHUNK)
-        for req in requests:
-            try:
-                reply = await request(
-                    self.ctx.nc,
-                    subjects.ESTIMATE,
-                    req,
-                    ev.decode_estimate_reply,
-                    timeout=self.settings.estimate_timeout_s,
-                )
-            except (nats.errors.Error, ev.WireError, TimeoutError) as e:
-                self.log.warning("no estimates", error=repr(e), jobs=len(req.jobs))
-                continue
-            if not reply.ok:
-                self.log.warning("estimate request failed", code=reply.code, error=reply.error)
-            self.estimates.update(reply.estimates)
-        wanted = {job.id for req in requests for job in req.jobs}
-        self.estimates = {k: v for k, v in self.estimates.items() if k in wanted}
+        self.estimates = await fetch_estimates(self.ctx.nc, requests, self.estimates,
+                                               self.settings.estimate_timeout_s, self.log)
         return dict(self.estimates)
 
     async def _nodes(self) -> list[NodeRecord]:
