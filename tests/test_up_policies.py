@@ -50,6 +50,8 @@ def up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         u = Up(proc, policy)
         try:
             until(lambda: u.bus.get("hops_leader", "scheduler"), "a leader", 30, proc.logs)
+            # Admission refuses a job no registered type can hold: wait for both servers.
+            until(lambda: len(u.bus.bucket("hops_nodes")) == 2, "both servers", 30, proc.logs)
             yield u
         finally:
             u.http.close()
