@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 
 import msgspec
@@ -140,6 +140,15 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True
     def _type_share(self) -> dict[GpuType, float]:
         total = self.total_gpus
         return {t.name: self.type_gpus(t.name) / total for t in self.gpu_types} if total else {}
+
+    def free_by_type(self, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
+        """GPUs per type among ``free`` (GPUs per server; a server not named
+        has none free), every type of the cluster listed: what the baselines'
+        allocation stages know of the servers (Sia, Gavel)."""
+        capacity = {t.name: 0 for t in self.gpu_types}
+        for s in self.servers:
+            capacity[s.gpu_type] += free.get(s.id, 0)
+        return capacity
 
     def max_server_gpus(self, gpu_type: GpuType) -> int:
         return max((s.gpus for s in self.servers_of_type(gpu_type)), default=0)

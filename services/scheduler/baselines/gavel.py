@@ -128,7 +128,7 @@ class GavelPolicy(LayeredPolicy):
         ests = {jid: _by_type(snapshot.estimates[jid]) for jid in jobs}
         rigid = {jid: rigid_requirement(j.spec, self.settings.r_num) for jid, j in jobs.items()}
         prios = self._queue_priorities(snapshot, jobs, ests)
-        capacity = _type_capacity(snapshot.cluster, free)
+        capacity = snapshot.cluster.free_by_type(free)
         lp_jobs = self._lp_jobs(snapshot.cluster, ests, rigid, prios, capacity)
         options = MipOptions(time_limit_s=self.settings.time_limit_s, threads=self.settings.threads)
         alloc = max_min_allocation(lp_jobs, capacity, options)
@@ -248,13 +248,6 @@ def _plannable(snapshot: Snapshot) -> dict[JobId, JobState]:
 def _by_type(est: JobEstimate) -> JobEstimate:
     """The estimate Gavel can know: type curves only, server entities dropped."""
     return JobEstimate(job_id=est.job_id, by_type=est.by_type)
-
-
-def _type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
-    cap = {t.name: 0 for t in cluster.gpu_types}
-    for s in cluster.servers:
-        cap[s.gpu_type] += free.get(s.id, 0)
-    return cap
 
 
 def _entries(

@@ -79,7 +79,7 @@ from services.scheduler.rounds import RESTART_S
 from services.scheduler.window import order_queue
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
-from shared.ids import GpuType, JobId, ServerId
+from shared.ids import GpuType, JobId
 from shared.job import R_NUM
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
@@ -210,7 +210,7 @@ class SiaPolicy(LayeredPolicy):
         if not snapshot.first_plan:
             return Plan((), (), PlanReasons(policy=self.name))
         jobs, prios = self._queue(snapshot)
-        capacity = type_capacity(snapshot.cluster, free)
+        capacity = snapshot.cluster.free_by_type(free)
         columns = self._columns(snapshot, jobs, capacity)
         result = self._solve(snapshot, jobs, columns, capacity)
         values = prefer_queue_order(index_columns(jobs, columns, capacity), result.values)
@@ -341,14 +341,6 @@ def search_start(
             current[i] = type_index[now[0]]
     start: list[float] = good_start(cols, (by_share, by_reduced, current)).tolist()
     return start
-
-
-def type_capacity(cluster: Cluster, free: Mapping[ServerId, int]) -> dict[GpuType, int]:
-    """Free GPUs per type: all that Sia's allocation stage knows of the servers."""
-    capacity = {t.name: 0 for t in cluster.gpu_types}
-    for s in cluster.servers:
-        capacity[s.gpu_type] += free.get(s.id, 0)
-    return capacity
 
 
 def _stats(
