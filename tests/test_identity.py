@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -32,6 +33,8 @@ from services.runtime.logging import get_logger
 from services.runtime.natsd import EmbeddedNats
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
+
+T = TypeVar("T")
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -182,6 +185,19 @@ async def _client(server: EmbeddedNats, creds: Credentials, identity: str,
     return nc
 
 
+async def recorder(nc: NATS, subject: str, keep: Callable[[Msg], T]) -> list[T]:
+    """What ``nc`` receives on ``subject`` from now on, as ``keep`` makes it."""
+    seen: list[T] = []
+
+    async def record(msg: Msg) -> None:
+        seen.append(keep(msg))
+
+    await nc.subscribe(subject, cb=record)
+    await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
+    await nc.flush()
+    return seen
+
+
 async def test_nats_server_enforces_the_permissions(
     secured: tuple[EmbeddedNats, Credentials],
 ) -> None:
@@ -190,14 +206,7 @@ async def test_nats_server_enforces_the_permissions(
         await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
                            connect_timeout=2)
     admin = await _client(server, creds, ADMIN)
-    seen: list[str] = []
-
-    async def record(msg: Msg) -> None:
-        seen.append(msg.subject)
-
-    await admin.subscribe("hops.v1.>", cb=record)
-    await asyncio.sleep(0)
-    await admin.flush()
+    seen = await recorder(admin, "hops.v1.>", lambda m: m.subject)
     errors: list[str] = []
     rtx0 = await _client(server, creds, executor_identity("rtx-0"), errors)
     alice = await _client(server, creds, tenant_identity("alice"), errors)
@@ -298,14 +307,7 @@ async def test_the_monitor_republishes_nats_refusals(tmp_path: Path) -> None:
     write_auth(creds.dir)
     with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf) as server:
         admin = await _client(server, creds, ADMIN)
-        records: list[bytes] = []
-
-        async def record(msg: Msg) -> None:
-            records.append(msg.data)
-
-        await admin.subscribe("hops.v1.errors", cb=record)
-        await asyncio.sleep(0)
-        await admin.flush()
+        records = await recorder(admin, "hops.v1.errors", lambda m: m.data)
         settings = RuntimeSettings(nats_servers=(server.url,))
         ctx = ServiceContext("monitor", settings, admin, admin.jetstream(), get_logger(),
                              ErrorReporter(admin, "monitor"))

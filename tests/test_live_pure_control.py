@@ -38,6 +38,7 @@ from services.scheduler.live_state import (
     Facts,
     LiveJobRecord,
     apply_event,
+    counts_progress,
     decode_record,
     encode_record,
     mark_profiling,
@@ -642,3 +643,15 @@ def test_scheduler_settings_from_environment_and_flags() -> None:
         scheduler_settings({"HOPS_ESTIMATE_TIMEOUT_S": "soon"})
     with pytest.raises(SettingsError, match=r"--round-s must be >= 0\.001, got '-1\.0'"):
         scheduler_settings({}, {"round_s": -1.0})
+
+
+def test_progress_counts_only_from_the_subjects_server_and_a_server_of_the_placement() -> None:
+    beat = ev.JobHeartbeat(job_id=JobId("j"), server_id=ServerId("a"), samples_done=5.0, at=1.0)
+    placed = Configuration.of({"a": 1, "b": 1})
+    assert counts_progress(beat, ("a", "j"), placed)
+    assert counts_progress(beat, ("a", "j"), None)  # placement not known yet
+    assert not counts_progress(beat, ("b", "j"), placed)  # the payload claims another server
+    assert not counts_progress(beat, ("a", "k"), placed)  # another job's subject
+    elsewhere = ev.JobHeartbeat(job_id=JobId("j"), server_id=ServerId("c"), samples_done=5.0,
+                                at=1.0)
+    assert not counts_progress(elsewhere, ("c", "j"), placed)  # not a server of the placement

@@ -308,3 +308,15 @@ def _ended(
         samples_done=min(float(rec.spec.total_samples), max(rec.samples_done, samples)),
         reason=reason,
     )
+
+
+def counts_progress(beat: ev.JobHeartbeat, subject_ids: tuple[str, str],
+                    placed: Configuration | None) -> bool:
+    """Whether ``beat`` may move its job's progress: it names the server and job
+    of its subject (``hops.v1.jobs.heartbeat.<sid>.<job>``, which NATS ties to
+    the executor's identity) and, where the job's placement is known, a server
+    of it. The monitor audits the rest (docs/security.md)."""
+    sid, job = subject_ids
+    if (beat.job_id, beat.server_id) != (job, sid):
+        return False
+    return placed is None or ServerId(sid) in placed.servers

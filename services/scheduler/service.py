@@ -268,12 +268,9 @@ class Leader:
     async def _on_heartbeat(self, msg: Msg) -> None:
         with contextlib.suppress(ev.WireError, subjects.SubjectError):
             beat = ev.decode_job_heartbeat(msg.data)
-            sid, job = subjects.last_two_tokens(msg.subject, subjects.JOB_HEARTBEATS_ALL)
-            # Progress only from the servers the job is placed on, as the subject
-            # (which NATS ties to the executor's identity) says; the monitor audits.
+            ids = subjects.last_two_tokens(msg.subject, subjects.JOB_HEARTBEATS_ALL)
             placed = (self.allocs or {}).get(beat.job_id)
-            if (beat.job_id, beat.server_id) != (job, sid) or (
-                    placed is not None and sid not in placed.configuration.servers):
+            if not st.counts_progress(beat, ids, placed.configuration if placed else None):
                 return
             self.progress[beat.job_id] = max(self.progress.get(beat.job_id, 0.0), beat.samples_done)
 
