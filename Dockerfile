@@ -18,6 +18,8 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && rm /tmp/requirements.txt
 
 COPY shared/ shared/
+COPY scheduling/ scheduling/
+COPY estimation/ estimation/
 COPY services/ services/
 COPY simulator/ simulator/
 COPY world/ world/

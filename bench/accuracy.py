@@ -66,8 +66,8 @@ from bench.accuracy_model import (
     profiled_db,
     reported_comm,
 )
-from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import predict
+from estimation.database import ThroughputDatabase
+from estimation.estimator import predict
 from services.runtime.natsd import EmbeddedNats
 from shared.cluster import Cluster
 from shared.configuration import Configuration

@@ -17,14 +17,14 @@ from types import ModuleType
 import msgspec
 
 from bench.accuracy_live import ROOT, Received
-from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import (
+from estimation.database import ThroughputDatabase
+from estimation.estimator import (
     cell_comm_time,
     other_collectives_time,
     predict,
     theoretical_per_gpu,
 )
-from services.estimator.formulas import iter_time
+from estimation.formulas import iter_time
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import curve as _curve
 from bench.synthetic import make_cluster
-from services.scheduler.passes import PassJob, PassResult, SolverSettings, solve_pass
+from scheduling.policies.hops.passes import PassJob, PassResult, SolverSettings, solve_pass
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, sensitivity
 from shared.ids import JobId, ServerId

@@ -10,7 +10,7 @@ over NATS, and measures until every job of the burst has been profiled:
   seconds it was stopped during the burst (an emulated job resumes from
   its exact progress, so a stop costs exactly that);
 - long jobs failed, and the most GPUs profiling held per GPU type (against
-  the profiling share of :mod:`services.scheduler.profiling`).
+  the profiling share of :mod:`scheduling.profiling`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from nats.aio.msg import Msg
 
 from bench.live_submit import client_settings, config_in, spec, start_stack, wait_admission
 from hops.stack import components
+from scheduling.profiling import profiling_budget
 from services.runtime.bus import connect
 from services.runtime.kv import read_bucket
-from services.scheduler.profiling import profiling_budget
 from shared import subjects
 from shared.events import (
     JobFailed,

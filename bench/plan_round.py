@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import make_cluster, make_queue
-from services.scheduler.layers.profiling_first import ProfilingFirst
-from services.scheduler.planner import HopsPolicy, HopsSettings
-from services.scheduler.registry import profiling_settings
+from scheduling.layers.profiling_first import ProfilingFirst
+from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
+from scheduling.registry import profiling_settings
 from shared.snapshot import Plan, Snapshot
 
 

@@ -4,7 +4,7 @@ Runs the 512-GPU, 500-job simulation under Sia with the LP optimum rounded
 down as its ILP's start (policy ``sia-lp-start``), keeps every round's ILP
 that took HiGHS longer than ``--min-s`` (with that start), then solves each
 kept ILP again three times: from that same start, from the start of
-``SiaSettings(start="search")`` (services/scheduler/baselines/sia_start.py,
+``SiaSettings(start="search")`` (scheduling/policies/sia/start.py,
 Sia's default), and from the optimal solution the first solve found. The
 last is the best any start could do; the gap (1e-4) and everything else
 stay as Sia sets them.
@@ -26,9 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import services.scheduler.baselines.sia as sia
+import scheduling.policies.sia.policy as sia
 from hops.simrun import RunSpec, simulate
-from services.scheduler.ilp import MipModel, MipOptions, MipResult, Relaxation, solve_mip
+from scheduling.ilp import MipModel, MipOptions, MipResult, Relaxation, solve_mip
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import typer
 from hops import cli_auth
 from hops.client import GatewayClient
 from hops.stack import DEFAULT_ROUND_S, DEFAULT_SCHEDULERS
+from scheduling.rounds import RESTART_S, ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
-from services.scheduler.rounds import RESTART_S, ROUND_S
 from shared.job import JobSpec
 from shared.specs import SpecError
 
@@ -32,7 +32,7 @@ EXPERIMENTS_HELP = "table3, table4, priorities, arrival-rates or elasticflow"
 POLICY_HELP = (
     "policy spec: hops, sia or gavel, with settings as in sia:lam=1.2 or "
     "hops:sigma=1.6,priority=ftf; hops-profile-preempt and sia-lp-start are variants "
-    "(services/scheduler/registry.py)"
+    "(scheduling/registry.py)"
 )
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ def plan(
     --lam, --sigma and --gap set that setting of the policy."""
     from hops.oneshot import plan_once, render_plan
     from hops.policies import resolve
-    from services.scheduler.registry import make_policy
+    from scheduling.registry import make_policy
 
     try:
         spec = resolve(policy, priority=priority, lam=lam, sigma=sigma, mip_rel_gap=gap)

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from hops.simrun import RunSpec, simulate, write_outputs
-from services.scheduler.registry import parse_policy
+from scheduling.registry import parse_policy
 from simulator.metrics import SimResult
 
 # Table 3 (physical, 64 GPUs) and Table 4 (simulated, 512 GPUs) of the paper:

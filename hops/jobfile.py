@@ -2,7 +2,7 @@
 
 Every entry is checked on its own, as the scheduler would check it: the
 spec's schema and values (:class:`shared.job.JobSpec`), what the live system
-adds (:func:`services.scheduler.live_admission.spec_problem`), and ids that
+adds (:func:`scheduling.live.admission.spec_problem`), and ids that
 appear twice in the file. Each invalid entry becomes one
 :class:`InvalidJob` naming its index, id, field and problem, so that an
 operator fixes the file in one pass rather than one error per attempt.
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from services.scheduler.live_admission import spec_problem
+from scheduling.live.admission import spec_problem
 from shared.job import JobSpec
 from shared.specs import SpecError, read_document
 

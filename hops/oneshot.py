@@ -11,9 +11,9 @@ from pathlib import Path
 
 import msgspec
 
-from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import estimate_job
-from services.scheduler.policy import Policy
+from estimation.database import ThroughputDatabase
+from estimation.estimator import estimate_job
+from scheduling.policy import Policy
 from shared.cluster import Cluster
 from shared.ids import GpuType
 from shared.job import JobSpec

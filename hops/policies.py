@@ -1,5 +1,5 @@
 """Policies by name for the command line and experiments: the registry of
-the core (:mod:`services.scheduler.registry`) with the CLI's override flags.
+the core (:mod:`scheduling.registry`) with the CLI's override flags.
 
 ``--policy`` takes a spec (``hops``, ``sia:lam=1.2``); ``--priority``,
 ``--lam`` and the like, when given, set that one setting of it, and are an
@@ -8,15 +8,15 @@ error for a policy that does not take it.
 
 from __future__ import annotations
 
-from services.scheduler.policy import Policy
-from services.scheduler.registry import (
+from scheduling.policy import Policy
+from scheduling.registry import (
     POLICIES,
     PolicyError,
     PolicySpec,
     parse_policy,
     with_settings,
 )
-from services.scheduler.registry import make_policy as _make
+from scheduling.registry import make_policy as _make
 
 __all__ = ["POLICIES", "PolicyError", "make_policy", "resolve"]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import msgspec
 
 from hops.policies import resolve
-from services.scheduler.registry import make_policy
-from services.scheduler.rounds import RESTART_S, ROUND_S
+from scheduling.registry import make_policy
+from scheduling.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster
 from simulator.engine import Progress, SimSettings, Simulation
 from simulator.metrics import SimResult, summarize

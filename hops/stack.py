@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from scheduling.registry import DEFAULT_POLICY, parse_policy
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
-from services.scheduler.registry import DEFAULT_POLICY, parse_policy
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
 PYTHON = "python"
@@ -56,7 +56,7 @@ class StackConfig:
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int = DEFAULT_METRICS_PORT
     round_s: float = DEFAULT_ROUND_S
-    policy: str = DEFAULT_POLICY  # the leader's policy spec (services/scheduler/registry.py)
+    policy: str = DEFAULT_POLICY  # the leader's policy spec (scheduling/registry.py)
     log_level: str = "info"
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device

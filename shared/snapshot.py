@@ -110,7 +110,7 @@ class PassStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class LayerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What one layer around the policy did in this call
-    (services/scheduler/layers): the GPUs it kept from the policy beneath
+    (scheduling/layers): the GPUs it kept from the policy beneath
     it, the jobs it held back, the assignments it removed, and a note."""
 
     name: str

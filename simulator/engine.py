@@ -9,7 +9,7 @@ configuration change costs a checkpoint-restart. Randomness comes from the
 seed; wall-clock time only from the injected ``timer``. The events are a
 tagged union (``simulator.events``) dispatched with one ``match``; jobs change
 phase only through the lifecycle the live scheduler uses too
-(``services.scheduler.lifecycle``).
+(``scheduling.lifecycle``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import assert_never
 import msgspec
 import numpy as np
 
-from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import EstimatorSettings, estimate_job
-from services.scheduler import lifecycle as lc
-from services.scheduler.fairness import raqlr
-from services.scheduler.policy import Policy
-from services.scheduler.profiling import busy_types, profiling_step
-from services.scheduler.rounds import RESTART_S, ROUND_S
+from estimation.database import ThroughputDatabase
+from estimation.estimator import EstimatorSettings, estimate_job
+from scheduling import lifecycle as lc
+from scheduling.fairness import raqlr
+from scheduling.policy import Policy
+from scheduling.profiling import busy_types, profiling_step
+from scheduling.rounds import RESTART_S, ROUND_S
 from shared import events as ev
 from shared.cluster import Cluster
 from shared.configuration import Configuration

@@ -2,7 +2,7 @@
 
 Nothing here knows which policy runs; the engine (``simulator.engine``) moves
 jobs between phases through the one job lifecycle
-(:mod:`services.scheduler.lifecycle`, which the live scheduler uses too) and
+(:mod:`scheduling.lifecycle`, which the live scheduler uses too) and
 this module keeps the numbers consistent.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.scheduler.lifecycle import Life, Outcome, Transition, step
+from scheduling.lifecycle import Life, Outcome, Transition, step
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
@@ -29,7 +29,7 @@ class JobRecord:
     life: Life | None = None
     unprofiled: set[GpuType] = field(default_factory=set)
     # Types it joined the queue without, every GPU of them running a job
-    # (services.scheduler.profiling): profiled once one is idle again.
+    # (scheduling.profiling): profiled once one is idle again.
     deferred: set[GpuType] = field(default_factory=set)
     rate: float = 0.0  # true samples/s of ``current``
     paused_until: float = 0.0  # checkpoint-restart: no progress before this time

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
+from scheduling.layers.base import annotate, hold_servers
+from scheduling.policy import Policy
 from services.scheduler.__main__ import main
-from services.scheduler.layers.base import annotate, hold_servers
-from services.scheduler.policy import Policy
 from shared.ids import ServerId
 from shared.snapshot import LayerRecord, Plan, Snapshot
 

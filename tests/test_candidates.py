@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.candidates import FreeIndex, generate_configs
-from services.scheduler.classes import (
+from scheduling.policies.hops.candidates import FreeIndex, generate_configs
+from scheduling.policies.hops.classes import (
     ClassOption,
     ServerClass,
     class_options,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.estimator.datatime import DataTimeModel, DataTimeSamples, fit_data_time
+from estimation.datatime import DataTimeModel, DataTimeSamples, fit_data_time
 
 P_CACHE, MU_C, SD_C, MU_L, SD_L = 0.65, 0.012, 0.002, 0.180, 0.025
 W_C, W_L = 0.040, 0.006

@@ -6,8 +6,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from services.estimator.database import DatabaseState, ThroughputDatabase
-from services.estimator.estimator import (
+from estimation.database import DatabaseState, ThroughputDatabase
+from estimation.estimator import (
     EstimatorSettings,
     estimate_job,
     modelled_per_gpu_throughput,

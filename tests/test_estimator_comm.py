@@ -13,9 +13,9 @@ import msgspec
 import pytest
 
 from bench.accuracy_bw import fit_latency_and_slope
-from services.estimator.database import DatabaseState, ThroughputDatabase
-from services.estimator.estimator import estimate_job, theoretical_per_gpu
-from services.estimator.formulas import (
+from estimation.database import DatabaseState, ThroughputDatabase
+from estimation.estimator import estimate_job, theoretical_per_gpu
+from estimation.formulas import (
     OVERLAP_RESIDUAL,
     _grad_sync_time,
     comm_time,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.estimator.database import DatabaseState, RecordState, ThroughputDatabase
-from services.estimator.estimator import theoretical_per_gpu
+from estimation.database import DatabaseState, RecordState, ThroughputDatabase
+from estimation.estimator import theoretical_per_gpu
 from shared.cluster import GpuTypeSpec
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec

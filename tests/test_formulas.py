@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.estimator.formulas import (
+from estimation.formulas import (
     OVERLAP_RESIDUAL,
     comm_time,
     expected_conditional_iter_time,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.baselines.gavel import GavelPolicy, GavelRound, GavelSettings
-from services.scheduler.baselines.gavel_lp import rigid_requirement
-from services.scheduler.registry import make_policy
+from scheduling.policies.gavel.lp import rigid_requirement
+from scheduling.policies.gavel.policy import GavelPolicy, GavelRound, GavelSettings
+from scheduling.registry import make_policy
 from shared.cluster import Cluster, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.formulation import assignment_model
-from services.scheduler.ilp import INF, MipModel, MipOptions, solve_mip
-from services.scheduler.passes import (
+from scheduling.ilp import INF, MipModel, MipOptions, solve_mip
+from scheduling.policies.hops.formulation import assignment_model
+from scheduling.policies.hops.passes import (
     PassJob,
     PassResult,
     SolverSettings,
@@ -23,7 +23,7 @@ from services.scheduler.passes import (
     scaled_weights,
     solve_pass,
 )
-from services.scheduler.proof import settled
+from scheduling.policies.hops.proof import settled
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, sensitivity
@@ -433,7 +433,7 @@ def test_large_pass_with_switch_factor_stays_within_the_gap() -> None:
 
 
 def test_keep_servers_relabels_a_class_towards_current_placements() -> None:
-    from services.scheduler.classes import keep_servers
+    from scheduling.policies.hops.classes import keep_servers
 
     servers = [ServerId(f"s{i}") for i in range(4)]
     # Realised: job 0 on s0 (4 GPUs), job 1 on s0 (2) and job 2 over s1+s2.

@@ -32,7 +32,7 @@ warnings.warn("a library's warning", UserWarning, stacklevel=1)
 from hops.cli import DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES
 from hops.oneshot import load_snapshot
 from hops.policies import make_policy
-from services.scheduler.ilp import MipModel, solve_relaxation
+from scheduling.ilp import MipModel, solve_relaxation
 
 snap = load_snapshot(DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES)
 plan = make_policy(sys.argv[1]).plan(snap)

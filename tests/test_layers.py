@@ -69,7 +69,7 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
         "shared/probe_clock.py": "import time\n",
         "simulator/probe_bus.py": "import nats.aio.client\n",
         # A service shell and the gateway.
-        "services/scheduler/baselines/probe_shell.py": "from services.scheduler import service\n",
+        "scheduling/policies/hops/probe_shell.py": "from services.scheduler import service\n",
         "shared/probe_gateway.py": "from gateway import access\n",
         # The event loop, indirectly: through a helper that is not in the core.
         "services/scheduler/probe_helper.py": "import asyncio\n",
@@ -84,7 +84,7 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
     assert rc != 0, out
     for broken in ("shared is not allowed to import time",
                    "simulator is not allowed to import nats",
-                   "services.scheduler.baselines is not allowed to import "
+                   "scheduling is not allowed to import "
                    "services.scheduler.service",
                    "shared is not allowed to import gateway",
                    "simulator is not allowed to import asyncio",

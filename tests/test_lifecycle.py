@@ -1,4 +1,4 @@
-"""The one job lifecycle (services/scheduler/lifecycle.py) that the simulator
+"""The one job lifecycle (scheduling/lifecycle.py) that the simulator
 and the live scheduler share: random event sequences, refused events, no
 fall-through for an event type it does not know, and the simulator's events."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler import lifecycle as lc
-from services.scheduler.live_state import Facts, apply_event, life_of
-from services.scheduler.registry import make_policy
+from scheduling import lifecycle as lc
+from scheduling.live.state import Facts, apply_event, life_of
+from scheduling.registry import make_policy
 from shared import events as ev
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration

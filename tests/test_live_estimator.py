@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from services.estimator.database import ThroughputDatabase
+from estimation.database import ThroughputDatabase
 from services.estimator.service import (
     apply_sample_event,
     estimates_for,

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.scheduler.profiling import profiling_budget
+from scheduling.profiling import profiling_budget
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 from world.clusters import cluster_arg

@@ -21,11 +21,11 @@ from typing import Any
 
 import msgspec
 
-from services.scheduler.live_round import Inflight
-from services.scheduler.live_snapshot import build_snapshot
-from services.scheduler.live_state import LiveJobRecord, new_record, running_configs
-from services.scheduler.planner import HopsPolicy
-from services.scheduler.registry import make_policy
+from scheduling.live.clock import Inflight
+from scheduling.live.snapshot import build_snapshot
+from scheduling.live.state import LiveJobRecord, new_record, running_configs
+from scheduling.policies.hops.policy import HopsPolicy
+from scheduling.registry import make_policy
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId

@@ -17,8 +17,8 @@ from typing import TypeVar
 
 import pytest
 
+from scheduling.live.lease import LEASE_KEY, LeaseValue, encode_value
 from services.runtime.bus import publish_event
-from services.scheduler.live_lease import LEASE_KEY, LeaseValue, encode_value
 from shared import events as ev
 from shared import subjects
 from shared.configuration import Configuration

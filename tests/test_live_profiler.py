@@ -7,6 +7,7 @@ import time
 
 import msgspec
 
+from scheduling.live.state import encode_record, new_record
 from services.profiler.tracker import (
     TYPE_MISMATCH,
     UNKNOWN_GPU_TYPE,
@@ -16,7 +17,6 @@ from services.profiler.tracker import (
     check_report,
     profiled_msg_id,
 )
-from services.scheduler.live_state import encode_record, new_record
 from shared import events as ev
 from shared import subjects
 from shared.ids import GpuType, JobId, ServerId

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.runtime.settings import SettingsError
-from services.scheduler import live_admission as adm
-from services.scheduler.live_lease import (
+from scheduling.live import admission as adm
+from scheduling.live.clock import Inflight, RoundClock
+from scheduling.live.lease import (
     Create,
     Lease,
     LeaseValue,
@@ -23,9 +23,7 @@ from services.scheduler.live_lease import (
     decode_value,
     encode_value,
 )
-from services.scheduler.live_round import Inflight, RoundClock
-from services.scheduler.live_settings import SchedulerSettings, scheduler_settings
-from services.scheduler.live_snapshot import (
+from scheduling.live.snapshot import (
     build_snapshot,
     cluster_of,
     estimate_requests,
@@ -34,7 +32,7 @@ from services.scheduler.live_snapshot import (
     topology,
     with_sticky,
 )
-from services.scheduler.live_state import (
+from scheduling.live.state import (
     Facts,
     LiveJobRecord,
     apply_event,
@@ -47,8 +45,10 @@ from services.scheduler.live_state import (
     running_configs,
     wants_plan,
 )
-from services.scheduler.planner import HopsPolicy
-from services.scheduler.registry import make_policy
+from scheduling.policies.hops.policy import HopsPolicy
+from scheduling.registry import make_policy
+from services.runtime.settings import SettingsError
+from services.scheduler.live_settings import SchedulerSettings, scheduler_settings
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration

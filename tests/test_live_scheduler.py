@@ -22,9 +22,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
+from scheduling.live.state import LiveJobRecord, decode_record
 from services.runtime.bus import JetStreamLayout, connect, ensure_jetstream, publish_event
 from services.runtime.settings import RuntimeSettings
-from services.scheduler.live_state import LiveJobRecord, decode_record
 from shared import events as ev
 from shared import subjects
 from shared.cluster import GpuTypeSpec, Server

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.planner import HopsPolicy, HopsSettings
-from services.scheduler.registry import make_policy
+from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
+from scheduling.registry import make_policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId

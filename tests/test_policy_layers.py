@@ -1,4 +1,4 @@
-"""Policy layers (services/scheduler/layers): a layer written in a test works
+"""Policy layers (scheduling/layers): a layer written in a test works
 unchanged in the simulator; the profiling-first layer (Hops §3.2) over each
 policy; the helpers a tenant layer (HiveD) is built from."""
 
@@ -9,9 +9,7 @@ from collections import Counter
 import msgspec
 import pytest
 
-from services.scheduler.baselines.gavel import GavelPolicy
-from services.scheduler.baselines.sia import SiaPolicy
-from services.scheduler.layers.base import (
+from scheduling.layers.base import (
     LayeredPolicy,
     annotate,
     drop,
@@ -20,11 +18,13 @@ from services.scheduler.layers.base import (
     plan_groups,
     stack,
 )
-from services.scheduler.layers.profiling_first import ProfilingFirst, ProfilingSettings
-from services.scheduler.planner import HopsPolicy
-from services.scheduler.policy import Policy
-from services.scheduler.profiling import profile_first
-from services.scheduler.registry import POLICIES, make_policy
+from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
+from scheduling.policies.gavel.policy import GavelPolicy
+from scheduling.policies.hops.policy import HopsPolicy
+from scheduling.policies.sia.policy import SiaPolicy
+from scheduling.policy import Policy
+from scheduling.profiling import profile_first
+from scheduling.registry import POLICIES, make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId

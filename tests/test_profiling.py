@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import msgspec
 
-from services.scheduler.live_snapshot import profiling_step
-from services.scheduler.live_state import new_record
-from services.scheduler.profiling import (
+from scheduling.live.snapshot import profiling_step
+from scheduling.live.state import new_record
+from scheduling.profiling import (
     busy_types,
     profile_first,
     profiling_budget,
     queue_without,
     reprofile,
 )
-from services.scheduler.registry import make_policy
+from scheduling.registry import make_policy
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import JobState, Snapshot

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.fairness import raqlr
-from services.scheduler.priorities import (
+from scheduling.fairness import raqlr
+from scheduling.policies.hops.window import (
+    QueueEntry,
+    order_queue,
+    sensitivity_adjustment,
+    service_window,
+)
+from scheduling.priorities import (
     finish_time_fairness,
     job_facts,
     latency_ratio,
     priority_fn,
     weights,
 )
-from services.scheduler.profiling import plan_profiling
-from services.scheduler.window import (
-    QueueEntry,
-    order_queue,
-    sensitivity_adjustment,
-    service_window,
-)
+from scheduling.profiling import plan_profiling
 from shared.estimate import age
 from shared.ids import JobId
 from tests.helpers import cluster, flat_estimate, state

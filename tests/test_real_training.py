@@ -40,10 +40,10 @@ import httpx
 import nats.errors
 import pytest
 
+from estimation.database import DEFAULT_RECENT_WEIGHT, RunningStat, ThroughputDatabase
+from estimation.estimator import round_sig
 from executor.adopt import load_state, state_path
 from executor.reports import End, JobReports, verdict
-from services.estimator.database import DEFAULT_RECENT_WEIGHT, RunningStat, ThroughputDatabase
-from services.estimator.estimator import round_sig
 from services.estimator.service import apply_sample_event, estimates_for
 from shared import events as ev
 from shared import subjects

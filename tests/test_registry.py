@@ -13,12 +13,10 @@ from typer.testing import CliRunner
 
 from hops.cli import app
 from hops.policies import make_policy, resolve
-from services.runtime.settings import SettingsError
-from services.scheduler.baselines.gavel import GavelPolicy, GavelSettings
-from services.scheduler.baselines.sia import SiaPolicy, SiaSettings
-from services.scheduler.live_settings import scheduler_settings
-from services.scheduler.planner import HopsPolicy, HopsSettings
-from services.scheduler.registry import (
+from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
+from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
+from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
+from scheduling.registry import (
     POLICIES,
     SPECS,
     GavelSpec,
@@ -33,7 +31,9 @@ from services.scheduler.registry import (
     spec_text,
     with_settings,
 )
-from services.scheduler.registry import make_policy as core_make
+from scheduling.registry import make_policy as core_make
+from services.runtime.settings import SettingsError
+from services.scheduler.live_settings import scheduler_settings
 
 SAMPLES: dict[type, object] = {str: "ftf", float: 0.37, int: 3, bool: True}
 

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.baselines.sia import (
+from scheduling.policies.sia.policy import (
     SiaPolicy,
     SiaSettings,
     coefficient,
     restart_factor,
 )
-from services.scheduler.policy import Policy
-from services.scheduler.registry import make_policy
+from scheduling.policy import Policy
+from scheduling.registry import make_policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput

@@ -1,4 +1,4 @@
-"""The starting solution for Sia's ILP (services/scheduler/baselines/sia_start):
+"""The starting solution for Sia's ILP (scheduling/policies/sia_start):
 feasible always, exact once the homes are right, and the type swaps that
 single moves cannot make."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.baselines.sia import SiaPolicy, SiaSettings
-from services.scheduler.baselines.sia_start import Columns, good_start, search
+from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
+from scheduling.policies.sia.start import Columns, good_start, search
 from shared.snapshot import Snapshot
 from tests.helpers import assert_feasible
 from tests.test_sia import snapshots

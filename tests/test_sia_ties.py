@@ -1,5 +1,5 @@
 """The queue order among Sia's equally valued plans
-(services/scheduler/baselines/sia_ties): exchanges that keep the plan
+(scheduling/policies/sia_ties): exchanges that keep the plan
 feasible, never lower the objective, and leave no tie against the queue."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.baselines.sia_start import Columns, good_start
-from services.scheduler.baselines.sia_ties import prefer_queue_order
+from scheduling.policies.sia.start import Columns, good_start
+from scheduling.policies.sia.ties import prefer_queue_order
 from tests.test_sia_start import build, columns, feasible, instances
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hops.policies import make_policy
 from hops.simrun import RunSpec
-from services.scheduler.rounds import RESTART_S, ROUND_S
+from scheduling.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId

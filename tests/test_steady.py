@@ -7,8 +7,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.planner import HopsPolicy
-from services.scheduler.steady import keep_in_place
+from scheduling.policies.hops.policy import HopsPolicy
+from scheduling.policies.hops.steady import keep_in_place
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.snapshot import Assignment, JobState, Plan, Snapshot

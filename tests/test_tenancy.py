@@ -1,5 +1,5 @@
 """The pure decisions of identity: the gateway's (:mod:`gateway.access`), the
-scheduler admission's (:mod:`services.scheduler.live_tenancy`), where the
+scheduler admission's (:mod:`scheduling.live.tenancy`), where the
 CLI finds its token (:mod:`hops.cliconfig`), and the settings that name the
 tenants file."""
 
@@ -15,8 +15,8 @@ import pytest
 from gateway import access
 from gateway.settings import from_env, parse
 from hops import cliconfig
+from scheduling.live import tenancy as tn
 from services.runtime.settings import SettingsError
-from services.scheduler import live_tenancy as tn
 from services.scheduler.live_settings import scheduler_settings
 from shared import events as ev
 from shared import subjects

@@ -11,8 +11,8 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import predict
+from estimation.database import ThroughputDatabase
+from estimation.estimator import predict
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId

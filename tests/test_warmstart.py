@@ -8,12 +8,12 @@ import random
 import msgspec
 import pytest
 
-from services.scheduler import passes
-from services.scheduler.formulation import Assignment, OptionSpace, class_space, direct_space
-from services.scheduler.localsearch import improve
-from services.scheduler.passes import PassJob, SolverSettings, solve_pass
-from services.scheduler.planstate import PlanState
-from services.scheduler.warmstart import _lp_rounding, everyone_at_best, greedy_assign
+from scheduling.policies.hops import passes
+from scheduling.policies.hops.formulation import Assignment, OptionSpace, class_space, direct_space
+from scheduling.policies.hops.localsearch import improve
+from scheduling.policies.hops.passes import PassJob, SolverSettings, solve_pass
+from scheduling.policies.hops.planstate import PlanState
+from scheduling.policies.hops.warmstart import _lp_rounding, everyone_at_best, greedy_assign
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, ThroughputCurve

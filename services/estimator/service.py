@@ -1,7 +1,7 @@
 """The estimator service: answers ``hops.v1.estimate`` from the multi-layer
 throughput database (Hops §3.3, §3.5).
 
-Every replica keeps a whole :class:`~services.estimator.database.ThroughputDatabase`
+Every replica keeps a whole :class:`~estimation.database.ThroughputDatabase`
 of its own, fed by *every* message of stream ``HOPS_SAMPLES`` in stream order
 (``profile_reported`` → ``record_profile``, ``sample_reported`` →
 ``record_sample``) through an ordered consumer that starts at the stream's
@@ -42,8 +42,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import InvalidKeyError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.estimator.database import ThroughputDatabase
-from services.estimator.estimator import estimate_job
+from estimation.database import ThroughputDatabase
+from estimation.estimator import estimate_job
 from services.runtime.bus import serve_requests
 from services.runtime.follow import follow_stream
 from services.runtime.service import ServiceContext

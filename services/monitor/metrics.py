@@ -9,7 +9,7 @@ the monitor counted:
   queue is empty);
 * the latency ratio (Eq. 6/8, wait/age) of finished jobs, maximum and mean,
   and RAQLR (Eq. 7): the mean latency ratio of the jobs that finished
-  within the last ``window_h`` hours (``services.scheduler.fairness.raqlr``);
+  within the last ``window_h`` hours (``scheduling.fairness.raqlr``);
 * error records seen, per service, and the refusals among them (codes
   ``forbidden`` and ``unauthorized``), per service and code.
 
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from services.scheduler.fairness import raqlr
+from scheduling.fairness import raqlr
 from shared.ids import JobId, ServerId
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement, QueueEntry
 from shared.wire import FORBIDDEN, UNAUTHORIZED

@@ -1,7 +1,7 @@
 """Which plans the placer applies: only the current leader's, in stream order.
 
 A plan is applied when its ``term`` is the term of the scheduler lease as
-it is now in KV ``hops_leader`` (:mod:`services.scheduler.live_lease`),
+it is now in KV ``hops_leader`` (:mod:`scheduling.live.lease`),
 read for each plan. The placer keeps no "highest term seen": a term it
 remembered would let one plan with a term no leader ever held (forged, or
 written by a broken client) make every real plan look old until a
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from services.scheduler.live_lease import LEASE_KEY, decode_value
+from scheduling.live.lease import LEASE_KEY, decode_value
 from shared.wire import INVALID
 
 

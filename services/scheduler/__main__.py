@@ -2,14 +2,14 @@
 
 Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel``,
 and their tenant-scoped forms ``...submit.<tenant>``/``...cancel.<tenant>``
-(:mod:`.live_tenancy`), in queue group ``admission``, so jobs are accepted
+(:mod:`scheduling.live.tenancy`), in queue group ``admission``, so jobs are accepted
 during a failover too. A
-submission is validated (:mod:`.live_admission`), published as
+submission is validated (:mod:`scheduling.live.admission`), published as
 ``job_submitted`` on ``HOPS_JOBS`` (``Nats-Msg-Id`` = job id) and
 acknowledged only once the stream has stored it; its record is then created
 in ``hops_jobs``. A cancel publishes ``job_cancelled``.
 
-Each replica also runs the leader lease (:mod:`.live_lease`): while it holds
+Each replica also runs the leader lease (:mod:`scheduling.live.lease`): while it holds
 the lease it is the leader (:class:`.service.Leader`); when the lease is
 lost it goes back to admission only, and on SIGTERM it deletes the lease so
 that a standby takes over without waiting for the TTL. Settings:
@@ -33,15 +33,11 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from structlog.contextvars import bound_contextvars
 
-from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
-from services.runtime.service import ServiceContext, run_service
-from services.runtime.settings import SettingsError, build_parser, parse_args
-from services.scheduler import live_admission as adm
-from services.scheduler import live_state as st
-from services.scheduler import live_tenancy as tn
-from services.scheduler.layers.base import Layer
-from services.scheduler.live_kv import decode_all, get_record
-from services.scheduler.live_lease import (
+from scheduling.layers.base import Layer
+from scheduling.live import admission as adm
+from scheduling.live import state as st
+from scheduling.live import tenancy as tn
+from scheduling.live.lease import (
     LEASE_KEY,
     Change,
     Create,
@@ -50,6 +46,10 @@ from services.scheduler.live_lease import (
     Wait,
     encode_value,
 )
+from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
+from services.runtime.service import ServiceContext, run_service
+from services.runtime.settings import SettingsError, build_parser, parse_args
+from services.scheduler.live_kv import decode_all, get_record
 from services.scheduler.live_settings import FIELDS, SchedulerSettings, scheduler_settings
 from services.scheduler.service import Leader
 from shared import events as ev
@@ -172,7 +172,8 @@ def _identity(scope: str | None) -> str:
 
 
 class Elector:
-    """Runs the lease (:class:`.live_lease.Lease`) and the leader's work while it lasts."""
+    """Runs the lease (:class:`scheduling.live.lease.Lease`) and the leader's work
+    while it lasts."""
 
     def __init__(
         self, ctx: ServiceContext, settings: SchedulerSettings, layers: Sequence[Layer] = ()
@@ -260,7 +261,7 @@ class Elector:
 
 
 def main(argv: Sequence[str] | None = None, layers: Sequence[Layer] = ()) -> int:
-    """The scheduler replica. ``layers`` (services/scheduler/layers) wrap
+    """The scheduler replica. ``layers`` (scheduling/layers) wrap
     the policy that ``HOPS_POLICY``/``--policy`` names, the first innermost:
     a launcher that calls ``main(layers=...)`` runs the real scheduler with
     a layer of its own, as tests/forbid_layer.py does."""

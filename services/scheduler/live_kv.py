@@ -18,11 +18,11 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from structlog.typing import FilteringBoundLogger
 
+from scheduling.live import snapshot as snap
+from scheduling.live import state as st
+from scheduling.live.state import LiveJobRecord
 from services.runtime.consumer import ConsumerSpec
 from services.runtime.kv import read_bucket as kv_read
-from services.scheduler import live_snapshot as snap
-from services.scheduler import live_state as st
-from services.scheduler.live_state import LiveJobRecord
 from shared.records import NodeRecord
 
 T = TypeVar("T")
@@ -64,7 +64,7 @@ async def watch_topology(
     log: FilteringBoundLogger,
 ) -> None:
     """Call ``on_change`` whenever the alive servers of ``hops_nodes``
-    change (:func:`.live_snapshot.topology`: heartbeat times do not count)."""
+    change (:func:`scheduling.live.snapshot.topology`: heartbeat times do not count)."""
     nodes: dict[str, NodeRecord] = {n.server.id: n for n in initial}
     topology = snap.topology(nodes.values())
     while True:

@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduling.registry import HopsSpec, PolicyError, PolicySpec, parse_policy
+from scheduling.rounds import ROUND_S
 from services.runtime.settings import SettingsError, env_float
-from services.scheduler.registry import HopsSpec, PolicyError, PolicySpec, parse_policy
-from services.scheduler.rounds import ROUND_S
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
 
 
@@ -46,7 +46,7 @@ class SchedulerSettings:
     replan_delay_s: float = 1.0
     grace_s: float = 60.0
     policy: PolicySpec = field(default_factory=HopsSpec)
-    # who may submit, and run commands (admission, :mod:`.live_tenancy`)
+    # who may submit, and run commands (admission, :mod:`scheduling.live.tenancy`)
     tenants: TenantsFile = field(default_factory=lambda: DEFAULT_TENANTS)
 
     def __post_init__(self) -> None:

@@ -1,20 +1,20 @@
 """The scheduler's leader (Hops §3.1, §3.6).
 
-A replica (``__main__``: admission and the lease, :mod:`.live_lease`) runs a
+A replica (``__main__``: admission and the lease, :mod:`scheduling.live.lease`) runs a
 :class:`Leader` while it holds the lease. The leader loads ``hops_jobs``,
 consumes ``HOPS_JOBS`` with the durable consumer ``scheduler`` (events
 accepted while no replica led wait there, and are applied before the first
-plan) and is the only writer of job records (:mod:`.live_state`). It plans a
+plan) and is the only writer of job records (:mod:`scheduling.live.state`). It plans a
 round every ``HOPS_ROUND_S`` seconds and within the round when a job is
 submitted or becomes plannable, resources are released or the alive servers
-change (:mod:`.live_round`): a snapshot from ``hops_jobs``, ``hops_nodes``
-and ``hops_alloc`` (:mod:`.live_snapshot`), estimates from
+change (:mod:`scheduling.live.clock`): a snapshot from ``hops_jobs``, ``hops_nodes``
+and ``hops_alloc`` (:mod:`scheduling.live.snapshot`), estimates from
 ``hops.v1.estimate``, the policy ``HOPS_POLICY`` names (:mod:`.registry`),
 and a ``plan_issued`` with its lease term. It republishes each job event on
 its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
-(:mod:`.live_tenancy`). It
+(:mod:`scheduling.live.tenancy`). It
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
-reasons of its last plan (:func:`.live_snapshot.queue_view`); estimates are
+reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
 lists the settings).
 """
@@ -35,14 +35,18 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from structlog.contextvars import bound_contextvars
 
+from scheduling.layers.base import Layer, stack
+from scheduling.live import admission as adm
+from scheduling.live import snapshot as snap
+from scheduling.live import state as st
+from scheduling.live import tenancy as tn
+from scheduling.live.clock import Due, Inflight, RoundClock
+from scheduling.live.lease import Lease
+from scheduling.live.state import LiveJobRecord
+from scheduling.registry import make_policy
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
-from services.scheduler import live_admission as adm
-from services.scheduler import live_snapshot as snap
-from services.scheduler import live_state as st
-from services.scheduler import live_tenancy as tn
-from services.scheduler.layers.base import Layer, stack
 from services.scheduler.live_estimates import fetch_estimates
 from services.scheduler.live_kv import (
     catch_up,
@@ -52,11 +56,7 @@ from services.scheduler.live_kv import (
     unacked,
     watch_topology,
 )
-from services.scheduler.live_lease import Lease
-from services.scheduler.live_round import Due, Inflight, RoundClock
 from services.scheduler.live_settings import SchedulerSettings
-from services.scheduler.live_state import LiveJobRecord
-from services.scheduler.registry import make_policy
 from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster
@@ -213,7 +213,7 @@ class Leader:
         self, rec: LiveJobRecord | None, event: ev.JobEvent, delivery: Delivery, changed: bool
     ) -> None:
         """Republish ``event`` on its tenant's live feed: the leader applies
-        every event, and each once (:func:`.live_tenancy.feed_subject`)."""
+        every event, and each once (:func:`scheduling.live.tenancy.feed_subject`)."""
         subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
         if subject is None:
             return
@@ -341,7 +341,7 @@ class Leader:
         those every GPU of which runs a job, :func:`.profiling.busy_types`)
         are queued, jobs that no longer (or again) fit the alive nodes are
         held (or released), and running jobs' records take their
-        heartbeats' progress (see :mod:`.live_state`)."""
+        heartbeats' progress (see :mod:`scheduling.live.state`)."""
         capacity = adm.type_capacity(n for n in self.nodes if n.alive)
         busy = snap.busy_types_of(cluster, allocs)
         r_num = self.settings.policy.r_num

@@ -1,0 +1,333 @@
+"""From the live system's records to the planner's :class:`Snapshot`, and the
+queue view (from the last plan's reasons).
+
+The leader builds a snapshot the way the simulator does
+(``simulator/engine.py``), from three KV buckets instead of its own state:
+
+- the cluster is the *alive* nodes of ``hops_nodes``, ordered by
+  ``(order, id)`` (adjacency follows that order, §3.4);
+- every job that is not final becomes a :class:`JobState`, but a queued
+  job that fits no GPU type of the alive nodes (it is held, reason
+  ``unschedulable``, and waits for capacity to return): ``submitted`` and
+  ``profiling`` jobs are ``profiling`` with the alive GPU types they still
+  need (types profiled, being profiled or given up are left out, see
+  :class:`scheduling.live.clock.Inflight`), and so is a job
+  whose profiling run still holds its GPU in ``hops_alloc``; a ``running``
+  job on alive servers is ``running`` with its placement from ``hops_alloc``
+  (or its record); any other job is ``queued``;
+- a job whose start a plan issued but the placer has not booked yet is
+  ``running`` there, as a simulated job is from the plan that starts it:
+  otherwise a first plan made while the placer is still starting it would
+  see it queued and might move it, the next one again, and so on;
+- ``held`` has every GPU the plan must not use: profiling runs, placements
+  of jobs the planner does not replan (ended, unknown, on a lost node) and
+  profiling tasks issued but not yet booked; a plan later in the round
+  (``first_plan=False``) also holds the GPUs of running jobs, starts
+  issued but not yet booked included.
+
+A running job without an estimate (the estimator lost its data or did not
+answer) cannot be planned; rather than letting the first plan stop it, its
+GPUs are held and the published plan keeps it where it is (``sticky``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+import msgspec
+
+from scheduling.live.admission import type_capacity, unfit
+from scheduling.live.clock import Inflight
+from scheduling.live.state import PROFILING_PHASES, Facts, LiveJobRecord
+from scheduling.policies.hops.window import order_queue
+from scheduling.profiling import busy_types
+from scheduling.profiling import profiling_step as core_step
+from shared.cluster import Cluster, GpuTypeSpec
+from shared.configuration import Configuration
+from shared.estimate import JobEstimate
+from shared.events import EstimateRequest
+from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM, JobSpec
+from shared.records import NodeRecord, Placement, QueueEntry, QueueView
+from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
+from shared.wire import UNSCHEDULABLE
+
+
+def cluster_of(nodes: Iterable[NodeRecord], name: str = "live") -> Cluster:
+    """The alive nodes as a cluster; a GPU type's spec comes from its first node."""
+    alive = sorted((n for n in nodes if n.alive), key=lambda n: (n.order, n.server.id))
+    types: dict[GpuType, GpuTypeSpec] = {}
+    for n in alive:
+        types.setdefault(n.server.gpu_type, n.gpu_type)
+    return Cluster(
+        gpu_types=tuple(types.values()), servers=tuple(n.server for n in alive), name=name
+    )
+
+
+def busy_types_of(cluster: Cluster, allocs: Mapping[JobId, Placement]) -> frozenset[GpuType]:
+    """The alive GPU types every GPU of which a running job has booked."""
+    running: Counter[ServerId] = Counter()
+    for alloc in allocs.values():
+        if alloc.mode == "run":
+            running.update(alloc.configuration.as_dict())
+    return busy_types(cluster, running)
+
+
+def profiling_step(
+    rec: LiveJobRecord,
+    need: frozenset[GpuType],
+    busy: frozenset[GpuType],
+    profiling: bool,
+    starting: bool,
+) -> tuple[frozenset[GpuType], frozenset[GpuType]]:
+    """For a job that needs profiles on ``need``: the types it goes back to
+    profiling for (a waiting job, no start in flight, lacking a type that is
+    no longer ``busy``), and the types its profiles must cover for it to be
+    queued (``need`` less the busy ones it lacks, once profiled on some type
+    with no profiling run in flight); see :mod:`.profiling`."""
+    lacking = need - set(rec.profiled)
+    step = core_step(rec.phase == "queued", set(rec.profiled) & need, lacking, busy, profiling,
+                     starting)
+    return step.back, need - step.skip
+
+
+def server_types(nodes: Iterable[NodeRecord]) -> dict[ServerId, GpuType]:
+    """Every registered server's GPU type, alive or not."""
+    return {n.server.id: n.server.gpu_type for n in nodes}
+
+
+def facts(
+    nodes: Sequence[NodeRecord], progress: float = 0.0, given_up: Iterable[GpuType] = ()
+) -> Facts:
+    """What :func:`scheduling.live.state.apply_event` needs to know about the nodes:
+    the job must be profiled on every alive GPU type but those ``given_up``."""
+    required = frozenset(t.name for t in cluster_of(nodes).gpu_types) - set(given_up)
+    return Facts(server_types(nodes), required, progress)
+
+
+def topology(nodes: Iterable[NodeRecord]) -> tuple[tuple[ServerId, GpuType, int, int], ...]:
+    """What planning depends on in the nodes (alive servers, their types,
+    sizes and order); heartbeat times are left out."""
+    return tuple(
+        (n.server.id, n.server.gpu_type, n.server.gpus, n.order)
+        for n in sorted(nodes, key=lambda n: n.server.id)
+        if n.alive
+    )
+
+
+def node_update(nodes: dict[str, NodeRecord], key: str, value: bytes | None) -> None:
+    """``nodes`` after a change of key ``key`` of ``hops_nodes`` (``None``:
+    deleted); a value that does not decode changes nothing."""
+    if value is None:
+        nodes.pop(key, None)
+        return
+    with contextlib.suppress(msgspec.DecodeError):
+        nodes[key] = msgspec.json.decode(value, type=NodeRecord)
+
+
+def estimate_targets(records: Mapping[JobId, LiveJobRecord]) -> list[JobSpec]:
+    """Jobs the planner needs estimates for: waiting or running ones."""
+    return [r.spec for r in records.values() if r.phase in ("queued", "running")]
+
+
+def estimate_requests(
+    records: Mapping[JobId, LiveJobRecord], cluster: Cluster, chunk: int
+) -> list[EstimateRequest]:
+    """The estimate requests for :func:`estimate_targets`, ``chunk`` jobs each
+    (none without servers: there is nothing to estimate for)."""
+    specs = estimate_targets(records) if cluster.servers else []
+    return [
+        EstimateRequest(jobs=tuple(specs[i : i + chunk]), cluster=cluster)
+        for i in range(0, len(specs), chunk)
+    ]
+
+
+class Built(NamedTuple):
+    snapshot: Snapshot
+    sticky: dict[JobId, Configuration]
+
+
+class _Job(NamedTuple):
+    state: JobState | None
+    occupied: Configuration | None  # GPUs it holds or is about to hold
+    planner_owned: bool  # the planner replans these GPUs (a first plan's running job)
+    sticky: bool
+
+
+def build_snapshot(
+    now: float,
+    records: Mapping[JobId, LiveJobRecord],
+    nodes: Iterable[NodeRecord],
+    allocs: Mapping[JobId, Placement],
+    estimates: Mapping[JobId, JobEstimate],
+    progress: Mapping[JobId, float],
+    inflight: Inflight,
+    first_plan: bool,
+    r_num: int = R_NUM,
+) -> Built:
+    """See the module docstring."""
+    cluster = cluster_of(nodes)
+    capacity = type_capacity(n for n in nodes if n.alive)
+    held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
+    jobs: list[JobState] = []
+    sticky: dict[JobId, Configuration] = {}
+    for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id)):
+        if rec.final or (rec.phase == "queued" and unfit(rec.spec, capacity, r_num)):
+            continue  # held: it fits no alive GPU type (state.hold)
+        job = _job(
+            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan
+        )
+        if job.state is not None:
+            jobs.append(job.state)
+        if job.sticky and job.occupied is not None:
+            sticky[rec.job_id] = job.occupied
+        if job.occupied is not None and not job.planner_owned:
+            held.update(job.occupied.as_dict())
+    for job_id, alloc in allocs.items():
+        owner = records.get(job_id)
+        if owner is None or owner.final:
+            held.update(alloc.configuration.as_dict())
+    capped = {s.id: min(s.gpus, held[s.id]) for s in cluster.servers if held.get(s.id, 0) > 0}
+    planned = {j.id for j in jobs if j.phase != "profiling"}
+    snapshot = Snapshot(
+        now=now,
+        cluster=cluster,
+        jobs=tuple(jobs),
+        estimates={k: v for k, v in estimates.items() if k in planned},
+        held=capped,
+        first_plan=first_plan,
+        profiling_held=_profiling_held(cluster, allocs, inflight),
+    )
+    return Built(snapshot, sticky)
+
+
+def _profiling_held(
+    cluster: Cluster, allocs: Mapping[JobId, Placement], inflight: Inflight
+) -> dict[ServerId, int]:
+    """GPUs of profiling runs, booked or still in flight, per alive server."""
+    out: Counter[ServerId] = inflight.unbooked_profiling(allocs)
+    for alloc in allocs.values():
+        if alloc.mode == "profile":
+            out.update(alloc.configuration.as_dict())
+    return {s.id: min(s.gpus, out[s.id]) for s in cluster.servers if out.get(s.id, 0) > 0}
+
+
+def _job(
+    now: float,
+    rec: LiveJobRecord,
+    cluster: Cluster,
+    alloc: Placement | None,
+    estimates: Mapping[JobId, JobEstimate],
+    progress: Mapping[JobId, float],
+    inflight: Inflight,
+    first: bool,
+) -> _Job:
+    run_alloc = alloc.configuration if alloc is not None and alloc.mode == "run" else None
+    booked = alloc.configuration if alloc is not None else None
+    done = max(rec.samples_done, progress.get(rec.job_id, 0.0))
+    profiling_run = alloc is not None and alloc.mode == "profile"
+    if rec.phase in PROFILING_PHASES or profiling_run:
+        # A job whose last profiling run still holds its GPU waits for it to end.
+        busy = inflight.profiling_types(rec.job_id) | inflight.given_up(rec.job_id)
+        if alloc is not None and profiling_run:
+            busy |= {
+                cluster.by_id[s].gpu_type for s in alloc.configuration.servers if s in cluster.by_id
+            }
+        need = tuple(
+            t.name for t in cluster.gpu_types if t.name not in rec.profiled and t.name not in busy
+        )
+        need = need if rec.phase in PROFILING_PHASES else ()
+        state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
+        return _Job(state, booked, False, False)
+    current = (run_alloc or rec.configuration) if rec.phase == "running" else None
+    starting = current is None and rec.job_id in inflight.starts
+    if starting:  # started by a plan, not booked yet: it runs there, as in the simulator
+        current = inflight.starts[rec.job_id][0]
+    on_alive = current is not None and all(s in cluster.by_id for s in current.servers)
+    running = (rec.phase == "running" or starting) and on_alive
+    base = JobState(
+        spec=rec.spec,
+        phase="queued",
+        wait_s=rec.wait_s + (max(0.0, now - rec.since) if rec.phase == "queued" else 0.0),
+        attained_gpu_s=rec.attained_gpu_s + _running_gpu_s(rec, now),
+        done_samples=done,
+        attained_by_type=dict(rec.run_s_by_type),
+        restarts=rec.restarts,
+    )
+    occupied = booked or current
+    if first and running and rec.job_id not in estimates:
+        return _Job(None, occupied, False, True)
+    if on_alive:
+        state = msgspec.structs.replace(base, phase="running", current=current)
+        return _Job(state, occupied, first and running, False)
+    return _Job(base, booked, False, False)
+
+
+def _running_gpu_s(rec: LiveJobRecord, now: float) -> float:
+    if rec.phase != "running" or rec.configuration is None:
+        return 0.0
+    return max(0.0, now - rec.since) * rec.configuration.total_gpus
+
+
+def with_sticky(plan: Plan, sticky: Mapping[JobId, Configuration]) -> Plan:
+    """``plan`` keeping the sticky jobs where they are (see the module docstring)."""
+    if not sticky:
+        return plan
+    kept = tuple(Assignment(job_id, config) for job_id, config in sorted(sticky.items()))
+    return Plan(plan.assignments + kept, plan.profiling, plan.reasons)
+
+
+def _finite(x: float) -> float:
+    if math.isnan(x):
+        return 0.0
+    return max(-1e300, min(1e300, x))
+
+
+def queue_view(
+    reasons: PlanReasons,
+    records: Mapping[JobId, LiveJobRecord],
+    at: float,
+    leader: str,
+    term: int,
+) -> QueueView:
+    """The waiting jobs as the last plan (made at ``at``) ranked them, read
+    from its own reasons, whatever the policy: priority, latency ratio and
+    whether its service window holds them (Sia and Gavel have no window).
+    Waiting jobs the plan did not rank (profiling, without an estimate, or
+    arrived since) follow in submission order with priority 0, outside the
+    window; held jobs (``unschedulable``) and running ones are left out."""
+    waiting = sorted(
+        (r for r in records.values() if _waiting(r)),
+        key=lambda r: (r.spec.submit_time, r.job_id),
+    )
+    ranked = {
+        r.job_id: reasons.priorities[r.job_id]
+        for r in waiting
+        if r.phase == "queued" and r.job_id in reasons.priorities
+    }
+    order = order_queue(ranked, {jid: records[jid].spec.submit_time for jid in ranked})
+    window = set(reasons.window)
+    entries = [
+        QueueEntry(
+            job_id=jid,
+            priority=_finite(ranked[jid]),
+            latency_ratio=_finite(reasons.latency_ratios.get(jid, 0.0)),
+            in_window=jid in window,
+        )
+        for jid in order
+    ]
+    entries += [
+        QueueEntry(job_id=r.job_id, priority=0.0, latency_ratio=0.0, in_window=False,
+                   phase=r.phase)
+        for r in waiting
+        if r.job_id not in ranked
+    ]
+    return QueueView(entries=tuple(entries), at=at, leader=leader, term=term)
+
+
+def _waiting(rec: LiveJobRecord) -> bool:
+    return not rec.final and rec.phase != "running" and not rec.reason.startswith(UNSCHEDULABLE)

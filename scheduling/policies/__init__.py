@@ -1,0 +1,1 @@
+"""Scheduling policies behind the one ``plan(snapshot)`` protocol (:mod:`scheduling.policy`)."""

@@ -1,0 +1,1 @@
+"""The Gavel baseline (Narayanan et al., OSDI'20)."""

@@ -1,0 +1,1 @@
+"""The Hops policy (Hops §3.6): priorities, service window, the prior-weighted ILP."""

@@ -1,0 +1,340 @@
+"""One planning pass: the prior-weighted ILP of Hops §3.6 (Eq. 11-13).
+
+The caller hands over the jobs allowed into the pass (service window plus the
+sensitivity adjustment) with their weights ``(prior + bias)^lambda`` and the
+idle GPUs per server. :func:`solve_pass` maximises Eq. (11),
+``sum_ij w_i * G_ij * x_ij``, where G is the throughput gain matrix (Table 1:
+each option's throughput over the job's smallest one in this pass), subject to
+at most one configuration per job (12) and the servers' idle GPUs (13).
+
+Two formulations of the same objective (built in :mod:`scheduling.policies.hops.formulation`):
+
+* ``direct``: one binary per (job, location-specific configuration) from
+  :func:`~scheduling.policies.hops.candidates.generate_configs`; the paper's literal
+  model, used while it has at most ``direct_max_columns`` columns.
+* ``class``: servers interchangeable for every job (same type, same idle GPUs,
+  same curves) form a class; a job picks "R_k on one server of class c"
+  (aggregated) or "R_k over ceil(R_k / S) servers of class c" (distributed:
+  whole servers plus one tail), and each class is packed exactly by integer
+  pattern counts (Gilmore–Gomory). The solution is then realised on concrete
+  servers, each distributed configuration on consecutive servers of its
+  class. This mode restricts a distributed configuration to one class,
+  whereas the direct mode follows the paper's adjacency over all idle servers
+  of the type; where each type is one class both give the same optimum.
+  Within a class an option is dropped when a smaller one of the same job has
+  at least its throughput, which leaves the optimum unchanged.
+
+Weights are scaled so the largest is 1 and floored at ``WEIGHT_FLOOR``: with a
+large lambda relative weights underflow, and a zero coefficient would hide a
+job from the solver. As the floor lies far below the gap tolerance the solver
+may still leave such jobs out, so after the solve the jobs without a
+configuration take what is left, greedily in the caller's (descending
+priority) order, which can only raise Eq. (11). ``objective`` and ``bound`` are
+reported in these scaled weights; ``bound`` is ``inf`` when the solver stopped
+before proving one. :func:`greedy_pass` is the lambda -> infinity limit.
+
+HiGHS gets a warm start, the best of: the greedy pass, the rounded LP
+relaxation and the jobs' current configurations (each completed with what is
+left), improved by a local search. When the current configurations give
+every job one of its best options, that plan is the optimum and nothing is
+solved. The LP relaxation's bound is usually within a fraction of a
+percent of the optimum, so the pass is settled by a good incumbent: a large
+pass whose start is not within a quarter of the gap of that bound first
+solves a model restricted to a few columns per job (its search ends at a
+node limit). When the incumbent is within ``mip_rel_gap`` of the LP bound,
+or for such a large pass within ``accept_gap``, the full MIP is not run at
+all (see :func:`~scheduling.policies.hops.proof.settled`); ``bound`` is then the
+LP bound. No step of a pass ends on the clock unless the safety time limit
+is reached, so a pass gives the same plan on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+import numpy as np
+
+from scheduling.ilp import MipOptions, solve_mip, solve_relaxation
+from scheduling.policies.hops.candidates import DEFAULT_SIGMA
+from scheduling.policies.hops.formulation import (
+    Assignment,
+    OptionSpace,
+    build_model,
+    decode,
+    incumbent_values,
+    option_space,
+)
+from scheduling.policies.hops.planstate import PlanState
+from scheduling.policies.hops.proof import (
+    RESTRICT_MIN_OPTIONS,
+    proven,
+    restricted_incumbent,
+    settled,
+)
+from scheduling.policies.hops.warmstart import (
+    current_option,
+    everyone_at_best,
+    fill_leftovers,
+    greedy_assign,
+    warm_start,
+)
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.estimate import JobEstimate
+from shared.ids import GpuType, JobId, ServerId
+
+WEIGHT_FLOOR = 1e-9
+
+
+class PassJob(msgspec.Struct, frozen=True):
+    """A job allowed into this pass."""
+
+    job_id: JobId
+    weight: float  # (prior + bias)^lambda, computed by the caller (Eq. 11)
+    requirements: tuple[int, ...]  # sorted R
+    rho: dict[GpuType, float]  # Eq. (10) per type
+    estimate: JobEstimate
+    current: Configuration | None = None  # last round's configuration (warm start)
+    # Multiplies the gain of every option except ``current``: the share of a
+    # round that a checkpoint-restart costs is lost by moving or starting.
+    switch_factor: float = 1.0
+
+
+# Largest direct model; beyond it the class formulation (its one definition:
+# the planner's setting defaults to it).
+DIRECT_MAX_COLUMNS = 5000
+_MIP = MipOptions()  # the solver's defaults are the passes'
+
+
+class SolverSettings(msgspec.Struct, frozen=True):
+    """Knobs of a pass. ``threads`` must not change within a process (HiGHS
+    fixes its thread pool at the first solve)."""
+
+    sigma: float = DEFAULT_SIGMA
+    mip_rel_gap: float = _MIP.mip_rel_gap
+    time_limit_s: float = _MIP.time_limit_s
+    threads: int = _MIP.threads
+    direct_max_columns: int = DIRECT_MAX_COLUMNS
+    greedy: bool = False  # the lambda -> infinity limit of Eq. (11)
+    max_patterns: int = 20000
+    random_seed: int = 0
+    # A start within accept_gap of the LP bound is the pass's answer (see
+    # scheduling.policies.hops.proof.settled); the restricted model stops after
+    # restrict_nodes B&B nodes.
+    accept_gap: float = 0.05
+    restrict_nodes: int = 200
+
+
+class Choice(msgspec.Struct, frozen=True):
+    """A job's configuration with its throughput and gain G_ij (Table 1)."""
+
+    job_id: JobId
+    config: Configuration
+    throughput: float
+    gain: float
+
+
+class PassResult(msgspec.Struct, frozen=True):
+    """The pass's choices, in the order of the input jobs."""
+
+    choices: tuple[Choice, ...]
+    objective: float
+    bound: float
+    gap: float
+    solve_s: float
+    status: str
+    formulation: str  # "direct" | "class" | "greedy" | "empty"
+    columns: int
+
+
+def scaled_weights(jobs: Sequence[PassJob]) -> list[float]:
+    """Eq. (11) weights over the largest one, floored (see the module doc)."""
+    for job in jobs:
+        if not (job.weight >= 0 and math.isfinite(job.weight)):
+            raise ValueError(f"job {job.job_id}: weight must be finite and >= 0")
+    top = max((job.weight for job in jobs), default=0.0)
+    if top <= 0:
+        return [1.0] * len(jobs)
+    return [max(job.weight / top, WEIGHT_FLOOR) for job in jobs]
+
+
+def _result(
+    space: OptionSpace,
+    jobs: Sequence[PassJob],
+    coeffs: Sequence[float],
+    assignment: Assignment,
+    *,
+    bound: float,
+    solve_s: float,
+    status: str,
+    formulation: str,
+    columns: int,
+) -> PassResult:
+    choices = tuple(
+        Choice(jobs[i].job_id, config, space.options[o].throughput, space.options[o].gain)
+        for i, (o, config) in sorted(assignment.items())
+    )
+    objective = sum(coeffs[o] for o, _ in assignment.values())
+    bound = math.inf if math.isnan(bound) else max(bound, objective)
+    gap = (bound - objective) / objective if objective > 0 else 0.0
+    return PassResult(choices, objective, bound, gap, solve_s, status, formulation, columns)
+
+
+def _empty() -> PassResult:
+    return PassResult((), 0.0, 0.0, 0.0, 0.0, "empty", "empty", 0)
+
+
+def _space(
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJob],
+    settings: SolverSettings,
+) -> OptionSpace:
+    return option_space(
+        cluster,
+        free,
+        jobs,
+        sigma=settings.sigma,
+        direct_max_columns=settings.direct_max_columns,
+        max_patterns=settings.max_patterns,
+    )
+
+
+def _coefficients(
+    space: OptionSpace, jobs: Sequence[PassJob], weights: Sequence[float]
+) -> list[float]:
+    """w_i * G_ij of Eq. (11), with the switch factor on every option that
+    would restart the job (all options of a job that does not run)."""
+    coeffs = [weights[o.job] * o.gain for o in space.options]
+    for i, job in enumerate(jobs):
+        if job.switch_factor == 1.0:
+            continue
+        keep = current_option(space, i, job.current) if job.current is not None else None
+        for o in space.per_job[i]:
+            if o != keep:
+                coeffs[o] *= job.switch_factor
+    return coeffs
+
+
+def _check(jobs: Sequence[PassJob]) -> list[float]:
+    ids = [job.job_id for job in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("jobs: duplicate job id")
+    return scaled_weights(jobs)
+
+
+def _solve(
+    space: OptionSpace,
+    jobs: Sequence[PassJob],
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
+    settings: SolverSettings,
+    hints: Sequence[Mapping[int, Configuration]],
+) -> PassResult:
+    model = build_model(space, coeffs, free)
+    # Presolve finds nothing to reduce in the direct model, and its symmetric
+    # columns make it slow there.
+    options = MipOptions(
+        settings.mip_rel_gap,
+        settings.time_limit_s,
+        settings.threads,
+        settings.random_seed,
+        presolve=space.formulation != "direct",
+    )
+    relaxed, lp_s = solve_relaxation(model, options)
+    # The LP relaxation's optimum bounds Eq. (11) from above; a start within a
+    # quarter of the gap of it needs no further search.
+    bound = model.objective(relaxed.tolist()) if relaxed is not None else math.inf
+    gap = settings.mip_rel_gap
+    start, state = warm_start(
+        space, coeffs, free, len(jobs), relaxed, hints, enough=bound / (1 + gap / 4)
+    )
+    incumbent = incumbent_values(space, start, state.items, model.num_cols)
+    large = len(space.options) > RESTRICT_MIN_OPTIONS
+    if relaxed is not None and large and not proven(model.objective(incumbent), bound, gap / 4):
+        incumbent, sub_s = restricted_incumbent(
+            space, jobs, model, options, relaxed, start, incumbent, settings.restrict_nodes
+        )
+        lp_s += sub_s
+    status = settled(model.objective(incumbent), bound, settings, large=large)
+    if status is not None:
+        values = np.asarray(incumbent, dtype=np.float64)
+    else:
+        sol = solve_mip(model, options, incumbent=incumbent)
+        values, bound, status = sol.values, sol.bound, sol.status
+        lp_s += sol.solve_s
+        if not sol.has_solution:
+            values = np.asarray(incumbent, dtype=np.float64)
+    current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
+    assignment = fill_leftovers(space, free, len(jobs), decode(space, values, current))
+    return _result(
+        space,
+        jobs,
+        coeffs,
+        assignment,
+        bound=bound,
+        solve_s=lp_s,
+        status=status,
+        formulation=space.formulation,
+        columns=model.num_cols,
+    )
+
+
+def solve_pass(
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJob],
+    settings: SolverSettings | None = None,
+) -> PassResult:
+    """Maximise Eq. (11) subject to (12) and (13) over the pass's jobs."""
+    settings = settings or SolverSettings()
+    if settings.greedy:
+        return greedy_pass(cluster, free, jobs, settings)
+    weights = _check(jobs)
+    space = _space(cluster, free, jobs, settings)
+    if not space.options:
+        return _empty()
+    coeffs = _coefficients(space, jobs, weights)
+    current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
+    # Where the running jobs keep their places and every other job still gets
+    # one of its best options, that plan is the optimum: most rounds of a
+    # lightly loaded cluster end here without a solve.
+    if (best := everyone_at_best(space, coeffs, free, current)) is not None:
+        objective = sum(coeffs[o] for o, _ in best.values())
+        return _result(space, jobs, coeffs, best, bound=objective, solve_s=0.0,
+                       status="Optimal", formulation=space.formulation,
+                       columns=len(space.options))
+    return _solve(space, jobs, coeffs, free, settings, (current,))
+
+
+def greedy_pass(
+    cluster: Cluster,
+    free: Mapping[ServerId, int],
+    jobs: Sequence[PassJob],
+    settings: SolverSettings | None = None,
+) -> PassResult:
+    """The lambda -> infinity limit of Eq. (11): jobs in the given (descending
+    priority) order each take their feasible option with the largest G (then
+    fewer GPUs, then cluster order); jobs that fit nowhere are skipped. The
+    options are those :func:`solve_pass` would use; no bound is proven, so
+    ``bound`` equals the objective."""
+    settings = settings or SolverSettings()
+    weights = _check(jobs)
+    space = _space(cluster, free, jobs, settings)
+    if not space.options:
+        return _empty()
+    coeffs = [weights[o.job] * o.gain for o in space.options]
+    assignment = greedy_assign(space, PlanState(space, free), len(jobs), {})
+    return _result(
+        space,
+        jobs,
+        coeffs,
+        assignment,
+        bound=0.0,
+        solve_s=0.0,
+        status="greedy",
+        formulation="greedy",
+        columns=len(space.options),
+    )

@@ -1,0 +1,249 @@
+"""The Hops policy: one planning call of §3.6 as a pure function of a snapshot.
+
+Order of work in a call:
+
+1. the profiling queue has taken GPUs first (§3.2): the registry wraps the
+   policy in the profiling-first layer
+   (:mod:`scheduling.layers.profiling_first`), so the snapshot this
+   policy sees holds the profiling runs' GPUs;
+2. at the start of a round, the *first plan*: priorities, the service window
+   over all GPUs, and the prior-weighted ILP of Eq. (11)-(13);
+3. *fill plans* over whatever is still idle — fragments, or GPUs released
+   later in the round — each with a window over the idle GPUs and the
+   sensitivity adjustment, until nothing more fits. Their assignments end with
+   the round, like the first plan's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from scheduling.layers.base import LayeredPolicy
+from scheduling.policies.hops.passes import (
+    PassJob,
+    PassResult,
+    SolverSettings,
+    greedy_pass,
+    solve_pass,
+)
+from scheduling.policies.hops.steady import Room, keep_in_place, unplaceable, without
+from scheduling.policies.hops.window import (
+    QueueEntry,
+    order_queue,
+    sensitivity_adjustment,
+    service_window,
+)
+from scheduling.priorities import latency_ratios, priority_fn, queue_priorities, weights
+from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE
+from scheduling.rounds import RESTART_S, ROUND_S
+from shared.estimate import job_sensitivity, sensitivity
+from shared.ids import JobId, ServerId
+from shared.job import R_NUM
+from shared.snapshot import (
+    Assignment,
+    JobState,
+    PassStats,
+    Plan,
+    PlanReasons,
+    Snapshot,
+)
+
+# The solver's defaults are the planner's: one definition of each knob.
+_SOLVER = SolverSettings()
+
+
+class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Operator knobs. ``lam`` is Eq. (11)'s lambda (``inf`` = greedy order)."""
+
+    priority: str = "lr"
+    lam: float = 1.0
+    sigma: float = _SOLVER.sigma
+    r_num: int = R_NUM
+    mip_rel_gap: float = _SOLVER.mip_rel_gap
+    time_limit_s: float = _SOLVER.time_limit_s
+    # A start within accept_gap of the LP bound is accepted without branch
+    # and bound (scheduling.policies.hops.proof.settled).
+    accept_gap: float = _SOLVER.accept_gap
+    threads: int = _SOLVER.threads
+    direct_max_columns: int = _SOLVER.direct_max_columns
+    max_fill_passes: int = 4
+    # The profiling-first layer's knobs (layers/profiling_first.py), set per
+    # policy spec; the planner itself does not read them.
+    profile_gpus: int = 1
+    profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
+    profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
+    # Share of a round a configuration change costs (checkpoint-restart over
+    # round length): options that would restart a job weigh this much less,
+    # so a job is moved only when the new placement pays for the restart.
+    reconfig_cost: float = RESTART_S / ROUND_S
+
+    def solver(self) -> SolverSettings:
+        return SolverSettings(
+            sigma=self.sigma,
+            mip_rel_gap=self.mip_rel_gap,
+            time_limit_s=self.time_limit_s,
+            accept_gap=self.accept_gap,
+            threads=self.threads,
+            direct_max_columns=self.direct_max_columns,
+            greedy=math.isinf(self.lam),
+        )
+
+
+class _Queue(msgspec.Struct, frozen=True):
+    """Plannable jobs of one call, in priority order."""
+
+    order: tuple[JobId, ...]
+    priorities: dict[JobId, float]
+    entries: dict[JobId, QueueEntry]
+    jobs: dict[JobId, JobState]
+
+
+class HopsPolicy(LayeredPolicy):
+    """Latency-ratio-fair, heterogeneity-aware planning (the paper's scheduler)."""
+
+    name = "hops"
+
+    def __init__(self, settings: HopsSettings | None = None) -> None:
+        self.settings = settings or HopsSettings()
+        self._priority = priority_fn(self.settings.priority)
+
+    def plan_inner(self, snapshot: Snapshot) -> Plan:
+        free = snapshot.free_gpus()
+        left_out = unplaceable(snapshot, free, self.settings.r_num, self.settings.sigma)
+        snapshot = without(snapshot, left_out)
+        queue = self._queue(snapshot)
+        pool = dict(free)  # what the passes share
+        assignments: list[Assignment] = []
+        passes: list[PassStats] = []
+        admitted: list[JobId] = []
+        first_window: tuple[JobId, ...] = ()
+        pending = list(queue.order)
+        kind: Literal["first", "fill"] = "first" if snapshot.first_plan else "fill"
+        for _ in range(1 + self.settings.max_fill_passes):
+            if not pending or sum(free.values()) == 0:
+                break
+            window, extra = self._members(snapshot, queue, pending, free, kind)
+            first_window = first_window or tuple(e.job_id for e in window)
+            admitted.extend(e.job_id for e in extra)
+            result = self._solve(snapshot, queue, [*window, *extra], free)
+            passes.append(_stats(kind, len(window) + len(extra), result))
+            if not result.choices:
+                break
+            for c in result.choices:
+                assignments.append(Assignment(c.job_id, c.config, c.throughput, c.gain))
+                for sid, gpus in c.config.parts:
+                    free[sid] -= gpus
+            chosen = {c.job_id for c in result.choices}
+            pending = [j for j in pending if j not in chosen]
+            kind = "fill"
+        if snapshot.first_plan:
+            assignments = keep_in_place(
+                assignments, queue.jobs, snapshot.estimates, snapshot.cluster, pool
+            )
+        reasons = PlanReasons(
+            policy=self.name,
+            unplaceable=left_out,
+            priorities=queue.priorities,
+            latency_ratios=latency_ratios(snapshot, queue.jobs, self.settings.r_num),
+            window=first_window,
+            admitted_by_adjustment=tuple(admitted),
+            passes=tuple(passes),
+        )
+        return Plan(tuple(assignments), (), reasons)
+
+    def _queue(self, snapshot: Snapshot) -> _Queue:
+        """Jobs this call may plan: with an estimate, and either waiting or —
+        at the start of a round — running (every running job is replanned)."""
+        phases = {"queued", "running"} if snapshot.first_plan else {"queued"}
+        jobs = {j.id: j for j in snapshot.jobs if j.phase in phases and j.id in snapshot.estimates}
+        prios = queue_priorities(snapshot, jobs, self._priority, self.settings.r_num)
+        order = order_queue(prios, {jid: j.spec.submit_time for jid, j in jobs.items()})
+        entries = {
+            jid: QueueEntry(
+                job_id=jid,
+                min_gpus=jobs[jid].spec.requirement_set(self.settings.r_num)[0],
+                rho=job_sensitivity(snapshot.estimates[jid], snapshot.cluster),
+            )
+            for jid in jobs
+        }
+        return _Queue(tuple(order), prios, entries, jobs)
+
+    def _members(
+        self,
+        snapshot: Snapshot,
+        queue: _Queue,
+        pending: Sequence[JobId],
+        free: Mapping[ServerId, int],
+        kind: Literal["first", "fill"],
+    ) -> tuple[list[QueueEntry], list[QueueEntry]]:
+        """The service window over the GPUs this pass can use and, for a
+        fragment plan, the low-sensitivity jobs the adjustment admits."""
+        entries = [queue.entries[j] for j in pending]
+        capacity = sum(free.values())
+        if kind == "first":
+            return service_window(entries, capacity), []
+        # A fragment plan's window skips jobs that no configuration on these
+        # GPUs could serve: they cannot use the fragments, and letting them
+        # fill the window would block the jobs behind them for nothing.
+        room = Room(snapshot.cluster, free)
+        usable = [
+            e
+            for e in entries
+            if room.admits(
+                queue.jobs[e.job_id].spec.requirement_set(self.settings.r_num),
+                snapshot.estimates[e.job_id],
+                self.settings.sigma,
+            )
+        ]
+        window = service_window(usable, capacity)
+        return window, sensitivity_adjustment(usable, window, capacity)
+
+    def _solve(
+        self,
+        snapshot: Snapshot,
+        queue: _Queue,
+        members: Sequence[QueueEntry],
+        free: Mapping[ServerId, int],
+    ) -> PassResult:
+        w = weights({e.job_id: queue.priorities[e.job_id] for e in members}, self._finite_lam)
+        pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id]) for e in members]
+        settings = self.settings.solver()
+        if settings.greedy:
+            return greedy_pass(snapshot.cluster, free, pass_jobs, settings)
+        return solve_pass(snapshot.cluster, free, pass_jobs, settings)
+
+    @property
+    def _finite_lam(self) -> float:
+        # With lambda = inf the greedy pass uses the order alone; weights are unused.
+        return 1.0 if math.isinf(self.settings.lam) else self.settings.lam
+
+    def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float) -> PassJob:
+        est = snapshot.estimates[job.id]
+        return PassJob(
+            job_id=job.id,
+            weight=weight,
+            requirements=job.spec.requirement_set(self.settings.r_num),
+            rho={t: sensitivity(est, t) for t in est.by_type},
+            estimate=est,
+            current=job.current,
+            switch_factor=1.0 - self.settings.reconfig_cost,
+        )
+
+
+def _stats(kind: Literal["first", "fill"], considered: int, r: PassResult) -> PassStats:
+    return PassStats(
+        kind=kind,
+        jobs=considered,
+        variables=r.columns,
+        objective=r.objective,
+        bound=r.bound,
+        gap=r.gap,
+        solve_s=r.solve_s,
+        status=r.status,
+        formulation=r.formulation,
+        assigned=tuple(c.job_id for c in r.choices),
+    )

@@ -1,0 +1,1 @@
+"""The Sia baseline (Jayaram Subramanya et al., SOSP'23)."""

@@ -1,0 +1,204 @@
+"""Policies by name: one registry for the CLI, the simulator and the live
+scheduler (pure: no I/O).
+
+A policy is named by a *spec*: its name plus typed settings. Each spec is a
+msgspec struct tagged with the policy's name that extends the policy's own
+settings (:class:`~.planner.HopsSettings`, :class:`~.baselines.sia.SiaSettings`,
+:class:`~.baselines.gavel.GavelSettings`), so every setting keeps the one
+definition and default of its policy, and a spec is itself the settings its
+policy is built with. Variants (``hops-profile-preempt``, ``sia-lp-start``)
+are specs whose defaults differ in one field.
+
+Text form, the same at every entry point (``--policy``, ``HOPS_POLICY``)::
+
+    hops
+    sia:lam=1.2
+    hops:sigma=1.6,priority=ftf
+
+or a JSON mapping, ``{"name": "sia", "lam": 1.2}``. A name the registry does
+not know, or a setting the policy does not take, is an error that names it:
+``lam`` is Eq. (11)'s exponent for Hops and Gavel but Sia's no-allocation
+penalty, and nothing is silently dropped.
+
+The mechanism (simulator, leader) receives the policy object built by
+:func:`make_policy` and never looks at its name. Every policy comes wrapped
+in the profiling-first layer (Hops §3.2,
+:class:`~.layers.profiling_first.ProfilingFirst`) with the spec's
+``profile_*`` settings: no policy profiles on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import assert_never
+
+import msgspec
+
+from scheduling.layers.base import LayeredPolicy
+from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
+from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
+from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
+from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
+from scheduling.policy import Policy
+from scheduling.priorities import priority_fn
+
+
+class HopsSpec(HopsSettings, tag="hops", tag_field="name", frozen=True):
+    """The paper's scheduler (:class:`~.planner.HopsPolicy`)."""
+
+
+class HopsProfilePreemptSpec(
+    HopsSettings, tag="hops-profile-preempt", tag_field="name", frozen=True
+):
+    """Hops whose profiling may take a running job's GPU at a round boundary
+    (the paper's profiling-first, §3.2; ``HopsSettings.profile_preempt``)."""
+
+    profile_preempt: bool = True
+
+
+class SiaSpec(SiaSettings, tag="sia", tag_field="name", frozen=True):
+    """The Sia baseline (:class:`~.baselines.sia.SiaPolicy`)."""
+
+
+class SiaLpStartSpec(SiaSettings, tag="sia-lp-start", tag_field="name", frozen=True):
+    """Sia with the LP optimum rounded down as its ILP's start
+    (``SiaSettings.start``), for comparing solve times."""
+
+    start: str = "rounded-lp"
+
+
+class GavelSpec(GavelSettings, tag="gavel", tag_field="name", frozen=True):
+    """The Gavel baseline (:class:`~.baselines.gavel.GavelPolicy`)."""
+
+
+PolicySpec = HopsSpec | HopsProfilePreemptSpec | SiaSpec | SiaLpStartSpec | GavelSpec
+
+SPECS: Mapping[str, type[PolicySpec]] = {
+    str(cls.__struct_config__.tag): cls
+    for cls in (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec)
+}
+POLICIES: tuple[str, ...] = tuple(SPECS)
+DEFAULT_POLICY = "hops"
+
+
+class PolicyError(ValueError):
+    """A spec that names no policy, or a setting its policy does not take."""
+
+
+def settings_of(name: str) -> tuple[str, ...]:
+    """The settings policy ``name`` takes."""
+    return tuple(f.name for f in msgspec.structs.fields(_spec_type(name)))
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """A spec from its text form (see the module docstring)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            mapping = msgspec.json.decode(text)
+        except msgspec.DecodeError as e:
+            raise PolicyError(f"policy {text!r}: {e}") from None
+        if not isinstance(mapping, dict):
+            raise PolicyError(f"policy {text!r}: expected a mapping")
+        return spec_from_mapping(mapping)
+    name, _, rest = text.partition(":")
+    values: dict[str, object] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise PolicyError(f"policy {text!r}: {item!r} is not SETTING=VALUE")
+        values[key.strip()] = value.strip()
+    return spec_from_mapping({"name": name.strip(), **values})
+
+
+def spec_from_mapping(mapping: Mapping[str, object]) -> PolicySpec:
+    """A spec from ``{"name": ..., setting: value, ...}``; values may be
+    text (``"1.2"``, ``"true"``, ``"inf"``), converted to each setting's type."""
+    values = dict(mapping)
+    name = values.pop("name", None)
+    if not isinstance(name, str):
+        raise PolicyError(f"a policy spec needs a name; known: {', '.join(POLICIES)}")
+    return with_settings(_spec_type(name)(), values)
+
+
+def with_settings(spec: PolicySpec, values: Mapping[str, object]) -> PolicySpec:
+    """``spec`` with ``values`` set; a setting its policy does not take is an
+    error (e.g. ``sigma`` for Sia), never ignored."""
+    name = policy_name(spec)
+    known = settings_of(name)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise PolicyError(
+            f"policy {name} takes no setting {', '.join(unknown)}; it takes: {', '.join(known)}"
+        )
+    fields = {**msgspec.structs.asdict(spec), **values, "name": name}
+    try:
+        new: PolicySpec = msgspec.convert(fields, type=PolicySpec, strict=False)
+    except msgspec.ValidationError as e:
+        raise PolicyError(f"policy {name}: {e}") from None
+    check(new)
+    return new
+
+
+def check(spec: PolicySpec) -> None:
+    """Errors that only building the policy would find (the priority's name)."""
+    try:
+        priority_fn(spec.priority)
+    except ValueError as e:
+        raise PolicyError(f"policy {policy_name(spec)}: {e}") from None
+
+
+def policy_name(spec: PolicySpec) -> str:
+    return str(spec.__struct_config__.tag)
+
+
+def spec_text(spec: PolicySpec) -> str:
+    """The text form of ``spec``: its name and the settings that differ from
+    the named policy's defaults (``parse_policy(spec_text(s)) == s``)."""
+    name = policy_name(spec)
+    base = msgspec.structs.asdict(SPECS[name]())
+    changed = [
+        f"{k}={_text(v)}" for k, v in msgspec.structs.asdict(spec).items() if base[k] != v
+    ]
+    return name + (":" + ",".join(changed) if changed else "")
+
+
+def make_policy(spec: PolicySpec | str) -> Policy:
+    """The policy ``spec`` names, with its settings, inside the
+    profiling-first layer."""
+    if isinstance(spec, str):
+        spec = parse_policy(spec)
+    return _inner(spec).wrapped(ProfilingFirst(profiling_settings(spec)))
+
+
+def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:
+    """The profiling-first layer's settings in ``spec`` (every policy takes
+    the same three, with the same defaults)."""
+    return ProfilingSettings(spec.profile_gpus, spec.profile_share, spec.profile_preempt)
+
+
+def _inner(spec: PolicySpec) -> LayeredPolicy:
+    match spec:
+        case HopsSpec() | HopsProfilePreemptSpec():
+            return HopsPolicy(spec)
+        case SiaSpec() | SiaLpStartSpec():
+            return SiaPolicy(spec)
+        case GavelSpec():
+            return GavelPolicy(spec)
+        case _:
+            assert_never(spec)
+
+
+def _spec_type(name: str) -> type[PolicySpec]:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

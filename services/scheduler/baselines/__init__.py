@@ -1,1 +1,0 @@
-"""Baseline policies (Sia, Gavel) behind the same ``plan(snapshot)`` protocol as Hops."""
