@@ -9,6 +9,7 @@ from functools import cached_property
 import msgspec
 
 from shared.ids import GpuType, ServerId
+from shared.resources import Resources
 
 OVERLAP_RESIDUAL = 0.2
 """T̃c / T_c of Eq. (1): the share of communication not hidden behind BP, which
@@ -64,7 +65,10 @@ class GpuTypeSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One server entity. Two servers of one GPU type may still differ in the
-    attributes below, which is what the entity layer of the database learns."""
+    attributes below, which is what the entity layer of the database learns.
+
+    Its :attr:`capacity` names what may be allocated on it: ``gpus``,
+    ``cores`` (CPU cores; 0 when none are scheduled) and ``memory_gb``."""
 
     id: ServerId
     gpu_type: GpuType
@@ -73,12 +77,20 @@ class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu: str = ""
     memory_gb: int = 0
     network: str = ""
+    cores: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("server id must not be empty")
         if self.gpus <= 0:
             raise ValueError(f"server {self.id}: gpus must be > 0, got {self.gpus}")
+        for field, value in (("cores", self.cores), ("memory_gb", self.memory_gb)):
+            if value < 0:
+                raise ValueError(f"server {self.id}: {field} must be >= 0, got {value}")
+
+    @property
+    def capacity(self) -> Resources:
+        return Resources(gpus=self.gpus, cores=self.cores, memory_mb=self.memory_gb * 1024)
 
 
 class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True):
@@ -149,6 +161,10 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True
         for s in self.servers:
             capacity[s.gpu_type] += free.get(s.id, 0)
         return capacity
+
+    def capacity(self) -> dict[ServerId, Resources]:
+        """What may be allocated on each server (:attr:`Server.capacity`)."""
+        return {s.id: s.capacity for s in self.servers}
 
     def max_server_gpus(self, gpu_type: GpuType) -> int:
         return max((s.gpus for s in self.servers_of_type(gpu_type)), default=0)

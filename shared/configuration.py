@@ -1,4 +1,5 @@
-"""Location-specific configurations (Hops §3.4): ``{server_id: gpus}``."""
+"""Location-specific configurations (Hops §3.4): ``{server_id: gpus}``, and
+the other resources (CPU cores, memory) a job holds on each of those servers."""
 
 from __future__ import annotations
 
@@ -7,21 +8,28 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.ids import ServerId
+from shared.resources import NOTHING, Resources
 
 
-class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """GPUs a job holds on each server, e.g. ``{0: 2, 2: 4}`` is 6 GPUs on two
     servers. One server makes it *aggregated*, several make it *distributed*.
 
     ``parts`` is kept sorted by server id, so equal configurations compare and
     hash equal whatever order they were built in.
+
+    ``extras`` holds the resources other than GPUs the job holds on each
+    server of ``parts``, in the same order (CPU cores, memory); empty, the
+    job holds GPUs only, which is all the policies of Hops, Sia and Gavel
+    plan. The GPU ``parts`` alone are what the estimator's Eq. (1) reads.
     """
 
     parts: tuple[tuple[ServerId, int], ...]
+    extras: tuple[Resources, ...] = ()
 
     def __post_init__(self) -> None:
         parts = self.parts
-        if len(parts) == 1 and parts[0][1] > 0:
+        if len(parts) == 1 and parts[0][1] > 0 and not self.extras:
             return  # the common case, valid by the checks below
         if not parts:
             raise ValueError("a configuration needs at least one server")
@@ -34,6 +42,12 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             seen.add(sid)
         if list(self.parts) != sorted(self.parts):
             raise ValueError("configuration parts must be sorted by server id; use of_dict()")
+        if self.extras:
+            if len(self.extras) != len(parts):
+                raise ValueError(f"configuration: {len(self.extras)} extras for "
+                                 f"{len(parts)} servers")
+            if any(e.gpus for e in self.extras):
+                raise ValueError("configuration: GPUs belong in parts, not in extras")
 
     @classmethod
     def of(cls, mapping: Mapping[ServerId, int] | Mapping[str, int]) -> Configuration:
@@ -60,5 +74,33 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def as_dict(self) -> dict[ServerId, int]:
         return dict(self.parts)
 
+    def with_extras(self, extras: Mapping[ServerId, Resources]) -> Configuration:
+        """This configuration holding ``extras`` (no GPUs) on its servers; a
+        server not named holds none. All zero: the GPUs-only configuration."""
+        unknown = sorted(set(extras) - set(self.servers))
+        if unknown:
+            raise ValueError(f"configuration {self}: {unknown[0]} is not one of its servers")
+        row = tuple(extras.get(s, NOTHING) for s, _ in self.parts)
+        return Configuration(self.parts, () if all(e.is_zero for e in row) else row)
+
+    @property
+    def gpus_only(self) -> Configuration:
+        return Configuration(self.parts) if self.extras else self
+
+    def demand_on(self, server: ServerId) -> Resources:
+        """Everything the job holds on ``server`` (nothing if not one of its)."""
+        for i, (s, g) in enumerate(self.parts):
+            if s == server:
+                extra = self.extras[i] if self.extras else NOTHING
+                return Resources(gpus=g, cores=extra.cores, memory_mb=extra.memory_mb)
+        return NOTHING
+
+    def demands(self) -> dict[ServerId, Resources]:
+        """Everything the job holds, per server."""
+        return {s: self.demand_on(s) for s in self.servers}
+
     def __str__(self) -> str:
-        return "{" + ", ".join(f"{s}:{g}" for s, g in self.parts) + "}"
+        if not self.extras:
+            return "{" + ", ".join(f"{s}:{g}" for s, g in self.parts) + "}"
+        return "{" + ", ".join(f"{s}:{g}" + (f" ({e})" if not e.is_zero else "")
+                               for (s, g), e in zip(self.parts, self.extras, strict=True)) + "}"
