@@ -13,7 +13,7 @@ import typer
 
 from hops import cli_auth
 from hops.client import GatewayClient
-from hops.stack import DEFAULT_ROUND_S, DEFAULT_SCHEDULERS
+from hops.stack import DEFAULT_SCHEDULERS
 from scheduling.rounds import RESTART_S, ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from shared.job import JobSpec
@@ -181,7 +181,10 @@ def up(
     metrics_port: Annotated[int, typer.Option(
         help="the monitor's Prometheus port"
     )] = DEFAULT_METRICS_PORT,
-    round_s: Annotated[float, typer.Option(help="scheduling round, s")] = DEFAULT_ROUND_S,
+    round_s: Annotated[float | None, typer.Option(
+        help="scheduling round in seconds of this machine's clock (default: the paper's "
+        "300 s of the jobs' time: 300 / --time-scale for emulated executors)"
+    )] = None,
     policy: Annotated[str, typer.Option(envvar="HOPS_POLICY", help=POLICY_HELP)] = "hops",
     schedulers: Annotated[int, typer.Option(
         help="scheduler replicas: all admit jobs, one leads, the others stand by"

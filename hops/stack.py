@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from scheduling.registry import DEFAULT_POLICY, parse_policy
+from scheduling.rounds import ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
@@ -29,7 +30,6 @@ PYTHON = "python"
 
 DEFAULT_CLUSTER = "paper-physical"
 DEFAULT_TIME_SCALE = 60.0
-DEFAULT_ROUND_S = 30.0
 DEFAULT_NATS_PORT = 4222
 DEFAULT_GATEWAY_PORT = 8080
 # Scheduler replicas: a leader and a standby, so that admission goes on and
@@ -55,7 +55,9 @@ class StackConfig:
     gateway_port: int = DEFAULT_GATEWAY_PORT
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int = DEFAULT_METRICS_PORT
-    round_s: float = DEFAULT_ROUND_S
+    # None: the paper's round (scheduling.rounds.ROUND_S) in the emulated
+    # cluster's time, i.e. divided by the time scale (:attr:`round_wall_s`).
+    round_s: float | None = None
     policy: str = DEFAULT_POLICY  # the leader's policy spec (scheduling/registry.py)
     log_level: str = "info"
     executor: ExecutorKind = "emulated"
@@ -82,7 +84,7 @@ class StackConfig:
             raise ValueError(f"at least one scheduler must run, got {self.schedulers}")
         if self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
-        if self.round_s <= 0:
+        if self.round_s is not None and self.round_s <= 0:
             raise ValueError(f"round length must be > 0 s, got {self.round_s:g}")
         parse_policy(self.policy)  # a bad spec fails here, not in every replica
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -92,6 +94,15 @@ class StackConfig:
         for name, port in (("gateway", self.gateway_port), ("metrics", self.metrics_port)):
             if not 0 < port <= 65535:
                 raise ValueError(f"{name} port must be in 1..65535, got {port}")
+
+    @property
+    def round_wall_s(self) -> float:
+        """The leader's round in seconds of this machine's clock: ``round_s``
+        if given, else the paper's (:data:`ROUND_S`) in the jobs' time, which
+        emulated executors run ``time_scale`` times faster than real time."""
+        if self.round_s is not None:
+            return self.round_s
+        return ROUND_S if self.executor == "real" else ROUND_S / self.time_scale
 
     @property
     def gateway_url(self) -> str:
@@ -235,7 +246,7 @@ def components(config: StackConfig) -> tuple[Component, ...]:
         Component(
             "scheduler",
             "services.scheduler",
-            env={"HOPS_ROUND_S": _num(config.round_s), **_policy(config),
+            env={"HOPS_ROUND_S": _num(config.round_wall_s), **_policy(config),
                  **_security(config, "scheduler", tenants=True)},
             replicas=config.schedulers,
             doc="admission, leader lease, the policy every round (§3.4-3.6)",

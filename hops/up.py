@@ -230,7 +230,7 @@ def banner(config: StackConfig, nats_url: str) -> str:
     return "\n".join(
         [
             f"Hops is up: cluster {config.cluster} ({_executors(config)}), "
-            f"rounds of {config.round_s:g} s",
+            f"rounds of {config.round_wall_s:g} s",
             f"  gateway  {config.gateway_url}   (API docs {config.gateway_url}/docs)",
             f"  metrics  {config.metrics_url}",
             f"  NATS     {nats_url}",

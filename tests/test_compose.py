@@ -27,6 +27,7 @@ from hops.stack import (
     restart_delay,
     stop_order,
 )
+from scheduling.rounds import ROUND_S
 from world.clusters import cluster_arg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,3 +314,17 @@ def test_the_policy_spec_reaches_the_scheduler_and_compose_has_a_default() -> No
     )
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         StackConfig(policy="nope")
+
+
+def test_the_round_is_the_papers_in_the_jobs_time_unless_given() -> None:
+    """One default round (scheduling.rounds.ROUND_S, Hops §3.6): emulated
+    executors run the jobs' time ``time_scale`` times faster, so ``hops up``
+    divides the round by it; real executors run in real time."""
+    assert StackConfig(time_scale=60, auth=False).round_wall_s == ROUND_S / 60
+    assert StackConfig(time_scale=600, auth=False).round_wall_s == ROUND_S / 600
+    assert StackConfig(executor="real", time_scale=60, auth=False).round_wall_s == ROUND_S
+    assert StackConfig(time_scale=60, round_s=7, auth=False).round_wall_s == 7
+    assert by_name(StackConfig(time_scale=60, auth=False))["scheduler"].env == {
+        "HOPS_ROUND_S": "5"}
+    compose = (ROOT / "compose.yaml").read_text()
+    assert 'HOPS_ROUND_S: "5"' in compose and '"--time-scale", "60"' in compose
