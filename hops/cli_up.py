@@ -1,0 +1,97 @@
+"""``hops up``: the live system on this machine (hops/up.py, hops/stack.py).
+Registered on the ``hops`` app by :mod:`hops.cli`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hops.stack import DEFAULT_SCHEDULERS
+from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+
+POLICY_HELP = (
+    "policy spec: hops, sia or gavel, with settings as in sia:lam=1.2 or "
+    "hops:sigma=1.6,priority=ftf; hops-profile-preempt and sia-lp-start are variants "
+    "(scheduling/registry.py)"
+)
+
+
+def up(
+    cluster: Annotated[str, typer.Option(help="cluster: a built-in name or a file")] = (
+        "paper-physical"
+    ),
+    time_scale: Annotated[float, typer.Option(help="emulated seconds per real second")] = 60.0,
+    data_dir: Annotated[Path, typer.Option(help="NATS state, logs")] = Path(".hops"),
+    nats_port: Annotated[int, typer.Option(help="NATS client port (0: any free)")] = 4222,
+    gateway_port: Annotated[int, typer.Option(help="HTTP gateway port")] = 8080,
+    gateway_host: Annotated[str, typer.Option(
+        envvar="HOPS_GATEWAY_HOST", help="HTTP gateway address (0.0.0.0: every interface)"
+    )] = "127.0.0.1",
+    metrics_host: Annotated[str, typer.Option(
+        envvar="HOPS_METRICS_HOST", help="the monitor's Prometheus address (0.0.0.0: every "
+        "interface)"
+    )] = DEFAULT_METRICS_HOST,
+    metrics_port: Annotated[int, typer.Option(
+        help="the monitor's Prometheus port"
+    )] = DEFAULT_METRICS_PORT,
+    round_s: Annotated[float | None, typer.Option(
+        help="scheduling round in seconds of this machine's clock (default: the paper's "
+        "300 s of the jobs' time: 300 / --time-scale for emulated executors)"
+    )] = None,
+    policy: Annotated[str, typer.Option(envvar="HOPS_POLICY", help=POLICY_HELP)] = "hops",
+    schedulers: Annotated[int, typer.Option(
+        help="scheduler replicas: all admit jobs, one leads, the others stand by"
+    )] = DEFAULT_SCHEDULERS,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    executor: Annotated[str, typer.Option(
+        help="emulated (jobs train nothing) or real (each job's command, one process per GPU)"
+    )] = "emulated",
+    cpu_affinity: Annotated[str, typer.Option(
+        help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
+    )] = "",
+    job_user: Annotated[str | None, typer.Option(
+        help="real executors: the user jobs run as (default: nobody when run as root, "
+        "else your own user)"
+    )] = None,
+    allow_root_jobs: Annotated[bool, typer.Option(
+        "--allow-root-jobs",
+        help="real executors running as root: run jobs as root (a root executor refuses "
+        "to otherwise)"
+    )] = False,
+    tenants: Annotated[Path | None, typer.Option(
+        help="tenants file: tenants, their tokens, who may run commands (docs/security.md)"
+    )] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="TLS certificate of NATS and the gateway")
+                        ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the key of --tls-cert")] = None,
+    tls_ca: Annotated[Path | None, typer.Option(
+        help="CA that clients trust (default: --tls-cert itself, for a self-signed one)")] = None,
+    no_auth: Annotated[bool, typer.Option(
+        "--no-auth", help="no authentication at all: for measurements only")] = False,
+) -> None:
+    """Run the live system here, one process each (NATS, services, gateway, and one
+    executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
+    from hops.stack import StackConfig, default_job_user
+    from hops.up import stdout_say
+    from hops.up import up as run_up
+
+    if job_user is None:
+        job_user = "" if allow_root_jobs else default_job_user(executor, os.geteuid())
+
+    try:
+        config = StackConfig(
+            cluster=cluster, time_scale=time_scale, data_dir=data_dir,
+            gateway_host=gateway_host, gateway_port=gateway_port,
+            metrics_host=metrics_host, metrics_port=metrics_port,
+            round_s=round_s, policy=policy, schedulers=schedulers, log_level=log_level,
+            executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
+            cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
+            auth=not no_auth, tenants=tenants, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_up(config, nats_port, stdout_say()))
