@@ -163,7 +163,12 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, dict=True
         return capacity
 
     def capacity(self) -> dict[ServerId, Resources]:
-        """What may be allocated on each server (:attr:`Server.capacity`)."""
+        """What may be allocated on each server (:attr:`Server.capacity`; a
+        copy, computed once: the simulator checks every plan against it)."""
+        return dict(self._capacity)
+
+    @cached_property
+    def _capacity(self) -> dict[ServerId, Resources]:
         return {s.id: s.capacity for s in self.servers}
 
     def max_server_gpus(self, gpu_type: GpuType) -> int:

@@ -97,6 +97,8 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
 
     def demands(self) -> dict[ServerId, Resources]:
         """Everything the job holds, per server."""
+        if not self.extras:
+            return {s: Resources(gpus=g) for s, g in self.parts}
         return {s: self.demand_on(s) for s in self.servers}
 
     def __str__(self) -> str:

@@ -33,6 +33,9 @@ class Resources(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     memory_mb: int = 0
 
     def __post_init__(self) -> None:
+        g, c, m = self.gpus, self.cores, self.memory_mb
+        if type(g) is int and type(c) is int and type(m) is int and g >= 0 and c >= 0 and m >= 0:
+            return  # valid: the common case, checked without a loop (the simulator's hot path)
         for name in RESOURCE_NAMES:
             value = getattr(self, name)
             if type(value) is not int or value < 0:
@@ -116,7 +119,13 @@ class Ledger:
             capacity = self.capacity.get(server)
             if capacity is None:
                 return f"server {server} is unknown"
-            free = capacity.minus(self.used(server).minus(own.get(server, NOTHING)))
+            used = self._used.get(server, NOTHING)
+            mine = own.get(server, NOTHING)
+            if (want.gpus + used.gpus - mine.gpus <= capacity.gpus
+                    and want.cores + used.cores - mine.cores <= capacity.cores
+                    and want.memory_mb + used.memory_mb - mine.memory_mb <= capacity.memory_mb):
+                continue  # fits: the common case, without building vectors
+            free = capacity.minus(used.minus(mine))
             short = want.short_of(free)
             if short:
                 name = short[0]

@@ -15,6 +15,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
+from shared.resources import NOTHING, Resources
 
 Phase = Literal["profiling", "queued", "running"]
 
@@ -57,6 +58,11 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reserved or profiling). For a plan later in the round (§3.6, resources released by a job
     that ended) it is false, running jobs keep their GPUs and ``held`` includes
     them.
+
+    ``held_extras`` is the same for the resources other than GPUs (CPU cores,
+    memory) that configurations hold (``Configuration.extras``): those of the
+    running jobs in a later plan, and any a layer keeps from the policy
+    beneath it. Empty while every configuration holds GPUs only.
     """
 
     now: float
@@ -68,11 +74,31 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # GPUs of ``held`` that profiling runs in progress hold (§3.2): the
     # profiling queue's share of each type counts them.
     profiling_held: dict[ServerId, int] = {}
+    # Cores and memory held outside the plan, per server (no GPUs: those are
+    # in ``held``).
+    held_extras: dict[ServerId, Resources] = {}
+
+    def __post_init__(self) -> None:
+        for sid, extra in self.held_extras.items():
+            if extra.gpus:
+                raise ValueError(f"snapshot: held_extras of {sid} name GPUs; they belong in held")
 
     def free_gpus(self) -> dict[ServerId, int]:
         return {
             s.id: max(0, s.gpus - self.held.get(s.id, 0)) for s in self.cluster.servers
         }
+
+    def free_resources(self) -> dict[ServerId, Resources]:
+        """What a plan may still book on each server, in every resource:
+        its capacity less the GPUs of ``held`` and the ``held_extras``."""
+        held, extras = self.held, self.held_extras
+        out: dict[ServerId, Resources] = {}
+        for s in self.cluster.servers:
+            extra = extras.get(s.id, NOTHING)
+            out[s.id] = s.capacity.minus(
+                Resources(held.get(s.id, 0), extra.cores, extra.memory_mb)
+            )
+        return out
 
 
 class Assignment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -26,6 +26,7 @@ import numpy as np
 from estimation.database import ThroughputDatabase
 from estimation.estimator import EstimatorSettings, estimate_job
 from scheduling import lifecycle as lc
+from scheduling.check import plan_overallocation
 from scheduling.fairness import raqlr
 from scheduling.policy import Policy
 from scheduling.profiling import busy_types, profiling_step
@@ -36,10 +37,11 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
+from shared.resources import OverAllocation
 from shared.snapshot import Plan, Snapshot
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.metrics import RoundRecord, SimResult, job_outcome
-from simulator.state import JobRecord, Occupancy
+from simulator.state import JobRecord, Occupancy, job_holder, profiling_holder
 from simulator.workloads import SimJob
 from world.truth import GroundTruth
 
@@ -222,7 +224,7 @@ class Simulation:
 
     def _complete(self, rec: JobRecord) -> None:
         assert rec.current is not None
-        self.occ.give(rec.current, self.occ.jobs)
+        self.occ.give(job_holder(rec.id), self.occ.jobs)
         rec.done_samples = float(rec.spec.total_samples)
         # Finished: out of the scheduler's hands, its finish time in its life.
         self._move(rec, ev.JobFinished(job_id=rec.id, at=self.now))
@@ -235,7 +237,7 @@ class Simulation:
         self.finished.append((self.now, outcome.lr))
 
     def _end_profiling(self, run: ProfileEnd) -> None:
-        self.occ.profiling[run.server] -= 1
+        self.occ.give(profiling_holder(run.job_id, run.server), self.occ.profiling)
         self.db.record_profile(run.report)
         self.dirty.add(run.job_id)
         rec = self.jobs[run.job_id]
@@ -315,11 +317,15 @@ class Simulation:
             held={k: v for k, v in held.items() if v},
             first_plan=first,
             profiling_held={k: v for k, v in self.occ.profiling.items() if v},
+            held_extras={} if first else dict(self.occ.extras),
         )
         start = self.timer() if self.timer else 0.0
         plan = self.policy.plan(snap)
         spent = (self.timer() - start) if self.timer else 0.0
         self.plan_seconds.append(spent)
+        why = plan_overallocation(snap, plan)
+        if why is not None:
+            raise OverAllocation(f"{self.policy.name}: the plan over-allocates: {why}")
         self._apply(plan, first)
         return spent
 
@@ -351,7 +357,7 @@ class Simulation:
 
     def _stop(self, rec: JobRecord) -> None:
         assert rec.current is not None
-        self.occ.give(rec.current, self.occ.jobs)
+        self.occ.give(job_holder(rec.id), self.occ.jobs)
         self._move(rec, ev.JobStopped(job_id=rec.id, at=self.now))
         rec.rate = 0.0
 
@@ -362,7 +368,7 @@ class Simulation:
             raise RuntimeError(f"{self.policy.name}: job {rec.id} is {rec.phase}, not queued")
         if config.total_gpus not in rec.spec.requirement_set(self.settings.r_num):
             raise RuntimeError(f"{self.policy.name}: {config} is not a requirement of {rec.id}")
-        self.occ.take(config, self.occ.jobs)
+        self.occ.take(job_holder(rec.id), config, self.occ.jobs)
         key = (rec.model, config)
         if key not in self.rates:
             self.rates[key] = self.truth.throughput(rec.model, config)
@@ -376,7 +382,8 @@ class Simulation:
         if gpu_type not in rec.unprofiled:
             raise RuntimeError(f"{self.policy.name}: {job_id} needs no profiling on {gpu_type}")
         rec.unprofiled.discard(gpu_type)
-        self.occ.take(Configuration(((server, 1),)), self.occ.profiling)
+        self.occ.take(profiling_holder(job_id, server), Configuration(((server, 1),)),
+                      self.occ.profiling)
         report, seconds = self.truth.profile(
             job_id, rec.model, server, self.settings.profile_iters, self.rng
         )
@@ -394,4 +401,3 @@ class Simulation:
             ):
                 self.db.record_sample(sample)
             self.dirty.add(rec.id)
-

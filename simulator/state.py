@@ -1,4 +1,5 @@
-"""Mutable bookkeeping of one simulation run: jobs and GPUs over virtual time.
+"""Mutable bookkeeping of one simulation run: jobs and the GPUs, cores and
+memory they hold over virtual time.
 
 Nothing here knows which policy runs; the engine (``simulator.engine``) moves
 jobs between phases through the one job lifecycle
@@ -16,6 +17,7 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobPhase
+from shared.resources import NOTHING, Ledger, Resources
 from shared.snapshot import JobState, Phase
 
 
@@ -121,26 +123,62 @@ def _planned(phase: JobPhase | None) -> Phase:
 
 @dataclass
 class Occupancy:
-    """GPUs in use per server: by running jobs and by profiling runs."""
+    """GPUs in use per server, by running jobs and by profiling runs, for the
+    engine's snapshots; every resource a holder takes is booked on one
+    :class:`~shared.resources.Ledger` against the servers' capacities, so an
+    over-allocation in any resource (GPUs, CPU cores, memory) raises
+    :class:`~shared.resources.OverAllocation` naming the server and resource."""
 
     cluster: Cluster
     jobs: dict[ServerId, int] = field(default_factory=dict)
     profiling: dict[ServerId, int] = field(default_factory=dict)
+    # Cores and memory the holders' configurations hold per server (only
+    # configurations with extras add to it; empty with GPU-only ones).
+    extras: dict[ServerId, Resources] = field(default_factory=dict)
+    ledger: Ledger = field(init=False)
 
-    def take(self, config: Configuration, pool: dict[ServerId, int]) -> None:
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.cluster.capacity())
+
+    def take(self, holder: str, config: Configuration, pool: dict[ServerId, int]) -> None:
+        """Book ``config`` for ``holder`` and count its GPUs in ``pool``."""
+        if self.ledger.held_by(holder):
+            raise RuntimeError(f"{holder} already holds resources")
+        self.ledger.book(holder, config.demands())
         for sid, g in config.parts:
             pool[sid] = pool.get(sid, 0) + g
-            if self.used(sid) > self.cluster.by_id[sid].gpus:
-                raise RuntimeError(f"server {sid} over-allocated by {config}")
+        if config.extras:
+            for sid, extra in zip(config.servers, config.extras, strict=True):
+                self.extras[sid] = self.extras.get(sid, NOTHING) + extra
 
-    def give(self, config: Configuration, pool: dict[ServerId, int]) -> None:
-        for sid, g in config.parts:
-            pool[sid] -= g
+    def give(self, holder: str, pool: dict[ServerId, int]) -> None:
+        """Release all ``holder`` booked and uncount its GPUs from ``pool``."""
+        held = self.ledger.release(holder)
+        if not held:
+            raise RuntimeError(f"{holder} released resources it did not hold")
+        for sid, want in held.items():
+            pool[sid] -= want.gpus
             if pool[sid] < 0:
                 raise RuntimeError(f"server {sid}: released more GPUs than held")
+            if want.cores or want.memory_mb:
+                left = self.extras[sid].minus(Resources(0, want.cores, want.memory_mb))
+                if left.is_zero:
+                    del self.extras[sid]
+                else:
+                    self.extras[sid] = left
 
     def used(self, sid: ServerId) -> int:
         return self.jobs.get(sid, 0) + self.profiling.get(sid, 0)
 
     def idle(self) -> int:
         return sum(s.gpus - self.used(s.id) for s in self.cluster.servers)
+
+
+def job_holder(job_id: JobId) -> str:
+    """The ledger's holder of a running job's resources."""
+    return f"job {job_id}"
+
+
+def profiling_holder(job_id: JobId, server: ServerId) -> str:
+    """The ledger's holder of a profiling run (one per job and server at a time)."""
+    return f"profiling {job_id} on {server}"

@@ -13,6 +13,9 @@ whatever the stack (AdaptDL's one ``optimize(jobs, nodes, base_allocations)``).
 What a layer can do, with the pure helpers below:
 
 - restrict servers or GPUs: :func:`hold` (the inner policy sees them held);
+- attach CPU cores or memory to the GPU-only configurations of the policy
+  beneath: show it :func:`without_extras` and check the result with
+  :func:`scheduling.check.plan_overallocation`;
 - hold jobs back: :func:`hold_back` (the inner policy does not see them);
 - restrict servers per job or per tenant: call the inner policy once per
   group of jobs on a view of the group's servers (:func:`plan_groups`, the
@@ -124,6 +127,21 @@ def hold_back(snapshot: Snapshot, jobs: Collection[JobId]) -> Snapshot:
         jobs=tuple(j for j in snapshot.jobs if j.id not in jobs),
         estimates={k: v for k, v in snapshot.estimates.items() if k not in jobs},
     )
+
+
+def without_extras(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` as a GPU-only policy plans it: running jobs' configurations
+    without their cores and memory, so that the policy, whose candidates hold
+    GPUs only, recognises a job's current configuration among them. A layer
+    that attaches extras to the plan shows its inner policy this view."""
+    if not any(j.current is not None and j.current.extras for j in snapshot.jobs):
+        return snapshot
+    jobs = tuple(
+        msgspec.structs.replace(j, current=j.current.gpus_only)
+        if j.current is not None and j.current.extras else j
+        for j in snapshot.jobs
+    )
+    return msgspec.structs.replace(snapshot, jobs=jobs)
 
 
 def drop(plan: Plan, keep: Callable[[JobId], bool]) -> tuple[Plan, tuple[JobId, ...]]:

@@ -23,7 +23,9 @@ The leader builds a snapshot the way the simulator does
   of jobs the planner does not replan (ended, unknown, on a lost node) and
   profiling tasks issued but not yet booked; a plan later in the round
   (``first_plan=False``) also holds the GPUs of running jobs, starts
-  issued but not yet booked included.
+  issued but not yet booked included;
+- ``held_extras`` has the cores and memory (``Configuration.extras``) of
+  the same configurations whose GPUs ``held`` has.
 
 A running job without an estimate (the estimator lost its data or did not
 answer) cannot be planned; rather than letting the first plan stop it, its
@@ -53,6 +55,7 @@ from shared.events import EstimateRequest
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM, JobSpec
 from shared.records import NodeRecord, Placement, QueueEntry, QueueView
+from shared.resources import NOTHING, Resources
 from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
 from shared.wire import UNSCHEDULABLE
 
@@ -173,6 +176,7 @@ def build_snapshot(
     cluster = cluster_of(nodes)
     capacity = type_capacity(n for n in nodes if n.alive)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
+    extras: dict[ServerId, Resources] = {}
     jobs: list[JobState] = []
     sticky: dict[JobId, Configuration] = {}
     for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id)):
@@ -187,10 +191,12 @@ def build_snapshot(
             sticky[rec.job_id] = job.occupied
         if job.occupied is not None and not job.planner_owned:
             held.update(job.occupied.as_dict())
+            _add_extras(extras, job.occupied)
     for job_id, alloc in allocs.items():
         owner = records.get(job_id)
         if owner is None or owner.final:
             held.update(alloc.configuration.as_dict())
+            _add_extras(extras, alloc.configuration)
     capped = {s.id: min(s.gpus, held[s.id]) for s in cluster.servers if held.get(s.id, 0) > 0}
     planned = {j.id for j in jobs if j.phase != "profiling"}
     snapshot = Snapshot(
@@ -201,8 +207,18 @@ def build_snapshot(
         held=capped,
         first_plan=first_plan,
         profiling_held=_profiling_held(cluster, allocs, inflight),
+        held_extras={s.id: extras[s.id] for s in cluster.servers if s.id in extras},
     )
     return Built(snapshot, sticky)
+
+
+def _add_extras(extras: dict[ServerId, Resources], config: Configuration) -> None:
+    """Count the cores and memory ``config`` holds into ``extras``."""
+    if not config.extras:
+        return
+    for sid, extra in zip(config.servers, config.extras, strict=True):
+        if not extra.is_zero:
+            extras[sid] = extras.get(sid, NOTHING) + extra
 
 
 def _profiling_held(

@@ -1,0 +1,180 @@
+"""CPU cores in the simulator: a layer written here attaches cores to every
+configuration its policy chooses; the simulator books them on its Ledger,
+records them, and stops a plan that over-allocates cores, naming them."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduling.check import plan_overallocation
+from scheduling.layers.base import annotate, stack, without_extras
+from scheduling.policy import Policy
+from scheduling.registry import make_policy
+from shared.cluster import Cluster, GpuTypeSpec, Server
+from shared.configuration import Configuration
+from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
+from shared.resources import NOTHING, OverAllocation, Resources
+from shared.snapshot import Assignment, LayerRecord, Plan, Snapshot
+from simulator.engine import Simulation
+from simulator.metrics import SimResult
+from simulator.workloads import SimJob
+from world.catalog import builtin_catalog
+from world.truth import GroundTruth
+
+CORES = 8  # per server of 4 GPUs
+
+
+class CoresPerGpu:
+    """Gives every running job ``per_gpu`` CPU cores per GPU on each of its
+    servers. The policy beneath plans GPUs only and sees the running jobs'
+    GPUs only; with ``verify``, a plan that over-allocates cores is refused
+    here, before it reaches the simulator."""
+
+    name = "cores-per-gpu"
+
+    def __init__(self, per_gpu: int, verify: bool = False) -> None:
+        self.per_gpu = per_gpu
+        self.verify = verify
+        self.plans: list[Plan] = []
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        plan = inner.plan(without_extras(snapshot))
+        assignments = tuple(
+            msgspec.structs.replace(a, config=self.attach(a.config)) for a in plan.assignments
+        )
+        plan = annotate(msgspec.structs.replace(plan, assignments=assignments),
+                        LayerRecord(self.name, note=f"{self.per_gpu} cores per GPU"))
+        if self.verify and (why := plan_overallocation(snapshot, plan)) is not None:
+            raise ValueError(f"{self.name}: {why}")
+        self.plans.append(plan)
+        return plan
+
+    def attach(self, config: Configuration) -> Configuration:
+        return config.with_extras({s: Resources(cores=self.per_gpu * g) for s, g in config.parts})
+
+
+def cores_cluster() -> Cluster:
+    rtx = GpuType("RTX3090")
+    spec = GpuTypeSpec(rtx, link_bandwidth=2.5e9, net_bandwidth=1e9)
+    return Cluster(
+        gpu_types=(spec,),
+        servers=tuple(
+            Server(ServerId(f"n{i}"), rtx, 4, model="TIGERWAY YK8100-8G", cores=CORES)
+            for i in range(3)
+        ),
+    )
+
+
+def workload(count: int = 6, requirements: tuple[int, ...] = (1, 2, 4)) -> list[SimJob]:
+    return [
+        SimJob(
+            spec=JobSpec(
+                JobId(f"j{i}"), "resnet18-cifar10", 256, 11_181_642, 200_000,
+                requirements=requirements, submit_time=60.0 * i,
+            ),
+            model="resnet18-cifar10",
+        )
+        for i in range(count)
+    ]
+
+
+def simulation(policy: Policy, jobs: list[SimJob]) -> Simulation:
+    c = cores_cluster()
+    return Simulation(c, jobs, policy, GroundTruth(c, builtin_catalog()))
+
+
+def started(sim: Simulation) -> set[Configuration]:
+    """Every configuration the simulator started a job on."""
+    return {config for _, config in sim.rates}
+
+
+def outcomes(result: SimResult) -> list[tuple[object, ...]]:
+    return [(j.id, j.first_start, j.finish, j.restarts) for j in result.jobs]
+
+
+@pytest.mark.parametrize("name", ["hops", "sia", "gavel"])
+def test_cores_that_fit_are_booked_recorded_and_change_nothing_else(name: str) -> None:
+    layer = CoresPerGpu(2)
+    sim = simulation(stack(make_policy(name), layer), workload())
+    result = sim.run()
+    assert all(j.finish is not None for j in result.jobs)
+    configs = started(sim)
+    assert configs and all(
+        c.extras and all(c.demand_on(s).cores == 2 * g for s, g in c.parts) for c in configs
+    )
+    assert not sim.occ.ledger.holders() and not sim.occ.extras  # all released at the end
+    # Cores never short: the GPU-only policy decides exactly as without them.
+    bare = simulation(make_policy(name), workload())
+    assert outcomes(bare.run()) == outcomes(result)
+    assert {c.gpus_only for c in configs} == started(bare)
+
+
+def test_too_many_cores_per_gpu_stop_the_simulator_naming_cores() -> None:
+    # Every job takes a whole server: 4 GPUs with 3 cores each, of 8.
+    sim = simulation(stack(make_policy("hops"), CoresPerGpu(3)), workload(2, (4,)))
+    with pytest.raises(OverAllocation, match=r"over-allocates: job j0: n\d has 8 CPU cores "
+                                             r"free of 8, 12 needed"):
+        sim.run()
+
+
+def test_a_layer_can_refuse_its_own_plan_with_the_check() -> None:
+    sim = simulation(stack(make_policy("sia"), CoresPerGpu(3, verify=True)), workload(2, (4,)))
+    with pytest.raises(ValueError, match=r"cores-per-gpu: job j0: .* CPU cores"):
+        sim.run()
+
+
+class Squeeze:
+    """Puts every job's assignment on server n0 with 4 cores: two of them
+    over-allocate n0's cores while each alone fits."""
+
+    name = "squeeze"
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        plan = inner.plan(without_extras(snapshot))
+        config = Configuration.of({"n0": 1}).with_extras({ServerId("n0"): Resources(cores=5)})
+        return msgspec.structs.replace(
+            plan, assignments=tuple(Assignment(a.job_id, config) for a in plan.assignments)
+        )
+
+
+def test_the_ledger_catches_cores_over_allocated_across_jobs() -> None:
+    sim = simulation(stack(make_policy("gavel"), Squeeze()), workload(3, (1,)))
+    with pytest.raises(OverAllocation, match="n0 has 3 CPU cores free of 8, 5 needed"):
+        sim.run()
+
+
+def assert_booked_within_capacity(sim: Simulation) -> None:
+    """The simulator's Ledger against its capacities and against the jobs
+    that run: every resource of every server within capacity, and each
+    running job holding exactly its configuration's demands."""
+    ledger, occ = sim.occ.ledger, sim.occ
+    for s in sim.cluster.servers:
+        used = ledger.used(s.id)
+        assert used.fits_in(s.capacity), (s.id, used)
+        assert used.gpus == occ.used(s.id)
+        assert Resources(0, used.cores, used.memory_mb) == occ.extras.get(s.id, NOTHING)
+    for rec in sim.live.values():
+        if rec.phase == "running":
+            assert rec.current is not None
+            assert ledger.held_by(f"job {rec.id}") == rec.current.demands()
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    st.sampled_from(["hops", "sia", "gavel"]),
+    st.integers(0, CORES // 4),
+    st.integers(2, 6),
+    st.sampled_from([(1, 2, 4), (1, 2), (2, 4), (1,)]),
+)
+def test_no_server_is_ever_over_allocated_with_cores(
+    name: str, per_gpu: int, count: int, requirements: tuple[int, ...]
+) -> None:
+    sim = simulation(stack(make_policy(name), CoresPerGpu(per_gpu)), workload(count, requirements))
+    result = sim.run(progress=lambda *_: assert_booked_within_capacity(sim))
+    assert all(j.finish is not None for j in result.jobs)
+    if per_gpu:
+        assert all(c.demand_on(c.servers[0]).cores for c in started(sim))
