@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from executor.discovery import host_cores, host_memory_gb, with_host_capacity
@@ -15,6 +17,7 @@ from executor.launch import LaunchOptions, cores_of, job_paths, launches
 from executor.ledger import NodeLedger
 from gateway import views
 from services.monitor.metrics import LatencyBook, cluster_metrics, render
+from services.monitor.nodes import Refusal, admit
 from shared import events as ev
 from shared import jobenv
 from shared.cluster import GpuTypeSpec, Server
@@ -26,6 +29,7 @@ from shared.resources import Resources
 from shared.specs import cluster_from_doc
 
 S, T = ServerId("s"), ServerId("t")
+GT = GpuTypeSpec(GpuType("RTX3090"), 2.5e9, 1e9)
 SERVER = Server(S, GpuType("RTX3090"), 4, memory_gb=2, cores=8)
 
 
@@ -144,10 +148,18 @@ def test_a_job_learns_its_cores_from_its_environment(tmp_path: Path) -> None:
     assert jobenv.CORES in jobenv.RESERVED
 
 
+def test_a_node_may_declare_cores_it_registered_as_none() -> None:
+    old = Server(S, GpuType("RTX3090"), 4)
+    nodes = {S: admit({}, ev.RegisterNode(server=old, gpu_type=GT), 1.0)}
+    learned = msgspec.structs.replace(old, cores=8, memory_gb=2)
+    assert admit(nodes, ev.RegisterNode(server=learned, gpu_type=GT), 2.0).server == learned
+    fewer = {S: admit({}, ev.RegisterNode(server=learned, gpu_type=GT), 1.0)}
+    with pytest.raises(Refusal, match="cores \\(8, now 4\\)"):
+        admit(fewer, ev.RegisterNode(server=msgspec.structs.replace(learned, cores=4),
+                                     gpu_type=GT), 2.0)
+
+
 # --- what the monitor and the gateway show ------------------------------------------------
-
-GT = GpuTypeSpec(GpuType("RTX3090"), 2.5e9, 1e9)
-
 
 def node(server: Server, alive: bool = True) -> NodeRecord:
     return NodeRecord(server=server, gpu_type=GT, alive=alive)

@@ -7,7 +7,8 @@ attaches ``HOPS_TEST_CORES_PER_GPU`` cores per GPU to every run.
   (``hops_nodes``), the plan's assignment carries them, the placer books
   them (``hops_alloc``, ``job_started``), the executor starts the job with
   them (its log), and the gateway's cluster view shows each server's
-  capacity; the job runs to the end and everything is given back.
+  capacity; the job runs to the end and everything is given back. An
+  executor refuses a start over its server's cores by itself (``invalid``).
 * More cores per GPU than a server has: the placer refuses the start with a
   ``conflict`` naming CPU cores; the job is never started, and stays queued.
 """
@@ -20,8 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
+from shared import events as ev
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
+from shared.job import JobSpec
+from shared.resources import Resources
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 
@@ -111,6 +118,17 @@ def test_cores_are_registered_booked_and_started_with(roomy: LiveStack) -> None:
     assert {s["id"]: s["capacity"]["cores"] for s in servers} == {"rtx-0": 16, "titan-0": 16}
     assert all(s["allocated"] == {"gpus": 0, "cores": 0, "memory_mb": 0} for s in servers)
     assert not [e for e in bus.errors() if e["code"] == "conflict"], why
+
+    # An executor checks for itself: more cores than its server has is invalid.
+    over = Configuration.of({"rtx-0": 1}).with_extras({ServerId("rtx-0"): Resources(cores=17)})
+    cmd = ev.StartJob(key="start:test:over@rtx-0", job_id=JobId("over"),
+                      server_id=ServerId("rtx-0"),
+                      spec=msgspec.convert(catalog_spec("over", SHORT, requirements=[1]),
+                                           JobSpec),
+                      configuration=over, gpu_indices=(0,))
+    ack = bus.request("hops.v1.exec.rtx-0", ev.encode(cmd))
+    assert (ack["ok"], ack["code"], ack["error"]) == (
+        False, "invalid", "rtx-0 has 16 CPU cores; job over needs 17"), ack
 
 
 def test_a_start_over_the_cores_is_refused_and_the_job_stays_queued(
