@@ -39,7 +39,11 @@ Threads per process (``HOPS_THREADS`` and ``OMP_NUM_THREADS`` of the job)
 default to 1 on declared (CPU) devices and are left to the job on GPUs.
 The real executor discovers its GPUs through NVML; without NVML it says so
 and runs the GPUs the cluster file declares. With NVML, a count other than
-the declared one stops it with exit code 2.
+the declared one stops it with exit code 2. It registers the CPU cores and
+memory (GiB) the cluster file declares for its server (``cores``,
+``memory_gb``), or else those of this host (the cores it may use, the
+memory ``os.sysconf`` or ``/proc/meminfo`` reports); an emulated executor
+registers what the file declares (0, by default: none is scheduled).
 
 A real executor running as root runs its jobs as ``--job-user`` (a name or
 a uid; no supplementary groups) and stops at once with exit code 2 when
@@ -62,7 +66,13 @@ from pathlib import Path
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from executor.discovery import DiscoveryError, discover
+from executor.discovery import (
+    DiscoveryError,
+    discover,
+    host_cores,
+    host_memory_gb,
+    with_host_capacity,
+)
 from executor.isolation import JobIdentity, JobUserError, unreachable
 from executor.launch import AffinityError, check_affinity, parse_affinity
 from executor.service import ExecutorSettings, job_identity, run_node
@@ -186,7 +196,10 @@ def with_devices(settings: ExecutorSettings, cluster: Cluster) -> ExecutorSettin
     threads = settings.threads
     if threads is None and found.source == "declared":
         threads = 1  # a CPU "device" is a core: one thread each, not one per core
-    return replace(settings, devices=found.devices, threads=threads)
+    server = with_host_capacity(cluster.by_id[settings.server_id], host_cores(),
+                                host_memory_gb())
+    log.info("capacity", cores=server.cores, memory_gb=server.memory_gb)
+    return replace(settings, devices=found.devices, threads=threads, server=server)
 
 
 def checked_identity(settings: ExecutorSettings) -> JobIdentity:

@@ -14,14 +14,24 @@ says so when it starts.
 
 :func:`discover` takes the NVML module as an argument, so tests may hand
 in a stand-in; the real path imports ``pynvml``.
+
+Besides GPUs a server has CPU cores and memory to allocate
+(:attr:`shared.cluster.Server.capacity`). A real executor advertises those
+the cluster file declares (``cores``, ``memory_gb``) and, for either left
+undeclared (0), what it finds on this host (:func:`with_host_capacity`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from shared.cluster import Server
 from shared.node import Device
@@ -133,3 +143,36 @@ def discover(server: Server, nvml: Any | None = None) -> Discovery:
     names = sorted({d.name for d in devices})
     return Discovery(devices, "nvml", f"NVML finds {len(devices)} GPUs ({', '.join(names)}) "
                                       f"for {server.id} of type {server.gpu_type}")
+
+
+def host_cores() -> int:
+    """The CPU cores this executor may use (its affinity mask, which a
+    container's cpuset narrows; else every core the host has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 0
+
+
+def host_memory_gb(meminfo: Path = Path("/proc/meminfo"),
+                   sysconf: Callable[[str], int] = os.sysconf) -> int:
+    """The host's memory in whole GiB (``os.sysconf``, else ``/proc/meminfo``;
+    0 when neither says)."""
+    try:
+        total = sysconf("SC_PAGE_SIZE") * sysconf("SC_PHYS_PAGES")
+        if total > 0:
+            return int(total // 1024**3)
+    except (AttributeError, ValueError, OSError):
+        pass
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024**2  # kB
+    return 0
+
+
+def with_host_capacity(server: Server, cores: int, memory_gb: int) -> Server:
+    """``server`` as a real executor advertises it: the cores and memory the
+    cluster file declares, or else those found on this host."""
+    return msgspec.structs.replace(server, cores=server.cores or cores,
+                                   memory_gb=server.memory_gb or memory_gb)

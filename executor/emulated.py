@@ -6,7 +6,8 @@ the monitor's deadline starts on a live job. The process publishes its own
 heartbeats, samples, profile and ``job_finished``; it reports progress to
 the executor on stdout. A model the emulator does not know is refused and
 fails the job (no server could run it); a model that does not run on this
-server's GPU type is only refused. An emulated job does not outlive its
+server's GPU type is only refused. The job process gets ``HOPS_CORES``,
+the CPU cores it holds, as a real job does. An emulated job does not outlive its
 executor (it notices it was re-parented and exits), so nothing is adopted.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -24,6 +26,8 @@ from structlog.typing import FilteringBoundLogger
 
 from executor.backend import JobHandle, OnEnding, Outcome, Refusal
 from executor.emulator import EmulationError, Role, UnknownModel, check_runnable, role_of
+from executor.launch import cores_of
+from shared import jobenv
 from shared.cluster import Server
 from shared.events import INVALID, JobFailed, StartJob, encode
 from shared.ids import JobId
@@ -137,16 +141,18 @@ class EmulatedBackend:
         role = role_of(cmd.mode, cmd.configuration, self.server.id)
         argv = ["-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
                 "--cluster", self.cluster, *self.job_args]
+        cores = cores_of(cmd)
         # The command goes on stdin: a job spec may be longer than one argument may be.
         proc = await asyncio.create_subprocess_exec(sys.executable, *argv,
                                                     stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE)
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    env=os.environ | {jobenv.CORES: str(cores)})
         assert proc.stdin is not None
         proc.stdin.write(encode(cmd))
         proc.stdin.close()
         log = self.log.bind(job_id=cmd.job_id, role=role, pid=proc.pid)
         log.info("job process started", mode=cmd.mode, gpu_indices=list(cmd.gpu_indices),
-                 samples_done=cmd.samples_done)
+                 cores=cores, samples_done=cmd.samples_done)
         job = JobProcess(cmd, role, proc, log, on_ending)
         self.spawn_task(job.pump(), f"job-{cmd.job_id}")
         return job

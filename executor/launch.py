@@ -12,7 +12,12 @@ plus PyTorch's distributed-launch variables:
 * ``MASTER_ADDR``/``MASTER_PORT`` from the command's rendezvous (without
   one, 127.0.0.1 and a port drawn from the command's key);
 * ``CUDA_VISIBLE_DEVICES`` = every GPU index the job holds here, for every
-  local rank (rank k uses ``cuda:k``).
+  local rank (rank k uses ``cuda:k``);
+* ``HOPS_CORES`` = the CPU cores the job holds on this server
+  (:func:`cores_of`; 0: none allocated) and, when it holds some,
+  ``OMP_NUM_THREADS`` = each process's share of them (at least 1), which
+  the job's own ``env`` may still set. Processes are not pinned to those
+  cores: that is later work (CODA); only ``--cpu-affinity`` pins.
 
 A profiling run is one process with ``WORLD_SIZE`` 1. A process inherits
 only what :func:`executor.isolation.base_env` lets through of the
@@ -131,6 +136,11 @@ def world_of(cmd: StartJob) -> tuple[int, int, int, int]:
             node_rank(config, cmd.server_id))
 
 
+def cores_of(cmd: StartJob) -> int:
+    """The CPU cores ``cmd``'s job holds on its server (a profiling run: none)."""
+    return cmd.configuration.demand_on(cmd.server_id).cores if cmd.mode == "run" else 0
+
+
 def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int) -> dict[str, str]:
     """The variables the executor sets for ``local_rank`` (see the module)."""
     world, local, nodes, rank_of_node = world_of(cmd)
@@ -159,6 +169,7 @@ def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int
         "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(local),
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in cmd.gpu_indices),
+        jobenv.CORES: str(cores_of(cmd)),
     }
     lr = cmd.spec.learning_rate(world)
     if lr is not None:
@@ -177,10 +188,13 @@ def launches(cmd: StartJob, opts: LaunchOptions, paths: JobPaths,
     _, local, _, _ = world_of(cmd)
     inherited = base_env(executor_env, home=str(paths.root), user=ident.name if ident else "")
     uid, gid = (ident.uid, ident.gid) if ident is not None and ident.switch else (None, None)
+    cores = cores_of(cmd)
     out = []
     for k in range(local):
         env = dict(inherited)
-        if opts.threads is not None:  # before the job's env: a job may choose its own
+        if cores:  # before the job's env: a job may choose its own
+            env["OMP_NUM_THREADS"] = str(max(1, cores // local))
+        elif opts.threads is not None:
             env["OMP_NUM_THREADS"] = str(opts.threads)
         env.update(cmd.spec.env)
         env.update(job_env(cmd, opts, paths, k))

@@ -4,9 +4,14 @@ answers to ``start_job`` and ``stop_job``.
 * A command ``key`` seen before gets the acknowledgement it got the first
   time and nothing is done again (the placer retries with the same key).
 * A start is refused with ``invalid`` when it names another server or GPU
-  indices this server does not have, and with ``conflict`` when the job
-  already runs here or any of its GPU indices is in use: a GPU is never
-  booked twice, whatever the placer believes.
+  indices this server does not have, or demands more of a resource (CPU
+  cores, memory) than the server has at all; and with ``conflict`` when the
+  job already runs here, any of its GPU indices is in use, or its cores or
+  memory would be over-allocated: a GPU is never booked twice, nor a server
+  over-allocated in any resource, whatever the placer believes.
+* Each job holds its configuration's whole demand on this server
+  (:meth:`shared.configuration.Configuration.demand_on`) on a
+  :class:`shared.resources.Ledger` of the server's capacity.
 * A stop of a job that does not run here is refused with ``not_found``.
 """
 
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from shared.cluster import Server
 from shared.events import INVALID, CommandAck, StartJob, StopJob
 from shared.ids import JobId
+from shared.resources import UNITS, Ledger, OverAllocation, Resources
 
 CONFLICT = "conflict"
 NOT_FOUND = "not_found"
@@ -42,6 +48,7 @@ class NodeLedger:
         self._acks: OrderedDict[str, CommandAck] = OrderedDict()
         self._jobs: dict[JobId, Booking] = {}
         self._ending: set[JobId] = set()
+        self._held = Ledger({server.id: server.capacity})
 
     # --- idempotency ----------------------------------------------------------------
 
@@ -68,6 +75,13 @@ class NodeLedger:
         if bad:
             return _refusal(cmd.key, INVALID, f"{self.server.id} has {self.server.gpus} GPUs; "
                                               f"no GPU index {bad[0]}")
+        demand = cmd.configuration.demand_on(self.server.id)
+        beyond = demand.short_of(self.server.capacity)
+        if beyond:
+            name = beyond[0]
+            return _refusal(cmd.key, INVALID, f"{self.server.id} has "
+                                              f"{self.server.capacity[name]} {UNITS[name]}; "
+                                              f"job {cmd.job_id} needs {demand[name]}")
         if cmd.job_id in self._jobs:
             return _refusal(cmd.key, CONFLICT, f"job {cmd.job_id} already runs on "
                                                f"{self.server.id}")
@@ -76,6 +90,10 @@ class NodeLedger:
             owners = sorted(b.job_id for b in self._jobs.values() if set(b.gpu_indices) & set(busy))
             return _refusal(cmd.key, CONFLICT, f"GPUs {busy} of {self.server.id} are in use "
                                                f"by {', '.join(owners)}")
+        why = self._held.refusal({self.server.id: demand}, cmd.job_id)
+        if why is not None:
+            holders = ", ".join(sorted(self._held.holders()))
+            return _refusal(cmd.key, CONFLICT, f"{why} (held by {holders})")
         return None
 
     def refuse_stop(self, cmd: StopJob) -> CommandAck | None:
@@ -90,10 +108,17 @@ class NodeLedger:
         """Record that ``cmd``'s job runs here (after :meth:`refuse_start` said yes)."""
         booking = Booking(cmd.job_id, tuple(cmd.gpu_indices), cmd.mode, cmd.key)
         self._jobs[cmd.job_id] = booking
+        demand = cmd.configuration.demand_on(self.server.id)
+        try:
+            self._held.book(cmd.job_id, {self.server.id: demand})
+        except OverAllocation:  # an adopted job beyond what is left: it holds the rest
+            free = self._held.free(self.server.id)
+            self._held.book(cmd.job_id, {self.server.id: demand.minus(demand.minus(free))})
         return booking
 
     def release(self, job_id: JobId) -> Booking | None:
         self._ending.discard(job_id)
+        self._held.release(job_id)
         return self._jobs.pop(job_id, None)
 
     def ending(self, job_id: JobId) -> None:
@@ -112,6 +137,10 @@ class NodeLedger:
 
     def in_use(self) -> set[int]:
         return {i for b in self._jobs.values() for i in b.gpu_indices}
+
+    def allocated(self) -> Resources:
+        """What the jobs here hold, in every resource."""
+        return self._held.used(self.server.id)
 
 
 def _refusal(key: str, code: str, error: str) -> CommandAck:

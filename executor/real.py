@@ -58,7 +58,7 @@ from executor.isolation import (
     prepare_folders,
     root_refusal,
 )
-from executor.launch import LaunchOptions, job_paths, launches, world_of
+from executor.launch import LaunchOptions, cores_of, job_paths, launches, world_of
 from executor.ranks import (
     AdoptedRank,
     LaunchError,
@@ -292,7 +292,7 @@ class RealBackend:
                       tuple(launch.log for launch in plan), log.bind(pgid=pgid), self.sink,
                       on_ending, self.settings)
         log.info("job processes started", mode=cmd.mode, pgid=pgid, pids=[r.pid for r in ranks],
-                 user=ident.name, gpu_indices=list(cmd.gpu_indices),
+                 user=ident.name, gpu_indices=list(cmd.gpu_indices), cores=cores_of(cmd),
                  samples_done=cmd.samples_done,
                  workdir=cmd.spec.workdir or os.getcwd())
         self._follow(job)

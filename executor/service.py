@@ -57,7 +57,7 @@ from executor.serving import serve_commands
 from services.runtime.bus import request
 from services.runtime.service import ServiceContext
 from shared import subjects
-from shared.cluster import Cluster
+from shared.cluster import Cluster, Server
 from shared.events import (
     INTERNAL,
     INVALID,
@@ -101,6 +101,7 @@ class ExecutorSettings:
     job_user: str = ""  # real jobs run as this user ('' : none configured)
     allow_root_jobs: bool = False  # an executor running as root may run jobs as root
     job_identity: JobIdentity | None = None  # resolved from the two above (real)
+    server: Server | None = None  # as advertised (real: host cores, memory); None: the file's
 
 
 class RegistrationRefused(RuntimeError):
@@ -114,9 +115,15 @@ def job_identity(settings: ExecutorSettings) -> JobIdentity:
                             os.getegid(), lookup_user)
 
 
+def advertised(settings: ExecutorSettings, cluster: Cluster) -> Server:
+    """The server this executor registers: the cluster file's entry, with
+    the cores and memory a real executor found when the file declares none."""
+    return settings.server or cluster.by_id[settings.server_id]
+
+
 def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> Backend:
     """The backend ``settings.backend`` names."""
-    server = cluster.by_id[settings.server_id]
+    server = advertised(settings, cluster)
     log = ctx.log.bind(server_id=server.id)
     if settings.backend == "real":
         options = LaunchOptions(gpu_type=server.gpu_type, sample_s=settings.sample_s,
@@ -143,7 +150,7 @@ class NodeExecutor:
         self.settings = settings
         self.cluster = cluster
         self.backend = backend
-        self.server = cluster.by_id[settings.server_id]
+        self.server = advertised(settings, cluster)
         self.ledger = NodeLedger(self.server)
         self.procs: dict[JobId, JobHandle] = {}
         self.log = ctx.log.bind(server_id=self.server.id)
@@ -167,6 +174,7 @@ class NodeExecutor:
             if not reply.ok:
                 raise RegistrationRefused(f"registration refused ({reply.code}): {reply.error}")
             self.log.info("registered", gpus=self.server.gpus, gpu_type=self.server.gpu_type,
+                          cores=self.server.cores, memory_gb=self.server.memory_gb,
                           backend=self.backend.name, address=self.settings.address)
             return
 

@@ -15,6 +15,7 @@ import msgspec
 from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
+from shared.resources import RESOURCE_NAMES, total
 from shared.wire import FORBIDDEN, UNAUTHORIZED, UNSCHEDULABLE
 
 PHASES: tuple[str, ...] = get_args(JobPhase)
@@ -199,7 +200,8 @@ def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -
                 holders.setdefault(sid, {}).setdefault(i, []).append(p)
     known = {n.server.id for n in nodes}
     servers = [
-        _server_view(n, holders.get(n.server.id, {}))
+        _server_view(n, holders.get(n.server.id, {}),
+                     [p for p in placements if n.server.id in p.configuration.servers])
         for n in sorted(nodes, key=lambda n: (n.order, n.server.id))
     ]
     double = [
@@ -221,7 +223,10 @@ def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -
     }
 
 
-def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]]) -> dict[str, Any]:
+def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]],
+                 held_here: Sequence[Placement]) -> dict[str, Any]:
+    """One server: its GPUs with their holders, and per resource (GPUs, CPU
+    cores, memory in MiB) its ``capacity`` and what placements hold on it."""
     s = node.server
     gpus = [
         {"index": i, "job_id": by_gpu[i][0].job_id, "mode": by_gpu[i][0].mode}
@@ -230,6 +235,7 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]]) -> dic
         for i in range(s.gpus)
     ]
     used = sum(1 for g in gpus if g["job_id"] is not None)
+    held = total(p.configuration.demand_on(s.id) for p in held_here)
     return {
         "id": s.id,
         "gpu_type": s.gpu_type,
@@ -243,6 +249,8 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]]) -> dic
         "last_heartbeat": node.last_heartbeat,
         "jobs": sorted({g["job_id"] for g in gpus if g["job_id"] is not None}),
         "gpu_slots": gpus,
+        "capacity": {r: s.capacity[r] for r in RESOURCE_NAMES},
+        "allocated": {r: held[r] for r in RESOURCE_NAMES},
     }
 
 

@@ -38,6 +38,7 @@ class ServerGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu: str = ""
     memory_gb: int = 0
     network: str = ""
+    cores: int = 0  # CPU cores that may be allocated (0: none are scheduled)
 
     def __post_init__(self) -> None:
         if self.count <= 0:
@@ -73,6 +74,7 @@ def _expand(group: ServerGroup) -> list[Server]:
             cpu=group.cpu,
             memory_gb=group.memory_gb,
             network=group.network,
+            cores=group.cores,
         )
         for sid in ids
     ]

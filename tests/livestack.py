@@ -240,6 +240,9 @@ class LiveStack:
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""
     auth: bool = True
+    # Another module for a component (e.g. the scheduler as tests.cores_layer:
+    # the real scheduler with a test layer); its arguments and identity stay.
+    modules: Mapping[str, str] = field(default_factory=dict)
     said: list[str] = field(default_factory=list)
     procs: dict[str, Child] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
@@ -268,8 +271,10 @@ class LiveStack:
             self.launcher.config = self.config = replace(self.config, nats_url=url)
             self.bus = Bus(url, creds.seed("admin") if creds else None)
             for comp in components(self.config):
+                module = self.modules.get(comp.name, comp.module)
                 for name, env in self._instances(comp):
-                    self.procs[name] = self.launcher.start(replace(comp, name=name, env=env))
+                    self.procs[name] = self.launcher.start(replace(comp, name=name, env=env,
+                                                                   module=module))
             wait_healthy(self.launcher, self.procs["gateway"], timeout)
             until(self.ready, "the stack ready", timeout, self.logs)
         except BaseException:

@@ -52,13 +52,14 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord, Placement, QueueEntry
+from shared.resources import Resources
 from shared.snapshot import Assignment, Plan, ProfilingTask
 from world.catalog import builtin_catalog
 from world.clusters import builtin_cluster
 from world.truth import GroundTruth
 
 A, B, C = ServerId("a"), ServerId("b"), ServerId("c")
-CAP = {A: 4, B: 4}
+CAP = {A: Resources(gpus=4), B: Resources(gpus=4)}
 
 
 def spec(job: str) -> JobSpec:
@@ -162,7 +163,8 @@ def test_keys_and_term_gate() -> None:
     # huge term leaves the gate as it was
     assert admitted == [1, 2, 4, 6]
     assert free_indices([placement("j", {A: (1, 3)})], {A: 4}) == {A: [0, 2]}
-    assert book([Want(JobId("w"), Configuration.of({A: 2}), "run")], {}, {A: 1}, "k")[1][0].code \
+    assert book([Want(JobId("w"), Configuration.of({A: 2}), "run")], {}, {A: Resources(gpus=1)},
+                "k")[1][0].code \
         == "conflict"
 
 
@@ -198,7 +200,8 @@ def test_no_gpu_is_ever_booked_twice(case: tuple[dict[JobId, Placement], Plan,
                                                  dict[ServerId, int], bool]) -> None:
     current, plan, capacity, first = case
     jobs = {JobId(f"j{n}"): record(f"j{n}") for n in range(8)}
-    cmds = diff(current, plan, first, jobs, capacity, "p")
+    cmds = diff(current, plan, first, jobs, {s: Resources(gpus=n) for s, n in capacity.items()},
+                "p")
     stopped = {s.job_id for s in cmds.stops}
     assert stopped <= set(current)
     after = {j: p for j, p in current.items() if j not in stopped}

@@ -4,7 +4,9 @@ From the KV buckets (``hops_nodes``, ``hops_alloc``, ``hops_jobs``) and what
 the monitor counted:
 
 * queue length and jobs per phase, running jobs and profiling runs;
-* GPUs of alive nodes, GPUs booked, utilisation;
+* GPUs of alive nodes, GPUs booked, utilisation; and per resource (GPUs,
+  CPU cores, memory in MiB) the capacity of the alive nodes and what the
+  placements in ``hops_alloc`` hold there;
 * fragmentation: idle GPUs while some job waits, as in §4.2 (0 when the
   queue is empty);
 * the latency ratio (Eq. 6/8, wait/age) of finished jobs, maximum and mean,
@@ -30,6 +32,7 @@ from typing import Literal, get_args
 from scheduling.fairness import raqlr
 from shared.ids import JobId, ServerId
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement, QueueEntry
+from shared.resources import RESOURCE_NAMES, Resources, total
 from shared.wire import FORBIDDEN, UNAUTHORIZED
 
 MetricType = Literal["gauge", "counter"]
@@ -134,7 +137,26 @@ def cluster_metrics(
         Family("hops_errors_total", "counter", "Error records seen on hops.v1.errors.", tuple(
             Sample("hops_errors_total", n, (("service", svc),))
             for svc, n in sorted(errors.items()))),
+        *resource_families(alive, placements),
     ]
+
+
+def resource_families(alive: Mapping[ServerId, NodeRecord],
+                      placements: Mapping[JobId, Placement]) -> list[Family]:
+    """``hops_capacity{resource}`` and ``hops_allocated{resource}``: what the
+    alive nodes have and what placements hold on them, per resource."""
+    capacity = total(n.server.capacity for n in alive.values())
+    held = total(d for p in placements.values()
+                 for s, d in p.configuration.demands().items() if s in alive)
+
+    def family(name: str, help_text: str, v: Resources) -> Family:
+        return Family(name, "gauge", help_text, tuple(
+            Sample(name, v[r], (("resource", r),)) for r in RESOURCE_NAMES))
+
+    return [family("hops_capacity", "What alive nodes have, per resource (memory in MiB).",
+                   capacity),
+            family("hops_allocated", "What placements hold on alive nodes, per resource "
+                   "(memory in MiB).", held)]
 
 
 def refused_family(refused: Mapping[tuple[str, str], int]) -> Family:

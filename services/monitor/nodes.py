@@ -6,7 +6,8 @@ A node registers its :class:`~shared.cluster.Server`, the
 ``order``. The message itself checks that ``server.gpu_type`` names the
 type it describes and that the server has GPUs (§3.4's configurations
 need both). Here: a server id registered again must describe the same
-server, type and order (an executor restarting), and every node of one GPU
+server, type and order (an executor restarting; cores or memory registered
+as 0 may be given a value), and every node of one GPU
 type must agree on that type's bandwidths (Eq. 2 reads one value per type);
 anything else is a ``conflict``.
 
@@ -30,6 +31,7 @@ from shared.records import NodeRecord
 
 CONFLICT = "conflict"
 NOT_FOUND = "not_found"
+_LEARNED = frozenset({"cores", "memory_gb"})  # may go from 0 to a value
 
 
 class Refusal(ValueError):
@@ -97,11 +99,14 @@ def _bandwidths(rec: NodeRecord) -> dict[str, object]:
 
 
 def _differences(old: NodeRecord, req: RegisterNode) -> list[str]:
-    """What a re-registration changes, in words."""
+    """What a re-registration changes, in words. Cores or memory a server
+    registered as 0 (none scheduled: no job holds any) may be declared now,
+    as an executor that learned its host's does after an upgrade."""
     out = [
         f"{name} ({getattr(old.server, name)!r}, now {getattr(req.server, name)!r})"
         for name in req.server.__struct_fields__
         if getattr(old.server, name) != getattr(req.server, name)
+        and not (name in _LEARNED and getattr(old.server, name) == 0)
     ]
     if old.gpu_type != req.gpu_type:
         out.append("GPU type spec")

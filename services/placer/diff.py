@@ -21,7 +21,12 @@ profiling (or the reverse), a job assigned twice.
 free ones, profiling runs first (the profiling queue goes first, §3.2). An
 index booked by any placement left after the stops is never booked again,
 and a start that does not fit, or names a server that is not alive, is a
-problem too. :func:`diff` is both steps for a plan whose stops all succeed.
+problem too. Besides GPUs a start holds what its configuration demands of
+the other resources (CPU cores, memory: ``Configuration.extras``); those are
+booked on a :class:`shared.resources.Ledger` that already holds what the
+placements left hold, so that no server is over-allocated in any resource,
+and a start that does not fit is refused naming the server and the
+resource. :func:`diff` is both steps for a plan whose stops all succeed.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Literal
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, Placement
+from shared.resources import Ledger, OverAllocation, Resources
 from shared.snapshot import Plan
 
 Mode = Literal["run", "profile"]
@@ -212,33 +218,69 @@ def plan_prefix(term: int, round_: int, seq: int) -> str:
     return f"t{term}.r{round_}.p{seq}"
 
 
+def held_ledger(placements: Mapping[JobId, Placement],
+                capacity: Mapping[ServerId, Resources]) -> Ledger:
+    """A ledger of the alive servers' ``capacity`` holding what ``placements``
+    hold there (holder ``held:<job>``). A placement that no longer fits
+    (none should) holds what is left: nothing more is booked over it."""
+    ledger = Ledger(capacity)
+    for job, p in sorted(placements.items()):
+        demands = {s: d for s, d in p.configuration.demands().items() if s in capacity}
+        try:
+            ledger.book(f"held:{job}", demands)
+        except OverAllocation:
+            ledger.book(f"held:{job}", {s: _at_most(d, ledger.free(s))
+                                        for s, d in demands.items()})
+    return ledger
+
+
+def _at_most(want: Resources, free: Resources) -> Resources:
+    """``want`` capped, resource by resource, at ``free``."""
+    return want.minus(want.minus(free))
+
+
 def book(wants: Iterable[Want], placements: Mapping[JobId, Placement],
-         capacity: Mapping[ServerId, int], prefix: str, at: float = 0.0
+         capacity: Mapping[ServerId, Resources], prefix: str, at: float = 0.0
          ) -> tuple[tuple[Start, ...], tuple[Problem, ...]]:
-    """GPU indices for ``wants`` given the ``placements`` that stay (see the
-    module docstring); ``capacity`` holds the GPUs of each alive server."""
-    free = free_indices(placements.values(), capacity)
+    """GPU indices for ``wants`` given the ``placements`` that stay, and the
+    other resources they demand (see the module docstring); ``capacity``
+    holds what each alive server has."""
+    free = free_indices(placements.values(), {s: c.gpus for s, c in capacity.items()})
+    ledger = held_ledger(placements, capacity)
     ordered = sorted(wants, key=lambda w: w.mode != "profile")  # stable: plan order kept
     starts: list[Start] = []
     problems: list[Problem] = []
     for want in ordered:
-        missing = [s for s in want.configuration.servers if s not in capacity]
-        short = [s for s, g in want.configuration.parts if s in capacity and len(free[s]) < g]
-        if missing:
-            problems.append(Problem(want.job_id, UNKNOWN_SERVER, f"job {want.job_id}: server "
-                                    f"{missing[0]} is not registered or not alive"))
+        problem = _refusal(want, free, ledger, capacity)
+        if problem is not None:
+            problems.append(problem)
             continue
-        if short:
-            s = short[0]
-            problems.append(Problem(want.job_id, CONFLICT, f"job {want.job_id}: {s} has "
-                                    f"{len(free[s])} free GPUs, the plan needs "
-                                    f"{want.configuration.as_dict()[s]}"))
-            continue
+        ledger.book(f"start:{want.job_id}", want.configuration.demands())
         taken = {s: tuple(free[s][:g]) for s, g in want.configuration.parts}
         for s, idx in taken.items():
             free[s] = free[s][len(idx):]
         starts.append(_start(want, taken, placements.get(want.job_id), prefix, at))
     return tuple(starts), tuple(problems)
+
+
+def _refusal(want: Want, free: Mapping[ServerId, list[int]], ledger: Ledger,
+             capacity: Mapping[ServerId, Resources]) -> Problem | None:
+    """Why ``want`` cannot start now: a server not alive, too few free GPUs,
+    or too little of another resource; None when it fits."""
+    job, config = want.job_id, want.configuration
+    missing = [s for s in config.servers if s not in capacity]
+    if missing:
+        return Problem(job, UNKNOWN_SERVER, f"job {job}: server {missing[0]} is not "
+                                            "registered or not alive")
+    short = [s for s, g in config.parts if len(free[s]) < g]
+    if short:
+        s = short[0]
+        return Problem(job, CONFLICT, f"job {job}: {s} has {len(free[s])} free GPUs, "
+                                      f"the plan needs {config.as_dict()[s]}")
+    why = ledger.refusal(config.demands(), f"start:{job}")
+    if why is not None:
+        return Problem(job, CONFLICT, f"job {job}: {why}")
+    return None
 
 
 def _start(want: Want, taken: dict[ServerId, tuple[int, ...]], old: Placement | None,
@@ -261,7 +303,7 @@ def _start(want: Want, taken: dict[ServerId, tuple[int, ...]], old: Placement | 
 
 
 def diff(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
-         jobs: Mapping[JobId, JobRecord], capacity: Mapping[ServerId, int], prefix: str,
+         jobs: Mapping[JobId, JobRecord], capacity: Mapping[ServerId, Resources], prefix: str,
          at: float = 0.0) -> Commands:
     """:func:`changes` then :func:`book`, assuming every stop succeeds."""
     ch = changes(current, plan, first_plan, jobs)

@@ -14,8 +14,10 @@ plan:
    the stopped jobs' entries and publishes ``job_stopped`` with the
    ``samples_done`` of the stop acks (a job no server runs any more is left
    to the monitor, which says why it ended);
-4. books GPU indices for the starts against what is still booked
-   (:func:`services.placer.diff.book`): a stop that failed keeps its GPUs;
+4. books GPU indices for the starts against what is still booked, and the
+   CPU cores and memory their configurations demand against the servers'
+   registered capacity (:func:`services.placer.diff.book`): a stop that
+   failed keeps its GPUs, cores and memory;
 5. sends the ``start_job`` commands of each job, and once every server
    acknowledged writes its ``hops_alloc`` entry and publishes
    ``job_started`` (``job_resized`` for a job that moved). A job whose start
@@ -23,11 +25,11 @@ plan:
 
 Each command is retried on timeout with the same idempotency key, up to
 ``command_attempts`` times; then an ``error_record`` says so. Problems of
-the plan (unknown jobs or servers, GPUs that do not fit, ...) are error
-records too, and the rest of the plan still applies. Profiling runs only
-appear in ``hops_alloc`` (mode ``profile``): the job is not running. The
-placer is meant to run as one instance: two would share the durable and
-apply plans concurrently.
+the plan (unknown jobs or servers, GPUs, cores or memory that do not fit,
+...) are error records too, and the rest of the plan still applies.
+Profiling runs only appear in ``hops_alloc`` (mode ``profile``): the job is
+not running. The placer is meant to run as one instance: two would share
+the durable and apply plans concurrently.
 
 Settings are in :mod:`services.placer.__main__`.
 """
@@ -151,7 +153,7 @@ class Placer:
         js = self.ctx.js
         current = await _read_all(js, subjects.KV_ALLOC, Placement, self._bad_record)
         nodes = await _read_all(js, subjects.KV_NODES, NodeRecord, self._bad_record)
-        capacity = {ServerId(k): r.server.gpus for k, (r, _) in nodes.items() if r.alive}
+        capacity = {ServerId(k): r.server.capacity for k, (r, _) in nodes.items() if r.alive}
         self.addresses = {ServerId(k): r.address for k, (r, _) in nodes.items()}
         jobs = await self._records({a.job_id for a in event.plan.assignments}
                                    | {t.job_id for t in event.plan.profiling})
