@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling.check import plan_overallocation
-from scheduling.layers.base import annotate, stack, without_extras
+from scheduling.layers.base import stack, without_extras
 from scheduling.policy import Policy
 from scheduling.registry import make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
@@ -18,43 +17,15 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.resources import NOTHING, OverAllocation, Resources
-from shared.snapshot import Assignment, LayerRecord, Plan, Snapshot
+from shared.snapshot import Assignment, Plan, Snapshot
 from simulator.engine import Simulation
 from simulator.metrics import SimResult
 from simulator.workloads import SimJob
+from tests.cores_layer import CoresPerGpu
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth
 
 CORES = 8  # per server of 4 GPUs
-
-
-class CoresPerGpu:
-    """Gives every running job ``per_gpu`` CPU cores per GPU on each of its
-    servers. The policy beneath plans GPUs only and sees the running jobs'
-    GPUs only; with ``verify``, a plan that over-allocates cores is refused
-    here, before it reaches the simulator."""
-
-    name = "cores-per-gpu"
-
-    def __init__(self, per_gpu: int, verify: bool = False) -> None:
-        self.per_gpu = per_gpu
-        self.verify = verify
-        self.plans: list[Plan] = []
-
-    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
-        plan = inner.plan(without_extras(snapshot))
-        assignments = tuple(
-            msgspec.structs.replace(a, config=self.attach(a.config)) for a in plan.assignments
-        )
-        plan = annotate(msgspec.structs.replace(plan, assignments=assignments),
-                        LayerRecord(self.name, note=f"{self.per_gpu} cores per GPU"))
-        if self.verify and (why := plan_overallocation(snapshot, plan)) is not None:
-            raise ValueError(f"{self.name}: {why}")
-        self.plans.append(plan)
-        return plan
-
-    def attach(self, config: Configuration) -> Configuration:
-        return config.with_extras({s: Resources(cores=self.per_gpu * g) for s, g in config.parts})
 
 
 def cores_cluster() -> Cluster:
