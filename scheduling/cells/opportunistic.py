@@ -1,0 +1,32 @@
+"""Opportunistic (low-priority) placement (HiveD §3.3, "Allocating low-priority cells").
+
+An opportunistic job runs on idle GPUs of any tenant's cells or of the
+pool: a cell none of whose GPUs a guaranteed job holds, another
+opportunistic job uses, or a bad server carries. Among those, cells that
+lie in no bound cell come first ("farthest away from those occupied by
+high-priority jobs"), then the lowest id, which packs low-priority jobs
+together. Unlike guaranteed binding this is a scan of the level's cells,
+not O(levels): it runs once per opportunistic job, not per round.
+"""
+
+from __future__ import annotations
+
+from scheduling.cells.binding import Bindings
+from scheduling.cells.buddy import Buddy
+from scheduling.cells.tree import Tree
+from shared.ids import GpuType
+
+
+def _in_bound(tree: Tree, bindings: Bindings, cell: int) -> bool:
+    return any(a in bindings.bound for a in tree.ancestors(cell))
+
+
+def idle_cells(tree: Tree, buddy: Buddy, bindings: Bindings, chain: GpuType, level: int,
+               count: int) -> list[int] | None:
+    """``count`` wholly idle cells of a level, preferred first; None if fewer exist."""
+    idle = [c for c in tree.at_level.get((chain, level), [])
+            if not (buddy.busy[c] or buddy.opp[c] or buddy.bad[c])]
+    if len(idle) < count:
+        return None
+    idle.sort(key=lambda c: (_in_bound(tree, bindings, c), c))
+    return idle[:count]
