@@ -12,7 +12,7 @@ not O(levels): it runs once per opportunistic job, not per round.
 from __future__ import annotations
 
 from scheduling.cells.binding import Bindings
-from scheduling.cells.buddy import Buddy
+from scheduling.cells.buddy import USED, Buddy
 from scheduling.cells.tree import Tree
 from shared.ids import GpuType
 
@@ -21,12 +21,19 @@ def _in_bound(tree: Tree, bindings: Bindings, cell: int) -> bool:
     return any(a in bindings.bound for a in tree.ancestors(cell))
 
 
+def idle(tree: Tree, buddy: Buddy, cell: int) -> bool:
+    """No GPU of ``cell`` is bad or used, by a guaranteed job holding a cell
+    above it or below it, or by an opportunistic job."""
+    if buddy.busy[cell] or buddy.opp[cell] or buddy.bad[cell]:
+        return False
+    return all(buddy.state[a] != USED for a in tree.ancestors(cell))
+
+
 def idle_cells(tree: Tree, buddy: Buddy, bindings: Bindings, chain: GpuType, level: int,
                count: int) -> list[int] | None:
     """``count`` wholly idle cells of a level, preferred first; None if fewer exist."""
-    idle = [c for c in tree.at_level.get((chain, level), [])
-            if not (buddy.busy[c] or buddy.opp[c] or buddy.bad[c])]
-    if len(idle) < count:
+    found = [c for c in tree.at_level.get((chain, level), []) if idle(tree, buddy, c)]
+    if len(found) < count:
         return None
-    idle.sort(key=lambda c: (_in_bound(tree, bindings, c), c))
-    return idle[:count]
+    found.sort(key=lambda c: (_in_bound(tree, bindings, c), c))
+    return found[:count]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from scheduling.cells.buddy import POOL
 from scheduling.cells.ledger import Job
+from scheduling.cells.opportunistic import idle
 from scheduling.cells.ledger import Ledger as Cells
 from scheduling.cells.views import (
     BoundCell,
@@ -113,8 +114,8 @@ def restore_into(cells: Cells, snap: Snapshot) -> None:
     for j in snap.jobs:
         ids = tuple(_cell(cells, a) for a in j.cells)
         for cell in ids:
-            ok = (not cells.buddy.busy[cell] and not cells.buddy.opp[cell]) if j.opportunistic \
-                else cells.buddy.carve(cell, j.tenant)
+            ok = (idle(cells.tree, cells.buddy, cell) if j.opportunistic
+                  else cells.buddy.carve(cell, j.tenant))
             if not ok:
                 raise ValueError(f"snapshot: job {j.job_id} cannot hold {cells.tree.address[cell]}")
         cells.record(j.job_id, Job(j.tenant, j.gpu_type, j.gpus, j.opportunistic, ids,
