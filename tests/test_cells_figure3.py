@@ -139,8 +139,8 @@ def test_dead_server_gives_doomed_cells() -> None:
     tenants' views show the loss (§4, hivedscheduler issue #25)."""
     cells = figure3()
     cells.set_health("n3", False)  # type: ignore[arg-type]
-    doomed = {v.tenant: sorted((b.level, b.bad_gpus) for ch in v.chains for b in ch.bound if b.doomed)
-              for v in cells.views()}
+    doomed = {v.tenant: sorted((b.level, b.bad_gpus) for ch in v.chains for b in ch.bound
+                               if b.doomed) for v in cells.views()}
     assert doomed == {"A": [(1, 1), (2, 2)], "B": [(1, 1), (2, 2)], "C": [(2, 2)]}
     assert cells.view("A").chains[0].free_gpus == 4
     assert cells.check_safety() == ()

@@ -130,5 +130,5 @@ def test_type_errors_name_the_field(tmp_path: Path) -> None:
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="missing.yaml: cannot read spec"):
+    with pytest.raises(SpecError, match=r"missing\.yaml: cannot read spec"):
         load_cells(tmp_path / "missing.yaml", figure3_cluster())

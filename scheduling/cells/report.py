@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from scheduling.cells.buddy import POOL
 from scheduling.cells.ledger import Job
-from scheduling.cells.opportunistic import idle
 from scheduling.cells.ledger import Ledger as Cells
+from scheduling.cells.opportunistic import idle
 from scheduling.cells.views import (
     BoundCell,
     ChainView,
@@ -114,7 +114,7 @@ def restore_into(cells: Cells, snap: Snapshot) -> None:
     for j in snap.jobs:
         ids = tuple(_cell(cells, a) for a in j.cells)
         for cell in ids:
-            ok = (idle(cells.tree, cells.buddy, cell) if j.opportunistic
+            ok = (idle(cells.tree, cells.buddy, cell, bad_ok=True) if j.opportunistic
                   else cells.buddy.carve(cell, j.tenant))
             if not ok:
                 raise ValueError(f"snapshot: job {j.job_id} cannot hold {cells.tree.address[cell]}")
