@@ -37,7 +37,7 @@ class Bindings:
             t: {g: [0] * len(v) for g, v in chains.items()}
             for t, chains in model.reservations.items()}
         self.bound: dict[int, str] = {}
-        self.doomed: dict[int, bool] = {}
+        self.doomed: set[int] = set()  # bound cells that are doomed
 
     def unbound(self, tenant: str, chain: GpuType, level: int) -> int:
         """r_{t,k} - a_{t,k}: the tenant's virtual cells of a level not bound."""
@@ -51,13 +51,14 @@ class Bindings:
         level = self.tree.level[cell]
         self.allocated[tenant][self.tree.chain[cell]][level - 1] += 1
         self.bound[cell] = tenant
-        self.doomed[cell] = doomed
+        if doomed:
+            self.doomed.add(cell)
         self.buddy.add(cell, tenant)
 
     def unbind(self, cell: int) -> None:
         """Give a wholly free bound cell back to the pool (RELEASECELL)."""
         tenant = self.bound.pop(cell)
-        del self.doomed[cell]
+        self.doomed.discard(cell)
         self.allocated[tenant][self.tree.chain[cell]][self.tree.level[cell] - 1] -= 1
         self.buddy.remove(cell)
         self.buddy.put(cell, POOL)
@@ -100,18 +101,18 @@ class Bindings:
         unbind that cell when it is wholly free (unless doomed)."""
         root = self.root(cell)
         ended = self.buddy.put(cell, tenant, stop=root)
-        if ended == root and not self.doomed[root]:
+        if ended == root and root not in self.doomed:
             self.unbind(root)
 
     def refresh_doomed(self) -> None:
         """Rebind doomed cells after a change of health or of free cells:
         free every idle doomed cell, then bind bad cells to the virtual cells
         the healthy pool can no longer hold (§4; hivedscheduler issue #25)."""
-        for cell in sorted(c for c, d in self.doomed.items() if d):
+        for cell in sorted(self.doomed):
             if self.buddy.state[cell] == FREE and self.buddy.owner[cell] == self.bound[cell]:
                 self.unbind(cell)
             else:
-                self.doomed[cell] = False  # a job runs in it: an ordinary binding now
+                self.doomed.discard(cell)  # a job runs in it: an ordinary binding now
         for chain in sorted(self.tree.chains):
             self._doom_chain(chain)
 

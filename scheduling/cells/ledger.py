@@ -58,6 +58,7 @@ class Ledger:
         self.bindings = Bindings(model, self.tree, self.buddy)
         self.jobs: dict[str, Job] = {}
         self.bad_servers: set[ServerId] = set()
+        self._placements: dict[int, tuple[ServerGpus, ...]] = {}  # derived from the tree only
 
     # -- requests -------------------------------------------------------
 
@@ -173,7 +174,7 @@ class Ledger:
         if not job.opportunistic:
             for cell in job.cells:
                 self.bindings.unplace(cell, job.tenant)
-            if self.bad_servers or any(self.bindings.doomed.values()):
+            if self.bad_servers or self.bindings.doomed:
                 self.bindings.refresh_doomed()
         return True
 
@@ -198,14 +199,27 @@ class Ledger:
     def allocation(self, job_id: str) -> Allocation:
         """The placement of a job that holds cells."""
         job = self.jobs[job_id]
+        if len(job.cells) == 1 and job.gpus == self.tree.size(job.cells[0]):
+            placement = self._whole(job.cells[0])  # a rack's 1,024 servers, built once
+        else:
+            placement = self.tree_placement(job.leaves)
+        return Allocation(job_id, job.tenant, job.chain, job.gpus, job.opportunistic,
+                          tuple(self.tree.address[c] for c in job.cells), placement)
+
+    def tree_placement(self, leaves: tuple[int, ...] | list[int]) -> tuple[ServerGpus, ...]:
+        """GPUs per server, sorted by server id."""
         per: dict[ServerId, list[int]] = {}
-        for leaf in job.leaves:
+        for leaf in leaves:
             server = self.tree.server[leaf]
             assert server is not None
             per.setdefault(server, []).append(self.tree.gpu_index[leaf])
-        placement = tuple(ServerGpus(s, len(ix), tuple(ix)) for s, ix in sorted(per.items()))
-        return Allocation(job_id, job.tenant, job.chain, job.gpus, job.opportunistic,
-                          tuple(self.tree.address[c] for c in job.cells), placement)
+        return tuple(ServerGpus(s, len(ix), tuple(sorted(ix))) for s, ix in sorted(per.items()))
+
+    def _whole(self, cell: int) -> tuple[ServerGpus, ...]:
+        found = self._placements.get(cell)
+        if found is None:
+            found = self._placements[cell] = self.tree_placement(self.tree.leaves[cell])
+        return found
 
     def preemption_victims(self, tenant: str, gpu_type: GpuType, gpus: int) -> tuple[str, ...]:
         """The opportunistic jobs to stop before a guaranteed job of the

@@ -25,22 +25,17 @@ from scheduling.cells.views import (
     SnapshotJob,
     TenantView,
 )
-from shared.ids import GpuType, ServerId
+from shared.ids import GpuType
 
 
 def _per_server(cells: Cells, leaves: list[int]) -> tuple[ServerGpus, ...]:
-    per: dict[ServerId, list[int]] = {}
-    for leaf in leaves:
-        server = cells.tree.server[leaf]
-        assert server is not None
-        per.setdefault(server, []).append(cells.tree.gpu_index[leaf])
-    return tuple(ServerGpus(s, len(ix), tuple(sorted(ix))) for s, ix in sorted(per.items()))
+    return cells.tree_placement(leaves)
 
 
 def _bound_cell(cells: Cells, cell: int) -> BoundCell:
     tree, buddy = cells.tree, cells.buddy
     return BoundCell(tree.address[cell], tree.level[cell], tree.size(cell), buddy.busy[cell],
-                     buddy.bad[cell], cells.bindings.doomed[cell],
+                     buddy.bad[cell], cell in cells.bindings.doomed,
                      _per_server(cells, list(tree.leaves[cell])))
 
 
@@ -81,7 +76,7 @@ def tenant_view(cells: Cells, tenant: str) -> TenantView:
 def snapshot(cells: Cells) -> Snapshot:
     """The state as plain data, in a canonical order."""
     tree = cells.tree
-    bindings = tuple(SnapshotBinding(tree.address[c], t, cells.bindings.doomed[c])
+    bindings = tuple(SnapshotBinding(tree.address[c], t, c in cells.bindings.doomed)
                      for c, t in sorted(cells.bindings.bound.items()))
     jobs = tuple(SnapshotJob(j, job.tenant, job.chain, job.gpus, job.opportunistic,
                              tuple(tree.address[c] for c in job.cells))
