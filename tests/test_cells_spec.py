@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduling.cells import Cells, load_cells
+from scheduling.cells import Allocation, Cells, load_cells
 from shared.specs import SpecError
 from tests.cells_trees import cluster, figure3_cluster, figure3_doc
 
@@ -58,9 +58,9 @@ def test_unknown_virtual_cell_type(tmp_path: Path) -> None:
 def test_cyclic_cell_type(tmp_path: Path) -> None:
     doc = figure3_doc()
     doc["cell_types"]["K80-SWITCH"]["child_cell_type"] = "K80-NODE"
-    message = error(tmp_path, doc)
-    assert message.startswith("cells.yaml: cell_types.")
-    assert "cyclic cell type: K80-NODE -> K80-SOCKET -> K80-SWITCH -> K80-NODE" in message
+    assert error(tmp_path, doc) == (
+        "cells.yaml: cell_types.K80-SWITCH.child_cell_type: "
+        "cyclic cell type: K80-NODE -> K80-SOCKET -> K80-SWITCH -> K80-NODE")
 
 
 def test_leaf_count_differs_from_server(tmp_path: Path) -> None:
@@ -132,3 +132,17 @@ def test_type_errors_name_the_field(tmp_path: Path) -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"missing\.yaml: cannot read spec"):
         load_cells(tmp_path / "missing.yaml", figure3_cluster())
+
+
+def test_the_example_in_the_docs_loads(tmp_path: Path) -> None:
+    """docs/tenancy.md's example: Figure 3 as one rack, plus a low-priority tenant."""
+    text = (Path(__file__).parents[1] / "docs" / "tenancy.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "tenancy.yaml"
+    path.write_text(block)
+    cells = Cells.load(path, figure3_cluster())
+    assert cells.tenants() == ("A", "B", "C", "scavenger")
+    assert cells.model.chains["K80"].sizes == (1, 2, 4, 8, 32)  # type: ignore[index]
+    out = cells.allocate("scavenger", "K80", 2, "s1")  # type: ignore[arg-type]
+    assert isinstance(out, Allocation) and out.opportunistic
+    assert cells.check_safety() == ()
