@@ -42,7 +42,7 @@ def test_restore_gives_the_same_state_and_decisions(scenario: Any, picks: list[i
     assert standby.views() == cells.views()
     assert standby.check_safety() == cells.check_safety()
     more = data.draw(scenarios()).__getitem__(2)
-    assert run(standby, more, check=False) == run(cells, more, check=False)
+    assert run(standby, more, False, "k") == run(cells, more, False, "k")
     assert state(standby) == state(cells)
 
 

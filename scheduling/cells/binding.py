@@ -91,6 +91,9 @@ class Bindings:
                 self.bind(cell, tenant)
                 break
         else:
+            part = self.buddy.take(chain, level, tenant)  # a healthy part of a partly bad cell
+            if part is not None:
+                return part
             return "no-cell" if not self.can_place(tenant, chain, level) else "unhealthy"
         taken = self.buddy.take(chain, level, tenant)
         assert taken is not None  # a healthy free cell at or above ``level`` exists
@@ -105,26 +108,44 @@ class Bindings:
             self.unbind(root)
 
     def refresh_doomed(self) -> None:
-        """Rebind doomed cells after a change of health or of free cells:
-        free every idle doomed cell, then bind bad cells to the virtual cells
-        the healthy pool can no longer hold (§4; hivedscheduler issue #25)."""
+        """Adjust the doomed cells after a change of health or of free cells
+        (§4; hivedscheduler issue #25): give back idle doomed cells where
+        healthy ones are to spare, then bind bad cells to the virtual cells
+        the healthy pool can no longer hold. Doomed cells that stay needed
+        keep their tenant, so a release undoes an allocation exactly."""
         for cell in sorted(self.doomed):
-            if self.buddy.state[cell] == FREE and self.buddy.owner[cell] == self.bound[cell]:
-                self.unbind(cell)
-            else:
-                self.doomed.discard(cell)  # a job runs in it: an ordinary binding now
+            if not self.buddy.bad[cell]:  # healed: an ordinary binding, unbound when idle
+                self.doomed.discard(cell)
+                if self.buddy.state[cell] == FREE and self.buddy.owner[cell] == self.bound[cell]:
+                    self.unbind(cell)
         for chain in sorted(self.tree.chains):
-            self._doom_chain(chain)
+            while self._give_back_doomed(chain):
+                pass
+            self._walk(chain, doom=True)
 
-    def _doom_chain(self, chain: GpuType) -> None:
-        """Walk the levels top-down as Eqn. (1) does, with only healthy cells
-        counted as available, and bind a bad cell for each shortfall."""
-        candidates = sorted(c for lk, s in self.buddy.sets.items()
-                            if lk[0] == chain and lk[2] == POOL for c in s)
+    def _give_back_doomed(self, chain: GpuType) -> bool:
+        surplus = self._walk(chain, doom=False)
+        for level in sorted(surplus, reverse=True):
+            if surplus[level] <= 0:
+                continue
+            idle = [c for c in sorted(self.doomed, reverse=True)
+                    if self.tree.chain[c] == chain and self.tree.level[c] == level
+                    and self.buddy.state[c] == FREE and self.buddy.owner[c] == self.bound[c]]
+            if idle:
+                self.unbind(idle[0])
+                return True
+        return False
+
+    def _walk(self, chain: GpuType, doom: bool) -> dict[int, int]:
+        """Walk the levels top-down as Eqn. (1) does, counting only wholly
+        healthy cells as available; with ``doom``, bind a bad cell for each
+        shortfall. Returns the healthy cells to spare at each level."""
         by_level: dict[int, list[int]] = {}
-        for c in candidates:
-            by_level.setdefault(self.tree.level[c], []).append(c)
+        for lk, cells in self.buddy.sets.items():
+            if lk[0] == chain and lk[2] == POOL:
+                by_level.setdefault(lk[1], []).extend(cells)
         carried: list[int] = []
+        surplus: dict[int, int] = {}
         for level in range(self.tree.chains[chain].top, 0, -1):
             here = sorted(by_level.get(level, []) + carried)
             need = sum(self.unbound(t, chain, level) for t in sorted(self.reserved))
@@ -132,10 +153,13 @@ class Bindings:
             bad = sorted((c for c in here if self.buddy.bad[c]),
                          key=lambda c: (self.buddy.bad[c], c))
             short = max(0, need - len(healthy))
-            for cell in bad[:short]:
-                self._doom(cell, chain, level)
+            surplus[level] = len(healthy) - need
+            if doom:
+                for cell in bad[:short]:
+                    self._doom(cell, chain, level)
             kept = set(healthy[:need]) | set(bad[:short])
             carried = [k for c in here if c not in kept for k in self.tree.children[c]]
+        return surplus
 
     def _doom(self, cell: int, chain: GpuType, level: int) -> None:
         tenants = sorted(self.reserved, key=lambda t: (-self.unbound(t, chain, level), t))

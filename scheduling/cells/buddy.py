@@ -111,7 +111,7 @@ class Buddy:
                 return None
             parent = self.take(chain, level + 1, owner)
             if parent is None:
-                return None
+                return self._take_healthy_part(chain, level, owner)
             self.split(parent, owner)
             cell = self.best(chain, level, owner)
             if cell is None:  # cannot happen: a healthy parent has healthy children
@@ -121,6 +121,20 @@ class Buddy:
                 return None
         self.remove(cell)
         return cell
+
+    def _take_healthy_part(self, chain: GpuType, level: int, owner: str) -> int | None:
+        """With no wholly healthy cell to split, a healthy level-``level``
+        cell inside a partly bad free cell: the lowest such level, then the
+        lowest ids (§4: prefer healthy cells while any remain)."""
+        for above in range(level + 1, self.tree.chains[chain].top + 1):
+            for cell in sorted(self.sets.get((chain, above, owner), ())):
+                if not self.bad[cell]:
+                    continue
+                part = next((c for c in self.tree.below(cell, level) if not self.bad[c]), None)
+                if part is not None:
+                    self.carve(part, owner)
+                    return part
+        return None
 
     def split(self, cell: int, owner: str) -> None:
         self.state[cell] = SPLIT

@@ -9,6 +9,8 @@ changes; the allocation state lives in :mod:`scheduling.cells.buddy`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from scheduling.cells.spec import CellModel, Chain, PhysicalCellSpec
 from shared.ids import GpuType, ServerId
 
@@ -26,6 +28,7 @@ class Tree:
         self.address: list[str] = []
         self.leaves: list[tuple[int, ...]] = []  # leaf cell ids below, in order
         self.gpu_index: list[int] = []  # a leaf's GPU index on its server, else -1
+        self.end: list[int] = []  # one past the last id of the cell's subtree
         self.tops: list[int] = []
         self.node_of: dict[ServerId, int] = {}
         self.at_level: dict[tuple[GpuType, int], list[int]] = {}
@@ -51,6 +54,7 @@ class Tree:
         self.address.append(address)
         self.leaves.append(())
         self.gpu_index.append(gpu)
+        self.end.append(cell + 1)
         self.at_level.setdefault((chain.gpu_type, level), []).append(cell)
         return cell
 
@@ -66,6 +70,7 @@ class Tree:
             kids = self._derive(chain, level, cell, address, spec.server, 0)
         self.children[cell] = tuple(kids)
         self.leaves[cell] = tuple(leaf for k in kids for leaf in self.leaves[k]) or (cell,)
+        self.end[cell] = len(self.level)
         return cell
 
     def _derive(self, chain: Chain, level: int, cell: int, address: str, server: ServerId,
@@ -82,8 +87,14 @@ class Tree:
                                  first_gpu + i * below)
             self.children[kid] = tuple(grand)
             self.leaves[kid] = tuple(leaf for g in grand for leaf in self.leaves[g]) or (kid,)
+            self.end[kid] = len(self.level)
             kids.append(kid)
         return kids
+
+    def below(self, cell: int, level: int) -> list[int]:
+        """The cells of ``level`` in ``cell``'s subtree, in id order."""
+        cells = self.at_level.get((self.chain[cell], level), [])
+        return cells[bisect_left(cells, cell):bisect_left(cells, self.end[cell])]
 
     def ancestors(self, cell: int) -> list[int]:
         """``cell`` and every cell above it."""
