@@ -34,7 +34,8 @@ def bound(cells: Cells, tenant: str) -> list[tuple[int, str]]:
     return [(b.level, b.address) for ch in cells.view(tenant).chains for b in ch.bound]
 
 
-def test_figure3_step_by_step() -> None:
+def allocate_every_cell() -> Cells:
+    """Steps 1-7: every virtual cell gets bound, one job each."""
     cells = figure3()
     # The VC assignment is feasible and fills the rack: no slack at any level.
     assert cells.check_safety() == ()
@@ -78,7 +79,15 @@ def test_figure3_step_by_step() -> None:
     assert pool(cells) == []
     for v in cells.views():
         assert all(lc.bound == lc.reserved for ch in v.chains for lc in ch.levels)
+    return cells
 
+
+def test_figure3_allocations() -> None:
+    allocate_every_cell()
+
+
+def test_figure3_illegal_request_and_releases() -> None:
+    cells = allocate_every_cell()
     # 8. A request beyond A's cells is illegal and changes nothing.
     before = (cells.snapshot(), cells.buddy.free_cells())
     refused = cells.allocate("A", K80, 1, "a4")

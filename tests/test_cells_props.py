@@ -168,7 +168,9 @@ def step(cells: Cells, tenant: str, gpus: int, job: str, opp: bool, check: bool)
     out = cells.allocate(tenant, GPU, gpus, job, opportunistic=opp)
     preempted = isinstance(out, Refusal) and out.reason == "preempt"
     if isinstance(out, Refusal) and out.reason == "preempt":
+        assert state(cells) == before  # the refusal changed nothing
         assert out.victims == cells.preemption_victims(tenant, GPU, gpus)
+        assert state(cells) == before
         for victim in out.victims:
             cells.release(victim)
         out = cells.allocate(tenant, GPU, gpus, job)
