@@ -86,6 +86,9 @@ def test_low_priority_tenant_runs_opportunistically() -> None:
     assert cells.opportunistic_gpus() == {"cv": 0, "nlp": 0, "spot": 4}
     view = cells.view("spot")
     assert view.low_priority and view.opportunistic_jobs == ("s",) and view.chains == ()
+    cells.allocate("cv", K80, 1, "k")
+    assert cells.idle_gpus() == {"K80": 15, "V100": 12}
+    assert [a.job_id for a in cells.allocations()] == ["k", "s"]
 
 
 def test_view_shows_bindings_and_usable_gpus() -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from scheduling.cells.ledger import Ledger
+from scheduling.cells.opportunistic import idle
 from scheduling.cells.report import restore_into, snapshot, tenant_view
 from scheduling.cells.spec import CellModel, load_cells
-from scheduling.cells.views import Snapshot, TenantView
+from scheduling.cells.views import Allocation, Snapshot, TenantView
 from shared.cluster import Cluster
+from shared.ids import GpuType
 
 
 class Cells(Ledger):
@@ -54,6 +56,19 @@ class Cells(Ledger):
         """Each tenant's weight for the weighted max-min share of
         opportunistic capacity (§3.3), which the layer computes."""
         return dict(sorted(self.model.weights.items()))
+
+    def allocations(self) -> tuple[Allocation, ...]:
+        """Every job's placement, by job id."""
+        return tuple(self.allocation(j) for j in sorted(self.jobs))
+
+    def idle_gpus(self) -> dict[GpuType, int]:
+        """Healthy GPUs no job uses, per GPU type: what opportunistic jobs
+        may share (O(GPUs); once per round, not per request)."""
+        out = {g: 0 for g in sorted(self.model.chains)}
+        for (gpu, level), cells in self.tree.at_level.items():
+            if level == 1:
+                out[gpu] += sum(1 for c in cells if idle(self.tree, self.buddy, c))
+        return out
 
     def opportunistic_gpus(self) -> dict[str, int]:
         """GPUs each tenant's opportunistic jobs use now."""
