@@ -77,7 +77,7 @@ def test_gpu_type_mismatch(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_cells(write(tmp_path, doc), mixed)
     assert str(info.value) == (
-        "cells.yaml: physical_cells[2].server: server n2 has V100 GPUs, chain K80 needs K80")
+        "cells.yaml: physical_cells[2].server: server n2 has V100 GPUs, a K80-NODE cell has K80")
 
 
 def test_server_used_twice(tmp_path: Path) -> None:

@@ -218,7 +218,7 @@ class _PhysicalCheck:
         if server.gpu_type != chain.gpu_type:
             raise _fail(self.source, f"{field}.server",
                         f"server {cell.server} has {server.gpu_type} GPUs, "
-                        f"chain {chain.gpu_type} needs {chain.gpu_type}")
+                        f"a {chain.types[chain.node_level - 1]} cell has {chain.gpu_type}")
         leaves = chain.sizes[chain.node_level - 1]
         if server.gpus != leaves:
             raise _fail(self.source, f"{field}.server",
