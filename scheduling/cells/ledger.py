@@ -1,0 +1,266 @@
+"""The allocation state behind the cell facade (HiveD §3, Figure 2).
+
+:class:`Ledger` holds the allocation state of one cluster like a ledger:
+``allocate`` and ``release`` change it, every other method reads it, and
+every result is a frozen value. The same calls in the same order give the
+same state and the same decisions: iteration is sorted and every choice has
+a canonical tie-break (:mod:`scheduling.cells.buddy`).
+
+A job of n GPUs holds one cell of the smallest level with at least n GPUs
+(§3.2: all level-k cells are equivalent for a level-k request); above node
+level, when its tenant has no such cell free, it holds ceil(n / node GPUs)
+node-level cells instead, as HiveD gangs one cell per pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduling.cells.binding import Bindings
+from scheduling.cells.buddy import POOL, USED, Buddy
+from scheduling.cells.opportunistic import idle_cells
+from scheduling.cells.spec import CellModel, Chain, shortfall
+from scheduling.cells.tree import Tree
+from scheduling.cells.views import Allocation, Refusal, ServerGpus, Violation
+from shared.ids import GpuType, ServerId
+
+
+@dataclass(frozen=True)
+class Job:
+    tenant: str
+    chain: GpuType
+    gpus: int
+    opportunistic: bool
+    cells: tuple[int, ...]
+    leaves: tuple[int, ...]
+
+
+def shapes(chain: Chain, gpus: int) -> list[tuple[int, int]]:
+    """The (level, cell count) ways a job of ``gpus`` GPUs may be held, preferred first."""
+    out = []
+    level = chain.level_for(gpus)
+    if level is not None:
+        out.append((level, 1))
+    if level is None or level > chain.node_level:
+        node = chain.sizes[chain.node_level - 1]
+        if -(-gpus // node) > 1:
+            out.append((chain.node_level, -(-gpus // node)))
+    return out
+
+
+class Ledger:
+    """Buddy cell allocation with virtual clusters, over one cell model."""
+
+    def __init__(self, model: CellModel) -> None:
+        self.model = model
+        self.tree = Tree(model)
+        self.buddy = Buddy(self.tree)
+        self.bindings = Bindings(model, self.tree, self.buddy)
+        self.jobs: dict[str, Job] = {}
+        self.bad_servers: set[ServerId] = set()
+        self._placements: dict[int, tuple[ServerGpus, ...]] = {}  # derived from the tree only
+
+    # -- requests -------------------------------------------------------
+
+    def allocate(self, tenant: str, gpu_type: GpuType, gpus: int, job_id: str,
+                 opportunistic: bool = False) -> Allocation | Refusal:
+        """Place a job: in the tenant's virtual cells (guaranteed), or, when
+        ``opportunistic`` or the tenant is low-priority, on idle cells of
+        anyone. A refusal changes nothing."""
+        if gpus < 1:
+            raise ValueError(f"a job needs at least one GPU, got {gpus}")
+        refusal = self._check(tenant, gpu_type, gpus, job_id)
+        if refusal is not None:
+            return refusal
+        chain = self.model.chains[gpu_type]
+        if opportunistic or self.model.low_priority[tenant]:
+            return self._opportunistic(tenant, chain, gpus, job_id)
+        return self._guaranteed(tenant, chain, gpus, job_id)
+
+    def _check(self, tenant: str, gpu_type: GpuType, gpus: int, job_id: str) -> Refusal | None:
+        if tenant not in self.model.low_priority:
+            return Refusal(job_id, "unknown-tenant", f"no virtual cluster for tenant {tenant}")
+        if gpu_type not in self.model.chains:
+            return Refusal(job_id, "unknown-gpu-type", f"no cells of GPU type {gpu_type}")
+        if job_id in self.jobs:
+            return Refusal(job_id, "duplicate-job", f"job {job_id} already holds cells")
+        if not shapes(self.model.chains[gpu_type], gpus):
+            return Refusal(job_id, "too-large", f"{gpus} GPUs exceed every {gpu_type} cell")
+        return None
+
+    def _guaranteed(self, tenant: str, chain: Chain, gpus: int, job_id: str
+                    ) -> Allocation | Refusal:
+        reason = "no-cell"
+        for level, count in shapes(chain, gpus):
+            cells = self._place_many(tenant, chain.gpu_type, level, count)
+            if isinstance(cells, str):
+                reason = cells if cells == "unhealthy" else reason
+                continue
+            victims = self._overlap(cells)
+            if victims:
+                for cell in reversed(cells):
+                    self.bindings.unplace(cell, tenant)
+                return Refusal(job_id, "preempt", "opportunistic jobs hold the cell", victims)
+            return self.record(job_id, Job(tenant, chain.gpu_type, gpus, False, tuple(cells),
+                                             self.leaves_of(cells, gpus)))
+        detail = (f"tenant {tenant} has no free {chain.gpu_type} cell for {gpus} GPUs"
+                  if reason == "no-cell" else "only cells with bad GPUs are left")
+        return Refusal(job_id, "no-cell" if reason == "no-cell" else "unhealthy", detail)
+
+    def _place_many(self, tenant: str, chain: GpuType, level: int, count: int) -> list[int] | str:
+        """``count`` cells or a failure, all or nothing."""
+        cells: list[int] = []
+        for _ in range(count):
+            cell = self.bindings.place(tenant, chain, level)
+            if isinstance(cell, str):
+                for done in reversed(cells):
+                    self.bindings.unplace(done, tenant)
+                return cell
+            cells.append(cell)
+        return cells
+
+    def _overlap(self, cells: list[int]) -> tuple[str, ...]:
+        if not any(self.buddy.opp[c] for c in cells):
+            return ()
+        return tuple(sorted(j for j, job in self.jobs.items() if job.opportunistic
+                            and any(self._inside(leaf, cells) for leaf in job.leaves)))
+
+    def _inside(self, leaf: int, cells: list[int]) -> bool:
+        return any(a in cells for a in self.tree.ancestors(leaf))
+
+    def _opportunistic(self, tenant: str, chain: Chain, gpus: int, job_id: str
+                       ) -> Allocation | Refusal:
+        for level, count in shapes(chain, gpus):
+            cells = idle_cells(self.tree, self.buddy, self.bindings, chain.gpu_type, level, count)
+            if cells is not None:
+                return self.record(job_id, Job(tenant, chain.gpu_type, gpus, True, tuple(cells),
+                                                self.leaves_of(cells, gpus)))
+        return Refusal(job_id, "no-capacity", f"no idle {chain.gpu_type} cell for {gpus} GPUs")
+
+    def leaves_of(self, cells: list[int] | tuple[int, ...], gpus: int) -> tuple[int, ...]:
+        """The GPUs a job uses: the first leaves of its cells, filled in turn."""
+        out: list[int] = []
+        for cell in cells:
+            out.extend(self.tree.leaves[cell][:gpus - len(out)])
+        return tuple(out)
+
+    def record(self, job_id: str, job: Job) -> Allocation:
+        self.jobs[job_id] = job
+        self._mark(job, +1)
+        return self.allocation(job_id)
+
+    def _mark(self, job: Job, sign: int) -> None:
+        """Count the job's GPUs in the cells above them (the choice keys)."""
+        if job.opportunistic:
+            for leaf in job.leaves:
+                for a in self.tree.ancestors(leaf):
+                    self.buddy.opp[a] += sign
+                    self.buddy.rekey(a)
+            return
+        for cell in job.cells:
+            size = self.tree.size(cell)
+            if sign > 0:
+                self.buddy.state[cell] = USED
+                self.buddy.owner[cell] = job.tenant
+            for a in self.tree.ancestors(cell):
+                self.buddy.busy[a] += sign * size
+
+    def release(self, job_id: str) -> bool:
+        """Free a job's cells (RELEASECELL); False for an unknown job."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return False
+        self._mark(job, -1)
+        if not job.opportunistic:
+            for cell in job.cells:
+                self.bindings.unplace(cell, job.tenant)
+            if self.bad_servers or self.bindings.doomed:
+                self.bindings.refresh_doomed()
+        return True
+
+    def set_health(self, server: ServerId, healthy: bool) -> None:
+        """Mark a server bad (dead or removed) or good again."""
+        if server not in self.tree.node_of or (server not in self.bad_servers) == healthy:
+            return
+        self.mark_bad(server, not healthy)
+        self.bindings.refresh_doomed()
+
+    def mark_bad(self, server: ServerId, bad: bool) -> None:
+        """Count a server's GPUs as bad or good in the cells above them,
+        without rebinding (for :func:`restore`)."""
+        (self.bad_servers.add if bad else self.bad_servers.discard)(server)
+        for leaf in self.tree.leaves[self.tree.node_of[server]]:
+            for a in self.tree.ancestors(leaf):
+                self.buddy.bad[a] += 1 if bad else -1
+                self.buddy.rekey(a)
+
+    # -- reading --------------------------------------------------------
+
+    def allocation(self, job_id: str) -> Allocation:
+        """The placement of a job that holds cells."""
+        job = self.jobs[job_id]
+        if len(job.cells) == 1 and job.gpus == self.tree.size(job.cells[0]):
+            placement = self._whole(job.cells[0])  # a rack's 1,024 servers, built once
+        else:
+            placement = self.tree_placement(job.leaves)
+        return Allocation(job_id, job.tenant, job.chain, job.gpus, job.opportunistic,
+                          tuple(self.tree.address[c] for c in job.cells), placement)
+
+    def tree_placement(self, leaves: tuple[int, ...] | list[int]) -> tuple[ServerGpus, ...]:
+        """GPUs per server, sorted by server id."""
+        per: dict[ServerId, list[int]] = {}
+        for leaf in leaves:
+            server = self.tree.server[leaf]
+            assert server is not None
+            per.setdefault(server, []).append(self.tree.gpu_index[leaf])
+        return tuple(ServerGpus(s, len(ix), tuple(sorted(ix))) for s, ix in sorted(per.items()))
+
+    def _whole(self, cell: int) -> tuple[ServerGpus, ...]:
+        found = self._placements.get(cell)
+        if found is None:
+            found = self._placements[cell] = self.tree_placement(self.tree.leaves[cell])
+        return found
+
+    def preemption_victims(self, tenant: str, gpu_type: GpuType, gpus: int) -> tuple[str, ...]:
+        """The opportunistic jobs to stop before a guaranteed job of the
+        tenant can have its cell (the binding already chose the cell with
+        the fewest opportunistic GPUs); empty when none need to stop or the
+        job cannot be placed anyway."""
+        probe = "\x00probe"
+        result = self.allocate(tenant, gpu_type, gpus, probe)
+        if isinstance(result, Allocation):
+            self.release(probe)
+            return ()
+        return result.victims
+
+    def fits(self, tenant: str, gpu_type: GpuType, gpus: int) -> bool:
+        """Whether the tenant's virtual cluster could ever hold the job as a
+        guaranteed one (for admission: a job no cell can hold is refused)."""
+        chain = self.model.chains.get(gpu_type)
+        counts = self.model.reservations.get(tenant, {}).get(gpu_type)
+        if chain is None or counts is None:
+            return False
+        for level, count in shapes(chain, gpus):
+            cells = sum(n * chain.sizes[lv - 1] // chain.sizes[level - 1]
+                        for lv, n in enumerate(counts, start=1) if lv >= level)
+            if cells >= count:
+                return True
+        return False
+
+    def check_safety(self) -> tuple[Violation, ...]:
+        """Every chain and level where Theorem 1's invariant (2),
+        r_k - a_k <= f_k + F_k, does not hold (empty when safe)."""
+        out = []
+        for gpu, chain in sorted(self.model.chains.items()):
+            need = [sum(self.bindings.unbound(t, gpu, lv) for t in self.model.reservations)
+                    for lv in range(1, chain.top + 1)]
+            free = [len(self.buddy.sets.get((gpu, lv, POOL), ()))
+                    for lv in range(1, chain.top + 1)]
+            while True:
+                short = shortfall(chain, free, need)
+                if short is None:
+                    break
+                level, unallocated, available = short
+                out.append(Violation(gpu, level, unallocated, available))
+                need[level - 1] = available  # report the levels below on their own
+        return tuple(out)
