@@ -42,7 +42,7 @@ from scheduling.layers.hived_view import (
     virtual_cluster,
 )
 from scheduling.policy import Policy
-from shared.cluster import Cluster
+from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.job import R_NUM
@@ -72,7 +72,7 @@ class HivedLayer:
         self.model = model
         self.opportunistic = opportunistic
         self.r_num = r_num
-        self._vcs: dict[tuple[str, int], Cluster | None] = {}
+        self._vcs: dict[tuple[str, tuple[GpuTypeSpec, ...]], Cluster | None] = {}
         self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
@@ -89,7 +89,7 @@ class HivedLayer:
             JobId(k): v for k, v in state.virtual.items()}
 
     def vc(self, tenant: str, cluster: Cluster) -> Cluster | None:
-        key = (tenant, id(cluster))
+        key = (tenant, cluster.gpu_types)
         if key not in self._vcs:
             if len(self._vcs) > 256:
                 self._vcs.clear()
