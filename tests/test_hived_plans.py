@@ -9,10 +9,11 @@ from collections import Counter
 import msgspec
 import pytest
 
-from scheduling.layers.base import LayeredPolicy
+from scheduling.layers.base import LayeredPolicy, annotate, stack
 from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst
 from scheduling.layers.quota import QuotaLayer, quotas_of
+from scheduling.policy import Policy
 from scheduling.registry import (
     HivedSpec,
     PolicyError,
@@ -22,9 +23,12 @@ from scheduling.registry import (
     spec_text,
 )
 from shared.ids import JobId, ServerId, TenantId
-from shared.snapshot import JobState, Snapshot
+from shared.snapshot import JobState, LayerRecord, Plan, Snapshot
+from simulator.engine import Simulation
 from tests.helpers import flat_estimate, state
 from tests.hived_setup import RTX, config_of, job, model_of, record, rtx_cluster, simulate
+from world.catalog import builtin_catalog
+from world.truth import GroundTruth
 
 
 def tenant_job(job_id: str, tenant: str, gpus: list[int], **kw: object) -> JobState:
@@ -127,3 +131,26 @@ def test_quota_never_exceeds_and_quota_borrow_lends_then_reclaims() -> None:
     assert snap.first_plan and config.num_nodes == 1
     plan = next(p for s, p in spy.calls if s is snap)
     assert sum(1 for a in plan.assignments if a.job_id.startswith("b")) <= 8
+
+
+class Counting:
+    """A stateful layer: counts its plans in its state."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        count = int(snapshot.layer_state.get(self.name, b"0"))
+        self.seen.append(count)
+        return annotate(inner.plan(snapshot), LayerRecord(self.name, state=b"%d" % (count + 1)))
+
+
+def test_the_simulator_threads_each_layers_state_to_the_next_plan() -> None:
+    cluster = rtx_cluster(1)
+    layer = Counting()
+    jobs = [job(f"j{i}", "default", [1], at=100.0 * i) for i in range(3)]
+    Simulation(cluster, jobs, stack(make_policy("hops:lam=inf"), layer),
+               GroundTruth(cluster, builtin_catalog())).run()
+    assert len(layer.seen) > 3 and layer.seen == list(range(len(layer.seen)))

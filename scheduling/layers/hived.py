@@ -60,7 +60,14 @@ class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def decode_state(raw: bytes) -> HivedState:
+    """The layer's state from ``LayerRecord.state`` / ``Snapshot.layer_state["hived"]``."""
     return msgspec.json.decode(raw, type=HivedState)
+
+
+def restore_cells(model: CellModel, raw: bytes) -> Cells:
+    """The cells as the plan that left ``raw`` left them (fresh when empty):
+    what ``GET /tenants`` shows (:meth:`Cells.views`)."""
+    return Cells.restore(model, decode_state(raw).cells) if raw else Cells(model)
 
 
 class HivedLayer:
@@ -85,8 +92,7 @@ class HivedLayer:
         if not raw:
             return Cells(self.model), {}
         state = decode_state(raw)
-        return Cells.restore(self.model, state.cells), {
-            JobId(k): v for k, v in state.virtual.items()}
+        return restore_cells(self.model, raw), {JobId(k): v for k, v in state.virtual.items()}
 
     def vc(self, tenant: str, cluster: Cluster) -> Cluster | None:
         key = (tenant, cluster.gpu_types)
