@@ -237,7 +237,9 @@ class _Round:
         opportunistic jobs in a first plan (§3.3)."""
         jid, job = a.job_id, self.jobs[a.job_id]
         if job.phase == "running" and not self.first:
-            return self.refuse(jid, "moved in a later plan")
+            if self.virtual.get(jid) != a.config:  # a later plan only adds
+                self.refuse(jid, "moved in a later plan")
+            return None
         gpu = config_type(a.config, vc)
         if gpu is None:
             return self.refuse(jid, "mixes GPU types")
