@@ -17,7 +17,12 @@ leader ask of it:
   cell of its tenant (:meth:`Cells.fits`) and that cannot run
   opportunistically (the policy has ``opportunistic`` off) is refused
   ``unschedulable`` (HTTP 422), saying which cells the tenant has;
-- :func:`needs_cells` says whether a policy spec is built with the cells.
+- :func:`needs_cells` says whether a policy spec is built with the cells;
+- :func:`tenant_views` reads the tenants' virtual clusters out of the state
+  a cell layer left after a plan (``LayerRecord.state``), and
+  :class:`TenantRecord` is what the leader writes for each tenant in KV
+  ``hops_tenants`` (GET /tenants, ``hops tenants``: the VC -> node view
+  users of HiveD asked for, microsoft/pai#4932).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scheduling.cells import CellModel, Cells, cells_from_doc
+import msgspec
+
+from scheduling.cells import CellModel, Cells, Snapshot, TenantView, cells_from_doc
 from scheduling.live.admission import Refusal
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
@@ -121,6 +128,13 @@ def declared_cluster(doc: Mapping[str, Any], nodes: Iterable[NodeRecord]) -> Clu
                    name="declared")
 
 
+def cluster_nodes(cluster: Cluster) -> list[NodeRecord]:
+    """A cluster spec's servers as registered nodes (``hops up`` and ``hops
+    credentials`` check the cells against the cluster they launch)."""
+    return [NodeRecord(server=s, gpu_type=cluster.type_by_name[s.gpu_type]) for s in
+            cluster.servers]
+
+
 def tenant_cells(tenants: TenantsFile, nodes: Iterable[NodeRecord] = (),
                  source: str = "tenants file") -> CellModel | None:
     """The cell model of the tenants file's ``cells`` section, checked
@@ -170,3 +184,53 @@ def cells_refusal(cells: Cells, spec: JobSpec, r_num: int,
         f"job {spec.id} can never run here: it needs at least {smallest} GPUs of one type, "
         f"more than any cell of tenant {tenant} holds ({_cells_text(model, tenant)}), and "
         "the policy has opportunistic jobs off; ask for fewer GPUs or for larger cells"))
+
+
+class TenantRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``hops_tenants[tenant]``: the tenant's virtual cluster as of a plan
+    (or a leader's start), with the leader and term that wrote it."""
+
+    view: TenantView
+    at: float
+    term: int
+    leader: str
+    v: int = 1
+
+
+def _cells_snapshot(state: bytes) -> Snapshot | None:
+    """The cell snapshot inside a layer's state: the state itself
+    (``msgspec.json.encode(cells.snapshot())``) or its ``cells`` field."""
+    try:
+        doc = msgspec.json.decode(state)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(doc, dict) and "bindings" not in doc and isinstance(doc.get("cells"), dict):
+        doc = doc["cells"]
+    try:
+        return msgspec.convert(doc, Snapshot)
+    except msgspec.ValidationError:
+        return None
+
+
+def cells_of_state(model: CellModel, state: bytes | None) -> Cells:
+    """The cell state a layer's state holds (fresh when there is none, or it
+    does not fit the model: the layer then starts afresh as well)."""
+    snap = _cells_snapshot(state) if state else None
+    if snap is not None:
+        try:
+            return Cells.restore(model, snap)
+        except ValueError:
+            pass
+    return Cells(model)
+
+
+def tenant_views(model: CellModel, state: bytes | None) -> tuple[TenantView, ...]:
+    """Every tenant's VC view (§3.1, Figure 2) in the state ``state``."""
+    return cells_of_state(model, state).views()
+
+
+def tenant_records(views: Iterable[TenantView], at: float, term: int, leader: str
+                   ) -> dict[str, bytes]:
+    """``hops_tenants``' values, by tenant."""
+    return {v.tenant: msgspec.json.encode(TenantRecord(view=v, at=at, term=term, leader=leader))
+            for v in views}

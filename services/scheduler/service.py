@@ -43,10 +43,10 @@ from scheduling.live import tenancy as tn
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
 from scheduling.live.state import LiveJobRecord
-from scheduling.registry import make_policy
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
+from services.scheduler.live_cells import LayerStore, build_policy
 from services.scheduler.live_estimates import fetch_estimates
 from services.scheduler.live_kv import (
     catch_up,
@@ -88,7 +88,9 @@ class Leader:
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
         # The configured policy inside any layers a launcher adds (__main__.main).
-        self.policy = stack(make_policy(settings.policy), *layers)
+        self.policy = stack(build_policy(settings), *layers)
+        # the layers' state (hops_layers) and the tenants' views (hops_tenants)
+        self.store = LayerStore(ctx, settings, lease.term, lease.holder)
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.wake = asyncio.Event()
@@ -99,6 +101,7 @@ class Leader:
         self.kv_jobs = await js.key_value(subjects.KV_JOBS)
         self.kv_nodes = await js.key_value(subjects.KV_NODES)
         self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
+        await self.store.open(js)
         await self._load()
         subs = [
             await self._subscribe(subjects.QUEUE, self._on_queue),
@@ -143,7 +146,10 @@ class Leader:
             with contextlib.suppress(ev.WireError):
                 plan = ev.decode_plan_event(msg.data or b"")
                 last_round = plan.round if isinstance(plan, ev.PlanIssued) else 0
+        await self.store.load()
+        await self.store.check_nodes(self.nodes)
         now = time.time()
+        await self.store.publish_views(now)  # this term's, from the state it restores
         s = self.settings
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
         self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
@@ -299,6 +305,7 @@ class Leader:
 
     async def _work(self, due: Due, now: float) -> None:
         self.nodes = await self._nodes()
+        await self.store.check_nodes(self.nodes)
         allocs = await self._allocs()
         cluster = snap.cluster_of(self.nodes)
         self.inflight.settle({k: r for k, (r, _) in self.records.items()}, allocs, now)
@@ -372,6 +379,8 @@ class Leader:
         issued = ev.PlanIssued(round=round_no, term=self.term, plan=plan, at=now, first_plan=first)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
         await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
+        await self.store.save(plan.reasons.layers)
+        await self.store.publish_views(now)
         running = st.running_configs(r for r, _ in self.records.values())
         self.inflight.note_plan(plan, now, first, running)
         for job_id in {t.job_id for t in plan.profiling}:
