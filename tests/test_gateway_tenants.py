@@ -16,10 +16,11 @@ import httpx
 import pytest
 
 from gateway import access
+from scheduling.registry import POLICIES
 from shared.tenants import Principal
 from tests.natsfix import nats_server, nats_url
-from tests.test_gateway import nc
-from tests.test_gateway_auth import eventually, hops, serve_gateway, start, stop
+from tests.test_gateway import nc, spec_json
+from tests.test_gateway_auth import eventually, hops, ready, serve_gateway, start, stop
 
 __all__ = ["nats_server", "nats_url", "nc"]  # fixtures
 
@@ -141,5 +142,31 @@ def test_a_cluster_without_cells_answers_404(nats_url: str, tmp_path: Path) -> N
         r = httpx.get(f"{url}/tenants", headers=ADMIN, timeout=10)
         assert (r.status_code, r.json()["code"]) == (404, "not_found")
         assert "no cells" in r.json()["error"]
+    finally:
+        stop(proc)
+
+
+@pytest.mark.skipif("hived" not in POLICIES,
+                    reason="the hived layer (scheduling/layers/hived.py) is not here")
+async def test_admission_refuses_with_422_a_job_no_cell_of_its_tenant_holds(
+        nats_url: str, tenants_file: Path, gateway: str, tmp_path: Path) -> None:
+    env = {"HOPS_NATS_URL": nats_url, "HOPS_HEALTH_PORT": "", "HOPS_TENANTS": str(tenants_file),
+           "HOPS_POLICY": "hived:opportunistic=false"}
+    proc = start(["-m", "services.scheduler"], env, tmp_path / "scheduler-hived.log")
+    try:
+        async with httpx.AsyncClient(base_url=gateway, timeout=10) as api:
+            await ready(api)
+            # bob's cells are two pairs: 2 GPUs fit, 4 on one type never do
+            r = await api.post("/jobs", json=spec_json("b-small", requirements=[2]), headers=BOB)
+            assert r.status_code == 201, r.text
+            r = await api.post("/jobs", json=spec_json("b-big", requirements=[4, 8]), headers=BOB)
+            assert (r.status_code, r.json()["code"]) == (422, "unschedulable"), r.text
+            assert r.json()["error"] == (
+                "job b-big can never run here: it needs at least 4 GPUs of one type, more than "
+                "any cell of tenant bob holds (2 A-PAIR (2 A)), and the policy has "
+                "opportunistic jobs off; ask for fewer GPUs or for larger cells")
+            # alice's node holds 4
+            r = await api.post("/jobs", json=spec_json("a-big", requirements=[4]), headers=ALICE)
+            assert r.status_code == 201, r.text
     finally:
         stop(proc)
