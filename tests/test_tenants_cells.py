@@ -4,10 +4,19 @@ cell of its tenant can hold (microsoft/pai#4029)."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from hops.cli import app as hops_app
+from hops.stack import StackConfig
+from hops.up import UpError, secure
 from scheduling.cells import Cells
 from scheduling.live.cells import cells_refusal, needs_cells, opportunistic_allowed, tenant_cells
+from scheduling.registry import POLICIES
+from services.runtime.settings import SettingsError
+from services.scheduler.live_settings import scheduler_settings
 from shared.cluster import GpuTypeSpec, Server
 from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
@@ -123,15 +132,14 @@ def test_without_nodes_a_misspelt_cell_type_is_still_an_error_naming_the_field()
      "cells.virtual_clusters: the cells need a virtual cluster per tenant (a mapping from "
      "tenant to its virtual_cells)"),
 ])
-def test_virtual_clusters_and_tenants_match_one_to_one(text: str, message: str,
-                                                        tmp_path: object) -> None:
+def test_virtual_clusters_and_tenants_match_one_to_one(text: str, message: str) -> None:
     with pytest.raises(TenantsError) as e:
         load_tenants(text)
     assert str(e.value) == message
 
 
-def test_reading_the_file_names_its_path(tmp_path: pytest.TempPathFactory) -> None:
-    path = tmp_path / "tenants.yaml"  # type: ignore[operator]
+def test_reading_the_file_names_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
     path.write_text(FILE + "    mallory: {}\n")
     with pytest.raises(TenantsError, match=r"tenants.yaml: cells.virtual_clusters.mallory"):
         read_tenants(path)
@@ -168,3 +176,61 @@ def test_which_policies_need_cells_and_allow_opportunistic_jobs() -> None:
         opportunistic = False
 
     assert not opportunistic_allowed(Spec()) and opportunistic_allowed(object())
+
+
+CLUSTER = """\
+name: two
+gpu_types:
+  - {name: K80, link_bandwidth: 1.0e9, net_bandwidth: 1.0e8}
+servers:
+  - {id: n0, gpu_type: K80, gpus: 4}
+  - {id: n1, gpu_type: K80, gpus: GPUS}
+"""
+
+
+def test_compose_credentials_carry_the_cells_and_check_them_against_the_cluster(
+        tmp_path: Path) -> None:
+    tenants, cluster = tmp_path / "tenants.yaml", tmp_path / "cluster.yaml"
+    tenants.write_text(FILE)
+    cluster.write_text(CLUSTER.replace("GPUS", "4"))
+    out = CliRunner().invoke(hops_app, ["credentials", "--out", str(tmp_path / "secrets"),
+                                        "--compose", "--tenants", str(tenants),
+                                        "--cluster", str(cluster)])
+    assert out.exit_code == 0, out.output
+    effective = read_tenants(tmp_path / "secrets" / "tenants.yaml")
+    assert effective.cells == load_tenants(FILE).cells  # what the scheduler will read
+    cluster.write_text(CLUSTER.replace("GPUS", "8"))
+    out = CliRunner().invoke(hops_app, ["credentials", "--out", str(tmp_path / "again"),
+                                        "--compose", "--tenants", str(tenants),
+                                        "--cluster", str(cluster)])
+    assert out.exit_code == 2
+    assert f"{tenants}: cells: physical_cells[1].server: server n1 has 8 GPUs, its cell has 4 " \
+        "leaf cells" in out.output
+
+
+def test_hops_up_checks_the_cells_against_its_cluster(tmp_path: Path) -> None:
+    tenants, cluster = tmp_path / "tenants.yaml", tmp_path / "cluster.yaml"
+    tenants.write_text(FILE)
+    cluster.write_text(CLUSTER.replace("GPUS", "2"))
+    config = StackConfig(cluster=str(cluster), data_dir=tmp_path / "data", tenants=tenants)
+    with pytest.raises(UpError, match=r"cells: physical_cells\[1\].server: server n1 has 2 GPUs"):
+        secure(config)
+    cluster.write_text(CLUSTER.replace("GPUS", "4"))
+    creds = secure(config)
+    assert creds is not None
+    assert read_tenants(creds.tenants_file).cells is not None
+
+
+def test_the_scheduler_settings_need_cells_for_a_cell_policy_and_check_them(
+        tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(FILE)
+    settings = scheduler_settings({"HOPS_TENANTS": str(path)})
+    assert settings.cells == tenant_cells(load_tenants(FILE))
+    assert settings.tenants_source == str(path)
+    path.write_text(FILE.replace("server: n1", "server: n0"))
+    with pytest.raises(TenantsError, match=r"tenants.yaml: cells: physical_cells\[1\]"):
+        scheduler_settings({"HOPS_TENANTS": str(path)})
+    if "hived" in POLICIES:
+        with pytest.raises(SettingsError, match="policy hived needs the tenants' cells"):
+            scheduler_settings({"HOPS_POLICY": "hived"})

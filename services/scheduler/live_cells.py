@@ -26,6 +26,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from scheduling.cells import TenantView
 from scheduling.live import cells as lc
 from scheduling.policy import Policy
 from scheduling.registry import make_policy, policy_name
@@ -57,6 +58,7 @@ class LayerStore:
         self.state: dict[str, bytes] = {}
         self._problem: str | None = None  # the last cells-vs-nodes error reported
         self._checked: object = None  # the nodes it was checked against
+        self._shown: dict[str, TenantView] = {}  # the views this term wrote
 
     async def open(self, js: JetStreamContext) -> None:
         self.kv_layers: KeyValue = await js.key_value(subjects.KV_LAYERS)
@@ -83,12 +85,15 @@ class LayerStore:
         model = self.settings.cells
         if model is None:
             return
-        views = lc.tenant_views(model, self.state.get(layer))
-        for tenant, data in lc.tenant_records(views, now, self.term, self.leader).items():
+        views = [v for v in lc.tenant_views(model, self.state.get(layer))
+                 if self._shown.get(v.tenant) != v]  # unchanged: not written again
+        for view in views:
+            data = lc.tenant_records([view], now, self.term, self.leader)[view.tenant]
             try:
-                await self.kv_tenants.put(tenant, data)
+                await self.kv_tenants.put(view.tenant, data)
+                self._shown[view.tenant] = view
             except (nats.errors.Error, TimeoutError) as e:  # a view, not a plan: next time
-                self.log.warning("tenant view not written", tenant=tenant, error=repr(e))
+                self.log.warning("tenant view not written", tenant=view.tenant, error=repr(e))
 
     async def check_nodes(self, nodes: Iterable[NodeRecord]) -> None:
         """Check the cells against the registered nodes; report a new mismatch once."""
