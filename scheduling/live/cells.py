@@ -32,7 +32,8 @@ from typing import Any
 
 import msgspec
 
-from scheduling.cells import CellModel, Cells, Snapshot, TenantView, cells_from_doc
+from scheduling.cells import CellModel, Cells, TenantView, cells_from_doc
+from scheduling.layers.hived import restore_cells
 from scheduling.live.admission import Refusal
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
@@ -197,35 +198,20 @@ class TenantRecord(msgspec.Struct, frozen=True, kw_only=True):
     v: int = 1
 
 
-def _cells_snapshot(state: bytes) -> Snapshot | None:
-    """The cell snapshot inside a layer's state: the state itself
-    (``msgspec.json.encode(cells.snapshot())``) or its ``cells`` field."""
-    try:
-        doc = msgspec.json.decode(state)
-    except msgspec.DecodeError:
-        return None
-    if isinstance(doc, dict) and "bindings" not in doc and isinstance(doc.get("cells"), dict):
-        doc = doc["cells"]
-    try:
-        return msgspec.convert(doc, Snapshot)
-    except msgspec.ValidationError:
-        return None
-
-
 def cells_of_state(model: CellModel, state: bytes | None) -> Cells:
-    """The cell state a layer's state holds (fresh when there is none, or it
-    does not fit the model: the layer then starts afresh as well)."""
-    snap = _cells_snapshot(state) if state else None
-    if snap is not None:
+    """The cells the HiveD layer's state holds (:func:`scheduling.layers.
+    hived.restore_cells`); fresh when there is none, or when it does not
+    fit the model (the layer then starts afresh as well)."""
+    if state:
         try:
-            return Cells.restore(model, snap)
-        except ValueError:
+            return restore_cells(model, state)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             pass
     return Cells(model)
 
 
 def tenant_views(model: CellModel, state: bytes | None) -> tuple[TenantView, ...]:
-    """Every tenant's VC view (§3.1, Figure 2) in the state ``state``."""
+    """Every tenant's VC view (§3.1, Figure 2) in the HiveD layer's state ``state``."""
     return cells_of_state(model, state).views()
 
 

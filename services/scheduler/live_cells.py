@@ -20,7 +20,7 @@ reports a mismatch (an executor with other GPUs than its cell) on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -45,7 +45,7 @@ def build_policy(settings: SchedulerSettings) -> Policy:
     spec, cells = settings.policy, settings.cells
     if cells is None or not lc.needs_cells(policy_name(spec)):
         return make_policy(spec)
-    return make_policy(spec, cells=cells)  # type: ignore[call-arg]
+    return make_policy(spec, cells=cells)
 
 
 class LayerStore:
@@ -74,11 +74,10 @@ class LayerStore:
     async def save(self, records: Iterable[LayerRecord]) -> None:
         """Keep and write the state each layer returned (after a published plan)."""
         for record in records:
-            state: bytes = getattr(record, "state", b"")  # LayerRecord.state (contract item 1)
-            if not state or self.state.get(record.name) == state:
+            if not record.state or self.state.get(record.name) == record.state:
                 continue
-            self.state[record.name] = state
-            await self.kv_layers.put(record.name, state)
+            self.state[record.name] = record.state
+            await self.kv_layers.put(record.name, record.state)
 
     async def publish_views(self, now: float, layer: str = "hived") -> None:
         """Write each tenant's view of the cells state of ``layer``."""
@@ -114,5 +113,6 @@ class LayerStore:
                 await self.ctx.reporter.report("scheduler.cells", problem, ev.INVALID)
         self._problem = problem
 
-    def snapshot_state(self) -> Mapping[str, bytes]:
+    def snapshot_state(self) -> dict[str, bytes]:
+        """What the next snapshot carries (``Snapshot.layer_state``)."""
         return dict(self.state)

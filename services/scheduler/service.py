@@ -316,7 +316,7 @@ class Leader:
         first = due != "fill"
         built = snap.build_snapshot(
             now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
-            r_num=self.settings.policy.r_num,
+            r_num=self.settings.policy.r_num, layer_state=self.store.snapshot_state(),
         )
         self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
@@ -376,7 +376,8 @@ class Leader:
             self.log.warning("plan dropped: the lease may have lapsed")
             return
         round_no = self.clock.round + (1 if first else 0)
-        issued = ev.PlanIssued(round=round_no, term=self.term, plan=plan, at=now, first_plan=first)
+        issued = ev.PlanIssued(round=round_no, term=self.term, plan=snap.without_layer_state(plan),
+                               at=now, first_plan=first)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
         await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
         await self.store.save(plan.reasons.layers)
