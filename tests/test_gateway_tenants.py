@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from gateway import access
-from scheduling.registry import POLICIES
 from shared.tenants import Principal
 from tests.natsfix import nats_server, nats_url
 from tests.test_gateway import nc, spec_json
@@ -146,8 +145,6 @@ def test_a_cluster_without_cells_answers_404(nats_url: str, tmp_path: Path) -> N
         stop(proc)
 
 
-@pytest.mark.skipif("hived" not in POLICIES,
-                    reason="the hived layer (scheduling/layers/hived.py) is not here")
 async def test_admission_refuses_with_422_a_job_no_cell_of_its_tenant_holds(
         nats_url: str, tenants_file: Path, gateway: str, tmp_path: Path) -> None:
     env = {"HOPS_NATS_URL": nats_url, "HOPS_HEALTH_PORT": "", "HOPS_TENANTS": str(tenants_file),

@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduling.registry import POLICIES
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 
@@ -53,9 +52,6 @@ cells:
 ALICE = {"Authorization": "Bearer alice-token"}
 BOB = {"Authorization": "Bearer bob-token"}
 NEVER = 10**13  # samples: a job that runs until something stops it
-
-pytestmark = pytest.mark.skipif(
-    "hived" not in POLICIES, reason="the hived layer (scheduling/layers/hived.py) is not here")
 
 
 def spec(job_id: str) -> dict[str, Any]:

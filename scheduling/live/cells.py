@@ -35,6 +35,7 @@ import msgspec
 from scheduling.cells import CellModel, Cells, TenantView, cells_from_doc
 from scheduling.layers.hived import restore_cells
 from scheduling.live.admission import Refusal
+from scheduling.registry import TENANT_POLICIES
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
 from shared.job import JobSpec
@@ -43,9 +44,9 @@ from shared.specs import SpecError
 from shared.tenants import TenantsError, TenantsFile
 from shared.wire import UNSCHEDULABLE
 
-# The registered policies that are built with the tenants' cells (contract
-# item 3: make_policy(spec, cells=...)).
-CELL_POLICIES = frozenset({"hived", "quota", "quota-borrow"})
+# The registered policies that are built with the tenants' cells
+# (make_policy(spec, cells=...)).
+CELL_POLICIES = frozenset(TENANT_POLICIES)
 # GPU bandwidths of a GPU type no registered node has yet: only the cells'
 # validation sees them (the planner plans on registered nodes).
 _PLACEHOLDER_BANDWIDTH = 1.0
