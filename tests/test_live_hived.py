@@ -1,15 +1,17 @@
 """HiveD in the live system (issue 20, "Live system"), end to end.
 
 One stack (:mod:`tests.livestack`: nats-server, every service, two
-scheduler replicas planning with the ``hived`` policy, and a two-server
-EMULATED cluster, each its own OS process, as ``hops up --tenants FILE
---policy hived`` runs them) with two tenants whose tokens and cells come
-from one tenants file: alice and bob each reserve one node. In order:
+scheduler replicas planning with the ``hived`` policy, and an EMULATED
+cluster of two 4-GPU nodes in cells and a 1-GPU server for profiling, each
+its own OS process, as ``hops up --tenants FILE --policy hived`` runs them)
+with two tenants whose tokens and cells come from one tenants file: alice
+reserves one node, bob is low-priority (his jobs only run
+opportunistically, §3.3). In order:
 
-1. bob runs two 4-GPU jobs: one in his own node (guaranteed) and one on
-   alice's idle node (opportunistic, §3.3); alice's job then needs her node,
-   and the opportunistic job is preempted through the placer: stopped
-   before alice's job starts there, requeued with its progress kept;
+1. bob runs two 4-GPU jobs on the idle nodes; alice's job then needs a
+   node, and one of bob's jobs is preempted through the placer: stopped
+   before alice's job starts there, requeued with its progress kept, while
+   the other runs on;
 2. the leader is killed: the standby takes the lease, rebuilds the same
    bindings from KV ``hops_layers`` (§4 "Fault tolerance"), and each
    tenant's ``GET /tenants`` shows the same view, written in the new term.
@@ -33,7 +35,11 @@ gpu_types:
 servers:
   - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
   - {id: rtx-1, gpu_type: RTX3090, gpus: 4}
+  - {id: rtx-p, gpu_type: RTX3090, gpus: 1}
 """
+# rtx-p is in no cell: a job is profiled before it is planned (Hops §3.2),
+# and with every GPU of the cells busy alice's job could not be profiled, so
+# it would never ask for its cell (see docs/tenancy.md, "The live system").
 TENANTS = """\
 tenants:
   alice: {tokens: ["alice-token"]}
@@ -47,7 +53,7 @@ cells:
     - {cell_type: RTX-NODE, server: rtx-1}
   virtual_clusters:
     alice: {virtual_cells: [{cell_type: RTX-NODE}]}
-    bob: {virtual_cells: [{cell_type: RTX-NODE}]}
+    bob: {low_priority: true}
 """
 ALICE = {"Authorization": "Bearer alice-token"}
 BOB = {"Authorization": "Bearer bob-token"}
@@ -98,49 +104,49 @@ def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
         assert r.status_code == 201, r.text
     until(lambda: running_on(stack, "b-1") and running_on(stack, "b-2"), "bob's jobs running",
           90, stack.logs)
+    assert running_on(stack, "b-1") != running_on(stack, "b-2")
 
-    def bob_split() -> dict[str, Any] | None:
+    def bob_running() -> dict[str, Any] | None:
         bob = views(api, admin(stack)).get("bob")
         view = bob["view"] if bob else None
-        ok = view and len(view["guaranteed_jobs"]) == 1 and len(view["opportunistic_jobs"]) == 1
-        return view if ok else None
+        return view if view and view["opportunistic_jobs"] == ["b-1", "b-2"] else None
 
-    bob = until(bob_split, "one of bob's jobs opportunistic", 30, stack.logs)
-    (own,), (opp,) = bob["guaranteed_jobs"], bob["opportunistic_jobs"]
-    assert bob["opportunistic_gpus"] == 4
-    opp_servers = running_on(stack, opp)
-    assert opp_servers is not None and opp_servers.isdisjoint(running_on(stack, own) or set())
-    until(lambda: (stack.record(opp) or {}).get("samples_done", 0) > 0, f"{opp} progresses",
-          30, stack.logs)
+    bob = until(bob_running, "bob's jobs opportunistic in his view", 30, stack.logs)
+    assert bob["low_priority"] and bob["opportunistic_gpus"] == 8 and not bob["chains"]
+    for job_id in ("b-1", "b-2"):
+        until(lambda j=job_id: (stack.record(j) or {}).get("samples_done", 0) > 0,  # type: ignore[misc]
+              f"{job_id} progresses", 30, stack.logs)
 
     r = api.post("/jobs", json=spec("a-1"), headers=ALICE)
     assert r.status_code == 201, r.text
     until(lambda: running_on(stack, "a-1"), "alice's job running", 90, stack.logs)
-    assert running_on(stack, "a-1") == opp_servers  # alice's node was the one bob borrowed
-
     bus = stack.bus_()
-    stopped = [m for m in bus.job_events(opp, "job_stopped")]
-    assert stopped and stopped[0].body["reason"] == "not in the plan", stopped
-    kept = stopped[0].body["samples_done"]
+    stopped = {j: bus.job_events(j, "job_stopped") for j in ("b-1", "b-2")}
+    (victim,) = [j for j, events in stopped.items() if events]
+    (survivor,) = {"b-1", "b-2"} - {victim}
+    event = stopped[victim][0]
+    assert event.body["reason"] == "not in the plan", event.body
+    kept = event.body["samples_done"]
     assert kept is not None and kept > 0
-    started = [m for m in bus.job_events("a-1", "job_started")]
-    assert started and stopped[0].at < started[0].at  # stop before start, on the same GPUs
-    rec = stack.record(opp)
-    assert rec is not None and rec["phase"] == "queued" and rec["samples_done"] >= kept
-    assert rec["restarts"] >= 1 or rec["phase"] == "queued"
+    started = bus.job_events("a-1", "job_started")
+    assert started and event.at < started[0].at  # stop before start, on the same GPUs
+    rec = stack.record(victim)
+    assert rec is not None and rec["phase"] == "queued", rec
+    assert rec["samples_done"] >= kept  # requeued with its progress
+    assert running_on(stack, survivor) is not None
 
     def settled() -> dict[str, dict[str, Any]] | None:
         shown = views(api, admin(stack))
         a, b = shown["alice"]["view"], shown["bob"]["view"]
-        ok = a["guaranteed_jobs"] == ["a-1"] and b["opportunistic_jobs"] == [] \
-            and b["guaranteed_jobs"] == [own]
+        ok = a["guaranteed_jobs"] == ["a-1"] and b["opportunistic_jobs"] == [survivor]
         return shown if ok else None
 
     shown = until(settled, "the views after the preemption", 30, stack.logs)
     (chain,) = shown["alice"]["view"]["chains"]
     (cell,) = chain["bound"]
-    assert {s["server"] for s in cell["servers"]} == opp_servers
-    assert chain["used_gpus"] == 4 and chain["free_gpus"] == 0
+    assert {s["server"] for s in cell["servers"]} == running_on(stack, "a-1")
+    assert (chain["used_gpus"], chain["free_gpus"]) == (4, 0)
+    assert shown["bob"]["view"]["opportunistic_gpus"] == 4
     # each tenant sees its own view only
     assert set(views(api, ALICE)) == {"alice"} and set(views(api, BOB)) == {"bob"}
     r = api.get("/tenants", headers=ALICE, params={"tenant": "bob"})
@@ -171,4 +177,9 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
           "a plan of the new term", 20, stack.logs)
     after = {t: r["view"] for t, r in views(api, admin(stack)).items()}
     assert after == before
-    assert running_on(stack, "a-1") is not None
+    # nothing that ran was stopped or moved by the new leader's plans
+    (survivor,) = before["bob"]["opportunistic_jobs"]
+    for job_id in ("a-1", survivor):
+        assert running_on(stack, job_id) is not None
+        assert not stack.bus_().job_events(job_id, "job_stopped"), job_id
+    assert stack.bus_().get("hops_layers", "hived") is not None
