@@ -13,7 +13,16 @@ from hops.cli import app as hops_app
 from hops.stack import StackConfig
 from hops.up import UpError, secure
 from scheduling.cells import Cells
-from scheduling.live.cells import cells_refusal, needs_cells, opportunistic_allowed, tenant_cells
+from scheduling.live.cells import (
+    cells_refusal,
+    needs_cells,
+    opportunistic_allowed,
+    tenant_cells,
+    tenant_views,
+)
+from scheduling.live.clock import Inflight
+from scheduling.live.snapshot import build_snapshot, without_layer_state
+from scheduling.registry import make_policy
 from services.runtime.settings import SettingsError
 from services.scheduler.live_settings import scheduler_settings
 from shared.cluster import GpuTypeSpec, Server
@@ -232,3 +241,28 @@ def test_the_scheduler_settings_need_cells_for_a_cell_policy_and_check_them(
         scheduler_settings({"HOPS_TENANTS": str(path)})
     with pytest.raises(SettingsError, match="policy hived needs the tenants' cells"):
         scheduler_settings({"HOPS_POLICY": "hived"})
+
+
+def test_a_dead_node_reaches_the_layer_and_becomes_a_doomed_cell_in_the_views() -> None:
+    """The live snapshot lists alive nodes only; the HiveD layer marks a
+    cell server it does not list bad (§4 "Handling faulty hardware"), and
+    with one healthy node for two reserved ones a tenant gets a doomed cell,
+    which its view (GET /tenants) shows; the state the leader keeps in
+    hops_layers carries it to the next snapshot."""
+    file = load_tenants(FILE.replace("[{cell_type: K80-PAIR}]", "[{cell_type: K80-NODE}]"))
+    model = tenant_cells(file)
+    assert model is not None
+    policy = make_policy("hived", cells=model)
+    nodes = [node("n0"), node("n1", alive=False)]
+    built = build_snapshot(0.0, {}, nodes, {}, {}, {}, Inflight(60.0), True)
+    assert [s.id for s in built.snapshot.cluster.servers] == ["n0"]
+    plan = policy.plan(built.snapshot)
+    (record,) = [r for r in plan.reasons.layers if r.name == "hived"]
+    views = {v.tenant: v for v in tenant_views(model, record.state)}
+    doomed = [c for v in views.values() for ch in v.chains for c in ch.bound if c.doomed]
+    assert [(c.servers[0].server, c.bad_gpus) for c in doomed] == [("n1", 4)]
+    # the next snapshot carries the state back, and the published plan does not
+    again = build_snapshot(1.0, {}, nodes, {}, {}, {}, Inflight(60.0), True,
+                           layer_state={"hived": record.state})
+    assert again.snapshot.layer_state == {"hived": record.state}
+    assert all(not r.state for r in without_layer_state(plan).reasons.layers)
