@@ -4,7 +4,10 @@ Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel``,
 and their tenant-scoped forms ``...submit.<tenant>``/``...cancel.<tenant>``
 (:mod:`scheduling.live.tenancy`), in queue group ``admission``, so jobs are accepted
 during a failover too. A
-submission is validated (:mod:`scheduling.live.admission`), published as
+submission is validated (:mod:`scheduling.live.admission`; with a policy
+that plans with the tenants' cells, also :func:`scheduling.live.cells.
+cells_refusal`: a job no cell of its tenant can hold, when it cannot run
+opportunistically, is ``unschedulable``), published as
 ``job_submitted`` on ``HOPS_JOBS`` (``Nats-Msg-Id`` = job id) and
 acknowledged only once the stream has stored it; its record is then created
 in ``hops_jobs``. A cancel publishes ``job_cancelled``.

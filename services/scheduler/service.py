@@ -16,7 +16,10 @@ its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
-lists the settings).
+lists the settings). Stateful layers' state (HiveD's bindings) goes into
+every snapshot and, after each published plan, into KV ``hops_layers``; with
+the tenants' cells, each tenant's view goes into ``hops_tenants``
+(:mod:`.live_cells`).
 """
 
 from __future__ import annotations
