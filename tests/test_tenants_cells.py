@@ -266,3 +266,11 @@ def test_a_dead_node_reaches_the_layer_and_becomes_a_doomed_cell_in_the_views() 
                            layer_state={"hived": record.state})
     assert again.snapshot.layer_state == {"hived": record.state}
     assert all(not r.state for r in without_layer_state(plan).reasons.layers)
+
+
+def test_the_docs_live_example_is_a_valid_tenants_file() -> None:
+    text = (Path(__file__).parents[1] / "docs" / "tenancy.md").read_text()
+    blocks = [b.split("```")[0] for b in text.split("```yaml\n")[1:]]
+    (example,) = [b for b in blocks if b.startswith("tenants:")]
+    model = tenant_cells(load_tenants(example), [node("a0", gpu="A"), node("a1", gpu="A")])
+    assert model is not None and model.low_priority["scavenger"]
