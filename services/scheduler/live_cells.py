@@ -3,10 +3,14 @@
 A stateful layer (HiveD's: its cell bindings) returns its state after each
 plan in its ``LayerRecord.state``. The leader keeps the last state of each
 layer and puts it in every snapshot it builds (``Snapshot.layer_state``), and
-once a plan is published it writes each state to KV ``hops_layers`` (key:
-the layer's name). A standby that takes the lease reads the bucket before
-its first plan, so the layer restores the same bindings: the state is
-canonical (:mod:`scheduling.cells.report`), and so are the decisions after it.
+writes each state to KV ``hops_layers`` (key: the layer's name) as it
+publishes the plan: just before, so that a leader that dies in between
+leaves a state with cells for jobs that never start (the layer's reconcile
+releases them at the next plan), never a state that lacks the cells of jobs
+that did start (their next plan could move them). A standby that takes the
+lease reads the bucket before its first plan, so the layer restores the
+same bindings: the state is canonical (:mod:`scheduling.cells.report`), and
+so are the decisions after it.
 
 With the tenants' cells, the leader also writes each tenant's virtual
 cluster (:class:`scheduling.live.cells.TenantRecord`) to KV ``hops_tenants``
@@ -72,7 +76,7 @@ class LayerStore:
         return self.state
 
     async def save(self, records: Iterable[LayerRecord]) -> None:
-        """Keep and write the state each layer returned (after a published plan)."""
+        """Keep and write the state each layer returned (with a plan to publish)."""
         for record in records:
             if not record.state or self.state.get(record.name) == record.state:
                 continue

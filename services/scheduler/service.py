@@ -382,8 +382,10 @@ class Leader:
         issued = ev.PlanIssued(round=round_no, term=self.term, plan=snap.without_layer_state(plan),
                                at=now, first_plan=first)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
-        await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
+        # the layers' state first: a standby may see more than was published
+        # (the layer releases what did not start), never less (live_cells)
         await self.store.save(plan.reasons.layers)
+        await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
         await self.store.publish_views(now)
         running = st.running_configs(r for r, _ in self.records.values())
         self.inflight.note_plan(plan, now, first, running)
