@@ -261,6 +261,11 @@ def test_a_dead_node_reaches_the_layer_and_becomes_a_doomed_cell_in_the_views() 
     views = {v.tenant: v for v in tenant_views(model, record.state)}
     doomed = [c for v in views.values() for ch in v.chains for c in ch.bound if c.doomed]
     assert [(c.servers[0].server, c.bad_gpus) for c in doomed] == [("n1", 4)]
+    # the views see it before any plan: from a fresh state, with n1 not alive
+    early = [c for v in tenant_views(model, None, {ServerId("n0")}) for ch in v.chains
+             for c in ch.bound if c.doomed]
+    assert [(c.servers[0].server, c.bad_gpus) for c in early] == [("n1", 4)]
+    assert not [c for v in tenant_views(model, None) for ch in v.chains for c in ch.bound]
     # the next snapshot carries the state back, and the published plan does not
     again = build_snapshot(1.0, {}, nodes, {}, {}, {}, Inflight(60.0), True,
                            layer_state={"hived": record.state})

@@ -27,7 +27,7 @@ leader ask of it:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -211,9 +211,17 @@ def cells_of_state(model: CellModel, state: bytes | None) -> Cells:
     return Cells(model)
 
 
-def tenant_views(model: CellModel, state: bytes | None) -> tuple[TenantView, ...]:
-    """Every tenant's VC view (§3.1, Figure 2) in the HiveD layer's state ``state``."""
-    return cells_of_state(model, state).views()
+def tenant_views(model: CellModel, state: bytes | None,
+                 alive: Collection[ServerId] | None = None) -> tuple[TenantView, ...]:
+    """Every tenant's VC view (§3.1, Figure 2) in the HiveD layer's state
+    ``state``; with ``alive``, a cell server not in it is bad, as the layer
+    marks it at its next plan (§4 "Handling faulty hardware"), so the view
+    shows a dead node's doomed cells before anything is planned again."""
+    cells = cells_of_state(model, state)
+    if alive is not None:
+        for server in sorted(cells.tree.node_of):
+            cells.set_health(server, server in alive)
+    return cells.views()
 
 
 def tenant_records(views: Iterable[TenantView], at: float, term: int, leader: str

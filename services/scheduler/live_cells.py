@@ -83,12 +83,15 @@ class LayerStore:
             self.state[record.name] = record.state
             await self.kv_layers.put(record.name, record.state)
 
-    async def publish_views(self, now: float, layer: str = "hived") -> None:
-        """Write each tenant's view of the cells state of ``layer``."""
+    async def publish_views(self, now: float, nodes: Iterable[NodeRecord],
+                            layer: str = "hived") -> None:
+        """Write each tenant's view of the cells state of ``layer``, with the
+        servers of ``nodes`` that are not alive bad."""
         model = self.settings.cells
         if model is None:
             return
-        views = [v for v in lc.tenant_views(model, self.state.get(layer))
+        alive = {n.server.id for n in nodes if n.alive}
+        views = [v for v in lc.tenant_views(model, self.state.get(layer), alive)
                  if self._shown.get(v.tenant) != v]  # unchanged: not written again
         for view in views:
             data = lc.tenant_records([view], now, self.term, self.leader)[view.tenant]

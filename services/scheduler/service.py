@@ -152,7 +152,7 @@ class Leader:
         await self.store.load()
         await self.store.check_nodes(self.nodes)
         now = time.time()
-        await self.store.publish_views(now)  # this term's, from the state it restores
+        await self.store.publish_views(now, self.nodes)  # this term's, from the state it restores
         s = self.settings
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
         self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
@@ -324,6 +324,7 @@ class Leader:
         self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
         if due == "refresh" or not cluster.servers or not busy:
+            await self.store.publish_views(now, self.nodes)  # a node lost with nothing to plan
             self.clock.done(due, now)
             return
         try:
@@ -386,7 +387,7 @@ class Leader:
         # (the layer releases what did not start), never less (live_cells)
         await self.store.save(plan.reasons.layers)
         await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
-        await self.store.publish_views(now)
+        await self.store.publish_views(now, self.nodes)
         running = st.running_configs(r for r, _ in self.records.values())
         self.inflight.note_plan(plan, now, first, running)
         for job_id in {t.job_id for t in plan.profiling}:
