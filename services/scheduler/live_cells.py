@@ -86,12 +86,13 @@ class LayerStore:
     async def publish_views(self, now: float, nodes: Iterable[NodeRecord],
                             layer: str = "hived") -> None:
         """Write each tenant's view of the cells state of ``layer``, with the
-        servers of ``nodes`` that are not alive bad."""
+        cell servers that are not alive bad; while no node is alive nothing
+        is planned, and the state is shown as it is (a cluster starting)."""
         model = self.settings.cells
         if model is None:
             return
         alive = {n.server.id for n in nodes if n.alive}
-        views = [v for v in lc.tenant_views(model, self.state.get(layer), alive)
+        views = [v for v in lc.tenant_views(model, self.state.get(layer), alive or None)
                  if self._shown.get(v.tenant) != v]  # unchanged: not written again
         for view in views:
             data = lc.tenant_records([view], now, self.term, self.leader)[view.tenant]
