@@ -117,6 +117,7 @@ def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
         until(lambda j=job_id: (stack.record(j) or {}).get("samples_done", 0) > 0,  # type: ignore[misc]
               f"{job_id} progresses", 30, stack.logs)
 
+    where = {j: running_on(stack, j) for j in ("b-1", "b-2")}
     r = api.post("/jobs", json=spec("a-1"), headers=ALICE)
     assert r.status_code == 201, r.text
     until(lambda: running_on(stack, "a-1"), "alice's job running", 90, stack.logs)
@@ -129,7 +130,8 @@ def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
     kept = event.body["samples_done"]
     assert kept is not None and kept > 0
     started = bus.job_events("a-1", "job_started")
-    assert started and event.at < started[0].at  # stop before start, on the same GPUs
+    assert started and event.at < started[0].at  # stop before start,
+    assert running_on(stack, "a-1") == where[victim]  # on the GPUs the victim held
     rec = stack.record(victim)
     assert rec is not None and rec["phase"] == "queued", rec
     assert rec["samples_done"] >= kept  # requeued with its progress
