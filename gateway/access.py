@@ -6,8 +6,10 @@ acts only on its own jobs: its submissions are its tenant's whatever the
 body says (a body naming another tenant is refused, 403), and another
 tenant's job answers 404 as one that does not exist, so that ids do not
 leak. Admins see and do everything, the operator's endpoints (node removal)
-included. A gateway started ``--insecure`` has no tenants file: every caller
-is an admin. :mod:`gateway.auth` is the shell that applies these.
+included. ``GET /tenants`` (the tenants' virtual clusters and the cells
+they are bound to) shows an admin every tenant and a tenant only its own.
+A gateway started ``--insecure`` has no tenants file: every caller is an
+admin. :mod:`gateway.auth` is the shell that applies these.
 """
 
 from __future__ import annotations
@@ -105,6 +107,26 @@ def list_tenant(principal: Principal, requested: str | None) -> str | Denied | N
         error = f"tenant {principal.tenant} may list only its own jobs, not tenant {requested}'s"
         return Denied(403, FORBIDDEN, error, error)
     return principal.tenant
+
+
+def tenants_scope(principal: Principal, requested: str | None) -> str | Denied | None:
+    """The tenant ``GET /tenants`` shows: an admin's choice (None: every
+    tenant), a tenant's own (asking for another's is a 403)."""
+    if principal.admin:
+        return requested
+    if requested not in (None, principal.tenant):
+        error = (f"tenant {principal.tenant} may see only its own virtual cluster, "
+                 f"not tenant {requested}'s")
+        return Denied(403, FORBIDDEN, error, error)
+    return principal.tenant
+
+
+def tenants_body(records: Iterable[Any], scope: str | None) -> dict[str, Any]:
+    """``GET /tenants``' body: the ``hops_tenants`` records (as JSON values)
+    of tenant ``scope`` (None: all), by tenant."""
+    shown = sorted((r for r in records if scope is None or r["view"]["tenant"] == scope),
+                   key=lambda r: str(r["view"]["tenant"]))
+    return {"tenants": shown}
 
 
 def _submit_target(doc: Any) -> dict[str, Any] | None:

@@ -14,6 +14,8 @@ endpoint                     does                                          answe
 ``GET /queue``               the scheduler leader's ``QueueView``          200, 503
 ``GET /cluster``             ``hops_nodes`` servers, their GPUs and the    200
                              jobs holding them (``hops_alloc``)
+``GET /tenants``             the tenants' virtual clusters, their cells    200, 403, 404
+                             and bound servers (``hops_tenants``)
 ``DELETE /nodes/{id}``       ``remove_node`` on ``hops.v1.nodes.remove``   200, 404, 409, 503
                              (``?force=true`` for an alive node)
 ``GET /healthz``             whether the NATS connection is up             200, 503
@@ -105,6 +107,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     _job_routes(app)
     _cluster_routes(app)
     _node_routes(app)
+    _tenant_routes(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -298,6 +301,25 @@ def _node_routes(app: FastAPI) -> None:
         bus.log.info("node removal answered", server_id=server_id, force=force, ok=reply.ok,
                      code=reply.code)
         return _json(views.reply_status(reply), views.node_reply_body(reply))
+
+
+def _tenant_routes(app: FastAPI) -> None:
+    @app.get("/tenants", summary="Tenants' virtual clusters, their cells and bound servers",
+             description="HiveD's VC view per tenant, as the scheduler leader last wrote it; "
+             "an admin sees every tenant (or `tenant`), a tenant only its own.",
+             responses={403: {"description": "another tenant's view"},
+                        404: {"description": "the cluster has no cells"}})
+    async def tenants(request: Request, principal: Caller, tenant: Annotated[
+            str | None, Query(description="only this tenant")] = None) -> JSONResponse:
+        scope = access.tenants_scope(principal, tenant)
+        if isinstance(scope, access.Denied):
+            raise Refused(principal, scope)
+        file: TenantsFile | None = request.app.state.tenants
+        if file is not None and file.cells is None:
+            return _failure(404, access.NOT_FOUND, "this cluster has no cells: the tenants file "
+                            "has no cells section (docs/tenancy.md)")
+        records = await _bus(request).tenant_records()
+        return _json(200, access.tenants_body(records, scope))
 
 
 async def _visible(request: Request, principal: Principal, job_id: str) -> JobRecord | None:

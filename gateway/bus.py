@@ -7,7 +7,7 @@ buckets. A thin shell: the payloads and records are those of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
@@ -15,6 +15,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from scheduling.live.cells import TenantRecord
 from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure_jetstream
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
@@ -30,8 +31,15 @@ _JOB = msgspec.json.Decoder(JobRecord, strict=False)
 _NODE = msgspec.json.Decoder(NodeRecord, strict=False)
 _PLACEMENT = msgspec.json.Decoder(Placement, strict=False)
 _QUEUE = msgspec.json.Decoder(QueueView, strict=False)
+_TENANT = msgspec.json.Decoder(TenantRecord, strict=False)
 # hops.v1.queue takes no arguments; an empty JSON object leaves room for some.
 QUEUE_REQUEST = b"{}"
+
+
+def _tenant_record(data: bytes) -> dict[str, Any]:
+    """A ``hops_tenants`` value, checked, as a JSON value."""
+    value: dict[str, Any] = msgspec.to_builtins(_TENANT.decode(data))
+    return value
 
 
 class Unavailable(Exception):
@@ -140,6 +148,10 @@ class GatewayBus:
 
     async def placements(self) -> list[Placement]:
         return await self._values(subjects.KV_ALLOC, _PLACEMENT.decode)
+
+    async def tenant_records(self) -> list[dict[str, Any]]:
+        """The tenants' views the leader wrote (``hops_tenants``), as JSON values."""
+        return await self._values(subjects.KV_TENANTS, _tenant_record)
 
     async def _values(self, bucket: str, decode: Callable[[bytes], T]) -> list[T]:
         """Every current value of ``bucket``, read in one pass

@@ -264,6 +264,18 @@ def queue(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt 
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
 
 
+@app.command()
+def tenants(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+            as_json: JsonOpt = False) -> None:
+    """Each tenant's virtual cluster: its cells per chain and level, the servers
+    they are bound to, used and free GPUs and opportunistic use (a tenant's
+    token shows only its own)."""
+    from hops.tenants_view import render_tenants
+
+    body = _gateway_call(gateway, token, config, lambda c: c.tenants())
+    typer.echo(json.dumps(body, indent=2) if as_json else render_tenants(body))
+
+
 nodes_app = typer.Typer(
     help="The registered servers (`hops nodes`), their removal and the enrolment of new ones.")
 app.add_typer(nodes_app, name="nodes")

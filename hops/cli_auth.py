@@ -47,13 +47,17 @@ def credentials(
     """Generate (or complete) a credentials folder, as `hops up` does in its
     data folder: for compose's secrets (`hops credentials --out secrets/ --compose`)."""
     from hops.credentials import CredentialsError, prepare
+    from scheduling.live.cells import cluster_nodes, tenant_cells
     from services.runtime.identity import IdentityError
     from shared.tenants import TenantsError, load_tenants
     from world.clusters import cluster_arg
 
     try:
         file = load_tenants(tenants.read_text()) if tenants is not None else None
-        servers = [s.id for s in cluster_arg(cluster).servers]
+        spec = cluster_arg(cluster)
+        if file is not None:  # the cells, against the cluster compose runs
+            tenant_cells(file, cluster_nodes(spec), str(tenants))
+        servers = [s.id for s in spec.servers]
         creds = prepare(out, servers, file, 0o644 if compose else 0o600)
     except (OSError, SpecError, TenantsError, CredentialsError, IdentityError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -14,8 +14,9 @@ from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 
 POLICY_HELP = (
     "policy spec: hops, sia or gavel, with settings as in sia:lam=1.2 or "
-    "hops:sigma=1.6,priority=ftf; hops-profile-preempt and sia-lp-start are variants "
-    "(scheduling/registry.py)"
+    "hops:sigma=1.6,priority=ftf; hops-profile-preempt and sia-lp-start are variants; "
+    "hived, quota and quota-borrow need cells in --tenants (scheduling/registry.py, "
+    "docs/tenancy.md)"
 )
 
 
@@ -62,7 +63,8 @@ def up(
         "to otherwise)"
     )] = False,
     tenants: Annotated[Path | None, typer.Option(
-        help="tenants file: tenants, their tokens, who may run commands (docs/security.md)"
+        help="tenants file: tenants, their tokens, who may run commands (docs/security.md), "
+        "and their cells (docs/tenancy.md)"
     )] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="TLS certificate of NATS and the gateway")
                         ] = None,

@@ -217,6 +217,9 @@ class GatewayClient:
     def cluster(self) -> dict[str, Any]:
         return self._get("/cluster")
 
+    def tenants(self) -> dict[str, Any]:
+        return self._get("/tenants")
+
 
 def _seconds(value: str | None) -> float | None:
     """A ``Retry-After`` in seconds (its HTTP-date form is not used here)."""

@@ -50,6 +50,7 @@ import httpx
 from hops.credentials import Credentials, CredentialsError, prepare, write_cli_config
 from hops.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
 from hops.stack import StackConfig, describe_exit, modules, processes, restart_delay
+from scheduling.live.cells import cluster_nodes, tenant_cells
 from services.runtime.identity import ADMIN, IdentityError
 from services.runtime.natsd import EmbeddedNats, NatsServerError
 from shared.specs import SpecError
@@ -135,11 +136,16 @@ def _tenants(config: StackConfig) -> TenantsFile | None:
     if config.tenants is None:
         return None
     try:
-        return load_tenants(config.tenants.read_text())
+        file = load_tenants(config.tenants.read_text())
     except OSError as e:
         raise UpError(f"cannot read the tenants file: {e}") from None
     except TenantsError as e:
         raise UpError(f"{config.tenants}: {e}") from None
+    try:  # the cells, against the cluster this stack runs
+        tenant_cells(file, cluster_nodes(cluster_arg(config.cluster)), str(config.tenants))
+    except TenantsError as e:
+        raise UpError(str(e)) from None
+    return file
 
 
 def secure(config: StackConfig) -> Credentials | None:

@@ -52,6 +52,12 @@ KV_JOBS = "hops_jobs"
 KV_ALLOC = "hops_alloc"
 KV_NODES = "hops_nodes"
 KV_LEADER = "hops_leader"
+# Each stateful layer's state after the last plan (key: the layer's name;
+# HiveD's cell bindings), written by the leader, read by the next one.
+KV_LAYERS = "hops_layers"
+# Each tenant's virtual cluster as the leader's cells state shows it (key:
+# the tenant), for GET /tenants and ``hops tenants``.
+KV_TENANTS = "hops_tenants"
 
 _FORBIDDEN = frozenset(".*>")
 
@@ -72,7 +78,7 @@ STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL))
 STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
 STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
 STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS)
-KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER)
+KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_LAYERS, KV_TENANTS)
 
 
 def check_token(value: str, what: str = "id") -> str:

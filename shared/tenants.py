@@ -10,8 +10,13 @@ the operator started the system on their own machine.
 
 Tokens are stored as ``sha256:<hex>`` digests (or, accepted on input, as
 plain strings, as in Kubernetes' static token file); a presented token is
-compared by digest in constant time. Later sections (the tenants' cells)
-are added as fields with defaults, so a file keeps loading.
+compared by digest in constant time. Later sections are added as fields
+with defaults, so a file keeps loading: ``cells`` holds the tenants'
+virtual clusters and the cells they reserve, in HiveD's vocabulary (the
+document :func:`scheduling.cells.cells_from_doc` reads: ``cell_types``,
+``physical_cells``, ``virtual_clusters``; docs/tenancy.md). It is kept here
+as parsed YAML and checked against a cluster by
+:mod:`scheduling.live.cells`, which knows the servers.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -55,6 +61,8 @@ class TenantsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     tenants: dict[str, TenantSpec] = msgspec.field(default_factory=dict)
     admins: dict[str, AdminSpec] = msgspec.field(default_factory=dict)
+    # HiveD's cell specification (None: no cells); see the module docstring
+    cells: dict[str, Any] | None = None
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -107,7 +115,28 @@ def validate(file: TenantsFile) -> TenantsFile:
                 raise TenantsError(
                     f"{where}.tokens[{i}]: the same token is given to {seen[digest]}")
             seen[digest] = where
+    _check_cells_tenants(file)
     return file
+
+
+def _check_cells_tenants(file: TenantsFile) -> None:
+    """Every virtual cluster is a tenant's and every tenant has one, when
+    the file has cells (the cells themselves are checked against a cluster
+    by :mod:`scheduling.live.cells`)."""
+    if file.cells is None:
+        return
+    vcs = file.cells.get("virtual_clusters")
+    if not isinstance(vcs, dict):
+        raise TenantsError("cells.virtual_clusters: the cells need a virtual cluster per tenant "
+                           "(a mapping from tenant to its virtual_cells)")
+    for name in vcs:
+        if name not in file.tenants:
+            raise TenantsError(f"cells.virtual_clusters.{name}: {name!r} is not a tenant "
+                               f"(tenants: {', '.join(sorted(file.tenants)) or 'none'})")
+    for name in file.tenants:
+        if name not in vcs:
+            raise TenantsError(f"cells.virtual_clusters: tenant {name} has no virtual cluster "
+                               "(give it virtual_cells, or low_priority: true)")
 
 
 def load_tenants(text: str) -> TenantsFile:
@@ -128,11 +157,13 @@ def dump_tenants(file: TenantsFile) -> str:
     def digests(tokens: tuple[str, ...]) -> list[str]:
         return [_stored(t) for t in tokens]
 
-    data = {
+    data: dict[str, Any] = {
         "tenants": {n: {"tokens": digests(t.tokens), "run_commands": t.run_commands}
                     for n, t in file.tenants.items()},
         "admins": {n: {"tokens": digests(a.tokens)} for n, a in file.admins.items()},
     }
+    if file.cells is not None:
+        data["cells"] = file.cells
     return yaml.safe_dump(data, sort_keys=True)
 
 
@@ -173,7 +204,7 @@ def with_tokens(file: TenantsFile, tenants: Mapping[str, str], admins: Mapping[s
     for name, token in admins.items():
         old = new_admins.get(name, AdminSpec())
         new_admins[name] = msgspec.structs.replace(old, tokens=(*old.tokens, token))
-    return validate(TenantsFile(tenants=new_tenants, admins=new_admins))
+    return validate(TenantsFile(tenants=new_tenants, admins=new_admins, cells=file.cells))
 
 
 def read_tenants(path: str | Path) -> TenantsFile:

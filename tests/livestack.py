@@ -240,6 +240,7 @@ class LiveStack:
     executor: ExecutorKind = "emulated"
     cpu_affinity: str = ""
     auth: bool = True
+    tenants: Path | None = None  # the operator's tenants file (hops up --tenants)
     # Another module for a component (e.g. the scheduler as tests.cores_layer:
     # the real scheduler with a test layer); its arguments and identity stay.
     modules: Mapping[str, str] = field(default_factory=dict)
@@ -255,7 +256,7 @@ class LiveStack:
                                   metrics_port=free_port(), round_s=self.round_s,
                                   policy=self.policy,
                                   executor=self.executor, cpu_affinity=self.cpu_affinity,
-                                  auth=self.auth)
+                                  auth=self.auth, tenants=self.tenants)
         self.nats = stack_nats(self.config, free_port())
         self.launcher = Launcher(self.config, self.said.append, grace=10.0)
         self.bus: Bus | None = None

@@ -25,7 +25,9 @@ The leader builds a snapshot the way the simulator does
   (``first_plan=False``) also holds the GPUs of running jobs, starts
   issued but not yet booked included;
 - ``held_extras`` has the cores and memory (``Configuration.extras``) of
-  the same configurations whose GPUs ``held`` has.
+  the same configurations whose GPUs ``held`` has;
+- ``layer_state`` is each stateful layer's state after the last published
+  plan (HiveD's bindings), which the leader keeps in KV ``hops_layers``.
 
 A running job without an estimate (the estimator lost its data or did not
 answer) cannot be planned; rather than letting the first plan stop it, its
@@ -171,8 +173,10 @@ def build_snapshot(
     inflight: Inflight,
     first_plan: bool,
     r_num: int = R_NUM,
+    layer_state: Mapping[str, bytes] | None = None,
 ) -> Built:
-    """See the module docstring."""
+    """See the module docstring; ``layer_state`` is each stateful layer's
+    state after the last published plan (``Snapshot.layer_state``)."""
     cluster = cluster_of(nodes)
     capacity = type_capacity(n for n in nodes if n.alive)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
@@ -208,6 +212,7 @@ def build_snapshot(
         first_plan=first_plan,
         profiling_held=_profiling_held(cluster, allocs, inflight),
         held_extras={s.id: extras[s.id] for s in cluster.servers if s.id in extras},
+        layer_state=dict(layer_state or {}),
     )
     return Built(snapshot, sticky)
 
@@ -295,6 +300,17 @@ def with_sticky(plan: Plan, sticky: Mapping[JobId, Configuration]) -> Plan:
         return plan
     kept = tuple(Assignment(job_id, config) for job_id, config in sorted(sticky.items()))
     return Plan(plan.assignments + kept, plan.profiling, plan.reasons)
+
+
+def without_layer_state(plan: Plan) -> Plan:
+    """``plan`` as published: the layers' states stay in KV ``hops_layers``
+    (they may be large, and no consumer of the plan reads them)."""
+    layers = plan.reasons.layers
+    if not any(r.state for r in layers):
+        return plan
+    stripped = tuple(msgspec.structs.replace(r, state=b"") for r in layers)
+    reasons = msgspec.structs.replace(plan.reasons, layers=stripped)
+    return msgspec.structs.replace(plan, reasons=reasons)
 
 
 def _finite(x: float) -> float:

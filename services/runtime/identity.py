@@ -139,7 +139,7 @@ def _scheduler() -> Permissions:
         subscribe=(subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL, subjects.JOBS_CANCEL,
                    subjects.JOBS_CANCEL_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
                    subjects.JOB_HEARTBEATS_ALL),
-        kv=(subjects.KV_JOBS, subjects.KV_LEADER),
+        kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_LAYERS, subjects.KV_TENANTS),
         responds=True,
     )
 

@@ -4,7 +4,10 @@ Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel``,
 and their tenant-scoped forms ``...submit.<tenant>``/``...cancel.<tenant>``
 (:mod:`scheduling.live.tenancy`), in queue group ``admission``, so jobs are accepted
 during a failover too. A
-submission is validated (:mod:`scheduling.live.admission`), published as
+submission is validated (:mod:`scheduling.live.admission`; with a policy
+that plans with the tenants' cells, also :func:`scheduling.live.cells.
+cells_refusal`: a job no cell of its tenant can hold, when it cannot run
+opportunistically, is ``unschedulable``), published as
 ``job_submitted`` on ``HOPS_JOBS`` (``Nats-Msg-Id`` = job id) and
 acknowledged only once the stream has stored it; its record is then created
 in ``hops_jobs``. A cancel publishes ``job_cancelled``.
@@ -26,17 +29,19 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import nats.errors
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from structlog.contextvars import bound_contextvars
 
+from scheduling.cells import Cells
 from scheduling.layers.base import Layer
 from scheduling.live import admission as adm
 from scheduling.live import state as st
 from scheduling.live import tenancy as tn
+from scheduling.live.cells import cells_refusal, needs_cells, opportunistic_allowed
 from scheduling.live.lease import (
     LEASE_KEY,
     Change,
@@ -46,6 +51,7 @@ from scheduling.live.lease import (
     Wait,
     encode_value,
 )
+from scheduling.registry import policy_name
 from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
@@ -54,6 +60,7 @@ from services.scheduler.live_settings import FIELDS, SchedulerSettings, schedule
 from services.scheduler.service import Leader
 from shared import events as ev
 from shared import subjects
+from shared.job import JobSpec
 from shared.records import NodeRecord
 from shared.tenants import DEFAULT_TENANTS, TenantsFile
 
@@ -67,7 +74,8 @@ async def run(
     """The service's main: admission, then the lease loop until stopped.
     ``layers`` wrap the configured policy (see :func:`main`)."""
     kv = await ctx.js.key_value(subjects.KV_JOBS)
-    admission = Admission(ctx, kv, settings.policy.r_num, settings.tenants)
+    admission = Admission(ctx, kv, settings.policy.r_num, settings.tenants,
+                          Checks.of(settings))
     queue = subjects.ADMISSION_QUEUE
     # the bare subjects (trusted callers) and the tenant-scoped ones, alike
     for submit in (subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL):
@@ -84,15 +92,30 @@ async def run(
     await elector.run()
 
 
+class Checks(NamedTuple):
+    """What admission checks beyond the spec and the tenant: the tenants'
+    cells when the policy plans with them (:func:`scheduling.live.cells.cells_refusal`)."""
+
+    cells: Cells | None = None
+    opportunistic: bool = True
+
+    @classmethod
+    def of(cls, settings: SchedulerSettings) -> Checks:
+        if settings.cells is None or not needs_cells(policy_name(settings.policy)):
+            return cls()
+        return cls(Cells(settings.cells), opportunistic_allowed(settings.policy))
+
+
 class Admission:
     """Submit and cancel handlers, on every replica; see the module docstring."""
 
     def __init__(self, ctx: ServiceContext, kv: KeyValue, r_num: int,
-                 tenants: TenantsFile = DEFAULT_TENANTS) -> None:
+                 tenants: TenantsFile = DEFAULT_TENANTS, checks: Checks | None = None) -> None:
         self.ctx = ctx
         self.kv = kv
         self.r_num = r_num
         self.tenants = tenants
+        self.checks = checks or Checks()
         self._nodes: tuple[float, list[NodeRecord]] = (-NODES_MAX_AGE_S, [])
 
     async def nodes(self) -> list[NodeRecord]:
@@ -120,8 +143,10 @@ class Admission:
         spec, denied = tn.submit_refusal(self.tenants, req.spec, scope)
         if denied is not None:
             await self._refuse(denied, subject, scope, ev.encode(req))
-        refusal = adm.fit_refusal(spec, await self.nodes(), self.r_num) or adm.duplicate(
-            spec.id, (await get_record(self.kv, spec.id))[0]
+        refusal = (
+            adm.fit_refusal(spec, await self.nodes(), self.r_num)
+            or self._cells_refusal(spec)
+            or adm.duplicate(spec.id, (await get_record(self.kv, spec.id))[0])
         )
         if refusal is not None:
             if refusal.code != adm.CONFLICT:
@@ -137,6 +162,12 @@ class Admission:
             await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
         self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant)
         return ev.Reply(ok=True, job_id=spec.id)
+
+    def _cells_refusal(self, spec: JobSpec) -> adm.Refusal | None:
+        cells = self.checks.cells
+        if cells is None:
+            return None
+        return cells_refusal(cells, spec, self.r_num, self.checks.opportunistic)
 
     async def cancel(self, req: ev.CancelJob, subject: str) -> ev.Message:
         scope = tn.scope_of(subject, subjects.JOBS_CANCEL_TENANT_ALL)

@@ -20,6 +20,11 @@ variable                        flag                     default
                                                          :mod:`.registry`)
 ==============================  =======================  =========================
 
+A tenants file with a ``cells`` section (HiveD's cells, docs/tenancy.md) is
+checked here as far as it can be without the registered nodes
+(:func:`scheduling.live.cells.tenant_cells`); ``hived``, ``quota`` and
+``quota-borrow`` need one.
+
 The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 5 s; the lease
 bucket's max age), see :mod:`services.runtime.settings`.
 """
@@ -29,7 +34,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scheduling.registry import HopsSpec, PolicyError, PolicySpec, parse_policy
+from scheduling.cells import CellModel
+from scheduling.live.cells import needs_cells, tenant_cells
+from scheduling.registry import HopsSpec, PolicyError, PolicySpec, parse_policy, policy_name
 from scheduling.rounds import ROUND_S
 from services.runtime.settings import SettingsError, env_float
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
@@ -48,6 +55,9 @@ class SchedulerSettings:
     policy: PolicySpec = field(default_factory=HopsSpec)
     # who may submit, and run commands (admission, :mod:`scheduling.live.tenancy`)
     tenants: TenantsFile = field(default_factory=lambda: DEFAULT_TENANTS)
+    # the tenants file's path (for messages), and its cells (None: none)
+    tenants_source: str = "tenants file"
+    cells: CellModel | None = None
 
     def __post_init__(self) -> None:
         for name in ("round_s", "refresh_s", "estimate_timeout_s"):
@@ -94,5 +104,11 @@ def scheduler_settings(
             raise SettingsError(f"{source}: {e}") from None
     tenants = str(flags.get("tenants") or env.get(TENANTS_ENV, "")).strip()
     if tenants:
-        values["tenants"] = read_tenants(tenants)
+        file = read_tenants(tenants)
+        values.update(tenants=file, tenants_source=tenants, cells=tenant_cells(file, (), tenants))
+    name = policy_name(values.get("policy", HopsSpec()))  # type: ignore[arg-type]
+    if needs_cells(name) and values.get("cells") is None:
+        raise SettingsError(
+            f"policy {name} needs the tenants' cells: give {TENANTS_ENV} (--tenants) a tenants "
+            "file with a cells section (docs/tenancy.md)")
     return SchedulerSettings(**values)  # type: ignore[arg-type]

@@ -16,7 +16,10 @@ its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
-lists the settings).
+lists the settings). Stateful layers' state (HiveD's bindings) goes into
+every snapshot and, after each published plan, into KV ``hops_layers``; with
+the tenants' cells, each tenant's view goes into ``hops_tenants``
+(:mod:`.live_cells`).
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ from scheduling.live import tenancy as tn
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
 from scheduling.live.state import LiveJobRecord
-from scheduling.registry import make_policy
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
+from services.scheduler.live_cells import LayerStore, build_policy
 from services.scheduler.live_estimates import fetch_estimates
 from services.scheduler.live_kv import (
     catch_up,
@@ -88,7 +91,9 @@ class Leader:
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
         # The configured policy inside any layers a launcher adds (__main__.main).
-        self.policy = stack(make_policy(settings.policy), *layers)
+        self.policy = stack(build_policy(settings), *layers)
+        # the layers' state (hops_layers) and the tenants' views (hops_tenants)
+        self.store = LayerStore(ctx, settings, lease.term, lease.holder)
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.wake = asyncio.Event()
@@ -99,6 +104,7 @@ class Leader:
         self.kv_jobs = await js.key_value(subjects.KV_JOBS)
         self.kv_nodes = await js.key_value(subjects.KV_NODES)
         self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
+        await self.store.open(js)
         await self._load()
         subs = [
             await self._subscribe(subjects.QUEUE, self._on_queue),
@@ -143,7 +149,10 @@ class Leader:
             with contextlib.suppress(ev.WireError):
                 plan = ev.decode_plan_event(msg.data or b"")
                 last_round = plan.round if isinstance(plan, ev.PlanIssued) else 0
+        await self.store.load()
+        await self.store.check_nodes(self.nodes)
         now = time.time()
+        await self.store.publish_views(now, self.nodes)  # this term's, from the state it restores
         s = self.settings
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
         self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
@@ -299,6 +308,7 @@ class Leader:
 
     async def _work(self, due: Due, now: float) -> None:
         self.nodes = await self._nodes()
+        await self.store.check_nodes(self.nodes)
         allocs = await self._allocs()
         cluster = snap.cluster_of(self.nodes)
         self.inflight.settle({k: r for k, (r, _) in self.records.items()}, allocs, now)
@@ -309,11 +319,12 @@ class Leader:
         first = due != "fill"
         built = snap.build_snapshot(
             now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
-            r_num=self.settings.policy.r_num,
+            r_num=self.settings.policy.r_num, layer_state=self.store.snapshot_state(),
         )
         self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
         if due == "refresh" or not cluster.servers or not busy:
+            await self.store.publish_views(now, self.nodes)  # a node lost with nothing to plan
             self.clock.done(due, now)
             return
         try:
@@ -369,9 +380,14 @@ class Leader:
             self.log.warning("plan dropped: the lease may have lapsed")
             return
         round_no = self.clock.round + (1 if first else 0)
-        issued = ev.PlanIssued(round=round_no, term=self.term, plan=plan, at=now, first_plan=first)
+        issued = ev.PlanIssued(round=round_no, term=self.term, plan=snap.without_layer_state(plan),
+                               at=now, first_plan=first)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
+        # the layers' state first: a standby may see more than was published
+        # (the layer releases what did not start), never less (live_cells)
+        await self.store.save(plan.reasons.layers)
         await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
+        await self.store.publish_views(now, self.nodes)
         running = st.running_configs(r for r, _ in self.records.values())
         self.inflight.note_plan(plan, now, first, running)
         for job_id in {t.job_id for t in plan.profiling}:
