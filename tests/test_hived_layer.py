@@ -123,3 +123,29 @@ def test_the_state_round_trips_through_the_snapshot() -> None:
     state = decode_state(record(spy.calls[-1][1], "hived").state)
     cells = Cells.restore(model, state.cells)
     assert all(isinstance(a, Allocation) for a in cells.allocations())
+
+
+def test_a_guaranteed_job_is_profiled_in_a_cluster_full_of_opportunistic_jobs() -> None:
+    """b's sixteen jobs fill both nodes, a's idle one opportunistically, so
+    no GPU is idle when a's job arrives and the profiling queue (served
+    before the layer) has nowhere to profile it. The layer keeps a GPU of
+    a's cell idle (preempting an opportunistic job when none is idle, at a
+    first plan only); a's job is profiled there and then runs on one node of
+    its own. Without this the job was never profiled."""
+    cluster = rtx_cluster(2)
+    model = model_of(cluster, {"a": [("NODE", 1)], "b": [("NODE", 1)]})
+    jobs = [job(f"b{i}", "b", [1], at=0.0, samples=8_000_000) for i in range(16)]
+    jobs.append(job("a0", "a", [8], at=400.0))
+    _, spy = simulate(cluster, jobs, HIVED, model)
+    note = "a0: kept a GPU of RTX3090 idle for its profiling"
+    kept = [(s, p) for s, p in spy.calls if note in record(p, "hived").note]
+    assert kept
+    snap, plan = kept[0]
+    assert [j.phase for j in snap.jobs if j.id == "a0"] == ["profiling"]
+    assert sum(a.config.total_gpus for a in plan.assignments) < 16  # one GPU left idle
+    for s, p in kept:
+        assert s.first_plan or "preempted" not in record(p, "hived").note
+    profiled = [p for _, p in spy.calls if any(t.job_id == "a0" for t in p.profiling)]
+    assert len(profiled) == 1  # once: the GPU is kept only until it is profiled
+    found = config_of(spy, "a0")
+    assert found is not None and found[1].num_nodes == 1 and found[1].total_gpus == 8

@@ -44,7 +44,7 @@ from scheduling.layers.hived_view import (
 from scheduling.policy import Policy
 from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
-from shared.ids import JobId, ServerId
+from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
 from shared.snapshot import Assignment, JobState, LayerRecord, Plan, Snapshot
 
@@ -140,6 +140,7 @@ class _Round:
         for tenant, vc, a in wanted:
             if a.job_id not in self.kept:
                 self.guaranteed(tenant, vc, a)
+        self.keep_for_profiling()
         if self.first:
             self.keep_opportunistic()
         self.place_opportunistic()
@@ -261,6 +262,48 @@ class _Round:
         self.virtual[jid] = a.config
         self.new[jid] = msgspec.structs.replace(a, config=Configuration.of(got.servers()))
         return None
+
+    def keep_for_profiling(self) -> None:
+        """A guaranteed job still to be profiled on a type its tenant
+        reserves gets one GPU of its tenant's cells kept idle in this plan,
+        so that the profiling queue (Hops §3.2), served before this layer,
+        takes it in the next plan instead of opportunistic jobs filling it.
+        When opportunistic jobs hold every such GPU, a first plan preempts
+        the fewest of them (:meth:`Cells.preemption_victims`; a later plan
+        only adds). Without it a guaranteed job of a full cluster is never
+        profiled, never asks for its cells, and opportunistic jobs keep its
+        tenant out (§3.3: guaranteed jobs take priority)."""
+        model, done = self.layer.model, set[tuple[str, GpuType]]()
+        for job in sorted(self.snap.jobs, key=lambda j: j.id):
+            tenant = job.spec.tenant
+            if job.phase != "profiling" or model.low_priority.get(tenant, True):
+                continue
+            for gpu in sorted(job.unprofiled):
+                if (tenant, gpu) not in done and gpu in model.reservations.get(tenant, {}):
+                    done.add((tenant, gpu))
+                    self.keep_one(job.id, tenant, gpu)
+
+    def keep_one(self, jid: JobId, tenant: str, gpu: GpuType) -> None:
+        probe = f"{HOLD}probe:{jid}"
+        got = self.cells.allocate(tenant, gpu, 1, probe)
+        victims: tuple[str, ...] = ()
+        if isinstance(got, Allocation):
+            self.cells.release(probe)
+            servers = got.servers()
+        elif got.reason == "preempt" and self.first and not any(
+                v.startswith(HOLD) for v in got.victims):
+            victims = got.victims
+            servers = {}
+            for victim in victims:
+                servers.update(self.cells.allocation(victim).servers())
+                self.cells.release(victim)
+                self.preempted.append(JobId(victim))
+        else:
+            return
+        for sid in sorted(servers)[:1]:
+            self.cells.hold(sid, 1, f"{HOLD}profiling:{jid}")
+        why = f"preempted {', '.join(victims)} " if victims else ""
+        self.notes.append(f"{jid}: {why}kept a GPU of {gpu} idle for its profiling")
 
     def refuse(self, jid: JobId, why: str) -> None:
         self.removed.append(jid)

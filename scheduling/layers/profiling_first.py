@@ -24,7 +24,7 @@ from scheduling.layers.base import annotate, hold
 from scheduling.policy import Policy
 from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE, profile_first
 from shared.ids import ServerId
-from shared.snapshot import LayerRecord, Plan, Snapshot
+from shared.snapshot import JobState, LayerRecord, Plan, ProfilingTask, Snapshot
 
 
 class ProfilingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -54,8 +54,25 @@ class ProfilingFirst:
         view = hold(snapshot, taken)
         running = Counter(snapshot.profiling_held)
         running.update(taken)
-        view = msgspec.structs.replace(view, profiling_held=dict(running))
+        view = msgspec.structs.replace(view, profiling_held=dict(running),
+                                       jobs=_tasked(view.jobs, tasks))
         plan = inner.plan(view)
         plan = msgspec.structs.replace(plan, profiling=(*tasks, *plan.profiling))
         note = f"{len(tasks)} profiling task(s)"
         return annotate(plan, LayerRecord(self.name, held=dict(taken), note=note))
+
+
+def _tasked(jobs: tuple[JobState, ...], tasks: list[ProfilingTask]) -> tuple[JobState, ...]:
+    """The jobs as the policy beneath sees them: a type this plan profiles is
+    no longer ``unprofiled`` (as for a run already going on), so a layer
+    beneath (HiveD's keeping a GPU for a guaranteed job's profiling) does
+    not ask for it again."""
+    taken = {(t.job_id, t.gpu_type) for t in tasks}
+    if not taken:
+        return jobs
+    out = []
+    for j in jobs:
+        left = tuple(u for u in j.unprofiled if (j.id, u) not in taken)
+        out.append(j if len(left) == len(j.unprofiled)
+                   else msgspec.structs.replace(j, unprofiled=left))
+    return tuple(out)
