@@ -27,7 +27,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
-EXPERIMENTS_HELP = "table3, table4, priorities, arrival-rates, elasticflow or sharing"
+EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, sharing or "
+                    "cell-fragmentation")
 T = TypeVar("T")
 
 
@@ -141,6 +142,13 @@ def experiment(
             run_sharing(out, chosen, first_n=first_n, inner=inner,
                         only=tuple(policy) if policy else None,
                         progress=rich_progress if progress else None)
+            typer.echo((out / "results.md").read_text())
+            return
+        if name == "cell-fragmentation":
+            from hops.cellfrag import run_cell_fragmentation
+            from simulator.fragstress import StressSettings
+
+            run_cell_fragmentation(out, StressSettings(seed=seed))
             typer.echo((out / "results.md").read_text())
             return
         per_hour = tuple(float(r) for r in rates.split(","))
