@@ -25,6 +25,20 @@ The mechanism (simulator, leader) receives the policy object built by
 in the profiling-first layer (Hops §3.2,
 :class:`~.layers.profiling_first.ProfilingFirst`) with the spec's
 ``profile_*`` settings: no policy profiles on its own.
+
+Tenant policies (issue 20) wrap a cluster policy, named by their ``inner``
+setting, in a tenant layer: ``hived`` (HiveD's virtual clusters,
+:class:`~.layers.hived.HivedLayer`; ``opportunistic``), ``quota`` and
+``quota-borrow`` (Kueue-style nominal quota,
+:class:`~.layers.quota.QuotaLayer`). They need the tenants' cells
+(``make_policy(spec, cells=model)``). In the text form ``inner`` comes last
+and takes the rest of the text, so the inner spec keeps its commas::
+
+    hived:opportunistic=false,inner=hops:lam=inf,sigma=1.6
+
+The profiling-first layer goes around the whole stack, once, with the inner
+spec's ``profile_*`` settings; the inner spec is a cluster policy (a tenant
+policy inside another is an error).
 """
 
 from __future__ import annotations
@@ -34,13 +48,18 @@ from typing import assert_never
 
 import msgspec
 
+from scheduling.cells import CellModel
 from scheduling.layers.base import LayeredPolicy
+from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
+from scheduling.layers.quota import QuotaLayer, quotas_of
 from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
 from scheduling.policy import Policy
 from scheduling.priorities import priority_fn
+
+DEFAULT_INNER = "hops"
 
 
 class HopsSpec(HopsSettings, tag="hops", tag_field="name", frozen=True):
@@ -71,13 +90,56 @@ class GavelSpec(GavelSettings, tag="gavel", tag_field="name", frozen=True):
     """The Gavel baseline (:class:`~.baselines.gavel.GavelPolicy`)."""
 
 
-PolicySpec = HopsSpec | HopsProfilePreemptSpec | SiaSpec | SiaLpStartSpec | GavelSpec
+ClusterSpec = HopsSpec | HopsProfilePreemptSpec | SiaSpec | SiaLpStartSpec | GavelSpec
+
+
+class _TenantSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A tenant layer around the cluster policy ``inner`` (its spec text)."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def inner_spec(self) -> ClusterSpec:
+        spec = parse_policy(self.inner)
+        if isinstance(spec, TENANT_TYPES):
+            raise PolicyError(f"inner policy {self.inner!r} is a tenant policy; "
+                              "it must be a cluster policy")
+        return spec
+
+    @property
+    def r_num(self) -> int:
+        """The inner policy's R_num (what admission and the mechanism read)."""
+        return self.inner_spec.r_num
+
+
+class HivedSpec(_TenantSpec, tag="hived", tag_field="name", frozen=True):
+    """HiveD's virtual clusters around ``inner`` (:class:`~.layers.hived.HivedLayer`);
+    ``opportunistic``: jobs beyond their tenant's cells may use idle GPUs."""
+
+    opportunistic: bool = True
+
+
+class QuotaSpec(_TenantSpec, tag="quota", tag_field="name", frozen=True):
+    """Kueue-style nominal quota per tenant and GPU type, no borrowing."""
+
+
+class QuotaBorrowSpec(_TenantSpec, tag="quota-borrow", tag_field="name", frozen=True):
+    """Nominal quota with borrowing of other tenants' idle quota."""
+
+
+TenantSpec = HivedSpec | QuotaSpec | QuotaBorrowSpec
+TENANT_TYPES = (HivedSpec, QuotaSpec, QuotaBorrowSpec)
+PolicySpec = ClusterSpec | TenantSpec
 
 SPECS: Mapping[str, type[PolicySpec]] = {
     str(cls.__struct_config__.tag): cls
-    for cls in (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec)
+    for cls in (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec,
+                HivedSpec, QuotaSpec, QuotaBorrowSpec)
 }
-POLICIES: tuple[str, ...] = tuple(SPECS)
+# The cluster policies (every one runs without tenants' cells); the tenant
+# policies need cells.
+POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "sia", "sia-lp-start", "gavel")
+TENANT_POLICIES: tuple[str, ...] = ("hived", "quota", "quota-borrow")
 DEFAULT_POLICY = "hops"
 
 
@@ -103,6 +165,9 @@ def parse_policy(text: str) -> PolicySpec:
         return spec_from_mapping(mapping)
     name, _, rest = text.partition(":")
     values: dict[str, object] = {}
+    rest, inner = _split_inner(rest)
+    if inner is not None:
+        values["inner"] = inner
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
@@ -140,8 +205,25 @@ def with_settings(spec: PolicySpec, values: Mapping[str, object]) -> PolicySpec:
     return new
 
 
+def _split_inner(rest: str) -> tuple[str, str | None]:
+    """``rest`` without a trailing ``inner=...``, and that inner spec text."""
+    for i, item in enumerate(rest.split(",")):
+        if item.strip().startswith("inner="):
+            head = ",".join(rest.split(",")[:i])
+            tail = ",".join(rest.split(",")[i:]).strip()
+            return head, tail.partition("=")[2].strip()
+    return rest, None
+
+
 def check(spec: PolicySpec) -> None:
-    """Errors that only building the policy would find (the priority's name)."""
+    """Errors that only building the policy would find (the priority's name,
+    a tenant policy's inner spec)."""
+    if isinstance(spec, TENANT_TYPES):
+        try:
+            _ = spec.inner_spec
+        except PolicyError as e:
+            raise PolicyError(f"policy {policy_name(spec)}: inner: {e}") from None
+        return
     try:
         priority_fn(spec.priority)
     except ValueError as e:
@@ -157,18 +239,40 @@ def spec_text(spec: PolicySpec) -> str:
     the named policy's defaults (``parse_policy(spec_text(s)) == s``)."""
     name = policy_name(spec)
     base = msgspec.structs.asdict(SPECS[name]())
-    changed = [
-        f"{k}={_text(v)}" for k, v in msgspec.structs.asdict(spec).items() if base[k] != v
-    ]
+    items = msgspec.structs.asdict(spec).items()
+    changed = [f"{k}={_text(v)}" for k, v in items if base[k] != v and k != "inner"]
+    inner = getattr(spec, "inner", DEFAULT_INNER)
+    changed += [f"inner={inner}"] if inner != DEFAULT_INNER else []  # last: it takes the rest
     return name + (":" + ",".join(changed) if changed else "")
 
 
-def make_policy(spec: PolicySpec | str) -> Policy:
+def make_policy(spec: PolicySpec | str, cells: CellModel | None = None) -> Policy:
     """The policy ``spec`` names, with its settings, inside the
-    profiling-first layer."""
+    profiling-first layer. A tenant policy (``hived``, ``quota``,
+    ``quota-borrow``) needs the tenants' ``cells``; a cluster policy
+    ignores them."""
     if isinstance(spec, str):
         spec = parse_policy(spec)
+    if isinstance(spec, TENANT_TYPES):
+        return _tenant(spec, cells)
     return _inner(spec).wrapped(ProfilingFirst(profiling_settings(spec)))
+
+
+def _tenant(spec: TenantSpec, cells: CellModel | None) -> Policy:
+    name = policy_name(spec)
+    if cells is None:
+        raise PolicyError(f"policy {name} needs the tenants' cells (a cells spec: "
+                          "cell_types, physical_cells, virtual_clusters)")
+    inner = spec.inner_spec
+    layer: HivedLayer | QuotaLayer
+    match spec:
+        case HivedSpec():
+            layer = HivedLayer(cells, spec.opportunistic, inner.r_num)
+        case QuotaSpec() | QuotaBorrowSpec():
+            layer = QuotaLayer(quotas_of(cells), borrow=isinstance(spec, QuotaBorrowSpec))
+        case _:
+            assert_never(spec)
+    return _inner(inner).wrapped(layer, ProfilingFirst(profiling_settings(inner)))
 
 
 def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:
@@ -177,7 +281,7 @@ def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> Prof
     return ProfilingSettings(spec.profile_gpus, spec.profile_share, spec.profile_preempt)
 
 
-def _inner(spec: PolicySpec) -> LayeredPolicy:
+def _inner(spec: ClusterSpec) -> LayeredPolicy:
     match spec:
         case HopsSpec() | HopsProfilePreemptSpec():
             return HopsPolicy(spec)
@@ -193,7 +297,8 @@ def _spec_type(name: str) -> type[PolicySpec]:
     try:
         return SPECS[name]
     except KeyError:
-        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+        known = ", ".join((*POLICIES, *TENANT_POLICIES))
+        raise PolicyError(f"unknown policy {name!r}; known: {known}") from None
 
 
 def _text(value: object) -> str:

@@ -77,6 +77,10 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Cores and memory held outside the plan, per server (no GPUs: those are
     # in ``held``).
     held_extras: dict[ServerId, Resources] = {}
+    # The opaque state each stateful layer left after the previous plan, by
+    # layer name (``LayerRecord.state``): the simulator threads it from plan
+    # to plan, the live leader keeps it in KV so a standby plans the same.
+    layer_state: dict[str, bytes] = {}
 
     def __post_init__(self) -> None:
         for sid, extra in self.held_extras.items():
@@ -137,13 +141,17 @@ class PassStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class LayerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What one layer around the policy did in this call
     (scheduling/layers): the GPUs it kept from the policy beneath
-    it, the jobs it held back, the assignments it removed, and a note."""
+    it, the jobs it held back, the assignments it removed, and a note.
+    ``state`` is a stateful layer's opaque state after this plan (HiveD's
+    cell bindings), which the next snapshot carries back as
+    ``Snapshot.layer_state[name]``; empty for a stateless layer."""
 
     name: str
     held: dict[ServerId, int] = {}
     held_back: tuple[JobId, ...] = ()
     removed: tuple[JobId, ...] = ()
     note: str = ""
+    state: bytes = b""
 
 
 class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -111,6 +111,9 @@ class Simulation:
         self.finished: list[tuple[float, float]] = []
         self.done = 0
         self._arrived = False  # jobs arrived since ``live`` was last put in workload order
+        # Each stateful layer's state after the last plan (LayerRecord.state),
+        # handed to the next plan as the live leader does from KV.
+        self.layer_state: dict[str, bytes] = {}
 
     # ------------------------------------------------------------ main loop
 
@@ -318,6 +321,7 @@ class Simulation:
             first_plan=first,
             profiling_held={k: v for k, v in self.occ.profiling.items() if v},
             held_extras={} if first else dict(self.occ.extras),
+            layer_state=dict(self.layer_state),
         )
         start = self.timer() if self.timer else 0.0
         plan = self.policy.plan(snap)
@@ -327,6 +331,7 @@ class Simulation:
         if why is not None:
             raise OverAllocation(f"{self.policy.name}: the plan over-allocates: {why}")
         self._apply(plan, first)
+        self.layer_state = {r.name: r.state for r in plan.reasons.layers if r.state}
         return spent
 
     def _estimates(self, active: Sequence[JobRecord]) -> dict[JobId, JobEstimate]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from scheduling.cells.binding import Bindings
 from scheduling.cells.buddy import POOL, USED, Buddy
-from scheduling.cells.opportunistic import idle_cells
+from scheduling.cells.opportunistic import idle, idle_cells
 from scheduling.cells.spec import CellModel, Chain, shortfall
 from scheduling.cells.tree import Tree
 from scheduling.cells.views import Allocation, Refusal, ServerGpus, Violation
@@ -136,6 +136,22 @@ class Ledger:
                 return self.record(job_id, Job(tenant, chain.gpu_type, gpus, True, tuple(cells),
                                                 self.leaves_of(cells, gpus)))
         return Refusal(job_id, "no-capacity", f"no idle {chain.gpu_type} cell for {gpus} GPUs")
+
+    def hold(self, server: ServerId, gpus: int, holder: str) -> int:
+        """Keep up to ``gpus`` idle GPUs of ``server`` from every allocation:
+        GPUs busy outside the cells (a profiling run, a job the cells do not
+        know). They count as opportunistic, so a guaranteed job whose cell
+        holds them is refused with ``preempt`` naming ``holder``, and the
+        binding avoids them where it can (§3.3). Returns how many GPUs were
+        held; :meth:`release` of ``holder`` gives them back. While a hold
+        lasts, :meth:`opportunistic_gpus` is not to be read."""
+        node = self.tree.node_of.get(server)
+        if node is None or gpus < 1 or holder in self.jobs:
+            return 0
+        leaves = tuple(c for c in self.tree.leaves[node] if idle(self.tree, self.buddy, c))[:gpus]
+        if leaves:
+            self.record(holder, Job("", self.tree.chain[node], len(leaves), True, leaves, leaves))
+        return len(leaves)
 
     def leaves_of(self, cells: list[int] | tuple[int, ...], gpus: int) -> tuple[int, ...]:
         """The GPUs a job uses: the first leaves of its cells, filled in turn."""

@@ -193,6 +193,12 @@ def plan_groups(
     )
 
 
+def merge_reasons(reasons: Sequence[PlanReasons], policy: str) -> PlanReasons:
+    """The reasons of several inner calls as one (the first call's policy
+    name; ``policy`` when there was no call)."""
+    return _merged(reasons, policy)
+
+
 def _merged(reasons: Sequence[PlanReasons], policy: str) -> PlanReasons:
     if not reasons:
         return PlanReasons(policy=policy)

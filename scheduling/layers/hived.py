@@ -1,0 +1,313 @@
+"""HiveD as a layer of the policy stack (Zhao et al., OSDI'20, §3.1 Figure 2:
+a two-layer design with any scheduler inside each virtual cluster).
+
+Per tenant (``JobSpec.tenant``) the inner policy plans the tenant's jobs on
+the tenant's virtual cluster (:mod:`.hived_view`) as if it were the whole
+cluster. Each assignment is then bound to physical GPUs by buddy cell
+allocation (Algorithm 1) through :meth:`scheduling.cells.Cells.allocate`;
+a job whose virtual configuration is unchanged keeps its cells, a resized
+or moved one releases them and allocates again. Jobs beyond what their
+tenant's cells hold now, and every job of a low-priority tenant, may run
+opportunistically on idle GPUs of any tenant (setting ``opportunistic``),
+shared by weighted max-min (:mod:`.hived_opportunistic`). A guaranteed job
+whose cell holds opportunistic jobs preempts them (§3.3: strict priority),
+but only in a round's first plan: a plan later in the round only adds
+(Hops §3.6), so the guaranteed job waits for the next first plan (a
+departure: HiveD preempts at once).
+
+The layer is stateful: its cell bindings and each job's virtual
+configuration travel as ``LayerRecord.state`` and come back as
+``Snapshot.layer_state["hived"]`` (§4 "Fault tolerance": a standby rebuilds
+the same bindings). Each plan restores that state, reconciles it with the
+snapshot (a job that ended, or that the mechanism did not start, gives its
+cells back), keeps the snapshot's physical holds (profiling runs) out of the
+cells for this plan, plans, and returns the new state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import msgspec
+
+from scheduling.cells import Allocation, CellModel, Cells
+from scheduling.cells import Snapshot as CellsSnapshot
+from scheduling.layers.base import annotate, merge_reasons
+from scheduling.layers.hived_opportunistic import share
+from scheduling.layers.hived_view import (
+    bad_holds,
+    config_type,
+    tenant_snapshot,
+    virtual_cluster,
+)
+from scheduling.policy import Policy
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
+from shared.job import R_NUM
+from shared.snapshot import Assignment, JobState, LayerRecord, Plan, Snapshot
+
+HOLD = "\x00held:"  # holder ids of physical holds (never a job id)
+
+
+class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The layer's state after a plan: the cells (bindings, each job's
+    cells, bad servers) and each guaranteed job's virtual configuration."""
+
+    cells: CellsSnapshot
+    virtual: dict[str, Configuration] = {}
+
+
+def decode_state(raw: bytes) -> HivedState:
+    return msgspec.json.decode(raw, type=HivedState)
+
+
+class HivedLayer:
+    """Virtual clusters and buddy cell allocation around any inner policy."""
+
+    name = "hived"
+
+    def __init__(self, model: CellModel, opportunistic: bool = True, r_num: int = R_NUM) -> None:
+        self.model = model
+        self.opportunistic = opportunistic
+        self.r_num = r_num
+        self._vcs: dict[tuple[str, int], Cluster | None] = {}
+        self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
+
+    def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
+        """The state the previous plan left (fresh when there is none). The
+        object of the last plan is reused when the snapshot carries exactly
+        its state; restoring gives the same state and decisions either way."""
+        raw = snapshot.layer_state.get(self.name, b"")
+        if self._last is not None and raw and raw == self._last[0]:
+            return self._last[1], dict(self._last[2])
+        if not raw:
+            return Cells(self.model), {}
+        state = decode_state(raw)
+        return Cells.restore(self.model, state.cells), {
+            JobId(k): v for k, v in state.virtual.items()}
+
+    def vc(self, tenant: str, cluster: Cluster) -> Cluster | None:
+        key = (tenant, id(cluster))
+        if key not in self._vcs:
+            if len(self._vcs) > 256:
+                self._vcs.clear()
+            self._vcs[key] = virtual_cluster(self.model, tenant, cluster)
+        return self._vcs[key]
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        cells, virtual = self.restore(snapshot)
+        plan, state = _Round(self, snapshot, inner, cells, virtual).run()
+        self._last = (state, cells, dict(virtual))
+        return plan
+
+
+class _Round:
+    """One plan of the layer, over the restored state."""
+
+    def __init__(self, layer: HivedLayer, snapshot: Snapshot, inner: Policy, cells: Cells,
+                 virtual: dict[JobId, Configuration]) -> None:
+        self.layer, self.snap, self.inner, self.cells = layer, snapshot, inner, cells
+        self.virtual = virtual
+        self.first = snapshot.first_plan
+        self.jobs = {j.id: j for j in snapshot.jobs}
+        self.inner_plans: list[Plan] = []
+        self.kept: dict[JobId, Assignment] = {}  # first plan: running jobs that keep their GPUs
+        self.new: dict[JobId, Assignment] = {}
+        self.removed: list[JobId] = []
+        self.held_back: list[JobId] = []
+        self.notes: list[str] = []
+        self.preempted: list[JobId] = []
+        self.beyond: list[JobId] = []  # jobs no cell of their tenant can ever hold
+
+    # -- the steps ------------------------------------------------------
+
+    def run(self) -> tuple[Plan, bytes]:
+        self.health()
+        self.reconcile()
+        self.hold_physical()
+        wanted = self.plan_tenants()
+        if self.first:
+            self.release_unkept(wanted)
+        for tenant, vc, a in wanted:
+            if a.job_id not in self.kept:
+                self.guaranteed(tenant, vc, a)
+        if self.first:
+            self.keep_opportunistic()
+        self.place_opportunistic()
+        for holder in [j for j in sorted(self.cells.jobs) if j.startswith(HOLD)]:
+            self.cells.release(holder)
+        assignments = self.fit([*self.kept.values(), *self.new.values()])
+        state = HivedState(self.cells.snapshot(), {str(k): v for k, v in sorted(
+            self.virtual.items())})
+        raw = msgspec.json.encode(state)
+        reasons = merge_reasons([p.reasons for p in self.inner_plans], self.inner.name)
+        plan = Plan(tuple(assignments), (), reasons)
+        record = LayerRecord(self.layer.name, held_back=tuple(self.held_back),
+                             removed=tuple(self.removed), note=self.note(), state=raw)
+        return annotate(plan, record), raw
+
+    def health(self) -> None:
+        """A server of the cells that the cluster no longer lists is bad
+        (§4 "Handling faulty hardware": its cells become doomed)."""
+        present = self.snap.cluster.by_id
+        for server in sorted(self.cells.tree.node_of):
+            self.cells.set_health(server, server in present)
+
+    def reconcile(self) -> None:
+        """Jobs that ended, stopped or never started (a placer refusal)
+        give their cells back; so does one running elsewhere than its cells."""
+        for jid in sorted(self.cells.jobs):
+            job = self.jobs.get(JobId(jid))
+            where = Configuration.of(self.cells.allocation(jid).servers())
+            if job is None or job.phase != "running" or job.current is None or (
+                    job.current.gpus_only != where):
+                self.cells.release(jid)
+        for jid in sorted(self.virtual):
+            held = self.cells.jobs.get(jid)
+            if held is None or held.opportunistic:
+                del self.virtual[jid]
+
+    def hold_physical(self) -> None:
+        """GPUs the snapshot holds that no job of the cells explains (the
+        profiling runs; in a later plan also running jobs outside the cells)
+        are kept from every allocation of this plan."""
+        explained: Counter[ServerId] = Counter()
+        if not self.first:
+            for jid in self.cells.jobs:
+                explained.update(self.cells.allocation(jid).servers())
+        for sid, gpus in sorted(self.snap.held.items()):
+            if gpus - explained[sid] > 0:
+                self.cells.hold(sid, gpus - explained[sid], HOLD + sid)
+
+    def sizes(self, job: JobState) -> tuple[int, ...]:
+        tenant = job.spec.tenant
+        types = sorted(self.layer.model.reservations.get(tenant, {}))
+        return tuple(n for n in job.spec.requirement_set(self.layer.r_num)
+                     if any(self.cells.fits(tenant, t, n) for t in types))
+
+    def plan_tenants(self) -> list[tuple[str, Cluster, Assignment]]:
+        """The inner policy on each tenant's VC view, tenants in name order."""
+        model = self.layer.model
+        by_tenant: dict[str, list[JobState]] = {}
+        for job in self.snap.jobs:
+            if job.spec.tenant not in model.low_priority:
+                self.held_back.append(job.id)
+                self.notes.append(f"{job.id}: unknown tenant {job.spec.tenant}")
+            else:
+                by_tenant.setdefault(job.spec.tenant, []).append(job)
+        out: list[tuple[str, Cluster, Assignment]] = []
+        for tenant in sorted(by_tenant):
+            vc = self.layer.vc(tenant, self.snap.cluster)
+            sizes = {j.id: self.sizes(j) for j in by_tenant[tenant]} if vc else {}
+            mine = [j for j in by_tenant[tenant] if sizes.get(j.id)]
+            self.beyond += [j.id for j in by_tenant[tenant] if not sizes.get(j.id)
+                            and j.phase == "queued"]
+            if vc is None or not mine:
+                continue
+            held = bad_holds(vc, self.cells.view(tenant))
+            view = tenant_snapshot(self.snap, vc, mine, self.virtual, held, sizes)
+            vplan = self.inner.plan(view)
+            self.inner_plans.append(vplan)
+            out += [(tenant, vc, a) for a in vplan.assignments]
+        return out
+
+    def release_unkept(self, wanted: Sequence[tuple[str, Cluster, Assignment]]) -> None:
+        """First plan: a running guaranteed job the inner policy left where
+        it was keeps its cells and GPUs; every other guaranteed job's cells
+        are released before anything is allocated."""
+        for _, _, a in wanted:
+            job = self.jobs[a.job_id]
+            if self.virtual.get(a.job_id) == a.config and job.current is not None:
+                self.kept[a.job_id] = msgspec.structs.replace(a, config=job.current)
+        for jid in sorted(self.cells.jobs):
+            if not self.cells.jobs[jid].opportunistic and JobId(jid) not in self.kept:
+                self.cells.release(jid)
+                self.virtual.pop(JobId(jid), None)
+
+    def guaranteed(self, tenant: str, vc: Cluster, a: Assignment) -> None:
+        """Bind a virtual assignment to physical cells, preempting
+        opportunistic jobs in a first plan (§3.3)."""
+        jid, job = a.job_id, self.jobs[a.job_id]
+        if job.phase == "running" and not self.first:
+            return self.refuse(jid, "moved in a later plan")
+        gpu = config_type(a.config, vc)
+        if gpu is None:
+            return self.refuse(jid, "mixes GPU types")
+        if jid in self.cells.jobs:  # running opportunistically, now within its cells
+            self.cells.release(jid)
+        got = self.cells.allocate(tenant, gpu, a.config.total_gpus, jid)
+        if not isinstance(got, Allocation) and got.reason == "preempt":
+            if any(v.startswith(HOLD) for v in got.victims):
+                return self.refuse(jid, "its cell has GPUs busy outside the cells (profiling)")
+            if not self.first:
+                return self.refuse(jid, "its cell's opportunistic jobs stop at the next first plan")
+            for victim in got.victims:
+                self.cells.release(victim)
+                self.preempted.append(JobId(victim))
+            got = self.cells.allocate(tenant, gpu, a.config.total_gpus, jid)
+        if not isinstance(got, Allocation):
+            return self.refuse(jid, got.reason)
+        self.virtual[jid] = a.config
+        self.new[jid] = msgspec.structs.replace(a, config=Configuration.of(got.servers()))
+        return None
+
+    def refuse(self, jid: JobId, why: str) -> None:
+        self.removed.append(jid)
+        self.notes.append(f"{jid}: {why}")
+
+    def keep_opportunistic(self) -> None:
+        """First plan: running opportunistic jobs not preempted keep their GPUs."""
+        for jid, held in sorted(self.cells.jobs.items()):
+            job = self.jobs.get(JobId(jid))
+            if held.opportunistic and job is not None and job.current is not None and (
+                    JobId(jid) not in self.new):
+                self.kept[JobId(jid)] = Assignment(JobId(jid), job.current)
+
+    def place_opportunistic(self) -> None:
+        """Waiting jobs of every tenant on idle GPUs, by weighted max-min."""
+        queues: dict[str, list[JobState]] = {}
+        for job in self.snap.jobs:
+            tenant = job.spec.tenant
+            waiting = job.phase == "queued" or (self.first and job.phase == "running")
+            if (not waiting or tenant not in self.layer.model.low_priority
+                    or job.id in self.new or job.id in self.kept or job.id in self.cells.jobs):
+                continue
+            queues.setdefault(tenant, []).append(job)
+        if not self.layer.opportunistic:
+            self.held_back += [j for j in self.beyond if j not in self.held_back]
+            return
+        usage: Counter[str] = Counter()
+        for held in self.cells.jobs.values():
+            if held.opportunistic and held.tenant:
+                usage[held.tenant] += held.gpus
+        placed = share(self.cells, queues, self.snap.estimates, usage, self.layer.r_num)
+        for jid, config in placed.items():
+            self.new[jid] = Assignment(jid, config)
+
+    def fit(self, assignments: Sequence[Assignment]) -> list[Assignment]:
+        """The assignments that fit the GPUs the snapshot leaves free, in
+        order (a guard: the cells and the holds make them all fit)."""
+        free = self.snap.free_gpus()
+        out: list[Assignment] = []
+        for a in assignments:
+            running = self.jobs[a.job_id].phase == "running"
+            if not self.first and running:
+                continue  # a later plan only adds
+            if all(free.get(s, 0) >= g for s, g in a.config.parts):
+                for s, g in a.config.parts:
+                    free[s] -= g
+                out.append(a)
+            else:
+                self.cells.release(a.job_id)
+                self.virtual.pop(a.job_id, None)
+                self.refuse(a.job_id, "its GPUs are held")
+        return out
+
+    def note(self) -> str:
+        opp = sum(1 for j in self.new if j in self.cells.jobs and self.cells.jobs[j].opportunistic)
+        head = f"{len(self.new) - opp} guaranteed and {opp} opportunistic placed"
+        if self.preempted:
+            head += f"; preempted {', '.join(self.preempted)}"
+        return "; ".join([head, *self.notes])

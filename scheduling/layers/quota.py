@@ -1,0 +1,146 @@
+"""Kueue-style nominal quota per tenant and GPU type, the baseline HiveD
+argues against (§1-§2: "tenants use quota, the number of GPUs, to reserve
+resources"; Kueue's ClusterQueue ``nominalQuota`` per resource flavor).
+
+Kueue admits a workload when its request fits its queue's unused quota, and
+the scheduler below places admitted pods anywhere. Here the inner policy is
+that scheduler: it plans every tenant's jobs on the physical cluster, and
+the layer admits its assignments in order (jobs keeping their
+configuration first, then plan order), dropping each that would take its
+tenant beyond its quota of the GPU type. Dropped jobs are held back and the
+inner policy plans again on what they leave (at most ``REPLANS`` times), so
+the GPUs a dropped job was given go to others, as Kueue's queue moves on to
+the next workload. Quotas are counts: where the admitted jobs sit is the
+inner policy's choice, which is how other tenants' small jobs fragment a
+tenant's nodes (the sharing anomaly of §2, Figure 1).
+
+With ``borrow`` (Kueue's cohort borrowing), a second phase plans the jobs
+left out on the GPUs left free, admitting an assignment while the type's
+GPUs in use stay within the sum of all tenants' quotas of it. Borrowed GPUs
+are reclaimed at a round's first plan: the nominal phase plans first, with
+every job, so an owner's jobs within its quota take the GPUs before any
+borrower's, and a borrowing job left without GPUs is preempted (left out
+of the plan; the mechanism keeps its progress). A plan later in the round
+only adds, so reclaiming waits for the next first plan.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+from scheduling.cells import CellModel
+from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
+from scheduling.policy import Policy
+from shared.configuration import Configuration
+from shared.ids import GpuType, JobId, ServerId
+from shared.snapshot import Assignment, LayerRecord, Plan, Snapshot
+
+REPLANS = 3
+Usage = Counter[tuple[str, GpuType]]
+
+
+def quotas_of(model: CellModel) -> dict[str, dict[GpuType, int]]:
+    """Each tenant's reserved GPUs per type: the same cells as HiveD's."""
+    out: dict[str, dict[GpuType, int]] = {}
+    for tenant, chains in sorted(model.reservations.items()):
+        out[tenant] = {g: sum(n * model.chains[g].sizes[lv - 1]
+                              for lv, n in enumerate(counts, start=1))
+                       for g, counts in sorted(chains.items())}
+    return out
+
+
+class QuotaLayer:
+    """Nominal quota (``quota``) or quota with borrowing (``quota-borrow``)."""
+
+    def __init__(self, quotas: Mapping[str, Mapping[GpuType, int]], borrow: bool = False) -> None:
+        self.quotas = {t: dict(q) for t, q in quotas.items()}
+        self.borrow = borrow
+        self.name = "quota-borrow" if borrow else "quota"
+        self.total: Counter[GpuType] = Counter()
+        for q in self.quotas.values():
+            self.total.update(q)
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        usage = self._running(snapshot)
+        plans: list[Plan] = []
+        admitted, dropped = self._phase(snapshot, inner, usage, self._own, plans)
+        if self.borrow:
+            taken: Counter[ServerId] = Counter()
+            for a in admitted:
+                if _moves(snapshot, a):
+                    taken.update(a.config.as_dict())
+            view = hold_back(hold(snapshot, taken), {a.job_id for a in admitted})
+            more, dropped = self._phase(view, inner, usage, self._cohort, plans)
+            admitted += more
+        reasons = merge_reasons([p.reasons for p in plans], inner.name)
+        plan = Plan(tuple(admitted), (), reasons)
+        note = f"{len(admitted)} admitted within quota" + (" or borrowed" if self.borrow else "")
+        return annotate(plan, LayerRecord(self.name, removed=tuple(dropped), note=note))
+
+    def _running(self, snapshot: Snapshot) -> Usage:
+        """A later plan: the running jobs' GPUs count against their quotas."""
+        usage: Usage = Counter()
+        if not snapshot.first_plan:
+            for j in snapshot.jobs:
+                if j.phase == "running" and j.current is not None:
+                    usage[(j.spec.tenant, _type(snapshot, j.current))] += j.current.total_gpus
+        return usage
+
+    def _own(self, usage: Usage, tenant: str, gpu: GpuType, gpus: int) -> bool:
+        return usage[(tenant, gpu)] + gpus <= self.quotas.get(tenant, {}).get(gpu, 0)
+
+    def _cohort(self, usage: Usage, tenant: str, gpu: GpuType, gpus: int) -> bool:
+        used = sum(v for (_, g), v in usage.items() if g == gpu)
+        return used + gpus <= self.total[gpu]
+
+    def _phase(self, snapshot: Snapshot, inner: Policy, usage: Usage,
+               admits: Callable[[Usage, str, GpuType, int], bool],
+               plans: list[Plan]) -> tuple[list[Assignment], list[JobId]]:
+        """Plan, admit in order, hold back the dropped and plan again."""
+        view, left_out = snapshot, set()
+        for _ in range(REPLANS):
+            plan = inner.plan(view)
+            trial = Counter(usage)
+            admitted, dropped = _admit(snapshot, plan.assignments, trial, admits)
+            if not dropped:
+                break
+            left_out |= set(dropped)
+            view = hold_back(view, left_out)
+        plans.append(plan)
+        usage.clear()
+        usage.update(trial)
+        return admitted, sorted(left_out | set(dropped))
+
+
+def _type(snapshot: Snapshot, config: Configuration) -> GpuType:
+    return snapshot.cluster.by_id[config.servers[0]].gpu_type
+
+
+def _moves(snapshot: Snapshot, a: Assignment) -> bool:
+    """Whether the assignment books GPUs (not a running job of a later plan
+    keeping its configuration, whose GPUs are held already)."""
+    if snapshot.first_plan:
+        return True
+    return not any(j.id == a.job_id and j.phase == "running" for j in snapshot.jobs)
+
+
+def _admit(snapshot: Snapshot, assignments: Sequence[Assignment], usage: Usage,
+           admits: Callable[[Usage, str, GpuType, int], bool]
+           ) -> tuple[list[Assignment], list[JobId]]:
+    jobs = {j.id: j for j in snapshot.jobs}
+    keeping = [a for a in assignments if jobs[a.job_id].current == a.config]
+    order = keeping + [a for a in assignments if jobs[a.job_id].current != a.config]
+    admitted: list[Assignment] = []
+    dropped: list[JobId] = []
+    for a in order:
+        job = jobs[a.job_id]
+        if not snapshot.first_plan and job.phase == "running":
+            continue  # counted already
+        key = (job.spec.tenant, _type(snapshot, a.config))
+        if admits(usage, key[0], key[1], a.config.total_gpus):
+            usage[key] += a.config.total_gpus
+            admitted.append(a)
+        else:
+            dropped.append(a.job_id)
+    return admitted, dropped
