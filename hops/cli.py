@@ -129,6 +129,7 @@ def experiment(
         help="'sharing': traces, comma-separated, one tenant each or with a tenant column "
         "(default: the four ElasticFlow traces)")] = None,
     inner: Annotated[str, typer.Option(help="'sharing': the inner policy")] = "hops:lam=inf",
+    workers: Annotated[int, typer.Option(help="'sharing': simulations run at once")] = 1,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import POLICIES, define, run_experiment
@@ -141,7 +142,7 @@ def experiment(
             chosen = tuple(t for t in traces.split(",") if t) if traces else DEFAULT_TRACES
             run_sharing(out, chosen, first_n=first_n, inner=inner,
                         only=tuple(policy) if policy else None,
-                        progress=rich_progress if progress else None)
+                        progress=rich_progress if progress else None, workers=workers)
             typer.echo((out / "results.md").read_text())
             return
         if name == "cell-fragmentation":

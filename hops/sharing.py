@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import yaml
@@ -89,15 +89,12 @@ def derive(traces: Sequence[str]) -> Setup:
 
 
 def build_policy(mapping: dict[str, object], cells: CellModel) -> Policy:
-    """``make_policy`` with the cells (the layered registry's signature,
-    ``make_policy(spec, cells=...)``) when it takes them; a spec this
-    registry does not know is a PolicyError."""
+    """The policy of ``mapping`` with the tenants' cells (rule 6: one cell
+    model for every tenant policy); a spec the registry does not know is a
+    PolicyError."""
     spec = parse_policy(json.dumps(mapping)) if "inner" in mapping else parse_policy(
         str(mapping["name"]))
-    try:
-        return cast(Any, make_policy)(spec, cells=cells)  # type: ignore[no-any-return]
-    except TypeError:
-        return make_policy(spec)
+    return make_policy(spec, cells=cells)
 
 
 def _r_num(text: str) -> int:
@@ -147,38 +144,60 @@ def _merge_private(runs: dict[str, RunOutcome]) -> dict[JobId, JobOutcome]:
     return {j.id: j for r in runs.values() for j in r.result.jobs}
 
 
-def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int | None = None,
-                inner: str = DEFAULT_INNER, only: Sequence[str] | None = None,
-                progress: ProgressFactory | None = None) -> dict[str, dict[str, Any]]:
-    """Run the experiment into ``out``; returns what ``results.json`` holds.
-    ``only`` restricts the shared-cluster runs to those labels."""
-    parse_policy(inner)  # a bad inner spec fails before the work
+def _prepare(traces: Sequence[str], first_n: int | None
+             ) -> tuple[Setup, CellModel, list[SimJob]]:
     setup = derive(traces)
-    out.mkdir(parents=True, exist_ok=True)
     cells = cells_from_doc(setup.cells, setup.cluster, "cells.yaml")
     truth = GroundTruth(setup.cluster, builtin_catalog())
-    jobs = tenant_jobs(setup.workload, truth, setup.cluster, setup.gpu, first_n)
+    return setup, cells, tenant_jobs(setup.workload, truth, setup.cluster, setup.gpu, first_n)
+
+
+def _run_one(label: str, traces: Sequence[str], first_n: int | None, inner: str,
+             progress: ProgressFactory | None = None
+             ) -> RunOutcome | dict[str, RunOutcome]:
+    """One run of the experiment (``private``: every tenant's), from the
+    traces alone, so that it can run in a worker process."""
+    setup, cells, jobs = _prepare(traces, first_n)
+    if label == "private":
+        return run_private(setup, jobs, inner, progress)
+    policy = build_policy(shared_specs(inner)[label], cells)
+    update, close = progress(label) if progress else (None, lambda: None)
+    try:
+        res, frag, wall = _simulate(setup.cluster, jobs, policy, _r_num(inner), update)
+    finally:
+        close()
+    return RunOutcome(res, frag, wall, setup.cluster.total_gpus)
+
+
+def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int | None = None,
+                inner: str = DEFAULT_INNER, only: Sequence[str] | None = None,
+                progress: ProgressFactory | None = None,
+                workers: int = 1) -> dict[str, dict[str, Any]]:
+    """Run the experiment into ``out``; returns what ``results.json`` holds.
+    ``only`` restricts the shared-cluster runs to those labels; ``workers``
+    > 1 runs that many simulations at once in worker processes (without
+    progress bars)."""
+    parse_policy(inner)  # a bad inner spec fails before the work
+    setup, cells, jobs = _prepare(traces, first_n)
+    out.mkdir(parents=True, exist_ok=True)
     owner = tenant_of(jobs)
     _write_setup(out, setup, jobs, traces, first_n, inner)
-    private = run_private(setup, jobs, inner, progress)
-    merged = _merge_private(private)
-    runs: dict[str, RunOutcome] = {}
+    labels: list[str] = []
     pending: dict[str, str] = {}
     for label, mapping in shared_specs(inner).items():
         if only is not None and label not in only:
             continue
         try:
-            policy = build_policy(mapping, cells)
+            build_policy(mapping, cells)
         except PolicyError as exc:
             pending[label] = str(exc)
             continue
-        update, close = progress(label) if progress else (None, lambda: None)
-        try:
-            res, frag, wall = _simulate(setup.cluster, jobs, policy, _r_num(inner), update)
-        finally:
-            close()
-        runs[label] = RunOutcome(res, frag, wall, setup.cluster.total_gpus)
-    results = _results(runs, private, merged, owner)
+        labels.append(label)
+    done = _run_all(["private", *labels], traces, first_n, inner, progress, workers)
+    private = done.pop("private")
+    assert isinstance(private, dict)
+    runs = {k: v for k, v in done.items() if isinstance(v, RunOutcome)}
+    results = _results(runs, private, _merge_private(private), owner)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     _write_jobs(out, runs, private, owner)
     from hops.plots import plot_sharing
@@ -188,6 +207,18 @@ def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int 
                                                    first_n, inner))
     plot_sharing(results, {k: r.fragmentation for k, r in runs.items()}, out)
     return results
+
+
+def _run_all(labels: Sequence[str], traces: Sequence[str], first_n: int | None, inner: str,
+             progress: ProgressFactory | None, workers: int
+             ) -> dict[str, RunOutcome | dict[str, RunOutcome]]:
+    if workers <= 1:
+        return {k: _run_one(k, traces, first_n, inner, progress) for k in labels}
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {k: pool.submit(_run_one, k, list(traces), first_n, inner) for k in labels}
+        return {k: f.result() for k, f in futures.items()}
 
 
 def _results(runs: dict[str, RunOutcome], private: dict[str, RunOutcome],
