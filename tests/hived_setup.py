@@ -7,10 +7,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from scheduling.cells import CellModel, cells_from_doc
+from scheduling.layers.base import stack
+from scheduling.policy import Policy
+from scheduling.registry import make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
+from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
+from shared.snapshot import LayerRecord, Plan, Snapshot
+from simulator.engine import SimSettings, Simulation
+from simulator.metrics import SimResult
 from simulator.workloads import SimJob
+from world.catalog import builtin_catalog
+from world.truth import GroundTruth
 
 RTX = GpuType("RTX3090")
 MODEL = "resnet18-cifar10"
@@ -53,3 +62,41 @@ def job(job_id: str, tenant: str, gpus: Sequence[int], at: float = 0.0,
     spec = JobSpec(JobId(job_id), MODEL, 256, 11_181_642, samples, tenant=TenantId(tenant),
                    requirements=tuple(gpus), submit_time=at)
     return SimJob(spec=spec, model=MODEL)
+
+
+class Spy:
+    """The outermost layer of a test: records every snapshot and plan."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Snapshot, Plan]] = []
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        plan = inner.plan(snapshot)
+        self.calls.append((snapshot, plan))
+        return plan
+
+
+def simulate(cluster: Cluster, jobs: Sequence[SimJob], spec: str, model: CellModel,
+             max_time_s: float = 6 * 3600.0) -> tuple[SimResult, Spy]:
+    """A run of a tenant policy, every plan recorded."""
+    spy = Spy()
+    policy = stack(make_policy(spec, cells=model), spy)
+    settings = SimSettings(max_time_s=max_time_s)
+    result = Simulation(cluster, jobs, policy, GroundTruth(cluster, builtin_catalog()),
+                        settings).run()
+    return result, spy
+
+
+def record(plan: Plan, name: str) -> LayerRecord:
+    return next(r for r in plan.reasons.layers if r.name == name)
+
+
+def config_of(spy: Spy, job_id: str) -> tuple[Snapshot, Configuration] | None:
+    """The first plan that started ``job_id``, and its configuration."""
+    for snap, plan in spy.calls:
+        config = plan.config_of(JobId(job_id))
+        if config is not None:
+            return snap, config
+    return None

@@ -148,7 +148,11 @@ class Ledger:
         node = self.tree.node_of.get(server)
         if node is None or gpus < 1 or holder in self.jobs:
             return 0
-        leaves = tuple(c for c in self.tree.leaves[node] if idle(self.tree, self.buddy, c))[:gpus]
+        free = [c for c in self.tree.leaves[node] if idle(self.tree, self.buddy, c)]
+        # Outside bound cells first, then the last GPUs: allocation packs
+        # from the lowest ids, so the cells it takes next stay whole.
+        free.sort(key=lambda c: (any(a in self.bindings.bound for a in self.tree.ancestors(c)), -c))
+        leaves = tuple(free[:gpus])
         if leaves:
             self.record(holder, Job("", self.tree.chain[node], len(leaves), True, leaves, leaves))
         return len(leaves)

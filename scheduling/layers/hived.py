@@ -42,7 +42,7 @@ from scheduling.layers.hived_view import (
     virtual_cluster,
 )
 from scheduling.policy import Policy
-from shared.cluster import Cluster
+from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.job import R_NUM
@@ -60,7 +60,14 @@ class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def decode_state(raw: bytes) -> HivedState:
+    """The layer's state from ``LayerRecord.state`` / ``Snapshot.layer_state["hived"]``."""
     return msgspec.json.decode(raw, type=HivedState)
+
+
+def restore_cells(model: CellModel, raw: bytes) -> Cells:
+    """The cells as the plan that left ``raw`` left them (fresh when empty):
+    what ``GET /tenants`` shows (:meth:`Cells.views`)."""
+    return Cells.restore(model, decode_state(raw).cells) if raw else Cells(model)
 
 
 class HivedLayer:
@@ -72,7 +79,7 @@ class HivedLayer:
         self.model = model
         self.opportunistic = opportunistic
         self.r_num = r_num
-        self._vcs: dict[tuple[str, int], Cluster | None] = {}
+        self._vcs: dict[tuple[str, tuple[GpuTypeSpec, ...]], Cluster | None] = {}
         self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
@@ -85,11 +92,10 @@ class HivedLayer:
         if not raw:
             return Cells(self.model), {}
         state = decode_state(raw)
-        return Cells.restore(self.model, state.cells), {
-            JobId(k): v for k, v in state.virtual.items()}
+        return restore_cells(self.model, raw), {JobId(k): v for k, v in state.virtual.items()}
 
     def vc(self, tenant: str, cluster: Cluster) -> Cluster | None:
-        key = (tenant, id(cluster))
+        key = (tenant, cluster.gpu_types)
         if key not in self._vcs:
             if len(self._vcs) > 256:
                 self._vcs.clear()
@@ -231,7 +237,9 @@ class _Round:
         opportunistic jobs in a first plan (§3.3)."""
         jid, job = a.job_id, self.jobs[a.job_id]
         if job.phase == "running" and not self.first:
-            return self.refuse(jid, "moved in a later plan")
+            if self.virtual.get(jid) != a.config:  # a later plan only adds
+                self.refuse(jid, "moved in a later plan")
+            return None
         gpu = config_type(a.config, vc)
         if gpu is None:
             return self.refuse(jid, "mixes GPU types")
