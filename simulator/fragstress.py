@@ -184,11 +184,13 @@ def replay(jobs: Sequence[StressJob], placer: Placer, nodes: int) -> StressRun:
             else:
                 waiting.append(by_id[jid])
         still: list[StressJob] = []
+        refused: set[tuple[str, int]] = set()  # starts only take GPUs: same shape, same answer
         for job in waiting:
-            if placer.start(job):
+            if (job.tenant, job.gpus) not in refused and placer.start(job):
                 waits[job.id] = now - job.submit_h
                 heapq.heappush(events, (now + job.run_h, 0, job.id))
             else:
+                refused.add((job.tenant, job.gpus))
                 still.append(job)
         waiting = still
         share = placer.busy_nodes() / nodes
