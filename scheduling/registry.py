@@ -269,7 +269,7 @@ def _tenant(spec: TenantSpec, cells: CellModel | None) -> Policy:
         case HivedSpec():
             layer = HivedLayer(cells, spec.opportunistic, inner.r_num)
         case QuotaSpec() | QuotaBorrowSpec():
-            layer = QuotaLayer(quotas_of(cells), borrow=isinstance(spec, QuotaBorrowSpec))
+            layer = QuotaLayer(quotas_of(cells), isinstance(spec, QuotaBorrowSpec), inner.r_num)
         case _:
             assert_never(spec)
     return _inner(inner).wrapped(layer, ProfilingFirst(profiling_settings(inner)))

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from scheduling.layers.base import LayeredPolicy, annotate, stack
-from scheduling.layers.hived import HivedLayer
+from scheduling.layers.hived import HivedLayer, restore_cells
 from scheduling.layers.profiling_first import ProfilingFirst
 from scheduling.layers.quota import QuotaLayer, quotas_of
 from scheduling.policy import Policy
@@ -154,3 +154,18 @@ def test_the_simulator_threads_each_layers_state_to_the_next_plan() -> None:
     Simulation(cluster, jobs, stack(make_policy("hops:lam=inf"), layer),
                GroundTruth(cluster, builtin_catalog())).run()
     assert len(layer.seen) > 3 and layer.seen == list(range(len(layer.seen)))
+
+
+def test_a_server_missing_from_the_snapshot_becomes_a_doomed_cell() -> None:
+    """n1 is gone from the cluster (§4 "Handling faulty hardware"): the
+    layer marks it bad, the tenant left with it sees a doomed cell (its
+    view holds those GPUs) and nothing is placed there."""
+    model = model_of(rtx_cluster(2), {"a": [("NODE", 1)], "b": [("NODE", 1)]})
+    jobs = [tenant_job("a0", "a", [8]), tenant_job("b0", "b", [8])]
+    plan = make_policy("hived:inner=hops:lam=inf", cells=model).plan(snapshot(jobs, nodes=1))
+    cells = restore_cells(model, record(plan, "hived").state)
+    assert cells.bad_servers == {"n1"}
+    doomed = [t for t in ("a", "b") if any(c.doomed for c in cells.view(t).chains[0].bound)]
+    assert len(doomed) == 1 and cells.view(doomed[0]).chains[0].bad_gpus == 8
+    (placed,) = plan.assignments  # the other tenant's job, on the healthy node
+    assert placed.job_id != f"{doomed[0]}0" and placed.config.parts == (("n0", 8),)

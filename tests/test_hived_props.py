@@ -3,6 +3,7 @@ the simulator (HiveD §3.3 Theorem 1; the invariants of issue 20)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -11,9 +12,10 @@ from hypothesis import strategies as st
 from scheduling.cells import CellModel, Cells
 from scheduling.check import plan_overallocation
 from scheduling.layers.hived import decode_state
+from scheduling.layers.quota import quotas_of
 from shared.snapshot import Plan, Snapshot
 from tests.helpers import untimed
-from tests.hived_setup import job, model_of, record, rtx_cluster, simulate
+from tests.hived_setup import RTX, job, model_of, record, rtx_cluster, simulate
 
 LAYOUTS: dict[int, dict[str, list[tuple[str, int]]]] = {
     2: {"a": [("NODE", 1)], "b": [("QUAD", 1), ("PAIR", 1), ("RTX3090", 1)]},
@@ -80,3 +82,27 @@ def test_every_plan_keeps_the_invariants_and_is_deterministic(
     _, again = simulate(cluster, jobs, spec, model, max_time_s=4 * 3600.0)
     assert [untimed(p) for _, p in again.calls] == [untimed(p) for _, p in spy.calls]
     assert [s for s, _ in again.calls] == [s for s, _ in spy.calls]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_quota_never_takes_a_tenant_beyond_its_quota(case: tuple[int, bool, list[Any]]) -> None:
+    """At every plan of ``quota`` each tenant's GPUs (running jobs that keep
+    theirs, and the plan's) are within its reserved GPUs."""
+    tenants, _, jobs = case
+    cluster = rtx_cluster(tenants)
+    model = model_of(cluster, LAYOUTS[tenants], low=("lp",), weights={"lp": 0.5})
+    quotas = quotas_of(model)
+    _, spy = simulate(cluster, jobs, "quota:inner=hops:lam=inf", model, max_time_s=4 * 3600.0)
+    for snap, plan in spy.calls:
+        assert plan_overallocation(snap, plan) is None
+        tenant = {j.id: j.spec.tenant for j in snap.jobs}
+        use: Counter[str] = Counter()
+        if not snap.first_plan:
+            for j in snap.jobs:
+                if j.phase == "running" and j.current is not None:
+                    use[j.spec.tenant] += j.current.total_gpus
+        for a in plan.assignments:
+            use[tenant[a.job_id]] += a.config.total_gpus
+        for t, gpus in use.items():
+            assert gpus <= quotas.get(t, {}).get(RTX, 0)

@@ -104,6 +104,7 @@ class HivedLayer:
 
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         cells, virtual = self.restore(snapshot)
+        self._last = None  # the object changes now: reusable only once this plan is made
         plan, state = _Round(self, snapshot, inner, cells, virtual).run()
         self._last = (state, cells, dict(virtual))
         return plan

@@ -31,15 +31,22 @@ def speed(est: JobEstimate, gpu: GpuType, gpus: int) -> float:
     return curve.agg_per_gpu(gpus) * gpus if curve is not None else 0.0
 
 
-def place_one(cells: Cells, job: JobState, est: JobEstimate, r_num: int) -> Configuration | None:
-    """The job on idle GPUs, at its smallest requirement, fastest type first."""
+def place_one(cells: Cells, job: JobState, est: JobEstimate, r_num: int,
+              failed: dict[GpuType, int]) -> Configuration | None:
+    """The job on idle GPUs, at its smallest requirement, fastest type first.
+    ``failed`` is the fewest GPUs of each type found not to fit in this pass
+    (idle cells only shrink during it), so a hopeless request is not retried."""
     gpus = job.spec.requirement_set(r_num)[0]
     types = sorted((t for t in cells.model.chains if speed(est, t, gpus) > 0),
                    key=lambda t: (-speed(est, t, gpus), t))
     for gpu in types:
+        if gpus >= failed.get(gpu, gpus + 1):
+            continue
         got = cells.allocate(job.spec.tenant, gpu, gpus, job.id, opportunistic=True)
         if isinstance(got, Allocation):
             return Configuration.of(got.servers())
+        if got.reason == "no-capacity":
+            failed[gpu] = min(gpus, failed.get(gpu, gpus))
     return None
 
 
@@ -53,13 +60,16 @@ def share(cells: Cells, queues: Mapping[str, Sequence[JobState]],
     used = {t: usage.get(t, 0) for t in queues}
     left = {t: [j for j in q if j.id in estimates] for t, q in queues.items()}
     out: dict[JobId, Configuration] = {}
+    failed: dict[GpuType, int] = {}
+    if not any(cells.idle_gpus().values()):
+        return out
     while True:
         waiting = [t for t in sorted(left) if left[t]]
         if not waiting:
             return out
         tenant = min(waiting, key=lambda t: (used[t] / weights.get(t, 1.0), t))
         job = left[tenant].pop(0)
-        config = place_one(cells, job, estimates[job.id], r_num)
+        config = place_one(cells, job, estimates[job.id], r_num, failed)
         if config is not None:
             out[job.id] = config
             used[tenant] += config.total_gpus

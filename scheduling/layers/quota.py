@@ -3,11 +3,15 @@ argues against (§1-§2: "tenants use quota, the number of GPUs, to reserve
 resources"; Kueue's ClusterQueue ``nominalQuota`` per resource flavor).
 
 Kueue admits a workload when its request fits its queue's unused quota, and
-the scheduler below places admitted pods anywhere. Here the inner policy is
-that scheduler: it plans every tenant's jobs on the physical cluster, and
-the layer admits its assignments in order (jobs keeping their
-configuration first, then plan order), dropping each that would take its
-tenant beyond its quota of the GPU type. Dropped jobs are held back and the
+the scheduler below places admitted pods anywhere. Here the layer first
+admits in queue order (running jobs first) by each job's smallest
+requirement: a job that fits no type its tenant may still use stays pending
+(held back, unseen by the inner policy). The inner policy is the scheduler
+below: it plans the admitted jobs of every tenant on the physical cluster,
+and since it may scale a job up, the layer admits its assignments again,
+exactly, in order (jobs keeping their configuration first, then plan
+order), dropping each that would take its tenant beyond its quota of the
+GPU type. Dropped jobs are held back and the
 inner policy plans again on what they leave (at most ``REPLANS`` times), so
 the GPUs a dropped job was given go to others, as Kueue's queue moves on to
 the next workload. Quotas are counts: where the admitted jobs sit is the
@@ -34,6 +38,7 @@ from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
 from scheduling.policy import Policy
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM
 from shared.snapshot import Assignment, LayerRecord, Plan, Snapshot
 
 REPLANS = 3
@@ -53,9 +58,11 @@ def quotas_of(model: CellModel) -> dict[str, dict[GpuType, int]]:
 class QuotaLayer:
     """Nominal quota (``quota``) or quota with borrowing (``quota-borrow``)."""
 
-    def __init__(self, quotas: Mapping[str, Mapping[GpuType, int]], borrow: bool = False) -> None:
+    def __init__(self, quotas: Mapping[str, Mapping[GpuType, int]], borrow: bool = False,
+                 r_num: int = R_NUM) -> None:
         self.quotas = {t: dict(q) for t, q in quotas.items()}
         self.borrow = borrow
+        self.r_num = r_num
         self.name = "quota-borrow" if borrow else "quota"
         self.total: Counter[GpuType] = Counter()
         for q in self.quotas.values():
@@ -64,19 +71,21 @@ class QuotaLayer:
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         usage = self._running(snapshot)
         plans: list[Plan] = []
-        admitted, dropped = self._phase(snapshot, inner, usage, self._own, plans)
+        admitted, removed, pending = self._phase(snapshot, inner, usage, self._own, plans)
         if self.borrow:
             taken: Counter[ServerId] = Counter()
             for a in admitted:
                 if _moves(snapshot, a):
                     taken.update(a.config.as_dict())
             view = hold_back(hold(snapshot, taken), {a.job_id for a in admitted})
-            more, dropped = self._phase(view, inner, usage, self._cohort, plans)
+            more, removed, pending = self._phase(view, inner, usage, self._cohort, plans)
             admitted += more
         reasons = merge_reasons([p.reasons for p in plans], inner.name)
         plan = Plan(tuple(admitted), (), reasons)
         note = f"{len(admitted)} admitted within quota" + (" or borrowed" if self.borrow else "")
-        return annotate(plan, LayerRecord(self.name, removed=tuple(dropped), note=note))
+        record = LayerRecord(self.name, held_back=tuple(pending), removed=tuple(removed),
+                             note=note)
+        return annotate(plan, record)
 
     def _running(self, snapshot: Snapshot) -> Usage:
         """A later plan: the running jobs' GPUs count against their quotas."""
@@ -96,21 +105,45 @@ class QuotaLayer:
 
     def _phase(self, snapshot: Snapshot, inner: Policy, usage: Usage,
                admits: Callable[[Usage, str, GpuType, int], bool],
-               plans: list[Plan]) -> tuple[list[Assignment], list[JobId]]:
-        """Plan, admit in order, hold back the dropped and plan again."""
-        view, left_out = snapshot, set()
+               plans: list[Plan]) -> tuple[list[Assignment], list[JobId], list[JobId]]:
+        """Admit by queue order, plan, admit the plan in order, hold back
+        the dropped and plan again."""
+        pending = self._pending(snapshot, usage, admits)
+        view, removed = hold_back(snapshot, pending), set()
         for _ in range(REPLANS):
             plan = inner.plan(view)
             trial = Counter(usage)
             admitted, dropped = _admit(snapshot, plan.assignments, trial, admits)
             if not dropped:
                 break
-            left_out |= set(dropped)
-            view = hold_back(view, left_out)
+            removed |= set(dropped)
+            view = hold_back(view, removed)
         plans.append(plan)
         usage.clear()
         usage.update(trial)
-        return admitted, sorted(left_out | set(dropped))
+        planned = {a.job_id for a in admitted}
+        return admitted, sorted(removed - planned), sorted(pending)
+
+    def _pending(self, snapshot: Snapshot, usage: Usage,
+                 admits: Callable[[Usage, str, GpuType, int], bool]) -> set[JobId]:
+        """Kueue's admission before placement: in queue order (running jobs
+        first), a job stays pending, unseen by the inner policy, once its
+        smallest requirement fits no type its tenant may still use. The
+        plan is admitted again exactly, since the inner policy may scale a
+        job up."""
+        trial = Counter(usage)
+        pending: set[JobId] = set()
+        types = [t.name for t in snapshot.cluster.gpu_types]
+        for job in sorted(snapshot.jobs, key=lambda j: j.phase != "running"):
+            if job.phase != "queued" and not (snapshot.first_plan and job.phase == "running"):
+                continue
+            gpus = job.spec.requirement_set(self.r_num)[0]
+            fits = [g for g in types if admits(trial, job.spec.tenant, g, gpus)]
+            if fits:
+                trial[(job.spec.tenant, fits[0])] += gpus
+            else:
+                pending.add(job.id)
+        return pending
 
 
 def _type(snapshot: Snapshot, config: Configuration) -> GpuType:
