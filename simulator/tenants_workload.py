@@ -3,8 +3,9 @@
 A multi-tenant workload is either one trace CSV with the ElasticFlow columns
 and a ``tenant`` column, or several ElasticFlow traces, one tenant each,
 named after the file's stem (``cluster01.csv`` is tenant ``cluster01``).
-The traces were collected on one clock, so only the period they share is
-used: the intersection of their submission-time ranges
+The default traces, microsoft/elasticflow-traces (Gu et al., ASPLOS'23; MIT
+licence, simulator/data/elasticflow/LICENSE), were collected on one clock, so
+only the period they share is used: the intersection of their submission-time ranges
 (:func:`shared_period`). Each job carries its tenant in ``JobSpec.tenant``;
 its id is ``<tenant>/<trace job id>``.
 
