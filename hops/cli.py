@@ -27,7 +27,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
-EXPERIMENTS_HELP = "table3, table4, priorities, arrival-rates or elasticflow"
+EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, sharing or "
+                    "cell-fragmentation")
 T = TypeVar("T")
 
 
@@ -124,12 +125,33 @@ def experiment(
     policy: Annotated[list[str] | None, typer.Option(
         help="a policy spec to compare, repeatable (default: hops, sia and gavel)")] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+    traces: Annotated[str | None, typer.Option(
+        help="'sharing': traces, comma-separated, one tenant each or with a tenant column "
+        "(default: the four ElasticFlow traces)")] = None,
+    inner: Annotated[str, typer.Option(help="'sharing': the inner policy")] = "hops:lam=inf",
+    workers: Annotated[int, typer.Option(help="'sharing': simulations run at once")] = 1,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import POLICIES, define, run_experiment
     from hops.simrun import rich_progress
 
     try:
+        if name == "sharing":
+            from hops.sharing import DEFAULT_TRACES, run_sharing
+
+            chosen = tuple(t for t in traces.split(",") if t) if traces else DEFAULT_TRACES
+            run_sharing(out, chosen, first_n=first_n, inner=inner,
+                        only=tuple(policy) if policy else None,
+                        progress=rich_progress if progress else None, workers=workers)
+            typer.echo((out / "results.md").read_text())
+            return
+        if name == "cell-fragmentation":
+            from hops.cellfrag import run_cell_fragmentation
+            from simulator.fragstress import StressSettings
+
+            run_cell_fragmentation(out, StressSettings(seed=seed))
+            typer.echo((out / "results.md").read_text())
+            return
         per_hour = tuple(float(r) for r in rates.split(","))
         exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress,
                      rates=per_hour, policies=tuple(policy or POLICIES))

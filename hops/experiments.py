@@ -90,7 +90,7 @@ def _define(name: str, seed: int, trace: str | None, rates: tuple[float, ...],
                        seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, f"ElasticFlow trace {base.workload}", runs)
-    known = "table3, table4, priorities, arrival-rates, elasticflow"
+    known = "table3, table4, priorities, arrival-rates, elasticflow, sharing"
     raise ValueError(f"unknown experiment {name!r}; known: {known}")
 
 

@@ -3,8 +3,9 @@ cluster throughput over time (Hops Figures 9, 11 and 12)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from simulator.metrics import SimResult
 
@@ -54,3 +55,41 @@ def plot_results(name: str, results: Mapping[str, SimResult], out: Path) -> list
     plt.close(fig)
     written.append(out / "throughput.png")
     return written
+
+
+def plot_sharing(results: Mapping[str, Mapping[str, Any]],
+                 fragmentation: Mapping[str, Sequence[tuple[float, float]]],
+                 out: Path) -> list[Path]:
+    """The sharing experiment (issue 20): each tenant's average wait under
+    each policy (grouped bars, HiveD Figure 7's view) and the fragmentation
+    level over time (Figure 6's bottom panel)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(results)
+    tenants = sorted({t for e in results.values() for t in e["tenants"]})
+    width = 0.8 / max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tenants)), 4))
+    for i, label in enumerate(labels):
+        waits = [results[label]["tenants"].get(t, {}).get("avg_wait_h", 0.0) for t in tenants]
+        ax.bar([k + i * width for k in range(len(tenants))], waits, width, label=label)
+    ax.set_xticks([k + width * (len(labels) - 1) / 2 for k in range(len(tenants))], tenants)
+    ax.set_ylabel("average wait (h)")
+    ax.set_title("sharing: average wait per tenant")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "tenant_wait.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, series in fragmentation.items():
+        ax.plot([t / 86400 for t, _ in series], [f for _, f in series], label=label, linewidth=1)
+    ax.set_xlabel("time (days)")
+    ax.set_ylabel("node cells that cannot host an 8-GPU job")
+    ax.set_title("sharing: fragmentation level")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "fragmentation.png", dpi=110)
+    plt.close(fig)
+    return [out / "tenant_wait.png", out / "fragmentation.png"]
