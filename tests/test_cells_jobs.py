@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduling.cells import Allocation, Cells, Refusal, cells_from_doc
-from shared.ids import GpuType
+from shared.ids import GpuType, ServerId
 from tests.cells_trees import cluster
 
 V100, K80 = GpuType("V100"), GpuType("K80")
@@ -104,3 +104,46 @@ def test_view_shows_bindings_and_usable_gpus() -> None:
     assert [(u.server, u.gpus) for u in nlp.usable] == [("v0", 3)]
     # The job holds a level-1 cell inside nlp's node cell, which is now bound.
     assert nlp.used_gpus == 1 and nlp.free_gpus == 11 and nlp.unbound_gpus == 8
+
+
+def k80_nodes(n: int) -> Cells:
+    """``n`` loose 8-GPU K80 nodes; nlp reserves one node, cv two GPUs."""
+    doc: dict[str, Any] = {
+        "cell_types": {"K80-NODE": {"child_cell_type": "K80", "child_cell_number": 8,
+                                    "is_node_level": True}},
+        "physical_cells": [{"cell_type": "K80-NODE", "server": f"k{i}"} for i in range(n)],
+        "virtual_clusters": {
+            "nlp": {"virtual_cells": [{"cell_type": "K80-NODE"}]},
+            "cv": {"virtual_cells": [{"cell_type": "K80", "cell_number": 2}]},
+        },
+    }
+    return Cells(cells_from_doc(doc, cluster({f"k{i}": ("K80", 8) for i in range(n)}), "k.yaml"))
+
+
+def test_a_held_free_part_is_passed_over_for_a_clean_cell() -> None:
+    """cv's first job takes a GPU of k0; every other GPU of k0 is then held
+    outside the cells (profiling runs, opportunistic to the cells).
+    Algorithm 1 takes a free cell of the level before splitting a larger
+    one, so cv's next 1-GPU job would get a held GPU of k0 and be refused
+    naming the hold. With a node to spare it gets a clean GPU of k1 instead;
+    with none to spare (nlp needs the last whole node: invariant (2)) it is
+    refused as before. A release undoes the allocation."""
+    cells = k80_nodes(3)
+    first = cells.allocate("cv", K80, 1, "c1")
+    assert isinstance(first, Allocation) and first.servers() == {"k0": 1}
+    assert cells.hold(first.placement[0].server, 7, "profiling") == 7
+    before = cells.snapshot()
+    second = cells.allocate("cv", K80, 1, "c2")
+    assert isinstance(second, Allocation) and second.servers() == {"k1": 1}, second
+    assert cells.check_safety() == ()
+    assert cells.release("c2") and cells.snapshot() == before
+    nlp = cells.allocate("nlp", K80, 8, "n1")
+    assert isinstance(nlp, Allocation) and nlp.servers() == {"k1": 8}
+
+    tight = k80_nodes(2)
+    assert isinstance(tight.allocate("cv", K80, 1, "c1"), Allocation)
+    assert tight.hold(ServerId("k0"), 7, "profiling") == 7
+    before = tight.snapshot()
+    refused = tight.allocate("cv", K80, 1, "c2")
+    assert isinstance(refused, Refusal) and refused.victims == ("profiling",)
+    assert tight.snapshot() == before and tight.check_safety() == ()

@@ -100,12 +100,61 @@ class Ledger:
             if victims:
                 for cell in reversed(cells):
                     self.bindings.unplace(cell, tenant)
-                return Refusal(job_id, "preempt", "opportunistic jobs hold the cell", victims)
+                clean = self._clean(tenant, chain.gpu_type, level) if count == 1 else None
+                if clean is None:
+                    return Refusal(job_id, "preempt", "opportunistic jobs hold the cell", victims)
+                cells = [clean]
             return self.record(job_id, Job(tenant, chain.gpu_type, gpus, False, tuple(cells),
                                              self.leaves_of(cells, gpus)))
         detail = (f"tenant {tenant} has no free {chain.gpu_type} cell for {gpus} GPUs"
                   if reason == "no-cell" else "only cells with bad GPUs are left")
         return Refusal(job_id, "no-cell" if reason == "no-cell" else "unhealthy", detail)
+
+    def _clean(self, tenant: str, gpu: GpuType, level: int) -> int | None:
+        """A level-``level`` cell no opportunistic job (nor a GPU held
+        outside the cells) touches: inside a free part of the tenant's bound
+        cells, else in a clean pool cell bound to one of its unbound virtual
+        cells (a legal allocation, so invariant (2) holds as for any other);
+        None when there is none. The buddy's choice takes a free cell of the
+        level itself before splitting a larger one or binding another
+        (Algorithm 1), so it may pick a held one while a clean one is to be
+        had: preempting then would stop jobs, or refuse, for nothing."""
+        top = self.tree.chains[gpu].top
+        for lv in range(level, top + 1):
+            for cell in sorted(self.buddy.sets.get((gpu, lv, tenant), ())):
+                if not (self.buddy.opp[cell] or self.buddy.bad[cell]):
+                    return self._carve(cell, tenant, level)
+        for vl in range(level, top + 1):
+            if self.bindings.unbound(tenant, gpu, vl) > 0:
+                bound = self._bind_clean(tenant, gpu, vl)
+                if bound is not None:
+                    return self._carve(bound, tenant, level)
+        return None
+
+    def _bind_clean(self, tenant: str, gpu: GpuType, level: int) -> int | None:
+        """Bind one of the tenant's unbound level-``level`` virtual cells to
+        a clean pool cell, carved from a larger free one where needed. This
+        may split a larger cell while a held cell of the level is free,
+        which Algorithm 1 would not do, so the binding is kept only when
+        invariant (2) still holds everywhere (else undone: None)."""
+        top = self.tree.chains[gpu].top
+        for lv in range(level, top + 1):
+            for cell in sorted(self.buddy.sets.get((gpu, lv, POOL), ())):
+                if self.buddy.opp[cell] or self.buddy.bad[cell]:
+                    continue
+                part = cell if lv == level else self.tree.below(cell, level)[0]
+                if not self.buddy.carve(part, POOL):
+                    continue
+                self.bindings.bind(part, tenant)
+                if not self.check_safety():
+                    return part
+                self.bindings.unbind(part)
+                return None
+        return None
+
+    def _carve(self, cell: int, tenant: str, level: int) -> int | None:
+        part = cell if self.tree.level[cell] == level else self.tree.below(cell, level)[0]
+        return part if self.buddy.carve(part, tenant) else None
 
     def _place_many(self, tenant: str, chain: GpuType, level: int, count: int) -> list[int] | str:
         """``count`` cells or a failure, all or nothing."""
