@@ -19,9 +19,19 @@ from gateway import access
 from shared.tenants import Principal
 from tests.natsfix import nats_server, nats_url
 from tests.test_gateway import nc, spec_json
-from tests.test_gateway_auth import eventually, hops, ready, serve_gateway, start, stop
 
-__all__ = ["nats_server", "nats_url", "nc"]  # fixtures
+# ``scheduler`` runs with this module's own ``tenants_file`` (fixtures resolve by name).
+from tests.test_gateway_auth import (
+    eventually,
+    hops,
+    ready,
+    scheduler,
+    serve_gateway,
+    start,
+    stop,
+)
+
+__all__ = ["nats_server", "nats_url", "nc", "scheduler"]  # fixtures
 
 TENANTS_YAML = """\
 tenants:
@@ -69,18 +79,6 @@ def tenants_file(tmp_path: Path) -> Path:
     path = tmp_path / "tenants.yaml"
     path.write_text(TENANTS_YAML)
     return path
-
-
-@pytest.fixture
-def scheduler(nats_url: str, tenants_file: Path, tmp_path: Path
-              ) -> Iterator[subprocess.Popen[bytes]]:
-    env = {"HOPS_NATS_URL": nats_url, "HOPS_ROUND_S": "1", "HOPS_PRIORITY_REFRESH_S": "1",
-           "HOPS_LEADER_TTL": "3", "HOPS_HEALTH_PORT": "", "HOPS_TENANTS": str(tenants_file)}
-    proc = start(["-m", "services.scheduler"], env, tmp_path / "scheduler.log")
-    try:
-        yield proc
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
