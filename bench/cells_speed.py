@@ -8,7 +8,9 @@ Eight tenants each reserve 128 nodes, 256 sockets, 512 switches and 1,024
 GPUs, a ninth two racks: 49,152 of the 65,536 GPUs. Before timing, jobs at
 random levels fill about half of every reservation, so requests find cells
 to split and releases find buddies to merge. Each timed request allocates a
-job at a random level for a random tenant and releases it.
+job at a random level for a random tenant and releases it. A second series
+times the policy layer's path, a job placed on one of its tenant's virtual
+servers (:meth:`Cells.allocate_on`).
 
     /work/main/.venv/bin/python -m bench.cells_speed [--requests N] [--seed S]
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduling.cells import Allocation, Cells, cells_from_doc
+from scheduling.cells import Allocation, Cells, cells_from_doc, virtual_slots
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
 
@@ -70,6 +72,11 @@ def fill(cells: Cells, rng: random.Random) -> None:
     cells.allocate("big", GPU, 8192, "bg-big")
 
 
+def ms(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=100)
+    return f"mean {statistics.fmean(xs) * 1e3:.3f} ms, p99 {q[98] * 1e3:.3f} ms"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
@@ -97,14 +104,33 @@ def main() -> None:
             both.append(alloc[-1] + free[-1])
     assert cells.check_safety() == ()
 
-    def ms(xs: list[float]) -> str:
-        q = statistics.quantiles(xs, n=100)
-        return f"mean {statistics.fmean(xs) * 1e3:.3f} ms, p99 {q[98] * 1e3:.3f} ms"
-
     print(f"allocate ({len(alloc):,} requests): {ms(alloc)}")
     print(f"release  ({len(free):,} jobs):     {ms(free)}")
     print(f"allocate + release of one job: {ms(both)} "
           f"(paper: 2.18 ms per request; target <= 1 ms)")
+    on, on_both = on_virtual_servers(cells, rng, args.requests)
+    print(f"allocate_on, a job on one virtual server ({len(on):,} requests): {ms(on)}; "
+          f"with its release ({len(on_both):,} jobs): {ms(on_both)}")
+
+
+def on_virtual_servers(cells: Cells, rng: random.Random, requests: int
+                       ) -> tuple[list[float], list[float]]:
+    """The policy layer's path: a job of 1-8 GPUs on one of a tenant's
+    virtual servers (binding its virtual cell when unbound), then released."""
+    slots = {t: virtual_slots(cells.model, t, GPU) for t in (f"t{i}" for i in range(8))}
+    took, both = [], []
+    for k in range(requests):
+        tenant = f"t{rng.randrange(8)}"
+        slot, size = rng.choice(slots[tenant])
+        t0 = time.perf_counter()
+        out = cells.allocate_on(tenant, GPU, [(slot, rng.randint(1, size))], f"v{k}")
+        t1 = time.perf_counter()
+        took.append(t1 - t0)
+        if isinstance(out, Allocation):
+            cells.release(out.job_id)
+            both.append(time.perf_counter() - t0)
+    assert cells.check_safety() == ()
+    return took, both
 
 
 if __name__ == "__main__":

@@ -264,15 +264,42 @@ def _tenant(spec: TenantSpec, cells: CellModel | None) -> Policy:
         raise PolicyError(f"policy {name} needs the tenants' cells (a cells spec: "
                           "cell_types, physical_cells, virtual_clusters)")
     inner = spec.inner_spec
-    layer: HivedLayer | QuotaLayer
+    profiling = profiling_settings(inner)
     match spec:
         case HivedSpec():
-            layer = HivedLayer(cells, spec.opportunistic, inner.r_num)
+            # Profiling inside each virtual cluster: the inner policy runs
+            # there as on a private cluster, its profiling queue included.
+            hived = HivedLayer(cells, spec.opportunistic, inner.r_num, profiling)
+            return _inner(inner).wrapped(ProfilingFirst(profiling), hived)
         case QuotaSpec() | QuotaBorrowSpec():
             layer = QuotaLayer(quotas_of(cells), isinstance(spec, QuotaBorrowSpec), inner.r_num)
+            return _inner(inner).wrapped(layer, ProfilingFirst(profiling))
         case _:
             assert_never(spec)
-    return _inner(inner).wrapped(layer, ProfilingFirst(profiling_settings(inner)))
+
+
+class TenantAdmission(msgspec.Struct, frozen=True):
+    """What a policy lets a tenant's job do beyond the tenant's reservation,
+    for admission (a job that can never run is refused): ``beyond``, run
+    there at all (HiveD's opportunistic jobs, Kueue's borrowing); ``quota``,
+    the reservation counts GPUs per type (Kueue's nominal quota) rather
+    than cells (HiveD)."""
+
+    beyond: bool = True
+    quota: bool = False
+
+
+def tenant_admission(spec: PolicySpec) -> TenantAdmission:
+    """The admission rule of a policy spec (a cluster policy: no limit)."""
+    match spec:
+        case HivedSpec():
+            return TenantAdmission(beyond=spec.opportunistic)
+        case QuotaSpec():
+            return TenantAdmission(beyond=False, quota=True)
+        case QuotaBorrowSpec():
+            return TenantAdmission(beyond=True, quota=True)
+        case _:
+            return TenantAdmission()
 
 
 def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:

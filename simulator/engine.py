@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import assert_never
 
@@ -87,7 +88,7 @@ class Simulation:
         self.cluster, self.policy, self.truth = cluster, policy, truth
         self.settings = settings or SimSettings()
         self.timer = timer
-        self.rng = np.random.default_rng(self.settings.seed)
+        self.rngs: dict[JobId, np.random.Generator] = {}
         self.jobs = {j.spec.id: JobRecord(spec=j.spec, model=j.model) for j in jobs}
         if len(self.jobs) != len(jobs):
             raise ValueError("workload has duplicate job ids")
@@ -390,10 +391,20 @@ class Simulation:
         self.occ.take(profiling_holder(job_id, server), Configuration(((server, 1),)),
                       self.occ.profiling)
         report, seconds = self.truth.profile(
-            job_id, rec.model, server, self.settings.profile_iters, self.rng
+            job_id, rec.model, server, self.settings.profile_iters, self._rng(job_id)
         )
         run = ProfileEnd(at=self.now + seconds, job_id=job_id, server=server, report=report)
         heapq.heappush(self.profiling, run)
+
+    def _rng(self, job_id: JobId) -> np.random.Generator:
+        """The job's own random stream (seed, job id): a job's measurements
+        do not depend on what other jobs drew, so two policies run on one
+        workload see the same noise for the same job (common random numbers)."""
+        rng = self.rngs.get(job_id)
+        if rng is None:
+            rng = self.rngs[job_id] = np.random.default_rng(
+                [self.settings.seed, zlib.crc32(job_id.encode())])
+        return rng
 
     def _sample_running(self) -> None:
         """Running-mode reports of the round that ends (§3.2)."""
@@ -402,7 +413,7 @@ class Simulation:
             if rec.paused_until >= self.now:
                 continue
             for sample in self.truth.running_samples(
-                rec.id, rec.model, rec.current, self.settings.sample_iters, self.rng
+                rec.id, rec.model, rec.current, self.settings.sample_iters, self._rng(rec.id)
             ):
                 self.db.record_sample(sample)
             self.dirty.add(rec.id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduling.cells import Allocation, Cells, Refusal, cells_from_doc
+from scheduling.cells import Allocation, Cells, Refusal, cells_from_doc, virtual_slots
 from shared.ids import GpuType, ServerId
-from tests.cells_trees import cluster
+from tests.cells_trees import cluster, figure3
 
 V100, K80 = GpuType("V100"), GpuType("K80")
 
@@ -147,3 +147,33 @@ def test_a_held_free_part_is_passed_over_for_a_clean_cell() -> None:
     refused = tight.allocate("cv", K80, 1, "c2")
     assert isinstance(refused, Refusal) and refused.victims == ("profiling",)
     assert tight.snapshot() == before and tight.check_safety() == ()
+
+
+def test_virtual_servers_bind_one_to_one_and_show_what_they_lost() -> None:
+    """Tenant C of Figure 3 sees two 8-GPU virtual nodes and a 2-GPU one.
+    Its jobs go to the physical node bound to the virtual one they name; GPUs
+    held there are named for preemption; a hold and a dead
+    server show on exactly the virtual server whose cell they hit."""
+    cells = figure3()
+    slots = virtual_slots(cells.model, "C", K80)
+    assert [(s.level, s.index, g) for s, g in slots] == [(4, 0, 8), (4, 1, 8), (2, 0, 2)]
+    node0, node1 = slots[0][0], slots[1][0]
+    a = cells.allocate_on("C", K80, [(node0, 3), (node1, 3)], "a")
+    assert isinstance(a, Allocation) and a.servers() == {"n0": 3, "n1": 3}
+    b = cells.allocate_on("C", K80, [(node0, 5)], "b")
+    assert isinstance(b, Allocation) and b.servers() == {"n0": 5}
+    before = cells.snapshot()
+    full = cells.allocate_on("C", K80, [(node0, 1)], "c")
+    assert isinstance(full, Refusal) and full.reason == "no-cell" and cells.snapshot() == before
+    o = cells.allocate("A", K80, 4, "o", opportunistic=True)
+    assert isinstance(o, Allocation) and o.servers() == {"n2": 4}  # outside bound cells
+    cells.hold(ServerId("n1"), 2, "\x00held")
+    assert cells.unavailable("C", K80) == {node1: 2}
+    cells.set_health(ServerId("n0"), False)
+    assert cells.unavailable("C", K80) == {node0: 8, node1: 2}
+    c = cells.allocate_on("C", K80, [(node1, 4)], "c")  # 5 free on n1, 2 of them held
+    assert isinstance(c, Refusal) and c.reason == "preempt" and c.victims == ("\x00held",)
+    cells.release("\x00held")
+    c = cells.allocate_on("C", K80, [(node1, 4)], "c")
+    assert isinstance(c, Allocation) and c.servers() == {"n1": 4}
+    assert Cells.restore(cells.model, cells.snapshot()).snapshot() == cells.snapshot()

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.cells import Allocation, Cells, Refusal, cells_from_doc
+from scheduling.cells import Allocation, Cells, Refusal, VirtualSlot, cells_from_doc, virtual_slots
 from scheduling.cells.buddy import FREE, POOL
 from scheduling.cells.spec import Chain, shortfall
 from shared.ids import GpuType
@@ -105,6 +105,13 @@ def check_invariants(cells: Cells) -> None:
                 mine = [c for c, o in bound.items() if o == t and tree.level[c] == lc.level
                         and tree.chain[c] == view.gpu_type]
                 assert len(mine) == lc.bound <= lc.reserved
+    # Each bound cell is one virtual cell of its tenant, named once.
+    b = cells.bindings
+    assert sorted(b.slot) == sorted(bound)
+    assert {v: k for k, v in b.by_slot.items()} == {
+        c: (t, tree.chain[c], tree.level[c], b.slot[c]) for c, t in bound.items()}
+    for c, t in bound.items():
+        assert 0 <= b.slot[c] < b.reserved[t][tree.chain[c]][tree.level[c] - 1]
     # No free buddies left unmerged.
     for p in range(len(tree)):
         kids = tree.children[p]
@@ -131,7 +138,7 @@ Op = tuple[str, int, int, bool]
 def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, tuple[str, int]], list[Op]]:
     doc, servers = draw(worlds())
     top = sum(s for _, s in servers.values())
-    kinds = ["alloc", "alloc", "opp", "free", "health"]
+    kinds = ["alloc", "alloc", "slot", "slot", "opp", "free", "health"]
     ops = draw(st.lists(st.tuples(st.sampled_from(kinds),
                                   st.integers(0, 2), st.integers(1, max(1, top)),
                                   st.booleans()), max_size=40))
@@ -144,7 +151,7 @@ def run(cells: Cells, ops: list[Op], check: bool, prefix: str = "j") -> list[Any
     doomed cells, §4)."""
     decisions: list[Any] = []
     tenants = cells.tenants()
-    for i, (kind, who, gpus, _) in enumerate(ops):
+    for i, (kind, who, gpus, two) in enumerate(ops):
         tenant = tenants[who % len(tenants)]
         if kind == "health":  # a server dies or comes back
             server = sorted(cells.tree.node_of)[gpus % len(cells.tree.node_of)]
@@ -154,6 +161,8 @@ def run(cells: Cells, ops: list[Op], check: bool, prefix: str = "j") -> list[Any
             live = sorted(cells.jobs)
             if live:
                 decisions.append(cells.release(live[gpus % len(live)]))
+        elif kind == "slot":
+            decisions.append(step_slots(cells, tenant, gpus, two, f"{prefix}{i}", check))
         else:
             decisions.append(step(cells, tenant, gpus, f"{prefix}{i}", kind == "opp", check))
         if check:
@@ -186,6 +195,62 @@ def step(cells: Cells, tenant: str, gpus: int, job: str, opp: bool, check: bool)
         cells.release(job)
         assert preempted or state(cells) == before  # victims stopped: not the same state
         again = cells.allocate(tenant, GPU, gpus, job, opportunistic=opp)
+        assert again == out and state(cells) == after
+    return out
+
+
+def usable(cells: Cells, tenant: str, slot: VirtualSlot) -> int | None:
+    """GPUs a virtual server can still give: None while its virtual cell is
+    unbound (any healthy cell of its level will do, Theorem 1), else the
+    healthy GPUs of its node that no guaranteed job holds."""
+    root = cells.bindings.cell_of(tenant, GPU, slot.level, slot.index)
+    if root is None:
+        return None
+    chain, tree = cells.model.chains[GPU], cells.tree
+    node = root if slot.level <= chain.node_level else tree.below(root, chain.node_level)[
+        slot.node]
+    held = {leaf for job in cells.jobs.values() if not job.opportunistic for c in job.cells
+            for leaf in tree.leaves[c]}  # a job holds the rest of its cells
+    return sum(1 for leaf in tree.leaves[node] if leaf not in held and not cells.buddy.bad[leaf])
+
+
+def step_slots(cells: Cells, tenant: str, gpus: int, two: bool, job: str, check: bool) -> Any:
+    """A guaranteed job on one or two of the tenant's virtual servers: it
+    succeeds whenever each server has the GPUs (its virtual cell unbound, or
+    enough healthy free GPUs in its node), preempting opportunistic jobs."""
+    slots = virtual_slots(cells.model, tenant, GPU)
+    if not slots:
+        return None
+    picked = [slots[gpus % len(slots)]] + ([slots[(gpus + 1) % len(slots)]] if two else [])
+    parts = [(slot, 1 + (gpus + k) % size) for k, (slot, size) in enumerate(dict(picked).items())]
+    before = state(cells)
+    room = [usable(cells, tenant, slot) for slot, _ in parts]
+    healthy = cells.check_safety() == ()
+    was_legal = healthy and all(r is None or r >= g for r, (_, g) in zip(room, parts, strict=True))
+    out = cells.allocate_on(tenant, GPU, parts, job)
+    preempted = isinstance(out, Refusal) and out.reason == "preempt"
+    if isinstance(out, Refusal) and out.reason == "preempt":
+        assert state(cells) == before
+        for victim in out.victims:
+            cells.release(victim)
+        out = cells.allocate_on(tenant, GPU, parts, job)
+    if check and was_legal and not cells.bad_servers:
+        assert isinstance(out, Allocation), (parts, out)
+    if isinstance(out, Refusal):
+        if check and not preempted:
+            assert state(cells) == before
+        return out
+    if check:
+        assert out.gpus == sum(g for _, g in parts)
+        for (_, g), (_, size) in zip(parts, picked, strict=False):
+            assert size >= g
+        roots = {cells.bindings.cell_of(tenant, GPU, s.level, s.index) for s, _ in parts}
+        assert all(any(a in roots for a in cells.tree.ancestors(c))
+                   for c in cells.jobs[job].cells)  # inside the virtual servers' cells
+        after = state(cells)
+        cells.release(job)
+        assert preempted or state(cells) == before
+        again = cells.allocate_on(tenant, GPU, parts, job)
         assert again == out and state(cells) == after
     return out
 

@@ -53,7 +53,8 @@ def test_figure3_snapshot_is_plain_data() -> None:
     cells.allocate("C", "K80", 2, "o1", opportunistic=True)  # type: ignore[arg-type]
     plain = msgspec.json.decode(msgspec.json.encode(cells.snapshot()))
     assert plain == {
-        "bindings": [{"address": "K80:0.0.0.0", "tenant": "A", "doomed": False}],
+        "bindings": [{"address": "K80:0.0.0.0", "tenant": "A", "doomed": False,
+                      "slot": 0}],
         "jobs": [
             {"job_id": "a1", "tenant": "A", "gpu_type": "K80", "gpus": 1,
              "opportunistic": False, "cells": ["K80:0.0.0.0"]},

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from scheduling.cells import Allocation, Cells
 from scheduling.layers.hived import decode_state
 from scheduling.registry import make_policy
@@ -125,27 +127,27 @@ def test_the_state_round_trips_through_the_snapshot() -> None:
     assert all(isinstance(a, Allocation) for a in cells.allocations())
 
 
-def test_a_guaranteed_job_is_profiled_in_a_cluster_full_of_opportunistic_jobs() -> None:
+def test_a_guaranteed_job_is_profiled_in_its_cells_in_a_cluster_full_of_opportunistic_jobs(
+) -> None:
     """b's sixteen jobs fill both nodes, a's idle one opportunistically, so
-    no GPU is idle when a's job arrives and the profiling queue (served
-    before the layer) has nowhere to profile it. The layer keeps a GPU of
-    a's cell idle (preempting an opportunistic job when none is idle, at a
-    first plan only); a's job is profiled there and then runs on one node of
-    its own. Without this the job was never profiled."""
+    no GPU is idle when a's job arrives. a's job is profiled inside a's
+    virtual cluster (the profiling queue runs in each VC): its run is bound
+    in a's cell like a guaranteed job, so a round's first plan preempts one
+    opportunistic job for it (a later plan only adds, and the run waits);
+    it is profiled once, on the node it then runs on alone."""
     cluster = rtx_cluster(2)
     model = model_of(cluster, {"a": [("NODE", 1)], "b": [("NODE", 1)]})
     jobs = [job(f"b{i}", "b", [1], at=0.0, samples=8_000_000) for i in range(16)]
     jobs.append(job("a0", "a", [8], at=400.0))
     _, spy = simulate(cluster, jobs, HIVED, model)
-    note = "a0: kept a GPU of RTX3090 idle for its profiling"
-    kept = [(s, p) for s, p in spy.calls if note in record(p, "hived").note]
-    assert kept
-    snap, plan = kept[0]
-    assert [j.phase for j in snap.jobs if j.id == "a0"] == ["profiling"]
-    assert sum(a.config.total_gpus for a in plan.assignments) < 16  # one GPU left idle
-    for s, p in kept:
-        assert s.first_plan or "preempted" not in record(p, "hived").note
-    profiled = [p for _, p in spy.calls if any(t.job_id == "a0" for t in p.profiling)]
-    assert len(profiled) == 1  # once: the GPU is kept only until it is profiled
+    profiled = [(s, p) for s, p in spy.calls if any(t.job_id == "a0" for t in p.profiling)]
+    assert len(profiled) == 1  # once
+    snap, plan = profiled[0]
+    assert snap.first_plan and re.search(r"preempted b\d+", record(plan, "hived").note)
+    waited = [p for s, p in spy.calls if not s.first_plan and s.now < snap.now
+              and "a0: profiling on RTX3090 waits" in record(p, "hived").note]
+    assert waited  # a later plan only adds: the run waits for the round's first plan
+    (task,) = [t for t in plan.profiling if t.job_id == "a0"]
     found = config_of(spy, "a0")
     assert found is not None and found[1].num_nodes == 1 and found[1].total_gpus == 8
+    assert found[1].servers == (task.server,)

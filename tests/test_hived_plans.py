@@ -9,6 +9,7 @@ from collections import Counter
 import msgspec
 import pytest
 
+from scheduling.cells import Refusal
 from scheduling.layers.base import LayeredPolicy, annotate, stack
 from scheduling.layers.hived import HivedLayer, restore_cells
 from scheduling.layers.profiling_first import ProfilingFirst
@@ -22,8 +23,9 @@ from scheduling.registry import (
     parse_policy,
     spec_text,
 )
+from shared.configuration import Configuration
 from shared.ids import JobId, ServerId, TenantId
-from shared.snapshot import JobState, LayerRecord, Plan, Snapshot
+from shared.snapshot import Assignment, JobState, LayerRecord, Plan, Snapshot
 from simulator.engine import Simulation
 from tests.helpers import flat_estimate, state
 from tests.hived_setup import RTX, config_of, job, model_of, record, rtx_cluster, simulate
@@ -99,13 +101,15 @@ def test_the_registry_builds_tenant_policies_with_one_profiling_layer() -> None:
     assert parse_policy(spec_text(spec)) == spec and spec.r_num == 8
     policy = make_policy(spec, cells=model)
     assert isinstance(policy, LayeredPolicy) and policy.name == "hops"
-    hived, profiling = policy.layers
+    # Layers innermost first: profiling inside each virtual cluster, under HiveD.
+    profiling, hived = policy.layers
     assert isinstance(hived, HivedLayer) and isinstance(profiling, ProfilingFirst)
-    assert not hived.opportunistic
+    assert not hived.opportunistic and hived.profiling == profiling.settings
     borrow = make_policy(QuotaBorrowSpec(inner="sia"), cells=model)
     assert isinstance(borrow, LayeredPolicy) and borrow.name == "sia"
-    quota, _ = borrow.layers
+    quota, outer = borrow.layers  # quota admits; profiling stays cluster-wide
     assert isinstance(quota, QuotaLayer) and quota.borrow
+    assert isinstance(outer, ProfilingFirst)
     assert quotas_of(model) == {"a": {RTX: 8}, "b": {RTX: 8}}
 
 
@@ -169,3 +173,49 @@ def test_a_server_missing_from_the_snapshot_becomes_a_doomed_cell() -> None:
     assert len(doomed) == 1 and cells.view(doomed[0]).chains[0].bad_gpus == 8
     (placed,) = plan.assignments  # the other tenant's job, on the healthy node
     assert placed.job_id != f"{doomed[0]}0" and placed.config.parts == (("n0", 8),)
+
+
+class Scripted:
+    """An inner policy that plans the virtual configurations it is given:
+    the layer's contract is to bind whatever its inner policy plans on the
+    VC view, so the test names the plans instead of searching for them."""
+
+    name = "scripted"
+
+    def __init__(self, configs: dict[str, dict[str, int]]) -> None:
+        self.configs = configs
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        return Plan(tuple(Assignment(j.id, Configuration.of(
+            {ServerId(s): g for s, g in self.configs[j.id].items()}))
+            for j in snapshot.jobs if j.id in self.configs))
+
+
+def test_whatever_the_view_allows_is_bound_one_to_one() -> None:
+    """Each virtual server stands for one virtual cell, bound to one
+    physical node: two 6-GPU jobs on a's two virtual nodes leave 2 GPUs on
+    each, and a 4-GPU job the inner policy splits 2 + 2 over them runs on
+    exactly those two physical nodes. Binding it by its GPU count alone (a
+    4-GPU cell) finds no such cell, which is how jobs waited longer than in
+    their private cluster (the sharing anomaly the layer exists to remove)."""
+    cluster = rtx_cluster(3)
+    model = model_of(cluster, {"a": [("NODE", 2)], "b": [("NODE", 1)]})
+    script = {"r0": {"a/RTX3090/0": 6}, "r1": {"a/RTX3090/1": 6},
+              "j": {"a/RTX3090/0": 2, "a/RTX3090/1": 2}, "b0": {"b/RTX3090/0": 8}}
+    policy = stack(Scripted(script), HivedLayer(model, opportunistic=False))
+    jobs = [tenant_job(j, t, [g]) for j, t, g in (("r0", "a", 6), ("r1", "a", 6), ("b0", "b", 8))]
+    first = policy.plan(snapshot(jobs, nodes=3))
+    where = {a.job_id: a.config for a in first.assignments}
+    assert set(where) == {"r0", "r1", "b0"}
+    assert len({s for c in where.values() for s, _ in c.parts}) == 3  # one node each
+    running = [msgspec.structs.replace(j, phase="running", current=where[j.id]) for j in jobs]
+    later = snapshot([*running, tenant_job("j", "a", [4])], nodes=3, first_plan=False,
+                     held={s: g for c in where.values() for s, g in c.parts},
+                     layer_state={"hived": record(first, "hived").state})
+    plan = policy.plan(later)
+    (placed,) = plan.assignments
+    assert placed.job_id == "j" and placed.config.as_dict() == {
+        where[JobId("r0")].servers[0]: 2, where[JobId("r1")].servers[0]: 2}
+    cells = restore_cells(model, record(first, "hived").state)
+    refused = cells.allocate("a", RTX, 4, "j")  # by GPU count: no free 4-GPU cell of a's
+    assert isinstance(refused, Refusal) and refused.reason == "no-cell"

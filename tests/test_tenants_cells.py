@@ -16,13 +16,12 @@ from scheduling.cells import Cells
 from scheduling.live.cells import (
     cells_refusal,
     needs_cells,
-    opportunistic_allowed,
     tenant_cells,
     tenant_views,
 )
 from scheduling.live.clock import Inflight
 from scheduling.live.snapshot import build_snapshot, without_layer_state
-from scheduling.registry import make_policy
+from scheduling.registry import TenantAdmission, make_policy, parse_policy, tenant_admission
 from services.runtime.settings import SettingsError
 from services.scheduler.live_settings import scheduler_settings
 from shared.cluster import GpuTypeSpec, Server
@@ -159,31 +158,52 @@ def test_admission_refuses_a_job_no_cell_of_its_tenant_holds_when_it_cannot_run_
     assert model is not None
     cells = Cells(model)
     # alice reserves a node (4 GPUs), bob a pair (2 GPUs)
-    assert cells_refusal(cells, job("alice", 4), 4, opportunistic=False) is None
-    assert cells_refusal(cells, job("bob", 2, 4), 4, opportunistic=False) is None
-    refusal = cells_refusal(cells, job("bob", 4, 8), 4, opportunistic=False)
+    off = tenant_admission(parse_policy("hived:opportunistic=false"))
+    on = tenant_admission(parse_policy("hived"))
+    assert cells_refusal(cells, job("alice", 4), 4, off) is None
+    assert cells_refusal(cells, job("bob", 2, 4), 4, off) is None
+    refusal = cells_refusal(cells, job("bob", 4, 8), 4, off)
     assert refusal is not None and refusal.code == UNSCHEDULABLE
     assert refusal.message == (
         "job bob-job can never run here: it needs at least 4 GPUs of one type, more than any "
         "cell of tenant bob holds (1 K80-PAIR (2 K80)), and the policy has opportunistic jobs "
         "off; ask for fewer GPUs or for larger cells")
     # opportunistically it may still run on idle cells of others
-    assert cells_refusal(cells, job("bob", 4), 4, opportunistic=True) is None
-    low = cells_refusal(cells, job("scav", 1), 4, opportunistic=False)
+    assert cells_refusal(cells, job("bob", 4), 4, on) is None
+    low = cells_refusal(cells, job("scav", 1), 4, off)
     assert low is not None and "scav is low-priority" in low.message
-    assert cells_refusal(cells, job("scav", 1), 4, opportunistic=True) is None
-    unknown = cells_refusal(cells, job("carol", 1), 4, opportunistic=True)
+    assert cells_refusal(cells, job("scav", 1), 4, on) is None
+    unknown = cells_refusal(cells, job("carol", 1), 4, on)
     assert unknown is not None and "tenant carol has no virtual cluster" in unknown.message
 
 
-def test_which_policies_need_cells_and_allow_opportunistic_jobs() -> None:
+def test_quota_admission_refuses_a_job_beyond_its_tenants_quota_unless_it_may_borrow() -> None:
+    """Kueue's nominal quota counts GPUs, not cells: bob's quota is his
+    pair's 2 GPUs, so under ``quota`` a 3-GPU job can never run and gets a
+    422 naming the quota; ``quota-borrow`` may borrow idle quota."""
+    model = tenant_cells(load_tenants(FILE))
+    assert model is not None
+    cells = Cells(model)
+    quota = tenant_admission(parse_policy("quota"))
+    assert cells_refusal(cells, job("bob", 2), 4, quota) is None
+    refusal = cells_refusal(cells, job("bob", 3, 4), 4, quota)
+    assert refusal is not None and refusal.code == UNSCHEDULABLE and refusal.message == (
+        "job bob-job can never run here: it needs at least 3 GPUs of one type, more than "
+        "tenant bob's quota (2 K80), and the policy does not borrow; ask for fewer GPUs or for "
+        "a larger quota")
+    assert cells_refusal(cells, job("bob", 3), 4, tenant_admission(
+        parse_policy("quota-borrow"))) is None
+    low = cells_refusal(cells, job("scav", 1), 4, quota)
+    assert low is not None and "the policy does not borrow" in low.message
+
+
+def test_which_policies_need_cells_and_what_they_admit() -> None:
     assert needs_cells("hived") and needs_cells("quota") and needs_cells("quota-borrow")
     assert not needs_cells("hops")
-
-    class Spec:
-        opportunistic = False
-
-    assert not opportunistic_allowed(Spec()) and opportunistic_allowed(object())
+    assert tenant_admission(parse_policy("hived:opportunistic=false")) == TenantAdmission(
+        beyond=False)
+    assert tenant_admission(parse_policy("quota")) == TenantAdmission(beyond=False, quota=True)
+    assert tenant_admission(parse_policy("hops")) == TenantAdmission()
 
 
 CLUSTER = """\

@@ -7,6 +7,7 @@ clusters and dynamic binding (:mod:`.binding`), opportunistic placement
 """
 
 from scheduling.cells.algorithm import Cells
+from scheduling.cells.slots import virtual_slots
 from scheduling.cells.spec import CellModel, cells_from_doc, load_cells
 from scheduling.cells.views import (
     Allocation,
@@ -18,9 +19,11 @@ from scheduling.cells.views import (
     Snapshot,
     TenantView,
     Violation,
+    VirtualSlot,
 )
 
 __all__ = [
     "Allocation", "BoundCell", "CellModel", "Cells", "ChainView", "LevelCount", "Refusal",
-    "ServerGpus", "Snapshot", "TenantView", "Violation", "cells_from_doc", "load_cells",
+    "ServerGpus", "Snapshot", "TenantView", "Violation", "VirtualSlot", "cells_from_doc",
+    "load_cells", "virtual_slots",
 ]

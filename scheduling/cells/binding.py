@@ -38,6 +38,14 @@ class Bindings:
             for t, chains in model.reservations.items()}
         self.bound: dict[int, str] = {}
         self.doomed: set[int] = set()  # bound cells that are doomed
+        # Which of its tenant's virtual cells of the level (by index) a bound
+        # cell is: the identity the VC view's virtual servers are bound by.
+        self.slot: dict[int, int] = {}
+        # While pinned, a bound cell that falls wholly free stays bound, so a
+        # plan that releases jobs and places them again keeps each virtual
+        # cell on its physical cell (see Ledger.pin).
+        self.pinned = False
+        self.by_slot: dict[tuple[str, GpuType, int, int], int] = {}
 
     def unbound(self, tenant: str, chain: GpuType, level: int) -> int:
         """r_{t,k} - a_{t,k}: the tenant's virtual cells of a level not bound."""
@@ -46,19 +54,35 @@ class Bindings:
             return 0
         return counts[level - 1] - self.allocated[tenant][chain][level - 1]
 
-    def bind(self, cell: int, tenant: str, doomed: bool = False) -> None:
-        """Bind a cell already taken off the pool's lists to a virtual cell."""
-        level = self.tree.level[cell]
-        self.allocated[tenant][self.tree.chain[cell]][level - 1] += 1
+    def bind(self, cell: int, tenant: str, doomed: bool = False, slot: int | None = None
+             ) -> None:
+        """Bind a cell already taken off the pool's lists to a virtual cell:
+        the one of index ``slot``, else the lowest unbound one (a doomed
+        cell: the highest, so that the lost capacity sits on the tenant's
+        last virtual servers)."""
+        level, chain = self.tree.level[cell], self.tree.chain[cell]
+        if slot is None:
+            free = [i for i in range(self.reserved[tenant][chain][level - 1])
+                    if (tenant, chain, level, i) not in self.by_slot]
+            slot = free[-1] if doomed else free[0]
+        self.allocated[tenant][chain][level - 1] += 1
         self.bound[cell] = tenant
+        self.slot[cell] = slot
+        self.by_slot[(tenant, chain, level, slot)] = cell
         if doomed:
             self.doomed.add(cell)
         self.buddy.add(cell, tenant)
+
+    def cell_of(self, tenant: str, chain: GpuType, level: int, slot: int) -> int | None:
+        """The physical cell the tenant's virtual cell ``slot`` of a level is bound to."""
+        return self.by_slot.get((tenant, chain, level, slot))
 
     def unbind(self, cell: int) -> None:
         """Give a wholly free bound cell back to the pool (RELEASECELL)."""
         tenant = self.bound.pop(cell)
         self.doomed.discard(cell)
+        slot = self.slot.pop(cell)
+        del self.by_slot[(tenant, self.tree.chain[cell], self.tree.level[cell], slot)]
         self.allocated[tenant][self.tree.chain[cell]][self.tree.level[cell] - 1] -= 1
         self.buddy.remove(cell)
         self.buddy.put(cell, POOL)
@@ -89,11 +113,14 @@ class Bindings:
                 if cell is None:
                     continue  # every free cell there is bad: a larger virtual cell may do
                 self.bind(cell, tenant)
-                break
-        else:
-            part = self.buddy.take(chain, level, tenant)  # a healthy part of a partly bad cell
-            if part is not None:
+                part = self.tree.below(cell, level)[0]  # the cell is healthy: so is this
+                carved = self.buddy.carve(part, tenant)
+                assert carved
                 return part
+        else:
+            inside = self.buddy.take(chain, level, tenant)  # healthy, in a partly bad cell
+            if inside is not None:
+                return inside
             return "no-cell" if not self.can_place(tenant, chain, level) else "unhealthy"
         taken = self.buddy.take(chain, level, tenant)
         assert taken is not None  # a healthy free cell at or above ``level`` exists
@@ -104,8 +131,16 @@ class Bindings:
         unbind that cell when it is wholly free (unless doomed)."""
         root = self.root(cell)
         ended = self.buddy.put(cell, tenant, stop=root)
-        if ended == root and root not in self.doomed:
+        if ended == root and root not in self.doomed and not self.pinned:
             self.unbind(root)
+
+    def settle(self) -> None:
+        """End a pin: unbind the bound cells that are wholly free (not doomed)."""
+        self.pinned = False
+        for cell in sorted(self.bound):
+            if (cell not in self.doomed and self.buddy.state[cell] == FREE
+                    and self.buddy.owner[cell] == self.bound[cell]):
+                self.unbind(cell)
 
     def refresh_doomed(self) -> None:
         """Adjust the doomed cells after a change of health or of free cells

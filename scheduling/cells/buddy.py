@@ -43,6 +43,7 @@ class Buddy:
         self.bad = [0] * n  # GPUs on unhealthy servers below
         self.busy = [0] * n  # GPUs held by guaranteed jobs below
         self.free_kids = [0] * n
+        self.any_bad = False  # whether any server is bad (set by the ledger)
         self.sets: dict[ListKey, set[int]] = {}
         self.heaps: dict[ListKey, list[Entry]] = {}
         for top in tree.tops:
@@ -109,9 +110,16 @@ class Buddy:
         if cell is None:
             if level >= self.tree.chains[chain].top:
                 return None
+            if self.any_bad:
+                # A healthy part of a partly bad cell before a split of a
+                # wholly healthy one: the latter is still whole at its level,
+                # which a larger virtual cell may need (§4).
+                part = self._take_healthy_part(chain, level, owner)
+                if part is not None:
+                    return part
             parent = self.take(chain, level + 1, owner)
             if parent is None:
-                return self._take_healthy_part(chain, level, owner)
+                return None
             self.split(parent, owner)
             cell = self.best(chain, level, owner)
             if cell is None:  # cannot happen: a healthy parent has healthy children
@@ -123,9 +131,9 @@ class Buddy:
         return cell
 
     def _take_healthy_part(self, chain: GpuType, level: int, owner: str) -> int | None:
-        """With no wholly healthy cell to split, a healthy level-``level``
-        cell inside a partly bad free cell: the lowest such level, then the
-        lowest ids (§4: prefer healthy cells while any remain)."""
+        """A healthy level-``level`` cell inside a partly bad free cell: the
+        lowest such level, then the lowest ids (§4: prefer healthy cells
+        while any remain, and keep the wholly healthy ones whole)."""
         for above in range(level + 1, self.tree.chains[chain].top + 1):
             for cell in sorted(self.sets.get((chain, above, owner), ())):
                 if not self.bad[cell]:

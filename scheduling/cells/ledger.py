@@ -14,14 +14,16 @@ node-level cells instead, as HiveD gangs one cell per pod.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduling.cells.binding import Bindings
 from scheduling.cells.buddy import POOL, USED, Buddy
 from scheduling.cells.opportunistic import idle, idle_cells
+from scheduling.cells.slots import Part, place_on, unavailable
 from scheduling.cells.spec import CellModel, Chain, shortfall
 from scheduling.cells.tree import Tree
-from scheduling.cells.views import Allocation, Refusal, ServerGpus, Violation
+from scheduling.cells.views import Allocation, Refusal, ServerGpus, Violation, VirtualSlot
 from shared.ids import GpuType, ServerId
 
 
@@ -77,13 +79,38 @@ class Ledger:
             return self._opportunistic(tenant, chain, gpus, job_id)
         return self._guaranteed(tenant, chain, gpus, job_id)
 
-    def _check(self, tenant: str, gpu_type: GpuType, gpus: int, job_id: str) -> Refusal | None:
+    def allocate_on(self, tenant: str, gpu_type: GpuType, parts: Sequence[Part], job_id: str
+                    ) -> Allocation | Refusal:
+        """Place a guaranteed job on named virtual servers of the tenant's VC
+        view (:mod:`scheduling.cells.slots`): ``gpus`` GPUs on each
+        ``slot``, binding each virtual cell one to one to a physical cell of
+        its level when first used. A refusal changes nothing."""
+        taken = place_on(self, tenant, gpu_type, parts, job_id)
+        if isinstance(taken, Refusal):
+            return taken
+        leaves = tuple(leaf for c in taken for leaf in self.tree.leaves[c])
+        return self.record(job_id, Job(tenant, gpu_type, len(leaves), False, tuple(taken),
+                                       leaves))
+
+    def unavailable(self, tenant: str, gpu_type: GpuType) -> dict[VirtualSlot, int]:
+        """Per bound virtual server of the tenant, its GPUs that are bad or
+        held outside the cells: what its VC view must not offer."""
+        return unavailable(self, tenant, gpu_type)
+
+    def unknown(self, tenant: str, gpu_type: GpuType, job_id: str) -> Refusal | None:
+        """A request's tenant, GPU type or job id that cannot be taken."""
         if tenant not in self.model.low_priority:
             return Refusal(job_id, "unknown-tenant", f"no virtual cluster for tenant {tenant}")
         if gpu_type not in self.model.chains:
             return Refusal(job_id, "unknown-gpu-type", f"no cells of GPU type {gpu_type}")
         if job_id in self.jobs:
             return Refusal(job_id, "duplicate-job", f"job {job_id} already holds cells")
+        return None
+
+    def _check(self, tenant: str, gpu_type: GpuType, gpus: int, job_id: str) -> Refusal | None:
+        refusal = self.unknown(tenant, gpu_type, job_id)
+        if refusal is not None:
+            return refusal
         if not shapes(self.model.chains[gpu_type], gpus):
             return Refusal(job_id, "too-large", f"{gpus} GPUs exceed every {gpu_type} cell")
         return None
@@ -96,7 +123,7 @@ class Ledger:
             if isinstance(cells, str):
                 reason = cells if cells == "unhealthy" else reason
                 continue
-            victims = self._overlap(cells)
+            victims = self.overlap(cells)
             if victims:
                 for cell in reversed(cells):
                     self.bindings.unplace(cell, tenant)
@@ -168,7 +195,8 @@ class Ledger:
             cells.append(cell)
         return cells
 
-    def _overlap(self, cells: list[int]) -> tuple[str, ...]:
+    def overlap(self, cells: list[int]) -> tuple[str, ...]:
+        """The opportunistic jobs (and holds) on GPUs of ``cells``."""
         if not any(self.buddy.opp[c] for c in cells):
             return ()
         return tuple(sorted(j for j, job in self.jobs.items() if job.opportunistic
@@ -247,6 +275,19 @@ class Ledger:
                 self.bindings.refresh_doomed()
         return True
 
+    def pin(self) -> None:
+        """Keep every bound cell bound, even wholly free, until :meth:`settle`:
+        a plan that releases its jobs and places them again then finds each
+        virtual cell on the physical cell it had, as a private cluster keeps
+        its servers (a job placed where it was is not moved)."""
+        self.bindings.pinned = True
+
+    def settle(self) -> None:
+        """End :meth:`pin`: unbind the bound cells left wholly free."""
+        self.bindings.settle()
+        if self.bad_servers or self.bindings.doomed:
+            self.bindings.refresh_doomed()
+
     def set_health(self, server: ServerId, healthy: bool) -> None:
         """Mark a server bad (dead or removed) or good again."""
         if server not in self.tree.node_of or (server not in self.bad_servers) == healthy:
@@ -258,6 +299,7 @@ class Ledger:
         """Count a server's GPUs as bad or good in the cells above them,
         without rebinding (for :func:`restore`)."""
         (self.bad_servers.add if bad else self.bad_servers.discard)(server)
+        self.buddy.any_bad = bool(self.bad_servers)
         for leaf in self.tree.leaves[self.tree.node_of[server]]:
             for a in self.tree.ancestors(leaf):
                 self.buddy.bad[a] += 1 if bad else -1

@@ -76,7 +76,8 @@ def tenant_view(cells: Cells, tenant: str) -> TenantView:
 def snapshot(cells: Cells) -> Snapshot:
     """The state as plain data, in a canonical order."""
     tree = cells.tree
-    bindings = tuple(SnapshotBinding(tree.address[c], t, c in cells.bindings.doomed)
+    bindings = tuple(SnapshotBinding(tree.address[c], t, c in cells.bindings.doomed,
+                                     cells.bindings.slot[c])
                      for c, t in sorted(cells.bindings.bound.items()))
     jobs = tuple(SnapshotJob(j, job.tenant, job.chain, job.gpus, job.opportunistic,
                              tuple(tree.address[c] for c in job.cells))
@@ -103,9 +104,14 @@ def restore_into(cells: Cells, snap: Snapshot) -> None:
         level, gpu = cells.tree.level[cell], cells.tree.chain[cell]
         if cells.bindings.unbound(b.tenant, gpu, level) <= 0:
             raise ValueError(f"snapshot: tenant {b.tenant} has no virtual cell for {b.address}")
+        slot = None if b.slot < 0 else b.slot
+        if slot is not None and (slot >= cells.bindings.reserved[b.tenant][gpu][level - 1]
+                                 or cells.bindings.cell_of(b.tenant, gpu, level, slot) is not None):
+            raise ValueError(f"snapshot: virtual cell {slot} of tenant {b.tenant} for "
+                             f"{b.address} is not free")
         if not cells.buddy.carve(cell, POOL):
             raise ValueError(f"snapshot: cell {b.address} is bound twice")
-        cells.bindings.bind(cell, b.tenant, b.doomed)
+        cells.bindings.bind(cell, b.tenant, b.doomed, slot)
     for j in snap.jobs:
         ids = tuple(_cell(cells, a) for a in j.cells)
         for cell in ids:

@@ -22,6 +22,15 @@ class ServerGpus(msgspec.Struct, frozen=True):
     indices: tuple[int, ...] = ()
 
 
+class VirtualSlot(msgspec.Struct, frozen=True, order=True):
+    """One virtual server of a tenant: node ``node`` of its ``index``-th
+    reserved cell of ``level`` (0 below node level), in its VC view."""
+
+    level: int
+    index: int
+    node: int = 0
+
+
 class Allocation(msgspec.Struct, frozen=True):
     """A job's physical placement: the cells it holds and the GPUs it uses."""
 
@@ -112,6 +121,7 @@ class SnapshotBinding(msgspec.Struct, frozen=True):
     address: str
     tenant: str
     doomed: bool = False
+    slot: int = -1  # which of the tenant's virtual cells of the level; -1: the lowest free
 
 
 class SnapshotJob(msgspec.Struct, frozen=True):

@@ -31,24 +31,36 @@ from collections.abc import Sequence
 
 import msgspec
 
-from scheduling.cells import Allocation, CellModel, Cells
+from scheduling.cells import Allocation, CellModel, Cells, Refusal, VirtualSlot
 from scheduling.cells import Snapshot as CellsSnapshot
 from scheduling.layers.base import annotate, merge_reasons
 from scheduling.layers.hived_opportunistic import share
+from scheduling.layers.hived_profiling import (
+    PROF,
+    bind_task,
+    outside_types,
+    prof_id,
+    profile_outside,
+    reconcile_profiling,
+    virtual_runs,
+)
 from scheduling.layers.hived_view import (
-    bad_holds,
     config_type,
     tenant_snapshot,
+    unavailable_holds,
     virtual_cluster,
+    virtual_servers,
 )
+from scheduling.layers.profiling_first import ProfilingSettings
 from scheduling.policy import Policy
 from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
-from shared.snapshot import Assignment, JobState, LayerRecord, Plan, Snapshot
+from shared.snapshot import Assignment, JobState, LayerRecord, Plan, ProfilingTask, Snapshot
 
 HOLD = "\x00held:"  # holder ids of physical holds (never a job id)
+Slots = dict[tuple[GpuType, VirtualSlot], ServerId]
 
 
 class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -75,11 +87,14 @@ class HivedLayer:
 
     name = "hived"
 
-    def __init__(self, model: CellModel, opportunistic: bool = True, r_num: int = R_NUM) -> None:
+    def __init__(self, model: CellModel, opportunistic: bool = True, r_num: int = R_NUM,
+                 profiling: ProfilingSettings | None = None) -> None:
         self.model = model
+        self.profiling = profiling or ProfilingSettings()  # for jobs profiled outside the cells
         self.opportunistic = opportunistic
         self.r_num = r_num
         self._vcs: dict[tuple[str, tuple[GpuTypeSpec, ...]], Cluster | None] = {}
+        self._slots: dict[tuple[str, tuple[GpuTypeSpec, ...]], Slots] = {}
         self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
@@ -99,8 +114,16 @@ class HivedLayer:
         if key not in self._vcs:
             if len(self._vcs) > 256:
                 self._vcs.clear()
+                self._slots.clear()
             self._vcs[key] = virtual_cluster(self.model, tenant, cluster)
+            self._slots[key] = {(g, slot): sid for sid, g, slot, _ in
+                                virtual_servers(self.model, tenant, cluster)}
         return self._vcs[key]
+
+    def slots(self, tenant: str, cluster: Cluster) -> Slots:
+        """Virtual server by (GPU type, virtual cell) for the tenant's VC."""
+        self.vc(tenant, cluster)
+        return self._slots[(tenant, cluster.gpu_types)]
 
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         cells, virtual = self.restore(snapshot)
@@ -127,22 +150,32 @@ class _Round:
         self.notes: list[str] = []
         self.preempted: list[JobId] = []
         self.beyond: list[JobId] = []  # jobs no cell of their tenant can ever hold
+        self.vtasks: list[tuple[str, Cluster, ProfilingTask]] = []  # on virtual servers
+        self.tasks: list[ProfilingTask] = []  # on physical servers
+        self.by_id: dict[str, dict[ServerId, VirtualSlot]] = {}
+        self.outside: list[JobState] = []  # what to profile outside the cells
 
     # -- the steps ------------------------------------------------------
 
     def run(self) -> tuple[Plan, bytes]:
         self.health()
         self.reconcile()
+        reconcile_profiling(self.cells, self.snap)
         self.hold_physical()
         wanted = self.plan_tenants()
+        self.cells.pin()  # a job placed again where it was keeps its GPUs
         if self.first:
             self.release_unkept(wanted)
+        for tenant, _, task in self.vtasks:
+            self.profile(tenant, task)
         for tenant, vc, a in wanted:
             if a.job_id not in self.kept:
                 self.guaranteed(tenant, vc, a)
-        self.keep_for_profiling()
+        self.cells.settle()
         if self.first:
             self.keep_opportunistic()
+        self.tasks += profile_outside(self.cells, self.snap, self.outside,
+                                      self.layer.profiling)
         self.place_opportunistic()
         for holder in [j for j in sorted(self.cells.jobs) if j.startswith(HOLD)]:
             self.cells.release(holder)
@@ -151,7 +184,7 @@ class _Round:
             self.virtual.items())})
         raw = msgspec.json.encode(state)
         reasons = merge_reasons([p.reasons for p in self.inner_plans], self.inner.name)
-        plan = Plan(tuple(assignments), (), reasons)
+        plan = Plan(tuple(assignments), tuple(self.tasks), reasons)
         record = LayerRecord(self.layer.name, held_back=tuple(self.held_back),
                              removed=tuple(self.removed), note=self.note(), state=raw)
         return annotate(plan, record), raw
@@ -167,6 +200,8 @@ class _Round:
         """Jobs that ended, stopped or never started (a placer refusal)
         give their cells back; so does one running elsewhere than its cells."""
         for jid in sorted(self.cells.jobs):
+            if jid.startswith(PROF):
+                continue  # profiling runs: reconcile_profiling
             job = self.jobs.get(JobId(jid))
             where = Configuration.of(self.cells.allocation(jid).servers())
             if job is None or job.phase != "running" or job.current is None or (
@@ -182,8 +217,8 @@ class _Round:
         profiling runs; in a later plan also running jobs outside the cells)
         are kept from every allocation of this plan."""
         explained: Counter[ServerId] = Counter()
-        if not self.first:
-            for jid in self.cells.jobs:
+        for jid in self.cells.jobs:
+            if not self.first or jid.startswith(PROF):
                 explained.update(self.cells.allocation(jid).servers())
         for sid, gpus in sorted(self.snap.held.items()):
             if gpus - explained[sid] > 0:
@@ -212,14 +247,26 @@ class _Round:
             mine = [j for j in by_tenant[tenant] if sizes.get(j.id)]
             self.beyond += [j.id for j in by_tenant[tenant] if not sizes.get(j.id)
                             and j.phase == "queued"]
+            self.to_profile_outside(by_tenant[tenant], {j.id for j in mine}, vc)
             if vc is None or not mine:
                 continue
-            held = bad_holds(vc, self.cells.view(tenant))
-            view = tenant_snapshot(self.snap, vc, mine, self.virtual, held, sizes)
+            held = unavailable_holds(self.cells, tenant,
+                                     self.layer.slots(tenant, self.snap.cluster))
+            runs = virtual_runs(self.cells, self.virtual, tenant)
+            view = tenant_snapshot(self.snap, vc, mine, self.virtual, held, sizes, runs)
             vplan = self.inner.plan(view)
             self.inner_plans.append(vplan)
             out += [(tenant, vc, a) for a in vplan.assignments]
+            self.vtasks += [(tenant, vc, t) for t in vplan.profiling]
         return out
+
+    def to_profile_outside(self, jobs: Sequence[JobState], in_vc: set[JobId],
+                           vc: Cluster | None) -> None:
+        reserved = tuple(t.name for t in vc.gpu_types) if vc is not None else ()
+        for job in jobs:
+            types = outside_types(job, job.id in in_vc, reserved, self.layer.opportunistic)
+            if types:
+                self.outside.append(msgspec.structs.replace(job, unprofiled=types))
 
     def release_unkept(self, wanted: Sequence[tuple[str, Cluster, Assignment]]) -> None:
         """First plan: a running guaranteed job the inner policy left where
@@ -230,7 +277,8 @@ class _Round:
             if self.virtual.get(a.job_id) == a.config and job.current is not None:
                 self.kept[a.job_id] = msgspec.structs.replace(a, config=job.current)
         for jid in sorted(self.cells.jobs):
-            if not self.cells.jobs[jid].opportunistic and JobId(jid) not in self.kept:
+            if not (self.cells.jobs[jid].opportunistic or jid.startswith(PROF)
+                    or JobId(jid) in self.kept):
                 self.cells.release(jid)
                 self.virtual.pop(JobId(jid), None)
 
@@ -247,7 +295,7 @@ class _Round:
             return self.refuse(jid, "mixes GPU types")
         if jid in self.cells.jobs:  # running opportunistically, now within its cells
             self.cells.release(jid)
-        got = self.cells.allocate(tenant, gpu, a.config.total_gpus, jid)
+        got = self.bind(tenant, gpu, a)
         if not isinstance(got, Allocation) and got.reason == "preempt":
             if any(v.startswith(HOLD) for v in got.victims):
                 return self.refuse(jid, "its cell has GPUs busy outside the cells (profiling)")
@@ -256,54 +304,45 @@ class _Round:
             for victim in got.victims:
                 self.cells.release(victim)
                 self.preempted.append(JobId(victim))
-            got = self.cells.allocate(tenant, gpu, a.config.total_gpus, jid)
+            got = self.bind(tenant, gpu, a)
         if not isinstance(got, Allocation):
             return self.refuse(jid, got.reason)
         self.virtual[jid] = a.config
         self.new[jid] = msgspec.structs.replace(a, config=Configuration.of(got.servers()))
         return None
 
-    def keep_for_profiling(self) -> None:
-        """A guaranteed job still to be profiled on a type its tenant
-        reserves gets one GPU of its tenant's cells kept idle in this plan,
-        so that the profiling queue (Hops §3.2), served before this layer,
-        takes it in the next plan instead of opportunistic jobs filling it.
-        When opportunistic jobs hold every such GPU, a first plan preempts
-        the fewest of them (:meth:`Cells.preemption_victims`; a later plan
-        only adds). Without it a guaranteed job of a full cluster is never
-        profiled, never asks for its cells, and opportunistic jobs keep its
-        tenant out (§3.3: guaranteed jobs take priority)."""
-        model, done = self.layer.model, set[tuple[str, GpuType]]()
-        for job in sorted(self.snap.jobs, key=lambda j: j.id):
-            tenant = job.spec.tenant
-            if job.phase != "profiling" or model.low_priority.get(tenant, True):
-                continue
-            for gpu in sorted(job.unprofiled):
-                if (tenant, gpu) not in done and gpu in model.reservations.get(tenant, {}):
-                    done.add((tenant, gpu))
-                    self.keep_one(job.id, tenant, gpu)
+    def slot_of(self, tenant: str, sid: ServerId) -> VirtualSlot:
+        if tenant not in self.by_id:
+            self.by_id[tenant] = {v: slot for (_, slot), v in self.layer.slots(
+                tenant, self.snap.cluster).items()}
+        return self.by_id[tenant][sid]
 
-    def keep_one(self, jid: JobId, tenant: str, gpu: GpuType) -> None:
-        probe = f"{HOLD}probe:{jid}"
-        got = self.cells.allocate(tenant, gpu, 1, probe)
-        victims: tuple[str, ...] = ()
-        if isinstance(got, Allocation):
-            self.cells.release(probe)
-            servers = got.servers()
-        elif got.reason == "preempt" and self.first and not any(
+    def bind(self, tenant: str, gpu: GpuType, a: Assignment) -> Allocation | Refusal:
+        """The assignment's GPUs on each virtual server, in the physical cell
+        bound to that server's virtual cell (one to one, so whatever the
+        view allowed can be bound)."""
+        parts = [(self.slot_of(tenant, sid), g) for sid, g in a.config.parts]
+        return self.cells.allocate_on(tenant, gpu, parts, a.job_id)
+
+    def profile(self, tenant: str, task: ProfilingTask) -> None:
+        """Bind a profiling run the inner policy placed in the tenant's VC
+        (Hops §3.2 inside HiveD §3.1), preempting opportunistic jobs in a
+        first plan as a guaranteed job does (§3.3)."""
+        got = bind_task(self.cells, tenant, self.slot_of(tenant, task.server), task)
+        if isinstance(got, Refusal) and got.reason == "preempt" and self.first and not any(
                 v.startswith(HOLD) for v in got.victims):
-            victims = got.victims
-            servers = {}
-            for victim in victims:
-                servers.update(self.cells.allocation(victim).servers())
+            for victim in got.victims:
                 self.cells.release(victim)
                 self.preempted.append(JobId(victim))
-        else:
-            return
-        for sid in sorted(servers)[:1]:
-            self.cells.hold(sid, 1, f"{HOLD}profiling:{jid}")
-        why = f"preempted {', '.join(victims)} " if victims else ""
-        self.notes.append(f"{jid}: {why}kept a GPU of {gpu} idle for its profiling")
+            got = bind_task(self.cells, tenant, self.slot_of(tenant, task.server), task)
+        if not isinstance(got, Allocation):
+            self.notes.append(f"{task.job_id}: profiling on {task.gpu_type} waits: {got.detail}")
+            return None
+        self.virtual[JobId(prof_id(task.job_id, task.gpu_type))] = Configuration.of(
+            {task.server: task.gpus})
+        ((sid, _),) = got.servers().items()
+        self.tasks.append(msgspec.structs.replace(task, server=sid))
+        return None
 
     def refuse(self, jid: JobId, why: str) -> None:
         self.removed.append(jid)
@@ -342,6 +381,8 @@ class _Round:
         """The assignments that fit the GPUs the snapshot leaves free, in
         order (a guard: the cells and the holds make them all fit)."""
         free = self.snap.free_gpus()
+        for task in self.tasks:
+            free[task.server] -= task.gpus  # bound in the cells: they fit
         out: list[Assignment] = []
         for a in assignments:
             running = self.jobs[a.job_id].phase == "running"

@@ -14,9 +14,11 @@ leader ask of it:
   that registers with other GPUs is an error naming the file and the cell;
 - :func:`cells_refusal` is admission's answer to microsoft/pai#4029 (cell
   size silently capped job size): a job whose smallest requirement fits no
-  cell of its tenant (:meth:`Cells.fits`) and that cannot run
-  opportunistically (the policy has ``opportunistic`` off) is refused
-  ``unschedulable`` (HTTP 422), saying which cells the tenant has;
+  cell of its tenant (:meth:`Cells.fits`; under a quota policy, exceeds
+  its tenant's quota of every GPU type) and that cannot run beyond its
+  tenant's reservation (the policy's :class:`TenantAdmission`: ``hived``
+  with ``opportunistic`` off, ``quota``) is refused ``unschedulable``
+  (HTTP 422), saying which cells or quota the tenant has;
 - :func:`needs_cells` says whether a policy spec is built with the cells;
 - :func:`tenant_views` reads the tenants' virtual clusters out of the state
   a cell layer left after a plan (``LayerRecord.state``), and
@@ -34,8 +36,9 @@ import msgspec
 
 from scheduling.cells import CellModel, Cells, TenantView, cells_from_doc
 from scheduling.layers.hived import restore_cells
+from scheduling.layers.quota import quotas_of
 from scheduling.live.admission import Refusal
-from scheduling.registry import TENANT_POLICIES
+from scheduling.registry import TENANT_POLICIES, TenantAdmission
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
 from shared.job import JobSpec
@@ -55,13 +58,6 @@ _PLACEHOLDER_BANDWIDTH = 1.0
 def needs_cells(policy_name: str) -> bool:
     """Whether the policy named ``policy_name`` plans with the tenants' cells."""
     return policy_name in CELL_POLICIES
-
-
-def opportunistic_allowed(spec: object) -> bool:
-    """Whether a policy spec lets jobs run opportunistically (§3.3
-    "Allocating low-priority cells"; the ``hived`` spec's ``opportunistic``
-    setting, on when the spec has none)."""
-    return bool(getattr(spec, "opportunistic", True))
 
 
 def _node_cells(doc: Mapping[str, Any]) -> dict[ServerId, str]:
@@ -165,27 +161,38 @@ def _cells_text(model: CellModel, tenant: str) -> str:
 
 
 def cells_refusal(cells: Cells, spec: JobSpec, r_num: int,
-                  opportunistic: bool) -> Refusal | None:
+                  rule: TenantAdmission) -> Refusal | None:
     """Why ``spec`` can never run under the tenants' cells, or None (see the
     module docstring); ``cells`` is any state of the model (only the model
-    is read). A low-priority tenant runs only opportunistically."""
+    is read). A low-priority tenant runs only beyond its (empty) reservation."""
     model, tenant = cells.model, spec.tenant
     if tenant not in model.low_priority:
         return Refusal(UNSCHEDULABLE, f"job {spec.id}: tenant {tenant} has no virtual cluster "
                        "in the tenants file's cells")
-    if opportunistic:
+    if rule.beyond:
         return None
+    off = ("the policy does not borrow" if rule.quota
+           else "the policy has opportunistic jobs off")
     smallest = spec.requirement_set(r_num)[0]
     if model.low_priority[tenant]:
         return Refusal(UNSCHEDULABLE, (
-            f"job {spec.id} can never run here: tenant {tenant} is low-priority (it runs only "
-            "opportunistically) and the policy has opportunistic jobs off"))
+            f"job {spec.id} can never run here: tenant {tenant} is low-priority (it reserves "
+            f"nothing and runs only beyond its reservation) and {off}"))
+    if rule.quota:
+        quota = quotas_of(model).get(tenant, {})
+        if any(n >= smallest for n in quota.values()):
+            return None
+        held = ", ".join(f"{n} {g}" for g, n in sorted(quota.items())) or "none"
+        return Refusal(UNSCHEDULABLE, (
+            f"job {spec.id} can never run here: it needs at least {smallest} GPUs of one type, "
+            f"more than tenant {tenant}'s quota ({held}), and {off}; ask for fewer GPUs or "
+            "for a larger quota"))
     if any(cells.fits(tenant, gpu, smallest) for gpu in sorted(model.chains)):
         return None
     return Refusal(UNSCHEDULABLE, (
         f"job {spec.id} can never run here: it needs at least {smallest} GPUs of one type, "
         f"more than any cell of tenant {tenant} holds ({_cells_text(model, tenant)}), and "
-        "the policy has opportunistic jobs off; ask for fewer GPUs or for larger cells"))
+        f"{off}; ask for fewer GPUs or for larger cells"))
 
 
 class TenantRecord(msgspec.Struct, frozen=True, kw_only=True):

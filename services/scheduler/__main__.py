@@ -41,7 +41,7 @@ from scheduling.layers.base import Layer
 from scheduling.live import admission as adm
 from scheduling.live import state as st
 from scheduling.live import tenancy as tn
-from scheduling.live.cells import cells_refusal, needs_cells, opportunistic_allowed
+from scheduling.live.cells import cells_refusal, needs_cells
 from scheduling.live.lease import (
     LEASE_KEY,
     Change,
@@ -51,7 +51,7 @@ from scheduling.live.lease import (
     Wait,
     encode_value,
 )
-from scheduling.registry import policy_name
+from scheduling.registry import TenantAdmission, policy_name, tenant_admission
 from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
@@ -97,13 +97,13 @@ class Checks(NamedTuple):
     cells when the policy plans with them (:func:`scheduling.live.cells.cells_refusal`)."""
 
     cells: Cells | None = None
-    opportunistic: bool = True
+    rule: TenantAdmission = TenantAdmission()
 
     @classmethod
     def of(cls, settings: SchedulerSettings) -> Checks:
         if settings.cells is None or not needs_cells(policy_name(settings.policy)):
             return cls()
-        return cls(Cells(settings.cells), opportunistic_allowed(settings.policy))
+        return cls(Cells(settings.cells), tenant_admission(settings.policy))
 
 
 class Admission:
@@ -167,7 +167,7 @@ class Admission:
         cells = self.checks.cells
         if cells is None:
             return None
-        return cells_refusal(cells, spec, self.r_num, self.checks.opportunistic)
+        return cells_refusal(cells, spec, self.r_num, self.checks.rule)
 
     async def cancel(self, req: ev.CancelJob, subject: str) -> ev.Message:
         scope = tn.scope_of(subject, subjects.JOBS_CANCEL_TENANT_ALL)
