@@ -177,3 +177,8 @@ def test_virtual_servers_bind_one_to_one_and_show_what_they_lost() -> None:
     c = cells.allocate_on("C", K80, [(node1, 4)], "c")
     assert isinstance(c, Allocation) and c.servers() == {"n1": 4}
     assert Cells.restore(cells.model, cells.snapshot()).snapshot() == cells.snapshot()
+    # A layer's own holder (a profiling run) uses GPUs but is not listed as a job.
+    run = cells.allocate_on("C", K80, [(slots[2][0], 1)], "\x00prof:K80:p")
+    assert isinstance(run, Allocation)
+    view = cells.view("C")
+    assert view.guaranteed_jobs == ("a", "b", "c") and view.chains[0].used_gpus == 16

@@ -9,8 +9,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.cells import Cells, Snapshot
-from shared.ids import ServerId
+from scheduling.cells import Allocation, Cells, Snapshot
+from shared.ids import GpuType, ServerId
 from tests.cells_trees import figure3
 from tests.test_cells_props import build, run, scenarios, state
 
@@ -75,3 +75,23 @@ def test_restore_refuses_a_snapshot_that_does_not_fit() -> None:
         assert "n9" in str(e)
     else:
         raise AssertionError("restored a snapshot naming an unknown server")
+
+
+def test_restore_keeps_a_guaranteed_job_beside_an_opportunistic_one_in_its_cell() -> None:
+    """An opportunistic 3-GPU job holds two 2-GPU nodes but uses three GPUs;
+    a guaranteed job then takes the fourth. Restore checks the GPUs the
+    opportunistic job uses, not its whole cells (found by the property test)."""
+    doc = {"cell_types": {"N": {"child_cell_type": "G", "child_cell_number": 2,
+                                "is_node_level": True}},
+           "physical_cells": [{"cell_type": "N", "server": f"s{i}"} for i in range(3)],
+           "virtual_clusters": {"t0": {"virtual_cells": [{"cell_type": "G", "cell_number": 3}]}}}
+    cells = build(doc, {f"s{i}": ("G", 2) for i in range(3)})
+    g = GpuType("G")
+    for job in ("b0", "b1"):
+        assert isinstance(cells.allocate("t0", g, 1, job), Allocation)
+    opp = cells.allocate("t0", g, 3, "z-opp", opportunistic=True)
+    assert isinstance(opp, Allocation) and opp.servers() == {"s1": 2, "s2": 1}
+    # Restored in id order, the guaranteed job comes before the opportunistic one.
+    mine = cells.allocate("t0", g, 1, "a-mine")
+    assert isinstance(mine, Allocation) and mine.servers() == {"s2": 1}
+    assert state(round_trip(cells)) == state(cells)

@@ -66,7 +66,10 @@ def tenant_view(cells: Cells, tenant: str) -> TenantView:
         raise KeyError(tenant)
     chains = tuple(_chain_view(cells, tenant, g, counts)
                    for g, counts in sorted(cells.model.reservations.get(tenant, {}).items()))
-    mine = sorted((j, job) for j, job in cells.jobs.items() if job.tenant == tenant)
+    # Holders whose id starts with NUL (a layer's profiling runs and holds)
+    # count in the GPUs but are not jobs to list.
+    mine = sorted((j, job) for j, job in cells.jobs.items()
+                  if job.tenant == tenant and not j.startswith("\x00"))
     opp = [(j, job) for j, job in mine if job.opportunistic]
     return TenantView(tenant, cells.model.low_priority[tenant], cells.model.weights[tenant],
                       chains, tuple(j for j, job in mine if not job.opportunistic),
@@ -114,10 +117,12 @@ def restore_into(cells: Cells, snap: Snapshot) -> None:
         cells.bindings.bind(cell, b.tenant, b.doomed, slot)
     for j in snap.jobs:
         ids = tuple(_cell(cells, a) for a in j.cells)
-        for cell in ids:
+        leaves = cells.leaves_of(ids, j.gpus)
+        # An opportunistic job uses only its GPUs (leaves): a guaranteed job
+        # may hold the rest of its cells.
+        for cell in leaves if j.opportunistic else ids:
             ok = (idle(cells.tree, cells.buddy, cell, bad_ok=True) if j.opportunistic
                   else cells.buddy.carve(cell, j.tenant))
             if not ok:
                 raise ValueError(f"snapshot: job {j.job_id} cannot hold {cells.tree.address[cell]}")
-        cells.record(j.job_id, Job(j.tenant, j.gpu_type, j.gpus, j.opportunistic, ids,
-                                   cells.leaves_of(ids, j.gpus)))
+        cells.record(j.job_id, Job(j.tenant, j.gpu_type, j.gpus, j.opportunistic, ids, leaves))

@@ -9,11 +9,17 @@ with the CPU shared by other processes). :func:`read_bucket` does not rely
 on that marker: it checks that the bucket's stream holds anything, then
 reads the last message of every key with an ordered consumer and stops at
 the message after which the server has nothing pending for it.
+
+:func:`pack` and :func:`unpack` store a value larger than one message in
+compressed parts (a stateful layer's state grows with the cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import zlib
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import nats.errors
@@ -71,3 +77,43 @@ async def read_bucket(js: JetStreamContext, bucket: str, timeout: float = 10.0) 
 async def _empty(js: JetStreamContext, stream: str) -> bool:
     info = await js.stream_info(stream)
     return info.state.messages == 0
+
+
+# A value larger than one part is stored compressed, in parts: "<key>.part<i>"
+# hold the zlib stream in order and "<key>" a head naming their count and
+# digest. The parts are written before the head, so a reader never finds a
+# head whose parts are missing; a part left over from a larger value before
+# is never read.
+CHUNKED = b"\x00hops-parts:"
+PART_BYTES = 192 * 1024  # under the payload limit (shared.wire.MAX_PAYLOAD), headers aside
+
+
+def pack(key: str, data: bytes, limit: int = PART_BYTES) -> list[tuple[str, bytes]]:
+    """The (key, value) pairs that store ``data`` under ``key``, in write order."""
+    if len(data) <= limit and not data.startswith(CHUNKED):
+        return [(key, data)]
+    packed = zlib.compress(data, 6)
+    parts = [packed[i:i + limit] for i in range(0, len(packed), limit)]
+    head = CHUNKED + f"{len(parts)}:{hashlib.sha256(packed).hexdigest()}".encode()
+    return [*((f"{key}.part{i}", p) for i, p in enumerate(parts)), (key, head)]
+
+
+def is_part(key: str) -> bool:
+    """Whether ``key`` holds a part of another key's value."""
+    return ".part" in key
+
+
+def unpack(key: str, values: Mapping[str, bytes]) -> bytes:
+    """The value stored under ``key`` (:func:`pack`); ValueError when a
+    part is missing or does not match the head's digest."""
+    data = values[key]
+    if not data.startswith(CHUNKED):
+        return data
+    count, digest = data[len(CHUNKED):].decode().split(":")
+    try:
+        packed = b"".join(values[f"{key}.part{i}"] for i in range(int(count)))
+    except KeyError as e:
+        raise ValueError(f"KV {key}: part {e} is missing") from None
+    if hashlib.sha256(packed).hexdigest() != digest:
+        raise ValueError(f"KV {key}: its parts do not match its head")
+    return zlib.decompress(packed)

@@ -4,7 +4,8 @@ A stateful layer (HiveD's: its cell bindings) returns its state after each
 plan in its ``LayerRecord.state``. The leader keeps the last state of each
 layer and puts it in every snapshot it builds (``Snapshot.layer_state``), and
 writes each state to KV ``hops_layers`` (key: the layer's name) as it
-publishes the plan: just before, so that a leader that dies in between
+publishes the plan (in compressed parts when it is larger than one message,
+:func:`services.runtime.kv.pack`): just before, so that a leader that dies in between
 leaves a state with cells for jobs that never start (the layer's reconcile
 releases them at the next plan), never a state that lacks the cells of jobs
 that did start (their next plan could move them). A standby that takes the
@@ -34,7 +35,7 @@ from scheduling.cells import TenantView
 from scheduling.live import cells as lc
 from scheduling.policy import Policy
 from scheduling.registry import make_policy, policy_name
-from services.runtime.kv import read_bucket
+from services.runtime.kv import is_part, pack, read_bucket, unpack
 from services.runtime.service import ServiceContext
 from services.scheduler.live_settings import SchedulerSettings
 from shared import events as ev
@@ -71,7 +72,13 @@ class LayerStore:
     async def load(self) -> dict[str, bytes]:
         """Every layer's state as the last leader left it."""
         values = await read_bucket(self.ctx.js, subjects.KV_LAYERS)
-        self.state = {k: v.data for k, v in values.items() if v.data}
+        raw = {k: v.data for k, v in values.items() if v.data}
+        self.state = {}
+        for key in sorted(k for k in raw if not is_part(k)):
+            try:
+                self.state[key] = unpack(key, raw)
+            except ValueError as e:  # the layer starts afresh, as from no state
+                self.log.error("layer state unreadable", layer=key, error=str(e))
         self.log.info("layer state loaded", layers=sorted(self.state))
         return self.state
 
@@ -81,7 +88,8 @@ class LayerStore:
             if not record.state or self.state.get(record.name) == record.state:
                 continue
             self.state[record.name] = record.state
-            await self.kv_layers.put(record.name, record.state)
+            for key, value in pack(record.name, record.state):
+                await self.kv_layers.put(key, value)
 
     async def publish_views(self, now: float, nodes: Iterable[NodeRecord],
                             layer: str = "hived") -> None:
