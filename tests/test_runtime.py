@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import msgspec
+import nats.errors
 import pytest
 import structlog
 from nats.aio.client import Client as NATS
@@ -401,9 +402,20 @@ async def test_serve_runs_a_service_and_stops_cleanly(nats_server: EmbeddedNats)
         {"service": "monitor", "ok": False, "nats": "reconnecting"},
     )
     await asyncio.to_thread(nats_server.start)
-    await eventually(lambda: contexts[0].nc.is_connected)
+    await eventually(lambda: contexts[0].nc.is_connected and client.is_connected)
     assert (await http(port, "GET /healthz HTTP/1.1"))[0] == 200
-    assert (await request(client, subjects.JOBS_CANCEL, cancel, ev.decode_reply)).ok
+    # The reconnected service resends its subscriptions on its own time: a
+    # request before the server has them finds no responder, so ask again.
+    await contexts[0].nc.flush()
+    for _ in range(100):
+        try:
+            reply = await request(client, subjects.JOBS_CANCEL, cancel, ev.decode_reply)
+            break
+        except nats.errors.NoRespondersError:
+            await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the service never answered after the server restarted")
+    assert reply.ok
     stop.set()
     assert await asyncio.wait_for(service, 5) == 0
     assert contexts[0].nc.is_closed
