@@ -17,6 +17,7 @@ tenant's view shows the capacity it lost instead of promising it.
 
 from __future__ import annotations
 
+import heapq
 from typing import Literal
 
 from scheduling.cells.buddy import FREE, POOL, Buddy
@@ -46,6 +47,7 @@ class Bindings:
         # cell on its physical cell (see Ledger.pin).
         self.pinned = False
         self.by_slot: dict[tuple[str, GpuType, int, int], int] = {}
+        self._free_slots: dict[tuple[str, GpuType, int], list[int]] = {}  # heaps
 
     def unbound(self, tenant: str, chain: GpuType, level: int) -> int:
         """r_{t,k} - a_{t,k}: the tenant's virtual cells of a level not bound."""
@@ -62,9 +64,8 @@ class Bindings:
         last virtual servers)."""
         level, chain = self.tree.level[cell], self.tree.chain[cell]
         if slot is None:
-            free = [i for i in range(self.reserved[tenant][chain][level - 1])
-                    if (tenant, chain, level, i) not in self.by_slot]
-            slot = free[-1] if doomed else free[0]
+            slot = self._highest_free(tenant, chain, level) if doomed else self._lowest_free(
+                tenant, chain, level)
         self.allocated[tenant][chain][level - 1] += 1
         self.bound[cell] = tenant
         self.slot[cell] = slot
@@ -72,6 +73,24 @@ class Bindings:
         if doomed:
             self.doomed.add(cell)
         self.buddy.add(cell, tenant)
+
+    def _lowest_free(self, tenant: str, chain: GpuType, level: int) -> int:
+        """The lowest index of the tenant's unbound virtual cells of a level:
+        a heap per level, whose bound entries are dropped when they reach
+        the top (a tenant may reserve thousands of cells of a level)."""
+        key = (tenant, chain, level)
+        heap = self._free_slots.get(key)
+        if heap is None:
+            heap = self._free_slots[key] = [
+                i for i in range(self.reserved[tenant][chain][level - 1])
+                if (tenant, chain, level, i) not in self.by_slot]
+        while (tenant, chain, level, heap[0]) in self.by_slot:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def _highest_free(self, tenant: str, chain: GpuType, level: int) -> int:
+        return max(i for i in range(self.reserved[tenant][chain][level - 1])
+                   if (tenant, chain, level, i) not in self.by_slot)
 
     def cell_of(self, tenant: str, chain: GpuType, level: int, slot: int) -> int | None:
         """The physical cell the tenant's virtual cell ``slot`` of a level is bound to."""
@@ -82,7 +101,11 @@ class Bindings:
         tenant = self.bound.pop(cell)
         self.doomed.discard(cell)
         slot = self.slot.pop(cell)
-        del self.by_slot[(tenant, self.tree.chain[cell], self.tree.level[cell], slot)]
+        chain, level = self.tree.chain[cell], self.tree.level[cell]
+        del self.by_slot[(tenant, chain, level, slot)]
+        heap = self._free_slots.get((tenant, chain, level))
+        if heap is not None:
+            heapq.heappush(heap, slot)
         self.allocated[tenant][self.tree.chain[cell]][self.tree.level[cell] - 1] -= 1
         self.buddy.remove(cell)
         self.buddy.put(cell, POOL)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from scheduling.cells.binding import Bindings
 from scheduling.cells.buddy import POOL, USED, Buddy
 from scheduling.cells.opportunistic import idle, idle_cells
-from scheduling.cells.slots import Part, place_on, unavailable
+from scheduling.cells.slots import Part, place_on, unavailable, virtual_slots
 from scheduling.cells.spec import CellModel, Chain, shortfall
 from scheduling.cells.tree import Tree
 from scheduling.cells.views import Allocation, Refusal, ServerGpus, Violation, VirtualSlot
@@ -61,6 +61,7 @@ class Ledger:
         self.jobs: dict[str, Job] = {}
         self.bad_servers: set[ServerId] = set()
         self._placements: dict[int, tuple[ServerGpus, ...]] = {}  # derived from the tree only
+        self._slot_sizes: dict[tuple[str, GpuType], dict[VirtualSlot, int]] = {}
 
     # -- requests -------------------------------------------------------
 
@@ -91,6 +92,14 @@ class Ledger:
         leaves = tuple(leaf for c in taken for leaf in self.tree.leaves[c])
         return self.record(job_id, Job(tenant, gpu_type, len(leaves), False, tuple(taken),
                                        leaves))
+
+    def slot_sizes(self, tenant: str, gpu_type: GpuType) -> dict[VirtualSlot, int]:
+        """The tenant's virtual servers of a chain with their GPUs (derived
+        from the spec once: a tenant may have thousands)."""
+        key = (tenant, gpu_type)
+        if key not in self._slot_sizes:
+            self._slot_sizes[key] = dict(virtual_slots(self.model, tenant, gpu_type))
+        return self._slot_sizes[key]
 
     def unavailable(self, tenant: str, gpu_type: GpuType) -> dict[VirtualSlot, int]:
         """Per bound virtual server of the tenant, its GPUs that are bad or

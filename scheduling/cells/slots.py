@@ -114,7 +114,7 @@ def _check(led: Ledger, tenant: str, gpu: GpuType, parts: Sequence[Part], job_id
     if not parts or len({s for s, _ in parts}) != len(parts) or min(g for _, g in parts) < 1:
         raise ValueError(f"job {job_id}: parts must name distinct virtual servers, "
                          f"each with at least one GPU: {list(parts)}")
-    sizes = dict(virtual_slots(led.model, tenant, gpu))
+    sizes = led.slot_sizes(tenant, gpu)
     for slot, gpus in parts:
         if slot not in sizes:
             return Refusal(job_id, "no-cell", f"tenant {tenant} has no {gpu} virtual server "
