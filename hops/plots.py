@@ -57,6 +57,16 @@ def plot_results(name: str, results: Mapping[str, SimResult], out: Path) -> list
     return written
 
 
+def _finish(fig: Any, ax: Any, path: Path) -> None:
+    """Legend, layout, write ``path`` and free the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_sharing(results: Mapping[str, Mapping[str, Any]],
                  fragmentation: Mapping[str, Sequence[tuple[float, float]]],
                  out: Path) -> list[Path]:
@@ -78,18 +88,12 @@ def plot_sharing(results: Mapping[str, Mapping[str, Any]],
     ax.set_xticks([k + width * (len(labels) - 1) / 2 for k in range(len(tenants))], tenants)
     ax.set_ylabel("average wait (h)")
     ax.set_title("sharing: average wait per tenant")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out / "tenant_wait.png", dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, out / "tenant_wait.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, series in fragmentation.items():
         ax.plot([t / 86400 for t, _ in series], [f for _, f in series], label=label, linewidth=1)
     ax.set_xlabel("time (days)")
     ax.set_ylabel("node cells that cannot host an 8-GPU job")
     ax.set_title("sharing: fragmentation level")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out / "fragmentation.png", dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, out / "fragmentation.png")
     return [out / "tenant_wait.png", out / "fragmentation.png"]

@@ -36,6 +36,7 @@ from scheduling.cells import Snapshot as CellsSnapshot
 from scheduling.layers.base import annotate, merge_reasons
 from scheduling.layers.hived_opportunistic import share
 from scheduling.layers.hived_profiling import (
+    HOLD,
     PROF,
     bind_task,
     outside_types,
@@ -59,7 +60,6 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
 from shared.snapshot import Assignment, JobState, LayerRecord, Plan, ProfilingTask, Snapshot
 
-HOLD = "\x00held:"  # holder ids of physical holds (never a job id)
 Slots = dict[tuple[GpuType, VirtualSlot], ServerId]
 
 

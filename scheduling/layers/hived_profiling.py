@@ -35,6 +35,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import JobState, ProfilingTask, Snapshot
 
 PROF = "\x00prof:"  # holder ids of profiling runs bound in a tenant's cells
+HOLD = "\x00held:"  # holder ids of physical holds, released after each plan (never a job id)
 
 
 def prof_id(job: JobId, gpu: GpuType) -> str:
@@ -109,7 +110,7 @@ def profile_outside(cells: Cells, snapshot: Snapshot, jobs: Sequence[JobState],
                                    estimates={})
     tasks, _ = profile_first(view, settings.gpus, settings.share, preempt=False)
     for task in tasks:
-        cells.hold(task.server, task.gpus, f"\x00held:{prof_id(task.job_id, task.gpu_type)}")
+        cells.hold(task.server, task.gpus, HOLD + prof_id(task.job_id, task.gpu_type))
     return tasks
 
 

@@ -79,13 +79,18 @@ async def _empty(js: JetStreamContext, stream: str) -> bool:
     return info.state.messages == 0
 
 
-# A value larger than one part is stored compressed, in parts: "<key>.part<i>"
-# hold the zlib stream in order and "<key>" a head naming their count and
-# digest. The parts are written before the head, so a reader never finds a
-# head whose parts are missing; a part left over from a larger value before
-# is never read.
+# A value larger than one part is stored compressed, in parts: keys
+# "<key>.part<i>-<digest>" hold the zlib stream in order and "<key>" a head
+# naming their count and digest. Parts are named after the value they hold
+# and written before the head, so a writer killed half-way leaves the last
+# head and its parts as they were; the writer deletes the parts of the head
+# it replaced afterwards (:func:`parts_of`).
 CHUNKED = b"\x00hops-parts:"
 PART_BYTES = 192 * 1024  # under the payload limit (shared.wire.MAX_PAYLOAD), headers aside
+
+
+def _part(key: str, i: int, digest: str) -> str:
+    return f"{key}.part{i}-{digest[:16]}"
 
 
 def pack(key: str, data: bytes, limit: int = PART_BYTES) -> list[tuple[str, bytes]]:
@@ -93,9 +98,10 @@ def pack(key: str, data: bytes, limit: int = PART_BYTES) -> list[tuple[str, byte
     if len(data) <= limit and not data.startswith(CHUNKED):
         return [(key, data)]
     packed = zlib.compress(data, 6)
+    digest = hashlib.sha256(packed).hexdigest()
     parts = [packed[i:i + limit] for i in range(0, len(packed), limit)]
-    head = CHUNKED + f"{len(parts)}:{hashlib.sha256(packed).hexdigest()}".encode()
-    return [*((f"{key}.part{i}", p) for i, p in enumerate(parts)), (key, head)]
+    head = CHUNKED + f"{len(parts)}:{digest}".encode()
+    return [*((_part(key, i, digest), p) for i, p in enumerate(parts)), (key, head)]
 
 
 def is_part(key: str) -> bool:
@@ -103,17 +109,25 @@ def is_part(key: str) -> bool:
     return ".part" in key
 
 
+def parts_of(key: str, data: bytes) -> list[str]:
+    """The part keys the value ``data`` of ``key`` names (none for a plain value)."""
+    if not data.startswith(CHUNKED):
+        return []
+    count, digest = data[len(CHUNKED):].decode().split(":")
+    return [_part(key, i, digest) for i in range(int(count))]
+
+
 def unpack(key: str, values: Mapping[str, bytes]) -> bytes:
     """The value stored under ``key`` (:func:`pack`); ValueError when a
     part is missing or does not match the head's digest."""
     data = values[key]
-    if not data.startswith(CHUNKED):
+    names = parts_of(key, data)
+    if not names:
         return data
-    count, digest = data[len(CHUNKED):].decode().split(":")
     try:
-        packed = b"".join(values[f"{key}.part{i}"] for i in range(int(count)))
+        packed = b"".join(values[name] for name in names)
     except KeyError as e:
         raise ValueError(f"KV {key}: part {e} is missing") from None
-    if hashlib.sha256(packed).hexdigest() != digest:
+    if hashlib.sha256(packed).hexdigest() != data[len(CHUNKED):].decode().split(":")[1]:
         raise ValueError(f"KV {key}: its parts do not match its head")
     return zlib.decompress(packed)

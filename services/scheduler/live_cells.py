@@ -35,7 +35,7 @@ from scheduling.cells import TenantView
 from scheduling.live import cells as lc
 from scheduling.policy import Policy
 from scheduling.registry import make_policy, policy_name
-from services.runtime.kv import is_part, pack, read_bucket, unpack
+from services.runtime.kv import is_part, pack, parts_of, read_bucket, unpack
 from services.runtime.service import ServiceContext
 from services.scheduler.live_settings import SchedulerSettings
 from shared import events as ev
@@ -61,6 +61,7 @@ class LayerStore:
         self.ctx, self.settings, self.term, self.leader = ctx, settings, term, leader
         self.log = ctx.log.bind(term=term)
         self.state: dict[str, bytes] = {}
+        self._parts: dict[str, list[str]] = {}  # the part keys each layer's head names
         self._problem: str | None = None  # the last cells-vs-nodes error reported
         self._checked: object = None  # the nodes it was checked against
         self._shown: dict[str, TenantView] = {}  # the views this term wrote
@@ -75,6 +76,7 @@ class LayerStore:
         raw = {k: v.data for k, v in values.items() if v.data}
         self.state = {}
         for key in sorted(k for k in raw if not is_part(k)):
+            self._parts[key] = parts_of(key, raw[key])
             try:
                 self.state[key] = unpack(key, raw)
             except ValueError as e:  # the layer starts afresh, as from no state
@@ -88,8 +90,14 @@ class LayerStore:
             if not record.state or self.state.get(record.name) == record.state:
                 continue
             self.state[record.name] = record.state
-            for key, value in pack(record.name, record.state):
+            pairs = pack(record.name, record.state)
+            for key, value in pairs:
                 await self.kv_layers.put(key, value)
+            old = set(self._parts.get(record.name, ())) - {k for k, _ in pairs}
+            self._parts[record.name] = parts_of(record.name, pairs[-1][1])
+            for key in sorted(old):  # parts of the replaced head: garbage from now on
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    await self.kv_layers.delete(key)
 
     async def publish_views(self, now: float, nodes: Iterable[NodeRecord],
                             layer: str = "hived") -> None:
