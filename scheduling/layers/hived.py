@@ -27,7 +27,7 @@ cells for this plan, plans, and returns the new state.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -63,6 +63,12 @@ from shared.snapshot import Assignment, JobState, LayerRecord, Plan, ProfilingTa
 Slots = dict[tuple[GpuType, VirtualSlot], ServerId]
 
 
+def held_outside(refusal: Refusal) -> bool:
+    """Whether a refusal names GPUs held outside the cells (a profiling
+    run), which a guaranteed job waits for instead of stopping."""
+    return any(v.startswith(HOLD) for v in refusal.victims)
+
+
 class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The layer's state after a plan: the cells (bindings, each job's
     cells, bad servers) and each guaranteed job's virtual configuration."""
@@ -95,6 +101,7 @@ class HivedLayer:
         self.r_num = r_num
         self._vcs: dict[tuple[str, tuple[GpuTypeSpec, ...]], Cluster | None] = {}
         self._slots: dict[tuple[str, tuple[GpuTypeSpec, ...]], Slots] = {}
+        self._by_sid: dict[tuple[str, tuple[GpuTypeSpec, ...]], dict[ServerId, VirtualSlot]] = {}
         self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
@@ -115,15 +122,22 @@ class HivedLayer:
             if len(self._vcs) > 256:
                 self._vcs.clear()
                 self._slots.clear()
+                self._by_sid.clear()
             self._vcs[key] = virtual_cluster(self.model, tenant, cluster)
-            self._slots[key] = {(g, slot): sid for sid, g, slot, _ in
-                                virtual_servers(self.model, tenant, cluster)}
+            servers = virtual_servers(self.model, tenant, cluster)
+            self._slots[key] = {(g, slot): sid for sid, g, slot, _ in servers}
+            self._by_sid[key] = {sid: slot for sid, _, slot, _ in servers}
         return self._vcs[key]
 
     def slots(self, tenant: str, cluster: Cluster) -> Slots:
         """Virtual server by (GPU type, virtual cell) for the tenant's VC."""
         self.vc(tenant, cluster)
         return self._slots[(tenant, cluster.gpu_types)]
+
+    def slot_of(self, tenant: str, cluster: Cluster, sid: ServerId) -> VirtualSlot:
+        """The virtual cell (and node) a virtual server of the tenant stands for."""
+        self.vc(tenant, cluster)
+        return self._by_sid[(tenant, cluster.gpu_types)][sid]
 
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         cells, virtual = self.restore(snapshot)
@@ -152,7 +166,6 @@ class _Round:
         self.beyond: list[JobId] = []  # jobs no cell of their tenant can ever hold
         self.vtasks: list[tuple[str, Cluster, ProfilingTask]] = []  # on virtual servers
         self.tasks: list[ProfilingTask] = []  # on physical servers
-        self.by_id: dict[str, dict[ServerId, VirtualSlot]] = {}
         self.outside: list[JobState] = []  # what to profile outside the cells
 
     # -- the steps ------------------------------------------------------
@@ -295,27 +308,33 @@ class _Round:
             return self.refuse(jid, "mixes GPU types")
         if jid in self.cells.jobs:  # running opportunistically, now within its cells
             self.cells.release(jid)
-        got = self.bind(tenant, gpu, a)
-        if not isinstance(got, Allocation) and got.reason == "preempt":
-            if any(v.startswith(HOLD) for v in got.victims):
-                return self.refuse(jid, "its cell has GPUs busy outside the cells (profiling)")
-            if not self.first:
-                return self.refuse(jid, "its cell's opportunistic jobs stop at the next first plan")
-            for victim in got.victims:
-                self.cells.release(victim)
-                self.preempted.append(JobId(victim))
-            got = self.bind(tenant, gpu, a)
+        got = self.preempting(lambda: self.bind(tenant, gpu, a))
+        if isinstance(got, Refusal) and got.reason == "preempt" and (
+                held_outside(got) or not self.first):
+            return self.refuse(jid, "its cell has GPUs busy outside the cells (profiling)"
+                               if held_outside(got)
+                               else "its cell's opportunistic jobs stop at the next first plan")
         if not isinstance(got, Allocation):
             return self.refuse(jid, got.reason)
         self.virtual[jid] = a.config
         self.new[jid] = msgspec.structs.replace(a, config=Configuration.of(got.servers()))
         return None
 
+    def preempting(self, attempt: Callable[[], Allocation | Refusal]) -> Allocation | Refusal:
+        """``attempt``, and in a first plan ``attempt`` again after stopping
+        the opportunistic jobs its refusal names (§3.3: strict priority); a
+        refusal for GPUs held outside the cells comes back as it is."""
+        got = attempt()
+        if isinstance(got, Refusal) and got.reason == "preempt" and self.first and (
+                not held_outside(got)):
+            for victim in got.victims:
+                self.cells.release(victim)
+                self.preempted.append(JobId(victim))
+            got = attempt()
+        return got
+
     def slot_of(self, tenant: str, sid: ServerId) -> VirtualSlot:
-        if tenant not in self.by_id:
-            self.by_id[tenant] = {v: slot for (_, slot), v in self.layer.slots(
-                tenant, self.snap.cluster).items()}
-        return self.by_id[tenant][sid]
+        return self.layer.slot_of(tenant, self.snap.cluster, sid)
 
     def bind(self, tenant: str, gpu: GpuType, a: Assignment) -> Allocation | Refusal:
         """The assignment's GPUs on each virtual server, in the physical cell
@@ -328,13 +347,8 @@ class _Round:
         """Bind a profiling run the inner policy placed in the tenant's VC
         (Hops §3.2 inside HiveD §3.1), preempting opportunistic jobs in a
         first plan as a guaranteed job does (§3.3)."""
-        got = bind_task(self.cells, tenant, self.slot_of(tenant, task.server), task)
-        if isinstance(got, Refusal) and got.reason == "preempt" and self.first and not any(
-                v.startswith(HOLD) for v in got.victims):
-            for victim in got.victims:
-                self.cells.release(victim)
-                self.preempted.append(JobId(victim))
-            got = bind_task(self.cells, tenant, self.slot_of(tenant, task.server), task)
+        slot = self.slot_of(tenant, task.server)
+        got = self.preempting(lambda: bind_task(self.cells, tenant, slot, task))
         if not isinstance(got, Allocation):
             self.notes.append(f"{task.job_id}: profiling on {task.gpu_type} waits: {got.detail}")
             return None
