@@ -68,7 +68,10 @@ class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     attributes below, which is what the entity layer of the database learns.
 
     Its :attr:`capacity` names what may be allocated on it: ``gpus``,
-    ``cores`` (CPU cores; 0 when none are scheduled) and ``memory_gb``."""
+    ``cores`` (CPU cores; 0 when none are scheduled) and ``memory_gb``.
+    ``memory_bandwidth_gbps`` (0: not declared) is what CODA's contention
+    eliminator (§V-D) compares the server's measured memory traffic with, and
+    ``mba`` says whether its CPUs can throttle a job's bandwidth (Intel MBA)."""
 
     id: ServerId
     gpu_type: GpuType
@@ -78,6 +81,8 @@ class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory_gb: int = 0
     network: str = ""
     cores: int = 0
+    memory_bandwidth_gbps: float = 0.0
+    mba: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -87,6 +92,8 @@ class Server(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for field, value in (("cores", self.cores), ("memory_gb", self.memory_gb)):
             if value < 0:
                 raise ValueError(f"server {self.id}: {field} must be >= 0, got {value}")
+        if not math.isfinite(self.memory_bandwidth_gbps) or self.memory_bandwidth_gbps < 0:
+            raise ValueError(f"server {self.id}: memory_bandwidth_gbps must be finite and >= 0")
 
     @property
     def capacity(self) -> Resources:

@@ -22,6 +22,9 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     server of ``parts``, in the same order (CPU cores, memory); empty, the
     job holds GPUs only, which is all the policies of Hops, Sia and Gavel
     plan. The GPU ``parts`` alone are what the estimator's Eq. (1) reads.
+
+    A CPU job (CODA) holds cores and no GPUs: its parts name 0 GPUs, and
+    every such part holds cores (:meth:`cpu`).
     """
 
     parts: tuple[tuple[ServerId, int], ...]
@@ -34,9 +37,11 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
         if not parts:
             raise ValueError("a configuration needs at least one server")
         seen: set[str] = set()
-        for sid, gpus in self.parts:
-            if gpus <= 0:
-                raise ValueError(f"configuration: server {sid} gets {gpus} GPUs, need > 0")
+        for i, (sid, gpus) in enumerate(self.parts):
+            if gpus < 0 or (gpus == 0 and (not self.extras or i >= len(self.extras)
+                                           or not self.extras[i].cores)):
+                raise ValueError(f"configuration: server {sid} gets {gpus} GPUs, need > 0 "
+                                 "(or 0 GPUs with cores: a CPU job)")
             if sid in seen:
                 raise ValueError(f"configuration: server {sid} appears twice")
             seen.add(sid)
@@ -52,6 +57,18 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     @classmethod
     def of(cls, mapping: Mapping[ServerId, int] | Mapping[str, int]) -> Configuration:
         return cls(tuple(sorted((ServerId(k), int(v)) for k, v in mapping.items())))
+
+    @classmethod
+    def cpu(cls, server: ServerId, cores: int) -> Configuration:
+        """A CPU job's configuration: ``cores`` on ``server``, no GPUs."""
+        return cls(((server, 0),), (Resources(cores=cores),))
+
+    @property
+    def total_cores(self) -> int:
+        return sum(e.cores for e in self.extras)
+
+    def cores_on(self, server: ServerId) -> int:
+        return self.demand_on(server).cores
 
     @property
     def total_gpus(self) -> int:

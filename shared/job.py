@@ -14,6 +14,21 @@ from shared.ids import JobId, TenantId
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 ScalingRule = Literal["linear", "sqrt"]
+JobKind = Literal["gpu", "cpu"]
+# CODA §IV-B: the categories whose CPU-GPU interaction differs; "other" is a
+# job whose owner gave none (the start point then comes from history only).
+Category = Literal["cv", "nlp", "speech", "other"]
+
+
+class CoreHints(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What an owner may say of a training job's CPU side (CODA §V-B-1): it
+    pipelines data loading (``pipeline``: one core fewer to start), has many
+    weights (``many_weights``: one fewer), or heavy preprocessing between
+    iterations (``complex_preprocessing``: one more)."""
+
+    pipeline: bool = False
+    many_weights: bool = False
+    complex_preprocessing: bool = False
 
 
 # R_num of §2.2: requirements a min/max range is turned into (every policy's
@@ -35,6 +50,13 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``command`` is what a real node executor runs, as an argument list (never
     through a shell), in ``workdir`` with ``env`` added; one process per
     GPU. Without a command, only an emulated executor can run the job.
+
+    ``kind`` is ``gpu`` (a training job, the default) or ``cpu`` (CODA's CPU
+    job: it asks for ``cores`` CPU cores on one server and no GPUs, and gives
+    no requirements; its ``total_samples`` is its work in core-seconds). For
+    a GPU job ``cores`` is what its owner asked for in all (0: nothing
+    stated), which the baselines that take requests as given use;
+    ``category`` and ``hints`` seed CODA's adaptive core allocation.
     """
 
     id: JobId
@@ -54,6 +76,10 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     command: tuple[str, ...] = ()
     workdir: str = ""
     env: dict[str, str] = {}
+    kind: JobKind = "gpu"
+    cores: int = 0
+    category: Category = "other"
+    hints: CoreHints = CoreHints()
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -64,7 +90,12 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"params must be > 0, got {self.params}")
         if self.total_samples <= 0:
             raise ValueError(f"total_samples must be > 0, got {self.total_samples}")
-        self._check_requirements()
+        if self.cores < 0:
+            raise ValueError(f"cores must be >= 0, got {self.cores}")
+        if self.kind == "cpu":
+            self._check_cpu_job()
+        else:
+            self._check_requirements()
         for gpus, rate in self.lr.items():
             if gpus <= 0 or rate <= 0:
                 raise ValueError(f"lr: entry {gpus}: {rate} must have gpus > 0 and rate > 0")
@@ -89,6 +120,14 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if "\x00" in value:
                 raise ValueError(f"env: the value of {key} contains a NUL byte")
 
+    def _check_cpu_job(self) -> None:
+        if self.cores <= 0:
+            raise ValueError("a cpu job needs cores > 0")
+        if self.requirements or self.min_gpus is not None or self.max_gpus is not None:
+            raise ValueError("a cpu job asks for cores, not GPUs: give no requirements")
+        if self.lr or self.base_lr is not None:
+            raise ValueError("a cpu job takes no learning rate")
+
     def _check_requirements(self) -> None:
         if self.requirements:
             if self.min_gpus is not None or self.max_gpus is not None:
@@ -103,7 +142,10 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"requirements: need 0 < min_gpus <= max_gpus, got {bounds}")
 
     def requirement_set(self, r_num: int = R_NUM) -> tuple[int, ...]:
-        """The sorted requirement set R; bounds become ``r_num`` equal steps."""
+        """The sorted requirement set R; bounds become ``r_num`` equal steps
+        (a CPU job's is empty)."""
+        if self.kind == "cpu":
+            return ()
         if self.requirements:
             return tuple(sorted(set(self.requirements)))
         assert self.min_gpus is not None and self.max_gpus is not None

@@ -40,6 +40,11 @@ class JobState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     attained_by_type: dict[GpuType, float] = {}
     # Times this job's configuration changed (checkpoint-restarts so far).
     restarts: int = 0
+    # Samples per second it made since ``throughput_since``, when its
+    # configuration (cores included) last changed, as the mechanism measured
+    # them (0: not measured yet): what CODA's allocator climbs on (§V-B-2).
+    throughput: float = 0.0
+    throughput_since: float = 0.0
 
     @property
     def id(self) -> JobId:
@@ -176,11 +181,17 @@ class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Plan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Output of one planning call. For a first plan, jobs missing from
     ``assignments`` hold nothing this round; for a later plan, the assignments
-    are additions to what already runs."""
+    are additions to what already runs, or in-place changes of a running
+    job's cores (same GPUs, other extras)."""
 
     assignments: tuple[Assignment, ...] = ()
     profiling: tuple[ProfilingTask, ...] = ()
     reasons: PlanReasons = PlanReasons(policy="none")
+    # A layer that needs to act again before the next round (CODA's allocator
+    # samples every period) asks for a plan within this many seconds; 0: no
+    # need. In a later plan an assignment of a running job that keeps its
+    # GPUs and changes only its cores or memory is a change in place.
+    wake_after_s: float = 0.0
 
     def config_of(self, job_id: JobId) -> Configuration | None:
         for a in self.assignments:
