@@ -27,7 +27,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
-EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, sharing or "
+EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, sharing, coda or "
                     "cell-fragmentation")
 T = TypeVar("T")
 
@@ -128,7 +128,8 @@ def experiment(
     traces: Annotated[str | None, typer.Option(
         help="'sharing': traces, comma-separated, one tenant each or with a tenant column "
         "(default: the four ElasticFlow traces)")] = None,
-    inner: Annotated[str, typer.Option(help="'sharing': the inner policy")] = "hops:lam=inf",
+    inner: Annotated[str, typer.Option(
+        help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
     workers: Annotated[int, typer.Option(help="'sharing': simulations run at once")] = 1,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
@@ -143,6 +144,15 @@ def experiment(
             run_sharing(out, chosen, first_n=first_n, inner=inner,
                         only=tuple(policy) if policy else None,
                         progress=rich_progress if progress else None, workers=workers)
+            typer.echo((out / "results.md").read_text())
+            return
+        if name == "coda":
+            from hops.coda import POLICIES as CORE_POLICIES
+            from hops.coda import run as run_coda
+
+            run_coda(out, inner=inner, trace=trace or "elasticflow-cluster01",
+                     first_n=first_n, compress=compress, seed=seed,
+                     policies=tuple(policy or CORE_POLICIES))
             typer.echo((out / "results.md").read_text())
             return
         if name == "cell-fragmentation":

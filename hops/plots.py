@@ -97,3 +97,21 @@ def plot_sharing(results: Mapping[str, Mapping[str, Any]],
     ax.set_title("sharing: fragmentation level")
     _finish(fig, ax, out / "fragmentation.png")
     return [out / "tenant_wait.png", out / "fragmentation.png"]
+
+
+def cdf_plot(series: Mapping[str, Sequence[float]], xlabel: str, path: Path) -> Path:
+    """One CDF per labelled series (CODA's Figure 11)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, values in series.items():
+        if values:
+            xs, ys = _cdf(list(values))
+            ax.step(xs, ys, where="post", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("CDF")
+    _finish(fig, ax, path)
+    return path

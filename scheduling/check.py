@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.ids import ServerId
+import msgspec
+
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
 from shared.resources import NOTHING, Ledger, OverAllocation, Resources
 from shared.snapshot import Assignment, Plan, ProfilingTask, Snapshot
 
@@ -24,10 +27,13 @@ def plan_overallocation(snapshot: Snapshot, plan: Plan) -> str | None:
     or None when it fits in every resource of every server.
 
     In a plan later in the round a running job assigned the configuration it
-    holds keeps it: it is in ``held`` already and books nothing again."""
+    holds keeps it: it is in ``held`` already and books nothing again; one
+    assigned the same GPUs with other cores (an in-place change) gives back
+    what it held and books its new configuration."""
     keeps = {} if snapshot.first_plan else {
         j.id: j.current for j in snapshot.jobs if j.phase == "running"
     }
+    snapshot = _released(snapshot, keeps, plan)
     runs = [a for a in plan.assignments if keeps.get(a.job_id) != a.config]
     capacity = snapshot.cluster.capacity()
     if _fits(capacity, snapshot, runs, plan.profiling):
@@ -89,6 +95,25 @@ def _fits(
         if cap is None or gpus > cap.gpus or cores > cap.cores or memory_mb > cap.memory_mb:
             return False
     return True
+
+
+def _released(snapshot: Snapshot, keeps: Mapping[JobId, Configuration | None],
+              plan: Plan) -> Snapshot:
+    """``snapshot`` without what the running jobs changed in place hold."""
+    changed = [keeps[a.job_id] for a in plan.assignments
+               if (cur := keeps.get(a.job_id)) is not None and cur != a.config
+               and cur.parts == a.config.parts]
+    if not changed:
+        return snapshot
+    held = dict(snapshot.held)
+    extras = dict(snapshot.held_extras)
+    for config in changed:
+        assert config is not None
+        for sid, want in config.demands().items():
+            held[sid] = max(0, held.get(sid, 0) - want.gpus)
+            extras[sid] = extras.get(sid, NOTHING).minus(
+                Resources(cores=want.cores, memory_mb=want.memory_mb))
+    return msgspec.structs.replace(snapshot, held=held, held_extras=extras)
 
 
 def _held(snapshot: Snapshot, capacity: Mapping[ServerId, Resources]) -> dict[ServerId, Resources]:

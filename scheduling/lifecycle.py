@@ -78,7 +78,14 @@ class Queue(Decision, frozen=True, tag="queue"):
     """The job's profiles now cover what it needs: it waits in the queue."""
 
 
-Transition: TypeAlias = ev.JobEvent | Profile | Queue
+class Retune(Decision, frozen=True, tag="retune"):
+    """A running job's cores or memory change in place (CODA's allocator,
+    §V-B): the same GPUs, another ``configuration``; no restart is counted."""
+
+    configuration: Configuration
+
+
+Transition: TypeAlias = ev.JobEvent | Profile | Queue | Retune
 Outcome: TypeAlias = Life | Refused
 
 PROFILING_RUN = "profiling run"
@@ -113,6 +120,8 @@ def step(life: Life | None, event: Transition) -> Outcome:
             return _profile(life)
         case Queue():
             return _queue(life)
+        case Retune():
+            return _retune(life, event.configuration)
         case _:
             assert_never(event)
 
@@ -151,6 +160,15 @@ def _profile(life: Life) -> Outcome:
     if life.phase not in ("submitted", "queued"):
         return Refused(f"job is {life.phase}, not waiting")
     return _to(life, "profiling")
+
+
+def _retune(life: Life, config: Configuration) -> Outcome:
+    cur = life.configuration
+    if life.phase != "running" or cur is None:
+        return Refused(f"job is {life.phase}, not running")
+    if cur.parts != config.parts:
+        return Refused(f"a retune keeps the GPUs: {cur} -> {config}")
+    return msgspec.structs.replace(life, configuration=config)
 
 
 def _queue(life: Life) -> Outcome:

@@ -49,6 +49,8 @@ from typing import assert_never
 import msgspec
 
 from scheduling.cells import CellModel
+from scheduling.cores.layer import CodaSettings, CoreLayer
+from scheduling.cores.rules import Coda, Drf, Fifo, FixedCores
 from scheduling.layers.base import LayeredPolicy
 from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
@@ -91,6 +93,7 @@ class GavelSpec(GavelSettings, tag="gavel", tag_field="name", frozen=True):
 
 
 ClusterSpec = HopsSpec | HopsProfilePreemptSpec | SiaSpec | SiaLpStartSpec | GavelSpec
+CLUSTER_TYPES = (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec)
 
 
 class _TenantSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -101,8 +104,9 @@ class _TenantSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def inner_spec(self) -> ClusterSpec:
         spec = parse_policy(self.inner)
-        if isinstance(spec, TENANT_TYPES):
-            raise PolicyError(f"inner policy {self.inner!r} is a tenant policy; "
+        if not isinstance(spec, CLUSTER_TYPES):
+            kind = "tenant" if isinstance(spec, TENANT_TYPES) else "core"
+            raise PolicyError(f"inner policy {self.inner!r} is a {kind} policy; "
                               "it must be a cluster policy")
         return spec
 
@@ -129,17 +133,71 @@ class QuotaBorrowSpec(_TenantSpec, tag="quota-borrow", tag_field="name", frozen=
 
 TenantSpec = HivedSpec | QuotaSpec | QuotaBorrowSpec
 TENANT_TYPES = (HivedSpec, QuotaSpec, QuotaBorrowSpec)
-PolicySpec = ClusterSpec | TenantSpec
+
+
+class CodaSpec(CodaSettings, tag="coda", tag_field="name", frozen=True):
+    """CODA (docs/coda.md): adaptive cores per GPU job, CPU jobs in their own
+    array beside the GPU jobs' reserved cores, around the cluster policy
+    ``inner`` (:class:`~.cores.layer.CoreLayer`)."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return core_inner(self).r_num
+
+
+class FifoCoresSpec(msgspec.Struct, tag="fifo", tag_field="name", frozen=True,
+                    forbid_unknown_fields=True):
+    """Cores as requested, CPU jobs first come first served, around ``inner``."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return core_inner(self).r_num
+
+
+class DrfCoresSpec(msgspec.Struct, tag="drf", tag_field="name", frozen=True,
+                   forbid_unknown_fields=True):
+    """Cores as requested, CPU jobs by their tenants' dominant share."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return core_inner(self).r_num
+
+
+class FixedCoresSpec(msgspec.Struct, tag="fixed-cores", tag_field="name", frozen=True,
+                     forbid_unknown_fields=True):
+    """Slurm's ``--cpus-per-gpu``: ``per_gpu`` cores per GPU for every GPU
+    job (0: each server's cores over its GPUs, rounded down)."""
+
+    per_gpu: int = 0
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return core_inner(self).r_num
+
+
+CoreSpec = CodaSpec | FifoCoresSpec | DrfCoresSpec | FixedCoresSpec
+CORE_TYPES = (CodaSpec, FifoCoresSpec, DrfCoresSpec, FixedCoresSpec)
+PolicySpec = ClusterSpec | TenantSpec | CoreSpec
 
 SPECS: Mapping[str, type[PolicySpec]] = {
     str(cls.__struct_config__.tag): cls
     for cls in (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec,
-                HivedSpec, QuotaSpec, QuotaBorrowSpec)
+                HivedSpec, QuotaSpec, QuotaBorrowSpec, CodaSpec, FifoCoresSpec, DrfCoresSpec,
+                FixedCoresSpec)
 }
 # The cluster policies (every one runs without tenants' cells); the tenant
 # policies need cells.
 POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "sia", "sia-lp-start", "gavel")
 TENANT_POLICIES: tuple[str, ...] = ("hived", "quota", "quota-borrow")
+# The core policies: CPU cores scheduled beside the GPUs (issue 21).
+CORE_POLICIES: tuple[str, ...] = ("coda", "fifo", "drf", "fixed-cores")
 DEFAULT_POLICY = "hops"
 
 
@@ -224,6 +282,12 @@ def check(spec: PolicySpec) -> None:
         except PolicyError as e:
             raise PolicyError(f"policy {policy_name(spec)}: inner: {e}") from None
         return
+    if isinstance(spec, CORE_TYPES):
+        try:
+            core_inner(spec)
+        except PolicyError as e:
+            raise PolicyError(f"policy {policy_name(spec)}: inner: {e}") from None
+        return
     try:
         priority_fn(spec.priority)
     except ValueError as e:
@@ -255,6 +319,8 @@ def make_policy(spec: PolicySpec | str, cells: CellModel | None = None) -> Polic
         spec = parse_policy(spec)
     if isinstance(spec, TENANT_TYPES):
         return _tenant(spec, cells)
+    if isinstance(spec, CORE_TYPES):
+        return _cores(spec)
     return _inner(spec).wrapped(ProfilingFirst(profiling_settings(spec)))
 
 
@@ -276,6 +342,36 @@ def _tenant(spec: TenantSpec, cells: CellModel | None) -> Policy:
             return _inner(inner).wrapped(layer, ProfilingFirst(profiling))
         case _:
             assert_never(spec)
+
+
+def core_inner(spec: CoreSpec) -> ClusterSpec:
+    """The cluster policy a core policy wraps (its ``inner`` text)."""
+    inner = parse_policy(spec.inner)
+    if not isinstance(inner, CLUSTER_TYPES):
+        raise PolicyError(f"inner policy {spec.inner!r} must be a cluster policy "
+                          f"({', '.join(POLICIES)})")
+    return inner
+
+
+def _cores(spec: CoreSpec) -> Policy:
+    inner = core_inner(spec)
+    match spec:
+        case CodaSpec():
+            settings = msgspec.convert(
+                {k: v for k, v in msgspec.structs.asdict(spec).items() if k != "inner"},
+                CodaSettings)
+            layer = CoreLayer(Coda(), settings)
+        case FifoCoresSpec():
+            layer = CoreLayer(Fifo())
+        case DrfCoresSpec():
+            layer = CoreLayer(Drf())
+        case FixedCoresSpec():
+            layer = CoreLayer(FixedCores(spec.per_gpu))
+        case _:
+            assert_never(spec)
+    # Profiling-first outermost: profiling runs hold GPUs only, and CPU jobs
+    # are never profiled, so the core layer sees the queue the policy plans.
+    return _inner(inner).wrapped(layer, ProfilingFirst(profiling_settings(inner)))
 
 
 class TenantAdmission(msgspec.Struct, frozen=True):
@@ -300,6 +396,12 @@ def tenant_admission(spec: PolicySpec) -> TenantAdmission:
             return TenantAdmission(beyond=True, quota=True)
         case _:
             return TenantAdmission()
+
+
+def schedules_cores(spec: PolicySpec) -> bool:
+    """Whether ``spec`` schedules CPU cores (a core layer around its inner
+    policy), hence may take CPU jobs."""
+    return isinstance(spec, CORE_TYPES)
 
 
 def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:

@@ -40,6 +40,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
 from shared.resources import OverAllocation
 from shared.snapshot import Plan, Snapshot
+from simulator.cores import core_factor, cpu_rate, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.metrics import RoundRecord, SimResult, job_outcome
 from simulator.state import JobRecord, Occupancy, job_holder, profiling_holder
@@ -107,6 +108,7 @@ class Simulation:
         self.now = 0.0
         self.next_round = 0.0
         self.fill_at: float | None = None
+        self.wake = 0.0  # seconds after the last plan that it asked for another
         self.rounds: list[RoundRecord] = []
         self.plan_seconds: list[float] = []
         self.finished: list[tuple[float, float]] = []
@@ -133,8 +135,9 @@ class Simulation:
             if self._arrived:
                 self.live = dict(sorted(self.live.items(), key=lambda kv: self._order[kv[0]]))
                 self._arrived = False
-            if changed and self.fill_at is None:
-                self.fill_at = self.now + self.settings.fill_delay_s
+            if changed:  # a wake-up (Plan.wake_after_s) may be set later than this
+                due = self.now + self.settings.fill_delay_s
+                self.fill_at = due if self.fill_at is None else min(self.fill_at, due)
             for event in self._plans_due():
                 self._handle(event)
             if progress is not None:
@@ -195,14 +198,19 @@ class Simulation:
                 return True
             case RoundStart():
                 self._round()
-                self.fill_at = None
+                self.fill_at = self._woken()
                 return False
             case FillPlan():
                 self._plan(first=False)
-                self.fill_at = None
+                self.fill_at = self._woken()
                 return False
             case _:
                 assert_never(event)
+
+    def _woken(self) -> float | None:
+        """A later plan a layer asked for (``Plan.wake_after_s``), if any."""
+        wake, self.wake = self.wake, 0.0
+        return self.now + wake if wake > 0 else None
 
     def _move(self, rec: JobRecord, event: lc.Transition) -> None:
         """Move ``rec`` through the one lifecycle; a refusal here is an engine bug."""
@@ -216,6 +224,12 @@ class Simulation:
     # --------------------------------------------------------------- events
 
     def _arrive(self, rec: JobRecord) -> None:
+        if rec.spec.kind == "cpu":  # nothing to profile: it waits for cores
+            self._move(rec, ev.JobSubmitted(job_id=rec.id, spec=rec.spec, at=self.now))
+            self._move(rec, lc.Queue(job_id=rec.id, at=self.now))
+            self.live[rec.id] = rec
+            self._arrived = True
+            return
         rec.unprofiled = {
             t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
         }
@@ -256,6 +270,7 @@ class Simulation:
         planned = self._plan(first=True)
         # Unassigned jobs (§4.2's fragments): queued without GPUs after planning.
         waiting = sum(1 for r in self.live.values() if r.phase == "queued")
+        gpu_waiting = any(r.phase == "queued" and r.spec.kind != "cpu" for r in self.live.values())
         idle = self.occ.idle()
         self.rounds.append(
             RoundRecord(
@@ -267,6 +282,10 @@ class Simulation:
                 throughput=sum(r.rate for r in self._running()),
                 planner_s=planned,
                 raqlr=raqlr(self._recent_finished(), self.now, self.settings.raqlr_window_h),
+                short_of_cores=gpus_short_of_cores(
+                    self.cluster, {s.id: self.occ.used(s.id) for s in self.cluster.servers},
+                    self.occ.extras)
+                if gpu_waiting and any(s.cores for s in self.cluster.servers) else 0,
             )
         )
         self.next_round = self.now + self.settings.round_s
@@ -285,7 +304,7 @@ class Simulation:
         busy = busy_types(self.cluster, self.occ.jobs)
         in_flight = {p.job_id for p in self.profiling}
         for rec in active:
-            if rec.phase not in ("queued", "profiling"):
+            if rec.phase not in ("queued", "profiling") or rec.spec.kind == "cpu":
                 continue
             waiting = rec.phase == "queued"
             supported = {
@@ -332,13 +351,14 @@ class Simulation:
         if why is not None:
             raise OverAllocation(f"{self.policy.name}: the plan over-allocates: {why}")
         self._apply(plan, first)
+        self.wake = plan.wake_after_s
         self.layer_state = {r.name: r.state for r in plan.reasons.layers if r.state}
         return spent
 
     def _estimates(self, active: Sequence[JobRecord]) -> dict[JobId, JobEstimate]:
         out: dict[JobId, JobEstimate] = {}
         for rec in active:
-            if rec.phase == "profiling":
+            if rec.phase == "profiling" or rec.spec.kind == "cpu":
                 continue
             if rec.id in self.dirty or rec.id not in self.estimates:
                 self.estimates[rec.id] = estimate_job(
@@ -354,7 +374,9 @@ class Simulation:
             raise RuntimeError(f"{self.policy.name}: a job got two configurations")
         if first:
             for rec in self._running():
-                if chosen.get(rec.id) != rec.current:
+                config = chosen.get(rec.id)
+                if config is None or rec.current is None or \
+                        config.parts != rec.current.parts:
                     self._stop(rec)
         for job_id, config in chosen.items():
             self._start(self.jobs[job_id], config)
@@ -370,18 +392,38 @@ class Simulation:
     def _start(self, rec: JobRecord, config: Configuration) -> None:
         if rec.phase == "running" and rec.current == config:
             return
+        if rec.phase == "running" and rec.current is not None and \
+                rec.current.parts == config.parts:
+            self._retune(rec, config)
+            return
         if rec.phase != "queued":
             raise RuntimeError(f"{self.policy.name}: job {rec.id} is {rec.phase}, not queued")
-        if config.total_gpus not in rec.spec.requirement_set(self.settings.r_num):
+        if config.total_gpus not in rec.spec.requirement_set(self.settings.r_num) and not (
+                rec.spec.kind == "cpu" and config.total_gpus == 0):
             raise RuntimeError(f"{self.policy.name}: {config} is not a requirement of {rec.id}")
         self.occ.take(job_holder(rec.id), config, self.occ.jobs)
-        key = (rec.model, config)
-        if key not in self.rates:
-            self.rates[key] = self.truth.throughput(rec.model, config)
         # Every start is a checkpoint-restart (the lifecycle counts it).
         self._move(rec, ev.JobStarted(job_id=rec.id, configuration=config, at=self.now))
-        rec.rate = self.rates[key]
+        self._set_rate(rec, config)
         rec.paused_until = self.now + self.settings.restart_s
+
+    def _retune(self, rec: JobRecord, config: Configuration) -> None:
+        """The same GPUs, other cores: changed in place, no restart."""
+        self.occ.give(job_holder(rec.id), self.occ.jobs)
+        self.occ.take(job_holder(rec.id), config, self.occ.jobs)
+        self._move(rec, lc.Retune(job_id=rec.id, configuration=config, at=self.now))
+        self._set_rate(rec, config)
+        rec.retunes += 1
+
+    def _set_rate(self, rec: JobRecord, config: Configuration) -> None:
+        key = (rec.model, config)
+        if key not in self.rates:
+            self.rates[key] = (cpu_rate(config) if rec.spec.kind == "cpu" else
+                               self.truth.throughput(rec.model, config.gpus_only)
+                               * core_factor(rec.model, config))
+        rec.rate = self.rates[key]
+        rec.factor = core_factor(rec.model, config) if rec.spec.kind != "cpu" else 1.0
+        rec.rate_since = self.now
 
     def _profile(self, job_id: JobId, gpu_type: GpuType, server: ServerId) -> None:
         rec = self.jobs[job_id]
@@ -410,7 +452,7 @@ class Simulation:
         """Running-mode reports of the round that ends (§3.2)."""
         for rec in self._running():
             assert rec.current is not None
-            if rec.paused_until >= self.now:
+            if rec.paused_until >= self.now or rec.spec.kind == "cpu":
                 continue
             for sample in self.truth.running_samples(
                 rec.id, rec.model, rec.current, self.settings.sample_iters, self._rng(rec.id)

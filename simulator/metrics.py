@@ -30,6 +30,9 @@ class RoundRecord(msgspec.Struct, frozen=True):
     throughput: float  # samples/s of all running jobs
     planner_s: float
     raqlr: float
+    # GPUs idle without a free core beside them while a GPU job waits
+    # (CODA §VI-C; 0 on clusters that schedule no cores).
+    short_of_cores: int = 0
 
 
 class JobOutcome(msgspec.Struct, frozen=True):
@@ -46,6 +49,12 @@ class JobOutcome(msgspec.Struct, frozen=True):
     min_gpus: int
     max_gpus: int
     r_avg: float
+    kind: str = "gpu"
+    # Cores (CODA): GPU time held and spent busy at the cores held, and
+    # in-place core changes.
+    held_gpu_s: float = 0.0
+    busy_gpu_s: float = 0.0
+    retunes: int = 0
 
 
 class SimResult(msgspec.Struct, frozen=True):
@@ -73,6 +82,8 @@ def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -
 
 
 def job_outcome(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> JobOutcome:
+    if rec.spec.kind == "cpu":
+        return _cpu_outcome(rec)
     reqs = rec.spec.requirement_set(r_num)
     age = true_age(rec, truth, cluster, r_num)
     return JobOutcome(
@@ -89,6 +100,22 @@ def job_outcome(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int
         min_gpus=reqs[0],
         max_gpus=reqs[-1],
         r_avg=sum(reqs) / len(reqs),
+        held_gpu_s=rec.attained_gpu_s,
+        busy_gpu_s=rec.busy_gpu_s,
+        retunes=rec.retunes,
+    )
+
+
+def _cpu_outcome(rec: JobRecord) -> JobOutcome:
+    """A CPU job's outcome; its age is its run time at the cores it asked
+    for (its work is core-seconds)."""
+    age = rec.spec.total_samples / rec.spec.cores
+    return JobOutcome(
+        id=rec.id, model=rec.model, submit=rec.spec.submit_time, first_start=rec.first_start,
+        finish=rec.finish, wait_s=rec.wait_s, age_s=age, lr=rec.wait_s / age,
+        jct_s=None if rec.finish is None else rec.finish - rec.spec.submit_time,
+        restarts=rec.restarts, min_gpus=0, max_gpus=0, r_avg=0.0, kind="cpu",
+        retunes=rec.retunes,
     )
 
 

@@ -40,6 +40,13 @@ class JobRecord:
     attained_gpu_s: float = 0.0
     attained_by_type: dict[GpuType, float] = field(default_factory=dict)
     profile_end: float | None = None
+    # Cores (CODA): the share of its GPUs' time the job keeps them busy at
+    # the cores it holds (1: GPUs only, or cores enough), the GPU time
+    # spent busy, when its configuration last changed, and in-place changes.
+    factor: float = 1.0
+    busy_gpu_s: float = 0.0
+    rate_since: float = 0.0
+    retunes: int = 0
 
     @property
     def id(self) -> JobId:
@@ -88,7 +95,11 @@ class JobRecord:
                 float(self.spec.total_samples), self.done_samples + self.rate * useful
             )
             held = end - start
-            self.attained_gpu_s += held * self.current.total_gpus
+            gpus = self.current.total_gpus
+            if not gpus:
+                return  # a CPU job: no GPU time
+            self.attained_gpu_s += held * gpus
+            self.busy_gpu_s += useful * gpus * self.factor
             gpu_type = cluster.by_id[self.current.parts[0][0]].gpu_type
             self.attained_by_type[gpu_type] = self.attained_by_type.get(gpu_type, 0.0) + held
 
@@ -109,6 +120,8 @@ class JobRecord:
             unprofiled=tuple(sorted(self.unprofiled)),
             attained_by_type=dict(self.attained_by_type),
             restarts=self.restarts,
+            throughput=self.rate if self.phase == "running" else 0.0,
+            throughput_since=max(self.rate_since, self.paused_until),
         )
 
 

@@ -34,7 +34,7 @@ STARTS = (ev.JobStarted, ev.JobResized)
 
 
 def _event(kind: int, config: int, at: float) -> lc.Transition:
-    """One of the lifecycle's ten kinds of transition."""
+    """One of the lifecycle's eleven kinds of transition."""
     c = CONFIGS[config]
     options: tuple[lc.Transition, ...] = (
         ev.JobSubmitted(job_id=J, spec=SPEC, at=at),
@@ -47,6 +47,7 @@ def _event(kind: int, config: int, at: float) -> lc.Transition:
         ev.JobCancelled(job_id=J, at=at),
         lc.Profile(job_id=J, at=at),
         lc.Queue(job_id=J, at=at),
+        lc.Retune(job_id=J, configuration=c, at=at),
     )
     return options[kind]
 
@@ -183,10 +184,10 @@ def test_every_kind_of_transition_has_a_case() -> None:
     # The union's members, each stepped from a waiting job: none falls to
     # the ``assert_never`` branch (mypy checks the same statically).
     members = set(typing.get_args(lc.Transition))
-    assert members == set(typing.get_args(ev.JobEvent)) | {lc.Profile, lc.Queue}
-    seen = {type(_event(k, 0, 1.0)) for k in range(10)}
+    assert members == set(typing.get_args(ev.JobEvent)) | {lc.Profile, lc.Queue, lc.Retune}
+    seen = {type(_event(k, 0, 1.0)) for k in range(11)}
     assert seen == members
-    for kind in range(10):
+    for kind in range(11):
         lc.step(_life(*QUEUED), _event(kind, 0, 1.0))
 
 
@@ -237,3 +238,20 @@ def test_the_simulator_moves_jobs_through_the_lifecycle() -> None:
     assert a.restarts >= 1  # its first start is a restart
     with pytest.raises(AssertionError):  # no kind of event falls through
         engine._handle(object())  # type: ignore[arg-type]
+
+
+def test_a_retune_changes_cores_in_place_and_counts_no_restart() -> None:
+    from shared.resources import Resources
+
+    base = Configuration.of({"a0": 2})
+    more = base.with_extras({ServerId("a0"): Resources(cores=6)})
+    life = lc.Life(phase="running", configuration=base, restarts=1, first_start=0.0)
+    after = lc.step(life, lc.Retune(job_id=J, configuration=more, at=5.0))
+    assert isinstance(after, lc.Life)
+    assert after.configuration == more and after.restarts == 1
+    moved = Configuration.of({"a0": 1}).with_extras({ServerId("a0"): Resources(cores=3)})
+    assert isinstance(lc.step(life, lc.Retune(job_id=J, configuration=moved, at=5.0)),
+                      lc.Refused)
+    queued = lc.Life(phase="queued")
+    assert isinstance(lc.step(queued, lc.Retune(job_id=J, configuration=more, at=5.0)),
+                      lc.Refused)

@@ -1,0 +1,1 @@
+"""CODA's CPU side: the adaptive core allocator and the contention eliminator."""

@@ -1,0 +1,424 @@
+"""CPU cores as a scheduled resource: the core layer around any GPU policy
+(CODA, Zhao et al. ICDCS'20, and its baselines).
+
+The inner policy plans GPUs only. Around it the layer
+
+1. keeps the CPU jobs from it and decides each GPU job's cores per GPU
+   (:class:`~.rules.CoreRule`: CODA's adaptive allocator, §V-B, or a
+   baseline's request);
+2. shows it only the GPUs that have cores beside them: on each server, the
+   GPUs the cores GPU jobs may take can serve at the smallest per-GPU
+   demand; the rest are held (:func:`~scheduling.layers.base.hold`);
+3. attaches the cores to each assignment (``Configuration.extras``) and
+   drops an assignment its servers cannot give them to (the GPUs it was
+   given stay for a later plan of the round);
+4. places the CPU jobs in the cores left, best fit, in the rule's order.
+
+Under CODA's multi-array scheme (§V-C) each server's cores are split into a
+GPU array, ``reserve`` cores for GPU jobs sized from the settled cores per
+GPU of past jobs, and a CPU array. GPU jobs never take CPU-array cores. CPU
+jobs use their array and may borrow reserved cores that GPU jobs leave
+idle; when GPU jobs need them back, the youngest borrower is stopped at a
+round's first plan and served first when cores free up (a plan later in
+the round only adds, so reclaiming waits for the next first plan, as
+HiveD's opportunistic jobs do). GPU jobs of ``large_job_gpus`` or more are
+planned on the large sub-array first, the others on the small one, and
+what neither placed overflows onto the rest.
+
+A CPU job's wait is bounded: one that has waited ``cpu_wait_bound_s`` is
+served before every other and, while it does not fit, no later CPU job
+takes the CPU array's cores, which only CPU jobs hold and which free up as
+they end (Slurm's reservation for the top job of its backfill). The layer's
+record names the oldest waiting CPU job and its wait.
+
+While a job's climb (§V-B-2) is on, the plan asks to be called again after
+one sampling period (``Plan.wake_after_s``): a running job's next value is
+an in-place change (same GPUs, other cores), never a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from scheduling.cores.allocator import Climb, ClimbSettings, begin, observe, start_point
+from scheduling.cores.pool import best_fit, gpus_usable, youngest_first
+from scheduling.cores.rules import CoreRule
+from scheduling.cores.state import CoreState, decode, encode, history_key, remember
+from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
+from scheduling.policy import Policy
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
+from shared.resources import Resources
+from shared.snapshot import Assignment, JobState, LayerRecord, Plan, Snapshot
+
+
+class CodaSettings(ClimbSettings, frozen=True, forbid_unknown_fields=True):
+    """CODA's settings: the adaptive allocator's (§V-B,
+    :class:`~.allocator.ClimbSettings`) and the multi-array scheme's
+    (§V-C): ``large_job_gpus`` splits the
+    GPU array (the paper's 4); ``reserve_per_gpu`` cores reserved per GPU
+    (0: from history, the paper's rule; before any job settled, the CV
+    start of the allocator); ``cpu_wait_bound_s`` (this project's choice)
+    bounds a CPU job's wait as above; ``subarrays`` turns the GPU
+    sub-arrays off."""
+
+    large_job_gpus: int = 4
+    reserve_per_gpu: float = 0.0
+    cpu_wait_bound_s: float = 1800.0
+    subarrays: bool = True
+
+
+class CoreLayer:
+    """The core layer with ``rule``; ``coda`` (CODA only) turns on the
+    adaptive allocator and the multi-array scheme."""
+
+    def __init__(self, rule: CoreRule, coda: CodaSettings | None = None) -> None:
+        self.rule = rule
+        self.climb: ClimbSettings | None = coda
+        self.coda = coda
+        self.name = rule.name
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        r = _Round(self, snapshot, decode(snapshot.layer_state.get(self.name, b"")))
+        return r.run(inner)
+
+
+class _Round:
+    """One call of the layer: the books of cores per server, and the plan."""
+
+    def __init__(self, layer: CoreLayer, snapshot: Snapshot, state: CoreState) -> None:
+        self.layer, self.snap = layer, snapshot
+        self.climbs = dict(state.climbs)
+        self.history = dict(state.history)
+        self.borrowers = dict(state.borrowers)
+        self.head = list(state.head)
+        self.retunes = dict(state.retunes)
+        self.large_gpus = state.large_gpus
+        self.first = snapshot.first_plan
+        self.cpu = [j for j in snapshot.jobs if j.spec.kind == "cpu"]
+        self.gpu = [j for j in snapshot.jobs if j.spec.kind != "cpu"]
+        self.servers = [s.id for s in snapshot.cluster.servers]
+        self.total = self._total()
+        self.reserve = self._reserve()
+        self.kept_cpu: dict[JobId, Configuration] = {}
+        self.gpu_cores: Counter[ServerId] = Counter()  # held by GPU jobs
+        self.array_cores: Counter[ServerId] = Counter()  # CPU jobs in their array
+        self.borrowed: Counter[ServerId] = Counter()  # CPU jobs on reserved cores
+        self.notes: list[str] = []
+
+    # ---------------------------------------------------------------- books
+
+    def _total(self) -> dict[ServerId, int]:
+        """Cores each server offers the plan: capacity less what is held
+        outside it (in a later plan ``held_extras`` counts the running jobs
+        too; they are booked back below)."""
+        free = self.snap.free_resources()
+        out = {s: free[s].cores for s in self.servers}
+        if not self.first:
+            for j in self.snap.jobs:
+                if j.phase == "running" and j.current is not None:
+                    for s in j.current.servers:
+                        out[s] = out.get(s, 0) + j.current.cores_on(s)
+        return out
+
+    def _reserve(self) -> dict[ServerId, int] | None:
+        coda = self.layer.coda
+        if coda is None:
+            return None
+        per_gpu = coda.reserve_per_gpu or self._history_per_gpu()
+        return {s.id: min(self.total.get(s.id, 0), math.ceil(per_gpu * s.gpus))
+                for s in self.snap.cluster.servers}
+
+    def _history_per_gpu(self) -> float:
+        settled = [v for values in self.history.values() for v in values]
+        if settled:
+            return sum(settled) / len(settled)
+        climb = self.layer.climb or ClimbSettings()
+        return float(climb.start_cv)
+
+    def gpu_room(self, s: ServerId) -> int:
+        used = self.gpu_cores[s] + self.array_cores[s] + self.borrowed[s]
+        left = self.total.get(s, 0) - used
+        if self.reserve is None:
+            return max(0, left)
+        borrowed = 0 if self.first else self.borrowed[s]  # stopped only at first plans
+        return max(0, min(left + (self.borrowed[s] if self.first else 0),
+                          self.reserve[s] - self.gpu_cores[s] - borrowed))
+
+    def cpu_room(self, s: ServerId) -> int:
+        left = self.total.get(s, 0) - self.gpu_cores[s] - self.array_cores[s] - self.borrowed[s]
+        if self.reserve is None:
+            return max(0, left)
+        return max(0, min(left, self.total.get(s, 0) - self.reserve[s] - self.array_cores[s]))
+
+    def borrowable(self, s: ServerId) -> int:
+        if self.reserve is None:
+            return 0
+        left = self.total.get(s, 0) - self.gpu_cores[s] - self.array_cores[s] - self.borrowed[s]
+        return max(0, min(left, self.reserve[s] - self.gpu_cores[s] - self.borrowed[s]))
+
+    # ----------------------------------------------------------------- plan
+
+    def run(self, inner: Policy) -> Plan:
+        self._keep_cpu()
+        if not self.first:
+            self._keep_gpu()
+        per_gpu = self._per_gpu()
+        order = self.layer.rule.order(self._waiting_cpu(), self.snap)
+        waiting_gpu = [j for j in self.gpu if j.phase != "running" or self.first]
+        ahead = self.layer.rule.ahead(order, waiting_gpu, self.snap)
+        cpu_plan = self._place_cpu([j for j in order if j.id in ahead])
+        gpu_plan = self._plan_gpus(inner, per_gpu)
+        gpu_assignments = self._attach(gpu_plan, per_gpu)
+        stopped = self._reclaim() if self.first else []
+        cpu_plan += self._place_cpu([j for j in order if j.id not in ahead])
+        retuned = [] if self.first else self._retunes(per_gpu)
+        kept = [Assignment(j, c) for j, c in self.kept_cpu.items() if self.first]
+        assignments = (*gpu_assignments, *retuned, *kept, *cpu_plan)
+        return self._finish(gpu_plan, assignments, stopped)
+
+    def _keep_cpu(self) -> None:
+        """Running CPU jobs keep their cores (a CPU job is only stopped to
+        give reserved cores back, :meth:`_reclaim`)."""
+        for j in self.cpu:
+            if j.phase == "running" and j.current is not None:
+                self.kept_cpu[j.id] = j.current
+                books = self.borrowed if j.id in self.borrowers else self.array_cores
+                for s in j.current.servers:
+                    books[s] += j.current.cores_on(s)
+        self.borrowers = {j: t for j, t in self.borrowers.items() if j in self.kept_cpu}
+
+    def _keep_gpu(self) -> None:
+        for j in self.gpu:
+            if j.phase == "running" and j.current is not None:
+                for s in j.current.servers:
+                    self.gpu_cores[s] += j.current.cores_on(s)
+
+    def _waiting_cpu(self) -> list[JobState]:
+        return [j for j in self.cpu if j.phase != "running"]
+
+    def _per_gpu(self) -> dict[JobId, int]:
+        """Each GPU job's cores per GPU this plan: the rule's, or under the
+        allocator its climb's next value (a sample taken a period after the
+        last change moves it)."""
+        out: dict[JobId, int] = {}
+        for j in self.gpu:
+            if self.layer.climb is not None:
+                out[j.id] = self._climb(j, self.layer.climb)
+            else:
+                out[j.id] = self.layer.rule.per_gpu(j, self.snap)
+        return out
+
+    def _climb(self, job: JobState, settings: ClimbSettings) -> int:
+        climb = self.climbs.get(job.id)
+        if climb is None:
+            key = history_key(job.spec.tenant, job.spec.category)
+            start = start_point(job.spec.category, job.spec.hints,
+                                self.history.get(key, ()), settings)
+            if job.phase != "running":
+                return start
+            climb = begin(start, self._max_per_gpu(), settings)
+        elif not climb.settled and self._sampled(job, climb, settings):
+            climb = observe(climb, job.throughput, settings)
+            if climb.settled:
+                remember(self.history, history_key(job.spec.tenant, job.spec.category),
+                         climb.current)
+        self.climbs[job.id] = climb
+        return climb.current
+
+    def _sampled(self, job: JobState, climb: Climb, settings: ClimbSettings) -> bool:
+        """Whether ``job`` has run a whole period on the value being tried."""
+        cur = job.current
+        if job.phase != "running" or cur is None or job.throughput <= 0:
+            return False
+        at_value = all(cur.cores_on(s) == climb.current * g for s, g in cur.parts)
+        return at_value and self.snap.now - job.throughput_since >= settings.period_s - 1e-9
+
+    def _max_per_gpu(self) -> int:
+        return max((s.cores for s in self.snap.cluster.servers), default=1)
+
+    # ------------------------------------------------------------ GPU side
+
+    def _plan_gpus(self, inner: Policy, per_gpu: Mapping[JobId, int]) -> Plan:
+        """The inner policy's plan of the GPU jobs on the GPUs that have
+        cores beside them (at the smallest per-GPU demand among them)."""
+        smallest = min((per_gpu[j.id] for j in self.gpu), default=1)
+        free = self.snap.free_gpus()
+        usable = gpus_usable(free, {s: self.gpu_room(s) for s in self.servers}, smallest)
+        view = hold(self.snap, {s: free[s] - usable[s] for s in self.servers})
+        view = hold_back(view, {j.id for j in self.cpu})
+        coda = self.layer.coda
+        if coda is None or not coda.subarrays:
+            return inner.plan(view)
+        return self._plan_subarrays(inner, view, coda)
+
+    def _plan_subarrays(self, inner: Policy, view: Snapshot, coda: CodaSettings) -> Plan:
+        """Large jobs on the large sub-array, small ones on the rest, then
+        what neither placed on any GPU left (§V-C's overflow)."""
+        large = {j.id for j in self.gpu
+                 if max(j.spec.requirement_set(), default=0) >= coda.large_job_gpus}
+        self.large_gpus = max(self.large_gpus, self._large_running(large))
+        servers = self.snap.cluster.servers
+        big: set[ServerId] = set()
+        room = self.large_gpus
+        for s in servers:
+            if room <= 0:
+                break
+            big.add(s.id)
+            room -= s.gpus
+        small = {s.id for s in servers} - big
+        everyone = {j.id for j in view.jobs}
+        plans: list[Plan] = []
+        taken: Counter[ServerId] = Counter()
+        placed: set[JobId] = set()
+        for jobs, where in ((large, big), (everyone - large, small), (everyone, set(self.servers))):
+            jobs = set(jobs) - placed
+            if not jobs or not where:
+                continue
+            others = {s.id: s.gpus for s in servers if s.id not in where}
+            part = hold_back(hold(hold(view, taken), others), everyone - jobs)
+            plan = inner.plan(part)
+            plans.append(plan)
+            for a in plan.assignments:
+                placed.add(a.job_id)
+                taken.update(a.config.as_dict())
+            for t in plan.profiling:
+                taken[t.server] += t.gpus
+        return Plan(tuple(a for p in plans for a in p.assignments),
+                    tuple(t for p in plans for t in p.profiling),
+                    merge_reasons([p.reasons for p in plans], inner.name))
+
+    def _large_running(self, large: set[JobId]) -> int:
+        return sum(j.current.total_gpus for j in self.gpu
+                   if j.id in large and j.phase == "running" and j.current is not None)
+
+    def _attach(self, plan: Plan, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
+        """The plan's assignments with their cores; one whose servers cannot
+        give them is dropped, running jobs served first so that a job keeps
+        its GPUs where it can."""
+        running = {j.id for j in self.gpu if j.phase == "running"}
+        order = sorted(plan.assignments, key=lambda a: (a.job_id not in running,))
+        out: list[Assignment] = []
+        for a in order:
+            k = per_gpu.get(a.job_id, 1)
+            want = {s: k * g for s, g in a.config.parts}
+            if any(want[s] > self.gpu_room(s) for s in want):
+                self.notes.append(f"{a.job_id}: no cores")
+                continue
+            for s, c in want.items():
+                self.gpu_cores[s] += c
+            extras = {s: Resources(cores=c) for s, c in want.items()}
+            out.append(msgspec.structs.replace(a, config=a.config.with_extras(extras)))
+            if self.layer.climb is not None and a.job_id not in self.climbs:
+                # It starts now: its climb samples from its first period.
+                self.climbs[a.job_id] = begin(k, self._max_per_gpu(), self.layer.climb)
+        return out
+
+    def _retunes(self, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
+        """In a later plan: running GPU jobs whose climb moved get their new
+        cores in place, where the servers have them (else the climb settles
+        on its best value, which the job holds or held)."""
+        out: list[Assignment] = []
+        for j in self.gpu:
+            cur = j.current
+            if j.phase != "running" or cur is None or per_gpu[j.id] * cur.total_gpus == \
+                    cur.total_cores:
+                continue
+            want = {s: per_gpu[j.id] * g for s, g in cur.parts}
+            more = {s: want[s] - cur.cores_on(s) for s in want}
+            if any(m > self.gpu_room(s) for s, m in more.items() if m > 0):
+                self._settle(j)
+                continue
+            for s, m in more.items():
+                self.gpu_cores[s] += m
+            self.retunes[j.id] = self.retunes.get(j.id, 0) + 1
+            extras = {s: Resources(cores=c) for s, c in want.items()}
+            out.append(Assignment(j.id, cur.gpus_only.with_extras(extras)))
+        return out
+
+    def _settle(self, job: JobState) -> None:
+        climb = self.climbs.get(job.id)
+        if climb is not None and not climb.settled:
+            self.climbs[job.id] = msgspec.structs.replace(climb, phase="settled",
+                                                           current=climb.best)
+
+    # ------------------------------------------------------------ CPU side
+
+    def _reclaim(self) -> list[JobId]:
+        """Stop the youngest borrowers on each server whose GPU jobs need the
+        reserved cores they hold (first plans only)."""
+        stopped: list[JobId] = []
+        if self.reserve is None:
+            return stopped
+        for s in self.servers:
+            over = self.gpu_cores[s] + self.borrowed[s] - self.reserve[s]
+            on = [j for j, c in self.kept_cpu.items() if j in self.borrowers and s in c.servers]
+            for job in youngest_first(self.borrowers, on):
+                if over <= 0:
+                    break
+                cores = self.kept_cpu.pop(job).cores_on(s)
+                self.borrowed[s] -= cores
+                over -= cores
+                del self.borrowers[job]
+                stopped.append(job)
+        self.head = [*stopped, *(j for j in self.head if j not in stopped)]
+        return stopped
+
+    def _place_cpu(self, jobs: Sequence[JobState]) -> list[Assignment]:
+        """Best-fit placement of waiting CPU jobs in order; requeued
+        borrowers first, and one past the wait bound before all and, while
+        it does not fit, blocking the CPU array."""
+        out: list[Assignment] = []
+        bound = self.layer.coda.cpu_wait_bound_s if self.layer.coda else math.inf
+        first = {j: i for i, j in enumerate(self.head)}
+        queue = sorted(jobs, key=lambda j: (j.wait_s < bound, first.get(j.id, len(first))))
+        for job in queue:
+            cores = job.spec.cores
+            rooms = {s: self.cpu_room(s) for s in self.servers}
+            where, borrowed = best_fit(rooms, cores, self.servers), 0
+            if where is None and self.reserve is not None:
+                spare = {s: rooms[s] + self.borrowable(s) for s in self.servers}
+                where = best_fit(spare, cores, self.servers)
+                borrowed = 0 if where is None else max(0, cores - rooms[where])
+            if where is None:
+                if job.wait_s >= bound:
+                    self.notes.append(f"CPU job {job.id} past the wait bound blocks the array")
+                    break
+                continue
+            self.array_cores[where] += cores - borrowed
+            self.borrowed[where] += borrowed
+            if borrowed:
+                self.borrowers[job.id] = self.snap.now
+            self.head = [j for j in self.head if j != job.id]
+            out.append(Assignment(job.id, Configuration.cpu(where, cores)))
+        return out
+
+    # --------------------------------------------------------------- finish
+
+    def _finish(self, gpu_plan: Plan, assignments: Sequence[Assignment],
+                stopped: Sequence[JobId]) -> Plan:
+        climbing = any(not c.settled for j, c in self.climbs.items()
+                       if j in {g.id for g in self.gpu})
+        live = {j.id for j in self.snap.jobs}
+        state = CoreState(
+            climbs={j: c for j, c in self.climbs.items() if j in live},
+            history=self.history,
+            borrowers=self.borrowers,
+            head=tuple(j for j in self.head if j in live),
+            large_gpus=self.large_gpus,
+            retunes={j: n for j, n in self.retunes.items() if j in live},
+        )
+        placed = {a.job_id for a in assignments}
+        waits = [j.wait_s for j in self._waiting_cpu() if j.id not in placed]
+        note = "; ".join([*self.notes, f"{len(waits)} CPU job(s) waiting"
+                          + (f", longest {max(waits):.0f} s" if waits else "")])
+        record = LayerRecord(self.layer.name, removed=tuple(stopped), note=note,
+                             state=encode(state))
+        period = self.layer.climb.period_s if self.layer.climb and climbing else 0.0
+        plan = msgspec.structs.replace(gpu_plan, assignments=tuple(assignments),
+                                       wake_after_s=max(gpu_plan.wake_after_s, period))
+        return annotate(plan, record)
