@@ -35,6 +35,9 @@ variable                   flag                    default     meaning
 The run folder defaults to ``<HOPS_DATA_DIR or ./.hops>/runs``. The CPU
 affinity pins device i's process to cores: ``"0|1"`` (device 0 on core 0,
 device 1 on core 1; ranges as ``"0-3|4-7"``; per server as ``"a=0|1;b=1"``).
+Without it, a real executor pins each job holding cores to as many core
+ids of its own affinity, chosen for the job alone (:mod:`executor.cores`);
+given, the operator's cores take precedence and no job is pinned otherwise.
 Threads per process (``HOPS_THREADS`` and ``OMP_NUM_THREADS`` of the job)
 default to 1 on declared (CPU) devices and are left to the job on GPUs.
 The real executor discovers its GPUs through NVML; without NVML it says so

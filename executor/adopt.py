@@ -50,6 +50,7 @@ class LaunchRecord(msgspec.Struct, frozen=True):
     samples_done: float = 0.0
     finished: bool = False
     profiled: bool = False
+    cores: tuple[int, ...] = ()  # the core ids its threads are pinned to (executor.pinning)
 
 
 class ExecutorState(msgspec.Struct, frozen=True):

@@ -12,7 +12,8 @@ verdicts published for a job). A backend only runs jobs:
 A backend first judges a start (:meth:`Backend.check`), then spawns it
 (:meth:`Backend.spawn`) and hands back a :class:`JobHandle`, which the
 service acknowledges once :meth:`JobHandle.started` says so, stops with
-:meth:`JobHandle.terminate` and follows to its :class:`Outcome`.
+:meth:`JobHandle.terminate`, changes the cores of with
+:meth:`JobHandle.retune` and follows to its :class:`Outcome`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,14 @@ class JobHandle(Protocol):
     def stopping(self) -> bool:
         """A stop was asked for: the end is no failure."""
 
+    @property
+    def cores(self) -> tuple[int, ...]:
+        """The core ids the job's threads are pinned to (empty: not pinned)."""
+
+    def retune(self, count: int, cores: tuple[int, ...]) -> None:
+        """The job now holds ``count`` cores here, pinned to ``cores``
+        (empty: not pinned), in place: its processes keep running."""
+
     async def started(self, timeout: float) -> str | None:
         """None once the job runs; else why it did not start."""
 
@@ -111,8 +120,10 @@ class Backend(Protocol):
     def check(self, cmd: StartJob) -> Refusal | None:
         """The refusal of a start the ledger accepted, or None."""
 
-    async def spawn(self, cmd: StartJob, on_ending: OnEnding) -> JobHandle:
-        """Start ``cmd``'s processes; :class:`StartFailed` when they cannot be."""
+    async def spawn(self, cmd: StartJob, on_ending: OnEnding,
+                    cores: tuple[int, ...] = ()) -> JobHandle:
+        """Start ``cmd``'s processes, pinned to ``cores`` (empty: not
+        pinned); :class:`StartFailed` when they cannot be."""
 
     async def recover(self, on_ending: Callable[[JobId], OnEnding]) -> list[JobHandle]:
         """The jobs still running from before a restart (adopted)."""

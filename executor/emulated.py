@@ -25,6 +25,7 @@ from typing import Any
 from structlog.typing import FilteringBoundLogger
 
 from executor.backend import JobHandle, OnEnding, Outcome, Refusal
+from executor.cores import with_cores
 from executor.emulator import EmulationError, Role, UnknownModel, check_runnable, role_of
 from executor.launch import cores_of
 from shared import jobenv
@@ -55,6 +56,12 @@ class JobProcess:
         self.returncode: int | None = None
         self.on_done = on_done  # called on the process's "finished" line
         self.stopping = False  # a stop was asked for: its exit is no failure
+        self.cores: tuple[int, ...] = ()  # emulated jobs train nothing: never pinned
+
+    def retune(self, count: int, cores: tuple[int, ...]) -> None:
+        """Only the books change: the process emulates its rate from the
+        start's configuration, which holds GPUs, not cores."""
+        self.cmd = with_cores(self.cmd, count)
 
     async def pump(self) -> None:
         """Read the progress lines until the process ends."""
@@ -137,22 +144,23 @@ class EmulatedBackend:
             return Refusal(INVALID, str(e), fail_job=isinstance(e, UnknownModel))
         return None
 
-    async def spawn(self, cmd: StartJob, on_ending: OnEnding) -> JobHandle:
+    async def spawn(self, cmd: StartJob, on_ending: OnEnding,
+                    cores: tuple[int, ...] = ()) -> JobHandle:
         role = role_of(cmd.mode, cmd.configuration, self.server.id)
         argv = ["-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
                 "--cluster", self.cluster, *self.job_args]
-        cores = cores_of(cmd)
+        count = cores_of(cmd)  # ``cores`` is empty: an emulated executor pins nothing
         # The command goes on stdin: a job spec may be longer than one argument may be.
         proc = await asyncio.create_subprocess_exec(sys.executable, *argv,
                                                     stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE,
-                                                    env=os.environ | {jobenv.CORES: str(cores)})
+                                                    env=os.environ | {jobenv.CORES: str(count)})
         assert proc.stdin is not None
         proc.stdin.write(encode(cmd))
         proc.stdin.close()
         log = self.log.bind(job_id=cmd.job_id, role=role, pid=proc.pid)
         log.info("job process started", mode=cmd.mode, gpu_indices=list(cmd.gpu_indices),
-                 cores=cores, samples_done=cmd.samples_done)
+                 cores=count, samples_done=cmd.samples_done)
         job = JobProcess(cmd, role, proc, log, on_ending)
         self.spawn_task(job.pump(), f"job-{cmd.job_id}")
         return job

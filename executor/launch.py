@@ -16,10 +16,15 @@ plus PyTorch's distributed-launch variables:
 * ``HOPS_CORES`` = the CPU cores the job holds on this server
   (:func:`cores_of`; 0: none allocated) and, when it holds some,
   ``OMP_NUM_THREADS`` = each process's share of them (at least 1), which
-  the job's own ``env`` may still set. Processes are not pinned to those
-  cores: that is later work (CODA); only ``--cpu-affinity`` pins.
+  the job's own ``env`` may still set; ``HOPS_CORES_FILE`` names the file
+  holding the current count (:mod:`executor.pinning` rewrites it when a
+  ``set_cores`` changes it). Each process starts pinned to the core ids the
+  executor's ledger chose for the job (:mod:`executor.cores`), unless the
+  operator gave ``--cpu-affinity``: an operator's per-device cores take
+  precedence, and the executor then neither chooses nor re-pins cores.
 
-A profiling run is one process with ``WORLD_SIZE`` 1. A process inherits
+A profiling run is one process with ``WORLD_SIZE`` 1, and so is a CPU job
+(CODA: a part with no GPUs), with ``CUDA_VISIBLE_DEVICES`` empty. A process inherits
 only what :func:`executor.isolation.base_env` lets through of the
 executor's environment (``PATH``, the locale, ``PYTHONPATH``..., never a
 ``HOPS_`` variable) plus ``HOME`` (the job's run folder); then come the
@@ -71,6 +76,11 @@ class JobPaths:
     @property
     def report(self) -> Path:
         return self.root / "reports" / f"{self.server}.jsonl"
+
+    @property
+    def cores(self) -> Path:
+        """The job's current core count on this server (jobenv.CORES_FILE)."""
+        return self.root / f"cores-{self.server}"
 
     def log(self, local_rank: int) -> Path:
         return self.logs / f"{self.server}-rank{local_rank}.log"
@@ -129,7 +139,7 @@ def rendezvous_of(cmd: StartJob) -> Rendezvous:
 
 def world_of(cmd: StartJob) -> tuple[int, int, int, int]:
     """``(world size, local processes, nodes, node rank)`` of the launch."""
-    if cmd.mode == "profile":
+    if cmd.mode == "profile" or not cmd.gpu_indices:  # or a CPU job: one process
         return 1, 1, 1, 0
     config = cmd.configuration
     return (config.total_gpus, len(cmd.gpu_indices), config.num_nodes,
@@ -170,6 +180,7 @@ def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int
         "LOCAL_WORLD_SIZE": str(local),
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in cmd.gpu_indices),
         jobenv.CORES: str(cores_of(cmd)),
+        jobenv.CORES_FILE: str(paths.cores),
     }
     lr = cmd.spec.learning_rate(world)
     if lr is not None:
@@ -181,29 +192,37 @@ def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int
 
 def launches(cmd: StartJob, opts: LaunchOptions, paths: JobPaths,
              executor_env: Mapping[str, str],
-             ident: JobIdentity | None = None) -> list[RankLaunch]:
+             ident: JobIdentity | None = None, cores: tuple[int, ...] = ()) -> list[RankLaunch]:
     """Every process of ``cmd`` on this server, local rank 0 first, as
     ``ident`` (None: the executor's user) with what it may inherit of
-    ``executor_env`` (:func:`executor.isolation.base_env`)."""
+    ``executor_env`` (:func:`executor.isolation.base_env`), pinned to the
+    operator's cores for its device, else to ``cores`` (the job's)."""
     _, local, _, _ = world_of(cmd)
     inherited = base_env(executor_env, home=str(paths.root), user=ident.name if ident else "")
     uid, gid = (ident.uid, ident.gid) if ident is not None and ident.switch else (None, None)
-    cores = cores_of(cmd)
+    count = cores_of(cmd)
     out = []
     for k in range(local):
         env = dict(inherited)
-        if cores:  # before the job's env: a job may choose its own
-            env["OMP_NUM_THREADS"] = str(max(1, cores // local))
+        if count:  # before the job's env: a job may choose its own
+            env["OMP_NUM_THREADS"] = str(max(1, count // local))
         elif opts.threads is not None:
             env["OMP_NUM_THREADS"] = str(opts.threads)
         env.update(cmd.spec.env)
         env.update(job_env(cmd, opts, paths, k))
-        device = cmd.gpu_indices[k]
-        cpus = opts.affinity[device] if device < len(opts.affinity) else ()
         out.append(RankLaunch(local_rank=k, argv=tuple(cmd.spec.command), env=env,
-                              cwd=cmd.spec.workdir or None, log=paths.log(k), cpus=cpus,
-                              uid=uid, gid=gid))
+                              cwd=cmd.spec.workdir or None, log=paths.log(k),
+                              cpus=_operator_cores(cmd, opts, k) or cores, uid=uid, gid=gid))
     return out
+
+
+def _operator_cores(cmd: StartJob, opts: LaunchOptions, local_rank: int) -> tuple[int, ...]:
+    """The cores ``--cpu-affinity`` gives the device of ``local_rank`` (none
+    given, or a CPU job, which has no device: none)."""
+    if local_rank >= len(cmd.gpu_indices):
+        return ()
+    device = cmd.gpu_indices[local_rank]
+    return opts.affinity[device] if device < len(opts.affinity) else ()
 
 
 def parse_cores(text: str) -> tuple[int, ...]:

@@ -13,17 +13,32 @@ answers to ``start_job`` and ``stop_job``.
   (:meth:`shared.configuration.Configuration.demand_on`) on a
   :class:`shared.resources.Ledger` of the server's capacity.
 * A stop of a job that does not run here is refused with ``not_found``.
+* With a core *pool* (a real executor that pins, :mod:`executor.cores`),
+  a run holding N cores also gets N concrete core ids no other job here
+  holds, kept in its :class:`Booking` (and, through the start's record, in
+  the real backend's state file, so an adopted job keeps them); a start
+  is refused with ``conflict`` when the pool has fewer free. Without a pool
+  (emulated executors, or ``--cpu-affinity``) cores are only counted.
+* ``set_cores`` changes a running job's cores in place: refused with
+  ``not_found`` for a job not here, ``invalid`` for a profiling run, a CPU
+  job left without cores or more than the server has, and ``conflict``
+  when the cores are not free; nothing changes on a refusal. The new ids
+  keep those of the old the job still may hold.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
+import msgspec
+
+from executor.cores import CoreShortage, NoTopology, Topology, choose_cores
 from shared.cluster import Server
-from shared.events import INVALID, CommandAck, StartJob, StopJob
+from shared.events import INVALID, CommandAck, SetCores, StartJob, StopJob
 from shared.ids import JobId
-from shared.resources import UNITS, Ledger, OverAllocation, Resources
+from shared.resources import NOTHING, UNITS, Ledger, OverAllocation, Resources
 
 CONFLICT = "conflict"
 NOT_FOUND = "not_found"
@@ -31,20 +46,30 @@ NOT_FOUND = "not_found"
 
 @dataclass(frozen=True)
 class Booking:
-    """A job running on this node: its GPUs and the command that started it."""
+    """A job running on this node: its GPUs, the command that started it
+    and the core ids it is pinned to (empty: not pinned)."""
 
     job_id: JobId
     gpu_indices: tuple[int, ...]
     mode: str
     key: str
+    cores: tuple[int, ...] = ()
+
+
+def pinned_count(cmd: StartJob) -> int:
+    """How many cores a start holds on its server (a profiling run: none)."""
+    return cmd.configuration.demand_on(cmd.server_id).cores if cmd.mode == "run" else 0
 
 
 class NodeLedger:
     """The jobs of one server and the acknowledgements already given."""
 
-    def __init__(self, server: Server, max_keys: int = 4096) -> None:
+    def __init__(self, server: Server, max_keys: int = 4096,
+                 pool: Collection[int] | None = None, topology: Topology | None = None) -> None:
         self.server = server
         self.max_keys = max_keys
+        self.pool = frozenset(pool) if pool is not None else None
+        self.topology = topology or NoTopology()
         self._acks: OrderedDict[str, CommandAck] = OrderedDict()
         self._jobs: dict[JobId, Booking] = {}
         self._ending: set[JobId] = set()
@@ -94,7 +119,52 @@ class NodeLedger:
         if why is not None:
             holders = ", ".join(sorted(self._held.holders()))
             return _refusal(cmd.key, CONFLICT, f"{why} (held by {holders})")
+        return self._pool_refusal(cmd.key, cmd.job_id, pinned_count(cmd))
+
+    def _pool_refusal(self, key: str, job: JobId, count: int) -> CommandAck | None:
+        """``conflict`` when the pool cannot give ``job`` ``count`` cores."""
+        if self.pool is None or count <= 0:
+            return None
+        try:
+            choose_cores(count, self.pool, self.taken(but=job))
+        except CoreShortage as e:
+            return _refusal(key, CONFLICT, f"{self.server.id}: {e} for job {job} "
+                                           f"(pinned: {self._pinned_text(job)})")
         return None
+
+    def _pinned_text(self, but: JobId) -> str:
+        held = [f"{b.job_id} {list(b.cores)}" for b in self._jobs.values()
+                if b.cores and b.job_id != but]
+        return ", ".join(sorted(held)) or "none"
+
+    def refuse_retune(self, cmd: SetCores) -> CommandAck | None:
+        """The refusal of ``cmd``, or None when the job may hold its cores."""
+        if cmd.server_id != self.server.id:
+            return _refusal(cmd.key, INVALID, f"this executor runs {self.server.id}, "
+                                              f"not {cmd.server_id}")
+        booking = self._jobs.get(cmd.job_id)
+        if booking is None or cmd.job_id in self._ending:
+            return _refusal(cmd.key, NOT_FOUND, f"job {cmd.job_id} does not run on "
+                                                f"{self.server.id}")
+        if booking.mode != "run":
+            return _refusal(cmd.key, INVALID, f"job {cmd.job_id} is profiling on "
+                                              f"{self.server.id}: it holds no cores")
+        if not booking.gpu_indices and cmd.cores == 0:
+            return _refusal(cmd.key, INVALID, f"CPU job {cmd.job_id} cannot run on no cores")
+        if cmd.cores > self.server.cores:
+            return _refusal(cmd.key, INVALID, f"{self.server.id} has {self.server.cores} "
+                                              f"{UNITS['cores']}; job {cmd.job_id} asks "
+                                              f"for {cmd.cores}")
+        why = self._held.refusal({self.server.id: self._retuned(cmd)}, cmd.job_id)
+        if why is not None:
+            holders = ", ".join(sorted(self._held.holders()))
+            return _refusal(cmd.key, CONFLICT, f"{why} (held by {holders})")
+        return self._pool_refusal(cmd.key, cmd.job_id, cmd.cores)
+
+    def _retuned(self, cmd: SetCores) -> Resources:
+        """What ``cmd``'s job holds here once it holds ``cmd.cores``."""
+        held = self._held.held_by(cmd.job_id).get(self.server.id, NOTHING)
+        return msgspec.structs.replace(held, cores=cmd.cores)
 
     def refuse_stop(self, cmd: StopJob) -> CommandAck | None:
         if cmd.job_id not in self._jobs:
@@ -104,17 +174,48 @@ class NodeLedger:
 
     # --- bookings ---------------------------------------------------------------------
 
-    def book(self, cmd: StartJob) -> Booking:
-        """Record that ``cmd``'s job runs here (after :meth:`refuse_start` said yes)."""
-        booking = Booking(cmd.job_id, tuple(cmd.gpu_indices), cmd.mode, cmd.key)
-        self._jobs[cmd.job_id] = booking
+    def book(self, cmd: StartJob, cores: tuple[int, ...] | None = None) -> Booking:
+        """Record that ``cmd``'s job runs here (after :meth:`refuse_start`
+        said yes), pinned to ``cores`` (an adopted job's, as recorded) or to
+        cores chosen now (None)."""
         demand = cmd.configuration.demand_on(self.server.id)
         try:
             self._held.book(cmd.job_id, {self.server.id: demand})
         except OverAllocation:  # an adopted job beyond what is left: it holds the rest
             free = self._held.free(self.server.id)
             self._held.book(cmd.job_id, {self.server.id: demand.minus(demand.minus(free))})
+        if cores is None:
+            cores = self._choose(cmd.job_id, pinned_count(cmd), tuple(cmd.gpu_indices))
+        booking = Booking(cmd.job_id, tuple(cmd.gpu_indices), cmd.mode, cmd.key, cores)
+        self._jobs[cmd.job_id] = booking
         return booking
+
+    def _choose(self, job: JobId, count: int, gpus: tuple[int, ...],
+                keep: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """``count`` free cores of the pool for ``job`` (see executor.cores);
+        when fewer are free (an adopted job), those that are."""
+        if self.pool is None or count <= 0:
+            return ()
+        taken = self.taken(but=job)
+        near = self.topology.near(gpus)
+        try:
+            return choose_cores(count, self.pool, taken, near, keep)
+        except CoreShortage:
+            return tuple(sorted(self.pool - taken))
+
+    def retune(self, cmd: SetCores) -> Booking:
+        """``cmd``'s job now holds ``cmd.cores`` cores here (after
+        :meth:`refuse_retune` said yes); its booking with the new core ids."""
+        old = self._jobs[cmd.job_id]
+        self._held.book(cmd.job_id, {self.server.id: self._retuned(cmd)})
+        booking = replace(old, cores=self._choose(cmd.job_id, cmd.cores, old.gpu_indices,
+                                                  keep=old.cores))
+        self._jobs[cmd.job_id] = booking
+        return booking
+
+    def taken(self, but: JobId | None = None) -> set[int]:
+        """The core ids the jobs here (but ``but``) are pinned to."""
+        return {c for b in self._jobs.values() if b.job_id != but for c in b.cores}
 
     def release(self, job_id: JobId) -> Booking | None:
         self._ending.discard(job_id)

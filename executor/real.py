@@ -15,6 +15,11 @@ A stop sends SIGTERM to the group (the job writes a checkpoint and exits
 0), and SIGKILL to the group after the grace period. When one process
 fails, the others of the job on this node are stopped the same way.
 
+Each job holding cores is pinned to the core ids its booking names
+(:mod:`executor.pinning`): at the start, again every ``PIN_EVERY_S`` while
+it runs, and at once on a ``set_cores``, which also rewrites the job's
+``HOPS_CORES_FILE``.
+
 Jobs outlive the executor: it keeps a state file (:mod:`executor.adopt`)
 and, when it starts again, adopts the jobs still running and reports as
 lost those whose processes ended meanwhile (``node_heartbeat.lost``).
@@ -37,7 +42,6 @@ from executor.adopt import (
     ExecutorState,
     LaunchRecord,
     StateError,
-    group_members,
     load_state,
     running,
     save_state,
@@ -52,6 +56,7 @@ from executor.backend import (
     StartFailed,
     profile_msg_id,
 )
+from executor.cores import with_cores
 from executor.isolation import (
     FolderError,
     JobIdentity,
@@ -59,6 +64,7 @@ from executor.isolation import (
     root_refusal,
 )
 from executor.launch import LaunchOptions, cores_of, job_paths, launches, world_of
+from executor.pinning import Pinner, write_count
 from executor.ranks import (
     AdoptedRank,
     LaunchError,
@@ -68,8 +74,9 @@ from executor.ranks import (
     start_ranks,
 )
 from executor.reports import End, JobReports, ReportTail, log_tail, verdict
+from executor.settle import settle
 from shared.cluster import Server
-from shared.events import INVALID, JobFinished, ProfileReported, Report, SampleReported, StartJob
+from shared.events import INVALID, ProfileReported, Report, SampleReported, StartJob
 from shared.ids import GpuType, JobId
 from shared.wire import FORBIDDEN
 
@@ -104,7 +111,7 @@ class RealJob:
     def __init__(self, cmd: StartJob, ranks: list[Rank], pgid: int, reports: JobReports,
                  tail: ReportTail, logs: tuple[Path, ...], log: FilteringBoundLogger,
                  sink: Sink, on_ending: OnEnding, settings: RealSettings,
-                 adopted: bool = False) -> None:
+                 adopted: bool = False, pinner: Pinner | None = None) -> None:
         self.cmd = cmd
         self.ranks = ranks
         self.pgid = pgid
@@ -116,6 +123,7 @@ class RealJob:
         self.on_ending = on_ending
         self.settings = settings
         self.adopted = adopted
+        self.pinner = pinner or Pinner(pgid, (), None)
         self.node_rank = world_of(cmd)[3]
         self.stopping = False
         self._exits: dict[int, int | None] = {}  # local rank -> exit code, in order of ending
@@ -132,6 +140,19 @@ class RealJob:
     async def started(self, timeout: float) -> str | None:
         return None  # spawned is started: a script may take long to import its framework
 
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return self.pinner.cores
+
+    def retune(self, count: int, cores: tuple[int, ...]) -> None:
+        self.cmd = self.reports.cmd = with_cores(self.cmd, count)
+        try:
+            threads = self.pinner.change(cores, count)
+        except OSError as e:  # e.g. the job replaced its folder: it keeps its old count
+            self.log.warning("job not told its new cores", error=str(e))
+            threads = 0
+        self.log.info("job cores changed", cores=count, core_ids=list(cores), threads=threads)
+
     async def run(self) -> None:
         """Follow the reports and the processes until every process ended."""
         loop = asyncio.get_running_loop()
@@ -139,6 +160,8 @@ class RealJob:
             while not self._poll():
                 await self._read()
                 self._after_failure()
+                if self.pinner.due():
+                    self.pinner.pin()
                 if self._kill_at is not None and loop.time() >= self._kill_at:
                     self.log.warning("job processes ignored SIGTERM; killing the group")
                     signal_group(self.pgid, signal.SIGKILL)
@@ -231,7 +254,8 @@ class RealJob:
                             ranks=tuple(r.record() for r in self.ranks),
                             report_file=str(self.tail.path), logs=tuple(map(str, self.logs)),
                             offset=self.tail.offset, samples_done=self.reports.samples_done,
-                            finished=self.reports.finished, profiled=self.reports.profiled)
+                            finished=self.reports.finished, profiled=self.reports.profiled,
+                            cores=self.pinner.cores)
 
 
 class RealBackend:
@@ -270,7 +294,8 @@ class RealBackend:
                                     f"{self.server.id}", fail_job=True)
         return None
 
-    async def spawn(self, cmd: StartJob, on_ending: OnEnding) -> JobHandle:
+    async def spawn(self, cmd: StartJob, on_ending: OnEnding,
+                    cores: tuple[int, ...] = ()) -> JobHandle:
         self._lost.pop(cmd.job_id, None)  # it runs here again: no longer lost
         paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
         ident = self.settings.identity
@@ -281,18 +306,22 @@ class RealBackend:
                             (paths.report,), ident)
             # Only what this start writes counts: earlier starts' lines are history.
             offset = paths.report.lstat().st_size if paths.report.exists() else 0
-            plan = launches(cmd, self.settings.options, paths, self.base_env, ident)
+            write_count(paths.cores, cores_of(cmd))
+            plan = launches(cmd, self.settings.options, paths, self.base_env, ident, cores)
             ranks, pgid = start_ranks(plan, what)
-        except (LaunchError, FolderError) as e:  # FolderError: the job tampered with its folder
+        # FolderError, FileExistsError: the job tampered with its folder.
+        except (LaunchError, FolderError, FileExistsError) as e:
             error = f"cannot start job {cmd.job_id} on {self.server.id}: {e}"
             log.warning("job command cannot start", error=str(e), argv=list(cmd.spec.command))
             raise StartFailed(error) from None
         reports = JobReports(cmd, self.gpu_type, samples_done=cmd.samples_done)
         job = RealJob(cmd, list(ranks), pgid, reports, ReportTail(paths.report, offset),
                       tuple(launch.log for launch in plan), log.bind(pgid=pgid), self.sink,
-                      on_ending, self.settings)
+                      on_ending, self.settings, pinner=Pinner(pgid, cores, paths.cores))
+        job.pinner.pin()  # threads the ranks started before each was pinned
         log.info("job processes started", mode=cmd.mode, pgid=pgid, pids=[r.pid for r in ranks],
                  user=ident.name, gpu_indices=list(cmd.gpu_indices), cores=cores_of(cmd),
+                 core_ids=list(cores),
                  samples_done=cmd.samples_done,
                  workdir=cmd.spec.workdir or os.getcwd())
         self._follow(job)
@@ -327,43 +356,21 @@ class RealBackend:
         reports = JobReports(cmd, self.gpu_type, samples_done=rec.samples_done,
                              finished=rec.finished, profiled=rec.profiled)
         log = self.log.bind(job_id=cmd.job_id, pgid=rec.pgid)
+        paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
         job = RealJob(cmd, [AdoptedRank(r) for r in rec.ranks], rec.pgid, reports,
                       ReportTail(Path(rec.report_file), rec.offset),
                       tuple(Path(p) for p in rec.logs), log, self.sink, on_ending,
-                      self.settings, adopted=True)
+                      self.settings, adopted=True,
+                      pinner=Pinner(rec.pgid, rec.cores, paths.cores))
         log.info("job adopted", pids=[r.pid for r in rec.ranks], samples_done=rec.samples_done,
                  report_offset=rec.offset)
         self._follow(job)
         return job
 
     def _settle(self, rec: LaunchRecord) -> None:
-        """A job whose processes ended (some or all) while the executor was
-        away: what its report file says decides between an end and a loss."""
-        cmd = rec.cmd
-        log = self.log.bind(job_id=cmd.job_id, pgid=rec.pgid)
-        if any(running(r.pid, r.start_time) for r in rec.ranks) and group_members(rec.pgid):
-            log.warning("some of the job's processes ended while the executor was away; "
-                        "killing the others")
-            signal_group(rec.pgid, signal.SIGKILL)
-        reports = JobReports(cmd, self.gpu_type, samples_done=rec.samples_done,
-                             finished=rec.finished, profiled=rec.profiled)
-        for line in ReportTail(Path(rec.report_file), rec.offset).read(final=True):
-            try:
-                msg = reports.apply(line)
-            except ValueError:
-                continue
-            if isinstance(msg, ProfileReported):  # samples this old are not worth sending
-                self.sink.event(cmd.job_id, msg, profile_msg_id(cmd))
-        tail = log_tail(Path(rec.logs[0])) if rec.logs else ""
-        if reports.done:
-            if cmd.mode == "run" and world_of(cmd)[3] == 0:
-                event = JobFinished(job_id=cmd.job_id, at=time.time(), log_tail=tail)
-                self.sink.event(cmd.job_id, event, f"{cmd.job_id}:job_finished")
-            log.info("job ended while the executor was away", samples_done=reports.samples_done)
-            return
-        self._lost[cmd.job_id] = time.monotonic()
-        log.warning("job lost: its processes ended while the executor was away",
-                    samples_done=reports.samples_done, log_tail=tail[-500:])
+        log = self.log.bind(job_id=rec.cmd.job_id, pgid=rec.pgid)
+        if not settle(rec, self.gpu_type, self.sink, log):
+            self._lost[rec.cmd.job_id] = time.monotonic()
 
     def lost(self) -> tuple[JobId, ...]:
         now = time.monotonic()

@@ -133,7 +133,7 @@ class JobReports:
             local_gpus=len(self.cmd.gpu_indices), nodes=config.num_nodes,
             total_gpus=config.total_gpus, per_gpu_throughput=line.per_gpu_throughput,
             data_times=line.data_times, wait_times=line.wait_times,
-            comm_times=line.comm_times)
+            comm_times=line.comm_times, cores=line.cores)
 
     def profile(self, line: Profiled) -> ProfileReport:
         return ProfileReport(job_id=self.cmd.job_id, gpu_type=self.gpu_type,

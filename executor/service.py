@@ -13,7 +13,16 @@ itself or is being stopped. Commands:
   the start is acknowledged once :meth:`~executor.backend.JobHandle.started`
   says so (emulated: the first heartbeat; real: spawned);
 * ``stop_job``: SIGTERM, SIGKILL after ``stop_grace_s``; acknowledged with
-  the job's ``samples_done`` (and, for real jobs, the exit code and log tail).
+  the job's ``samples_done`` (and, for real jobs, the exit code and log tail);
+* ``set_cores``: the running job's cores change in place: the ledger
+  re-books them (or refuses, changing nothing), and the job is re-pinned
+  and told its new count (:meth:`~executor.backend.JobHandle.retune`).
+
+A real executor without ``--cpu-affinity`` pins jobs to cores of its own
+affinity (:mod:`executor.cores`, :mod:`executor.pinning`; the acks name
+them); with it, the operator's cores win. It reads the node's memory
+bandwidth and MBA through resctrl (:mod:`executor.membw`) for its
+heartbeats and its registered server's ``mba``.
 
 Every subject it publishes on names its server (NATS permissions let an
 executor's identity use no other): job heartbeats on
@@ -43,14 +52,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import nats.errors
 from structlog.typing import FilteringBoundLogger
 
 from executor.backend import Backend, JobHandle, OnEnding, StartFailed
+from executor.cores import core_pool, load_topology
 from executor.emulated import EmulatedBackend
 from executor.isolation import JobIdentity, lookup_user, resolve_identity
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
+from executor.membw import NodeMemory
 from executor.publish import NatsSink, publish_retrying
 from executor.real import RealBackend, RealSettings
 from executor.serving import serve_commands
@@ -68,6 +80,7 @@ from shared.events import (
     JobHeartbeat,
     NodeHeartbeat,
     RegisterNode,
+    SetCores,
     StartJob,
     StopJob,
     WireError,
@@ -151,9 +164,19 @@ class NodeExecutor:
         self.cluster = cluster
         self.backend = backend
         self.server = advertised(settings, cluster)
-        self.ledger = NodeLedger(self.server)
+        real = settings.backend == "real"
+        pool = core_pool(real, bool(settings.affinity))
+        nvml = any(d.source == "nvml" for d in settings.devices)
+        self.ledger = NodeLedger(self.server, pool=pool,
+                                 topology=load_topology(os.cpu_count() or 1) if nvml else None)
+        self.memory = NodeMemory(real)  # only a real executor measures: emulated ones share a host
+        if real:
+            self.server = msgspec.structs.replace(self.server, mba=self.memory.resctrl.mba)
         self.procs: dict[JobId, JobHandle] = {}
         self.log = ctx.log.bind(server_id=self.server.id)
+        if real:
+            (self.log.info if self.memory.resctrl.mba else self.log.warning)(
+                self.memory.resctrl.describe())
         self._inflight: dict[str, asyncio.Future[CommandAck]] = {}
         # One lock per job, kept: a waiter may hold it when it is released.
         self._job_locks: dict[JobId, asyncio.Lock] = {}
@@ -183,7 +206,7 @@ class NodeExecutor:
         any command is served: a stop for one of them must find it)."""
         for job in await self.backend.recover(self._ending):
             cmd = job.cmd
-            self.ledger.book(cmd)
+            self.ledger.book(cmd, cores=job.cores)
             # A retried start of the adopted run is answered, not refused as a conflict.
             self.ledger.remember(CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done))
             self.procs[cmd.job_id] = job
@@ -198,7 +221,8 @@ class NodeExecutor:
         while not self.ctx.stopping.is_set():
             now = time.time()
             beat = NodeHeartbeat(server_id=self.server.id, at=now,
-                                 running=self.ledger.running(), lost=self.backend.lost())
+                                 running=self.ledger.running(), lost=self.backend.lost(),
+                                 memory_bandwidth_gbps=self.memory.gbps())
             with contextlib.suppress(nats.errors.Error):
                 await self.ctx.nc.publish(subjects.node_heartbeat(self.server.id), encode(beat))
                 for job in list(self.procs.values()):
@@ -234,7 +258,12 @@ class NodeExecutor:
     async def _one(self, cmd: Command) -> CommandAck:
         lock = self._job_locks.setdefault(cmd.job_id, asyncio.Lock())
         async with lock:
-            ack = await (self._start(cmd) if isinstance(cmd, StartJob) else self._stop(cmd))
+            if isinstance(cmd, StartJob):
+                ack = await self._start(cmd)
+            elif isinstance(cmd, SetCores):
+                ack = self._set_cores(cmd)
+            else:
+                ack = await self._stop(cmd)
         self.log.info("command answered", key=cmd.key, job_id=cmd.job_id, ok=ack.ok,
                       code=ack.code, error=ack.error)
         return self.ledger.remember(ack)
@@ -248,9 +277,9 @@ class NodeExecutor:
             if no.fail_job:
                 await self._fail(cmd.job_id, no.error)
             return CommandAck(key=cmd.key, ok=False, code=no.code, error=no.error)
-        self.ledger.book(cmd)
+        booking = self.ledger.book(cmd)
         try:
-            job = await self.backend.spawn(cmd, self._ending(cmd.job_id))
+            job = await self.backend.spawn(cmd, self._ending(cmd.job_id), booking.cores)
         except StartFailed as e:  # the job's program cannot run: not here, not anywhere
             self.ledger.release(cmd.job_id)
             await self._fail(cmd.job_id, e.error, e.exit_code, e.log_tail)
@@ -271,7 +300,20 @@ class NodeExecutor:
             await job.terminate(self.settings.stop_grace_s)
             self._forget(job)
             return CommandAck(key=cmd.key, ok=False, code=INTERNAL, error=why)
-        return CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done)
+        return CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done,
+                          cores=booking.cores)
+
+    def _set_cores(self, cmd: SetCores) -> CommandAck:
+        """The job's cores change in place (see the module docstring)."""
+        refusal = self.ledger.refuse_retune(cmd)
+        if refusal is not None:
+            return refusal
+        booking = self.ledger.retune(cmd)
+        job = self.procs.get(cmd.job_id)
+        if job is not None:
+            job.retune(cmd.cores, booking.cores)
+        return CommandAck(key=cmd.key, ok=True, cores=booking.cores,
+                          samples_done=job.samples_done if job is not None else 0.0)
 
     def _forget(self, job: JobHandle) -> None:
         """The job's processes are gone: free its GPUs."""

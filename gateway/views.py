@@ -15,7 +15,7 @@ import msgspec
 from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
-from shared.resources import RESOURCE_NAMES, total
+from shared.resources import NOTHING, RESOURCE_NAMES, total
 from shared.wire import FORBIDDEN, UNAUTHORIZED, UNSCHEDULABLE
 
 PHASES: tuple[str, ...] = get_args(JobPhase)
@@ -226,7 +226,11 @@ def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -
 def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]],
                  held_here: Sequence[Placement]) -> dict[str, Any]:
     """One server: its GPUs with their holders, and per resource (GPUs, CPU
-    cores, memory in MiB) its ``capacity`` and what placements hold on it."""
+    cores, memory in MiB) its ``capacity`` and what placements hold on it.
+    ``cores_used``/``cores_free`` and ``memory_mb_used``/``memory_mb_free``
+    say the same of cores and memory as ``used``/``free`` of GPUs (free is 0
+    on a lost server, and where the server declares none); ``jobs`` lists
+    the jobs holding its GPUs and those placed here without any (CPU jobs)."""
     s = node.server
     gpus = [
         {"index": i, "job_id": by_gpu[i][0].job_id, "mode": by_gpu[i][0].mode}
@@ -236,6 +240,7 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]],
     ]
     used = sum(1 for g in gpus if g["job_id"] is not None)
     held = total(p.configuration.demand_on(s.id) for p in held_here)
+    free = s.capacity.minus(held) if node.alive else NOTHING
     return {
         "id": s.id,
         "gpu_type": s.gpu_type,
@@ -247,17 +252,30 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]],
         "order": node.order,
         "model": s.model,
         "last_heartbeat": node.last_heartbeat,
-        "jobs": sorted({g["job_id"] for g in gpus if g["job_id"] is not None}),
+        "jobs": sorted({g["job_id"] for g in gpus if g["job_id"] is not None}
+                       | {p.job_id for p in held_here if not p.gpu_indices.get(s.id)}),
+        "cores": s.cores,
+        "cores_used": held.cores,
+        "cores_free": free.cores,
+        "memory_mb": s.capacity.memory_mb,
+        "memory_mb_used": held.memory_mb,
+        "memory_mb_free": free.memory_mb,
         "gpu_slots": gpus,
         "capacity": {r: s.capacity[r] for r in RESOURCE_NAMES},
         "allocated": {r: held[r] for r in RESOURCE_NAMES},
     }
 
 
+# Cores and memory totalled over the alive servers, as their GPUs are.
+_EXTRA_TOTALS = ("cores", "cores_used", "cores_free", "memory_mb", "memory_mb_used",
+                 "memory_mb_free")
+
+
 def _totals(servers: Sequence[Mapping[str, Any]], placements: int) -> dict[str, Any]:
     """Totals over the servers; GPU counts are those of alive servers, as in
     the monitor's metrics (``hops_gpus_total``, ``hops_gpus_used``), and a
-    lost server's GPUs are counted apart (``lost_gpus``)."""
+    lost server's GPUs are counted apart (``lost_gpus``); so are cores and
+    memory (:data:`_EXTRA_TOTALS`)."""
     by_type: dict[str, dict[str, int]] = {}
     for s in servers:
         t = by_type.setdefault(s["gpu_type"], {"gpus": 0, "used": 0, "free": 0, "lost_gpus": 0})
@@ -276,6 +294,7 @@ def _totals(servers: Sequence[Mapping[str, Any]], placements: int) -> dict[str, 
         "used": sum(s["used"] for s in alive),
         "free": sum(s["free"] for s in alive),
         "lost_gpus": sum(s["gpus"] for s in servers if not s["alive"]),
+        **{key: sum(s[key] for s in alive) for key in _EXTRA_TOTALS},
         "placements": placements,
         "by_gpu_type": by_type,
     }

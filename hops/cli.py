@@ -150,7 +150,7 @@ def experiment(
             from hops.coda import POLICIES as CORE_POLICIES
             from hops.coda import run as run_coda
 
-            run_coda(out, inner=inner, trace=trace or "elasticflow-cluster01",
+            run_coda(out, inner=inner, trace=trace or "elasticflow-cluster04",
                      first_n=first_n, compress=compress, seed=seed,
                      policies=tuple(policy or CORE_POLICIES))
             typer.echo((out / "results.md").read_text())

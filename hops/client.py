@@ -278,9 +278,16 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _gpus(config: Mapping[str, Any] | None) -> str:
+    """``server:GPUs`` per part, with ``+Nc`` where the part holds CPU cores
+    (a CPU job's parts are ``server:0+Nc``)."""
     if not config:
         return "-"
-    return " ".join(f"{sid}:{n}" for sid, n in config.get("parts", ()))
+    parts = config.get("parts", ())
+    extras = list(config.get("extras", ())) + [{}] * len(parts)
+    return " ".join(
+        f"{sid}:{n}" + (f"+{e['cores']}c" if e.get("cores") else "")
+        for (sid, n), e in zip(parts, extras, strict=False)
+    )
 
 
 def _num(x: Any, digits: int = 3) -> str:
@@ -325,22 +332,37 @@ def render_queue(body: Mapping[str, Any]) -> str:
     return "\n".join([head, *_table(header, rows)])
 
 
+def _held(server: Mapping[str, Any], what: str) -> str:
+    """``used/free`` of ``what`` (cores, memory_mb) on a server; ``-`` where
+    it declares none."""
+    if not server.get(what):
+        return "-"
+    return f"{server.get(f'{what}_used', 0)}/{server.get(f'{what}_free', 0)}"
+
+
 def render_nodes(body: Mapping[str, Any]) -> str:
+    """Servers with their GPUs, CPU cores and memory (MiB, where any server
+    declares it) used and free, and who holds them."""
     servers = body.get("servers", [])
     t = body.get("totals", {})
     if not servers:
         return "no servers registered"
+    memory = any(s.get("memory_mb") for s in servers)
     rows = [
         [s["id"], s["gpu_type"], str(s["gpus"]), str(s["used"]), str(s["free"]),
+         _held(s, "cores"), *([_held(s, "memory_mb")] if memory else []),
          "yes" if s["alive"] else "NO", " ".join(s.get("jobs", []))]
         for s in servers
     ]
-    header = ["server", "gpu type", "gpus", "used", "free", "alive", "jobs"]
+    header = ["server", "gpu type", "gpus", "used", "free", "cores used/free",
+              *(["MiB used/free"] if memory else []), "alive", "jobs"]
     lines = _table(header, rows)
     lines.append(
         f"{t.get('alive_servers', 0)}/{t.get('servers', 0)} servers alive; "
         f"GPUs {t.get('used', 0)} used, {t.get('free', 0)} free of {t.get('gpus', 0)} alive"
         + (f" ({t['lost_gpus']} more on lost servers)" if t.get("lost_gpus") else "")
+        + (f"; CPU cores {t.get('cores_used', 0)} used, {t.get('cores_free', 0)} free of "
+           f"{t['cores']}" if t.get("cores") else "")
     )
     for problem in ("unknown_servers", "double_booked"):
         if body.get(problem):

@@ -36,14 +36,20 @@ POLICIES = ("coda", "drf", "fifo", "fixed-cores")
 GPU = GpuType("GTX1080Ti")
 
 
+MEMORY_GBPS = 128.0
+
+
 def coda_cluster(servers: int = 80, gpus: int = 5, cores: int = 28) -> Cluster:
     """The paper's cluster (§III-A, §VI-A): 80 servers of 5 GTX 1080Ti and
-    two 14-core sockets; the GPU type's bandwidths are the built-in
-    paper-sim cluster's."""
+    two 14-core Xeon Gold 6132 sockets; the GPU type's bandwidths are the
+    built-in paper-sim cluster's. Memory bandwidth: one socket's six
+    DDR4-2666 channels, 128 GB/s (an assumption: a job's cores and memory
+    sit on one socket); no MBA (the paper's fallback, halving cores)."""
     template = builtin_cluster("paper-sim-512")
     spec: GpuTypeSpec = next(t for t in template.gpu_types if t.name == GPU)
     return Cluster(gpu_types=(spec,), name="coda", servers=tuple(
-        Server(ServerId(f"node-{i:02d}"), GPU, gpus, cores=cores) for i in range(servers)))
+        Server(ServerId(f"node-{i:02d}"), GPU, gpus, cores=cores,
+               memory_bandwidth_gbps=MEMORY_GBPS) for i in range(servers)))
 
 
 def workload(trace: str, cluster: Cluster, truth: GroundTruth, seed: int,
@@ -54,7 +60,7 @@ def workload(trace: str, cluster: Cluster, truth: GroundTruth, seed: int,
     return add_cpu_jobs(with_core_requests(gpu_jobs, seed, categories), seed, CpuMix())
 
 
-def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster01",
+def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
         first_n: int | None = 400, compress: float = 1.0, seed: int = 0,
         policies: Sequence[str] = POLICIES,
         progress: Progress | None = None) -> dict[str, dict[str, float]]:

@@ -1,7 +1,8 @@
 """Checking a whole jobs file before ``hops submit`` sends any of it.
 
 Every entry is checked on its own, as the scheduler would check it: the
-spec's schema and values (:class:`shared.job.JobSpec`), what the live system
+spec's schema and values (:class:`shared.job.JobSpec`: a CPU job, ``kind:
+cpu``, names ``cores`` and no requirements), what the live system
 adds (:func:`scheduling.live.admission.spec_problem`), and ids that
 appear twice in the file. Each invalid entry becomes one
 :class:`InvalidJob` naming its index, id, field and problem, so that an
@@ -30,6 +31,10 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 # A spec's own checks start with the field: "batch_size must be > 0, got 0",
 # "lr: entry 1: ...".
 _LEADING = re.compile(r"^(?P<field>[a-z_]+)(?::\s*(?P<rest>.*))?")
+# A CPU job's own checks (``kind: cpu``) name the field they are about
+# inside the sentence: "a cpu job needs cores > 0".
+_CPU_JOB = (("cores >", "cores"), ("requirements", "requirements"),
+            ("learning rate", "lr"))
 
 
 @dataclass(frozen=True)
@@ -112,4 +117,7 @@ def _field_and_problem(message: str) -> tuple[str, str]:
         return m["field"], "not a field of a job spec"
     if (m := _LEADING.match(message)) and m["field"] in _FIELDS:
         return m["field"], m["rest"] or message
+    if message.startswith("a cpu job"):
+        field = next((f for words, f in _CPU_JOB if words in message), "kind")
+        return field, message
     return "(spec)", message

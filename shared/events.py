@@ -167,7 +167,8 @@ class StartJob(Message, frozen=True, tag="start_job"):
         if local is None:
             raise ValueError(f"server {self.server_id} is not in {self.configuration}")
         idx = self.gpu_indices
-        if len(idx) != local or len(set(idx)) != len(idx) or min(idx) < 0:
+        # A CPU job's part names no GPU: its indices are empty.
+        if len(idx) != local or len(set(idx)) != len(idx) or (idx and min(idx) < 0):
             raise ValueError(f"gpu_indices {idx} must be {local} distinct indices >= 0")
 
 
@@ -179,9 +180,30 @@ class StopJob(Message, frozen=True, tag="stop_job"):
     reason: str = ""
 
 
+class SetCores(Message, frozen=True, tag="set_cores"):
+    """Command on ``hops.v1.exec.<server_id>``: the running job now holds
+    ``cores`` CPU cores on this server, without a restart (CODA's adaptive
+    CPU allocation and contention elimination): the executor re-books them,
+    re-pins the job's threads and tells the job its new count."""
+
+    key: str
+    job_id: JobId
+    server_id: ServerId
+    cores: int
+    at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError("key must not be empty")
+        if self.cores < 0:
+            raise ValueError(f"cores must be >= 0, got {self.cores}")
+
+
 class CommandAck(Message, frozen=True, tag="command_ack"):
     """Reply to a command; ``samples_done`` is the job's progress when it
-    stopped, ``exit_code`` and ``log_tail`` its process's end (real jobs)."""
+    stopped, ``exit_code`` and ``log_tail`` its process's end (real jobs);
+    ``cores`` the core ids a start or ``set_cores`` pinned the job to (empty:
+    not pinned by the executor)."""
 
     key: str
     ok: bool
@@ -190,6 +212,7 @@ class CommandAck(Message, frozen=True, tag="command_ack"):
     code: str = ""
     exit_code: int | None = None
     log_tail: str = ""
+    cores: tuple[int, ...] = ()
 
 
 # --- job lifecycle (stream HOPS_JOBS) -------------------------------------------
@@ -291,6 +314,9 @@ class NodeHeartbeat(Message, frozen=True, tag="node_heartbeat"):
     at: float
     running: tuple[JobId, ...] = ()
     lost: tuple[JobId, ...] = ()
+    # Memory bandwidth in use on the node, GB/s, read through resctrl's
+    # memory bandwidth monitoring (0: not measured; executor.membw).
+    memory_bandwidth_gbps: float = 0.0
 
 
 class JobHeartbeat(Message, frozen=True, tag="job_heartbeat"):
@@ -345,7 +371,7 @@ JobEvent: TypeAlias = (
 SampleEvent: TypeAlias = SampleReported | ProfileReported
 # What an executor may say of a job on ``hops.v1.reports.<server>.<job>``.
 Report: TypeAlias = SampleReported | ProfileReported | JobFinished | JobFailed
-Command: TypeAlias = StartJob | StopJob
+Command: TypeAlias = StartJob | StopJob | SetCores
 PlanEvent: TypeAlias = PlanIssued | ResourcesReleased
 AnyMessage: TypeAlias = (
     SubmitJob

@@ -8,9 +8,12 @@ the allocated number of GPUs, from the job's table or its scaling rule
 (:meth:`shared.job.JobSpec.learning_rate`); it is absent when the job gave
 neither. ``HOPS_CORES`` is the number of CPU cores the job holds on that
 server (``Configuration.extras``; 0 when none are allocated); a real job's
-processes then get ``OMP_NUM_THREADS`` set to their share of them. Nothing
-pins a process to particular cores yet (CODA's core assignment is later
-work): the number is what the job may use.
+processes then get ``OMP_NUM_THREADS`` set to their share of them, and
+the executor pins every thread of the job to exactly that many cores
+(:mod:`executor.pinning`). The count may change while the job runs (a
+``set_cores`` command): the executor then rewrites the file named by
+``HOPS_CORES_FILE`` (one line, the new count), which the plugin reads to
+resize its threads; ``HOPS_CORES`` stays the count at the start.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ NODES = "HOPS_NODES"
 NODE_RANK = "HOPS_NODE_RANK"
 THREADS = "HOPS_THREADS"  # intra-op threads per process (CPU devices)
 CORES = "HOPS_CORES"  # CPU cores the job holds on this server (0: none allocated)
+CORES_FILE = "HOPS_CORES_FILE"  # holds the current count; rewritten when it changes
 
 # Set by the executor; a job's own ``env`` may not override them.
 RESERVED: frozenset[str] = frozenset({
     JOB_ID, SERVER_ID, GPU_TYPE, MODE, REPORT_FILE, CHECKPOINT_DIR, SAMPLES_DONE,
     TOTAL_SAMPLES, BATCH_SIZE, PROFILE_ITERS, SAMPLE_S, LR, TOTAL_GPUS, LOCAL_GPUS,
-    NODES, NODE_RANK, THREADS, CORES, "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+    NODES, NODE_RANK, THREADS, CORES, CORES_FILE, "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
+    "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
 })

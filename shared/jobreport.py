@@ -60,13 +60,17 @@ class Sampled(ReportLine, frozen=True, tag="sampled"):
     """Running mode, every sample period: the measured per-process (per-GPU)
     throughput over the period and per-iteration data and wait times.
     ``comm_times`` pairs with them where the gradient all-reduce's time was
-    measured (DistributedDataParallel on gloo), else it is empty."""
+    measured (DistributedDataParallel on gloo), else it is empty.
+    ``cores`` is the number of CPU cores the process could run on at the
+    end of the period (its affinity; 0: not known), so the CPU allocator
+    learns from measured samples at each core count."""
 
     samples_done: float
     per_gpu_throughput: float
     data_times: tuple[float, ...] = ()
     wait_times: tuple[float, ...] = ()
     comm_times: tuple[float, ...] = ()
+    cores: int = 0
 
 
 class Checkpointed(ReportLine, frozen=True, tag="checkpointed"):

@@ -111,6 +111,10 @@ class ThroughputSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     no hook). The estimator uses their mean for this placement's shape in
     place of Eq. (2) (a departure: §3.2 has running mode record only data
     and wait times).
+
+    ``cores`` is the number of CPU cores the job's process ran on when the
+    sample was taken (0: not known), next to its data times, for CODA's
+    adaptive CPU allocation.
     """
 
     job_id: JobId
@@ -123,8 +127,11 @@ class ThroughputSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_times: tuple[float, ...] = ()
     wait_times: tuple[float, ...] = ()
     comm_times: tuple[float, ...] = ()
+    cores: int = 0
 
     def __post_init__(self) -> None:
+        if self.cores < 0:
+            raise ValueError(f"cores must be >= 0, got {self.cores}")
         if self.local_gpus <= 0 or self.nodes <= 0:
             raise ValueError("local_gpus and nodes must be > 0")
         if self.total_gpus < self.local_gpus or self.total_gpus < self.nodes:

@@ -86,6 +86,10 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # layer name (``LayerRecord.state``): the simulator threads it from plan
     # to plan, the live leader keeps it in KV so a standby plans the same.
     layer_state: dict[str, bytes] = {}
+    # Memory bandwidth in use per server, GB/s, as measured (resctrl's MBM
+    # live, the world model in the simulator); empty where not measured.
+    # CODA's contention eliminator (§V-D) reads it.
+    bandwidth_gbps: dict[ServerId, float] = {}
 
     def __post_init__(self) -> None:
         for sid, extra in self.held_extras.items():

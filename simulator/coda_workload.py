@@ -18,6 +18,8 @@ this module does with each number (docs/coda.md, "Workload"):
   users 15-20, Figure 12).
 * GPU jobs get CODA's category from their model (world.cpu_scaling) and
   no hints.
+* 0.5% of CPU jobs are bandwidth-heavy (§VI-E), model ``cpu-membw``
+  (simulator.contention).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from shared.job import Category, JobSpec
 from simulator.workloads import SimJob
 
 CPU_MODEL = "cpu"
+HEAVY_MODEL = "cpu-membw"  # simulator.contention: a bandwidth-heavy CPU job
+HEAVY_SHARE = 0.005  # §VI-E: 0.5% of CPU jobs have high bandwidth demands
 # (low, high, probability): cores asked, uniformly within the band.
 CORE_REQUEST: tuple[tuple[int, int, float], ...] = ((1, 2, 0.76), (3, 10, 0.09), (11, 16, 0.15))
 CPU_RUN_S = (300.0, 7200.0)
@@ -44,6 +48,7 @@ class CpuMix(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu_per_gpu_job: float = 3.0
     cpu_only_tenants: int = 6
     run_s: tuple[float, float] = CPU_RUN_S
+    heavy_share: float = HEAVY_SHARE
 
 
 def draw_cores(rng: np.random.Generator) -> int:
@@ -92,7 +97,8 @@ def add_cpu_jobs(jobs: Sequence[SimJob], seed: int, mix: CpuMix | None = None) -
         cores = draw_cores(rng)
         run_s = math.exp(rng.uniform(math.log(lo), math.log(hi)))
         tenant = tenants[int(rng.integers(0, len(tenants)))]
-        spec = JobSpec(JobId(f"cpu-{i:06d}"), CPU_MODEL, 1, 1, max(1, round(run_s * cores)),
+        model = HEAVY_MODEL if rng.random() < mix.heavy_share else CPU_MODEL
+        spec = JobSpec(JobId(f"cpu-{i:06d}"), model, 1, 1, max(1, round(run_s * cores)),
                        tenant=tenant, submit_time=float(t), kind="cpu", cores=cores)
-        cpu.append(SimJob(spec, CPU_MODEL))
+        cpu.append(SimJob(spec, model))
     return sorted([*jobs, *cpu], key=lambda j: (j.spec.submit_time, j.spec.id))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import assert_never
 
@@ -25,25 +24,25 @@ import msgspec
 import numpy as np
 
 from estimation.database import ThroughputDatabase
-from estimation.estimator import EstimatorSettings, estimate_job
+from estimation.estimator import EstimatorSettings
 from scheduling import lifecycle as lc
 from scheduling.check import plan_overallocation
 from scheduling.fairness import raqlr
 from scheduling.policy import Policy
-from scheduling.profiling import busy_types, profiling_step
 from scheduling.rounds import RESTART_S, ROUND_S
 from shared import events as ev
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
-from shared.ids import GpuType, JobId, ServerId
+from shared.ids import JobId
 from shared.job import R_NUM
 from shared.resources import OverAllocation
 from shared.snapshot import Plan, Snapshot
-from simulator.cores import core_factor, cpu_rate, gpus_short_of_cores
+from simulator.cores import Speeds, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
+from simulator.measuring import Measuring
 from simulator.metrics import RoundRecord, SimResult, job_outcome
-from simulator.state import JobRecord, Occupancy, job_holder, profiling_holder
+from simulator.state import JobRecord, Occupancy, job_holder
 from simulator.workloads import SimJob
 from world.truth import GroundTruth
 
@@ -74,7 +73,7 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     estimator: EstimatorSettings = EstimatorSettings()
 
 
-class Simulation:
+class Simulation(Measuring):
     """One run of one policy over one workload on one cluster."""
 
     def __init__(
@@ -104,7 +103,7 @@ class Simulation:
         self.db = ThroughputDatabase()
         self.estimates: dict[JobId, JobEstimate] = {}
         self.dirty: set[JobId] = set()
-        self.rates: dict[tuple[str, Configuration], float] = {}
+        self.speeds = Speeds(cluster, truth)
         self.now = 0.0
         self.next_round = 0.0
         self.fill_at: float | None = None
@@ -253,15 +252,7 @@ class Simulation:
         self.estimates.pop(rec.id, None)
         outcome = job_outcome(rec, self.truth, self.cluster, self.settings.r_num)
         self.finished.append((self.now, outcome.lr))
-
-    def _end_profiling(self, run: ProfileEnd) -> None:
-        self.occ.give(profiling_holder(run.job_id, run.server), self.occ.profiling)
-        self.db.record_profile(run.report)
-        self.dirty.add(run.job_id)
-        rec = self.jobs[run.job_id]
-        if not rec.unprofiled and not any(p.job_id == rec.id for p in self.profiling):
-            self._move(rec, lc.Queue(job_id=rec.id, at=self.now))
-            rec.profile_end = self.now
+        self.speeds.contend(self._running())
 
     # -------------------------------------------------------------- planning
 
@@ -297,31 +288,6 @@ class Simulation:
         horizon = self.now - self.settings.raqlr_window_h * 3600.0
         return self.finished[bisect.bisect_left(self.finished, (horizon, -math.inf)):]
 
-    def _queue_without_busy_types(self, active: Sequence[JobRecord]) -> None:
-        """Jobs waiting for a profile only on types every GPU of which runs a
-        job join the queue with the profiles they have; a waiting job goes
-        back to profiling once such a type is no longer busy (profiling.py)."""
-        busy = busy_types(self.cluster, self.occ.jobs)
-        in_flight = {p.job_id for p in self.profiling}
-        for rec in active:
-            if rec.phase not in ("queued", "profiling") or rec.spec.kind == "cpu":
-                continue
-            waiting = rec.phase == "queued"
-            supported = {
-                t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
-            }
-            profiled = supported - rec.unprofiled - rec.deferred
-            lacking = rec.deferred if waiting else rec.unprofiled
-            step = profiling_step(waiting, profiled, lacking, busy, rec.id in in_flight)
-            if step.back:
-                rec.unprofiled, rec.deferred = set(step.back), rec.deferred - step.back
-                self._move(rec, lc.Profile(job_id=rec.id, at=self.now))
-            elif not waiting and step.skip:
-                rec.deferred |= step.skip
-                rec.unprofiled = set()
-                self._move(rec, lc.Queue(job_id=rec.id, at=self.now))
-                rec.profile_end = rec.profile_end or self.now
-
     def _plan(self, first: bool) -> float:
         """Call the policy and apply its plan; returns the planner's time."""
         active = list(self.live.values())
@@ -342,6 +308,7 @@ class Simulation:
             profiling_held={k: v for k, v in self.occ.profiling.items() if v},
             held_extras={} if first else dict(self.occ.extras),
             layer_state=dict(self.layer_state),
+            bandwidth_gbps=dict(self.speeds.bandwidth),
         )
         start = self.timer() if self.timer else 0.0
         plan = self.policy.plan(snap)
@@ -351,22 +318,10 @@ class Simulation:
         if why is not None:
             raise OverAllocation(f"{self.policy.name}: the plan over-allocates: {why}")
         self._apply(plan, first)
+        self.speeds.contend(self._running())
         self.wake = plan.wake_after_s
         self.layer_state = {r.name: r.state for r in plan.reasons.layers if r.state}
         return spent
-
-    def _estimates(self, active: Sequence[JobRecord]) -> dict[JobId, JobEstimate]:
-        out: dict[JobId, JobEstimate] = {}
-        for rec in active:
-            if rec.phase == "profiling" or rec.spec.kind == "cpu":
-                continue
-            if rec.id in self.dirty or rec.id not in self.estimates:
-                self.estimates[rec.id] = estimate_job(
-                    self.db, rec.spec, self.cluster, self.settings.estimator
-                )
-                self.dirty.discard(rec.id)
-            out[rec.id] = self.estimates[rec.id]
-        return out
 
     def _apply(self, plan: Plan, first: bool) -> None:
         chosen = {a.job_id: a.config for a in plan.assignments}
@@ -404,7 +359,7 @@ class Simulation:
         self.occ.take(job_holder(rec.id), config, self.occ.jobs)
         # Every start is a checkpoint-restart (the lifecycle counts it).
         self._move(rec, ev.JobStarted(job_id=rec.id, configuration=config, at=self.now))
-        self._set_rate(rec, config)
+        self.speeds.set(rec, config, self.now)
         rec.paused_until = self.now + self.settings.restart_s
 
     def _retune(self, rec: JobRecord, config: Configuration) -> None:
@@ -412,50 +367,6 @@ class Simulation:
         self.occ.give(job_holder(rec.id), self.occ.jobs)
         self.occ.take(job_holder(rec.id), config, self.occ.jobs)
         self._move(rec, lc.Retune(job_id=rec.id, configuration=config, at=self.now))
-        self._set_rate(rec, config)
+        self.speeds.set(rec, config, self.now)
         rec.retunes += 1
 
-    def _set_rate(self, rec: JobRecord, config: Configuration) -> None:
-        key = (rec.model, config)
-        if key not in self.rates:
-            self.rates[key] = (cpu_rate(config) if rec.spec.kind == "cpu" else
-                               self.truth.throughput(rec.model, config.gpus_only)
-                               * core_factor(rec.model, config))
-        rec.rate = self.rates[key]
-        rec.factor = core_factor(rec.model, config) if rec.spec.kind != "cpu" else 1.0
-        rec.rate_since = self.now
-
-    def _profile(self, job_id: JobId, gpu_type: GpuType, server: ServerId) -> None:
-        rec = self.jobs[job_id]
-        if gpu_type not in rec.unprofiled:
-            raise RuntimeError(f"{self.policy.name}: {job_id} needs no profiling on {gpu_type}")
-        rec.unprofiled.discard(gpu_type)
-        self.occ.take(profiling_holder(job_id, server), Configuration(((server, 1),)),
-                      self.occ.profiling)
-        report, seconds = self.truth.profile(
-            job_id, rec.model, server, self.settings.profile_iters, self._rng(job_id)
-        )
-        run = ProfileEnd(at=self.now + seconds, job_id=job_id, server=server, report=report)
-        heapq.heappush(self.profiling, run)
-
-    def _rng(self, job_id: JobId) -> np.random.Generator:
-        """The job's own random stream (seed, job id): a job's measurements
-        do not depend on what other jobs drew, so two policies run on one
-        workload see the same noise for the same job (common random numbers)."""
-        rng = self.rngs.get(job_id)
-        if rng is None:
-            rng = self.rngs[job_id] = np.random.default_rng(
-                [self.settings.seed, zlib.crc32(job_id.encode())])
-        return rng
-
-    def _sample_running(self) -> None:
-        """Running-mode reports of the round that ends (§3.2)."""
-        for rec in self._running():
-            assert rec.current is not None
-            if rec.paused_until >= self.now or rec.spec.kind == "cpu":
-                continue
-            for sample in self.truth.running_samples(
-                rec.id, rec.model, rec.current, self.settings.sample_iters, self._rng(rec.id)
-            ):
-                self.db.record_sample(sample)
-            self.dirty.add(rec.id)

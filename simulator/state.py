@@ -44,6 +44,8 @@ class JobRecord:
     # the cores it holds (1: GPUs only, or cores enough), the GPU time
     # spent busy, when its configuration last changed, and in-place changes.
     factor: float = 1.0
+    base_factor: float = 1.0  # ``factor`` without bandwidth contention
+    base_rate: float = 0.0  # ``rate`` without bandwidth contention
     busy_gpu_s: float = 0.0
     rate_since: float = 0.0
     retunes: int = 0

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from hops.client import RETRY_DELAYS_S, Answer, GatewayClient, GatewayError, render_answer
@@ -26,7 +27,7 @@ ACCEPTED = (201, {"ok": True, "job_id": "j1"})
 
 def stored(**changes: Any) -> tuple[int, dict[str, Any]]:
     """The gateway's ``GET /jobs/j1``: the spec as the scheduler stored it."""
-    spec = json.loads(json.dumps({f: getattr(SPEC, f) for f in SPEC.__struct_fields__}))
+    spec = json.loads(json.dumps(msgspec.to_builtins(SPEC)))
     spec.update(submit_time=1234.5, **changes)
     return 200, {"job_id": "j1", "phase": "queued", "spec": spec}
 

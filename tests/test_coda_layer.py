@@ -97,10 +97,14 @@ def test_a_borrower_is_stopped_and_requeued_at_the_head_when_a_gpu_job_needs_its
 
 
 def test_gpu_jobs_never_take_cpu_array_cores() -> None:
-    c = cluster(cores=16)  # 8 reserved: a 4-GPU job at 3 per GPU (12) cannot start
-    plan = make_policy("coda:reserve_per_gpu=2,subarrays=false").plan(
+    c = cluster(cores=16)  # 2 reserved: a 4-GPU job needs at least 4 (one per GPU)
+    plan = make_policy("coda:reserve_per_gpu=0.5,subarrays=false").plan(
         snap(c, [gpu_job("g", (4,))]))
     assert plan.config_of(JobId("g")) is None
+    small = make_policy("coda:reserve_per_gpu=0.5,subarrays=false").plan(
+        snap(c, [gpu_job("g", (2,))]))
+    g = small.config_of(JobId("g"))
+    assert g is not None and g.total_cores == 2  # the CV start squeezed to what is reserved
     fifo = make_policy("fifo").plan(snap(c, [gpu_job("g", (4,))]))
     assert fifo.config_of(JobId("g")) is not None  # one pool: requested (1 per GPU) fits
 
@@ -171,3 +175,35 @@ def test_plans_never_overallocate_give_every_gpu_a_core_and_are_deterministic(
                             if kinds[a.job_id] == "gpu")
             assert gpu_cores <= min(c.servers[0].cores, per_gpu * c.servers[0].gpus)
     assert untimed(make_policy(name).plan(s)) == untimed(plan)
+
+
+def test_the_eliminator_halves_cpu_jobs_cores_when_bandwidth_is_high_and_a_gpu_job_drops(
+) -> None:
+    c = Cluster(gpu_types=(GpuTypeSpec(T, 2.5e9, 1e9),), servers=(
+        Server(ServerId("n0"), T, 4, cores=16, memory_bandwidth_gbps=100.0),))
+    policy = make_policy("coda:reserve_per_gpu=2,subarrays=false")
+    first = policy.plan(snap(c, [gpu_job("g", (1,)), cpu_job("c", 8)]))
+    gpu_cfg, cpu_cfg = first.config_of(JobId("g")), first.config_of(JobId("c"))
+    assert gpu_cfg is not None and cpu_cfg is not None
+    state = state_of(first)
+    g = gpu_job("g", (1,), phase="running", current=gpu_cfg, throughput=100.0)
+    cj = cpu_job("c", 8, phase="running", current=cpu_cfg)
+    sampled = policy.plan(snap(c, [g, cj], state, now=95.0, first=False))  # best: 100/s
+    state = state_of(sampled)
+    slower = msgspec.structs.replace(g, current=sampled.config_of(JobId("g")) or gpu_cfg,
+                                     throughput=80.0, throughput_since=95.0)
+
+    def at(bandwidth: float) -> Plan:
+        s = msgspec.structs.replace(snap(c, [slower, cj], state, now=100.0, first=False),
+                                    bandwidth_gbps={ServerId("n0"): bandwidth})
+        return policy.plan(s)
+
+    throttled = at(80.0)
+    assert throttled.config_of(JobId("c")) == Configuration.cpu(ServerId("n0"), 4)
+    assert all(a.job_id != "g" or a.config.parts == slower.current.parts  # type: ignore[union-attr]
+               for a in throttled.assignments)  # never a GPU job
+    assert at(70.0).config_of(JobId("c")) is None  # below the threshold: nothing
+    steady = msgspec.structs.replace(slower, throughput=100.0)
+    s = msgspec.structs.replace(snap(c, [steady, cj], state, now=100.0, first=False),
+                                bandwidth_gbps={ServerId("n0"): 80.0})
+    assert policy.plan(s).config_of(JobId("c")) is None  # no GPU job dropped: nothing

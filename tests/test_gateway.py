@@ -295,6 +295,8 @@ async def test_jobs_and_cluster_come_from_the_kv_buckets(api: httpx.AsyncClient,
     assert cluster["servers"][0]["jobs"] == ["a"]
     assert cluster["totals"] == {"servers": 1, "alive_servers": 1, "lost_servers": 0, "gpus": 4,
                                  "used": 2, "free": 2, "lost_gpus": 0, "placements": 1,
+                                 "cores": 0, "cores_used": 0, "cores_free": 0,
+                                 "memory_mb": 0, "memory_mb_used": 0, "memory_mb_free": 0,
                                  "by_gpu_type": {"RTX3090": {"gpus": 4, "used": 2, "free": 2,
                                                              "lost_gpus": 0}}}
 

@@ -62,7 +62,7 @@ def simulation(policy: Policy, jobs: list[SimJob]) -> Simulation:
 
 def started(sim: Simulation) -> set[Configuration]:
     """Every configuration the simulator started a job on."""
-    return {config for _, config in sim.rates}
+    return {config for _, config in sim.speeds.cache}
 
 
 def outcomes(result: SimResult) -> list[tuple[object, ...]]:

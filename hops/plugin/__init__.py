@@ -9,7 +9,8 @@ two modes, chosen by the node executor through ``HOPS_MODE``:
   medians, T_d and T_w per iteration, the pattern); no checkpoint;
 - **running** (``run``): ``Started``; every ``HOPS_SAMPLE_S`` seconds a
   ``Sampled`` report (this process's samples/s and per-iteration T_d, T_w
-  and all-reduce times, §3.5) and a ``Progress`` report; ``Finished`` once
+  and all-reduce times, §3.5, and the CPU cores it ran on) and a
+  ``Progress`` report; ``Finished`` once
   the job's ``HOPS_TOTAL_SAMPLES`` are done. SIGTERM means: checkpoint at
   the next iteration boundary all ranks agree on, report ``Checkpointed``,
   exit 0. A start resumes from the latest checkpoint.
@@ -40,6 +41,10 @@ running mode, reporting to ``report_file`` if given, else nowhere)::
             opt.step()
             opt.zero_grad()
     sys.exit(run.close())                  # 0 after a finish, a profile or a stop
+
+The executor may change the job's CPU cores while it runs (CODA): the
+loop then follows, resizing torch's threads, and ``run.cores`` says how
+many it holds now (:mod:`hops.plugin.cores`).
 
 How each measurement is taken, and how the pattern of Eq. (1) is detected,
 is in :mod:`hops.plugin.measure`, :mod:`hops.plugin.data` and

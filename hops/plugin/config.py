@@ -49,6 +49,9 @@ class Settings:
     lr: float | None = None
     total_gpus: int = 1
     threads: int | None = None
+    cores: int = 0  # CPU cores the job holds on this node at the start (0: none)
+    cores_file: Path | None = None  # where the executor writes the count when it changes
+    local_processes: int = 1  # processes of the job on this node (they share its cores)
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
@@ -95,6 +98,8 @@ def _check(settings: Settings) -> Settings:
         problems.append("HOPS_LR must be > 0")
     if settings.threads is not None and settings.threads <= 0:
         problems.append("HOPS_THREADS must be > 0")
+    if settings.cores < 0 or settings.local_processes <= 0:
+        problems.append("need HOPS_CORES >= 0 and LOCAL_WORLD_SIZE > 0")
     if not 0 <= settings.rank < settings.world_size or settings.total_gpus <= 0:
         problems.append("need 0 <= RANK < WORLD_SIZE and HOPS_TOTAL_GPUS > 0")
     if settings.mode not in ("run", "profile"):
@@ -147,6 +152,9 @@ def settings_from_env(
         lr=_parse(env, jobenv.LR, float, None),
         total_gpus=_parse(env, jobenv.TOTAL_GPUS, int, world),
         threads=_parse(env, jobenv.THREADS, int, None),
+        cores=_parse(env, jobenv.CORES, int, 0),
+        cores_file=_parse(env, jobenv.CORES_FILE, _path, None),
+        local_processes=_parse(env, "LOCAL_WORLD_SIZE", int, 1),
         world_size=world,
         rank=_parse(env, "RANK", int, 0),
         local_rank=_parse(env, "LOCAL_RANK", int, 0),

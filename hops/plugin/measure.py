@@ -159,8 +159,10 @@ class SamplePeriod:
     def add(self, record: IterationTimes) -> None:
         self.records.append(record)
 
-    def line(self, now: float, samples_done: float, at: float) -> Sampled | None:
-        """The period's ``Sampled`` line (None when it holds no iteration).
+    def line(self, now: float, samples_done: float, at: float,
+             cores: int = 0) -> Sampled | None:
+        """The period's ``Sampled`` line (None when it holds no iteration);
+        ``cores``: the cores the process ran on (its affinity at the end).
 
         Per-process throughput = batch_size · iterations / seconds over the
         period: with the per-GPU batch fixed (§2.2) it is the per-GPU rate.
@@ -177,6 +179,7 @@ class SamplePeriod:
             data_times=tuple(r.data_time for r in picked),
             wait_times=tuple(r.sync_wait for r in picked),
             comm_times=comm if len(comm) == len(picked) else (),
+            cores=cores,
         )
 
 

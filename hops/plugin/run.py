@@ -12,7 +12,7 @@ import logging
 import signal
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from hops.plugin import checkpoint
 from hops.plugin.config import Mode, Settings
+from hops.plugin.cores import CoresWatch, affinity_cores, set_threads
 from hops.plugin.data import DataClock, TimedLoader, make_loader
 from hops.plugin.dist import (
     Agreement,
@@ -119,7 +120,9 @@ class Run:
     def __init__(self, settings: Settings, *, handle_sigterm: bool = True) -> None:
         self.settings = settings
         if settings.threads:
-            _set_threads(settings.threads)
+            set_threads(settings.threads)
+        self._cores = CoresWatch(settings.cores_file, settings.cores, settings.local_processes,
+                                 settings.threads)
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{settings.local_rank}" if cuda else "cpu")
         self._reporter = Reporter(settings.report_file if settings.writes_reports else None)
@@ -165,6 +168,11 @@ class Run:
     @property
     def iterations(self) -> int:
         return self._iterations
+
+    @property
+    def cores(self) -> int:
+        """The CPU cores the job holds on this node now (0: none allocated)."""
+        return self._cores.count
 
     @property
     def samples_done(self) -> float:
@@ -289,6 +297,7 @@ class Run:
         now = time.perf_counter()
         record = step.times(now - boundary)
         self._iterations += 1
+        self._cores.poll()
         if self.mode == "profile":
             if self._iterations > self.settings.warmup_iters:
                 self._records.append(record)
@@ -311,7 +320,7 @@ class Run:
     def _report_period(self, now: float) -> None:
         period = self._period
         if period is not None:
-            sampled = period.line(now, self.samples_done, time.time())
+            sampled = period.line(now, self.samples_done, time.time(), affinity_cores())
             if sampled is not None:
                 self._report(sampled)
             self._period = SamplePeriod(started=now, batch_size=self.batch_size)
@@ -393,10 +402,3 @@ class Run:
         self.close()
 
 
-def _set_threads(threads: int) -> None:
-    """Intra-op threads per process (``HOPS_THREADS``), so processes pinned
-    to a core each do not oversubscribe it; inter-op too where torch still
-    allows it (only before its first parallel work)."""
-    torch.set_num_threads(threads)
-    with suppress(RuntimeError):
-        torch.set_num_interop_threads(threads)

@@ -45,7 +45,8 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from scheduling.cores.allocator import Climb, ClimbSettings, begin, observe, start_point
-from scheduling.cores.pool import best_fit, gpus_usable, youngest_first
+from scheduling.cores.cpu_side import CpuSide
+from scheduling.cores.pool import gpus_usable
 from scheduling.cores.rules import CoreRule
 from scheduling.cores.state import CoreState, decode, encode, history_key, remember
 from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
@@ -64,12 +65,14 @@ class CodaSettings(ClimbSettings, frozen=True, forbid_unknown_fields=True):
     (0: from history, the paper's rule; before any job settled, the CV
     start of the allocator); ``cpu_wait_bound_s`` (this project's choice)
     bounds a CPU job's wait as above; ``subarrays`` turns the GPU
-    sub-arrays off."""
+    sub-arrays off; ``eliminate`` the contention eliminator (§V-D; off
+    for §VI-E's ablation)."""
 
     large_job_gpus: int = 4
     reserve_per_gpu: float = 0.0
     cpu_wait_bound_s: float = 1800.0
     subarrays: bool = True
+    eliminate: bool = True
 
 
 class CoreLayer:
@@ -87,7 +90,7 @@ class CoreLayer:
         return r.run(inner)
 
 
-class _Round:
+class _Round(CpuSide):
     """One call of the layer: the books of cores per server, and the plan."""
 
     def __init__(self, layer: CoreLayer, snapshot: Snapshot, state: CoreState) -> None:
@@ -177,29 +180,17 @@ class _Round:
         stopped = self._reclaim() if self.first else []
         cpu_plan += self._place_cpu([j for j in order if j.id not in ahead])
         retuned = [] if self.first else self._retunes(per_gpu)
-        kept = [Assignment(j, c) for j, c in self.kept_cpu.items() if self.first]
+        current = {j.id: j.current for j in self.cpu}
+        kept = [Assignment(j, c) for j, c in self.kept_cpu.items()
+                if self.first or c != current.get(j)]  # later: the throttled
         assignments = (*gpu_assignments, *retuned, *kept, *cpu_plan)
         return self._finish(gpu_plan, assignments, stopped)
-
-    def _keep_cpu(self) -> None:
-        """Running CPU jobs keep their cores (a CPU job is only stopped to
-        give reserved cores back, :meth:`_reclaim`)."""
-        for j in self.cpu:
-            if j.phase == "running" and j.current is not None:
-                self.kept_cpu[j.id] = j.current
-                books = self.borrowed if j.id in self.borrowers else self.array_cores
-                for s in j.current.servers:
-                    books[s] += j.current.cores_on(s)
-        self.borrowers = {j: t for j, t in self.borrowers.items() if j in self.kept_cpu}
 
     def _keep_gpu(self) -> None:
         for j in self.gpu:
             if j.phase == "running" and j.current is not None:
                 for s in j.current.servers:
                     self.gpu_cores[s] += j.current.cores_on(s)
-
-    def _waiting_cpu(self) -> list[JobState]:
-        return [j for j in self.cpu if j.phase != "running"]
 
     def _per_gpu(self) -> dict[JobId, int]:
         """Each GPU job's cores per GPU this plan: the rule's, or under the
@@ -246,7 +237,9 @@ class _Round:
     def _plan_gpus(self, inner: Policy, per_gpu: Mapping[JobId, int]) -> Plan:
         """The inner policy's plan of the GPU jobs on the GPUs that have
         cores beside them (at the smallest per-GPU demand among them)."""
-        smallest = min((per_gpu[j.id] for j in self.gpu), default=1)
+        # Under the allocator a job takes down to one core per GPU (_fit).
+        smallest = 1 if self.layer.climb is not None else \
+            min((per_gpu[j.id] for j in self.gpu), default=1)
         free = self.snap.free_gpus()
         usable = gpus_usable(free, {s: self.gpu_room(s) for s in self.servers}, smallest)
         view = hold(self.snap, {s: free[s] - usable[s] for s in self.servers})
@@ -297,18 +290,21 @@ class _Round:
                    if j.id in large and j.phase == "running" and j.current is not None)
 
     def _attach(self, plan: Plan, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
-        """The plan's assignments with their cores; one whose servers cannot
-        give them is dropped, running jobs served first so that a job keeps
-        its GPUs where it can."""
-        running = {j.id for j in self.gpu if j.phase == "running"}
-        order = sorted(plan.assignments, key=lambda a: (a.job_id not in running,))
+        """The plan's assignments with their cores. Running jobs that keep
+        their GPUs go first, so that they keep their cores. Under the
+        allocator a job whose servers cannot give its value gets what they
+        can (at least one core per GPU; its climb settles there); otherwise,
+        or below one core per GPU, the assignment is dropped."""
+        held = {j.id: j.current.parts for j in self.gpu
+                if j.phase == "running" and j.current is not None}
+        order = sorted(plan.assignments, key=lambda a: held.get(a.job_id) != a.config.parts)
         out: list[Assignment] = []
         for a in order:
-            k = per_gpu.get(a.job_id, 1)
-            want = {s: k * g for s, g in a.config.parts}
-            if any(want[s] > self.gpu_room(s) for s in want):
+            k = self._fit(a, per_gpu.get(a.job_id, 1))
+            if k < 1:
                 self.notes.append(f"{a.job_id}: no cores")
                 continue
+            want = {s: k * g for s, g in a.config.parts}
             for s, c in want.items():
                 self.gpu_cores[s] += c
             extras = {s: Resources(cores=c) for s, c in want.items()}
@@ -317,6 +313,20 @@ class _Round:
                 # It starts now: its climb samples from its first period.
                 self.climbs[a.job_id] = begin(k, self._max_per_gpu(), self.layer.climb)
         return out
+
+    def _fit(self, a: Assignment, k: int) -> int:
+        """Cores per GPU ``a`` gets: ``k`` if its servers have them; under
+        the allocator the most they have (0: not even one per GPU)."""
+        room = min(self.gpu_room(s) // g for s, g in a.config.parts)
+        if room >= k:
+            return k
+        if self.layer.climb is None or room < 1:
+            return 0
+        climb = self.climbs.get(a.job_id)
+        if climb is not None and not climb.settled:
+            self.climbs[a.job_id] = msgspec.structs.replace(climb, phase="settled",
+                                                            current=room, best=room)
+        return room
 
     def _retunes(self, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
         """In a later plan: running GPU jobs whose climb moved get their new
@@ -347,55 +357,6 @@ class _Round:
                                                            current=climb.best)
 
     # ------------------------------------------------------------ CPU side
-
-    def _reclaim(self) -> list[JobId]:
-        """Stop the youngest borrowers on each server whose GPU jobs need the
-        reserved cores they hold (first plans only)."""
-        stopped: list[JobId] = []
-        if self.reserve is None:
-            return stopped
-        for s in self.servers:
-            over = self.gpu_cores[s] + self.borrowed[s] - self.reserve[s]
-            on = [j for j, c in self.kept_cpu.items() if j in self.borrowers and s in c.servers]
-            for job in youngest_first(self.borrowers, on):
-                if over <= 0:
-                    break
-                cores = self.kept_cpu.pop(job).cores_on(s)
-                self.borrowed[s] -= cores
-                over -= cores
-                del self.borrowers[job]
-                stopped.append(job)
-        self.head = [*stopped, *(j for j in self.head if j not in stopped)]
-        return stopped
-
-    def _place_cpu(self, jobs: Sequence[JobState]) -> list[Assignment]:
-        """Best-fit placement of waiting CPU jobs in order; requeued
-        borrowers first, and one past the wait bound before all and, while
-        it does not fit, blocking the CPU array."""
-        out: list[Assignment] = []
-        bound = self.layer.coda.cpu_wait_bound_s if self.layer.coda else math.inf
-        first = {j: i for i, j in enumerate(self.head)}
-        queue = sorted(jobs, key=lambda j: (j.wait_s < bound, first.get(j.id, len(first))))
-        for job in queue:
-            cores = job.spec.cores
-            rooms = {s: self.cpu_room(s) for s in self.servers}
-            where, borrowed = best_fit(rooms, cores, self.servers), 0
-            if where is None and self.reserve is not None:
-                spare = {s: rooms[s] + self.borrowable(s) for s in self.servers}
-                where = best_fit(spare, cores, self.servers)
-                borrowed = 0 if where is None else max(0, cores - rooms[where])
-            if where is None:
-                if job.wait_s >= bound:
-                    self.notes.append(f"CPU job {job.id} past the wait bound blocks the array")
-                    break
-                continue
-            self.array_cores[where] += cores - borrowed
-            self.borrowed[where] += borrowed
-            if borrowed:
-                self.borrowers[job.id] = self.snap.now
-            self.head = [j for j in self.head if j != job.id]
-            out.append(Assignment(job.id, Configuration.cpu(where, cores)))
-        return out
 
     # --------------------------------------------------------------- finish
 

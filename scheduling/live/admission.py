@@ -7,7 +7,8 @@ this module adds what the live system needs on top:
 
 - the job id must also be a valid KV key (``hops_jobs`` is keyed by it):
   letters, digits, ``-``, ``_`` and ``=``, at most :data:`MAX_ID_LENGTH`;
-- the requirement set must be usable: at most :data:`MAX_GPUS` GPUs;
+- the requirement set must be usable: at most :data:`MAX_GPUS` GPUs, and
+  at most :data:`MAX_CORES` CPU cores;
 - ``submit_time`` is the time the scheduler accepted the job (a client's
   value is overwritten), because the queue orders ties by it (§3.6).
 
@@ -24,6 +25,13 @@ Kueue refuses a workload no flavor can ever hold:
 - a model no node can run is ``invalid`` when every node names the models it
   can run (emulated executors do; real ones run any command).
 
+- a CPU job (CODA, ``kind: cpu``) asking more cores than the largest
+  registered server has is ``unschedulable``, naming that server; a GPU
+  job's ``cores`` is a request the core policies may trim, never refused;
+- a CPU job under a policy that does not schedule cores
+  (:func:`scheduling.registry.schedules_cores`) is ``unschedulable``
+  (:func:`policy_refusal`): nothing would ever place it.
+
 With no node registered yet (a cluster starting) nothing can be judged and
 the job is admitted; the leader holds it as unschedulable until it fits.
 """
@@ -31,17 +39,21 @@ the job is admitted; the leader holds it as unschedulable until it fits.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from shared.ids import GpuType, JobId
+from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord
 from shared.wire import INVALID, UNSCHEDULABLE
 
 MAX_ID_LENGTH = 128
 MAX_GPUS = 4096
+MAX_CORES = 1 << 20
+# The registry's policies that schedule CPU cores (scheduling/cores), named in
+# the refusal of a CPU job under any other.
+CORE_POLICIES = "coda, fifo, drf or fixed-cores"
 NOT_FOUND = "not_found"
 CONFLICT = "conflict"
 _ID = re.compile(r"[A-Za-z0-9_=-]+")
@@ -79,6 +91,10 @@ def spec_problem(spec: JobSpec) -> tuple[str, str] | None:
         )
     if not spec.model.strip():
         return "model", "model must not be empty"
+    if spec.cores > MAX_CORES:
+        return "cores", f"the job asks for {spec.cores} CPU cores; at most {MAX_CORES} are allowed"
+    if spec.kind == "cpu":
+        return None  # no GPUs (the spec itself refuses requirements on a CPU job)
     top = spec.max_gpus if spec.max_gpus is not None else max(spec.requirements)
     if top > MAX_GPUS:
         field = "max_gpus" if spec.max_gpus is not None else "requirements"
@@ -117,8 +133,9 @@ def type_capacity(nodes: Iterable[NodeRecord]) -> dict[GpuType, int]:
 
 def unfit(spec: JobSpec, capacity: dict[GpuType, int], r_num: int) -> str | None:
     """Why no requirement of ``spec`` fits ``capacity`` (GPUs per type), or
-    ``None`` when one does (or nothing is known of the cluster yet)."""
-    if not capacity:
+    ``None`` when one does (or nothing is known of the cluster yet, or it
+    asks for no GPUs: a CPU job, :func:`cores_unfit`)."""
+    if not capacity or spec.kind == "cpu":
         return None
     smallest = spec.requirement_set(r_num)[0]
     most = max(capacity.values())
@@ -131,13 +148,54 @@ def unfit(spec: JobSpec, capacity: dict[GpuType, int], r_num: int) -> str | None
     )
 
 
+def largest_cores(nodes: Iterable[NodeRecord]) -> tuple[ServerId, int] | None:
+    """The server with the most CPU cores and how many (the first by id on
+    a tie); ``None`` without nodes."""
+    ranked = sorted((-n.server.cores, n.server.id) for n in nodes)
+    return (ranked[0][1], -ranked[0][0]) if ranked else None
+
+
+def cores_unfit(spec: JobSpec, nodes: Iterable[NodeRecord]) -> str | None:
+    """Why no server of ``nodes`` could ever hold the CPU job ``spec`` (its
+    cores live on one server), or ``None`` when one could, it is a GPU job,
+    or nothing is known of the cluster yet."""
+    if spec.kind != "cpu":
+        return None
+    largest = largest_cores(nodes)
+    if largest is None or spec.cores <= largest[1]:
+        return None
+    sid, most = largest
+    if most == 0:
+        return f"the job asks for {spec.cores} CPU cores, but no server declares any CPU cores"
+    return (f"the job asks for {spec.cores} CPU cores, but the largest server, {sid}, "
+            f"has {most}")
+
+
+def policy_refusal(spec: JobSpec, schedules_cores: bool, policy: str) -> Refusal | None:
+    """A CPU job under a policy that does not schedule CPU cores: nothing
+    would ever place it, so it is refused rather than left waiting."""
+    if spec.kind != "cpu" or schedules_cores:
+        return None
+    return Refusal(UNSCHEDULABLE, f"job {spec.id} is a CPU job, but policy {policy} does not "
+                                  f"schedule CPU cores; run {CORE_POLICIES}")
+
+
+def hold_problem(spec: JobSpec, alive: Sequence[NodeRecord], r_num: int,
+                 schedules_cores: bool) -> str | None:
+    """Why a waiting job cannot be planned on the ``alive`` nodes now (the
+    leader holds it, :func:`scheduling.live.state.hold`), or ``None``."""
+    if spec.kind == "cpu" and not schedules_cores:
+        return f"it is a CPU job and the policy does not schedule CPU cores; run {CORE_POLICIES}"
+    return unfit(spec, type_capacity(alive), r_num) or cores_unfit(spec, alive)
+
+
 def fit_refusal(spec: JobSpec, nodes: Iterable[NodeRecord], r_num: int) -> Refusal | None:
     """Whether the registered ``nodes`` could ever run ``spec`` (see the module docstring)."""
     nodes = list(nodes)
-    problem = unfit(spec, type_capacity(nodes), r_num)
+    problem = unfit(spec, type_capacity(nodes), r_num) or cores_unfit(spec, nodes)
     if problem is not None:
         return Refusal(UNSCHEDULABLE, f"job {spec.id} can never run here: {problem}")
-    if nodes and all(n.models for n in nodes):
+    if spec.kind == "gpu" and nodes and all(n.models for n in nodes):
         known = sorted({m for n in nodes for m in n.models})
         if spec.model not in known:
             return Refusal(

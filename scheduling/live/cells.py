@@ -169,7 +169,7 @@ def cells_refusal(cells: Cells, spec: JobSpec, r_num: int,
     if tenant not in model.low_priority:
         return Refusal(UNSCHEDULABLE, f"job {spec.id}: tenant {tenant} has no virtual cluster "
                        "in the tenants file's cells")
-    if rule.beyond:
+    if rule.beyond or spec.kind == "cpu":  # the cells hold GPUs; a CPU job asks for none
         return None
     off = ("the policy does not borrow" if rule.quota
            else "the policy has opportunistic jobs off")

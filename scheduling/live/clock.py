@@ -6,6 +6,10 @@ job is replanned), a *fill plan* later in the round when GPUs were released
 or a job became plannable (``replan_delay_s`` after the first such event, so
 a burst of events shares one plan), and the periodic refresh of the queue's
 priorities (every ``refresh_s`` seconds; the paper refreshes every 30 s).
+A plan that asks to be followed by another (``Plan.wake_after_s``: CODA's
+allocator measures a core change, then decides the next) gets a fill plan
+that many seconds later (:meth:`RoundClock.wake_in`), never a round's first
+plan: the running jobs are not replanned for it.
 
 :class:`Inflight` remembers what a plan asked for until the placer's work
 shows up in ``hops_alloc`` or in the job records, so that the next plan
@@ -28,6 +32,9 @@ from shared.records import Placement
 from shared.snapshot import Plan
 
 Due = Literal["first", "fill", "refresh"]
+# The shortest wake-up honoured: a layer asking for less cannot make the
+# leader plan in a tight loop.
+MIN_WAKE_S = 0.1
 
 
 class RoundClock:
@@ -44,6 +51,7 @@ class RoundClock:
         self.round = round_no
         self.next_round = now  # a new leader plans at once
         self.requested: float | None = None  # the first replan request not yet served
+        self.wake_at: float | None = None  # when the last plan asked for a next one
         self.next_refresh = now + refresh_s
 
     @property
@@ -55,11 +63,19 @@ class RoundClock:
         if self.requested is None:
             self.requested = now
 
+    def wake_in(self, now: float, after_s: float) -> None:
+        """The plan made at ``now`` asks for another within ``after_s``
+        seconds (0: no need). It replaces any earlier request: the policy's
+        latest plan knows what it still needs."""
+        self.wake_at = now + max(after_s, MIN_WAKE_S) if after_s > 0 else None
+
     def due(self, now: float) -> Due | None:
         if now >= self.next_round:
             return "first"
         replan_at = self.replan_at
         if replan_at is not None and now >= replan_at:
+            return "fill"
+        if self.wake_at is not None and now >= self.wake_at:
             return "fill"
         if now >= self.next_refresh:
             return "refresh"
@@ -73,14 +89,14 @@ class RoundClock:
             self.next_round = started + self.round_s
         if what != "refresh" and self.requested is not None and self.requested <= started:
             self.requested = None
+        if what != "refresh" and self.wake_at is not None and self.wake_at <= started:
+            self.wake_at = None  # served (or the plan failed: the next round replans)
         self.next_refresh = started + self.refresh_s
 
     def sleep_s(self, now: float) -> float:
         """Seconds until something is due."""
         times = [self.next_round, self.next_refresh]
-        replan_at = self.replan_at
-        if replan_at is not None:
-            times.append(replan_at)
+        times += [t for t in (self.replan_at, self.wake_at) if t is not None]
         return max(0.0, min(times) - now)
 
 

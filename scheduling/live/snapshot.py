@@ -7,14 +7,18 @@ The leader builds a snapshot the way the simulator does
 - the cluster is the *alive* nodes of ``hops_nodes``, ordered by
   ``(order, id)`` (adjacency follows that order, §3.4);
 - every job that is not final becomes a :class:`JobState`, but a queued
-  job that fits no GPU type of the alive nodes (it is held, reason
-  ``unschedulable``, and waits for capacity to return): ``submitted`` and
+  job that fits no GPU type of the alive nodes, a CPU job whose cores no
+  alive server has, or a CPU job under a policy that does not schedule
+  cores (it is held, reason ``unschedulable``, and waits for capacity to
+  return, :func:`scheduling.live.admission.hold_problem`): ``submitted`` and
   ``profiling`` jobs are ``profiling`` with the alive GPU types they still
   need (types profiled, being profiled or given up are left out, see
   :class:`scheduling.live.clock.Inflight`), and so is a job
   whose profiling run still holds its GPU in ``hops_alloc``; a ``running``
   job on alive servers is ``running`` with its placement from ``hops_alloc``
-  (or its record); any other job is ``queued``;
+  (or its record) and the throughput it made since that configuration took
+  effect (:mod:`scheduling.live.samples`); any other job is ``queued``. A
+  CPU job is never ``profiling``: it has no GPU type to be profiled on;
 - a job whose start a plan issued but the placer has not booked yet is
   ``running`` there, as a simulated job is from the plan that starts it:
   otherwise a first plan made while the placer is still starting it would
@@ -32,6 +36,10 @@ The leader builds a snapshot the way the simulator does
 A running job without an estimate (the estimator lost its data or did not
 answer) cannot be planned; rather than letting the first plan stop it, its
 GPUs are held and the published plan keeps it where it is (``sticky``).
+CPU jobs have no estimates (nothing to estimate on a GPU type): they are
+planned without one, but under a policy that does not schedule cores,
+where a running one is kept where it is (a leader restarted under another
+policy does not stop CPU work it cannot plan).
 """
 
 from __future__ import annotations
@@ -44,8 +52,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from scheduling.live.admission import type_capacity, unfit
+from scheduling.live.admission import hold_problem
 from scheduling.live.clock import Inflight
+from scheduling.live.samples import Throughputs
 from scheduling.live.state import PROFILING_PHASES, Facts, LiveJobRecord
 from scheduling.policies.hops.window import order_queue
 from scheduling.profiling import busy_types
@@ -94,6 +103,8 @@ def profiling_step(
     no longer ``busy``), and the types its profiles must cover for it to be
     queued (``need`` less the busy ones it lacks, once profiled on some type
     with no profiling run in flight); see :mod:`.profiling`."""
+    if rec.spec.kind == "cpu":
+        return frozenset(), frozenset()  # nothing to profile: queued from submission
     lacking = need - set(rec.profiled)
     step = core_step(rec.phase == "queued", set(rec.profiled) & need, lacking, busy, profiling,
                      starting)
@@ -135,8 +146,12 @@ def node_update(nodes: dict[str, NodeRecord], key: str, value: bytes | None) -> 
 
 
 def estimate_targets(records: Mapping[JobId, LiveJobRecord]) -> list[JobSpec]:
-    """Jobs the planner needs estimates for: waiting or running ones."""
-    return [r.spec for r in records.values() if r.phase in ("queued", "running")]
+    """Jobs the planner needs estimates for: waiting or running GPU jobs (a
+    CPU job runs on no GPU type, which is all the estimators estimate)."""
+    return [
+        r.spec for r in records.values()
+        if r.phase in ("queued", "running") and r.spec.kind == "gpu"
+    ]
 
 
 def estimate_requests(
@@ -163,6 +178,19 @@ class _Job(NamedTuple):
     sticky: bool
 
 
+class _Context(NamedTuple):
+    """What every job's state is built from, besides its record and placement."""
+
+    now: float
+    cluster: Cluster
+    estimates: Mapping[JobId, JobEstimate]
+    progress: Mapping[JobId, float]
+    inflight: Inflight
+    first: bool
+    throughputs: Throughputs
+    schedules_cores: bool
+
+
 def build_snapshot(
     now: float,
     records: Mapping[JobId, LiveJobRecord],
@@ -174,21 +202,28 @@ def build_snapshot(
     first_plan: bool,
     r_num: int = R_NUM,
     layer_state: Mapping[str, bytes] | None = None,
+    *,
+    throughputs: Throughputs | None = None,
+    schedules_cores: bool = True,
 ) -> Built:
     """See the module docstring; ``layer_state`` is each stateful layer's
-    state after the last published plan (``Snapshot.layer_state``)."""
+    state after the last published plan (``Snapshot.layer_state``),
+    ``throughputs`` the running jobs' heartbeats, and ``schedules_cores``
+    whether the policy plans CPU jobs."""
+    nodes = list(nodes)
     cluster = cluster_of(nodes)
-    capacity = type_capacity(n for n in nodes if n.alive)
+    alive = [n for n in nodes if n.alive]
+    ctx = _Context(now, cluster, estimates, progress, inflight, first_plan,
+                   throughputs or Throughputs(), schedules_cores)
     held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
     extras: dict[ServerId, Resources] = {}
     jobs: list[JobState] = []
     sticky: dict[JobId, Configuration] = {}
     for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id)):
-        if rec.final or (rec.phase == "queued" and unfit(rec.spec, capacity, r_num)):
-            continue  # held: it fits no alive GPU type (state.hold)
-        job = _job(
-            now, rec, cluster, allocs.get(rec.job_id), estimates, progress, inflight, first_plan
-        )
+        if rec.final or (rec.phase == "queued"
+                         and hold_problem(rec.spec, alive, r_num, schedules_cores)):
+            continue  # held: it fits no alive server, or the policy (state.hold)
+        job = _job(ctx, rec, allocs.get(rec.job_id))
         if job.state is not None:
             jobs.append(job.state)
         if job.sticky and job.occupied is not None:
@@ -237,54 +272,56 @@ def _profiling_held(
     return {s.id: min(s.gpus, out[s.id]) for s in cluster.servers if out.get(s.id, 0) > 0}
 
 
-def _job(
-    now: float,
-    rec: LiveJobRecord,
-    cluster: Cluster,
-    alloc: Placement | None,
-    estimates: Mapping[JobId, JobEstimate],
-    progress: Mapping[JobId, float],
-    inflight: Inflight,
-    first: bool,
-) -> _Job:
+def _profiling_job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None,
+                   done: float) -> _Job:
+    """A job being profiled, or whose last profiling run still holds its GPU
+    (it waits for that run to end)."""
+    busy = ctx.inflight.profiling_types(rec.job_id) | ctx.inflight.given_up(rec.job_id)
+    if alloc is not None and alloc.mode == "profile":
+        by_id = ctx.cluster.by_id
+        busy |= {by_id[s].gpu_type for s in alloc.configuration.servers if s in by_id}
+    need = tuple(
+        t.name for t in ctx.cluster.gpu_types if t.name not in rec.profiled and t.name not in busy
+    )
+    need = need if rec.phase in PROFILING_PHASES else ()
+    state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
+    return _Job(state, alloc.configuration if alloc is not None else None, False, False)
+
+
+def _job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None) -> _Job:
     run_alloc = alloc.configuration if alloc is not None and alloc.mode == "run" else None
     booked = alloc.configuration if alloc is not None else None
-    done = max(rec.samples_done, progress.get(rec.job_id, 0.0))
+    done = max(rec.samples_done, ctx.progress.get(rec.job_id, 0.0))
+    cpu = rec.spec.kind == "cpu"
     profiling_run = alloc is not None and alloc.mode == "profile"
-    if rec.phase in PROFILING_PHASES or profiling_run:
-        # A job whose last profiling run still holds its GPU waits for it to end.
-        busy = inflight.profiling_types(rec.job_id) | inflight.given_up(rec.job_id)
-        if alloc is not None and profiling_run:
-            busy |= {
-                cluster.by_id[s].gpu_type for s in alloc.configuration.servers if s in cluster.by_id
-            }
-        need = tuple(
-            t.name for t in cluster.gpu_types if t.name not in rec.profiled and t.name not in busy
-        )
-        need = need if rec.phase in PROFILING_PHASES else ()
-        state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
-        return _Job(state, booked, False, False)
+    if not cpu and (rec.phase in PROFILING_PHASES or profiling_run):
+        return _profiling_job(ctx, rec, alloc, done)
     current = (run_alloc or rec.configuration) if rec.phase == "running" else None
-    starting = current is None and rec.job_id in inflight.starts
+    starting = current is None and rec.job_id in ctx.inflight.starts
     if starting:  # started by a plan, not booked yet: it runs there, as in the simulator
-        current = inflight.starts[rec.job_id][0]
-    on_alive = current is not None and all(s in cluster.by_id for s in current.servers)
+        current = ctx.inflight.starts[rec.job_id][0]
+    on_alive = current is not None and all(s in ctx.cluster.by_id for s in current.servers)
     running = (rec.phase == "running" or starting) and on_alive
     base = JobState(
         spec=rec.spec,
         phase="queued",
-        wait_s=rec.wait_s + (max(0.0, now - rec.since) if rec.phase == "queued" else 0.0),
-        attained_gpu_s=rec.attained_gpu_s + _running_gpu_s(rec, now),
+        wait_s=rec.wait_s + (max(0.0, ctx.now - rec.since) if rec.phase == "queued" else 0.0),
+        attained_gpu_s=rec.attained_gpu_s + _running_gpu_s(rec, ctx.now),
         done_samples=done,
         attained_by_type=dict(rec.run_s_by_type),
         restarts=rec.restarts,
     )
     occupied = booked or current
-    if first and running and rec.job_id not in estimates:
+    if cpu and not ctx.schedules_cores:  # never shown to a policy that plans GPUs only
+        return _Job(None, occupied, False, ctx.first and running)
+    if ctx.first and running and not cpu and rec.job_id not in ctx.estimates:
         return _Job(None, occupied, False, True)
     if on_alive:
         state = msgspec.structs.replace(base, phase="running", current=current)
-        return _Job(state, occupied, first and running, False)
+        if rec.phase == "running":  # a start in flight has measured nothing yet
+            rate, since = ctx.throughputs.measured(rec.job_id, rec.since)
+            state = msgspec.structs.replace(state, throughput=rate, throughput_since=since)
+        return _Job(state, occupied, ctx.first and running, False)
     return _Job(base, booked, False, False)
 
 

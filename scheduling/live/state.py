@@ -18,7 +18,9 @@ top (readers that decode a plain ``JobRecord`` ignore the extra fields):
 Phases: ``submitted`` → ``profiling`` (a plan carries profiling tasks for it,
 §3.2) → ``queued`` (``job_profiled`` covers every GPU type of the alive
 nodes) → ``running`` (``job_started``) → ``queued`` (``job_stopped``) ... →
-``finished`` / ``failed`` / ``cancelled``, which are final. ``samples_done``
+``finished`` / ``failed`` / ``cancelled``, which are final. A CPU job
+(``kind: cpu``) has no GPU type to be profiled on: it is ``queued`` from its
+submission (:func:`new_record`) and never goes to profiling. ``samples_done``
 is the largest progress heard of: ``job_heartbeat`` (kept by the shell and
 passed in as :attr:`Facts.progress`), the ``samples_done`` of ``job_stopped``
 and ``job_resized`` (where the placer knows it) and ``total_samples`` on
@@ -79,7 +81,12 @@ def decode_record(data: bytes) -> LiveJobRecord:
 
 
 def new_record(spec: JobSpec, at: float, seq: int = 0) -> LiveJobRecord:
-    return LiveJobRecord(spec=spec, submitted_at=at, since=at, last_seq=seq)
+    """A new job's record: ``submitted`` (to be profiled), or ``queued`` for a
+    CPU job, whose wait starts at once (the lifecycle queues a submitted job)."""
+    rec = LiveJobRecord(spec=spec, submitted_at=at, since=at, last_seq=seq)
+    if spec.kind == "cpu":
+        return _decide(rec, lc.Queue(job_id=rec.job_id, at=at)) or rec
+    return rec
 
 
 class Facts(NamedTuple):
@@ -127,11 +134,11 @@ def close_phase(rec: LiveJobRecord, at: float, facts: Facts) -> LiveJobRecord:
         return msgspec.structs.replace(rec, since=max(at, rec.since))
     by_type = dict(rec.attained_by_type)
     run_s = dict(rec.run_s_by_type)
-    for sid, gpus in rec.configuration.parts:
+    for sid, gpus in (p for p in rec.configuration.parts if p[1]):
         gpu_type = facts.server_types.get(sid, GpuType("unknown"))
         by_type[gpu_type] = by_type.get(gpu_type, 0.0) + held * gpus
-    for gpu_type in {
-        facts.server_types.get(s, GpuType("unknown")) for s in rec.configuration.servers
+    for gpu_type in {  # a CPU job's parts (0 GPUs) ran on no GPU type
+        facts.server_types.get(s, GpuType("unknown")) for s, g in rec.configuration.parts if g
     }:
         run_s[gpu_type] = run_s.get(gpu_type, 0.0) + held
     return msgspec.structs.replace(
@@ -183,7 +190,8 @@ def _with_life(rec: LiveJobRecord, life: lc.Life) -> LiveJobRecord:
     )
 
 
-def _decide(rec: LiveJobRecord, decision: lc.Profile | lc.Queue) -> LiveJobRecord | None:
+def _decide(rec: LiveJobRecord, decision: lc.Profile | lc.Queue | lc.Retune
+            ) -> LiveJobRecord | None:
     """``rec`` after one of the leader's decisions; ``None`` when refused."""
     life = lc.step(life_of(rec), decision)
     return _with_life(rec, life) if isinstance(life, lc.Life) else None
@@ -256,6 +264,19 @@ def hold(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
     if reason == rec.reason or (not reason and not rec.reason.startswith(UNSCHEDULABLE)):
         return None
     return msgspec.structs.replace(rec, reason=reason)
+
+
+def retune(rec: LiveJobRecord, config: Configuration | None) -> LiveJobRecord | None:
+    """A running job whose placement (``hops_alloc``, ``config``) the placer
+    changed in place, the same GPUs with other cores (``set_cores``, no job
+    event): its record follows, so that clients see the cores it holds.
+    ``None`` when nothing changes, or the placement is not such a change."""
+    current = rec.configuration
+    if config is None or rec.phase != "running" or current is None or current == config:
+        return None
+    if current.parts != config.parts:
+        return None  # a move: job_resized says so
+    return _decide(rec, lc.Retune(job_id=rec.job_id, configuration=config))
 
 
 def with_progress(rec: LiveJobRecord, progress: float) -> LiveJobRecord | None:

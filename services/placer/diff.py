@@ -6,6 +6,10 @@ start gets (§3.1, step 9: "the placer executes the resource allocation").
 * a job assigned the configuration it holds keeps running untouched;
 * a job assigned another configuration is stopped and started again on the
   new one (a resize: restart from its checkpoint);
+* a running job assigned the same GPU parts and memory but other CPU cores
+  (CODA's core tuning, or its contention eliminator halving a CPU job) is
+  *retuned*: it keeps running on its GPUs and only its cores change, with a
+  ``set_cores`` to each server where they do (:class:`Retune`);
 * on a round's first plan, every other running job is stopped; a plan later
   in the round only adds (§3.6), so it stops nothing else;
 * a profiling task (§3.2) starts a profiling run of the job on one server;
@@ -26,14 +30,21 @@ the other resources (CPU cores, memory: ``Configuration.extras``); those are
 booked on a :class:`shared.resources.Ledger` that already holds what the
 placements left hold, so that no server is over-allocated in any resource,
 and a start that does not fit is refused naming the server and the
-resource. :func:`diff` is both steps for a plan whose stops all succeed.
+resource. A retune books the difference: its job's placement is booked on
+that ledger already, and is booked again with the new demands (a growth
+that does not fit is a problem, and the job keeps what it holds); retunes
+are booked before the starts, so the cores a retune gives back are free to
+them (:func:`book_all`). :func:`diff` is both steps for a plan whose stops
+all succeed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
@@ -71,6 +82,28 @@ class Want:
 
 
 @dataclass(frozen=True)
+class Retune:
+    """Change the extras of ``placement``'s running job in place, to those
+    of ``configuration`` (the same GPU parts)."""
+
+    job_id: JobId
+    placement: Placement
+    configuration: Configuration
+
+    @property
+    def servers(self) -> tuple[ServerId, ...]:
+        """The servers where the job's holding changes."""
+        old = self.placement.configuration
+        return tuple(s for s in self.configuration.servers
+                     if old.demand_on(s) != self.configuration.demand_on(s))
+
+    @property
+    def retuned(self) -> Placement:
+        """The placement once every server acknowledged."""
+        return msgspec.structs.replace(self.placement, configuration=self.configuration)
+
+
+@dataclass(frozen=True)
 class Launch:
     """One ``start_job`` command: its server, the configuration it carries
     (the whole placement for a run, the server alone for a profiling run)
@@ -103,15 +136,18 @@ class Changes:
     stops: tuple[Stop, ...] = ()
     wants: tuple[Want, ...] = ()
     problems: tuple[Problem, ...] = ()
+    retunes: tuple[Retune, ...] = ()
 
 
 @dataclass(frozen=True)
 class Commands:
-    """A plan's commands in the order they run: every stop before any start."""
+    """A plan's commands in the order they run: every stop, then every
+    retune, then the starts."""
 
     stops: tuple[Stop, ...] = ()
     starts: tuple[Start, ...] = ()
     problems: tuple[Problem, ...] = ()
+    retunes: tuple[Retune, ...] = ()
 
 
 def _refuse(job: JobId, jobs: Mapping[JobId, JobRecord]) -> Problem | None:
@@ -123,16 +159,23 @@ def _refuse(job: JobId, jobs: Mapping[JobId, JobRecord]) -> Problem | None:
     return None
 
 
+@dataclass
+class _Assigned:
+    """What the assignments of a plan change, as :func:`_assignments` finds it."""
+
+    stops: list[Stop] = field(default_factory=list)
+    wants: list[Want] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    retunes: list[Retune] = field(default_factory=list)
+    kept: set[JobId] = field(default_factory=set)  # unchanged, resized, retuned, profiling
+    seen: set[JobId] = field(default_factory=set)  # assigned
+
+
 def _assignments(current: Mapping[JobId, Placement], plan: Plan,
-                 jobs: Mapping[JobId, JobRecord]
-                 ) -> tuple[list[Stop], list[Want], list[Problem], set[JobId], set[JobId]]:
-    """Stops, wants and problems of the assignments; the jobs that keep
-    their placement (unchanged, resized or still profiling); the jobs assigned."""
-    stops: list[Stop] = []
-    wants: list[Want] = []
-    problems: list[Problem] = []
-    seen: set[JobId] = set()
-    kept: set[JobId] = set()
+                 jobs: Mapping[JobId, JobRecord]) -> _Assigned:
+    """Stops, wants, retunes and problems of the assignments."""
+    out = _Assigned()
+    stops, wants, problems, seen, kept = out.stops, out.wants, out.problems, out.seen, out.kept
     for a in plan.assignments:
         job = a.job_id
         if job in seen:
@@ -150,11 +193,20 @@ def _assignments(current: Mapping[JobId, Placement], plan: Plan,
             problems.append(Problem(job, CONFLICT, f"job {job} is still profiling"))
         elif cur.configuration == a.config:
             kept.add(job)
+        elif _cores_only(cur.configuration, a.config):
+            kept.add(job)
+            out.retunes.append(Retune(job, cur, a.config))
         else:
             kept.add(job)
             stops.append(Stop(job, cur, resize=True, reason=RESIZE))
             wants.append(Want(job, a.config, "run", resize=True))
-    return stops, wants, problems, kept, seen
+    return out
+
+
+def _cores_only(old: Configuration, new: Configuration) -> bool:
+    """Whether ``new`` differs from ``old`` in CPU cores alone."""
+    return old.parts == new.parts and all(
+        old.demand_on(s).memory_mb == new.demand_on(s).memory_mb for s in new.servers)
 
 
 def _profiling(current: Mapping[JobId, Placement], plan: Plan, jobs: Mapping[JobId, JobRecord],
@@ -181,14 +233,14 @@ def _profiling(current: Mapping[JobId, Placement], plan: Plan, jobs: Mapping[Job
 def changes(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
             jobs: Mapping[JobId, JobRecord]) -> Changes:
     """What ``plan`` changes in ``current`` (see the module docstring)."""
-    stops, wants, problems, kept, assigned = _assignments(current, plan, jobs)
+    a = _assignments(current, plan, jobs)
     if first_plan:
         for job, p in sorted(current.items()):
-            if p.mode == "run" and job not in kept:
-                stops.append(Stop(job, p, resize=False, reason=NOT_IN_PLAN))
-    profile_wants, profile_problems = _profiling(current, plan, jobs, assigned)
-    problems += profile_problems
-    return Changes(tuple(stops), tuple(profile_wants + wants), tuple(problems))
+            if p.mode == "run" and job not in a.kept:
+                a.stops.append(Stop(job, p, resize=False, reason=NOT_IN_PLAN))
+    profile_wants, profile_problems = _profiling(current, plan, jobs, a.seen)
+    return Changes(tuple(a.stops), tuple(profile_wants + a.wants),
+                   tuple(a.problems + profile_problems), tuple(a.retunes))
 
 
 def free_indices(placements: Iterable[Placement], capacity: Mapping[ServerId, int]
@@ -245,8 +297,44 @@ def book(wants: Iterable[Want], placements: Mapping[JobId, Placement],
     """GPU indices for ``wants`` given the ``placements`` that stay, and the
     other resources they demand (see the module docstring); ``capacity``
     holds what each alive server has."""
-    free = free_indices(placements.values(), {s: c.gpus for s, c in capacity.items()})
+    booked = book_all(wants, (), placements, capacity, prefix, at)
+    return booked.starts, booked.problems
+
+
+def book_all(wants: Iterable[Want], retunes: Iterable[Retune],
+             placements: Mapping[JobId, Placement], capacity: Mapping[ServerId, Resources],
+             prefix: str, at: float = 0.0) -> Commands:
+    """:func:`book` with ``retunes`` booked first (see the module docstring):
+    the starts and retunes that fit, and the problems (no stops)."""
     ledger = held_ledger(placements, capacity)
+    fitted, problems = _book_retunes(retunes, ledger, capacity)
+    starts, start_problems = _book_starts(wants, placements, capacity, ledger, prefix, at)
+    return Commands(starts=starts, problems=problems + start_problems, retunes=fitted)
+
+
+def _book_retunes(retunes: Iterable[Retune], ledger: Ledger,
+                  capacity: Mapping[ServerId, Resources]
+                  ) -> tuple[tuple[Retune, ...], tuple[Problem, ...]]:
+    fitted: list[Retune] = []
+    problems: list[Problem] = []
+    for r in retunes:
+        job, demands = r.job_id, r.configuration.demands()
+        missing = [s for s in demands if s not in capacity]
+        why = (f"server {missing[0]} is not registered or not alive" if missing
+               else ledger.refusal(demands, f"held:{job}"))
+        if why is not None:
+            problems.append(Problem(job, UNKNOWN_SERVER if missing else CONFLICT,
+                                    f"job {job}: cannot change its cores: {why}"))
+            continue
+        ledger.book(f"held:{job}", demands)
+        fitted.append(r)
+    return tuple(fitted), tuple(problems)
+
+
+def _book_starts(wants: Iterable[Want], placements: Mapping[JobId, Placement],
+                 capacity: Mapping[ServerId, Resources], ledger: Ledger, prefix: str,
+                 at: float) -> tuple[tuple[Start, ...], tuple[Problem, ...]]:
+    free = free_indices(placements.values(), {s: c.gpus for s, c in capacity.items()})
     ordered = sorted(wants, key=lambda w: w.mode != "profile")  # stable: plan order kept
     starts: list[Start] = []
     problems: list[Problem] = []
@@ -309,5 +397,5 @@ def diff(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
     ch = changes(current, plan, first_plan, jobs)
     stopped = {s.job_id for s in ch.stops}
     left = {j: p for j, p in current.items() if j not in stopped}
-    starts, problems = book(ch.wants, left, capacity, prefix, at)
-    return Commands(ch.stops, starts, ch.problems + problems)
+    booked = book_all(ch.wants, ch.retunes, left, capacity, prefix, at)
+    return Commands(ch.stops, booked.starts, ch.problems + booked.problems, booked.retunes)

@@ -18,7 +18,14 @@ plan:
    CPU cores and memory their configurations demand against the servers'
    registered capacity (:func:`services.placer.diff.book`): a stop that
    failed keeps its GPUs, cores and memory;
-5. sends the ``start_job`` commands of each job, and once every server
+5. sends ``set_cores`` for each retune (a running job whose GPUs stay and
+   whose CPU cores change, :class:`services.placer.diff.Retune`; booked
+   before the starts, so the cores a shrink frees are theirs) to every
+   server where its cores change, and once all acknowledged updates its
+   ``hops_alloc`` entry (no job event: the job did not restart). A refusal
+   anywhere puts the others back to their old cores and is an
+   ``error_record`` (``retune_failed``);
+6. sends the ``start_job`` commands of each job, and once every server
    acknowledged writes its ``hops_alloc`` entry and publishes
    ``job_started`` (``job_resized`` for a job that moved). A job whose start
    fails on some server is stopped again where it started.
@@ -51,9 +58,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.placer.diff import (
     Problem,
+    Retune,
     Start,
     Stop,
-    book,
+    book_all,
     changes,
     command_key,
     plan_prefix,
@@ -71,6 +79,7 @@ from shared.events import (
     JobStopped,
     PlanEvent,
     PlanIssued,
+    SetCores,
     StartJob,
     StopJob,
     WireError,
@@ -167,15 +176,19 @@ class Placer:
                    if r.ok and s.resize}
         left = {j: p for j, p in placements.items() if j not in stopped}
         wants = [w for w in ch.wants if not w.resize or w.job_id in stopped]
-        starts, problems = book(wants, left, capacity, prefix, at=self.clock())
+        booked = book_all(wants, ch.retunes, left, capacity, prefix, at=self.clock())
+        starts, problems = booked.starts, booked.problems
         await self._problems(problems)
+        await asyncio.gather(*(self._retune(r, prefix, current[r.job_id][1])
+                               for r in booked.retunes))
         started = await asyncio.gather(*(self._start(s, jobs[s.job_id], prefix,
                                                      resumed.get(s.job_id)) for s in starts))
         moved = {s.job_id for s, ok in zip(starts, started, strict=True) if ok and s.resize}
         for job in sorted(set(resumed) - moved):  # stopped to move, but could not start
             await self._publish_stopped(job, "resize failed", resumed[job], prefix)
         self.gate.applied(delivery.stream_seq)
-        log.info("plan applied", stops=len(ch.stops), starts=len(starts),
+        log.info("plan applied", stops=len(ch.stops), retunes=len(booked.retunes),
+                 starts=len(starts),
                  started=sum(started), problems=len(ch.problems) + len(problems))
 
     async def _records(self, ids: Iterable[JobId]) -> dict[JobId, JobRecord]:
@@ -261,6 +274,35 @@ class Placer:
                       gpu_indices={s: list(i) for s, i in start.placement.gpu_indices.items()})
         return True
 
+    async def _retune(self, retune: Retune, prefix: str, revision: int) -> bool:
+        """Change a running job's cores in place (step 5 of the module)."""
+        job, new = retune.job_id, retune.configuration
+        servers = retune.servers
+        acks = await asyncio.gather(*(self._set_cores("cores", prefix, job, s, new.cores_on(s))
+                                      for s in servers))
+        if not all(a is not None and a.ok for a in acks):
+            old = retune.placement.configuration
+            await asyncio.gather(*(self._set_cores("uncores", prefix, job, s, old.cores_on(s))
+                                   for s, a in zip(servers, acks, strict=True)
+                                   if a is not None and a.ok))
+            failed = [f"{s}: {a.code + ' ' + a.error if a else 'no answer'}"
+                      for s, a in zip(servers, acks, strict=True) if a is None or not a.ok]
+            await self.ctx.reporter.report(subjects.PLANS, f"job {job} keeps its cores "
+                                           f"({'; '.join(failed)})", "retune_failed")
+            return False
+        with contextlib.suppress(nats.js.errors.APIError):  # the monitor released it meanwhile
+            await self.kv_alloc.update(job, msgspec.json.encode(retune.retuned), last=revision)
+        self.log.info("job cores changed", job_id=job, configuration=str(new),
+                      core_ids={s: list(a.cores) for s, a in zip(servers, acks, strict=True)
+                                if a is not None})
+        return True
+
+    async def _set_cores(self, verb: str, prefix: str, job: JobId, server: ServerId,
+                         cores: int) -> CommandAck | None:
+        cmd = SetCores(key=command_key(verb, prefix, job, server), job_id=job,
+                       server_id=server, cores=cores, at=self.clock())
+        return await self._command(server, cmd)
+
     def _rendezvous(self, start: Start, prefix: str) -> Rendezvous:
         """Where the job's processes meet: its first server's executor, on a
         port drawn from this start (the same for all of its servers)."""
@@ -282,7 +324,8 @@ class Placer:
         await self.ctx.reporter.report(subjects.PLANS, f"job {job} could not start "
                                        f"({'; '.join(failed)})", "start_failed")
 
-    async def _command(self, server: ServerId, cmd: StartJob | StopJob) -> CommandAck | None:
+    async def _command(self, server: ServerId,
+                       cmd: StartJob | StopJob | SetCores) -> CommandAck | None:
         """The executor's ack, retried with the same key; None if none came."""
         s = self.settings
         for attempt in range(1, s.command_attempts + 1):

@@ -4,8 +4,9 @@ Every replica answers ``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel``,
 and their tenant-scoped forms ``...submit.<tenant>``/``...cancel.<tenant>``
 (:mod:`scheduling.live.tenancy`), in queue group ``admission``, so jobs are accepted
 during a failover too. A
-submission is validated (:mod:`scheduling.live.admission`; with a policy
-that plans with the tenants' cells, also :func:`scheduling.live.cells.
+submission is validated (:mod:`scheduling.live.admission`; a CPU job
+under a policy that does not schedule cores is ``unschedulable``; with a
+policy that plans with the tenants' cells, also :func:`scheduling.live.cells.
 cells_refusal`: a job no cell of its tenant can hold, when it cannot run
 opportunistically, is ``unschedulable``), published as
 ``job_submitted`` on ``HOPS_JOBS`` (``Nats-Msg-Id`` = job id) and
@@ -51,7 +52,12 @@ from scheduling.live.lease import (
     Wait,
     encode_value,
 )
-from scheduling.registry import TenantAdmission, policy_name, tenant_admission
+from scheduling.registry import (
+    TenantAdmission,
+    policy_name,
+    schedules_cores,
+    tenant_admission,
+)
 from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
@@ -94,16 +100,22 @@ async def run(
 
 class Checks(NamedTuple):
     """What admission checks beyond the spec and the tenant: the tenants'
-    cells when the policy plans with them (:func:`scheduling.live.cells.cells_refusal`)."""
+    cells when the policy plans with them (:func:`scheduling.live.cells.cells_refusal`),
+    and whether the policy (named ``policy``) schedules CPU cores, which a
+    CPU job needs (:func:`scheduling.live.admission.policy_refusal`)."""
 
     cells: Cells | None = None
     rule: TenantAdmission = TenantAdmission()
+    cores: bool = False
+    policy: str = "hops"
 
     @classmethod
     def of(cls, settings: SchedulerSettings) -> Checks:
-        if settings.cells is None or not needs_cells(policy_name(settings.policy)):
-            return cls()
-        return cls(Cells(settings.cells), tenant_admission(settings.policy))
+        name = policy_name(settings.policy)
+        cores = schedules_cores(settings.policy)
+        if settings.cells is None or not needs_cells(name):
+            return cls(cores=cores, policy=name)
+        return cls(Cells(settings.cells), tenant_admission(settings.policy), cores, name)
 
 
 class Admission:
@@ -144,7 +156,8 @@ class Admission:
         if denied is not None:
             await self._refuse(denied, subject, scope, ev.encode(req))
         refusal = (
-            adm.fit_refusal(spec, await self.nodes(), self.r_num)
+            adm.policy_refusal(spec, self.checks.cores, self.checks.policy)
+            or adm.fit_refusal(spec, await self.nodes(), self.r_num)
             or self._cells_refusal(spec)
             or adm.duplicate(spec.id, (await get_record(self.kv, spec.id))[0])
         )
@@ -160,7 +173,8 @@ class Admission:
             raise Rejected(adm.CONFLICT, f"job {spec.id} was submitted already")
         with contextlib.suppress(KeyWrongLastSequenceError):  # the leader was quicker
             await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
-        self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant)
+        self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant,
+                          kind=spec.kind, cores=spec.cores)
         return ev.Reply(ok=True, job_id=spec.id)
 
     def _cells_refusal(self, spec: JobSpec) -> adm.Refusal | None:

@@ -16,17 +16,18 @@ its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
-lists the settings). Stateful layers' state (HiveD's bindings) goes into
-every snapshot and, after each published plan, into KV ``hops_layers``; with
-the tenants' cells, each tenant's view goes into ``hops_tenants``
-(:mod:`.live_cells`).
+lists the settings). Running jobs' heartbeats are their measured
+throughput in the snapshot (:mod:`scheduling.live.samples`); a plan that asks
+for a next one (``wake_after_s``) gets a fill plan that much later. Stateful
+layers' state (HiveD's bindings) goes into every snapshot and, after each
+published plan, into KV ``hops_layers``; with the tenants' cells, each
+tenant's view goes into ``hops_tenants`` (:mod:`.live_cells`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -39,13 +40,15 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from structlog.contextvars import bound_contextvars
 
 from scheduling.layers.base import Layer, stack
-from scheduling.live import admission as adm
+from scheduling.live import refresh as rf
 from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live import tenancy as tn
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
+from scheduling.live.samples import Throughputs, in_place
 from scheduling.live.state import LiveJobRecord
+from scheduling.registry import schedules_cores
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
@@ -87,6 +90,8 @@ class Leader:
         self.nodes: list[NodeRecord] = []
         self.progress: dict[JobId, float] = {}
         self.estimates: dict[JobId, JobEstimate] = {}
+        self.throughputs = Throughputs()
+        self.cores = schedules_cores(settings.policy)  # else CPU jobs are held, never planned
         self.inflight = Inflight(settings.grace_s)
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
@@ -282,6 +287,7 @@ class Leader:
             if not st.counts_progress(beat, ids, placed.configuration if placed else None):
                 return
             self.progress[beat.job_id] = max(self.progress.get(beat.job_id, 0.0), beat.samples_done)
+            self.throughputs.note(beat.job_id, beat.at, beat.samples_done)
 
     async def _on_queue(self, msg: Msg) -> None:
         # A record write holds the lock until the leader's own copy follows
@@ -315,11 +321,13 @@ class Leader:
         await self._refresh_records(now, allocs, snap.cluster_of(self.nodes))
         records = {k: r for k, (r, _) in self.records.items()}
         self.progress = {k: p for k, p in self.progress.items() if k in records}
+        self.throughputs.keep(k for k, r in records.items() if r.phase == "running")
         estimates = await self._estimates(records, cluster)
         first = due != "fill"
         built = snap.build_snapshot(
             now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
             r_num=self.settings.policy.r_num, layer_state=self.store.snapshot_state(),
+            throughputs=self.throughputs, schedules_cores=self.cores,
         )
         self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
@@ -344,36 +352,27 @@ class Leader:
         else:  # nothing fits the idle GPUs: no news for the placer
             self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
         self.clock.done(due, now)
+        self.clock.wake_in(now, plan.wake_after_s)
 
     async def _refresh_records(
         self, now: float, allocs: dict[JobId, Placement], cluster: Cluster
     ) -> None:
-        """Before a plan: jobs whose profiles now cover the alive types (but
-        those every GPU of which runs a job, :func:`.profiling.busy_types`)
-        are queued, jobs that no longer (or again) fit the alive nodes are
-        held (or released), and running jobs' records take their
-        heartbeats' progress (see :mod:`scheduling.live.state`)."""
-        capacity = adm.type_capacity(n for n in self.nodes if n.alive)
+        """Before a plan, each job's record steps (:mod:`scheduling.live.refresh`)."""
+        alive = [n for n in self.nodes if n.alive]
         busy = snap.busy_types_of(cluster, allocs)
-        r_num = self.settings.policy.r_num
         for job_id in list(self.records):
-            rec = self.records[job_id][0]
-            mode = allocs[job_id].mode if job_id in allocs else None
-            back, need = snap.profiling_step(
-                rec,
-                self._facts(job_id).required,
-                busy,
+            alloc = allocs.get(job_id)
+            mode = alloc.mode if alloc is not None else None
+            seen = rf.Cluster(alive, self._facts(job_id).required, busy,
+                              self.settings.policy.r_num, self.cores)
+            flight = rf.InFlight(
                 bool(self.inflight.profiling_types(job_id)) or mode == "profile",
                 job_id in self.inflight.starts or mode == "run",
+                self.progress.get(job_id),
+                alloc.configuration if alloc is not None and mode == "run" else None,
             )
-            await self._update(
-                job_id, functools.partial(st.back_to_profiling, types=back, now=now)
-            )
-            await self._update(job_id, functools.partial(st.promote, required=need, now=now))
-            problem = adm.unfit(self.records[job_id][0].spec, capacity, r_num)
-            await self._update(job_id, functools.partial(st.hold, problem=problem))
-            if (progress := self.progress.get(job_id)) is not None:
-                await self._update(job_id, functools.partial(st.with_progress, progress=progress))
+            for step in rf.steps(self.records[job_id][0], seen, flight, now):
+                await self._update(job_id, step)
 
     async def _publish(self, plan: Plan, first: bool, now: float) -> None:
         if not self.lease.is_leader(time.time()):
@@ -390,6 +389,8 @@ class Leader:
         await self.store.publish_views(now, self.nodes)
         running = st.running_configs(r for r, _ in self.records.values())
         self.inflight.note_plan(plan, now, first, running)
+        for job_id in in_place(plan, running):  # its samples at the old cores no longer count
+            self.throughputs.changed(job_id, now)
         for job_id in {t.job_id for t in plan.profiling}:
             if job_id in self.records:
                 await self._update(job_id, st.mark_profiling)
@@ -399,6 +400,7 @@ class Leader:
             first_plan=first,
             assignments=[f"{a.job_id}:{a.config}" for a in plan.assignments],
             profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}" for t in plan.profiling],
+            wake_after_s=plan.wake_after_s,
         )
 
     async def _estimates(
