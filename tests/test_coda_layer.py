@@ -207,3 +207,20 @@ def test_the_eliminator_halves_cpu_jobs_cores_when_bandwidth_is_high_and_a_gpu_j
     s = msgspec.structs.replace(snap(c, [steady, cj], state, now=100.0, first=False),
                                 bandwidth_gbps={ServerId("n0"): 80.0})
     assert policy.plan(s).config_of(JobId("c")) is None  # no GPU job dropped: nothing
+
+
+def test_cores_given_back_by_a_lift_are_not_given_to_a_waiting_job_too() -> None:
+    # Regression: a lift booked the cores the job held before it, so the
+    # cores it took back were placed a second time.
+    c = Cluster(gpu_types=(GpuTypeSpec(T, 2.5e9, 1e9),), servers=(
+        Server(ServerId("n0"), T, 4, cores=16, memory_bandwidth_gbps=100.0),))
+    policy = make_policy("coda:reserve_per_gpu=1,subarrays=false")
+    halved = cpu_job("c", 8, phase="running", current=Configuration.cpu(ServerId("n0"), 4))
+    waiting = cpu_job("w", 12, submit=1.0, wait_s=60.0)  # fits only beside the halved job
+    s = msgspec.structs.replace(snap(c, [halved, waiting], now=100.0, first=False),
+                                held_extras={ServerId("n0"): halved.current.extras[0]},  # type: ignore[union-attr]
+                                bandwidth_gbps={ServerId("n0"): 10.0})
+    plan = policy.plan(s)
+    assert plan.config_of(JobId("c")) == Configuration.cpu(ServerId("n0"), 8)  # lifted
+    assert plan.config_of(JobId("w")) is None
+    assert plan_overallocation(s, plan) is None

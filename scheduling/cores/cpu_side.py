@@ -54,10 +54,10 @@ class CpuSide:
         throttle = self._eliminate()
         for j in self.cpu:
             if j.phase == "running" and j.current is not None:
-                self.kept_cpu[j.id] = throttle.get(j.id, j.current)
+                kept = self.kept_cpu[j.id] = throttle.get(j.id, j.current)
                 books = self.borrowed if j.id in self.borrowers else self.array_cores
-                for s in j.current.servers:
-                    books[s] += j.current.cores_on(s)
+                for s in kept.servers:
+                    books[s] += kept.cores_on(s)
         self.borrowers = {j: t for j, t in self.borrowers.items() if j in self.kept_cpu}
 
     def _eliminate(self) -> dict[JobId, Configuration]:
