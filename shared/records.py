@@ -87,6 +87,9 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     address: str = ""
     devices: tuple[Device, ...] = ()
     models: tuple[str, ...] = ()  # register_node.models: empty means any
+    # Memory bandwidth in use (GB/s) its last written heartbeat reported
+    # (resctrl's MBM; 0: not measured): CODA's eliminator reads it.
+    memory_bandwidth_gbps: float = 0.0
 
 
 class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -96,6 +96,19 @@ def test_the_snapshot_carries_cpu_jobs_queued_without_estimates() -> None:
     assert [j.id for j in held.jobs] == ["g1"]
 
 
+def test_the_bandwidth_nodes_report_reaches_the_snapshot() -> None:
+    from services.monitor.nodes import lost, revived
+
+    beating = revived(NODES[0], 7.0, 42.5)
+    assert beating.memory_bandwidth_gbps == 42.5
+    assert revived(beating, 8.0).memory_bandwidth_gbps == 42.5  # a beat without a measure
+    down = lost(msgspec.structs.replace(NODES[1], memory_bandwidth_gbps=9.0), 3.0)
+    records = {r.job_id: r for r in (new_record(cpu_spec(), 0.0),)}
+    snap = build_snapshot(10.0, records, [beating, down, *NODES[2:]], {}, {}, {},
+                          Inflight(60.0), True).snapshot
+    assert snap.bandwidth_gbps == {A0: 42.5}  # alive and measured only
+
+
 def test_a_running_cpu_job_is_planned_without_an_estimate_and_kept_by_a_gpu_policy() -> None:
     config = Configuration.cpu(A0, 4)
     rec = running(new_record(cpu_spec(), 0.0), config, 10.0)

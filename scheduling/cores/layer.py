@@ -96,6 +96,7 @@ class _Round(CpuSide):
     def __init__(self, layer: CoreLayer, snapshot: Snapshot, state: CoreState) -> None:
         self.layer, self.snap = layer, snapshot
         self.climbs = dict(state.climbs)
+        self.paused = dict(state.paused)
         self.history = dict(state.history)
         self.borrowers = dict(state.borrowers)
         self.head = list(state.head)
@@ -137,7 +138,10 @@ class _Round(CpuSide):
                 for s in self.snap.cluster.servers}
 
     def _history_per_gpu(self) -> float:
+        """The mean cores per GPU past jobs settled on and paused ones want
+        (the demand a climb blocked for lack of cores did not get to settle)."""
         settled = [v for values in self.history.values() for v in values]
+        settled += [c.current for c in self.paused.values()]
         if settled:
             return sum(settled) / len(settled)
         climb = self.layer.climb or ClimbSettings()
@@ -205,6 +209,10 @@ class _Round(CpuSide):
         return out
 
     def _climb(self, job: JobState, settings: ClimbSettings) -> int:
+        if job.id in self.paused and job.phase == "running":
+            # Try again for the value it wanted: _fit or _retunes pause it
+            # again while its servers still lack the cores.
+            self.climbs[job.id] = self.paused.pop(job.id)
         climb = self.climbs.get(job.id)
         if climb is None:
             key = history_key(job.spec.tenant, job.spec.category)
@@ -310,7 +318,8 @@ class _Round(CpuSide):
             extras = {s: Resources(cores=c) for s, c in want.items()}
             out.append(msgspec.structs.replace(a, config=a.config.with_extras(extras)))
             if self.layer.climb is not None and a.job_id not in self.climbs:
-                # It starts now: its climb samples from its first period.
+                # It starts now, at what its servers give: its climb
+                # samples from its first period.
                 self.climbs[a.job_id] = begin(k, self._max_per_gpu(), self.layer.climb)
         return out
 
@@ -323,7 +332,11 @@ class _Round(CpuSide):
         if self.layer.climb is None or room < 1:
             return 0
         climb = self.climbs.get(a.job_id)
-        if climb is not None and not climb.settled:
+        if climb is not None and k > climb.best:
+            self._pause(a.job_id, msgspec.structs.replace(climb, current=k),
+                        msgspec.structs.replace(climb, phase="settled", current=room,
+                                                best=min(room, climb.best)))
+        elif climb is not None:
             self.climbs[a.job_id] = msgspec.structs.replace(climb, phase="settled",
                                                             current=room, best=room)
         return room
@@ -351,10 +364,16 @@ class _Round(CpuSide):
         return out
 
     def _settle(self, job: JobState) -> None:
+        """No room for the value its climb wants: it stays at its best and
+        the climb pauses."""
         climb = self.climbs.get(job.id)
         if climb is not None and not climb.settled:
-            self.climbs[job.id] = msgspec.structs.replace(climb, phase="settled",
-                                                           current=climb.best)
+            self._pause(job.id, climb,
+                        msgspec.structs.replace(climb, phase="settled", current=climb.best))
+
+    def _pause(self, job: JobId, wanted: Climb, now: Climb) -> None:
+        self.paused[job] = wanted
+        self.climbs[job] = now
 
     # ------------------------------------------------------------ CPU side
 
@@ -372,6 +391,7 @@ class _Round(CpuSide):
             head=tuple(j for j in self.head if j in live),
             large_gpus=self.large_gpus,
             retunes={j: n for j, n in self.retunes.items() if j in live},
+            paused={j: c for j, c in self.paused.items() if j in live},
         )
         placed = {a.job_id for a in assignments}
         waits = [j.wait_s for j in self._waiting_cpu() if j.id not in placed]

@@ -20,7 +20,9 @@ class CoreState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     per GPU by ``tenant/category``; ``borrowers``: CPU jobs on cores
     reserved for GPU jobs, with the time each started there; ``head``: CPU
     jobs stopped to give reserved cores back, served first (§V-C);
-    ``large_gpus``: the most GPUs large jobs held at once (sizes the large
+    ``paused``: climbs that wanted more cores than their servers had, as
+    they were (their ``current`` the value wanted), resumed when a plan
+    finds the room; ``large_gpus``: the most GPUs large jobs held at once (sizes the large
     sub-array); ``retunes``: in-place core changes per job."""
 
     climbs: dict[JobId, Climb] = {}
@@ -29,6 +31,7 @@ class CoreState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     head: tuple[JobId, ...] = ()
     large_gpus: int = 0
     retunes: dict[JobId, int] = {}
+    paused: dict[JobId, Climb] = {}
 
 
 def decode(data: bytes) -> CoreState:

@@ -248,6 +248,8 @@ def build_snapshot(
         profiling_held=_profiling_held(cluster, allocs, inflight),
         held_extras={s.id: extras[s.id] for s in cluster.servers if s.id in extras},
         layer_state=dict(layer_state or {}),
+        bandwidth_gbps={n.server.id: n.memory_bandwidth_gbps for n in alive
+                        if n.memory_bandwidth_gbps > 0},
     )
     return Built(snapshot, sticky)
 

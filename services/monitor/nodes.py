@@ -64,9 +64,12 @@ def admit(nodes: Mapping[ServerId, NodeRecord], req: RegisterNode, now: float) -
                       address=req.address, devices=req.devices, models=req.models)
 
 
-def revived(record: NodeRecord, now: float) -> NodeRecord:
-    """``record`` alive again after a heartbeat."""
-    return msgspec.structs.replace(record, alive=True, last_heartbeat=now)
+def revived(record: NodeRecord, now: float, bandwidth_gbps: float | None = None) -> NodeRecord:
+    """``record`` alive again after a heartbeat (with the memory bandwidth
+    in use it reported, when given)."""
+    bandwidth = record.memory_bandwidth_gbps if bandwidth_gbps is None else bandwidth_gbps
+    return msgspec.structs.replace(record, alive=True, last_heartbeat=now,
+                                   memory_bandwidth_gbps=bandwidth)
 
 
 def lost(record: NodeRecord, last_seen: float) -> NodeRecord:

@@ -90,10 +90,10 @@ class NodeRegistry:
         if not self.tracker.node_beat(sid, now, beat.running):
             self.tracker.watch_node(sid, now)
             self.tracker.node_beat(sid, now, beat.running)
-            await self._put(revived(record, now))
+            await self._put(revived(record, now, beat.memory_bandwidth_gbps))
             self.log.warning("node is back", server_id=sid)
         elif heartbeat_due(record, now, self.write_s):
-            await self._put(revived(record, now))
+            await self._put(revived(record, now, beat.memory_bandwidth_gbps))
         return True
 
     async def mark_lost(self, sid: ServerId, last: float) -> None:
