@@ -333,10 +333,17 @@ class Simulation(Measuring):
                 if config is None or rec.current is None or \
                         config.parts != rec.current.parts:
                     self._stop(rec)
-        for job_id, config in chosen.items():
+        # In-place changes that give cores back go first: the plan fits as a
+        # whole, and the cores they free may be what the others take.
+        for job_id, config in sorted(chosen.items(), key=lambda kv: not self._shrinks(*kv)):
             self._start(self.jobs[job_id], config)
         for task in plan.profiling:
             self._profile(task.job_id, task.gpu_type, task.server)
+
+    def _shrinks(self, job_id: JobId, config: Configuration) -> bool:
+        cur = self.jobs[job_id].current
+        return cur is not None and cur.parts == config.parts and all(
+            config.cores_on(s) <= cur.cores_on(s) for s in cur.servers)
 
     def _stop(self, rec: JobRecord) -> None:
         assert rec.current is not None

@@ -224,3 +224,44 @@ def test_cores_given_back_by_a_lift_are_not_given_to_a_waiting_job_too() -> None
     assert plan.config_of(JobId("c")) == Configuration.cpu(ServerId("n0"), 8)  # lifted
     assert plan.config_of(JobId("w")) is None
     assert plan_overallocation(s, plan) is None
+
+
+def test_a_cpu_job_past_the_wait_bound_goes_first_and_holds_the_array_until_it_fits() -> None:
+    c = cluster(cores=16)  # 8 reserved (2 per GPU), 8 in the CPU array
+    policy = make_policy("coda:reserve_per_gpu=2,subarrays=false,cpu_wait_bound_s=600")
+    holder = cpu_job("holder", 4, phase="running", current=Configuration.cpu(ServerId("n0"), 4))
+    gpu = gpu_job("g", (4,), phase="running")  # keeps the reserved cores busy
+    big = cpu_job("big", 6, tenant="x", wait_s=700.0)  # past the bound: 4 free, 6 wanted
+    small = cpu_job("small", 2, submit=5.0, tenant="y", wait_s=100.0)
+    snapshot = snap(c, [holder, gpu, big, small])
+    plan = policy.plan(snapshot)
+    assert plan.config_of(JobId("big")) is None and plan.config_of(JobId("small")) is None
+    note = next(r.note for r in plan.reasons.layers if r.name == "coda")
+    assert "big past the wait bound blocks the array" in note and "longest 700 s" in note
+    # Within the bound the small one is not held up.
+    young = msgspec.structs.replace(big, wait_s=100.0)
+    plan = policy.plan(snap(c, [holder, gpu, young, small]))
+    assert plan.config_of(JobId("small")) is not None
+
+
+def test_large_jobs_go_to_the_large_sub_array_and_small_ones_overflow() -> None:
+    from scheduling.cores.state import CoreState, encode
+
+    c = cluster(servers=2, gpus=4, cores=32)
+    policy = make_policy("coda:reserve_per_gpu=4")
+    # History: large jobs held 4 GPUs at once, so the first server is the
+    # large sub-array, the second the small one.
+    state = encode(CoreState(large_gpus=4))
+    smalls = [gpu_job(f"s{i}", (1,), submit=float(i)) for i in range(5)]
+    jobs = [*smalls[:2], gpu_job("L", (4,), submit=10.0)]
+    plan = policy.plan(snap(c, jobs, state))
+    where = {a.job_id: a.config.servers for a in plan.assignments}
+    assert where == {"L": ("n0",), "s0": ("n1",), "s1": ("n1",)}
+    # One array for all: the inner policy packs the older small jobs first.
+    mixed = make_policy("coda:reserve_per_gpu=4,subarrays=false").plan(snap(c, jobs, state))
+    assert mixed.config_of(JobId("L")).servers == ("n1",)  # type: ignore[union-attr]
+    # Without a large job waiting, a fifth small one overflows to the large
+    # sub-array's idle GPUs.
+    plan = policy.plan(snap(c, smalls, state))
+    where = {a.job_id: a.config.servers for a in plan.assignments}
+    assert sorted(where.values()) == [("n0",)] + [("n1",)] * 4

@@ -4,13 +4,18 @@ run beside GPU jobs, and CODA's climb changes cores in place."""
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduling.layers.base import stack, without_extras
+from scheduling.policy import Policy
 from scheduling.registry import make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
+from shared.resources import Resources
+from shared.snapshot import Plan, Snapshot
 from simulator.coda_workload import HEAVY_MODEL
 from simulator.engine import Simulation
 from simulator.metrics import SimResult
@@ -87,3 +92,36 @@ def test_coda_climbs_in_place_and_runs_cpu_jobs_beside() -> None:
     assert climb.current is None and climb.factor > 0.9  # ResNet-18 climbed near its peak
     cj = next(j for j in result.jobs if j.id == "c0")
     assert cj.first_start == 0.0 or (cj.first_start is not None and cj.first_start < 60.0)
+
+
+class Swap:
+    """Gives two jobs on one server 3 and 1 cores, the other way round at
+    every first plan: each plan fits, yet one job grows in place where the
+    other shrinks."""
+
+    name = "swap"
+
+    def __init__(self) -> None:
+        self.flip = False
+
+    def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        plan = inner.plan(without_extras(snapshot))
+        if snapshot.first_plan:
+            self.flip = not self.flip
+        cores = {"g0": 3, "g1": 1} if self.flip else {"g0": 1, "g1": 3}
+        out = tuple(msgspec.structs.replace(a, config=a.config.with_extras(
+            {s: Resources(cores=cores[a.job_id]) for s in a.config.servers}))
+            for a in sorted(plan.assignments, key=lambda a: a.job_id))
+        return msgspec.structs.replace(plan, assignments=out)
+
+
+def test_cores_given_back_in_place_are_free_for_a_job_growing_in_the_same_plan() -> None:
+    # Regression: the engine applied the growth first and its Ledger refused
+    # a plan that fits.
+    c = cluster(1, 4, 0.0)
+    jobs = [gpu(i, "distilbert-imdb", 1, 0, 0.0, samples=4_000_000) for i in range(2)]
+    sim = Simulation(c, jobs, stack(make_policy("hops"), Swap()),
+                     GroundTruth(c, builtin_catalog()))
+    result = sim.run()
+    assert all(j.finish is not None for j in result.jobs)
+    assert sum(j.retunes for j in result.jobs) >= 2

@@ -99,6 +99,16 @@ def test_a_shrink_frees_cores_for_a_start_in_the_same_plan() -> None:
     assert not alone.starts and [p.job_id for p in alone.problems] == ["y"]
 
 
+def test_a_retune_giving_cores_back_is_booked_before_one_taking_them() -> None:
+    # x grows where y shrinks, x first in the plan: together they fit.
+    current = {JobId("x"): placement("x", config({A: 1}, {A: 2})),
+               JobId("y"): placement("y", config({A: 1}, {A: 6}))}
+    cmds = diff(current, plan(("x", config({A: 1}, {A: 6})), ("y", config({A: 1}, {A: 2}))),
+                True, JOBS, CAP, "p")
+    assert not cmds.problems, cmds.problems
+    assert [(r.job_id, r.shrinks) for r in cmds.retunes] == [("y", True), ("x", False)]
+
+
 def test_a_cpu_job_halved_is_a_retune() -> None:
     current = {JobId("z"): placement("z", Configuration.cpu(A, 4))}
     cmds = diff(current, plan(("z", Configuration.cpu(A, 2))), False, JOBS, CAP, "p")

@@ -98,6 +98,14 @@ class Retune:
                      if old.demand_on(s) != self.configuration.demand_on(s))
 
     @property
+    def shrinks(self) -> bool:
+        """Whether it only gives cores back: booked and sent first, so a
+        retune growing on the same server finds them free."""
+        old = self.placement.configuration
+        return all(self.configuration.cores_on(s) <= old.cores_on(s)
+                   for s in self.configuration.servers)
+
+    @property
     def retuned(self) -> Placement:
         """The placement once every server acknowledged."""
         return msgspec.structs.replace(self.placement, configuration=self.configuration)
@@ -317,7 +325,7 @@ def _book_retunes(retunes: Iterable[Retune], ledger: Ledger,
                   ) -> tuple[tuple[Retune, ...], tuple[Problem, ...]]:
     fitted: list[Retune] = []
     problems: list[Problem] = []
-    for r in retunes:
+    for r in sorted(retunes, key=lambda r: not r.shrinks):  # stable: plan order kept
         job, demands = r.job_id, r.configuration.demands()
         missing = [s for s in demands if s not in capacity]
         why = (f"server {missing[0]} is not registered or not alive" if missing

@@ -179,8 +179,12 @@ class Placer:
         booked = book_all(wants, ch.retunes, left, capacity, prefix, at=self.clock())
         starts, problems = booked.starts, booked.problems
         await self._problems(problems)
-        await asyncio.gather(*(self._retune(r, prefix, current[r.job_id][1])
-                               for r in booked.retunes))
+        # Those giving cores back first, acknowledged before any grows: an
+        # executor books each set_cores as it comes.
+        for wave in ([r for r in booked.retunes if r.shrinks],
+                     [r for r in booked.retunes if not r.shrinks]):
+            await asyncio.gather(*(self._retune(r, prefix, current[r.job_id][1])
+                                   for r in wave))
         started = await asyncio.gather(*(self._start(s, jobs[s.job_id], prefix,
                                                      resumed.get(s.job_id)) for s in starts))
         moved = {s.job_id for s, ok in zip(starts, started, strict=True) if ok and s.resize}
