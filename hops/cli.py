@@ -130,7 +130,8 @@ def experiment(
         "(default: the four ElasticFlow traces)")] = None,
     inner: Annotated[str, typer.Option(
         help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
-    workers: Annotated[int, typer.Option(help="'sharing': simulations run at once")] = 1,
+    workers: Annotated[int, typer.Option(
+        help="'sharing', 'coda': simulations run at once")] = 1,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import POLICIES, define, run_experiment
@@ -152,7 +153,7 @@ def experiment(
 
             run_coda(out, inner=inner, trace=trace or "elasticflow-cluster04",
                      first_n=first_n, compress=compress, seed=seed,
-                     policies=tuple(policy or CORE_POLICIES))
+                     policies=tuple(policy or CORE_POLICIES), workers=workers)
             typer.echo((out / "results.md").read_text())
             return
         if name == "cell-fragmentation":

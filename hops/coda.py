@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -60,23 +61,37 @@ def workload(trace: str, cluster: Cluster, truth: GroundTruth, seed: int,
     return add_cpu_jobs(with_core_requests(gpu_jobs, seed, categories), seed, CpuMix())
 
 
-def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
-        first_n: int | None = 400, compress: float = 1.0, seed: int = 0,
-        policies: Sequence[str] = POLICIES,
-        progress: Progress | None = None) -> dict[str, dict[str, float]]:
-    """Every policy on one workload; the results, written under ``out``."""
+def simulate_one(name: str, inner: str, trace: str, first_n: int | None, compress: float,
+                 seed: int, progress: Progress | None = None) -> SimResult:
+    """One policy's run (a worker process's whole task)."""
     cluster = coda_cluster()
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
-    results: dict[str, dict[str, float]] = {}
-    runs: dict[str, SimResult] = {}
+    spec = f"{name}:inner={inner}" if inner != "hops" else name
+    sim = Simulation(cluster, jobs, make_policy(spec), truth, SimSettings(seed=seed),
+                     timer=time.perf_counter)
+    return sim.run(progress)
+
+
+def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
+        first_n: int | None = 400, compress: float = 1.0, seed: int = 0,
+        policies: Sequence[str] = POLICIES, progress: Progress | None = None,
+        workers: int = 1) -> dict[str, dict[str, float]]:
+    """Every policy on one workload (``workers`` simulations at once); the
+    results, written under ``out``."""
     for name in policies:
-        spec = f"{name}:inner={inner}" if inner != "hops" else name
-        sim = Simulation(cluster, jobs, make_policy(spec), truth, SimSettings(seed=seed),
-                         timer=time.perf_counter)
-        result = sim.run(progress)
-        runs[name] = result
-        results[name] = coda_metrics(result, cluster)
+        make_policy(f"{name}:inner={inner}")  # a bad spec fails before the first run
+    cluster = coda_cluster()
+    truth = GroundTruth(cluster, builtin_catalog())
+    jobs = workload(trace, cluster, truth, seed, first_n, compress)
+    args = (inner, trace, first_n, compress, seed)
+    if workers <= 1:
+        runs = {n: simulate_one(n, *args, progress=progress) for n in policies}
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {n: pool.submit(simulate_one, n, *args) for n in policies}
+            runs = {n: f.result() for n, f in futures.items()}
+    results = {n: coda_metrics(r, cluster) for n, r in runs.items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     setup = {"inner": inner, "trace": trace, "first_n": first_n, "compress": compress,
