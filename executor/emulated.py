@@ -17,9 +17,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from structlog.typing import FilteringBoundLogger
@@ -57,11 +60,14 @@ class JobProcess:
         self.on_done = on_done  # called on the process's "finished" line
         self.stopping = False  # a stop was asked for: its exit is no failure
         self.cores: tuple[int, ...] = ()  # emulated jobs train nothing: never pinned
+        self.cores_file: Path | None = None
 
     def retune(self, count: int, cores: tuple[int, ...]) -> None:
-        """Only the books change: the process emulates its rate from the
-        start's configuration, which holds GPUs, not cores."""
+        """The books change, and the process learns the new count from its
+        cores file (it emulates its rate at the cores it holds)."""
         self.cmd = with_cores(self.cmd, count)
+        if self.cores_file is not None:
+            write_count(self.cores_file, count)
 
     async def pump(self) -> None:
         """Read the progress lines until the process ends."""
@@ -135,8 +141,12 @@ class EmulatedBackend:
         self.spawn_task = spawn_task
         self.truth = GroundTruth(cluster_arg(cluster), builtin_catalog())
         self.models = tuple(sorted(builtin_catalog()))
+        # Each job's core count, which a set_cores rewrites (jobenv.CORES_FILE).
+        self.cores_dir = Path(tempfile.mkdtemp(prefix=f"hops-emulated-{server.id}-"))
 
     def check(self, cmd: StartJob) -> Refusal | None:
+        if cmd.spec.kind == "cpu":
+            return None  # a CPU job runs on any server with its cores
         try:
             check_runnable(self.truth, cmd.spec.model, self.server.id)
         except EmulationError as e:
@@ -150,11 +160,13 @@ class EmulatedBackend:
         argv = ["-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
                 "--cluster", self.cluster, *self.job_args]
         count = cores_of(cmd)  # ``cores`` is empty: an emulated executor pins nothing
+        cores_file = self.cores_dir / f"{cmd.job_id}-{cmd.key}.cores"
+        write_count(cores_file, count)
+        env = os.environ | {jobenv.CORES: str(count), jobenv.CORES_FILE: str(cores_file)}
         # The command goes on stdin: a job spec may be longer than one argument may be.
         proc = await asyncio.create_subprocess_exec(sys.executable, *argv,
                                                     stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE,
-                                                    env=os.environ | {jobenv.CORES: str(count)})
+                                                    stdout=asyncio.subprocess.PIPE, env=env)
         assert proc.stdin is not None
         proc.stdin.write(encode(cmd))
         proc.stdin.close()
@@ -162,6 +174,7 @@ class EmulatedBackend:
         log.info("job process started", mode=cmd.mode, gpu_indices=list(cmd.gpu_indices),
                  cores=count, samples_done=cmd.samples_done)
         job = JobProcess(cmd, role, proc, log, on_ending)
+        job.cores_file = cores_file
         self.spawn_task(job.pump(), f"job-{cmd.job_id}")
         return job
 
@@ -178,4 +191,12 @@ class EmulatedBackend:
         pass
 
     async def close(self) -> None:
-        pass
+        shutil.rmtree(self.cores_dir, ignore_errors=True)
+
+
+def write_count(path: Path, count: int) -> None:
+    """Replace ``path``'s content with ``count`` at once (a reader never
+    sees it half written)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{count}\n")
+    tmp.replace(path)

@@ -4,7 +4,8 @@ and of when it reports.
 The emulator stands in for a real training process on a machine without
 GPUs. A job on ``configuration`` advances at the world model's ground-truth
 throughput (:meth:`world.truth.GroundTruth.throughput`, the whole job's
-samples/s) times ``time_scale``, starting from the ``samples_done`` it was
+samples/s, at the cores it holds: :func:`world.cores.speed`; a CPU job at
+its cores) times ``time_scale``, starting from the ``samples_done`` it was
 resumed at, so a job the ground truth runs for an hour ends after
 ``3600 / time_scale`` wall seconds. A profiling run (§3.2, profiling mode)
 lasts the ground truth's profiling time divided by ``time_scale``.
@@ -22,6 +23,7 @@ from typing import Literal
 from shared.configuration import Configuration
 from shared.ids import ServerId
 from shared.job import JobSpec
+from world.cores import speed
 from world.truth import GroundTruth
 
 Role = Literal["lead", "worker", "profile"]
@@ -97,9 +99,10 @@ def run_progress(
     """The emulated progress of ``spec`` on ``configuration`` (see the module)."""
     if time_scale <= 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
-    for server in configuration.servers:
-        check_runnable(truth, spec.model, server)
-    rate = truth.throughput(spec.model, configuration) * time_scale
+    if spec.kind != "cpu":  # a CPU job runs anywhere it has cores
+        for server in configuration.servers:
+            check_runnable(truth, spec.model, server)
+    rate = speed(truth, spec, spec.model, configuration) * time_scale
     start = min(max(0.0, samples_done), float(spec.total_samples))
     return Progress(rate=rate, start=start, total=float(spec.total_samples))
 

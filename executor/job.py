@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import nats.errors
 import numpy as np
@@ -52,6 +53,7 @@ from nats.js import JetStreamContext
 from structlog.typing import FilteringBoundLogger
 
 from executor.backend import profile_msg_id
+from executor.cores import with_cores
 from executor.emulator import (
     Cadence,
     Role,
@@ -63,7 +65,7 @@ from executor.emulator import (
 from services.runtime.bus import connect, publish_event
 from services.runtime.logging import configure_logging, get_logger
 from services.runtime.settings import from_env
-from shared import subjects
+from shared import jobenv, subjects
 from shared.events import (
     JobFinished,
     JobHeartbeat,
@@ -148,10 +150,35 @@ class JobContext:
             await asyncio.wait_for(self.stop.wait(), min(_TICK_S, max(0.01, seconds)))
 
 
+class CoresFollower:
+    """The cores this job holds here, followed from the file the executor
+    rewrites on a ``set_cores`` (``HOPS_CORES_FILE``): a change gives the
+    emulated run a new rate from the samples done (the other servers' cores
+    as at the start: each executor tells its own process)."""
+
+    def __init__(self, path: str | None, count: int) -> None:
+        self.path = Path(path) if path else None
+        self.count = count
+
+    def changed(self) -> int | None:
+        if self.path is None:
+            return None
+        try:
+            count = int(self.path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if count == self.count:
+            return None
+        self.count = count
+        return count
+
+
 async def run_lead(job: JobContext) -> int:
     cmd = job.cmd
     progress = run_progress(job.truth, cmd.spec, cmd.configuration, cmd.samples_done,
                             job.time_scale)
+    cores = CoresFollower(os.environ.get(jobenv.CORES_FILE),
+                          cmd.configuration.cores_on(cmd.server_id))
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     beat = Cadence(job.heartbeat_s)
@@ -162,6 +189,13 @@ async def run_lead(job: JobContext) -> int:
     while True:
         elapsed = loop.time() - t0
         done = progress.at(elapsed)
+        if (count := cores.changed()) is not None:  # in place: a new rate from here
+            cmd = with_cores(cmd, count)
+            progress = run_progress(job.truth, cmd.spec, cmd.configuration, done,
+                                    job.time_scale)
+            t0 = loop.time() - elapsed  # the cadences keep their clock
+            progress = replace(progress, start=done - progress.rate * elapsed)
+            job.log.info("job cores changed", cores=count)
         if beat.due(elapsed):  # first: the start is acknowledged on the first beat
             await job.beat(done, first)
             job.emit("ready" if first else "progress", done)

@@ -39,6 +39,8 @@ class ServerGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory_gb: int = 0
     network: str = ""
     cores: int = 0  # CPU cores that may be allocated (0: none are scheduled)
+    memory_bandwidth_gbps: float = 0.0  # CODA's eliminator (0: not declared)
+    mba: bool = False
 
     def __post_init__(self) -> None:
         if self.count <= 0:
@@ -75,6 +77,8 @@ def _expand(group: ServerGroup) -> list[Server]:
             memory_gb=group.memory_gb,
             network=group.network,
             cores=group.cores,
+            memory_bandwidth_gbps=group.memory_bandwidth_gbps,
+            mba=group.mba,
         )
         for sid in ids
     ]

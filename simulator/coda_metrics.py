@@ -2,7 +2,7 @@
 
 * ``gpu_util``: GPU time spent busy over GPU time held by GPU jobs; a GPU is
   busy the share of its held time its job's cores let it be
-  (:func:`simulator.cores.core_factor`), less restarts (CODA's Figure 10
+  (:func:`world.cores.core_factor`), less restarts (CODA's Figure 10
   "GPU utilisation").
 * ``idle_gpus_for_cores``: the mean share of the cluster's GPUs idle with
   no free core beside them, over the rounds in which a GPU job waited

@@ -1,19 +1,7 @@
-"""CPU cores in the simulation (CODA, issue 21): how fast a job runs at the
-cores it holds, and what a CPU job is.
-
-A GPU job's speed at the cores it holds is its GPU-only speed (the world
-model's ground truth) times the normalised throughput Synergy measured at
-that many cores (:mod:`world.cpu_scaling`; Mohan et al., OSDI'22, MIT
-licence), relative to the curve's peak: with cores enough the job runs as
-the GPU-only truth says, with fewer its GPUs wait for data. The same factor
-is the share of its GPUs' held time they are busy (the GPU utilisation of
-CODA's Figure 10). A configuration without cores (a GPU-only policy) runs
-at full speed, as before cores were scheduled.
-
-A CPU job's work is ``total_samples`` core-seconds: it progresses at the
-cores it holds, whatever they are (this project's model; CODA gives no
-curve for CPU jobs).
-"""
+"""CPU cores in the simulation (CODA, issue 21): the speeds of running jobs
+at the cores they hold (:mod:`world.cores`) under memory-bandwidth
+contention (:mod:`simulator.contention`), and CODA's first kind of
+fragmentation."""
 
 from __future__ import annotations
 
@@ -25,27 +13,8 @@ from shared.ids import ServerId
 from shared.resources import NOTHING, Resources
 from simulator.contention import server_demand, slowdown
 from simulator.state import JobRecord
-from world.cpu_scaling import curve_for
+from world.cores import core_factor, speed
 from world.truth import GroundTruth
-
-
-def core_factor(model: str, config: Configuration) -> float:
-    """The fraction of its GPU-only speed a job runs at on ``config``: on
-    its slowest server, the curve at the cores it holds per GPU there."""
-    if not config.extras or not config.total_gpus:
-        return 1.0
-    curve = curve_for(model, config.total_gpus)
-    peak = curve.peak()
-    if peak <= 0:
-        return 1.0
-    # The curve's axis is cores per GPU (world.cpu_scaling).
-    worst = min(config.cores_on(s) / g for s, g in config.parts)
-    return min(1.0, curve.speed(worst) / peak)
-
-
-def cpu_rate(config: Configuration) -> float:
-    """A CPU job's progress, core-seconds per second: the cores it holds."""
-    return float(config.total_cores)
 
 
 def gpus_short_of_cores(cluster: Cluster, used_gpus: Mapping[ServerId, int],
@@ -77,9 +46,7 @@ class Speeds:
         """``rec`` starts or goes on on ``config`` at ``now``: its base speed."""
         key = (rec.model, config)
         if key not in self.cache:
-            self.cache[key] = (cpu_rate(config) if rec.spec.kind == "cpu" else
-                               self.truth.throughput(rec.model, config.gpus_only)
-                               * core_factor(rec.model, config))
+            self.cache[key] = speed(self.truth, rec.spec, rec.model, config)
         rec.base_rate = rec.rate = self.cache[key]
         rec.factor = rec.base_factor = core_factor(rec.model, config) \
             if rec.spec.kind != "cpu" else 1.0

@@ -265,3 +265,11 @@ def test_large_jobs_go_to_the_large_sub_array_and_small_ones_overflow() -> None:
     plan = policy.plan(snap(c, smalls, state))
     where = {a.job_id: a.config.servers for a in plan.assignments}
     assert sorted(where.values()) == [("n0",)] + [("n1",)] * 4
+
+
+def test_a_core_policy_on_a_cluster_without_cores_says_so() -> None:
+    import pytest
+
+    bare = Cluster(gpu_types=(GpuTypeSpec(T, 2.5e9, 1e9),), servers=(Server(ServerId("n0"), T, 4),))
+    with pytest.raises(ValueError, match="no server of cluster cluster declares any"):
+        make_policy("fixed-cores").plan(snap(bare, [gpu_job("g", (1,))]))

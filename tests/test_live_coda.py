@@ -11,6 +11,7 @@ on, rises; every thread of it is pinned to exactly the cores it holds.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -128,8 +129,39 @@ def test_the_allocator_gives_a_real_training_job_more_cores_in_place(stack: Live
     assert record is not None and record.get("restarts", 1) <= 1, record
 
 
-def _two_samples(stack: LiveStack) -> list[tuple[int, float]] | None:
-    c = climb(stack, "cnn")
+def _two_samples(stack: LiveStack, job: str = "cnn") -> list[tuple[int, float]] | None:
+    c = climb(stack, job)
     if c is None or len(c.samples) < 2:
         return None
     return list(c.samples)
+
+
+EMULATED = """\
+name: coda-emulated
+gpu_types:
+  - {name: RTX3090, link_bandwidth: 2.5e9, net_bandwidth: 1.0e9}
+servers:
+  - {id: rtx-0, gpu_type: RTX3090, gpus: 4, cores: 16, memory_bandwidth_gbps: 100}
+"""
+
+
+def test_coda_on_an_emulated_cluster_runs_cpu_jobs_and_changes_cores_in_place(
+        tmp_path: Path) -> None:
+    from tests.helpers import catalog_spec
+
+    with LiveStack(tmp_path, EMULATED, schedulers=1,
+                   policy="coda:period_s=2,subarrays=false") as stack:
+        gpu = {**catalog_spec("g", 60_000_000, requirements=[1]), "category": "cv"}
+        cpu_job = {"id": "c", "model": "cpu", "batch_size": 1, "params": 1,
+                   "total_samples": 600 * 2, "kind": "cpu", "cores": 2}  # 2 min at x600
+        for spec in (gpu, cpu_job):
+            assert stack.submit(spec)["ok"] is True, spec
+        assert stack.wait_final(["c"], 60) == {"c": "finished"}, stack.logs()
+        samples = until(lambda: _two_samples(stack, "g"), "two samples of g's climb", 60,
+                        stack.logs)
+        assert samples[0][0] != samples[1][0], samples  # it moved
+        assert stack.wait_final(["g"], 120) == {"g": "finished"}, stack.logs()
+        held = {json.dumps(m.body.get("configuration", {}).get("extras"))
+                for m in stack.bus_().alloc_changes("g") if isinstance(m.body, dict)}
+        assert len(held - {"null"}) >= 2, held  # hops_alloc followed the cores
+        assert len(stack.bus_().job_events("g", "job_started")) == 1  # changed in place

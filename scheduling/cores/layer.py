@@ -86,6 +86,10 @@ class CoreLayer:
         self.name = rule.name
 
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
+        if snapshot.cluster.servers and not any(s.cores for s in snapshot.cluster.servers):
+            raise ValueError(f"policy {self.name} schedules CPU cores, but no server of "
+                             f"cluster {snapshot.cluster.name} declares any (give each "
+                             "server its cores)")
         r = _Round(self, snapshot, decode(snapshot.layer_state.get(self.name, b"")))
         return r.run(inner)
 
