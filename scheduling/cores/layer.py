@@ -303,47 +303,60 @@ class _Round(CpuSide):
 
     def _attach(self, plan: Plan, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
         """The plan's assignments with their cores. Running jobs that keep
-        their GPUs go first, so that they keep their cores. Under the
-        allocator a job whose servers cannot give its value gets what they
-        can (at least one core per GPU; its climb settles there); otherwise,
-        or below one core per GPU, the assignment is dropped."""
+        their GPUs go first. A baseline's assignment gets its request or is
+        dropped (its GPUs stay for a later plan of the round). Under the
+        allocator every assignment first gets one core per GPU, so that no
+        job loses its GPUs to another's extra cores, then each as many more
+        as its value asks and its servers have; a job held below its value
+        pauses its climb (:meth:`_squeezed`)."""
         held = {j.id: j.current.parts for j in self.gpu
                 if j.phase == "running" and j.current is not None}
         order = sorted(plan.assignments, key=lambda a: held.get(a.job_id) != a.config.parts)
-        out: list[Assignment] = []
+        floor = 1 if self.layer.climb is not None else 0
+        booked: list[tuple[Assignment, int]] = []
         for a in order:
-            k = self._fit(a, per_gpu.get(a.job_id, 1))
-            if k < 1:
+            k = per_gpu.get(a.job_id, 1)
+            if self._book(a, floor or k):
+                booked.append((a, floor or k))
+            else:
                 self.notes.append(f"{a.job_id}: no cores")
-                continue
-            want = {s: k * g for s, g in a.config.parts}
-            for s, c in want.items():
-                self.gpu_cores[s] += c
-            extras = {s: Resources(cores=c) for s, c in want.items()}
+        out: list[Assignment] = []
+        for a, got in booked:
+            k = per_gpu.get(a.job_id, 1)
+            if got < k:
+                more = min(k - got, min(self.gpu_room(s) // g for s, g in a.config.parts))
+                self._book(a, more)
+                got += more
+                if got < k:
+                    self._squeezed(a.job_id, k, got)
+            extras = {s: Resources(cores=got * g) for s, g in a.config.parts}
             out.append(msgspec.structs.replace(a, config=a.config.with_extras(extras)))
             if self.layer.climb is not None and a.job_id not in self.climbs:
                 # It starts now, at what its servers give: its climb
                 # samples from its first period.
-                self.climbs[a.job_id] = begin(k, self._max_per_gpu(), self.layer.climb)
+                self.climbs[a.job_id] = begin(got, self._max_per_gpu(), self.layer.climb)
         return out
 
-    def _fit(self, a: Assignment, k: int) -> int:
-        """Cores per GPU ``a`` gets: ``k`` if its servers have them; under
-        the allocator the most they have (0: not even one per GPU)."""
-        room = min(self.gpu_room(s) // g for s, g in a.config.parts)
-        if room >= k:
-            return k
-        if self.layer.climb is None or room < 1:
-            return 0
-        climb = self.climbs.get(a.job_id)
+    def _book(self, a: Assignment, per_gpu: int) -> bool:
+        """Book ``per_gpu`` cores per GPU of ``a`` where every server has them."""
+        want = {s: per_gpu * g for s, g in a.config.parts}
+        if any(c > self.gpu_room(s) for s, c in want.items()):
+            return False
+        for s, c in want.items():
+            self.gpu_cores[s] += c
+        return True
+
+    def _squeezed(self, job: JobId, k: int, got: int) -> None:
+        """``job`` holds ``got`` cores per GPU of the ``k`` its climb wants:
+        the climb pauses there (a new job's starts from what it got)."""
+        climb = self.climbs.get(job)
         if climb is not None and k > climb.best:
-            self._pause(a.job_id, msgspec.structs.replace(climb, current=k),
-                        msgspec.structs.replace(climb, phase="settled", current=room,
-                                                best=min(room, climb.best)))
+            self._pause(job, msgspec.structs.replace(climb, current=k),
+                        msgspec.structs.replace(climb, phase="settled", current=got,
+                                                best=min(got, climb.best)))
         elif climb is not None:
-            self.climbs[a.job_id] = msgspec.structs.replace(climb, phase="settled",
-                                                            current=room, best=room)
-        return room
+            self.climbs[job] = msgspec.structs.replace(climb, phase="settled", current=got,
+                                                       best=got)
 
     def _retunes(self, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
         """In a later plan: running GPU jobs whose climb moved get their new
