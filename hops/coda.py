@@ -61,14 +61,19 @@ def workload(trace: str, cluster: Cluster, truth: GroundTruth, seed: int,
     return add_cpu_jobs(with_core_requests(gpu_jobs, seed, categories), seed, CpuMix())
 
 
+def with_inner(name: str, inner: str) -> str:
+    """The core policy spec ``name`` (settings allowed) around ``inner``."""
+    return f"{name}{',' if ':' in name else ':'}inner={inner}"
+
+
 def simulate_one(name: str, inner: str, trace: str, first_n: int | None, compress: float,
                  seed: int, progress: Progress | None = None) -> SimResult:
     """One policy's run (a worker process's whole task)."""
     cluster = coda_cluster()
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
-    spec = f"{name}:inner={inner}" if inner != "hops" else name
-    sim = Simulation(cluster, jobs, make_policy(spec), truth, SimSettings(seed=seed),
+    policy = make_policy(with_inner(name, inner))
+    sim = Simulation(cluster, jobs, policy, truth, SimSettings(seed=seed),
                      timer=time.perf_counter)
     return sim.run(progress)
 
@@ -80,7 +85,7 @@ def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
     """Every policy on one workload (``workers`` simulations at once); the
     results, written under ``out``."""
     for name in policies:
-        make_policy(f"{name}:inner={inner}")  # a bad spec fails before the first run
+        make_policy(with_inner(name, inner))  # a bad spec fails before the first run
     cluster = coda_cluster()
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
