@@ -214,7 +214,7 @@ class _Round(CpuSide):
 
     def _climb(self, job: JobState, settings: ClimbSettings) -> int:
         if job.id in self.paused and job.phase == "running":
-            # Try again for the value it wanted: _fit or _retunes pause it
+            # Try again for the value it wanted: _attach or _retunes pause it
             # again while its servers still lack the cores.
             self.climbs[job.id] = self.paused.pop(job.id)
         climb = self.climbs.get(job.id)
@@ -249,7 +249,7 @@ class _Round(CpuSide):
     def _plan_gpus(self, inner: Policy, per_gpu: Mapping[JobId, int]) -> Plan:
         """The inner policy's plan of the GPU jobs on the GPUs that have
         cores beside them (at the smallest per-GPU demand among them)."""
-        # Under the allocator a job takes down to one core per GPU (_fit).
+        # Under the allocator a job takes down to one core per GPU (_attach).
         smallest = 1 if self.layer.climb is not None else \
             min((per_gpu[j.id] for j in self.gpu), default=1)
         free = self.snap.free_gpus()
