@@ -132,6 +132,8 @@ def experiment(
         help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
     workers: Annotated[int, typer.Option(
         help="'sharing', 'coda': simulations run at once")] = 1,
+    mba: Annotated[bool, typer.Option(
+        help="'coda': the servers have MBA (the eliminator caps bandwidth, not cores)")] = False,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import POLICIES, define, run_experiment
@@ -153,7 +155,7 @@ def experiment(
 
             run_coda(out, inner=inner, trace=trace or "elasticflow-cluster04",
                      first_n=first_n, compress=compress, seed=seed,
-                     policies=tuple(policy or CORE_POLICIES), workers=workers)
+                     policies=tuple(policy or CORE_POLICIES), workers=workers, mba=mba)
             typer.echo((out / "results.md").read_text())
             return
         if name == "cell-fragmentation":

@@ -40,17 +40,19 @@ GPU = GpuType("GTX1080Ti")
 MEMORY_GBPS = 128.0
 
 
-def coda_cluster(servers: int = 80, gpus: int = 5, cores: int = 28) -> Cluster:
+def coda_cluster(servers: int = 80, gpus: int = 5, cores: int = 28,
+                 mba: bool = False) -> Cluster:
     """The paper's cluster (§III-A, §VI-A): 80 servers of 5 GTX 1080Ti and
     two 14-core Xeon Gold 6132 sockets; the GPU type's bandwidths are the
     built-in paper-sim cluster's. Memory bandwidth: one socket's six
     DDR4-2666 channels, 128 GB/s (an assumption: a job's cores and memory
-    sit on one socket); no MBA (the paper's fallback, halving cores)."""
+    sit on one socket). By default no MBA, the paper's fallback (halving
+    cores); ``mba``: every server has it."""
     template = builtin_cluster("paper-sim-512")
     spec: GpuTypeSpec = next(t for t in template.gpu_types if t.name == GPU)
     return Cluster(gpu_types=(spec,), name="coda", servers=tuple(
         Server(ServerId(f"node-{i:02d}"), GPU, gpus, cores=cores,
-               memory_bandwidth_gbps=MEMORY_GBPS) for i in range(servers)))
+               memory_bandwidth_gbps=MEMORY_GBPS, mba=mba) for i in range(servers)))
 
 
 def workload(trace: str, cluster: Cluster, truth: GroundTruth, seed: int,
@@ -67,9 +69,9 @@ def with_inner(name: str, inner: str) -> str:
 
 
 def simulate_one(name: str, inner: str, trace: str, first_n: int | None, compress: float,
-                 seed: int, progress: Progress | None = None) -> SimResult:
+                 seed: int, mba: bool = False, progress: Progress | None = None) -> SimResult:
     """One policy's run (a worker process's whole task)."""
-    cluster = coda_cluster()
+    cluster = coda_cluster(mba=mba)
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
     policy = make_policy(with_inner(name, inner))
@@ -81,15 +83,15 @@ def simulate_one(name: str, inner: str, trace: str, first_n: int | None, compres
 def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
         first_n: int | None = 400, compress: float = 1.0, seed: int = 0,
         policies: Sequence[str] = POLICIES, progress: Progress | None = None,
-        workers: int = 1) -> dict[str, dict[str, float]]:
+        workers: int = 1, mba: bool = False) -> dict[str, dict[str, float]]:
     """Every policy on one workload (``workers`` simulations at once); the
     results, written under ``out``."""
     for name in policies:
         make_policy(with_inner(name, inner))  # a bad spec fails before the first run
-    cluster = coda_cluster()
+    cluster = coda_cluster(mba=mba)
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
-    args = (inner, trace, first_n, compress, seed)
+    args = (inner, trace, first_n, compress, seed, mba)
     if workers <= 1:
         runs = {n: simulate_one(n, *args, progress=progress) for n in policies}
     else:
@@ -100,7 +102,7 @@ def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     setup = {"inner": inner, "trace": trace, "first_n": first_n, "compress": compress,
-             "seed": seed, "jobs": len(jobs),
+             "seed": seed, "mba": mba, "jobs": len(jobs),
              "cpu_jobs": sum(1 for j in jobs if j.spec.kind == "cpu"),
              "cluster": msgspec.to_builtins(cluster)}
     (out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")

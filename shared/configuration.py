@@ -25,13 +25,23 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
 
     A CPU job (CODA) holds cores and no GPUs: its parts name 0 GPUs, and
     every such part holds cores (:meth:`cpu`).
+
+    ``mba_percent`` caps the memory bandwidth of each of the job's cores at
+    that share of a core's full bandwidth, by Intel Memory Bandwidth
+    Allocation (CODA §V-D: the contention eliminator throttles CPU jobs so);
+    100, the default, is no cap. A change of it alone is made in place,
+    like a change of cores.
     """
 
     parts: tuple[tuple[ServerId, int], ...]
     extras: tuple[Resources, ...] = ()
+    mba_percent: int = 100
 
     def __post_init__(self) -> None:
         parts = self.parts
+        if not 1 <= self.mba_percent <= 100:
+            raise ValueError(f"configuration: mba_percent must lie in 1..100, "
+                             f"got {self.mba_percent}")
         if len(parts) == 1 and parts[0][1] > 0 and not self.extras:
             return  # the common case, valid by the checks below
         if not parts:
@@ -59,9 +69,10 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
         return cls(tuple(sorted((ServerId(k), int(v)) for k, v in mapping.items())))
 
     @classmethod
-    def cpu(cls, server: ServerId, cores: int) -> Configuration:
-        """A CPU job's configuration: ``cores`` on ``server``, no GPUs."""
-        return cls(((server, 0),), (Resources(cores=cores),))
+    def cpu(cls, server: ServerId, cores: int, mba_percent: int = 100) -> Configuration:
+        """A CPU job's configuration: ``cores`` on ``server``, no GPUs, its
+        memory bandwidth capped at ``mba_percent``."""
+        return cls(((server, 0),), (Resources(cores=cores),), mba_percent)
 
     @property
     def total_cores(self) -> int:
@@ -98,11 +109,13 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
         if unknown:
             raise ValueError(f"configuration {self}: {unknown[0]} is not one of its servers")
         row = tuple(extras.get(s, NOTHING) for s, _ in self.parts)
-        return Configuration(self.parts, () if all(e.is_zero for e in row) else row)
+        return Configuration(self.parts, () if all(e.is_zero for e in row) else row,
+                             self.mba_percent)
 
     @property
     def gpus_only(self) -> Configuration:
-        return Configuration(self.parts) if self.extras else self
+        """The GPUs alone: no extras, no bandwidth cap."""
+        return Configuration(self.parts) if self.extras or self.mba_percent < 100 else self
 
     def demand_on(self, server: ServerId) -> Resources:
         """Everything the job holds on ``server`` (nothing if not one of its)."""
@@ -119,7 +132,9 @@ class Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
         return {s: self.demand_on(s) for s in self.servers}
 
     def __str__(self) -> str:
+        cap = f" mba {self.mba_percent}%" if self.mba_percent < 100 else ""
         if not self.extras:
-            return "{" + ", ".join(f"{s}:{g}" for s, g in self.parts) + "}"
+            return "{" + ", ".join(f"{s}:{g}" for s, g in self.parts) + "}" + cap
         return "{" + ", ".join(f"{s}:{g}" + (f" ({e})" if not e.is_zero else "")
-                               for (s, g), e in zip(self.parts, self.extras, strict=True)) + "}"
+                               for (s, g), e in zip(self.parts, self.extras,
+                                                    strict=True)) + "}" + cap

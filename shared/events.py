@@ -184,19 +184,24 @@ class SetCores(Message, frozen=True, tag="set_cores"):
     """Command on ``hops.v1.exec.<server_id>``: the running job now holds
     ``cores`` CPU cores on this server, without a restart (CODA's adaptive
     CPU allocation and contention elimination): the executor re-books them,
-    re-pins the job's threads and tells the job its new count."""
+    re-pins the job's threads and tells the job its new count.
+    ``mba_percent`` caps the job's memory bandwidth per core (Intel MBA,
+    through resctrl; 100: no cap), CODA's contention eliminator's throttle."""
 
     key: str
     job_id: JobId
     server_id: ServerId
     cores: int
     at: float = 0.0
+    mba_percent: int = 100
 
     def __post_init__(self) -> None:
         if not self.key:
             raise ValueError("key must not be empty")
         if self.cores < 0:
             raise ValueError(f"cores must be >= 0, got {self.cores}")
+        if not 1 <= self.mba_percent <= 100:
+            raise ValueError(f"mba_percent must lie in 1..100, got {self.mba_percent}")
 
 
 class CommandAck(Message, frozen=True, tag="command_ack"):

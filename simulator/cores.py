@@ -63,6 +63,6 @@ class Speeds:
                           for s in self.cluster.servers if s.memory_bandwidth_gbps > 0}
         for r in jobs:
             assert r.current is not None
-            slow = slowdown(self.cluster, demand, r.spec, r.current)
+            slow = slowdown(self.cluster, demand, r.spec, r.current, r.model)
             r.rate = r.base_rate * slow
             r.factor = r.base_factor * slow

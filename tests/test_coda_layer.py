@@ -4,6 +4,7 @@ its baselines around a real inner policy (Hops' ILP), plan by plan."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,10 +179,14 @@ def test_plans_never_overallocate_give_every_gpu_a_core_and_are_deterministic(
     assert untimed(make_policy(name).plan(s)) == untimed(plan)
 
 
-def test_the_eliminator_halves_cpu_jobs_cores_when_bandwidth_is_high_and_a_gpu_job_drops(
-) -> None:
+@pytest.mark.parametrize(("mba", "throttled_to"), [
+    (False, Configuration.cpu(ServerId("n0"), 4)),  # the fallback: half the cores
+    (True, Configuration.cpu(ServerId("n0"), 8, mba_percent=50)),  # MBA: the cores stay
+])
+def test_the_eliminator_throttles_cpu_jobs_when_bandwidth_is_high_and_a_gpu_job_drops(
+        mba: bool, throttled_to: Configuration) -> None:
     c = Cluster(gpu_types=(GpuTypeSpec(T, 2.5e9, 1e9),), servers=(
-        Server(ServerId("n0"), T, 4, cores=16, memory_bandwidth_gbps=100.0),))
+        Server(ServerId("n0"), T, 4, cores=16, memory_bandwidth_gbps=100.0, mba=mba),))
     policy = make_policy("coda:reserve_per_gpu=2,subarrays=false")
     first = policy.plan(snap(c, [gpu_job("g", (1,)), cpu_job("c", 8)]))
     gpu_cfg, cpu_cfg = first.config_of(JobId("g")), first.config_of(JobId("c"))
@@ -200,7 +205,7 @@ def test_the_eliminator_halves_cpu_jobs_cores_when_bandwidth_is_high_and_a_gpu_j
         return policy.plan(s)
 
     throttled = at(80.0)
-    assert throttled.config_of(JobId("c")) == Configuration.cpu(ServerId("n0"), 4)
+    assert throttled.config_of(JobId("c")) == throttled_to
     assert all(a.job_id != "g" or a.config.parts == slower.current.parts  # type: ignore[union-attr]
                for a in throttled.assignments)  # never a GPU job
     assert at(70.0).config_of(JobId("c")) is None  # below the threshold: nothing
@@ -225,6 +230,23 @@ def test_cores_given_back_by_a_lift_are_not_given_to_a_waiting_job_too() -> None
     assert plan.config_of(JobId("c")) == Configuration.cpu(ServerId("n0"), 8)  # lifted
     assert plan.config_of(JobId("w")) is None
     assert plan_overallocation(s, plan) is None
+
+
+def test_an_mba_cap_stays_between_the_thresholds_and_is_lifted_below_them() -> None:
+    c = Cluster(gpu_types=(GpuTypeSpec(T, 2.5e9, 1e9),), servers=(
+        Server(ServerId("n0"), T, 4, cores=16, memory_bandwidth_gbps=100.0, mba=True),))
+    policy = make_policy("coda:reserve_per_gpu=1,subarrays=false")
+    capped = cpu_job("c", 8, phase="running",
+                     current=Configuration.cpu(ServerId("n0"), 8, mba_percent=50))
+
+    def at(bandwidth: float) -> Plan:
+        s = msgspec.structs.replace(snap(c, [capped], now=100.0, first=False),
+                                    held_extras={ServerId("n0"): capped.current.extras[0]},  # type: ignore[union-attr]
+                                    bandwidth_gbps={ServerId("n0"): bandwidth})
+        return policy.plan(s)
+
+    assert at(10.0).config_of(JobId("c")) == Configuration.cpu(ServerId("n0"), 8)  # lifted
+    assert at(70.0).config_of(JobId("c")) is None  # hysteresis: the cap stays
 
 
 def test_a_cpu_job_past_the_wait_bound_goes_first_and_holds_the_array_until_it_fits() -> None:

@@ -27,9 +27,10 @@ RTX = GpuType("RTX3090")
 MODELS = ("resnet18-cifar10", "distilbert-imdb")
 
 
-def cluster(servers: int, cores: int, bandwidth: float) -> Cluster:
+def cluster(servers: int, cores: int, bandwidth: float, mba: bool = False) -> Cluster:
     return Cluster(gpu_types=(GpuTypeSpec(RTX, 2.5e9, 1e9),), servers=tuple(
-        Server(ServerId(f"n{i}"), RTX, 4, cores=cores, memory_bandwidth_gbps=bandwidth)
+        Server(ServerId(f"n{i}"), RTX, 4, cores=cores, memory_bandwidth_gbps=bandwidth,
+               mba=mba)
         for i in range(servers)))
 
 
@@ -58,7 +59,8 @@ def run(policy: str, c: Cluster, jobs: list[SimJob]) -> tuple[Simulation, SimRes
 @st.composite
 def workloads(draw: st.DrawFn) -> tuple[Cluster, list[SimJob]]:
     cores = draw(st.integers(6, 24))
-    c = cluster(draw(st.integers(1, 3)), cores, draw(st.sampled_from([0.0, 20.0, 60.0])))
+    c = cluster(draw(st.integers(1, 3)), cores, draw(st.sampled_from([0.0, 20.0, 60.0])),
+                draw(st.booleans()))
     # Requests a server can hold (a larger one never runs under a baseline,
     # and live admission refuses it).
     jobs = [gpu(i, draw(st.sampled_from(MODELS)), gpus,
@@ -125,3 +127,29 @@ def test_cores_given_back_in_place_are_free_for_a_job_growing_in_the_same_plan()
     result = sim.run()
     assert all(j.finish is not None for j in result.jobs)
     assert sum(j.retunes for j in result.jobs) >= 2
+
+
+def test_mba_caps_the_heavy_cpu_jobs_and_spares_the_gpu_job_and_the_light_ones() -> None:
+    """Two bandwidth-heavy and three light CPU jobs come beside a running
+    NLP job (the most contention-sensitive category) on a server whose
+    bandwidth they overrun. Halving cores (no MBA) slows every CPU job
+    alike; MBA caps (simulator.contention) slow what draws beyond the cap,
+    the heavy jobs, so the GPU job and the light jobs finish sooner."""
+
+    def finish(mba: bool) -> dict[str, float]:
+        c = Cluster(gpu_types=(GpuTypeSpec(RTX, 2.5e9, 1e9),), servers=(
+            Server(ServerId("n0"), RTX, 4, cores=28, memory_bandwidth_gbps=40.0, mba=mba),))
+        jobs = [gpu(0, "distilbert-imdb", 2, 4, 0.0, samples=4_000_000)]
+        for i in range(5):
+            model = HEAVY_MODEL if i < 2 else "cpu"
+            jobs.append(SimJob(JobSpec(JobId(f"c{i}"), model, 1, 1, 24_000, kind="cpu",
+                                       cores=4, submit_time=1200.0,
+                                       tenant=TenantId(f"t{i}")), model))
+        result = run("coda:subarrays=false", c, jobs)[1]
+        assert all(j.restarts == 1 for j in result.jobs)  # throttles are in place
+        return {j.id: j.finish or 0.0 for j in result.jobs}
+
+    halved, capped = finish(False), finish(True)
+    assert capped["g0"] < 0.9 * halved["g0"]
+    assert all(capped[f"c{i}"] < 0.8 * halved[f"c{i}"] for i in (2, 3, 4))
+    assert max(capped["c2"], capped["c3"], capped["c4"]) < min(capped["c0"], capped["c1"])

@@ -12,6 +12,7 @@ from scheduling.cores.eliminator import (
     ServerLoad,
     eliminate,
     eliminate_all,
+    lower_cap,
 )
 from shared.ids import JobId, ServerId
 
@@ -37,7 +38,8 @@ def test_contention_halves_the_cpu_jobs_and_spares_the_gpu_job() -> None:
 
 def test_an_mba_server_throttles_by_mba_and_keeps_the_cores() -> None:
     actions = eliminate(server(80.0, mba=True))
-    assert actions == (Action(S, CPU_A, "mba_throttle", 8), Action(S, CPU_B, "mba_throttle", 3))
+    assert actions == (Action(S, CPU_A, "mba_throttle", 8, 50),
+                       Action(S, CPU_B, "mba_throttle", 3, 50))
 
 
 def test_a_steady_gpu_job_means_no_contention() -> None:
@@ -61,16 +63,26 @@ def test_halving_repeats_while_contention_lasts_down_to_one_core() -> None:
     assert eliminate(server(90.0, cpu=cpu)) == (Action(S, CPU_A, "halve_cores", 2),)
 
 
-def test_mba_throttles_a_job_once() -> None:
-    cpu = (CpuJobLoad(CPU_A, 8, mba_throttled=True), CpuJobLoad(CPU_B, 3))
-    assert eliminate(server(90.0, mba=True, cpu=cpu)) == (Action(S, CPU_B, "mba_throttle", 3),)
+def test_mba_halves_the_cap_while_contention_lasts_down_to_the_floor() -> None:
+    cpu = (CpuJobLoad(CPU_A, 8, mba_percent=50), CpuJobLoad(CPU_B, 3, mba_percent=20),
+           CpuJobLoad(JobId("floor"), 2, mba_percent=10), CpuJobLoad(JobId("new"), 1))
+    assert eliminate(server(90.0, mba=True, cpu=cpu)) == (
+        Action(S, CPU_A, "mba_throttle", 8, 20), Action(S, CPU_B, "mba_throttle", 3, 10),
+        Action(S, JobId("new"), "mba_throttle", 1, 50))
+
+
+@pytest.mark.parametrize(("cap", "lower"), [(100, 50), (50, 20), (40, 20), (30, 10),
+                                            (20, 10), (15, 10), (10, 10)])
+def test_lower_cap_halves_to_a_ten_percent_step(cap: int, lower: int) -> None:
+    assert lower_cap(cap) == lower
 
 
 def test_low_bandwidth_lifts_the_throttles() -> None:
-    cpu = (CpuJobLoad(CPU_A, 2, requested=8), CpuJobLoad(CPU_B, 3, mba_throttled=True),
+    cpu = (CpuJobLoad(CPU_A, 2, requested=8), CpuJobLoad(CPU_B, 3, mba_percent=20),
            CpuJobLoad(JobId("free"), 5))
     actions = eliminate(server(50.0, gpu=STEADY, cpu=cpu))
     assert actions == (Action(S, CPU_A, "lift", 8), Action(S, CPU_B, "lift", 3))
+    assert all(a.mba_percent == 100 for a in actions)
 
 
 def test_between_release_and_threshold_throttles_stay() -> None:
@@ -99,3 +111,5 @@ def test_settings_are_checked() -> None:
         EliminatorSettings(threshold=0.0)
     with pytest.raises(ValueError):
         CpuJobLoad(CPU_A, 0)
+    with pytest.raises(ValueError):
+        CpuJobLoad(CPU_A, 2, mba_percent=0)

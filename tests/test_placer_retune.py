@@ -116,6 +116,15 @@ def test_a_cpu_job_halved_is_a_retune() -> None:
     assert r.configuration.cores_on(A) == 2 and r.placement.gpu_indices == {A: ()}
 
 
+def test_an_mba_cap_alone_is_a_retune_on_every_server_of_the_job() -> None:
+    current = {JobId("z"): placement("z", Configuration.cpu(A, 4))}
+    capped = Configuration.cpu(A, 4, mba_percent=50)
+    cmds = diff(current, plan(("z", capped)), False, JOBS, CAP, "p")
+    [r] = cmds.retunes
+    assert r.servers == (A,) and r.shrinks and r.retuned.configuration == capped
+    assert not cmds.stops and not cmds.starts
+
+
 def test_a_retune_on_a_server_not_alive_is_a_problem() -> None:
     current = {JobId("x"): placement("x", config({A: 1, B: 1}, {A: 4, B: 2}))}
     r = Retune(JobId("x"), current[JobId("x")], config({A: 1, B: 1}, {A: 4, B: 1}))
@@ -178,6 +187,15 @@ async def test_the_service_sets_the_cores_then_updates_hops_alloc() -> None:
     assert [(k, p.configuration, last) for k, p, last in kv.updates] == [
         ("x", r.configuration, 5)]
     assert not reporter.reports
+
+
+async def test_the_service_sends_the_mba_cap_and_puts_it_back_on_a_refusal() -> None:
+    old = placement("z", Configuration.cpu(A, 4))
+    r = Retune(JobId("z"), old, Configuration.cpu(A, 4, mba_percent=20))
+    placer, sent, kv, _ = fake_placer({A: True})
+    assert await placer._retune(r, "t1.r2.p3", revision=5)
+    assert [(c.server_id, c.cores, c.mba_percent) for c in sent] == [(A, 4, 20)]
+    assert [p.configuration.mba_percent for _, p, _ in kv.updates] == [20]
 
 
 async def test_a_refusal_puts_the_other_servers_back_and_keeps_hops_alloc() -> None:

@@ -62,16 +62,16 @@ class CpuSide:
 
     def _eliminate(self) -> dict[JobId, Configuration]:
         """CODA's contention eliminator (§V-D) on every server whose memory
-        bandwidth is measured: the CPU jobs' new configurations. Halving
-        cores is the paper's fallback; MBA would need resctrl writes as
-        root, which no executor does, so every server is treated as
-        without it. A lift gives a job its cores back where they are free."""
+        bandwidth is measured: the CPU jobs' new configurations, capped by
+        MBA on servers that have it (``Server.mba``), else with their cores
+        halved. A lift gives a job its cores back where they are free, and
+        lifts its cap."""
         coda = self.layer.coda
         if coda is None or not coda.eliminate or not self.snap.bandwidth_gbps:
             return {}
         out: dict[JobId, Configuration] = {}
         for server in self.snap.cluster.servers:
-            load = self._load(server.id, server.memory_bandwidth_gbps)
+            load = self._load(server.id, server.memory_bandwidth_gbps, server.mba)
             spare = self._spare(server.id)
             for act in eliminate(load) if load is not None else ():
                 job = next(j for j in self.cpu if j.id == act.job)
@@ -80,11 +80,12 @@ class CpuSide:
                 if more > spare:
                     continue
                 spare -= more  # a halving frees cores a later lift may use
-                out[act.job] = Configuration.cpu(server.id, act.cores)
-                self.notes.append(f"{act.kind} {act.job} to {act.cores} cores")
+                out[act.job] = Configuration.cpu(server.id, act.cores, act.mba_percent)
+                self.notes.append(f"{act.kind} {act.job} to {act.cores} cores, "
+                                  f"MBA {act.mba_percent}%")
         return out
 
-    def _load(self, server: ServerId, capacity: float) -> ServerLoad | None:
+    def _load(self, server: ServerId, capacity: float, mba: bool) -> ServerLoad | None:
         used = self.snap.bandwidth_gbps.get(server)
         if used is None or capacity <= 0:
             return None
@@ -92,10 +93,10 @@ class CpuSide:
                     for j in self.gpu if j.phase == "running" and j.current is not None
                     and server in j.current.servers and j.throughput > 0
                     and (c := self.climbs.get(j.id)) is not None and c.best_throughput > 0)
-        cpu = tuple(CpuJobLoad(j.id, j.current.total_cores, j.spec.cores)
+        cpu = tuple(CpuJobLoad(j.id, j.current.total_cores, j.spec.cores, j.current.mba_percent)
                     for j in self.cpu if j.phase == "running" and j.current is not None
                     and j.current.servers == (server,))
-        return ServerLoad(server, capacity, used, False, gpu, cpu)
+        return ServerLoad(server, capacity, used, mba, gpu, cpu)
 
     def _spare(self, server: ServerId) -> int:
         """Cores nobody holds on ``server`` (before this plan's changes)."""

@@ -6,13 +6,18 @@ outrank CPU jobs (§V-A), so only CPU jobs are ever throttled. Each period,
 per server: when the bandwidth in use reaches ``threshold`` (75%, the paper's
 default) of the server's capacity *and* some GPU job's utilisation has
 dropped, every CPU job on the server is throttled: by Intel MBA where the
-server has it, else by halving its cores (at least one core stays). Without
-MBA the halving repeats each period while the contention lasts; with MBA a
-job is throttled once.
+server has it, else by halving its cores (at least one core stays). Either
+repeats each period while the contention lasts.
+
+The paper names no MBA level. This project's choice mirrors the fallback:
+each throttle halves the job's cap, rounded down to MBA's usual 10% steps,
+from 100% (no cap) to 50, 20 and at least :data:`MBA_FLOOR` (10%). A cap
+slows only what a job draws beyond it, so a light CPU job is hardly touched
+where halving its cores would halve it.
 
 Lifting the throttle is this project's choice (the paper does not say): once
 the bandwidth in use falls below ``release`` (60%) of capacity, every
-throttled CPU job gets its MBA limit lifted or its requested cores back.
+throttled CPU job gets its MBA cap lifted and its requested cores back.
 Between ``release`` and ``threshold`` nothing changes (hysteresis, so a job
 is not throttled and released on alternate periods). Pure and deterministic:
 the caller measures (MBM, NVML) and applies the actions.
@@ -29,6 +34,14 @@ import msgspec
 from shared.ids import JobId, ServerId
 
 ActionKind = Literal["mba_throttle", "halve_cores", "lift"]
+MBA_STEP = 10  # percent: Intel MBA's usual granularity
+MBA_FLOOR = 10  # percent: the lowest cap the eliminator sets
+
+
+def lower_cap(percent: int) -> int:
+    """The next MBA cap below ``percent``: half, down to a 10% step, at least
+    :data:`MBA_FLOOR` (100 -> 50 -> 20 -> 10)."""
+    return max(MBA_FLOOR, percent // 2 // MBA_STEP * MBA_STEP)
 
 
 class EliminatorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -74,17 +87,19 @@ class GpuJobLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class CpuJobLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A CPU job on the server: the ``cores`` it holds now, the ``requested``
-    cores it asked for (0: the same as ``cores``), and whether MBA throttles
-    it now."""
+    cores it asked for (0: the same as ``cores``), and its MBA cap now
+    (``mba_percent``, 100: none)."""
 
     job: JobId
     cores: int
     requested: int = 0
-    mba_throttled: bool = False
+    mba_percent: int = 100
 
     def __post_init__(self) -> None:
         if self.cores < 1 or self.requested < 0:
             raise ValueError(f"{self.job}: cores must be >= 1 and requested >= 0")
+        if not 1 <= self.mba_percent <= 100:
+            raise ValueError(f"{self.job}: mba_percent must lie in 1..100")
 
     @property
     def asked(self) -> int:
@@ -92,7 +107,7 @@ class CpuJobLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def throttled(self) -> bool:
-        return self.mba_throttled or self.cores < self.asked
+        return self.mba_percent < 100 or self.cores < self.asked
 
 
 class ServerLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -115,12 +130,14 @@ class ServerLoad(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Action(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What to do to one CPU job: throttle it by MBA, halve its cores, or
-    lift its throttle. ``cores``: the cores it holds afterwards."""
+    lift its throttle. ``cores`` and ``mba_percent``: what it holds and its
+    cap afterwards."""
 
     server: ServerId
     job: JobId
     kind: ActionKind
     cores: int
+    mba_percent: int = 100
 
 
 def contended(load: ServerLoad, settings: EliminatorSettings) -> bool:
@@ -133,9 +150,10 @@ def contended(load: ServerLoad, settings: EliminatorSettings) -> bool:
 
 def _throttle(load: ServerLoad, job: CpuJobLoad) -> Action | None:
     if load.mba:
-        if job.mba_throttled:
+        if job.mba_percent <= MBA_FLOOR:
             return None
-        return Action(load.server, job.job, "mba_throttle", job.cores)
+        return Action(load.server, job.job, "mba_throttle", job.cores,
+                      lower_cap(job.mba_percent))
     if job.cores <= 1:
         return None
     return Action(load.server, job.job, "halve_cores", max(1, job.cores // 2))

@@ -7,8 +7,9 @@ start gets (§3.1, step 9: "the placer executes the resource allocation").
 * a job assigned another configuration is stopped and started again on the
   new one (a resize: restart from its checkpoint);
 * a running job assigned the same GPU parts and memory but other CPU cores
-  (CODA's core tuning, or its contention eliminator halving a CPU job) is
-  *retuned*: it keeps running on its GPUs and only its cores change, with a
+  or another memory-bandwidth cap (CODA's core tuning, or its contention
+  eliminator halving a CPU job's cores or capping it by MBA) is *retuned*:
+  it keeps running on its GPUs and only its cores or cap change, with a
   ``set_cores`` to each server where they do (:class:`Retune`);
 * on a round's first plan, every other running job is stopped; a plan later
   in the round only adds (§3.6), so it stops nothing else;
@@ -93,9 +94,10 @@ class Retune:
     @property
     def servers(self) -> tuple[ServerId, ...]:
         """The servers where the job's holding changes."""
-        old = self.placement.configuration
-        return tuple(s for s in self.configuration.servers
-                     if old.demand_on(s) != self.configuration.demand_on(s))
+        old, new = self.placement.configuration, self.configuration
+        if old.mba_percent != new.mba_percent:  # the cap is the job's, on every server
+            return new.servers
+        return tuple(s for s in new.servers if old.demand_on(s) != new.demand_on(s))
 
     @property
     def shrinks(self) -> bool:
@@ -212,7 +214,7 @@ def _assignments(current: Mapping[JobId, Placement], plan: Plan,
 
 
 def _cores_only(old: Configuration, new: Configuration) -> bool:
-    """Whether ``new`` differs from ``old`` in CPU cores alone."""
+    """Whether ``new`` differs from ``old`` in CPU cores or bandwidth cap alone."""
     return old.parts == new.parts and all(
         old.demand_on(s).memory_mb == new.demand_on(s).memory_mb for s in new.servers)
 

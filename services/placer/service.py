@@ -72,6 +72,7 @@ from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
 from shared import subjects
+from shared.configuration import Configuration
 from shared.events import (
     CommandAck,
     JobResized,
@@ -282,11 +283,11 @@ class Placer:
         """Change a running job's cores in place (step 5 of the module)."""
         job, new = retune.job_id, retune.configuration
         servers = retune.servers
-        acks = await asyncio.gather(*(self._set_cores("cores", prefix, job, s, new.cores_on(s))
+        acks = await asyncio.gather(*(self._set_cores("cores", prefix, job, s, new)
                                       for s in servers))
         if not all(a is not None and a.ok for a in acks):
             old = retune.placement.configuration
-            await asyncio.gather(*(self._set_cores("uncores", prefix, job, s, old.cores_on(s))
+            await asyncio.gather(*(self._set_cores("uncores", prefix, job, s, old)
                                    for s, a in zip(servers, acks, strict=True)
                                    if a is not None and a.ok))
             failed = [f"{s}: {a.code + ' ' + a.error if a else 'no answer'}"
@@ -302,9 +303,10 @@ class Placer:
         return True
 
     async def _set_cores(self, verb: str, prefix: str, job: JobId, server: ServerId,
-                         cores: int) -> CommandAck | None:
+                         config: Configuration) -> CommandAck | None:
         cmd = SetCores(key=command_key(verb, prefix, job, server), job_id=job,
-                       server_id=server, cores=cores, at=self.clock())
+                       server_id=server, cores=config.cores_on(server), at=self.clock(),
+                       mba_percent=config.mba_percent)
         return await self._command(server, cmd)
 
     def _rendezvous(self, start: Start, prefix: str) -> Rendezvous:
