@@ -45,6 +45,9 @@ class JobState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # them (0: not measured yet): what CODA's allocator climbs on (§V-B-2).
     throughput: float = 0.0
     throughput_since: float = 0.0
+    # Seconds one checkpoint-restart of this job costs, as the mechanism
+    # knows it (0: not known, the policies take scheduling.rounds.RESTART_S).
+    restart_s: float = 0.0
 
     @property
     def id(self) -> JobId:

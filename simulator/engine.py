@@ -29,7 +29,7 @@ from scheduling import lifecycle as lc
 from scheduling.check import plan_overallocation
 from scheduling.fairness import raqlr
 from scheduling.policy import Policy
-from scheduling.rounds import RESTART_S, ROUND_S
+from scheduling.rounds import ROUND_S
 from shared import events as ev
 from shared.cluster import Cluster
 from shared.configuration import Configuration
@@ -44,6 +44,7 @@ from simulator.measuring import Measuring
 from simulator.metrics import RoundRecord, SimResult, job_outcome
 from simulator.state import JobRecord, Occupancy, job_holder
 from simulator.workloads import SimJob
+from world.restarts import restart_cost
 from world.truth import GroundTruth
 
 Progress = Callable[[float, int, int], None]
@@ -52,14 +53,16 @@ EPS = 1e-6
 
 class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``round_s``: round length; ``restart_s``: checkpoint-restart cost of
-    any (re)start; iterations per profiling run and per running sample;
+    any (re)start, None: each model's own (:mod:`world.restarts`, Sia's
+    measured penalties), which the policies see as ``JobState.restart_s``;
+    iterations per profiling run and per running sample;
     ``r_num``: the policy's R_num (§2.2), which turns a job's GPU bounds into
     the requirement set that its plans must come from and its Eq. (9) age
     averages over (the policy spec's ``r_num``, as the live scheduler reads
     it)."""
 
     round_s: float = ROUND_S
-    restart_s: float = RESTART_S
+    restart_s: float | None = None
     r_num: int = R_NUM
     # Plans later in a round (§3.6) run at most this long after the release or
     # arrival that calls for them, so the events in between share one plan;
@@ -89,7 +92,9 @@ class Simulation(Measuring):
         self.settings = settings or SimSettings()
         self.timer = timer
         self.rngs: dict[JobId, np.random.Generator] = {}
-        self.jobs = {j.spec.id: JobRecord(spec=j.spec, model=j.model) for j in jobs}
+        uniform = self.settings.restart_s
+        self.jobs = {j.spec.id: JobRecord(spec=j.spec, model=j.model, restart_s=(
+            restart_cost(j.model) if uniform is None else uniform)) for j in jobs}
         if len(self.jobs) != len(jobs):
             raise ValueError("workload has duplicate job ids")
         self.arrivals = sorted(jobs, key=lambda j: (j.spec.submit_time, j.spec.id))
@@ -367,7 +372,7 @@ class Simulation(Measuring):
         # Every start is a checkpoint-restart (the lifecycle counts it).
         self._move(rec, ev.JobStarted(job_id=rec.id, configuration=config, at=self.now))
         self.speeds.set(rec, config, self.now)
-        rec.paused_until = self.now + self.settings.restart_s
+        rec.paused_until = self.now + rec.restart_s
 
     def _retune(self, rec: JobRecord, config: Configuration) -> None:
         """The same GPUs, other cores: changed in place, no restart."""

@@ -49,6 +49,7 @@ class JobRecord:
     busy_gpu_s: float = 0.0
     rate_since: float = 0.0
     retunes: int = 0
+    restart_s: float = 0.0  # what one checkpoint-restart costs it (world.restarts)
 
     @property
     def id(self) -> JobId:
@@ -124,6 +125,7 @@ class JobRecord:
             restarts=self.restarts,
             throughput=self.rate if self.phase == "running" else 0.0,
             throughput_since=max(self.rate_since, self.paused_until),
+            restart_s=self.restart_s,
         )
 
 

@@ -135,6 +135,18 @@ def test_restart_factor_keeps_a_job_that_restarts_too_often() -> None:
     assert assigned(restless) == {"r": {"A-1": 2}}
 
 
+def test_restart_factor_takes_each_jobs_own_restart_cost() -> None:
+    # Three restarts in 1000 s: at 30 s each, r = 910/1030 and the job grows
+    # to 4 GPUs; at an ImageNet model's 250 s, r = 250/1250 and it stays.
+    c = cluster([("A", 2, 4)])
+    cheap = running("r", [2, 4], {"A-1": 2}, restarts=3)
+    assert sum(assigned(SiaPolicy().plan(snap(c, [cheap])))["r"].values()) == 4
+    dear = msgspec.structs.replace(cheap, restart_s=250.0)
+    assert assigned(SiaPolicy().plan(snap(c, [dear]))) == {"r": {"A-1": 2}}
+    uniform = SiaPolicy(SiaSettings(restart_penalty=30.0)).plan(snap(c, [dear]))
+    assert sum(assigned(uniform)["r"].values()) == 4  # the operator's S for every job
+
+
 def test_sia_is_blind_to_server_entities() -> None:
     # Two servers of one type; by_server makes one of them half as fast. The
     # decision and the recorded throughput are the same whichever is slower.

@@ -39,7 +39,7 @@ from scheduling.policies.hops.window import (
 )
 from scheduling.priorities import latency_ratios, priority_fn, queue_priorities, weights
 from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE
-from scheduling.rounds import RESTART_S, ROUND_S
+from scheduling.rounds import ROUND_S, restart_cost
 from shared.estimate import job_sensitivity, sensitivity
 from shared.ids import JobId, ServerId
 from shared.job import R_NUM
@@ -71,15 +71,21 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     threads: int = _SOLVER.threads
     direct_max_columns: int = _SOLVER.direct_max_columns
     max_fill_passes: int = 4
+    # A fragment plan's window skips jobs no configuration on the free GPUs
+    # could serve (this project's filter; False: the paper's window over
+    # every waiting job, docs/baselines.md "Hops variants").
+    fill_filter: bool = True
     # The profiling-first layer's knobs (layers/profiling_first.py), set per
     # policy spec; the planner itself does not read them.
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
-    # Share of a round a configuration change costs (checkpoint-restart over
-    # round length): options that would restart a job weigh this much less,
-    # so a job is moved only when the new placement pays for the restart.
-    reconfig_cost: float = RESTART_S / ROUND_S
+    # Share of a round a configuration change costs: options that would
+    # restart a job weigh this much less, so a job is moved only when the new
+    # placement pays for the restart. None: each job's restart cost over the
+    # round length (scheduling.rounds.restart_cost / ROUND_S); a number, the
+    # same for every job (0: the paper, which charges nothing).
+    reconfig_cost: float | None = None
 
     def solver(self) -> SolverSettings:
         return SolverSettings(
@@ -186,6 +192,9 @@ class HopsPolicy(LayeredPolicy):
         capacity = sum(free.values())
         if kind == "first":
             return service_window(entries, capacity), []
+        if not self.settings.fill_filter:
+            window = service_window(entries, capacity)
+            return window, sensitivity_adjustment(entries, window, capacity)
         # A fragment plan's window skips jobs that no configuration on these
         # GPUs could serve: they cannot use the fragments, and letting them
         # fill the window would block the jobs behind them for nothing.
@@ -221,6 +230,10 @@ class HopsPolicy(LayeredPolicy):
         # With lambda = inf the greedy pass uses the order alone; weights are unused.
         return 1.0 if math.isinf(self.settings.lam) else self.settings.lam
 
+    def _reconfig_cost(self, job: JobState) -> float:
+        cost = self.settings.reconfig_cost
+        return min(1.0, restart_cost(job) / ROUND_S) if cost is None else cost
+
     def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float) -> PassJob:
         est = snapshot.estimates[job.id]
         return PassJob(
@@ -230,7 +243,7 @@ class HopsPolicy(LayeredPolicy):
             rho={t: sensitivity(est, t) for t in est.by_type},
             estimate=est,
             current=job.current,
-            switch_factor=1.0 - self.settings.reconfig_cost,
+            switch_factor=1.0 - self._reconfig_cost(job),
         )
 
 

@@ -76,7 +76,7 @@ from scheduling.policies.sia.start import good_start, lp_homes
 from scheduling.policies.sia.ties import prefer_queue_order
 from scheduling.priorities import latency_ratios, priority_fn, queue_priorities
 from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE
-from scheduling.rounds import RESTART_S
+from scheduling.rounds import restart_cost
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId
@@ -93,7 +93,10 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     p: float = -0.5
     lam: float = 1.1
-    restart_penalty: float = RESTART_S  # S_i of Sia Eq. (2), seconds lost per restart
+    # S_i of Sia Eq. (2), seconds lost per restart: None, each job's own
+    # (scheduling.rounds.restart_cost: the artifact's per-model penalties in
+    # the simulator); a number, the same for every job.
+    restart_penalty: float | None = None
     priority: str = "lr"
     r_num: int = R_NUM
     scale_to_min_gpus: bool = True
@@ -121,7 +124,7 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"p must be finite and non-zero, got {self.p}")
         if self.lam < 0 or not math.isfinite(self.lam):
             raise ValueError(f"lam must be finite and >= 0, got {self.lam}")
-        if self.restart_penalty < 0:
+        if self.restart_penalty is not None and self.restart_penalty < 0:
             raise ValueError(f"restart_penalty must be >= 0, got {self.restart_penalty}")
         if self.r_num < 1:
             raise ValueError(f"r_num must be >= 1, got {self.r_num}")
@@ -247,7 +250,8 @@ class SiaPolicy(LayeredPolicy):
             reqs = job.spec.requirement_set(s.r_num)
             row = job_row(snapshot.cluster, snapshot.estimates[job.id], reqs, s.scale_to_min_gpus)
             current = current_allocation(snapshot.cluster, job)
-            r = restart_factor(job, snapshot.now, s.restart_penalty)
+            penalty = restart_cost(job) if s.restart_penalty is None else s.restart_penalty
+            r = restart_factor(job, snapshot.now, penalty)
             for gpu_type, gpus, nodes, g in row:
                 if gpus > capacity[gpu_type]:
                     continue
