@@ -12,8 +12,8 @@ verdicts published for a job). A backend only runs jobs:
 A backend first judges a start (:meth:`Backend.check`), then spawns it
 (:meth:`Backend.spawn`) and hands back a :class:`JobHandle`, which the
 service acknowledges once :meth:`JobHandle.started` says so, stops with
-:meth:`JobHandle.terminate`, changes the cores of with
-:meth:`JobHandle.retune` and follows to its :class:`Outcome`.
+:meth:`JobHandle.terminate`, changes the cores (and memory bandwidth cap)
+of with :meth:`JobHandle.retune` and follows to its :class:`Outcome`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 from structlog.typing import FilteringBoundLogger
 
 from shared.events import JobFailed, JobFinished, StartJob
@@ -32,6 +33,15 @@ def profile_msg_id(cmd: StartJob) -> str:
     """The JetStream msg id of a profiling run's report: once per start,
     whichever backend ran it."""
     return f"{cmd.job_id}:profile_reported:{cmd.server_id}:{cmd.key}"
+
+
+def with_cap(cmd: StartJob, percent: int) -> StartJob:
+    """``cmd`` as if its job had started with its memory bandwidth capped at
+    ``percent`` (CODA §V-D), as :func:`executor.cores.with_cores` for its
+    cores: what a running job holds after a ``set_cores``, as the executor
+    keeps it (a real executor's state file: an adopted job keeps its cap)."""
+    config = msgspec.structs.replace(cmd.configuration, mba_percent=percent)
+    return msgspec.structs.replace(cmd, configuration=config)
 
 
 @dataclass(frozen=True)
@@ -94,9 +104,12 @@ class JobHandle(Protocol):
     def cores(self) -> tuple[int, ...]:
         """The core ids the job's threads are pinned to (empty: not pinned)."""
 
-    def retune(self, count: int, cores: tuple[int, ...]) -> None:
+    def retune(self, count: int, cores: tuple[int, ...], mba_percent: int = 100) -> None:
         """The job now holds ``count`` cores here, pinned to ``cores``
-        (empty: not pinned), in place: its processes keep running."""
+        (empty: not pinned), its memory bandwidth capped at ``mba_percent``
+        (100: no cap; CODA §V-D), in place: its processes keep running.
+        :class:`executor.mba.MbaError` when the cap cannot be applied:
+        then nothing changed."""
 
     async def started(self, timeout: float) -> str | None:
         """None once the job runs; else why it did not start."""

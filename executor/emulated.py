@@ -27,7 +27,7 @@ from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import JobHandle, OnEnding, Outcome, Refusal
+from executor.backend import JobHandle, OnEnding, Outcome, Refusal, with_cap
 from executor.cores import with_cores
 from executor.emulator import EmulationError, Role, UnknownModel, check_runnable, role_of
 from executor.launch import cores_of
@@ -62,10 +62,15 @@ class JobProcess:
         self.cores: tuple[int, ...] = ()  # emulated jobs train nothing: never pinned
         self.cores_file: Path | None = None
 
-    def retune(self, count: int, cores: tuple[int, ...]) -> None:
+    def retune(self, count: int, cores: tuple[int, ...], mba_percent: int = 100) -> None:
         """The books change, and the process learns the new count from its
-        cores file (it emulates its rate at the cores it holds)."""
-        self.cmd = with_cores(self.cmd, count)
+        cores file (it emulates its rate at the cores it holds). A memory
+        bandwidth cap (CODA §V-D) is only logged: emulated jobs share one
+        host and train nothing, and no resctrl group is theirs to join."""
+        self.cmd = with_cap(with_cores(self.cmd, count), mba_percent)
+        if mba_percent < 100:
+            self.log.info("memory bandwidth cap noted, not applied (emulated)",
+                          mba_percent=mba_percent)
         if self.cores_file is not None:
             write_count(self.cores_file, count)
 
@@ -172,7 +177,8 @@ class EmulatedBackend:
         proc.stdin.close()
         log = self.log.bind(job_id=cmd.job_id, role=role, pid=proc.pid)
         log.info("job process started", mode=cmd.mode, gpu_indices=list(cmd.gpu_indices),
-                 cores=count, samples_done=cmd.samples_done)
+                 cores=count, samples_done=cmd.samples_done,
+                 mba_percent=cmd.configuration.mba_percent)
         job = JobProcess(cmd, role, proc, log, on_ending)
         job.cores_file = cores_file
         self.spawn_task(job.pump(), f"job-{cmd.job_id}")

@@ -23,13 +23,18 @@ answers to ``start_job`` and ``stop_job``.
   ``not_found`` for a job not here, ``invalid`` for a profiling run, a CPU
   job left without cores or more than the server has, and ``conflict``
   when the cores are not free; nothing changes on a refusal. The new ids
-  keep those of the old the job still may hold.
+  keep those of the old the job still may hold. A change the job's
+  processes do not take (:meth:`NodeLedger.retune`'s ``take`` raises) is
+  not booked either.
+* A start or ``set_cores`` capping the job's memory bandwidth
+  (``mba_percent`` < 100, CODA §V-D) on a server without MBA
+  (``server.mba`` False) is refused with ``invalid``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 import msgspec
@@ -42,6 +47,7 @@ from shared.resources import NOTHING, UNITS, Ledger, OverAllocation, Resources
 
 CONFLICT = "conflict"
 NOT_FOUND = "not_found"
+Take = Callable[[int, tuple[int, ...], int], None]  # count, core ids, mba_percent
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ class NodeLedger:
         if bad:
             return _refusal(cmd.key, INVALID, f"{self.server.id} has {self.server.gpus} GPUs; "
                                               f"no GPU index {bad[0]}")
+        no_mba = self._mba_refusal(cmd.key, cmd.job_id, cmd.configuration.mba_percent)
+        if no_mba is not None:
+            return no_mba
         demand = cmd.configuration.demand_on(self.server.id)
         beyond = demand.short_of(self.server.capacity)
         if beyond:
@@ -132,6 +141,13 @@ class NodeLedger:
                                            f"(pinned: {self._pinned_text(job)})")
         return None
 
+    def _mba_refusal(self, key: str, job: JobId, percent: int) -> CommandAck | None:
+        """``invalid`` for a cap on a server that cannot throttle bandwidth."""
+        if percent >= 100 or self.server.mba:
+            return None
+        return _refusal(key, INVALID, f"{self.server.id} has no memory bandwidth allocation "
+                                      f"(MBA); job {job} cannot be capped at {percent}%")
+
     def _pinned_text(self, but: JobId) -> str:
         held = [f"{b.job_id} {list(b.cores)}" for b in self._jobs.values()
                 if b.cores and b.job_id != but]
@@ -149,6 +165,9 @@ class NodeLedger:
         if booking.mode != "run":
             return _refusal(cmd.key, INVALID, f"job {cmd.job_id} is profiling on "
                                               f"{self.server.id}: it holds no cores")
+        no_mba = self._mba_refusal(cmd.key, cmd.job_id, cmd.mba_percent)
+        if no_mba is not None:
+            return no_mba
         if not booking.gpu_indices and cmd.cores == 0:
             return _refusal(cmd.key, INVALID, f"CPU job {cmd.job_id} cannot run on no cores")
         if cmd.cores > self.server.cores:
@@ -203,14 +222,25 @@ class NodeLedger:
         except CoreShortage:
             return tuple(sorted(self.pool - taken))
 
-    def retune(self, cmd: SetCores) -> Booking:
+    def retune(self, cmd: SetCores, take: Take | None = None) -> Booking:
         """``cmd``'s job now holds ``cmd.cores`` cores here (after
-        :meth:`refuse_retune` said yes); its booking with the new core ids."""
+        :meth:`refuse_retune` said yes); its booking with the new core ids.
+        ``take`` (the job's :meth:`~executor.backend.JobHandle.retune`) is
+        given the count, the core ids and ``cmd.mba_percent``; should it
+        raise, the job holds what it held before and the error goes on."""
         old = self._jobs[cmd.job_id]
+        held = self._held.held_by(cmd.job_id).get(self.server.id, NOTHING)
         self._held.book(cmd.job_id, {self.server.id: self._retuned(cmd)})
         booking = replace(old, cores=self._choose(cmd.job_id, cmd.cores, old.gpu_indices,
                                                   keep=old.cores))
         self._jobs[cmd.job_id] = booking
+        try:
+            if take is not None:
+                take(cmd.cores, booking.cores, cmd.mba_percent)
+        except BaseException:
+            self._held.book(cmd.job_id, {self.server.id: held})  # it fitted before: it fits
+            self._jobs[cmd.job_id] = old
+            raise
         return booking
 
     def taken(self, but: JobId | None = None) -> set[int]:

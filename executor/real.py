@@ -18,7 +18,9 @@ fails, the others of the job on this node are stopped the same way.
 Each job holding cores is pinned to the core ids its booking names
 (:mod:`executor.pinning`): at the start, again every ``PIN_EVERY_S`` while
 it runs, and at once on a ``set_cores``, which also rewrites the job's
-``HOPS_CORES_FILE``.
+``HOPS_CORES_FILE``. A job's MBA cap (``mba_percent``, CODA §V-D) is kept
+on its threads the same way (:mod:`executor.mba`); a start whose cap cannot
+be set up is refused (``internal``).
 
 Jobs outlive the executor: it keeps a state file (:mod:`executor.adopt`)
 and, when it starts again, adopts the jobs still running and reports as
@@ -55,15 +57,13 @@ from executor.backend import (
     Refusal,
     StartFailed,
     profile_msg_id,
+    with_cap,
 )
 from executor.cores import with_cores
-from executor.isolation import (
-    FolderError,
-    JobIdentity,
-    prepare_folders,
-    root_refusal,
-)
+from executor.isolation import FolderError, JobIdentity, prepare_folders, root_refusal
 from executor.launch import LaunchOptions, cores_of, job_paths, launches, world_of
+from executor.mba import JobCap, MbaControl, MbaError
+from executor.membw import RESCTRL
 from executor.pinning import Pinner, write_count
 from executor.ranks import (
     AdoptedRank,
@@ -76,7 +76,7 @@ from executor.ranks import (
 from executor.reports import End, JobReports, ReportTail, log_tail, verdict
 from executor.settle import settle
 from shared.cluster import Server
-from shared.events import INVALID, ProfileReported, Report, SampleReported, StartJob
+from shared.events import INTERNAL, INVALID, ProfileReported, Report, SampleReported, StartJob
 from shared.ids import GpuType, JobId
 from shared.wire import FORBIDDEN
 
@@ -101,6 +101,7 @@ class RealSettings:
     identity: JobIdentity  # who the jobs run as (executor.isolation)
     stop_grace_s: float = 5.0
     poll_s: float = 0.2
+    resctrl: Path = RESCTRL  # where MBA caps are written (executor.mba)
 
 
 class RealJob:
@@ -111,7 +112,8 @@ class RealJob:
     def __init__(self, cmd: StartJob, ranks: list[Rank], pgid: int, reports: JobReports,
                  tail: ReportTail, logs: tuple[Path, ...], log: FilteringBoundLogger,
                  sink: Sink, on_ending: OnEnding, settings: RealSettings,
-                 adopted: bool = False, pinner: Pinner | None = None) -> None:
+                 adopted: bool = False, pinner: Pinner | None = None,
+                 cap: JobCap | None = None) -> None:
         self.cmd = cmd
         self.ranks = ranks
         self.pgid = pgid
@@ -124,6 +126,8 @@ class RealJob:
         self.settings = settings
         self.adopted = adopted
         self.pinner = pinner or Pinner(pgid, (), None)
+        self.cap = cap or JobCap(MbaControl(settings.resctrl), pgid,
+                                 cmd.configuration.mba_percent)
         self.node_rank = world_of(cmd)[3]
         self.stopping = False
         self._exits: dict[int, int | None] = {}  # local rank -> exit code, in order of ending
@@ -144,14 +148,17 @@ class RealJob:
     def cores(self) -> tuple[int, ...]:
         return self.pinner.cores
 
-    def retune(self, count: int, cores: tuple[int, ...]) -> None:
-        self.cmd = self.reports.cmd = with_cores(self.cmd, count)
+    def retune(self, count: int, cores: tuple[int, ...], mba_percent: int = 100) -> None:
+        """Cap first: an :class:`executor.mba.MbaError` leaves cap and cores as they were."""
+        moved = self.cap.set(mba_percent)
+        self.cmd = self.reports.cmd = with_cap(with_cores(self.cmd, count), mba_percent)
         try:
             threads = self.pinner.change(cores, count)
         except OSError as e:  # e.g. the job replaced its folder: it keeps its old count
             self.log.warning("job not told its new cores", error=str(e))
             threads = 0
-        self.log.info("job cores changed", cores=count, core_ids=list(cores), threads=threads)
+        self.log.info("job cores changed", cores=count, core_ids=list(cores), threads=threads,
+                      mba_percent=mba_percent, capped_threads=moved)
 
     async def run(self) -> None:
         """Follow the reports and the processes until every process ended."""
@@ -162,6 +169,8 @@ class RealJob:
                 self._after_failure()
                 if self.pinner.due():
                     self.pinner.pin()
+                if self.cap.due() and (why := self.cap.keep()) is not None:
+                    self.log.warning("job's memory bandwidth cap not kept", error=why)
                 if self._kill_at is not None and loop.time() >= self._kill_at:
                     self.log.warning("job processes ignored SIGTERM; killing the group")
                     signal_group(self.pgid, signal.SIGKILL)
@@ -172,6 +181,7 @@ class RealJob:
                 kill_stragglers(self.pgid)
             self._outcome = self._judge()
         finally:
+            self.cap.end()
             self._done.set()
 
     def _poll(self) -> bool:
@@ -292,6 +302,11 @@ class RealBackend:
         if spec.workdir and not Path(spec.workdir).is_dir():
             return Refusal(INVALID, f"working folder {spec.workdir} does not exist on "
                                     f"{self.server.id}", fail_job=True)
+        if cmd.configuration.mba_percent < 100:  # its group now: no job starts uncappable
+            try:
+                MbaControl(self.settings.resctrl).group(cmd.configuration.mba_percent)
+            except MbaError as e:
+                return Refusal(INTERNAL, f"executor {self.server.id}: {e}")
         return None
 
     async def spawn(self, cmd: StartJob, on_ending: OnEnding,
@@ -319,9 +334,11 @@ class RealBackend:
                       tuple(launch.log for launch in plan), log.bind(pgid=pgid), self.sink,
                       on_ending, self.settings, pinner=Pinner(pgid, cores, paths.cores))
         job.pinner.pin()  # threads the ranks started before each was pinned
+        if job.cap.due() and (why := job.cap.keep()) is not None:  # and capped
+            log.warning("job's memory bandwidth cap not set", error=why)
         log.info("job processes started", mode=cmd.mode, pgid=pgid, pids=[r.pid for r in ranks],
                  user=ident.name, gpu_indices=list(cmd.gpu_indices), cores=cores_of(cmd),
-                 core_ids=list(cores),
+                 core_ids=list(cores), mba_percent=cmd.configuration.mba_percent,
                  samples_done=cmd.samples_done,
                  workdir=cmd.spec.workdir or os.getcwd())
         self._follow(job)

@@ -14,15 +14,15 @@ itself or is being stopped. Commands:
   says so (emulated: the first heartbeat; real: spawned);
 * ``stop_job``: SIGTERM, SIGKILL after ``stop_grace_s``; acknowledged with
   the job's ``samples_done`` (and, for real jobs, the exit code and log tail);
-* ``set_cores``: the running job's cores change in place: the ledger
-  re-books them (or refuses, changing nothing), and the job is re-pinned
-  and told its new count (:meth:`~executor.backend.JobHandle.retune`).
+* ``set_cores``: the running job's cores and MBA cap change in place: the
+  ledger re-books them (or refuses, changing nothing); the job is re-pinned,
+  capped and told its count (a cap it cannot take: ``internal``, no change).
 
 A real executor without ``--cpu-affinity`` pins jobs to cores of its own
 affinity (:mod:`executor.cores`, :mod:`executor.pinning`; the acks name
-them); with it, the operator's cores win. It reads the node's memory
-bandwidth and MBA through resctrl (:mod:`executor.membw`) for its
-heartbeats and its registered server's ``mba``.
+them); with it, the operator's cores win. Through resctrl it reads the
+node's memory bandwidth and MBA (:mod:`executor.membw`: its heartbeats,
+its server's ``mba``) and caps jobs (:mod:`executor.mba`, CODA §V-D).
 
 Every subject it publishes on names its server (NATS permissions let an
 executor's identity use no other): job heartbeats on
@@ -62,7 +62,8 @@ from executor.emulated import EmulatedBackend
 from executor.isolation import JobIdentity, lookup_user, resolve_identity
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
-from executor.membw import NodeMemory
+from executor.mba import MbaError
+from executor.membw import RESCTRL, NodeMemory
 from executor.publish import NatsSink, publish_retrying
 from executor.real import RealBackend, RealSettings
 from executor.serving import serve_commands
@@ -115,6 +116,7 @@ class ExecutorSettings:
     allow_root_jobs: bool = False  # an executor running as root may run jobs as root
     job_identity: JobIdentity | None = None  # resolved from the two above (real)
     server: Server | None = None  # as advertised (real: host cores, memory); None: the file's
+    resctrl: Path = RESCTRL  # real: where memory bandwidth is read and capped (executor.mba)
 
 
 class RegistrationRefused(RuntimeError):
@@ -144,7 +146,7 @@ def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clust
                                 affinity=settings.affinity)
         ident = settings.job_identity or job_identity(settings)
         real = RealSettings(run_dir=settings.run_dir, options=options, identity=ident,
-                            stop_grace_s=settings.stop_grace_s)
+                            stop_grace_s=settings.stop_grace_s, resctrl=settings.resctrl)
         return RealBackend(server, real, NatsSink(ctx.nc, ctx.js, server.id, log, ctx.spawn),
                            log, ctx.spawn)
     s = settings
@@ -164,19 +166,18 @@ class NodeExecutor:
         self.cluster = cluster
         self.backend = backend
         self.server = advertised(settings, cluster)
+        self.log = ctx.log.bind(server_id=self.server.id)
         real = settings.backend == "real"
+        self.memory = NodeMemory(real, settings.resctrl)  # emulated ones share a host: none
+        if real:  # before the ledger, which refuses a cap where there is no MBA
+            self.server = msgspec.structs.replace(self.server, mba=self.memory.resctrl.mba)
+            (self.log.info if self.memory.resctrl.mba else self.log.warning)(
+                self.memory.resctrl.describe())
         pool = core_pool(real, bool(settings.affinity))
         nvml = any(d.source == "nvml" for d in settings.devices)
         self.ledger = NodeLedger(self.server, pool=pool,
                                  topology=load_topology(os.cpu_count() or 1) if nvml else None)
-        self.memory = NodeMemory(real)  # only a real executor measures: emulated ones share a host
-        if real:
-            self.server = msgspec.structs.replace(self.server, mba=self.memory.resctrl.mba)
         self.procs: dict[JobId, JobHandle] = {}
-        self.log = ctx.log.bind(server_id=self.server.id)
-        if real:
-            (self.log.info if self.memory.resctrl.mba else self.log.warning)(
-                self.memory.resctrl.describe())
         self._inflight: dict[str, asyncio.Future[CommandAck]] = {}
         # One lock per job, kept: a waiter may hold it when it is released.
         self._job_locks: dict[JobId, asyncio.Lock] = {}
@@ -269,8 +270,7 @@ class NodeExecutor:
         return self.ledger.remember(ack)
 
     async def _start(self, cmd: StartJob) -> CommandAck:
-        refusal = self.ledger.refuse_start(cmd)
-        if refusal is not None:
+        if (refusal := self.ledger.refuse_start(cmd)) is not None:
             return refusal
         no = self.backend.check(cmd)
         if no is not None:
@@ -304,14 +304,15 @@ class NodeExecutor:
                           cores=booking.cores)
 
     def _set_cores(self, cmd: SetCores) -> CommandAck:
-        """The job's cores change in place (see the module docstring)."""
-        refusal = self.ledger.refuse_retune(cmd)
-        if refusal is not None:
+        """The job's cores and cap change in place (see the module docstring)."""
+        if (refusal := self.ledger.refuse_retune(cmd)) is not None:
             return refusal
-        booking = self.ledger.retune(cmd)
-        job = self.procs.get(cmd.job_id)
-        if job is not None:
-            job.retune(cmd.cores, booking.cores)
+        job, log = self.procs.get(cmd.job_id), self.log.bind(job_id=cmd.job_id)
+        log.info("set_cores", cores=cmd.cores, mba_percent=cmd.mba_percent)
+        try:
+            booking = self.ledger.retune(cmd, job.retune if job is not None else None)
+        except MbaError as e:  # nothing changed: the job keeps its cores and its cap
+            return CommandAck(key=cmd.key, ok=False, code=INTERNAL, error=f"{self.server.id}: {e}")
         return CommandAck(key=cmd.key, ok=True, cores=booking.cores,
                           samples_done=job.samples_done if job is not None else 0.0)
 
@@ -358,8 +359,7 @@ class NodeExecutor:
                                msg_id, log)
 
     async def _stop(self, cmd: StopJob) -> CommandAck:
-        refusal = self.ledger.refuse_stop(cmd)
-        if refusal is not None:
+        if (refusal := self.ledger.refuse_stop(cmd)) is not None:
             return refusal
         job = self.procs.get(cmd.job_id)
         samples, exit_code, tail = 0.0, None, ""
