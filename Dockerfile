@@ -12,9 +12,10 @@ WORKDIR /app
 
 # Dependencies first, in their own layer: a change of the code does not
 # reinstall them.
-COPY pyproject.toml README.md ./
+# The exact versions of constraints.txt, as `make` installs them.
+COPY pyproject.toml README.md constraints.txt ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
+    && pip install -c constraints.txt -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
 COPY shared/ shared/

@@ -14,7 +14,7 @@ import typer
 from hops import cli_auth, cli_up
 from hops.cli_up import POLICY_HELP
 from hops.client import GatewayClient
-from scheduling.rounds import RESTART_S, ROUND_S
+from scheduling.rounds import ROUND_S
 from shared.job import JobSpec
 from shared.specs import SpecError
 
@@ -86,7 +86,9 @@ def simulate(
     elastic: Annotated[bool, typer.Option(help="derive elastic requirement sets (traces)")] = False,
     rate: Annotated[float | None, typer.Option(help="arrivals per hour (paper-sim)")] = None,
     round_s: Annotated[float, typer.Option(help="round length, s")] = ROUND_S,
-    restart_s: Annotated[float, typer.Option(help="checkpoint-restart cost, s")] = RESTART_S,
+    restart_s: Annotated[float | None, typer.Option(
+        help="checkpoint-restart cost of every job, s (default: each model's own, "
+        "Sia's measured penalties)")] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Simulate one policy on one workload; writes OUT/summary.json, jobs.csv, rounds.csv."""
@@ -134,11 +136,22 @@ def experiment(
         help="'sharing', 'coda': simulations run at once")] = 1,
     mba: Annotated[bool, typer.Option(
         help="'coda': the servers have MBA (the eliminator caps bandwidth, not cores)")] = False,
+    generator: Annotated[str, typer.Option(
+        help="requirement sets of the paper's workloads (table3, table4, priorities, "
+        "arrival-rates): 'project' (sizes tied to job length, an assumption) or 'literal' "
+        "(§4.2: 1-8 counts uniform over 1-16 GPUs)")] = "project",
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
-    from hops.experiments import POLICIES, define, run_experiment
+    from hops.experiments import GENERATOR_CHOICES, POLICIES, define, run_experiment
     from hops.simrun import rich_progress
 
+    if generator not in GENERATOR_CHOICES:
+        typer.echo(f"error: --generator must be one of {', '.join(GENERATOR_CHOICES)}, "
+                   f"got {generator!r}", err=True)
+        raise typer.Exit(2)
+    if generator != "project" and name in ("sharing", "coda", "cell-fragmentation"):
+        typer.echo(f"error: --generator does not apply to {name!r}", err=True)
+        raise typer.Exit(2)
     try:
         if name == "sharing":
             from hops.sharing import DEFAULT_TRACES, run_sharing
@@ -167,7 +180,7 @@ def experiment(
             return
         per_hour = tuple(float(r) for r in rates.split(","))
         exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress,
-                     rates=per_hour, policies=tuple(policy or POLICIES))
+                     rates=per_hour, policies=tuple(policy or POLICIES), generator=generator)
         run_experiment(exp, out, rich_progress if progress else None)
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -85,7 +85,11 @@ def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
         policies: Sequence[str] = POLICIES, progress: Progress | None = None,
         workers: int = 1, mba: bool = False) -> dict[str, dict[str, float]]:
     """Every policy on one workload (``workers`` simulations at once); the
-    results, written under ``out``."""
+    results, written under ``out``. What produced them (the commit, the
+    solver's version) is ``setup.json``'s ``provenance``: ``results.json``
+    keeps its {policy: {metric: value}} shape."""
+    from hops.provenance import provenance
+
     for name in policies:
         make_policy(with_inner(name, inner))  # a bad spec fails before the first run
     cluster = coda_cluster(mba=mba)
@@ -105,7 +109,8 @@ def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
              "seed": seed, "mba": mba, "jobs": len(jobs),
              "cpu_jobs": sum(1 for j in jobs if j.spec.kind == "cpu"),
              "cluster": msgspec.to_builtins(cluster)}
-    (out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")
+    recorded = {**setup, "provenance": provenance()}
+    (out / "setup.json").write_text(json.dumps(recorded, indent=2) + "\n")
     (out / "results.md").write_text(table(results, PAPER, setup))
     _plots(out, runs)
     return results

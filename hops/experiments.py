@@ -35,6 +35,10 @@ PAPER: dict[str, dict[str, tuple[float, float, float, float, float]]] = {
 POLICIES = ("hops", "sia", "gavel")
 PRIORITIES = ("lr", "las", "sjf", "srtf", "ftf", "fifo")
 RATES = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+# Requirement-set generators: the project's rule (an assumption) or §4.2 read
+# literally (simulator/generators.py); the suffix of the generator's name.
+GENERATOR_CHOICES = ("project", "literal")
+WORKLOAD_SUFFIX = {"project": "", "literal": "-literal"}
 
 
 class Experiment(msgspec.Struct, frozen=True):
@@ -45,13 +49,24 @@ class Experiment(msgspec.Struct, frozen=True):
 
 def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
            compress: float = 1.0, rates: tuple[float, ...] = RATES,
-           policies: tuple[str, ...] = POLICIES) -> Experiment:
+           policies: tuple[str, ...] = POLICIES, generator: str = "project") -> Experiment:
     """The runs of experiment ``name``; ``first_n`` and ``compress`` apply to
     every run's workload. ``policies`` are the specs compared (each run's
-    label is its spec); ``priorities`` varies the queue priority of the first."""
+    label is its spec); ``priorities`` varies the queue priority of the first.
+    ``generator`` picks the requirement sets of the paper's workloads:
+    ``project`` (paper-physical, paper-sim) or ``literal`` (their
+    ``-literal`` twins); it does not apply to a trace (``elasticflow``)."""
+    if generator not in GENERATOR_CHOICES:
+        raise ValueError(f"unknown generator {generator!r}; known: "
+                         f"{', '.join(GENERATOR_CHOICES)}")
+    if name == "elasticflow" and generator != "project":
+        raise ValueError(f"generator {generator!r} does not apply to 'elasticflow': "
+                         "its requirement sets come from the trace")
     for p in policies:
         parse_policy(p)  # a bad spec fails before the first run
-    exp = _define(name, seed, trace, rates, policies)
+    exp = _define(name, seed, trace, rates, policies, WORKLOAD_SUFFIX[generator])
+    if generator == "literal":
+        exp = msgspec.structs.replace(exp, title=f"{exp.title}, §4.2's literal requirement sets")
     runs = tuple(
         (label, msgspec.structs.replace(spec, first_n=first_n or spec.first_n,
                                         compress=compress if compress != 1.0 else spec.compress))
@@ -61,24 +76,24 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
 
 
 def _define(name: str, seed: int, trace: str | None, rates: tuple[float, ...],
-            policies: tuple[str, ...]) -> Experiment:
+            policies: tuple[str, ...], suffix: str = "") -> Experiment:
     if name == "table3":
-        base = RunSpec(cluster="paper-physical", workload="paper-physical", seed=seed)
+        base = RunSpec(cluster="paper-physical", workload=f"paper-physical{suffix}", seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, "Physical 64-GPU cluster (Table 3)", runs)
     if name == "table4":
-        base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
+        base = RunSpec(cluster="paper-sim-512", workload=f"paper-sim{suffix}", seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, "Simulated 512-GPU cluster (Table 4)", runs)
     if name == "priorities":
-        base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
+        base = RunSpec(cluster="paper-sim-512", workload=f"paper-sim{suffix}", seed=seed)
         runs = tuple(
             (f"{policies[0]}-{q}", msgspec.structs.replace(base, policy=policies[0], priority=q))
             for q in PRIORITIES
         )
         return Experiment(name, "Hops under different queue priorities (Figure 13)", runs)
     if name == "arrival-rates":
-        base = RunSpec(cluster="paper-sim-512", workload="paper-sim", seed=seed)
+        base = RunSpec(cluster="paper-sim-512", workload=f"paper-sim{suffix}", seed=seed)
         runs = tuple(
             (f"{p}@{rate:g}/h", msgspec.structs.replace(base, policy=p, rate_per_h=rate))
             for rate in rates
@@ -129,6 +144,8 @@ COLUMNS = (
     ("avg_wait_h", "Avg wait (h)", "{:.2f}"),
     ("max_lr", "Max LR", "{:.2f}"),
     ("avg_frag", "Avg frag", "{:.2f}"),
+    ("floor_avg_jct_h", "Floor JCT (h)", "{:.2f}"),
+    ("excess_avg_jct_h", "Excess JCT (h)", "{:.2f}"),
     ("p99_jct_h", "p99 JCT (h)", "{:.2f}"),
     ("max_ftf", "Max FTF", "{:.2f}"),
     ("unfair_fraction", "FTF>1", "{:.0%}"),
@@ -144,6 +161,13 @@ def render_markdown(exp: Experiment, summaries: dict[str, dict[str, object]]) ->
     for label, s in summaries.items():
         cells = [fmt.format(s[key]) for key, _, fmt in COLUMNS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    floors = {label: f"{s['floor_makespan_h']:.2f} h" for label, s in summaries.items()}
+    shown = (next(iter(floors.values())) if len(set(floors.values())) == 1
+             else ", ".join(f"{label} {v}" for label, v in floors.items()))
+    if floors:
+        lines += ["", f"Floor makespan (every job alone on its best resources from its "
+                  f"submission): {shown}. Floor JCT: the mean of the finished jobs' floors; "
+                  "excess JCT: avg JCT minus it."]
     paper = PAPER.get(exp.name)
     if paper:
         lines += ["", "The paper's numbers (same columns, first five):", "",

@@ -199,6 +199,10 @@ def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int 
     runs = {k: v for k, v in done.items() if isinstance(v, RunOutcome)}
     results = _results(runs, private, _merge_private(private), owner)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    # Beside it, not in it: results.json's top-level keys are the runs' labels.
+    from hops.provenance import provenance
+
+    (out / "provenance.json").write_text(json.dumps(provenance(), indent=2) + "\n")
     _write_jobs(out, runs, private, owner)
     from hops.plots import plot_sharing
     from hops.sharing_report import render_sharing

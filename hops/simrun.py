@@ -17,9 +17,10 @@ import msgspec
 
 from hops.policies import resolve
 from scheduling.registry import make_policy
-from scheduling.rounds import RESTART_S, ROUND_S
+from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
 from simulator.engine import Progress, SimSettings, Simulation
+from simulator.floor import floor
 from simulator.metrics import SimResult, summarize
 from simulator.workloads import SimJob, load_workload
 from world.catalog import builtin_catalog
@@ -41,7 +42,7 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     elastic: bool = False
     rate_per_h: float | None = None
     round_s: float = ROUND_S
-    restart_s: float = RESTART_S
+    restart_s: float | None = None  # None: each model's own (world.restarts)
 
 
 def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
@@ -61,6 +62,8 @@ def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
 
 
 def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, SimResult]:
+    """Run ``spec``; the result carries each job's JCT floor (``floor_s``,
+    simulator/floor.py), which :func:`simulator.metrics.summarize` reports."""
     policy_spec = resolve(spec.policy, priority=spec.priority, lam=spec.lam)
     policy = make_policy(policy_spec)  # a bad spec: before the work
     cluster, truth, jobs = prepare(spec)
@@ -69,14 +72,18 @@ def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, 
     settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed,
                            r_num=policy_spec.r_num)
     sim = Simulation(cluster, jobs, policy, truth, settings, timer=time.perf_counter)
-    return cluster, sim.run(progress)
+    result = sim.run(progress)
+    return cluster, msgspec.structs.replace(result, floor_s=floor(jobs, truth, cluster))
 
 
 def write_outputs(
     out: Path, spec: RunSpec, cluster: Cluster, result: SimResult
 ) -> dict[str, object]:
+    from hops.provenance import provenance
+
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, object] = {**summarize(result, cluster), "run": msgspec.to_builtins(spec)}
+    summary: dict[str, object] = {**summarize(result, cluster), "run": msgspec.to_builtins(spec),
+                                  "provenance": provenance()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _write_csv(out / "jobs.csv", [msgspec.to_builtins(j) for j in result.jobs])
     _write_csv(out / "rounds.csv", [msgspec.to_builtins(r) for r in result.rounds])

@@ -77,6 +77,16 @@ class HopsProfilePreemptSpec(
     profile_preempt: bool = True
 
 
+class HopsPaperSpec(HopsSettings, tag="hops-paper", tag_field="name", frozen=True):
+    """Hops as the paper states it: no reconfiguration cost, the fill plans'
+    window over every waiting job, and every pass proven to the 1% gap of
+    §4.7 (docs/baselines.md, "Hops variants")."""
+
+    reconfig_cost: float | None = 0.0
+    fill_filter: bool = False
+    accept_gap: float = 0.01
+
+
 class SiaSpec(SiaSettings, tag="sia", tag_field="name", frozen=True):
     """The Sia baseline (:class:`~.baselines.sia.SiaPolicy`)."""
 
@@ -88,12 +98,21 @@ class SiaLpStartSpec(SiaSettings, tag="sia-lp-start", tag_field="name", frozen=T
     start: str = "rounded-lp"
 
 
+class SiaEstimatorSpec(SiaSettings, tag="sia-estimator", tag_field="name", frozen=True):
+    """Sia given Hops' estimator's curves instead of its own bootstrapped
+    model (``SiaSettings.throughput``): better information than its paper's."""
+
+    throughput: str = "estimator"
+
+
 class GavelSpec(GavelSettings, tag="gavel", tag_field="name", frozen=True):
     """The Gavel baseline (:class:`~.baselines.gavel.GavelPolicy`)."""
 
 
-ClusterSpec = HopsSpec | HopsProfilePreemptSpec | SiaSpec | SiaLpStartSpec | GavelSpec
-CLUSTER_TYPES = (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec)
+ClusterSpec = (HopsSpec | HopsProfilePreemptSpec | HopsPaperSpec | SiaSpec | SiaLpStartSpec
+               | SiaEstimatorSpec | GavelSpec)
+CLUSTER_TYPES = (HopsSpec, HopsProfilePreemptSpec, HopsPaperSpec, SiaSpec, SiaLpStartSpec,
+                 SiaEstimatorSpec, GavelSpec)
 
 
 class _TenantSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -188,13 +207,12 @@ PolicySpec = ClusterSpec | TenantSpec | CoreSpec
 
 SPECS: Mapping[str, type[PolicySpec]] = {
     str(cls.__struct_config__.tag): cls
-    for cls in (HopsSpec, HopsProfilePreemptSpec, SiaSpec, SiaLpStartSpec, GavelSpec,
-                HivedSpec, QuotaSpec, QuotaBorrowSpec, CodaSpec, FifoCoresSpec, DrfCoresSpec,
-                FixedCoresSpec)
+    for cls in (*CLUSTER_TYPES, *TENANT_TYPES, *CORE_TYPES)
 }
 # The cluster policies (every one runs without tenants' cells); the tenant
 # policies need cells.
-POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "sia", "sia-lp-start", "gavel")
+POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "hops-paper", "sia",
+                             "sia-lp-start", "sia-estimator", "gavel")
 TENANT_POLICIES: tuple[str, ...] = ("hived", "quota", "quota-borrow")
 # The core policies: CPU cores scheduled beside the GPUs (issue 21).
 CORE_POLICIES: tuple[str, ...] = ("coda", "fifo", "drf", "fixed-cores")
@@ -412,9 +430,9 @@ def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> Prof
 
 def _inner(spec: ClusterSpec) -> LayeredPolicy:
     match spec:
-        case HopsSpec() | HopsProfilePreemptSpec():
+        case HopsSpec() | HopsProfilePreemptSpec() | HopsPaperSpec():
             return HopsPolicy(spec)
-        case SiaSpec() | SiaLpStartSpec():
+        case SiaSpec() | SiaLpStartSpec() | SiaEstimatorSpec():
             return SiaPolicy(spec)
         case GavelSpec():
             return GavelPolicy(spec)

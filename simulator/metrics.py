@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -62,6 +62,9 @@ class SimResult(msgspec.Struct, frozen=True):
     rounds: tuple[RoundRecord, ...]
     plan_seconds: tuple[float, ...]
     end_time: float
+    # Each job's JCT floor in seconds (simulator/floor.py), when the caller
+    # computed it (hops.simrun.simulate does); summarize reports it.
+    floor_s: dict[JobId, float] = msgspec.field(default_factory=dict)
 
 
 def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> float:
@@ -160,19 +163,35 @@ def ftf_rhos(result: SimResult, cluster: Cluster) -> dict[JobId, float]:
     return out
 
 
-def summarize(result: SimResult, cluster: Cluster) -> dict[str, float | int]:
-    """The headline numbers of a run (the keys of summary.json)."""
+def summarize(result: SimResult, cluster: Cluster,
+              floor: Mapping[JobId, float] | None = None) -> dict[str, float | int]:
+    """The headline numbers of a run (the keys of summary.json).
+
+    ``floor`` (default: ``result.floor_s``) is each job's JCT floor in
+    seconds (simulator/floor.py): ``floor_avg_jct_h`` is its mean over the
+    finished jobs that have one, ``excess_avg_jct_h`` = ``avg_jct_h`` minus
+    it, ``floor_makespan_h`` the latest submit + floor after the first
+    submit. Without floors the three are 0."""
+    floors = result.floor_s if floor is None else floor
     done = [j for j in result.jobs if j.jct_s is not None]
     jcts = [j.jct_s for j in done if j.jct_s is not None]
     first_submit = min((j.submit for j in result.jobs), default=0.0)
     last_finish = max((j.finish for j in done if j.finish is not None), default=first_submit)
     rhos = list(ftf_rhos(result, cluster).values())
     busy = [r for r in result.rounds if r.t <= last_finish]
+    avg_jct_h = sum(jcts) / len(jcts) / 3600 if jcts else 0.0
+    done_floors = [floors[j.id] for j in done if j.id in floors]
+    floor_avg_h = sum(done_floors) / len(done_floors) / 3600 if done_floors else 0.0
+    floor_end = max((j.submit + floors[j.id] for j in result.jobs if j.id in floors),
+                    default=first_submit)
     return {
         "jobs": len(result.jobs),
         "jobs_finished": len(done),
         "makespan_h": (last_finish - first_submit) / 3600,
-        "avg_jct_h": sum(jcts) / len(jcts) / 3600 if jcts else 0.0,
+        "avg_jct_h": avg_jct_h,
+        "floor_avg_jct_h": floor_avg_h,
+        "excess_avg_jct_h": avg_jct_h - floor_avg_h if done_floors else 0.0,
+        "floor_makespan_h": (floor_end - first_submit) / 3600,
         "p99_jct_h": percentile(jcts, 99) / 3600,
         "avg_wait_h": sum(j.wait_s for j in done) / len(done) / 3600 if done else 0.0,
         "max_lr": max((j.lr for j in done), default=0.0),

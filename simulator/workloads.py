@@ -9,7 +9,10 @@ and the project's own workload files.
 * a workload file: YAML/JSON, a list (or ``{jobs: [...]}``) of
   ``{spec: <JobSpec fields>, model: <catalog key>}``.
 
-Requirement sets follow §4.2: between 1 and 16 GPUs, up to 8 choices. Job
+Requirement sets: §4.2 says only "between 1 and 16 GPUs, up to 8 choices".
+The project generators tie the sizes to the job's length
+(:func:`requirement_set`, an assumption); the ``*-literal`` generators draw
+them as the paper states (:mod:`simulator.generators`) on the same jobs. Job
 lengths come from Table 2's categories as GPU-hours on a reference GPU type;
 docs/simulator-data.md documents every rule.
 """
@@ -30,6 +33,7 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec, ScalingRule
 from shared.specs import SpecError, convert, read_document
+from simulator.generators import literal_sets
 from world.catalog import Category, ModelTruth
 from world.truth import GroundTruth
 
@@ -72,12 +76,13 @@ ELASTICFLOW_MODELS: dict[str, tuple[str, str]] = {
     "gpt2": ("gpt2-medium-wikitext", "gavel:Transformer (batch size 32)"),
     "deepspeech2": ("wav2vec2-common-language", "gavel:LM (batch size 20)"),
 }
-GENERATORS = ("paper-physical", "paper-sim")
+GENERATORS = ("paper-physical", "paper-sim", "paper-physical-literal", "paper-sim-literal")
 
 
 def requirement_set(category: Category, rng: np.random.Generator) -> tuple[int, ...]:
-    """A centre c from the category's choices, then 1..8 distinct GPU counts
-    from [max(1, c/2), min(16, 2c)] always including c."""
+    """The project's rule (an assumption; §4.2 says only 1-16 GPUs, up to 8
+    choices): a centre c from the category's choices, then 1..8 distinct GPU
+    counts from [max(1, c/2), min(16, 2c)] always including c."""
     centre = int(rng.choice(CENTRES[category]))
     pool = [g for g in range(max(1, centre // 2), min(MAX_GPUS, 2 * centre) + 1) if g != centre]
     k = int(rng.integers(1, min(MAX_CHOICES, len(pool) + 1) + 1))
@@ -155,6 +160,29 @@ def paper_sim(seed: int, catalog: Mapping[str, ModelTruth], truth: GroundTruth,
     gaps = rng.exponential(3600.0 / rate_per_h, n - 1)
     times = np.concatenate(([0.0], np.cumsum(gaps)))
     return _paper_jobs(times.tolist(), rng, catalog, truth, cluster, reference)
+
+
+def with_literal_requirements(jobs: Sequence[SimJob], seed: int) -> list[SimJob]:
+    """``jobs`` with the requirement sets read literally from §4.2
+    (:func:`simulator.generators.requirement_set_literal`, their own stream)."""
+    sets = literal_sets(len(jobs), seed)
+    return [SimJob(msgspec.structs.replace(j.spec, requirements=r), j.model)
+            for j, r in zip(jobs, sets, strict=True)]
+
+
+def paper_physical_literal(seed: int, catalog: Mapping[str, ModelTruth], truth: GroundTruth,
+                           cluster: Cluster, reference: GpuType | None = None) -> list[SimJob]:
+    """:func:`paper_physical`'s jobs with §4.2's literal requirement sets."""
+    return with_literal_requirements(
+        paper_physical(seed, catalog, truth, cluster, reference), seed)
+
+
+def paper_sim_literal(seed: int, catalog: Mapping[str, ModelTruth], truth: GroundTruth,
+                      cluster: Cluster, n: int = 500, rate_per_h: float = 100.0,
+                      reference: GpuType | None = None) -> list[SimJob]:
+    """:func:`paper_sim`'s jobs with §4.2's literal requirement sets."""
+    return with_literal_requirements(
+        paper_sim(seed, catalog, truth, cluster, n, rate_per_h, reference), seed)
 
 
 # --- ElasticFlow traces ----------------------------------------------------------------
@@ -301,19 +329,20 @@ def load_workload(path_or_name: str, truth: GroundTruth, cluster: Cluster, *, se
                   first_n: int | None = None, compress: float = 1.0,
                   reference: GpuType | None = None, elastic: bool = False,
                   rate_per_h: float | None = None) -> list[SimJob]:
-    """A workload by generator name (``paper-physical``, ``paper-sim``), packaged
+    """A workload by generator name (:data:`GENERATORS`), packaged
     trace name (``elasticflow-cluster01`` .. ``04``), ElasticFlow CSV or
     workload file. ``first_n`` and ``compress`` apply to every source;
-    ``rate_per_h`` (default 100) to ``paper-sim``, ``elastic`` to traces and
+    ``rate_per_h`` (default 100) to ``paper-sim*``, ``elastic`` to traces and
     ``reference`` (the GPU type job lengths are counted on) to generators and
     traces."""
     _check_options(first_n, compress)
-    if path_or_name == "paper-physical":
-        jobs = paper_physical(seed, truth.catalog, truth, cluster, reference)
-    elif path_or_name == "paper-sim":
+    if path_or_name in ("paper-physical", "paper-physical-literal"):
+        physical = paper_physical_literal if path_or_name.endswith("-literal") else paper_physical
+        jobs = physical(seed, truth.catalog, truth, cluster, reference)
+    elif path_or_name in ("paper-sim", "paper-sim-literal"):
+        sim = paper_sim_literal if path_or_name.endswith("-literal") else paper_sim
         rate = 100.0 if rate_per_h is None else rate_per_h
-        jobs = paper_sim(seed, truth.catalog, truth, cluster, rate_per_h=rate,
-                         reference=reference)
+        jobs = sim(seed, truth.catalog, truth, cluster, rate_per_h=rate, reference=reference)
     else:
         trace = packaged_trace(path_or_name)
         path = trace or Path(path_or_name)

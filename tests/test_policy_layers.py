@@ -21,6 +21,7 @@ from scheduling.layers.base import (
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
 from scheduling.policies.gavel.policy import GavelPolicy
 from scheduling.policies.hops.policy import HopsPolicy
+from scheduling.policies.sia.bootstrap import STATE as SIA_STATE
 from scheduling.policies.sia.policy import SiaPolicy
 from scheduling.policy import Policy
 from scheduling.profiling import profile_first
@@ -77,8 +78,13 @@ def test_a_layer_from_a_test_runs_unchanged_in_the_simulator(name: str) -> None:
     assert any(p.assignments for p in layer.plans) and any(p.profiling for p in layer.plans)
     assert all(ServerId("n1") not in servers_used(p) for p in layer.plans)
     names = {tuple(r.name for r in p.reasons.layers) for p in layer.plans}
-    assert names == {("forbid-server", "profiling-first")}  # outermost first
+    # outermost first; then the policy's own state, innermost (Sia's measurements)
+    assert names == {("forbid-server", "profiling-first", *OWN_STATE.get(name, ()))}
     assert {p.reasons.policy for p in layer.plans} == {name}
+
+
+# Policies that keep state between plans in a record of their own.
+OWN_STATE = {"sia": (SIA_STATE,)}
 
 
 def mixed_snapshot(first_plan: bool = True) -> Snapshot:
@@ -120,8 +126,9 @@ def test_profiling_first_serves_the_queue_then_the_policy_on_the_rest(
     assert untimed(msgspec.structs.replace(plan, profiling=(), reasons=bare.reasons)) == untimed(
         bare
     )
-    (record,) = plan.reasons.layers
+    (record, *own) = plan.reasons.layers
     assert record.name == "profiling-first" and record.held == dict(taken)
+    assert tuple(r.name for r in own) == OWN_STATE.get(name, ())
     assert plan.reasons.policy == name and bare.profiling == ()
     for a in plan.assignments:
         for sid, g in a.config.parts:

@@ -20,9 +20,11 @@ from scheduling.registry import (
     POLICIES,
     SPECS,
     GavelSpec,
+    HopsPaperSpec,
     HopsProfilePreemptSpec,
     HopsSpec,
     PolicyError,
+    SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
     parse_policy,
@@ -39,12 +41,17 @@ SAMPLES: dict[type, object] = {str: "ftf", float: 0.37, int: 3, bool: True}
 
 
 def test_every_policy_has_a_spec_and_its_policys_defaults() -> None:
-    assert POLICIES == ("hops", "hops-profile-preempt", "sia", "sia-lp-start", "gavel")
+    assert POLICIES == ("hops", "hops-profile-preempt", "hops-paper", "sia", "sia-lp-start",
+                        "sia-estimator", "gavel")
     assert msgspec.structs.asdict(HopsSpec()) == msgspec.structs.asdict(HopsSettings())
     assert msgspec.structs.asdict(SiaSpec()) == msgspec.structs.asdict(SiaSettings())
     assert msgspec.structs.asdict(GavelSpec()) == msgspec.structs.asdict(GavelSettings())
     assert HopsProfilePreemptSpec().profile_preempt and not HopsSpec().profile_preempt
     assert SiaLpStartSpec().start == "rounded-lp" and SiaSpec().start == "search"
+    paper = HopsPaperSpec()  # the paper's Hops: no reconfiguration cost, no fill filter, 1%
+    assert (paper.reconfig_cost, paper.fill_filter, paper.accept_gap) == (0.0, False, 0.01)
+    assert HopsSpec().reconfig_cost is None and HopsSpec().fill_filter
+    assert SiaEstimatorSpec().throughput == "estimator" and SiaSpec().throughput == "bootstrap"
     for name in POLICIES:
         assert policy_name(parse_policy(name)) == name
 
@@ -77,6 +84,10 @@ def test_every_setting_is_settable_and_round_trips(name: str) -> None:
             value: object = "rounded-lp" if name == "sia" else "search"
         elif field.name == "round_decimals":
             value = 3
+        elif field.name == "throughput":
+            value = "estimator"
+        elif field.name in ("reconfig_cost", "restart_penalty"):  # None: each job's own
+            value = 0.25
         else:
             value = SAMPLES[type(field.default)]
         spec = with_settings(parse_policy(name), {field.name: value})

@@ -26,6 +26,7 @@ from shared.snapshot import JobState, Plan, Snapshot
 from tests.helpers import assert_feasible, cluster, flat_estimate, layouts, state, untimed
 
 NOW = 1000.0
+ESTIMATOR = SiaSettings(throughput="estimator")  # Hops' estimator's curves, not Sia's own
 
 
 def snap(
@@ -156,7 +157,7 @@ def test_sia_is_blind_to_server_entities() -> None:
     plans = []
     for slow_server in ("A-0", "A-1"):
         est = msgspec.structs.replace(base, by_server={ServerId(slow_server): slow})
-        plans.append(SiaPolicy().plan(snap(c, [state("j", [8])], {"j": est})))
+        plans.append(SiaPolicy(ESTIMATOR).plan(snap(c, [state("j", [8])], {"j": est})))
     assert plans[0].assignments == plans[1].assignments
     (a,) = plans[0].assignments
     assert a.config == Configuration.of({"A-0": 8})  # best-fit tie: cluster order
@@ -271,7 +272,8 @@ def with_entities(s: Snapshot) -> Snapshot:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots())
 def test_plan_invariants(s: Snapshot) -> None:
-    plan = SiaPolicy().plan(s)
+    assert_feasible(SiaPolicy().plan(s), s)  # its own bootstrapped model
+    plan = SiaPolicy(ESTIMATOR).plan(s)
     assert_feasible(plan, s)
     by_id = {j.id: j for j in s.jobs}
     for a in plan.assignments:
@@ -282,6 +284,6 @@ def test_plan_invariants(s: Snapshot) -> None:
                                                                s.cluster, a.config))
     if not s.first_plan:
         assert plan.assignments == ()
-    assert untimed(SiaPolicy().plan(s)) == untimed(plan)
+    assert untimed(SiaPolicy(ESTIMATOR).plan(s)) == untimed(plan)
     # Per-server curves change nothing: Sia sees GPU types only.
-    assert untimed(SiaPolicy().plan(with_entities(s))) == untimed(plan)
+    assert untimed(SiaPolicy(ESTIMATOR).plan(with_entities(s))) == untimed(plan)

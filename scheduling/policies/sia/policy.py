@@ -70,6 +70,7 @@ from scheduling.ilp import (
 )
 from scheduling.layers.base import LayeredPolicy
 from scheduling.policies.hops.window import order_queue
+from scheduling.policies.sia.bootstrap import STATE, bootstrapped, decode, encode, observe
 from scheduling.policies.sia.ilp import SiaColumn, build_model, index_columns
 from scheduling.policies.sia.placement import Placement, TypeAllocation, place
 from scheduling.policies.sia.start import good_start, lp_homes
@@ -81,9 +82,18 @@ from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId
 from shared.job import R_NUM
-from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
+from shared.snapshot import (
+    Assignment,
+    JobState,
+    LayerRecord,
+    PassStats,
+    Plan,
+    PlanReasons,
+    Snapshot,
+)
 
 STARTS = ("rounded-lp", "search")
+THROUGHPUTS = ("bootstrap", "estimator")
 
 
 class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -118,6 +128,10 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # about twice as long on the same ILPs (docs/performance.md). Either way
     # the answer is proven to the same gap.
     start: str = "search"
+    # Sia's throughput information: "bootstrap", its own model from one-GPU
+    # profiles and what it measured (:mod:`.bootstrap`, Sia §3.2), or
+    # "estimator", Hops' estimator's curves per type.
+    throughput: str = "bootstrap"
 
     def __post_init__(self) -> None:
         if self.p == 0 or not math.isfinite(self.p):
@@ -130,6 +144,9 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"r_num must be >= 1, got {self.r_num}")
         if self.start not in STARTS:
             raise ValueError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
+        if self.throughput not in THROUGHPUTS:
+            raise ValueError(f"throughput must be one of {', '.join(THROUGHPUTS)}, "
+                             f"got {self.throughput!r}")
 
 
 def type_goodput(curve: ThroughputCurve, gpus: int, per_node: int) -> tuple[int, float]:
@@ -210,8 +227,14 @@ class SiaPolicy(LayeredPolicy):
 
     def plan_inner(self, snapshot: Snapshot) -> Plan:
         free = snapshot.free_gpus()
+        observed = observe(decode(snapshot.layer_state.get(STATE)), snapshot)
+        record = (LayerRecord(STATE, state=encode(observed)),)
         if not snapshot.first_plan:
-            return Plan((), (), PlanReasons(policy=self.name))
+            return Plan((), (), PlanReasons(policy=self.name, layers=record))
+        if self.settings.throughput == "bootstrap":
+            snapshot = msgspec.structs.replace(snapshot, estimates={
+                j: bootstrapped(e, observed.jobs.get(j, ()), snapshot.cluster)
+                for j, e in snapshot.estimates.items()})
         jobs, prios = self._queue(snapshot)
         capacity = snapshot.cluster.free_by_type(free)
         columns = self._columns(snapshot, jobs, capacity)
@@ -223,7 +246,8 @@ class SiaPolicy(LayeredPolicy):
         stats = _stats(len(jobs), len(columns), result, placement, assignments)
         ratios = latency_ratios(snapshot, {j.id: j for j in jobs}, self.settings.r_num)
         reasons = PlanReasons(
-            policy=self.name, priorities=prios, latency_ratios=ratios, passes=(stats,)
+            policy=self.name, priorities=prios, latency_ratios=ratios, passes=(stats,),
+            layers=record,
         )
         return Plan(tuple(assignments), (), reasons)
 
