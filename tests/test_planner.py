@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -171,13 +172,42 @@ def test_plan_invariants(snap: Snapshot, lam: float) -> None:
 
 
 def test_running_job_moves_only_when_the_gain_pays_for_the_restart() -> None:
-    # A running job on A-0; server B-0 is 5% faster for it. Moving costs a
-    # restart worth 10% of a round, so it stays; with no restart cost it moves.
+    # A running job on A-0; server B-0 is 5% faster for it; a restart costs
+    # 30 s. Over a round the restart is 10%: it stays. Over the rest of the
+    # job (1e6 samples at 380/s, about 2,600 s) it is 1.2%: it moves, unless
+    # the job is near its end. With no restart cost it always moves.
     c = cluster([("A", 1, 4), ("B", 1, 4)])
     spec = state("r", [4]).spec
     running = JobState(spec=spec, phase="running", current=Configuration.of({"A-0": 4}))
     est = flat_estimate("r", {"A": 100.0, "B": 105.0})
     snap = Snapshot(now=0.0, cluster=c, jobs=(running,), estimates={JobId("r"): est})
-    assert HopsPolicy().plan(snap).config_of(JobId("r")) == Configuration.of({"A-0": 4})
+    on_a, on_b = Configuration.of({"A-0": 4}), Configuration.of({"B-0": 4})
+    myopic = HopsPolicy(HopsSettings(reconfig_horizon="round"))
+    assert myopic.plan(snap).config_of(JobId("r")) == on_a
+    assert HopsPolicy().plan(snap).config_of(JobId("r")) == on_b
+    ending = msgspec.structs.replace(running, done_samples=spec.total_samples - 100_000)
+    near_end = msgspec.structs.replace(snap, jobs=(ending,))
+    assert HopsPolicy().plan(near_end).config_of(JobId("r")) == on_a
     eager = HopsPolicy(HopsSettings(reconfig_cost=0.0))
-    assert eager.plan(snap).config_of(JobId("r")) == Configuration.of({"B-0": 4})
+    assert eager.plan(near_end).config_of(JobId("r")) == on_b
+
+
+def test_a_job_that_just_restarted_keeps_its_gpus_until_it_paid_for_the_restart() -> None:
+    # B-0 is twice as fast for the running job, but it (re)started 60 s ago
+    # and a restart costs it 30 s: exempt for 10 x 30 s, it stays on A-0.
+    c = cluster([("A", 1, 4), ("B", 1, 4)])
+    running = JobState(spec=state("r", [4]).spec, phase="running",
+                       current=Configuration.of({"A-0": 4}), throughput_since=540.0)
+    est = flat_estimate("r", {"A": 100.0, "B": 200.0})
+    snap = Snapshot(now=600.0, cluster=c, jobs=(running,), estimates={JobId("r"): est})
+    assert HopsPolicy().plan(snap).config_of(JobId("r")) == Configuration.of({"A-0": 4})
+    later = msgspec.structs.replace(snap, now=900.0)  # 360 s on: no longer exempt
+    assert HopsPolicy().plan(later).config_of(JobId("r")) == Configuration.of({"B-0": 4})
+    paper = HopsPolicy(HopsSettings(preempt_exempt=0.0))
+    assert paper.plan(snap).config_of(JobId("r")) == Configuration.of({"B-0": 4})
+    fill = msgspec.structs.replace(snap, first_plan=False, held={ServerId("A-0"): 4})
+    assert HopsPolicy().plan(fill).assignments == ()  # a later plan leaves running jobs alone
+    # A GPU of it taken outside the policy (profiling that preempts) ends
+    # the exemption: the plan never keeps it on a GPU it no longer has.
+    taken = msgspec.structs.replace(snap, held={ServerId("A-0"): 1})
+    assert HopsPolicy().plan(taken).config_of(JobId("r")) == Configuration.of({"B-0": 4})

@@ -86,6 +86,8 @@ def test_every_setting_is_settable_and_round_trips(name: str) -> None:
             value = 3
         elif field.name == "throughput":
             value = "estimator"
+        elif field.name == "reconfig_horizon":
+            value = "round"
         elif field.name in ("reconfig_cost", "restart_penalty"):  # None: each job's own
             value = 0.25
         else:

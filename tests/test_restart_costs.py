@@ -5,6 +5,7 @@ and Hops' reconfiguration cost (the cost over the round length)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
@@ -12,9 +13,10 @@ from scheduling.policies.sia.policy import SiaSettings
 from scheduling.registry import make_policy
 from scheduling.rounds import RESTART_S, ROUND_S, restart_cost
 from shared.cluster import Cluster, GpuTypeSpec, Server
+from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.snapshot import JobState
+from shared.snapshot import JobState, Snapshot
 from simulator.engine import SimSettings, Simulation
 from simulator.workloads import SimJob
 from world.catalog import builtin_catalog
@@ -71,12 +73,23 @@ def test_an_unknown_cost_is_the_default_and_a_known_one_is_the_jobs() -> None:
     assert restart_cost(state(250.0)) == 250.0
 
 
-def test_hops_charges_each_job_its_restart_over_the_round() -> None:
-    derived = HopsPolicy(HopsSettings())
-    assert derived._reconfig_cost(state(250.0)) == pytest.approx(250.0 / ROUND_S)
-    assert derived._reconfig_cost(state(0.0)) == pytest.approx(RESTART_S / ROUND_S)
-    assert HopsPolicy(HopsSettings(reconfig_cost=0.0))._reconfig_cost(state(250.0)) == 0.0
-    assert HopsPolicy(HopsSettings())._reconfig_cost(state(600.0)) == 1.0
+def test_hops_charges_each_job_its_restart_over_the_horizon() -> None:
+    cluster = Cluster(gpu_types=(GpuTypeSpec(RTX, 2.5e9, 1e9),),
+                      servers=(Server(ServerId("n0"), RTX, 4),))
+    est = JobEstimate(JobId("a"), {RTX: ThroughputCurve(agg=(100.0,))})
+    snap = Snapshot(now=0.0, cluster=cluster, jobs=(), estimates={JobId("a"): est})
+    # 10**6 samples at the best 100/s: 10,000 s to go.
+    myopic = HopsPolicy(HopsSettings(reconfig_horizon="round"))
+    assert myopic._reconfig_cost(snap, state(250.0)) == pytest.approx(250.0 / ROUND_S)
+    assert myopic._reconfig_cost(snap, state(0.0)) == pytest.approx(RESTART_S / ROUND_S)
+    assert myopic._reconfig_cost(snap, state(600.0)) == 1.0
+    remaining = HopsPolicy()
+    assert remaining._reconfig_cost(snap, state(250.0)) == pytest.approx(250.0 / 10_000)
+    short = msgspec.structs.replace(state(250.0), done_samples=10**6 - 1000)
+    assert remaining._reconfig_cost(snap, short) == pytest.approx(250.0 / ROUND_S)
+    assert HopsPolicy(HopsSettings(reconfig_cost=0.0))._reconfig_cost(snap, state(250.0)) == 0.0
+    with pytest.raises(ValueError):
+        HopsSettings(reconfig_horizon="forever")
 
 
 def test_sia_takes_each_jobs_penalty_unless_the_operator_sets_one() -> None:

@@ -23,6 +23,7 @@ from typing import Literal
 import msgspec
 
 from scheduling.layers.base import LayeredPolicy
+from scheduling.policies.hops.exempt import exempt, kept, without_exempt
 from scheduling.policies.hops.passes import (
     PassJob,
     PassResult,
@@ -30,6 +31,7 @@ from scheduling.policies.hops.passes import (
     greedy_pass,
     solve_pass,
 )
+from scheduling.policies.hops.reconfig import HORIZONS, horizon, reconfig_cost
 from scheduling.policies.hops.steady import Room, keep_in_place, unplaceable, without
 from scheduling.policies.hops.window import (
     QueueEntry,
@@ -80,12 +82,27 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
-    # Share of a round a configuration change costs: options that would
-    # restart a job weigh this much less, so a job is moved only when the new
-    # placement pays for the restart. None: each job's restart cost over the
-    # round length (scheduling.rounds.restart_cost / ROUND_S); a number, the
-    # same for every job (0: the paper, which charges nothing).
+    # Share of its gain a configuration change costs a job: options that
+    # would restart it weigh this much less, so it is moved only when the new
+    # placement pays for the restart (scheduling.policies.hops.reconfig).
+    # None: its restart cost over ``reconfig_horizon``; a number, the same
+    # for every job (0: the paper, which charges nothing).
     reconfig_cost: float | None = None
+    reconfig_horizon: str = "remaining"
+    # A running job keeps its configuration at a first plan until it has
+    # run this many times its restart cost since it last (re)started
+    # (scheduling.policies.hops.exempt, Slurm's PreemptExemptTime); 0: the
+    # paper, every running job replanned.
+    preempt_exempt: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.reconfig_horizon not in HORIZONS:
+            raise ValueError(f"reconfig_horizon must be one of {', '.join(HORIZONS)}, "
+                             f"got {self.reconfig_horizon!r}")
+        if self.preempt_exempt < 0:
+            raise ValueError(f"preempt_exempt must be >= 0, got {self.preempt_exempt}")
+        if self.reconfig_cost is not None and not 0.0 <= self.reconfig_cost <= 1.0:
+            raise ValueError(f"reconfig_cost must lie in [0, 1], got {self.reconfig_cost}")
 
     def solver(self) -> SolverSettings:
         return SolverSettings(
@@ -118,6 +135,9 @@ class HopsPolicy(LayeredPolicy):
         self._priority = priority_fn(self.settings.priority)
 
     def plan_inner(self, snapshot: Snapshot) -> Plan:
+        staying = exempt(snapshot, self.settings.preempt_exempt)
+        stays = kept(snapshot, staying)
+        snapshot = without_exempt(snapshot, staying)
         free = snapshot.free_gpus()
         left_out = unplaceable(snapshot, free, self.settings.r_num, self.settings.sigma)
         snapshot = without(snapshot, left_out)
@@ -150,6 +170,7 @@ class HopsPolicy(LayeredPolicy):
             assignments = keep_in_place(
                 assignments, queue.jobs, snapshot.estimates, snapshot.cluster, pool
             )
+        assignments = [*stays, *assignments]
         reasons = PlanReasons(
             policy=self.name,
             unplaceable=left_out,
@@ -230,9 +251,14 @@ class HopsPolicy(LayeredPolicy):
         # With lambda = inf the greedy pass uses the order alone; weights are unused.
         return 1.0 if math.isinf(self.settings.lam) else self.settings.lam
 
-    def _reconfig_cost(self, job: JobState) -> float:
-        cost = self.settings.reconfig_cost
-        return min(1.0, restart_cost(job) / ROUND_S) if cost is None else cost
+    def _reconfig_cost(self, snapshot: Snapshot, job: JobState) -> float:
+        s = self.settings
+        if s.reconfig_cost is not None:
+            return s.reconfig_cost
+        span = ROUND_S if s.reconfig_horizon == "round" else horizon(
+            job, snapshot.estimates[job.id], snapshot.cluster, ROUND_S,
+            job.spec.requirement_set(s.r_num))
+        return reconfig_cost(restart_cost(job), span)
 
     def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float) -> PassJob:
         est = snapshot.estimates[job.id]
@@ -243,7 +269,7 @@ class HopsPolicy(LayeredPolicy):
             rho={t: sensitivity(est, t) for t in est.by_type},
             estimate=est,
             current=job.current,
-            switch_factor=1.0 - self._reconfig_cost(job),
+            switch_factor=1.0 - self._reconfig_cost(snapshot, job),
         )
 
 
