@@ -140,9 +140,18 @@ def experiment(
         help="requirement sets of the paper's workloads (table3, table4, priorities, "
         "arrival-rates): 'project' (sizes tied to job length, an assumption) or 'literal' "
         "(§4.2: 1-8 counts uniform over 1-16 GPUs)")] = "project",
+    variant: Annotated[list[str] | None, typer.Option(
+        help="a named variant to run beside its policy, repeatable: hops-paper (the "
+        "paper's rules), sia-estimator (Sia given Hops' estimator), ...")] = None,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
-    from hops.experiments import GENERATOR_CHOICES, POLICIES, define, run_experiment
+    from hops.experiments import (
+        GENERATOR_CHOICES,
+        POLICIES,
+        define,
+        run_experiment,
+        with_variants,
+    )
     from hops.simrun import rich_progress
 
     if generator not in GENERATOR_CHOICES:
@@ -179,8 +188,9 @@ def experiment(
             typer.echo((out / "results.md").read_text())
             return
         per_hour = tuple(float(r) for r in rates.split(","))
+        compared = with_variants(tuple(policy or POLICIES), tuple(variant or ()))
         exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress,
-                     rates=per_hour, policies=tuple(policy or POLICIES), generator=generator)
+                     rates=per_hour, policies=compared, generator=generator)
         run_experiment(exp, out, rich_progress if progress else None)
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from hops.simrun import RunSpec, simulate, write_outputs
+from scheduling.registry import POLICIES as REGISTERED
 from scheduling.registry import parse_policy
 from simulator.metrics import SimResult
 
@@ -38,6 +39,23 @@ RATES = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 # Requirement-set generators: the project's rule (an assumption) or §4.2 read
 # literally (simulator/generators.py); the suffix of the generator's name.
 GENERATOR_CHOICES = ("project", "literal")
+
+
+def with_variants(policies: tuple[str, ...], variants: tuple[str, ...]) -> tuple[str, ...]:
+    """``policies`` with each named variant of the registry (``hops-paper``,
+    ``sia-estimator``, ...) right after the policy it varies, or at the end."""
+    out = list(policies)
+    for v in variants:
+        if v not in REGISTERED or v in POLICIES:
+            known = ", ".join(p for p in REGISTERED if p not in POLICIES)
+            raise ValueError(f"unknown variant {v!r}; known: {known}")
+        base = v.split("-", 1)[0]
+        at = out.index(base) + 1 if base in out else len(out)
+        while at < len(out) and out[at].startswith(base + "-"):
+            at += 1
+        if v not in out:
+            out.insert(at, v)
+    return tuple(out)
 WORKLOAD_SUFFIX = {"project": "", "literal": "-literal"}
 
 

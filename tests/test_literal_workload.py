@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from hops.cli import app
-from hops.experiments import define
+from hops.experiments import define, with_variants
 from hops.simrun import RunSpec, simulate
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -174,3 +174,14 @@ def test_the_cli_refuses_a_bad_generator(tmp_path: Path) -> None:
     ):
         done = runner.invoke(app, ["experiment", *args, "--out", str(tmp_path)])
         assert done.exit_code == 2 and error in done.output, (args, done.output)
+
+
+def test_variants_run_beside_the_policy_they_vary(tmp_path: Path) -> None:
+    assert with_variants(("hops", "sia", "gavel"), ("sia-estimator", "hops-paper")) == (
+        "hops", "hops-paper", "sia", "sia-estimator", "gavel")
+    assert with_variants(("gavel",), ("hops-paper",)) == ("gavel", "hops-paper")
+    with pytest.raises(ValueError, match="unknown variant 'sia'"):
+        with_variants(("hops",), ("sia",))
+    done = CliRunner().invoke(app, ["experiment", "table4", "--variant", "hops-fast",
+                                    "--out", str(tmp_path)])
+    assert done.exit_code == 2 and "unknown variant 'hops-fast'" in done.output
