@@ -27,8 +27,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
-EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, sharing, coda or "
-                    "cell-fragmentation")
+EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, traces (the four "
+                    "ElasticFlow traces at a set load), sharing, coda or cell-fragmentation")
 T = TypeVar("T")
 
 
@@ -118,7 +118,8 @@ def experiment(
     name: Annotated[str, typer.Argument(help=EXPERIMENTS_HELP)],
     out: Annotated[Path, typer.Option(help="output folder")],
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
-    trace: Annotated[str | None, typer.Option(help="trace for 'elasticflow'")] = None,
+    trace: Annotated[str | None, typer.Option(
+        help="trace for 'elasticflow'; traces, comma-separated, for 'traces'")] = None,
     first_n: Annotated[int | None, typer.Option(help="first N jobs of the trace")] = None,
     compress: Annotated[float, typer.Option(help="inter-arrival compression")] = 1.0,
     rates: Annotated[str, typer.Option(help="arrival rates per hour, comma-separated")] = (

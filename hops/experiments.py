@@ -14,10 +14,12 @@ from pathlib import Path
 
 import msgspec
 
-from hops.simrun import RunSpec, simulate, write_outputs
+from hops.simrun import RunSpec, prepare, simulate, write_outputs
 from scheduling.registry import POLICIES as REGISTERED
 from scheduling.registry import parse_policy
+from simulator.load import TARGET, compression
 from simulator.metrics import SimResult
+from simulator.workloads import trace_reference
 
 # Table 3 (physical, 64 GPUs) and Table 4 (simulated, 512 GPUs) of the paper:
 # makespan h, avg JCT h, avg wait h, max LR, avg fragments per round.
@@ -39,6 +41,8 @@ RATES = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 # Requirement-set generators: the project's rule (an assumption) or §4.2 read
 # literally (simulator/generators.py); the suffix of the generator's name.
 GENERATOR_CHOICES = ("project", "literal")
+TRACES = tuple(f"elasticflow-cluster0{i}" for i in range(1, 5))
+TRACE_JOBS = 1000  # the first N jobs of each trace (the rule of simulator/load.py)
 
 
 def with_variants(policies: tuple[str, ...], variants: tuple[str, ...]) -> tuple[str, ...]:
@@ -80,8 +84,13 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
     if name == "elasticflow" and generator != "project":
         raise ValueError(f"generator {generator!r} does not apply to 'elasticflow': "
                          "its requirement sets come from the trace")
+    if name == "traces" and generator != "project":
+        raise ValueError(f"generator {generator!r} does not apply to 'traces': "
+                         "their requirement sets come from the traces")
     for p in policies:
         parse_policy(p)  # a bad spec fails before the first run
+    if name == "traces":
+        return _traces(seed, trace, first_n or TRACE_JOBS, policies)
     exp = _define(name, seed, trace, rates, policies, WORKLOAD_SUFFIX[generator])
     if generator == "literal":
         exp = msgspec.structs.replace(exp, title=f"{exp.title}, §4.2's literal requirement sets")
@@ -123,8 +132,26 @@ def _define(name: str, seed: int, trace: str | None, rates: tuple[float, ...],
                        seed=seed)
         runs = tuple((p, msgspec.structs.replace(base, policy=p)) for p in policies)
         return Experiment(name, f"ElasticFlow trace {base.workload}", runs)
-    known = "table3, table4, priorities, arrival-rates, elasticflow, sharing"
+    known = "table3, table4, priorities, arrival-rates, elasticflow, traces, sharing"
     raise ValueError(f"unknown experiment {name!r}; known: {known}")
+
+
+def _traces(seed: int, traces: str | None, first_n: int,
+            policies: tuple[str, ...]) -> Experiment:
+    """Every policy on the first ``first_n`` jobs of each trace, arrivals
+    compressed to the offered load of :mod:`simulator.load` (its rule)."""
+    names = tuple(t for t in (traces or ",".join(TRACES)).split(",") if t)
+    runs: list[tuple[str, RunSpec]] = []
+    for trace in names:
+        base = RunSpec(cluster="paper-sim-512", workload=trace, seed=seed, first_n=first_n)
+        cluster, truth, jobs = prepare(base)
+        factor = compression(jobs, truth, cluster, trace_reference(cluster, truth))
+        short = trace.removeprefix("elasticflow-")
+        runs += [(f"{short}/{p}", msgspec.structs.replace(base, policy=p, compress=factor))
+                 for p in policies]
+    title = (f"ElasticFlow traces, first {first_n} jobs each, arrivals compressed to "
+             f"{TARGET:g}x the cluster's GPUs")
+    return Experiment("traces", title, tuple(runs))
 
 
 def run_experiment(

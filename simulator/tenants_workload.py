@@ -29,11 +29,11 @@ from shared.specs import SpecError
 from simulator.workloads import (
     ELASTICFLOW_HEADER,
     SimJob,
-    _packed,
     _requirements,
     _spec,
     _trace_int,
     _trace_model,
+    packed,
 )
 from world.truth import GroundTruth
 
@@ -165,7 +165,7 @@ def _jobs(rows: Sequence[TraceRow], truth: GroundTruth, cluster: Cluster, gpu: G
         duration = _trace_int(r.fields, "duration", r.where, 1)
         size = min(num_gpu, cluster.type_gpus(gpu))
         if (model, size) not in per_gpu:
-            per_gpu[(model, size)] = truth.throughput(model, _packed(cluster, gpu, size)) / size
+            per_gpu[(model, size)] = truth.throughput(model, packed(cluster, gpu, size)) / size
         m = truth.catalog[model]
         reqs = _requirements(num_gpu, cluster.total_gpus, False)
         job_id = f"{r.tenant}/{r.fields['job_id'] or r.where}"

@@ -187,7 +187,7 @@ def paper_sim_literal(seed: int, catalog: Mapping[str, ModelTruth], truth: Groun
 
 # --- ElasticFlow traces ----------------------------------------------------------------
 
-def _packed(cluster: Cluster, gpu: GpuType, gpus: int) -> Configuration:
+def packed(cluster: Cluster, gpu: GpuType, gpus: int) -> Configuration:
     """``gpus`` GPUs of type ``gpu`` filling its servers in cluster order."""
     parts: dict[ServerId, int] = {}
     left = gpus
@@ -265,7 +265,7 @@ def load_elasticflow(path: str | Path, truth: GroundTruth, cluster: Cluster,
         duration = _trace_int(row, "duration", where, 1)
         size = min(num_gpu, cluster.type_gpus(reference_type))
         if (model, size) not in per_gpu:
-            config = _packed(cluster, reference_type, size)
+            config = packed(cluster, reference_type, size)
             per_gpu[(model, size)] = truth.throughput(model, config) / size
         m = truth.catalog[model]
         reqs = _requirements(num_gpu, cluster.total_gpus, elastic)
@@ -355,6 +355,12 @@ def load_workload(path_or_name: str, truth: GroundTruth, cluster: Cluster, *, se
             return load_elasticflow(path, truth, cluster, ref, first_n, compress, elastic)
         jobs = load_workload_file(path, truth)
     return trim(jobs, first_n, compress)
+
+
+def trace_reference(cluster: Cluster, truth: GroundTruth) -> GpuType:
+    """The GPU type a trace's durations are read on, in ``cluster``."""
+    models = sorted({m for pair in ELASTICFLOW_MODELS.values() for m in pair[:1]})
+    return _trace_reference(cluster, truth, models)
 
 
 def _trace_reference(cluster: Cluster, truth: GroundTruth, paper_models: Sequence[str]) -> GpuType:
