@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduling.policies.sia.bootstrap import STATE as SIA_STATE
 from shared.configuration import Configuration
 from shared.ids import JobId
 from tests.test_live_scheduler import (
@@ -45,7 +46,10 @@ async def test_a_test_layer_runs_in_the_live_scheduler(
     assigned = await bus.wait_plan(lambda p: p.plan.config_of(JobId("j1")) is not None)
     # Four GPUs of one type: only a1 is left to the policy (b0 has two).
     assert assigned.plan.config_of(JobId("j1")) == Configuration.of({"a1": 4})
-    assert [r.name for r in assigned.plan.reasons.layers] == ["forbid-server", "profiling-first"]
+    # outermost first, then a policy's own state (Sia's measurements)
+    own = [SIA_STATE] if policy == "sia" else []
+    assert [r.name for r in assigned.plan.reasons.layers] == [
+        "forbid-server", "profiling-first", *own]
     assert assigned.plan.reasons.policy == policy
     for p in bus.plans:
         used = {t.server for t in p.plan.profiling}

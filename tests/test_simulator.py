@@ -99,10 +99,13 @@ def test_latency_ratio_bounds_the_starvation_that_srtf_allows() -> None:
     # Every job needs the whole server, so a newcomer is profiled only if
     # profiling may take the running job's GPUs at a round boundary: the
     # paper's profiling-first (by default profiling waits for an idle GPU).
+    # The priority alone is compared: no preemption exemption (which holds a
+    # job that just started for 10 restarts' time, whatever its priority).
     cluster = small_cluster()
     max_lr, long_lr = {}, {}
     for priority in ("lr", "srtf"):
-        result, _ = run(cluster, starving_workload(), "hops-profile-preempt", priority)
+        result, _ = run(cluster, starving_workload(), "hops-profile-preempt:preempt_exempt=0",
+                        priority)
         max_lr[priority] = max(j.lr for j in result.jobs)
         long_lr[priority] = next(j.lr for j in result.jobs if j.id == "long")
     assert max_lr["lr"] < max_lr["srtf"] / 2
