@@ -197,6 +197,31 @@ def test_the_snapshot_carries_each_running_jobs_throughput() -> None:
     assert (snap.jobs[0].throughput, snap.jobs[0].throughput_since) == (0.0, 0.0)
 
 
+def test_a_start_is_measured_until_its_progress_shows_and_the_snapshot_carries_it() -> None:
+    t = Throughputs()
+    job = JobId("g1")
+    # Started at 100; beats at the resumed count until the checkpoint is
+    # loaded, progress from 140: the restart cost 40 s.
+    for at, done in [(101.0, 500.0), (120.0, 500.0), (140.0, 520.0), (141.0, 540.0)]:
+        t.note(job, at, done)
+    assert t.restart_s(job) == 0.0  # nothing measured before the snapshot asks
+    t.measured(job, 100.0)
+    assert t.restart_s(job) == 40.0
+    # A second start at 200 that shows progress 20 s later: the mean of both.
+    for at, done in [(201.0, 600.0), (220.0, 610.0)]:
+        t.note(job, at, done)
+    t.measured(job, 200.0)
+    assert t.restart_s(job) == 30.0
+    t.keep([])  # not running any more: the cost is remembered for its next start
+    assert t.restart_s(job) == 30.0
+    rec = msgspec.structs.replace(running(new_record(gpu_spec(), 0.0), Configuration.of(
+        {"a0": 1}), 200.0), phase="queued", configuration=None)
+    ests = {rec.job_id: flat_estimate("g1", {"A": 10.0})}
+    snap = build_snapshot(230.0, {rec.job_id: rec}, NODES, {}, ests, {}, Inflight(60.0), True,
+                          throughputs=t).snapshot
+    assert snap.jobs[0].restart_s == 30.0
+
+
 # --- wake-ups -------------------------------------------------------------------------
 
 

@@ -13,6 +13,13 @@ over every heartbeat taken at or after ``throughput_since`` (the last
 :data:`MAX_BEATS` of them, so a long run is measured over its recent past).
 Fewer than two such heartbeats, or none a moment apart, measure nothing (0).
 
+The same heartbeats measure what a restart costs the job (``JobState.
+restart_s``, read by Sia's restart factor and Hops' reconfiguration cost):
+the time from a start (the record's ``since``) to the first heartbeat that
+shows progress beyond the first one after it, the mean of the last
+:data:`RESTARTS_KEPT` starts. The heartbeat's time is the job's clock and
+``since`` the placer's, so hosts are assumed in step (NTP).
+
 ``throughput_since`` is when the job's current configuration took effect:
 its record's ``since`` (``job_started`` or ``job_resized``), or later when a
 plan changed its cores in place (same GPUs, no restart) and the leader
@@ -33,6 +40,8 @@ from shared.snapshot import Plan
 # Heartbeats kept per job: at the default heartbeat period (1 s) a few
 # minutes, many times CODA's sampling period.
 MAX_BEATS = 256
+RESTARTS_KEPT = 8  # starts a job's restart cost is averaged over
+JOBS_KEPT = 4096  # jobs whose restart costs are remembered while not running
 
 
 class Beat(NamedTuple):
@@ -78,6 +87,8 @@ class Throughputs:
         self.max_beats = max_beats
         self.beats: dict[JobId, deque[Beat]] = {}
         self.changes: dict[JobId, float] = {}
+        # Per job: the starts measured (their ``since``) and the costs.
+        self.restarts: dict[JobId, dict[float, float]] = {}
 
     def note(self, job_id: JobId, at: float, done: float) -> None:
         """A heartbeat; one not newer than the last kept (redelivered, or
@@ -96,7 +107,28 @@ class Throughputs:
         its record says was at ``started`` (see the module docstring)."""
         since = max(started, self.changes.get(job_id, 0.0))
         window = [b for b in self.beats.get(job_id, ()) if b.at >= since]
+        self._restart(job_id, started)
         return Measured(rate(window), since)
+
+    def _restart(self, job_id: JobId, started: float) -> None:
+        """Measure the start at ``started`` once its progress shows."""
+        seen = self.restarts.get(job_id, {})
+        if started in seen:
+            return
+        after = [b for b in self.beats.get(job_id, ()) if b.at >= started]
+        moved = next((b for b in after if b.done > after[0].done), None) if after else None
+        if moved is None:
+            return
+        costs = self.restarts.pop(job_id, {})  # to the end: the most recently measured
+        costs[started] = moved.at - started
+        self.restarts[job_id] = dict(list(costs.items())[-RESTARTS_KEPT:])
+        if len(self.restarts) > JOBS_KEPT:
+            del self.restarts[next(iter(self.restarts))]
+
+    def restart_s(self, job_id: JobId) -> float:
+        """The job's measured restart cost, s (0: not measured yet)."""
+        costs = self.restarts.get(job_id)
+        return max(0.0, sum(costs.values()) / len(costs)) if costs else 0.0
 
     def keep(self, job_ids: Iterable[JobId]) -> None:
         """Forget every job but ``job_ids`` (the running ones)."""

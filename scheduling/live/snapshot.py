@@ -312,6 +312,7 @@ def _job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None) -> _Job:
         done_samples=done,
         attained_by_type=dict(rec.run_s_by_type),
         restarts=rec.restarts,
+        restart_s=ctx.throughputs.restart_s(rec.job_id),
     )
     occupied = booked or current
     if cpu and not ctx.schedules_cores:  # never shown to a policy that plans GPUs only
