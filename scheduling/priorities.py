@@ -117,6 +117,22 @@ def first_in_first_out(job: JobState, facts: JobFacts) -> float:
     return -job.spec.submit_time
 
 
+# A job that has waited as long as its own run time (LR 1) is served first.
+LR_GUARD = 1.0
+
+
+def guarded_srtf(job: JobState, facts: JobFacts) -> float:
+    """SRTF, with the latency ratio as a guard (this project's option, not
+    the paper's): a job whose Eq. (8) latency ratio reached :data:`LR_GUARD`
+    goes before every other, by its latency ratio; the rest by remaining
+    run time. Average JCT as SRTF gives it, while no job waits longer than
+    its own run time for long (the bound was fixed before any run)."""
+    lr = latency_ratio(job, facts)
+    if lr >= LR_GUARD:
+        return lr
+    return -facts.remaining_s
+
+
 PRIORITIES: Mapping[str, PriorityFn] = {
     "lr": latency_ratio,
     "ftf": finish_time_fairness,
@@ -124,6 +140,7 @@ PRIORITIES: Mapping[str, PriorityFn] = {
     "sjf": shortest_job_first,
     "srtf": shortest_remaining_first,
     "fifo": first_in_first_out,
+    "guarded-srtf": guarded_srtf,
 }
 
 
