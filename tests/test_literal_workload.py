@@ -31,15 +31,9 @@ from simulator.workloads import (
     paper_sim_literal,
     requirement_set,
 )
-from world.catalog import builtin_catalog
-from world.clusters import builtin_cluster
+from tests.test_workloads import CATALOG, PHYSICAL, SIM, SIM_TRUTH, TRUTH
 from world.truth import GroundTruth
 
-CATALOG = builtin_catalog()
-PHYSICAL = builtin_cluster("paper-physical")
-SIM = builtin_cluster("paper-sim-512")
-TRUTH = GroundTruth(PHYSICAL, CATALOG)
-SIM_TRUTH = GroundTruth(SIM, CATALOG)
 RTX = GpuType("RTX3090")
 MODEL = "resnet50-imagenet"
 

@@ -157,7 +157,7 @@ def bootstrapped(est: JobEstimate, measured: tuple[Measured, ...],
     curves: dict[GpuType, ThroughputCurve] = {}
     for t in sorted(single):
         per_node = cluster.max_server_gpus(t)
-        nodes = max(1, len([s for s in cluster.servers if s.gpu_type == t]))
+        nodes = max(1, sum(1 for _ in cluster.servers_of_type(t)))
         if t in scaled or donor is None:
             curves[t] = _curve(models[t], per_node, nodes)
         else:
