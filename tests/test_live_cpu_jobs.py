@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 from hops.cli import app
 from scheduling.live import refresh as rf
 from scheduling.live.clock import MIN_WAKE_S, Inflight, RoundClock
-from scheduling.live.samples import Beat, Throughputs, in_place, rate
+from scheduling.live.samples import MAX_RESTART_S, Beat, Throughputs, in_place, rate
 from scheduling.live.snapshot import build_snapshot, estimate_targets
 from scheduling.live.state import LiveJobRecord, new_record
 from shared.cluster import GpuTypeSpec, Server
@@ -220,6 +220,17 @@ def test_a_start_is_measured_until_its_progress_shows_and_the_snapshot_carries_i
     snap = build_snapshot(230.0, {rec.job_id: rec}, NODES, {}, ests, {}, Inflight(60.0), True,
                           throughputs=t).snapshot
     assert snap.jobs[0].restart_s == 30.0
+
+
+def test_a_restart_measured_on_a_skewed_clock_is_bounded() -> None:
+    t = Throughputs()
+    job = JobId("skewed")
+    # The job's clock runs ten hours ahead of the placer's: its first
+    # progress seems 36,000 s after the start. Recorded as two rounds.
+    for at, done in [(36_000.0, 0.0), (36_010.0, 10.0)]:
+        t.note(job, at, done)
+    t.measured(job, 0.0)
+    assert t.restart_s(job) == MAX_RESTART_S == 600.0
 
 
 # --- wake-ups -------------------------------------------------------------------------

@@ -18,7 +18,10 @@ restart_s``, read by Sia's restart factor and Hops' reconfiguration cost):
 the time from a start (the record's ``since``) to the first heartbeat that
 shows progress beyond the first one after it, the mean of the last
 :data:`RESTARTS_KEPT` starts. The heartbeat's time is the job's clock and
-``since`` the placer's, so hosts are assumed in step (NTP).
+``since`` the placer's, so hosts are assumed in step (NTP); because they
+may not be, each measurement is bounded by :data:`MAX_RESTART_S`. An
+unbounded one (a clock hours apart) would exempt the job from preemption
+for ten times that long and saturate its reconfiguration cost.
 
 ``throughput_since`` is when the job's current configuration took effect:
 its record's ``since`` (``job_started`` or ``job_resized``), or later when a
@@ -33,6 +36,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from scheduling.rounds import ROUND_S
 from shared.configuration import Configuration
 from shared.ids import JobId
 from shared.snapshot import Plan
@@ -42,6 +46,10 @@ from shared.snapshot import Plan
 MAX_BEATS = 256
 RESTARTS_KEPT = 8  # starts a job's restart cost is averaged over
 JOBS_KEPT = 4096  # jobs whose restart costs are remembered while not running
+# Longest restart cost one start may record: two rounds. Sia's slowest
+# measured restart is 250 s (world/restarts.py); a longer one is a skewed
+# clock or a stall, and past a round the reconfiguration cost is saturated.
+MAX_RESTART_S = 2.0 * ROUND_S
 
 
 class Beat(NamedTuple):
@@ -120,7 +128,7 @@ class Throughputs:
         if moved is None:
             return
         costs = self.restarts.pop(job_id, {})  # to the end: the most recently measured
-        costs[started] = moved.at - started
+        costs[started] = min(MAX_RESTART_S, moved.at - started)
         self.restarts[job_id] = dict(list(costs.items())[-RESTARTS_KEPT:])
         if len(self.restarts) > JOBS_KEPT:
             del self.restarts[next(iter(self.restarts))]
@@ -128,7 +136,7 @@ class Throughputs:
     def restart_s(self, job_id: JobId) -> float:
         """The job's measured restart cost, s (0: not measured yet)."""
         costs = self.restarts.get(job_id)
-        return max(0.0, sum(costs.values()) / len(costs)) if costs else 0.0
+        return sum(costs.values()) / len(costs) if costs else 0.0
 
     def keep(self, job_ids: Iterable[JobId]) -> None:
         """Forget every job but ``job_ids`` (the running ones)."""
