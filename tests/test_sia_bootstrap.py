@@ -15,8 +15,10 @@ from scheduling.policies.sia.bootstrap import (
     STATE,
     Measured,
     Observations,
+    StateCodec,
     bootstrapped,
     decode,
+    encode,
     fit_type,
     observe,
 )
@@ -97,3 +99,14 @@ def test_the_policy_plans_on_what_it_measured_in_earlier_plans() -> None:
 def test_the_setting_is_checked() -> None:
     with pytest.raises(ValueError, match="throughput"):
         SiaSettings(throughput="oracle")
+
+
+def test_the_state_codec_reuses_what_it_encoded_and_decodes_anything_else() -> None:
+    codec = StateCodec()
+    ours = Observations({JobId("a"): (Measured(GpuType("A"), 2, 1, 5.0),)})
+    blob = codec.encode(ours)
+    assert codec.decode(blob) is ours  # the bytes it just wrote: no decode
+    other = Observations({JobId("b"): (Measured(GpuType("B"), 1, 1, 3.0),)})
+    # Another state (a failover, another tenant's call) is decoded, not the cached one.
+    assert codec.decode(encode(other)) == other
+    assert codec.decode(None) == Observations()

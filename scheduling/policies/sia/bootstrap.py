@@ -69,6 +69,27 @@ def encode(obs: Observations) -> bytes:
     return msgspec.msgpack.encode(obs)
 
 
+class StateCodec:
+    """:func:`decode` and :func:`encode` that remember the last state
+    encoded: the next plan usually hands back those very bytes, and decoding
+    thousands of jobs' measurements each plan was 6% of a trace's run. The
+    bytes are compared, so a state from elsewhere (a failover, a layer that
+    calls the policy per tenant) is decoded as before."""
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, Observations] | None = None
+
+    def decode(self, blob: bytes | None) -> Observations:
+        if blob and self._last is not None and self._last[0] == blob:
+            return self._last[1]
+        return decode(blob)
+
+    def encode(self, obs: Observations) -> bytes:
+        blob = encode(obs)
+        self._last = (blob, obs)
+        return blob
+
+
 def observe(obs: Observations, snapshot: Snapshot) -> Observations:
     """``obs`` with every measured running job's configuration. Jobs the
     snapshot does not show are kept (a layer may show the policy part of

@@ -70,7 +70,7 @@ from scheduling.ilp import (
 )
 from scheduling.layers.base import LayeredPolicy
 from scheduling.policies.hops.window import order_queue
-from scheduling.policies.sia.bootstrap import STATE, bootstrapped, decode, encode, observe
+from scheduling.policies.sia.bootstrap import STATE, StateCodec, bootstrapped, observe
 from scheduling.policies.sia.ilp import SiaColumn, build_model, index_columns
 from scheduling.policies.sia.placement import Placement, TypeAllocation, place
 from scheduling.policies.sia.start import good_start, lp_homes
@@ -224,11 +224,12 @@ class SiaPolicy(LayeredPolicy):
     def __init__(self, settings: SiaSettings | None = None) -> None:
         self.settings = settings or SiaSettings()
         self._priority = priority_fn(self.settings.priority)
+        self._codec = StateCodec()
 
     def plan_inner(self, snapshot: Snapshot) -> Plan:
         free = snapshot.free_gpus()
-        observed = observe(decode(snapshot.layer_state.get(STATE)), snapshot)
-        record = (LayerRecord(STATE, state=encode(observed)),)
+        observed = observe(self._codec.decode(snapshot.layer_state.get(STATE)), snapshot)
+        record = (LayerRecord(STATE, state=self._codec.encode(observed)),)
         if not snapshot.first_plan:
             return Plan((), (), PlanReasons(policy=self.name, layers=record))
         if self.settings.throughput == "bootstrap":
