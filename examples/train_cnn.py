@@ -25,6 +25,14 @@ examples/train_cnn.py]``): the executor sets ``HOPS_MODE``,
 ``HOPS_BATCH_SIZE``, ``HOPS_TOTAL_SAMPLES``, ``HOPS_REPORT_FILE``,
 ``HOPS_CHECKPOINT_DIR``, ``HOPS_LR`` and the rest (shared/jobenv.py); the
 options below default to them.
+
+A relaxed-sync job (``sync_scale`` in its spec, hare.md §2.2.3) gets
+``HOPS_SYNC_SCALE`` and ``HOPS_MICRO_BATCHES``: each rank then processes
+its share of a step's batches as micro-batches (the plugin's loader deals
+them out), on GPUs of any speeds. Standalone, ``HOPS_SYNC_SCALE=4``
+accumulates four batches a step::
+
+    HOPS_SYNC_SCALE=4 python examples/train_cnn.py --total-samples 2048
 """
 
 from __future__ import annotations
@@ -127,13 +135,15 @@ def main(argv: list[str] | None = None) -> int:
                          num_workers=args.workers, seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
     for step in run.steps():
-        with step.data():
-            images, labels = next(batches)
-            images, labels = images.to(run.device), labels.to(run.device)
-        with step.forward():
-            loss = loss_fn(model(images), labels)
-        with step.backward():
-            loss.backward()
+        # One micro-batch, or a relaxed-sync job's share of its sync scale.
+        for micro in step.micro_batches():
+            with step.data():
+                images, labels = next(batches)
+                images, labels = images.to(run.device), labels.to(run.device)
+            with step.forward():
+                loss = micro.scale(loss_fn(model(images), labels))
+            with step.backward():
+                loss.backward()
         with step.update():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -23,7 +23,9 @@ starts them::
 Under a real executor, as a job's command (``command: [python,
 examples/train_lm.py]``): the options default to the executor's
 ``HOPS_BATCH_SIZE`` and ``HOPS_TOTAL_SAMPLES``; the plugin reads the rest
-(shared/jobenv.py).
+(shared/jobenv.py), a relaxed-sync job's ``HOPS_SYNC_SCALE`` and
+``HOPS_MICRO_BATCHES`` among them: each rank then draws its share of a
+step's batches from its own stream, as micro-batches (hare.md §2.2.3).
 """
 
 from __future__ import annotations
@@ -106,13 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     batches = run.batches(sequences(args.batch_size, args.seq_len, args.vocab, seed))
     loss_fn = nn.CrossEntropyLoss()
     for step in run.steps():
-        with step.data():
-            tokens = next(batches).to(run.device)
-        with step.forward():
-            logits = model(tokens[:, :-1])
-            loss = loss_fn(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
-        with step.backward():
-            loss.backward()
+        # One micro-batch, or a relaxed-sync job's share of its sync scale.
+        for micro in step.micro_batches():
+            with step.data():
+                tokens = next(batches).to(run.device)
+            with step.forward():
+                logits = model(tokens[:, :-1])
+                loss = loss_fn(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+                loss = micro.scale(loss)
+            with step.backward():
+                loss.backward()
         with step.update():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

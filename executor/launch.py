@@ -23,6 +23,12 @@ plus PyTorch's distributed-launch variables:
   operator gave ``--cpu-affinity``: an operator's per-device cores take
   precedence, and the executor then neither chooses nor re-pins cores.
 
+A relaxed-sync job (``spec.sync_scale`` S > 0) running also gets
+``HOPS_SYNC_SCALE`` and ``HOPS_MICRO_BATCHES`` (the start's split, else an
+even one, :func:`micro_batches_of`) and ``HOPS_LR`` for S GPUs (hare.md
+§2.2.3); a start placing it on more than S GPUs is refused
+(:func:`relaxed_refusal`).
+
 A profiling run is one process with ``WORLD_SIZE`` 1, and so is a CPU job
 (CODA: a part with no GPUs), with ``CUDA_VISIBLE_DEVICES`` empty. A process inherits
 only what :func:`executor.isolation.base_env` lets through of the
@@ -50,6 +56,7 @@ from shared.configuration import Configuration
 from shared.events import StartJob
 from shared.ids import ServerId
 from shared.node import Rendezvous, rendezvous_port
+from shared.relaxed import even_split, format_split
 
 LOCALHOST = "127.0.0.1"
 
@@ -151,6 +158,30 @@ def cores_of(cmd: StartJob) -> int:
     return cmd.configuration.demand_on(cmd.server_id).cores if cmd.mode == "run" else 0
 
 
+def sync_scale_of(cmd: StartJob) -> int:
+    """The sync scale ``cmd``'s processes run at (0: not relaxed; a
+    profiling run and a CPU job never are)."""
+    return cmd.spec.sync_scale if cmd.mode == "run" and cmd.gpu_indices else 0
+
+
+def relaxed_refusal(cmd: StartJob) -> str | None:
+    """Why ``cmd`` cannot run relaxed: more GPUs than micro-batches a step."""
+    scale, gpus = sync_scale_of(cmd), cmd.configuration.total_gpus
+    if scale and gpus > scale:
+        return (f"job {cmd.job_id} has sync scale {scale}: it cannot run on {gpus} GPUs "
+                "(each needs one of its micro-batches)")
+    return None
+
+
+def micro_batches_of(cmd: StartJob) -> tuple[int, ...]:
+    """Each rank's micro-batches per step: the planner's split, else even
+    (empty: not relaxed)."""
+    scale = sync_scale_of(cmd)
+    if not scale:
+        return ()
+    return cmd.micro_batches or even_split(scale, cmd.configuration.total_gpus)
+
+
 def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int) -> dict[str, str]:
     """The variables the executor sets for ``local_rank`` (see the module)."""
     world, local, nodes, rank_of_node = world_of(cmd)
@@ -182,7 +213,10 @@ def job_env(cmd: StartJob, opts: LaunchOptions, paths: JobPaths, local_rank: int
         jobenv.CORES: str(cores_of(cmd)),
         jobenv.CORES_FILE: str(paths.cores),
     }
-    lr = cmd.spec.learning_rate(world)
+    split = micro_batches_of(cmd)
+    env[jobenv.SYNC_SCALE] = str(cmd.spec.sync_scale if split else 0)
+    env[jobenv.MICRO_BATCHES] = format_split(split)
+    lr = cmd.spec.learning_rate(cmd.spec.sync_scale if split else world)
     if lr is not None:
         env[jobenv.LR] = repr(lr)
     if opts.threads is not None:

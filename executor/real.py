@@ -61,7 +61,7 @@ from executor.backend import (
 )
 from executor.cores import with_cores
 from executor.isolation import FolderError, JobIdentity, prepare_folders, root_refusal
-from executor.launch import LaunchOptions, cores_of, job_paths, launches, world_of
+from executor.launch import LaunchOptions, cores_of, job_paths, launches, relaxed_refusal, world_of
 from executor.mba import JobCap, MbaControl, MbaError
 from executor.membw import RESCTRL
 from executor.pinning import Pinner, write_count
@@ -299,6 +299,8 @@ class RealBackend:
         if not spec.command:
             return Refusal(INVALID, f"job {cmd.job_id} has no command; executor "
                                     f"{self.server.id} runs real jobs", fail_job=True)
+        if (why := relaxed_refusal(cmd)) is not None:
+            return Refusal(INVALID, f"executor {self.server.id}: {why}")
         if spec.workdir and not Path(spec.workdir).is_dir():
             return Refusal(INVALID, f"working folder {spec.workdir} does not exist on "
                                     f"{self.server.id}", fail_job=True)

@@ -33,6 +33,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample
 from shared.node import Device, Rendezvous
+from shared.relaxed import split_problem
 from shared.snapshot import Plan
 from shared.subjects import check_token
 from shared.wire import FORBIDDEN as FORBIDDEN
@@ -146,7 +147,9 @@ class EstimateReply(Message, frozen=True, tag="estimate_reply"):
 class StartJob(Message, frozen=True, tag="start_job"):
     """Command on ``hops.v1.exec.<server_id>``: run (or profile) this server's
     part of ``configuration`` on ``gpu_indices``, resuming at ``samples_done``.
-    ``key`` is an idempotency key: a repeated key is acknowledged, not rerun."""
+    ``key`` is an idempotency key: a repeated key is acknowledged, not rerun.
+    ``micro_batches``: a relaxed-sync job's split over the configuration's
+    ranks (:mod:`shared.relaxed`; empty: the executor splits evenly)."""
 
     key: str
     job_id: JobId
@@ -157,10 +160,14 @@ class StartJob(Message, frozen=True, tag="start_job"):
     samples_done: float = 0.0
     mode: Literal["run", "profile"] = "run"
     rendezvous: Rendezvous | None = None
+    micro_batches: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.key:
             raise ValueError("key must not be empty")
+        if self.micro_batches and (why := split_problem(
+                self.spec.sync_scale, self.configuration.total_gpus, self.micro_batches)):
+            raise ValueError(why)
         if self.spec.id != self.job_id:
             raise ValueError(f"spec.id {self.spec.id!r} differs from job_id {self.job_id!r}")
         local = self.configuration.as_dict().get(self.server_id)
@@ -343,6 +350,9 @@ class PlanIssued(Message, frozen=True, tag="plan_issued"):
     plan: Plan
     at: float
     first_plan: bool = True
+    # Relaxed-sync jobs' micro-batches per rank of their assignment, from
+    # the estimates (shared.relaxed.plan_splits); a job missing splits evenly.
+    micro_batches: dict[JobId, tuple[int, ...]] = {}
 
 
 class ResourcesReleased(Message, frozen=True, tag="resources_released"):

@@ -57,6 +57,13 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     a GPU job ``cores`` is what its owner asked for in all (0: nothing
     stated), which the baselines that take requests as given use;
     ``category`` and ``hints`` seed CODA's adaptive core allocation.
+
+    ``sync_scale`` S > 0 makes a GPU job relaxed scale-fixed (hare.md
+    §2.2.3): every step processes S per-GPU batches, its global batch and
+    learning rate those of S GPUs, on whichever k <= S GPUs it holds, each
+    rank a share of micro-batches proportional to its GPU's speed
+    (:mod:`shared.relaxed`). Its requirements may then not exceed S. 0, the
+    default: synchronous data parallel, one batch per GPU per step.
     """
 
     id: JobId
@@ -80,6 +87,7 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cores: int = 0
     category: Category = "other"
     hints: CoreHints = CoreHints()
+    sync_scale: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -92,6 +100,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"total_samples must be > 0, got {self.total_samples}")
         if self.cores < 0:
             raise ValueError(f"cores must be >= 0, got {self.cores}")
+        if self.sync_scale < 0:
+            raise ValueError(f"sync_scale must be >= 0, got {self.sync_scale}")
         if self.kind == "cpu":
             self._check_cpu_job()
         else:
@@ -127,6 +137,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("a cpu job asks for cores, not GPUs: give no requirements")
         if self.lr or self.base_lr is not None:
             raise ValueError("a cpu job takes no learning rate")
+        if self.sync_scale:
+            raise ValueError("a cpu job takes no sync_scale")
 
     def _check_requirements(self) -> None:
         if self.requirements:
@@ -134,12 +146,20 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise ValueError("requirements: give either the set or min_gpus/max_gpus, not both")
             if any(r <= 0 for r in self.requirements):
                 raise ValueError("requirements: every entry must be > 0")
+            self._check_sync_scale(max(self.requirements))
             return
         if self.min_gpus is None or self.max_gpus is None:
             raise ValueError("requirements: give the set or both min_gpus and max_gpus")
         if self.min_gpus <= 0 or self.max_gpus < self.min_gpus:
             bounds = f"[{self.min_gpus}, {self.max_gpus}]"
             raise ValueError(f"requirements: need 0 < min_gpus <= max_gpus, got {bounds}")
+        self._check_sync_scale(self.max_gpus)
+
+    def _check_sync_scale(self, most: int) -> None:
+        # Each of the k GPUs processes at least one of the S micro-batches of a step.
+        if self.sync_scale and most > self.sync_scale:
+            raise ValueError(f"sync_scale: a relaxed-sync job runs on at most sync_scale = "
+                             f"{self.sync_scale} GPUs; its requirements go up to {most}")
 
     def requirement_set(self, r_num: int = R_NUM) -> tuple[int, ...]:
         """The sorted requirement set R; bounds become ``r_num`` equal steps

@@ -14,6 +14,17 @@ the executor pins every thread of the job to exactly that many cores
 ``set_cores`` command): the executor then rewrites the file named by
 ``HOPS_CORES_FILE`` (one line, the new count), which the plugin reads to
 resize its threads; ``HOPS_CORES`` stays the count at the start.
+
+A relaxed-sync job (``JobSpec.sync_scale`` S > 0, hare.md §2.2.3) running
+gets ``HOPS_SYNC_SCALE`` = S and ``HOPS_MICRO_BATCHES``, the micro-batches
+of every rank in rank order, comma-separated (``"3,1"``: rank 0 processes
+three per-GPU batches per step, rank 1 one), each at least 1 and summing
+to S: the planner's split by the estimated speed of each rank's GPU
+(:mod:`shared.relaxed`), else an even one. Each step then processes S
+per-GPU batches in all, and ``HOPS_LR`` is the rate for S GPUs, however
+many GPUs the job holds. A profiling run, and a job without a sync
+scale, get ``HOPS_SYNC_SCALE`` 0 and ``HOPS_MICRO_BATCHES`` empty: one
+batch per rank per step.
 """
 
 from __future__ import annotations
@@ -37,11 +48,13 @@ NODE_RANK = "HOPS_NODE_RANK"
 THREADS = "HOPS_THREADS"  # intra-op threads per process (CPU devices)
 CORES = "HOPS_CORES"  # CPU cores the job holds on this server (0: none allocated)
 CORES_FILE = "HOPS_CORES_FILE"  # holds the current count; rewritten when it changes
+SYNC_SCALE = "HOPS_SYNC_SCALE"  # per-GPU batches per step of a relaxed-sync job
+MICRO_BATCHES = "HOPS_MICRO_BATCHES"  # "3,1": each rank's share of them
 
 # Set by the executor; a job's own ``env`` may not override them.
 RESERVED: frozenset[str] = frozenset({
     JOB_ID, SERVER_ID, GPU_TYPE, MODE, REPORT_FILE, CHECKPOINT_DIR, SAMPLES_DONE,
     TOTAL_SAMPLES, BATCH_SIZE, PROFILE_ITERS, SAMPLE_S, LR, TOTAL_GPUS, LOCAL_GPUS,
-    NODES, NODE_RANK, THREADS, CORES, CORES_FILE, "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
-    "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+    NODES, NODE_RANK, THREADS, CORES, CORES_FILE, SYNC_SCALE, MICRO_BATCHES, "MASTER_ADDR",
+    "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
 })

@@ -31,16 +31,25 @@ running mode, reporting to ``report_file`` if given, else nowhere)::
     run.resume(model, opt)                 # latest checkpoint, if any
     batches = run.loader(dataset, num_workers=2)  # or run.batches(any_iterable)
     for step in run.steps():
-        with step.data():
-            x, y = next(batches)
-        with step.forward():
-            loss = loss_fn(model(x), y)
-        with step.backward():
-            loss.backward()
+        for micro in step.micro_batches():  # one, unless the job is relaxed-sync
+            with step.data():
+                x, y = next(batches)
+            with step.forward():
+                loss = micro.scale(loss_fn(model(x), y))
+            with step.backward():
+                loss.backward()
         with step.update():
             opt.step()
             opt.zero_grad()
     sys.exit(run.close())                  # 0 after a finish, a profile or a stop
+
+A relaxed-sync job (``HOPS_SYNC_SCALE`` S, hare.md §2.2.3) keeps S per-GPU
+batches a step on however many GPUs it holds: each rank processes its
+share (``HOPS_MICRO_BATCHES``) as micro-batches, accumulating gradients
+under DDP's ``no_sync()`` until the last; ``micro.scale`` weights the loss
+so that the all-reduced gradient is the global batch's mean, and the
+learning rate and the progress are those of S GPUs
+(:mod:`hops.plugin.micro`). A script written as above runs either way.
 
 The executor may change the job's CPU cores while it runs (CODA): the
 loop then follows, resizing torch's threads, and ``run.cores`` says how
@@ -60,10 +69,12 @@ from pathlib import Path
 from hops.plugin.config import Mode, Settings, settings_from_env
 from hops.plugin.data import TimedBatch, TimedCollate, TimedDataset, TimedLoader
 from hops.plugin.measure import IterationTimes, ScalingRule, detect_pattern, scaled_lr
+from hops.plugin.micro import MicroBatch
 from hops.plugin.run import Run, Step
 
 __all__ = [
     "IterationTimes",
+    "MicroBatch",
     "Mode",
     "Run",
     "ScalingRule",

@@ -11,11 +11,12 @@ and, without a report file, reports nowhere.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from shared import jobenv
+from shared.relaxed import even_split, parse_split, split_problem
 
 Mode = Literal["run", "profile"]
 T = TypeVar("T")
@@ -31,7 +32,9 @@ class Settings:
 
     ``total_samples`` None means no end but a stop (standalone runs).
     ``world_size``/``rank``/``local_rank`` are the distributed launch's;
-    ``total_gpus`` is the allocation the learning rate is for.
+    ``total_gpus`` is the allocation. ``sync_scale`` S > 0 makes the run
+    relaxed scale-fixed (hare.md §2.2.3): each step processes S per-GPU
+    batches over all ranks, rank r ``micro_batches[r]`` of them.
     """
 
     mode: Mode = "run"
@@ -56,10 +59,37 @@ class Settings:
     rank: int = 0
     local_rank: int = 0
     node_rank: int = 0
+    sync_scale: int = 0
+    micro_batches: tuple[int, ...] = ()  # per rank; set exactly when sync_scale is
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def relaxed(self) -> bool:
+        return self.sync_scale > 0
+
+    @property
+    def own_micro_batches(self) -> int:
+        """This rank's per-GPU batches per step."""
+        return self.micro_batches[self.rank] if self.relaxed else 1
+
+    @property
+    def first_micro_batch(self) -> int:
+        """The index, among the step's, of this rank's first micro-batch."""
+        return sum(self.micro_batches[: self.rank]) if self.relaxed else self.rank
+
+    @property
+    def step_batches(self) -> int:
+        """Per-GPU batches a step processes over all ranks: its global batch
+        is ``step_batches * batch_size``."""
+        return self.sync_scale if self.relaxed else self.world_size
+
+    @property
+    def lr_gpus(self) -> int:
+        """The GPUs the learning rate is for: those of the global batch."""
+        return self.sync_scale if self.relaxed else self.total_gpus
 
     @property
     def writes_reports(self) -> bool:
@@ -102,6 +132,11 @@ def _check(settings: Settings) -> Settings:
         problems.append("need HOPS_CORES >= 0 and LOCAL_WORLD_SIZE > 0")
     if not 0 <= settings.rank < settings.world_size or settings.total_gpus <= 0:
         problems.append("need 0 <= RANK < WORLD_SIZE and HOPS_TOTAL_GPUS > 0")
+    if settings.sync_scale < 0:
+        problems.append("HOPS_SYNC_SCALE must be >= 0")
+    elif settings.relaxed and (why := split_problem(
+            settings.sync_scale, settings.world_size, settings.micro_batches)):
+        problems.append(f"HOPS_MICRO_BATCHES: {why}")
     if settings.mode not in ("run", "profile"):
         problems.append(f"HOPS_MODE must be 'run' or 'profile', got {settings.mode!r}")
     if problems:
@@ -160,4 +195,24 @@ def settings_from_env(
         local_rank=_parse(env, "LOCAL_RANK", int, 0),
         node_rank=_parse(env, jobenv.NODE_RANK, int, 0),
     )
-    return _check(settings)
+    return _check(_with_split(settings, env))
+
+
+def _with_split(settings: Settings, env: Mapping[str, str]) -> Settings:
+    """The relaxed-sync split of ``env``: ``HOPS_MICRO_BATCHES``, or an even
+    one when only ``HOPS_SYNC_SCALE`` is set (a standalone run: gradient
+    accumulation over that many micro-batches)."""
+    scale = _parse(env, jobenv.SYNC_SCALE, int, 0)
+    raw = env.get(jobenv.MICRO_BATCHES, "")
+    try:
+        split = parse_split(raw)
+    except ValueError as e:
+        raise ValueError(f"{jobenv.MICRO_BATCHES}={raw!r}: {e}") from None
+    if split and scale <= 0:
+        raise ValueError(f"{jobenv.MICRO_BATCHES} needs {jobenv.SYNC_SCALE} > 0")
+    if scale > 0 and not split:
+        try:
+            split = even_split(scale, settings.world_size)
+        except ValueError as e:
+            raise ValueError(f"{jobenv.SYNC_SCALE}={scale}: {e}") from None
+    return replace(settings, sync_scale=scale, micro_batches=split)

@@ -10,6 +10,9 @@ patterns of Eq. (1) apart (:func:`hops.plugin.measure.detect_pattern`).
   wrapper times fetching the batch's samples (``__getitems__``, in whichever
   process builds the batch, worker or main) and the collate wrapper adds
   its own time and returns a :class:`TimedBatch`;
+- :class:`MicroBatchSampler` gives a relaxed-sync rank its micro-batches'
+  samples (hare.md §2.2.3): each step's S per-GPU batches are those S
+  replicas of a DistributedSampler would read, whatever the ranks' shares;
 - :class:`TimedLoader` iterates endlessly over epochs, unwraps those batches
   and records their production time (divided by the number of workers
   that produce side by side: the loader's rate is what T_d stands for); for
@@ -150,6 +153,48 @@ class TimedLoader(Generic[B]):
         return next(self._it)
 
 
+class MicroBatchSampler(DistributedSampler[Any]):
+    """Indices for a rank that processes ``count`` of a step's
+    ``num_replicas`` (the sync scale S) per-GPU batches, from batch
+    ``rank`` (its first micro-batch's index) on.
+
+    The epoch's order is DistributedSampler's (seed + epoch, the tail
+    dropped) dealt out to S virtual replicas; step t's micro-batches of this
+    rank are batch t of each of its replicas, one after the other. So every
+    rank runs the same number of steps per epoch, each step reads S disjoint
+    batches over all ranks, and an epoch reads each kept sample once,
+    however the ranks share the S batches.
+    """
+
+    def __init__(self, dataset: Dataset[Any], sync_scale: int, first: int, count: int,
+                 batch_size: int, *, shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=sync_scale, rank=first, shuffle=shuffle,
+                         seed=seed, drop_last=True)
+        if count < 1 or first + count > sync_scale or batch_size < 1:
+            raise ValueError(f"micro-batches {first}..{first + count - 1} of {sync_scale} "
+                             f"at batch size {batch_size}")
+        self.count = count
+        self.batch_size = batch_size
+        self.steps = self.num_samples // batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        size = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order: list[int] = torch.randperm(size, generator=g).tolist()
+        else:
+            order = list(range(size))
+        total, stride = self.total_size, self.num_replicas
+        shards = [order[j:total:stride] for j in range(self.rank, self.rank + self.count)]
+        b = self.batch_size
+        for t in range(self.steps):
+            for shard in shards:
+                yield from shard[t * b:(t + 1) * b]
+
+    def __len__(self) -> int:
+        return self.steps * self.count * self.batch_size
+
+
 def make_loader(
     dataset: Dataset[Any],
     settings: Settings,
@@ -164,10 +209,16 @@ def make_loader(
     **kwargs: Any,
 ) -> TimedLoader[Any]:
     """A timed DataLoader over ``dataset``; with several ranks each reads
-    its own shard (DistributedSampler), reshuffled each epoch."""
+    its own shard (DistributedSampler), reshuffled each epoch; a
+    relaxed-sync rank its micro-batches' (:class:`MicroBatchSampler`)."""
     sampler: DistributedSampler[Any] | None = None
     generator = None
-    if settings.distributed:
+    size = batch_size or settings.batch_size
+    if settings.relaxed:
+        sampler = MicroBatchSampler(dataset, settings.sync_scale, settings.first_micro_batch,
+                                    settings.own_micro_batches, size, shuffle=shuffle,
+                                    seed=seed)
+    elif settings.distributed:
         sampler = DistributedSampler(dataset, num_replicas=settings.world_size,
                                      rank=settings.rank, shuffle=shuffle, seed=seed,
                                      drop_last=True)
@@ -175,7 +226,7 @@ def make_loader(
         generator = torch.Generator().manual_seed(seed)
     loader: DataLoader[Any] = DataLoader(
         TimedDataset(dataset),
-        batch_size=batch_size or settings.batch_size,
+        batch_size=size,
         shuffle=shuffle and sampler is None,
         sampler=sampler,
         num_workers=num_workers,

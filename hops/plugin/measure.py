@@ -206,10 +206,11 @@ def scaled_lr(
 
 
 def samples_done(
-    resumed: float, iterations: int, batch_size: int, world_size: int, total: float | None
+    resumed: float, iterations: int, batch_size: int, step_batches: int, total: float | None
 ) -> float:
     """Samples done over the whole job: the resume point plus this run's
-    iterations at the global batch, never more than the job's total (the
-    last iteration may be cut short)."""
-    done = resumed + iterations * batch_size * world_size
+    iterations at the global batch (``step_batches`` per-GPU batches: the
+    world size, or a relaxed-sync job's sync scale), never more than the
+    job's total (the last iteration may be cut short)."""
+    done = resumed + iterations * batch_size * step_batches
     return min(done, total) if total is not None else float(done)

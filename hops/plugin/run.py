@@ -43,6 +43,7 @@ from hops.plugin.measure import (
     scaled_lr,
     time_modules,
 )
+from hops.plugin.micro import MicroBatch, micro_batches
 from hops.plugin.report import Reporter
 from shared.jobreport import AnyReport, Checkpointed, Finished, Profiled, Progress, Started
 
@@ -53,7 +54,8 @@ End = Literal["", "finished", "stopped", "profiled"]
 
 class Step:
     """One iteration. Wrap its phases in the context managers; each may be
-    entered several times (gradient accumulation) and the times add up."""
+    entered several times (gradient accumulation: :meth:`micro_batches`)
+    and the times add up."""
 
     def __init__(self, run: Run, index: int, samples: float) -> None:
         self.index = index  # iterations before this one, in this run
@@ -99,6 +101,11 @@ class Step:
             yield
         if timer is not None:
             self._comm = timer.read()
+
+    def micro_batches(self) -> Iterator[MicroBatch]:
+        """This rank's micro-batches of the step (one unless relaxed-sync,
+        :mod:`hops.plugin.micro`): load, forward, ``micro.scale(loss)``, backward."""
+        return micro_batches(self._run.settings, self._run._wrapped)
 
     @contextmanager
     def update(self) -> Iterator[None]:
@@ -166,6 +173,11 @@ class Run:
         return self.settings.batch_size
 
     @property
+    def rank_batch(self) -> int:
+        """Samples this process handles per iteration (its micro-batches')."""
+        return self.settings.batch_size * self.settings.own_micro_batches
+
+    @property
     def iterations(self) -> int:
         return self._iterations
 
@@ -179,7 +191,7 @@ class Run:
         """Samples done over the whole job (all ranks), resume point included."""
         s = self.settings
         return samples_done(self._start_samples, self._iterations, s.batch_size,
-                            s.world_size, s.total_samples)
+                            s.step_batches, s.total_samples)
 
     def setup_distributed(self, timeout_s: float = 300.0) -> bool:
         """Join the job's process group when ``WORLD_SIZE`` > 1 (idempotent);
@@ -210,10 +222,11 @@ class Run:
                       table: Mapping[int, float] | None = None) -> float:
         """§2.2: ``HOPS_LR`` when the executor set it, else the user's
         ``table`` entry or ``base_lr`` scaled by ``rule`` for
-        ``HOPS_TOTAL_GPUS`` (default ``WORLD_SIZE``) GPUs."""
+        ``HOPS_TOTAL_GPUS`` (default ``WORLD_SIZE``) GPUs, or for
+        ``HOPS_SYNC_SCALE`` of a relaxed-sync job (its global batch's)."""
         if self.settings.lr is not None:
             return self.settings.lr
-        return scaled_lr(self.settings.total_gpus, base_lr, base_gpus, rule, table)
+        return scaled_lr(self.settings.lr_gpus, base_lr, base_gpus, rule, table)
 
     def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> float:
         """Register what a stop checkpoints, and load the latest checkpoint
@@ -256,7 +269,7 @@ class Run:
         while not self._over():
             s = self.settings
             left = (s.total_samples - self.samples_done) if s.total_samples is not None else None
-            full = float(s.batch_size * s.world_size)
+            full = float(s.batch_size * s.step_batches)
             step = Step(self, self._iterations, min(full, left) if left is not None else full)
             yield step
             boundary = self._finish_iteration(step, boundary)
@@ -266,7 +279,7 @@ class Run:
             path = str(self._resumed.path) if self._resumed is not None else ""
             self._report(Started(at=time.time(), samples_done=self.samples_done, checkpoint=path,
                                  world_size=self.settings.world_size))
-        self._period = SamplePeriod(started=time.perf_counter(), batch_size=self.batch_size)
+        self._period = SamplePeriod(started=time.perf_counter(), batch_size=self.rank_batch)
 
     def _over(self) -> bool:
         """Whether the loop ends here, at an iteration boundary: done work
@@ -323,14 +336,14 @@ class Run:
             sampled = period.line(now, self.samples_done, time.time(), affinity_cores())
             if sampled is not None:
                 self._report(sampled)
-            self._period = SamplePeriod(started=now, batch_size=self.batch_size)
+            self._period = SamplePeriod(started=now, batch_size=self.rank_batch)
         self._report(Progress(at=time.time(), samples_done=self.samples_done,
                               iterations=self._iterations))
 
     def _report_profile(self) -> None:
         records = self._records
         seconds = sum(r.total for r in records)
-        throughput = self.batch_size * len(records) / seconds if seconds > 0 else 0.0
+        throughput = self.rank_batch * len(records) / seconds if seconds > 0 else 0.0
         buckets, broadcasts = self._collectives
         modules = msgspec.structs.replace(time_modules(records), buckets=buckets,
                                           broadcasts=broadcasts, agreement=True)

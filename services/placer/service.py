@@ -25,7 +25,9 @@ plan:
    ``hops_alloc`` entry (no job event: the job did not restart). A refusal
    anywhere puts the others back to their old cores and is an
    ``error_record`` (``retune_failed``);
-6. sends the ``start_job`` commands of each job, and once every server
+6. sends the ``start_job`` commands of each job (a relaxed-sync job's
+   with the micro-batches per rank the plan carries,
+   :mod:`shared.relaxed`), and once every server
    acknowledged writes its ``hops_alloc`` entry and publishes
    ``job_started`` (``job_resized`` for a job that moved). A job whose start
    fails on some server is stopped again where it started.
@@ -90,6 +92,7 @@ from shared.events import (
 from shared.ids import JobId, ServerId
 from shared.node import Rendezvous, rendezvous_port
 from shared.records import JobRecord, NodeRecord, Placement
+from shared.relaxed import split_problem
 
 R = TypeVar("R")
 
@@ -187,7 +190,9 @@ class Placer:
             await asyncio.gather(*(self._retune(r, prefix, current[r.job_id][1])
                                    for r in wave))
         started = await asyncio.gather(*(self._start(s, jobs[s.job_id], prefix,
-                                                     resumed.get(s.job_id)) for s in starts))
+                                                     resumed.get(s.job_id),
+                                                     event.micro_batches.get(s.job_id, ()))
+                                         for s in starts))
         moved = {s.job_id for s, ok in zip(starts, started, strict=True) if ok and s.resize}
         for job in sorted(set(resumed) - moved):  # stopped to move, but could not start
             await self._publish_stopped(job, "resize failed", resumed[job], prefix)
@@ -250,15 +255,21 @@ class Placer:
         return StopResult(ok=True, samples=samples)
 
     async def _start(self, start: Start, record: JobRecord, prefix: str,
-                     resumed: float | None) -> bool:
+                     resumed: float | None, split: tuple[int, ...] = ()) -> bool:
         job = start.job_id
         samples = resumed if resumed is not None else max(record.samples_done,
                                                           self.progress.get(job, 0.0))
         meet = self._rendezvous(start, prefix)
+        config = start.placement.configuration
+        # A relaxed-sync job's split (plan_issued) where it fits this start; else even.
+        if start.placement.mode != "run" or split_problem(
+                record.spec.sync_scale, config.total_gpus, split) is not None:
+            split = ()
         cmds = [StartJob(key=command_key("start", prefix, job, launch.server), job_id=job,
                          server_id=launch.server, spec=record.spec,
                          configuration=launch.configuration, gpu_indices=launch.gpu_indices,
-                         samples_done=samples, mode=start.placement.mode, rendezvous=meet)
+                         samples_done=samples, mode=start.placement.mode, rendezvous=meet,
+                         micro_batches=split)
                 for launch in start.launches]
         acks = await asyncio.gather(*(self._command(c.server_id, c) for c in cmds))
         if not all(a is not None and a.ok for a in acks):
@@ -266,7 +277,6 @@ class Placer:
             return False
         await self.kv_alloc.put(job, msgspec.json.encode(start.placement))
         now = self.clock()
-        config = start.placement.configuration
         if start.resize:
             await self._publish(job, JobResized(job_id=job, configuration=config, at=now,
                                                 reason="resize", samples_done=samples),

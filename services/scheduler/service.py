@@ -69,6 +69,7 @@ from shared.cluster import Cluster
 from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.records import NodeRecord, Placement, QueueView
+from shared.relaxed import plan_splits
 from shared.snapshot import Plan, PlanReasons
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
@@ -379,8 +380,11 @@ class Leader:
             self.log.warning("plan dropped: the lease may have lapsed")
             return
         round_no = self.clock.round + (1 if first else 0)
+        # Relaxed-sync jobs' micro-batches, by the estimates this plan was made with.
+        specs = {k: r.spec for k, (r, _) in self.records.items()}
+        splits = plan_splits(plan, specs, self.estimates, snap.cluster_of(self.nodes))
         issued = ev.PlanIssued(round=round_no, term=self.term, plan=snap.without_layer_state(plan),
-                               at=now, first_plan=first)
+                               at=now, first_plan=first, micro_batches=splits)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
         # the layers' state first: a standby may see more than was published
         # (the layer releases what did not start), never less (live_cells)
