@@ -419,10 +419,14 @@ def test_a_cnn_and_a_language_model_train_end_to_end(stack: LiveStack) -> None:
         record = stack.record(job)
         assert record is not None and record["phase"] == "finished", why
         assert record["samples_done"] == spec["total_samples"], record
-        # the last run's report: started, ..., finished with every sample
+        # the last run's report: started, ..., finished with every sample.
+        # Every server of that run writes its own (the policy may have
+        # grown the job over two when GPUs were idle); runs before it were
+        # stopped and wrote none.
         reports = list((runs / job / "reports").glob("*.jsonl"))
         ends = [line for r in reports for line in report_lines(r) if isinstance(line, Finished)]
-        assert [e.samples_done for e in ends] == [spec["total_samples"]], (ends, why)
+        assert ends and {e.samples_done for e in ends} == {spec["total_samples"]}, (ends, why)
+        assert len(ends) <= len(reports), (ends, why)
     until(lambda: not set(jobs) & set(stack.allocs()), "the jobs' GPUs released", 10,
           stack.logs)
     sampled = bus.messages("hops.v1.samples.", "sample_reported")
