@@ -28,7 +28,7 @@ DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
 EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, traces (the four "
-                    "ElasticFlow traces at a set load), sharing, coda or cell-fragmentation")
+                    "ElasticFlow traces at a set load), sharing, coda, cell-fragmentation or hare")
 T = TypeVar("T")
 
 
@@ -144,6 +144,7 @@ def experiment(
     variant: Annotated[list[str] | None, typer.Option(
         help="a named variant to run beside its policy, repeatable: hops-paper (the "
         "paper's rules), sia-estimator (Sia given Hops' estimator), ...")] = None,
+    jobs: Annotated[int, typer.Option(help="'hare': jobs per 160 GPUs")] = 200,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import (
@@ -159,7 +160,7 @@ def experiment(
         typer.echo(f"error: --generator must be one of {', '.join(GENERATOR_CHOICES)}, "
                    f"got {generator!r}", err=True)
         raise typer.Exit(2)
-    if generator != "project" and name in ("sharing", "coda", "cell-fragmentation"):
+    if generator != "project" and name in ("sharing", "coda", "cell-fragmentation", "hare"):
         typer.echo(f"error: --generator does not apply to {name!r}", err=True)
         raise typer.Exit(2)
     try:
@@ -179,6 +180,15 @@ def experiment(
             run_coda(out, inner=inner, trace=trace or "elasticflow-cluster04",
                      first_n=first_n, compress=compress, seed=seed,
                      policies=tuple(policy or CORE_POLICIES), workers=workers, mba=mba)
+            typer.echo((out / "results.md").read_text())
+            return
+        if name == "hare":
+            from hops.hare_experiment import HareExperiment
+            from hops.hare_experiment import run as run_hare
+
+            chosen = tuple(policy) if policy else HareExperiment().policies
+            run_hare(out, HareExperiment(jobs=jobs, seed=seed, policies=chosen),
+                     workers=workers, progress=typer.echo if progress else None)
             typer.echo((out / "results.md").read_text())
             return
         if name == "cell-fragmentation":

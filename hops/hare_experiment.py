@@ -1,0 +1,173 @@
+"""``hops experiment hare``: Hare against its baselines (hare.md §7), on the
+task-level simulator (:mod:`simulator.tasks`).
+
+Clusters (:data:`world.hare.CLUSTERS`): the 15-GPU testbed of §7.1 on the
+nearest available types, a 160-GPU K80/P100/V100 cluster (§7.3's 160 GPUs,
+Figs. 14-15) and 160 V100 (Fig. 16's low heterogeneity level, where §7.3
+finds Hare and Sched_Homo close). Policies: ``hare``, ``hare-eft`` and the
+baselines ``gavel-fifo``, ``srtf``, ``homo``, ``allox``
+(:func:`scheduling.policies.hare.names.task_policy`).
+
+Workloads (:mod:`simulator.tasks_workload`): ``jobs`` jobs on each 160-GPU
+cluster (the same jobs and arrivals on both, drawn from ``seed``), and on the
+testbed the same share per GPU, ``jobs x 15 / 160`` (at least 4), drawn from
+the same seed.
+
+Writes ``results.json`` ({cluster: {policy: {"weighted_jct_h",
+"avg_jct_h", "makespan_h", "share_done_25min", "plan_total_s", ...}}}),
+``setup.json`` (the settings, the workloads' sizes and the provenance:
+commit, Python, solver and numpy versions, as ``hops experiment coda``
+records it), ``results.md`` and a JCT CDF per cluster (Fig. 13).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from scheduling.policies.hare.macro import DEFAULT_BUDGET
+from scheduling.policies.hare.model import Gpu, TaskJob
+from scheduling.policies.hare.names import TASK_POLICIES, task_policy
+from simulator.tasks import TaskSimSettings, simulate
+from simulator.tasks_result import TaskSimResult
+from simulator.tasks_workload import HareWorkload, cluster_gpus, generate
+from world.hare import CLUSTERS, SWITCH_S, cluster_shape, task_models
+
+BIG_GPUS = 160  # the 160-GPU clusters that ``jobs`` is stated for (§7.3)
+MIN_JOBS = 4
+
+
+class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one ``hops experiment hare`` compares (module docstring);
+    ``budget``: macro-tasks per problem at most (macro.py)."""
+
+    jobs: int = 200
+    seed: int = 0
+    clusters: tuple[str, ...] = tuple(CLUSTERS)
+    policies: tuple[str, ...] = TASK_POLICIES
+    budget: int = DEFAULT_BUDGET
+    load: float = 1.0
+    switch_s: float = SWITCH_S
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError("jobs must be >= 1")
+        for name in self.clusters:
+            cluster_shape(name)  # an unknown cluster fails before the first run
+        for name in self.policies:
+            task_policy(name)
+
+
+def jobs_on(exp: HareExperiment, gpus: int) -> int:
+    """The jobs of a cluster of ``gpus`` GPUs: ``exp.jobs`` per 160 GPUs."""
+    return max(MIN_JOBS, round(exp.jobs * gpus / BIG_GPUS))
+
+
+def workload(exp: HareExperiment, cluster: str) -> tuple[tuple[TaskJob, ...], tuple[Gpu, ...]]:
+    """The jobs and GPUs of ``cluster``; the same seed for every cluster, so
+    equal-sized clusters get the same jobs."""
+    gpus = cluster_gpus(cluster_shape(cluster))
+    spec = HareWorkload(jobs=jobs_on(exp, len(gpus)), load=exp.load)
+    jobs = generate(spec, task_models(), len(gpus), np.random.default_rng(exp.seed))
+    return jobs, gpus
+
+
+def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResult:
+    """One run (a worker process's whole task)."""
+    jobs, gpus = workload(exp, cluster)
+    settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s)
+    return simulate(jobs, gpus, task_policy(policy), settings, timer=time.perf_counter)
+
+
+def run(out: Path, exp: HareExperiment, workers: int = 1,
+        progress: Callable[[str], None] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """Every policy on every cluster; the results, written under ``out``."""
+    from hops.provenance import provenance
+
+    pairs = [(c, p) for c in exp.clusters for p in exp.policies]
+    runs: dict[tuple[str, str], TaskSimResult] = {}
+    started = time.perf_counter()
+    if workers <= 1:
+        for c, p in pairs:
+            runs[(c, p)] = simulate_one(exp, c, p)
+            if progress:
+                progress(f"{c}/{p}: {time.perf_counter() - started:.0f} s")
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pair: pool.submit(simulate_one, exp, *pair) for pair in pairs}
+            for pair, future in futures.items():
+                runs[pair] = future.result()
+                if progress:
+                    progress(f"{pair[0]}/{pair[1]}: {time.perf_counter() - started:.0f} s")
+    results = {c: {p: runs[(c, p)].metrics() for p in exp.policies} for c in exp.clusters}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    sizes: dict[str, dict[str, object]] = {}
+    for c in exp.clusters:
+        jobs, gpus = workload(exp, c)
+        sizes[c] = {"gpus": len(gpus), "jobs": len(jobs),
+                    "shape": {str(t): n for t, n in cluster_shape(c).items()}}
+    setup = {"experiment": msgspec.to_builtins(exp), "clusters": sizes,
+             "wall_s": time.perf_counter() - started, "provenance": provenance()}
+    (out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(exp, results, sizes))
+    _plots(out, exp, runs)
+    return results
+
+
+COLUMNS = (
+    ("weighted_jct_h", "Weighted JCT (h)", "{:.2f}"),
+    ("avg_jct_h", "Avg JCT (h)", "{:.3f}"),
+    ("makespan_h", "Makespan (h)", "{:.2f}"),
+    ("share_done_25min", "Done <= 25 min", "{:.0%}"),
+    ("plan_total_s", "Planning (s)", "{:.1f}"),
+    ("plan_max_s", "Plan max (s)", "{:.3f}"),
+)
+
+
+def markdown(exp: HareExperiment, results: dict[str, dict[str, dict[str, float]]],
+             sizes: dict[str, dict[str, object]]) -> str:
+    lines = ["# Hare against its baselines (hare.md §7)", "",
+             f"Seed {exp.seed}, macro-task budget {exp.budget}, offered load {exp.load:g}, "
+             f"switch cost {exp.switch_s * 1000:g} ms.", ""]
+    for cluster, by_policy in results.items():
+        size = sizes[cluster]
+        lines += [f"## {cluster}: {size['gpus']} GPUs {size['shape']}, {size['jobs']} jobs", "",
+                  "| policy | " + " | ".join(t for _, t, _ in COLUMNS) + " |",
+                  "|" + "---|" * (len(COLUMNS) + 1)]
+        for policy, m in by_policy.items():
+            cells = [fmt.format(m[key]) for key, _, fmt in COLUMNS]
+            lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+        lines += ["", *_comparisons(by_policy), ""]
+    return "\n".join(lines)
+
+
+def _comparisons(by_policy: dict[str, dict[str, float]]) -> list[str]:
+    """Hare's weighted JCT against each baseline's (§7.2: 47.6-75.3% less)."""
+    out: list[str] = []
+    for hare in ("hare", "hare-eft"):
+        if hare not in by_policy:
+            continue
+        mine = by_policy[hare]["weighted_jct_h"]
+        for other, m in by_policy.items():
+            if other.startswith("hare") or m["weighted_jct_h"] <= 0:
+                continue
+            ratio = mine / m["weighted_jct_h"]
+            out.append(f"- {hare}'s weighted JCT is {ratio:.3f}x {other}'s "
+                       f"({1.0 - ratio:+.1%} reduction)")
+    return out
+
+
+def _plots(out: Path, exp: HareExperiment, runs: dict[tuple[str, str], TaskSimResult]) -> None:
+    """One CDF of the jobs' JCT per cluster (Fig. 13)."""
+    from hops.plots import cdf_plot
+
+    for cluster in exp.clusters:
+        series = {p: [j.jct_s / 60.0 for j in runs[(cluster, p)].jobs] for p in exp.policies}
+        cdf_plot(series, f"{cluster}: JCT (min)", out / f"jct_cdf_{cluster}.png")

@@ -1,0 +1,284 @@
+"""The task-level simulator of Hare's evaluation (hare.md §7.1, §7.3): a
+relaxed-sync workload run online under any task policy.
+
+Online and honest
+-----------------
+A job is known only from its arrival. At every distinct arrival time t the
+simulator
+
+1. runs the current plan up to t: every task that starts before t starts;
+2. keeps the macro-rounds already under way (at least one task started) as
+   they were planned, drops every other planned task, and works out when the
+   kept tasks run (nothing they wait for can change any more);
+3. builds a :class:`~scheduling.policies.hare.model.TaskProblem` of the
+   arrived, unfinished jobs, from the first round not under way
+   (``done_rounds``), with ``ready_s`` where that round waits for a barrier
+   after t and each GPU's ``free_s`` when its last kept task has computed;
+4. groups it into macro-tasks (:func:`scheduling.policies.hare.macro.
+   macro_problem`, ``budget`` tasks at most, since real jobs have 10^4-10^6
+   rounds), asks the policy for a schedule, checks it
+   (:func:`~scheduling.policies.hare.checks.check_schedule`) and queues its
+   tasks on their GPUs in order of planned start.
+
+Execution
+---------
+Each GPU runs its queue in order. A macro-task starts when its GPU is free,
+its macro-round's barrier is released (every task of the previous one
+computed and synchronised; a job's first round at its arrival) and, for the
+job's first macro-round in the plan, not before its planned start: that is
+when the policy chose to start (or resume) the job, and a deliberate wait
+holds (FIFO's head of line). Started tasks are never preempted. A macro-task standing for n real
+rounds of one task slot computes ``n · T^c`` and synchronises ``n · T^s``
+on its GPU's type, the job's true per-batch times: the bounded-staleness
+reading of a macro-round that :mod:`scheduling.policies.hare.macro` states.
+A GPU whose previous task was another job's pays the switch cost
+(``switch_s``, hare.md Table 3) before computing; its first task does not.
+Truth and plan differ only by the switch cost and by a macro-round's whole
+rounds against the macro job's mean.
+
+A job finishes when its last round's barrier passes; JCT is finish minus
+arrival. Time is the simulated clock; the planning time is measured with the
+injected ``timer`` (none: zero).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from scheduling.policies.hare.checks import check_schedule
+from scheduling.policies.hare.macro import DEFAULT_BUDGET, MacroJob, macro_problem
+from scheduling.policies.hare.model import (
+    Gpu,
+    GpuId,
+    TaskJob,
+    TaskPolicy,
+    TaskProblem,
+    TaskSchedule,
+)
+from shared.ids import JobId
+from simulator.tasks_result import JobOutcome, RunTask, TaskSimResult, summarise
+from world.hare import SWITCH_S
+
+Timer = Callable[[], float]
+
+
+class TaskSimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``budget``: most macro-tasks per problem; ``switch_s``: the cost of a
+    GPU switching jobs; ``check``: test every schedule against the
+    constraints; ``record``: keep every executed macro-task in the result."""
+
+    budget: int = DEFAULT_BUDGET
+    switch_s: float = SWITCH_S
+    check: bool = True
+    record: bool = False
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.switch_s < 0:
+            raise ValueError("need budget >= 1 and switch_s >= 0")
+
+
+@dataclass
+class _Unit:
+    """A macro-round under execution: real rounds [lo, hi) of ``job``."""
+
+    job: TaskJob
+    lo: int
+    hi: int
+    unstarted: int
+    done_s: float = -math.inf
+
+
+@dataclass
+class _Queued:
+    unit: _Unit
+    index: int
+    not_before: float
+
+
+@dataclass
+class _GpuState:
+    gpu: Gpu
+    order: int
+    free_s: float = 0.0
+    last_job: JobId | None = None
+    queue: list[_Queued] = field(default_factory=list)
+    head: int = 0  # queue[head:] waits
+    version: int = 0
+
+
+class TaskSimulation:
+    """One run of ``jobs`` on ``gpus`` under ``policy`` (module docstring)."""
+
+    def __init__(self, jobs: Sequence[TaskJob], gpus: Sequence[Gpu], policy: TaskPolicy,
+                 settings: TaskSimSettings | None = None, timer: Timer | None = None) -> None:
+        if len({j.id for j in jobs}) != len(jobs) or len({g.id for g in gpus}) != len(gpus):
+            raise ValueError("job and GPU ids must be unique")
+        if any(j.done_rounds for j in jobs):
+            raise ValueError("a workload's jobs start with no round done")
+        self.jobs = {j.id: j for j in jobs}
+        self.policy = policy
+        self.settings = settings or TaskSimSettings()
+        self.timer = timer
+        self.gpus = {g.id: _GpuState(g, i, g.free_s) for i, g in enumerate(gpus)}
+        self.units: dict[JobId, list[_Unit]] = {j.id: [] for j in jobs}
+        self.barrier: dict[tuple[JobId, int], float] = {}  # (job, hi) -> done
+        self.waiting: dict[tuple[JobId, int], list[GpuId]] = {}
+        self.heap: list[tuple[float, int, int]] = []  # (start, GPU order, version)
+        self.order = [g.id for g in gpus]
+        self.tasks_run: dict[JobId, int] = dict.fromkeys(self.jobs, 0)
+        self.record: list[RunTask] = []
+        self.plan_s: list[float] = []
+
+    # --- the online loop ---------------------------------------------------------
+
+    def run(self) -> TaskSimResult:
+        for t in sorted({j.arrival_s for j in self.jobs.values()}):
+            self._advance(t)
+            self._drop_unstarted()
+            self._advance(math.inf)  # what is kept is settled: nothing can move it
+            self._replan(t)
+        self._advance(math.inf)
+        outcomes = tuple(self._outcome(j) for j in self.jobs.values())
+        return summarise(self.policy.name, outcomes, tuple(self.plan_s), tuple(self.record))
+
+    def _outcome(self, job: TaskJob) -> JobOutcome:
+        finish = self.barrier.get((job.id, job.rounds))
+        if finish is None or self.tasks_run[job.id] != job.rounds * job.tasks_per_round:
+            raise RuntimeError(f"job {job.id} did not run all its tasks exactly once")
+        return JobOutcome(job.id, job.arrival_s, finish, job.weight, self.tasks_run[job.id])
+
+    def _drop_unstarted(self) -> None:
+        """Forget the planned macro-rounds with no task started (a job's
+        started ones are a prefix of its macro-rounds)."""
+        for gs in self.gpus.values():
+            gs.queue = [q for q in gs.queue[gs.head:] if q.unit.unstarted < len_of(q.unit)]
+            gs.head = 0
+            gs.version += 1
+        for units in self.units.values():
+            while units and units[-1].unstarted == len_of(units[-1]):
+                units.pop()
+        self.waiting.clear()
+        self.heap.clear()
+        for gs in self.gpus.values():
+            self._refresh(gs)
+
+    def problem(self, now: float) -> TaskProblem:
+        """The arrived jobs' rounds not under way, as a (real-round) problem."""
+        jobs: list[TaskJob] = []
+        ready: dict[JobId, float] = {}
+        for job in self.jobs.values():
+            units = self.units[job.id]
+            front = units[-1].hi if units else 0
+            if job.arrival_s > now or front == job.rounds:
+                continue
+            jobs.append(msgspec.structs.replace(job, done_rounds=front))
+            barrier = self.barrier.get((job.id, front), -math.inf)
+            if front > 0 and barrier > now:
+                ready[job.id] = barrier
+        gpus = tuple(msgspec.structs.replace(gs.gpu, free_s=gs.free_s)
+                     for gs in self.gpus.values())
+        return TaskProblem(tuple(jobs), gpus, now, ready)
+
+    def _replan(self, now: float) -> None:
+        real = self.problem(now)
+        if not real.jobs:
+            return
+        grouped, macros = macro_problem(real, self.settings.budget)
+        start = self.timer() if self.timer else 0.0
+        schedule = self.policy.schedule(grouped)
+        self.plan_s.append((self.timer() - start) if self.timer else 0.0)
+        if self.settings.check:
+            check_schedule(grouped, schedule)
+        self._install(schedule, macros)
+
+    def _install(self, schedule: TaskSchedule, macros: tuple[MacroJob, ...]) -> None:
+        units: dict[tuple[JobId, int], _Unit] = {}
+        for m in macros:
+            real = self.jobs[m.job.id]
+            for q in range(m.job.rounds):
+                rounds = m.real_rounds_of(q)
+                unit = _Unit(real, rounds.start, rounds.stop, real.tasks_per_round)
+                units[(real.id, q)] = unit
+                self.units[real.id].append(unit)
+        for task in sorted(schedule.tasks, key=lambda t: (t.start_s, t.job, t.round, t.index)):
+            gs = self.gpus[task.gpu]
+            # Only a job's first round in a plan keeps its planned start: that is
+            # the policy's decision to start it (a FIFO's head-of-line wait); later
+            # rounds follow their barriers, which the truth may release earlier.
+            not_before = task.start_s if task.round == 0 else -math.inf
+            gs.queue.append(_Queued(units[(task.job, task.round)], task.index, not_before))
+        for gs in self.gpus.values():
+            self._refresh(gs)
+
+    # --- execution ---------------------------------------------------------------
+
+    def _release(self, unit: _Unit) -> float | None:
+        """When ``unit`` may start: its job's arrival, or the barrier of the
+        macro-round before it once every task of that one has started."""
+        if unit.lo == 0:
+            return unit.job.arrival_s
+        return self.barrier.get((unit.job.id, unit.lo))
+
+    def _refresh(self, gs: _GpuState) -> None:
+        """Put ``gs``'s next task on the heap, or wait for its barrier."""
+        gs.version += 1
+        if gs.head >= len(gs.queue):
+            return
+        q = gs.queue[gs.head]
+        release = self._release(q.unit)
+        if release is None:
+            self.waiting.setdefault((q.unit.job.id, q.unit.lo), []).append(gs.gpu.id)
+            return
+        start = max(gs.free_s, release, q.not_before)
+        heapq.heappush(self.heap, (start, gs.order, gs.version))
+
+    def _advance(self, until: float) -> None:
+        """Start, in time order, every queued task that starts before ``until``."""
+        while self.heap:
+            start, order, version = self.heap[0]
+            gs = self.gpus[self.order[order]]
+            if version != gs.version:
+                heapq.heappop(self.heap)
+                continue
+            if start >= until:
+                return
+            heapq.heappop(self.heap)
+            self._start(gs, start)
+
+    def _start(self, gs: _GpuState, start: float) -> None:
+        q = gs.queue[gs.head]
+        gs.head += 1
+        unit, job, gpu_type = q.unit, q.unit.job, gs.gpu.type
+        n = unit.hi - unit.lo
+        switch = self.settings.switch_s if gs.last_job not in (None, job.id) else 0.0
+        end = start + switch + n * job.compute_s[gpu_type]
+        done = end + n * job.sync(gpu_type)
+        gs.free_s, gs.last_job = end, job.id
+        unit.unstarted -= 1
+        unit.done_s = max(unit.done_s, done)
+        self.tasks_run[job.id] += n
+        if self.settings.record:
+            self.record.append(RunTask(job.id, unit.lo, n, q.index, gs.gpu.id, start, end, done,
+                                       switch))
+        if unit.unstarted == 0:
+            self.barrier[(job.id, unit.hi)] = unit.done_s
+            for gpu in self.waiting.pop((job.id, unit.hi), []):
+                self._refresh(self.gpus[gpu])
+        self._refresh(gs)
+
+
+def len_of(unit: _Unit) -> int:
+    """How many tasks a macro-round has (its job's sync scale)."""
+    return unit.job.tasks_per_round
+
+
+def simulate(jobs: Sequence[TaskJob], gpus: Sequence[Gpu], policy: TaskPolicy,
+             settings: TaskSimSettings | None = None, timer: Timer | None = None
+             ) -> TaskSimResult:
+    """Run ``jobs`` on ``gpus`` under ``policy`` (module docstring)."""
+    return TaskSimulation(jobs, gpus, policy, settings, timer).run()
