@@ -39,6 +39,12 @@ and takes the rest of the text, so the inner spec keeps its commas::
 The profiling-first layer goes around the whole stack, once, with the inner
 spec's ``profile_*`` settings; the inner spec is a cluster policy (a tenant
 policy inside another is an error).
+
+Task-level policies (issue 23, hare.md) decide a sequence of tasks per GPU
+for relaxed-synchronisation jobs, not a configuration per round, so they
+answer :class:`~.policies.hare.model.TaskPolicy` instead; they are named
+here too (:data:`TASK_POLICIES`, :func:`make_task_policy`), and a
+round-based entry point given one of their names says so.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
 from scheduling.layers.quota import QuotaLayer, quotas_of
 from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
+from scheduling.policies.hare.model import TaskPolicy
+from scheduling.policies.hare.names import TASK_POLICIES, task_policy
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
 from scheduling.policy import Policy
@@ -442,10 +450,21 @@ def _inner(spec: ClusterSpec) -> LayeredPolicy:
             assert_never(spec)
 
 
+def make_task_policy(name: str) -> TaskPolicy:
+    """The task-level policy ``name`` (:data:`TASK_POLICIES`)."""
+    if name not in TASK_POLICIES:
+        raise PolicyError(f"unknown task policy {name!r}; known: {', '.join(TASK_POLICIES)}")
+    return task_policy(name)
+
+
 def _spec_type(name: str) -> type[PolicySpec]:
     try:
         return SPECS[name]
     except KeyError:
+        if name in TASK_POLICIES:
+            raise PolicyError(
+                f"{name!r} is a task-level policy for relaxed-sync jobs (hare.md): "
+                "it runs under `hops experiment hare`, not in rounds") from None
         known = ", ".join((*POLICIES, *TENANT_POLICIES))
         raise PolicyError(f"unknown policy {name!r}; known: {known}") from None
 

@@ -19,6 +19,7 @@ from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
 from scheduling.registry import (
     POLICIES,
     SPECS,
+    TASK_POLICIES,
     GavelSpec,
     HopsPaperSpec,
     HopsProfilePreemptSpec,
@@ -27,6 +28,7 @@ from scheduling.registry import (
     SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
+    make_task_policy,
     parse_policy,
     policy_name,
     settings_of,
@@ -159,3 +161,12 @@ def test_the_cli_takes_a_policy_spec_and_refuses_a_bad_one(tmp_path: Path) -> No
     for args, error in bad:
         done = runner.invoke(app, args)
         assert done.exit_code == 2 and error in done.output, (args, done.output)
+
+
+def test_task_policies_are_named_here_and_refused_by_the_round_based_entry_points() -> None:
+    assert TASK_POLICIES == ("hare", "hare-eft", "gavel-fifo", "srtf", "homo", "allox")
+    assert [make_task_policy(n).name for n in TASK_POLICIES] == list(TASK_POLICIES)
+    with pytest.raises(PolicyError, match="task-level policy"):
+        parse_policy("hare-eft")
+    with pytest.raises(PolicyError, match="unknown task policy 'hops'"):
+        make_task_policy("hops")
