@@ -451,10 +451,13 @@ def _inner(spec: ClusterSpec) -> LayeredPolicy:
 
 
 def make_task_policy(name: str) -> TaskPolicy:
-    """The task-level policy ``name`` (:data:`TASK_POLICIES`)."""
-    if name not in TASK_POLICIES:
-        raise PolicyError(f"unknown task policy {name!r}; known: {', '.join(TASK_POLICIES)}")
-    return task_policy(name)
+    """The task-level policy ``name`` (:data:`TASK_POLICIES`, and ``hare``
+    or ``hare-eft`` with ``:ties=order``)."""
+    try:
+        return task_policy(name)
+    except ValueError:
+        raise PolicyError(
+            f"unknown task policy {name!r}; known: {', '.join(TASK_POLICIES)}") from None
 
 
 def _spec_type(name: str) -> type[PolicySpec]:

@@ -387,3 +387,16 @@ def test_macro_is_the_identity_when_the_problem_fits() -> None:
     a = group(problem.jobs, budget=10)[0]
     assert (a.k, a.job.rounds, a.scale, a.job.compute_s) == (3, 2, 2.5, {FAST: 2.5})
     assert [a.real_rounds_of(0), a.real_rounds_of(1)] == [range(2, 4), range(4, 7)]
+
+
+def test_line_12_breaks_ties_by_speed_unless_told_to_by_gpu_order() -> None:
+    # Both GPUs idle at 0, the slow one first in GPU order: one task of one job.
+    job = TaskJob(JobId("j"), 0.0, 1, 1, {GpuType("S"): 3.0, GpuType("F"): 1.0})
+    problem = TaskProblem((job,), (Gpu(GpuId("s0"), GpuType("S")), Gpu(GpuId("f0"), GpuType("F"))))
+    fastest = HarePolicy().schedule(problem)
+    by_order = HarePolicy(HareSettings(ties="order")).schedule(problem)
+    assert [t.gpu for t in fastest.tasks] == ["f0"]
+    assert [t.gpu for t in by_order.tasks] == ["s0"]
+    assert HarePolicy(HareSettings(ties="order")).name == "hare:ties=order"
+    with pytest.raises(ValueError, match="ties must be one of"):
+        HareSettings(ties="random")  # type: ignore[arg-type]

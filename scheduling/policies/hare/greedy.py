@@ -20,7 +20,11 @@ H respects the rounds this is exactly the sorted sequence π.
 Two placements:
 
 * ``earliest-free`` (Algorithm 1, line 12): ``m* = argmin φ_m`` over the GPUs
-  able to run the job, ties by GPU order;
+  able to run the job. The paper does not say how ties break; they are the
+  rule, not the exception, online: every idle GPU has φ = now. ``ties =
+  "fastest"`` (the default) takes the tied GPU with the least T^c for the
+  task, then GPU order; ``ties = "order"`` GPU order alone, which picks a type
+  by where its GPUs happen to be numbered (docs/hare.md measures both);
 * ``earliest-finish``: the GPU minimising ``max(t_i, φ_m) + T^c_{i,m}``, ties
   by the earliest start, then GPU order. With one fast and one slow GPU,
   line 12 sends a round's second task to the idle slow GPU even when
@@ -44,6 +48,8 @@ from shared.ids import GpuType, JobId
 
 Placement = Literal["earliest-free", "earliest-finish"]
 PLACEMENTS: tuple[Placement, ...] = ("earliest-free", "earliest-finish")
+Ties = Literal["fastest", "order"]
+TIES: tuple[Ties, ...] = ("fastest", "order")
 
 
 class MinTree:
@@ -118,7 +124,7 @@ def _gpu_types(problem: TaskProblem) -> dict[GpuType, _Type]:
 
 def _choose(
     types: dict[GpuType, _Type], job: TaskJob, usable: tuple[GpuType, ...], t_i: float,
-    placement: Placement,
+    placement: Placement, ties: Ties = "fastest",
 ) -> tuple[GpuType, int, float]:
     """The GPU for a task of ``job`` available at ``t_i``: its type, its index
     within the type, and the task's start x̃_i (lines 12-13)."""
@@ -132,7 +138,8 @@ def _choose(
         else:
             phi, start = kind.phi.get(at), t_i
         order = float(kind.gpus[at][0])
-        key = (phi, order) if placement == "earliest-free" else (
+        speed = job.compute_s[t] if ties == "fastest" else 0.0
+        key = (phi, speed, order) if placement == "earliest-free" else (
             start + job.compute_s[t], start, order)
         if best is None or key < best[0]:
             best = (key, t, at, start)
@@ -150,13 +157,16 @@ def _release(
 
 
 def greedy(
-    problem: TaskProblem, starts: Mapping[TaskKey, float], placement: Placement = "earliest-free"
+    problem: TaskProblem, starts: Mapping[TaskKey, float], placement: Placement = "earliest-free",
+    ties: Ties = "fastest",
 ) -> tuple[Task, ...]:
     """Place every remaining task of ``problem`` in H order given the
     relaxation's starts x̂ (Algorithm 1, lines 4-17); tasks come back in the
     order they were placed."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {TIES}, not {ties!r}")
     validate_problem(problem)
     types = _gpu_types(problem)
     jobs = {j.id: j for j in problem.jobs}
@@ -174,7 +184,7 @@ def greedy(
     while heap:
         _, jid, round_, index = heapq.heappop(heap)
         job, state = jobs[jid], progress[jid]
-        t, at, start = _choose(types, job, state.types, state.available, placement)
+        t, at, start = _choose(types, job, state.types, state.available, placement, ties)
         kind = types[t]
         task = Task(jid, round_, index, kind.gpus[at][1].id, start, job.compute_s[t], job.sync(t))
         kind.phi.set(at, task.end_s)  # line 16
