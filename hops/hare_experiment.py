@@ -6,7 +6,10 @@ nearest available types, a 160-GPU K80/P100/V100 cluster (§7.3's 160 GPUs,
 Figs. 14-15) and 160 V100 (Fig. 16's low heterogeneity level, where §7.3
 finds Hare and Sched_Homo close). Policies: ``hare``, ``hare-eft`` and the
 baselines ``gavel-fifo``, ``srtf``, ``homo``, ``allox``
-(:func:`scheduling.policies.hare.names.task_policy`).
+(:func:`scheduling.policies.hare.names.task_policy`); and ``hops`` and
+``gavel``, the round-based policies of the registry, which run the same jobs
+as ordinary synchronous jobs through the main simulator
+(:mod:`hops.hare_hops`).
 
 Workloads (:mod:`simulator.tasks_workload`): ``jobs`` jobs on each 160-GPU
 cluster (the same jobs and arrivals on both, drawn from ``seed``), and on the
@@ -15,6 +18,7 @@ the same seed.
 
 Writes ``results.json`` ({cluster: {policy: {"weighted_jct_h",
 "avg_jct_h", "makespan_h", "share_done_25min", "plan_total_s", ...}}}),
+``jobs.json`` (each job's JCT in seconds, {cluster: {policy: {job: jct}}}),
 ``setup.json`` (the settings, the workloads' sizes and the provenance:
 commit, Python, solver and numpy versions, as ``hops experiment coda``
 records it), ``results.md`` and a JCT CDF per cluster (Fig. 13).
@@ -31,9 +35,11 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from hops.hare_hops import is_sync_policy, simulate_sync
 from scheduling.policies.hare.macro import DEFAULT_BUDGET
 from scheduling.policies.hare.model import Gpu, TaskJob
 from scheduling.policies.hare.names import TASK_POLICIES, task_policy
+from scheduling.registry import parse_policy
 from simulator.tasks import TaskSimSettings, simulate
 from simulator.tasks_result import TaskSimResult
 from simulator.tasks_workload import HareWorkload, cluster_gpus, generate
@@ -50,7 +56,7 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     jobs: int = 200
     seed: int = 0
     clusters: tuple[str, ...] = tuple(CLUSTERS)
-    policies: tuple[str, ...] = TASK_POLICIES
+    policies: tuple[str, ...] = (*TASK_POLICIES, "hops")
     budget: int = DEFAULT_BUDGET
     load: float = 1.0
     switch_s: float = SWITCH_S
@@ -61,7 +67,10 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for name in self.clusters:
             cluster_shape(name)  # an unknown cluster fails before the first run
         for name in self.policies:
-            task_policy(name)
+            if is_sync_policy(name):
+                parse_policy(name)  # a bad setting fails before the first run
+            else:
+                task_policy(name)
 
 
 def jobs_on(exp: HareExperiment, gpus: int) -> int:
@@ -80,6 +89,8 @@ def workload(exp: HareExperiment, cluster: str) -> tuple[tuple[TaskJob, ...], tu
 
 def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResult:
     """One run (a worker process's whole task)."""
+    if is_sync_policy(policy):
+        return simulate_sync(exp, cluster, policy).result
     jobs, gpus = workload(exp, cluster)
     settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s)
     return simulate(jobs, gpus, task_policy(policy), settings, timer=time.perf_counter)
@@ -108,6 +119,9 @@ def run(out: Path, exp: HareExperiment, workers: int = 1,
     results = {c: {p: runs[(c, p)].metrics() for p in exp.policies} for c in exp.clusters}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    per_job = {c: {p: {j.id: j.jct_s for j in runs[(c, p)].jobs} for p in exp.policies}
+               for c in exp.clusters}
+    (out / "jobs.json").write_text(json.dumps(per_job, indent=2) + "\n")
     sizes: dict[str, dict[str, object]] = {}
     for c in exp.clusters:
         jobs, gpus = workload(exp, c)
@@ -136,6 +150,10 @@ def markdown(exp: HareExperiment, results: dict[str, dict[str, dict[str, float]]
     lines = ["# Hare against its baselines (hare.md §7)", "",
              f"Seed {exp.seed}, macro-task budget {exp.budget}, offered load {exp.load:g}, "
              f"switch cost {exp.switch_s * 1000:g} ms.", ""]
+    if any(is_sync_policy(p) for p in exp.policies):
+        lines += ["hops and gavel run the same jobs as synchronous jobs of S GPUs in the "
+                  "main simulator (hops/hare_hops.py): profiling, 300 s rounds, "
+                  "checkpoint-restarts; their planning time is the round planner's.", ""]
     for cluster, by_policy in results.items():
         size = sizes[cluster]
         lines += [f"## {cluster}: {size['gpus']} GPUs {size['shape']}, {size['jobs']} jobs", "",
