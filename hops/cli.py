@@ -146,6 +146,8 @@ def experiment(
         help="a named variant to run beside its policy, repeatable: hops-paper (the "
         "paper's rules), sia-estimator (Sia given Hops' estimator), ...")] = None,
     jobs: Annotated[int, typer.Option(help="'hare': jobs per 160 GPUs")] = 200,
+    load: Annotated[float | None, typer.Option(
+        help="'hare': offered load of the arrivals (default: the experiment's, 1.0)")] = None,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import (
@@ -188,7 +190,10 @@ def experiment(
             from hops.hare_experiment import run as run_hare
 
             chosen = tuple(policy) if policy else HareExperiment().policies
-            run_hare(out, HareExperiment(jobs=jobs, seed=seed, policies=chosen),
+            hare = HareExperiment(jobs=jobs, seed=seed, policies=chosen)
+            if load is not None:
+                hare = msgspec.structs.replace(hare, load=load)
+            run_hare(out, hare,
                      workers=workers, progress=typer.echo if progress else None)
             typer.echo((out / "results.md").read_text())
             return
