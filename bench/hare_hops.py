@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hops.hare_experiment import HareExperiment, workload
 from hops.hare_hops import run_jobs
-from world.hare import CLUSTERS, cluster_shape
+from world.hare import DEFAULT_CLUSTERS, cluster_shape
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "hops": {},
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     exp = HareExperiment(jobs=args.jobs, seed=args.seed)
-    for cluster in CLUSTERS:
+    for cluster in DEFAULT_CLUSTERS:
         jobs, _ = workload(exp, cluster)
         shape = cluster_shape(cluster)
         print(f"{cluster} ({len(jobs)} jobs)", flush=True)

@@ -148,6 +148,9 @@ def experiment(
     jobs: Annotated[int, typer.Option(help="'hare': jobs per 160 GPUs")] = 200,
     load: Annotated[float | None, typer.Option(
         help="'hare': offered load of the arrivals (default: the experiment's, 1.0)")] = None,
+    clusters: Annotated[str | None, typer.Option(
+        help="'hare': clusters, comma-separated (default: testbed, mixed-160, v100-160; "
+        "also v100-k80-160)")] = None,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     from hops.experiments import (
@@ -193,6 +196,8 @@ def experiment(
             hare = HareExperiment(jobs=jobs, seed=seed, policies=chosen)
             if load is not None:
                 hare = msgspec.structs.replace(hare, load=load)
+            if clusters is not None:
+                hare = msgspec.structs.replace(hare, clusters=tuple(clusters.split(",")))
             run_hare(out, hare,
                      workers=workers, progress=typer.echo if progress else None)
             typer.echo((out / "results.md").read_text())

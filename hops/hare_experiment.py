@@ -1,10 +1,11 @@
 """``hops experiment hare``: Hare against its baselines (hare.md §7), on the
 task-level simulator (:mod:`simulator.tasks`).
 
-Clusters (:data:`world.hare.CLUSTERS`): the 15-GPU testbed of §7.1 on the
-nearest available types, a 160-GPU K80/P100/V100 cluster (§7.3's 160 GPUs,
-Figs. 14-15) and 160 V100 (Fig. 16's low heterogeneity level, where §7.3
-finds Hare and Sched_Homo close). Policies: ``hare``, ``hare-eft`` and the
+Clusters (:data:`world.hare.DEFAULT_CLUSTERS`): the 15-GPU testbed of §7.1
+on the nearest available types, a 160-GPU K80/P100/V100 cluster (§7.3's 160
+GPUs, Figs. 14-15) and 160 V100 (Fig. 16's low heterogeneity level, where
+§7.3 finds Hare and Sched_Homo close); ``v100-k80-160`` (Fig. 16's middle
+level) on request. Policies: ``hare``, ``hare-eft`` and the
 baselines ``gavel-fifo``, ``srtf``, ``homo``, ``allox``
 (:func:`scheduling.policies.hare.names.task_policy`); and ``hops`` and
 ``gavel``, the round-based policies of the registry, which run the same jobs
@@ -43,7 +44,7 @@ from scheduling.registry import parse_policy
 from simulator.tasks import TaskSimSettings, simulate
 from simulator.tasks_result import TaskSimResult
 from simulator.tasks_workload import HareWorkload, cluster_gpus, generate
-from world.hare import CLUSTERS, SWITCH_S, cluster_shape, task_models
+from world.hare import DEFAULT_CLUSTERS, SWITCH_S, cluster_shape, task_models
 
 BIG_GPUS = 160  # the 160-GPU clusters that ``jobs`` is stated for (§7.3)
 MIN_JOBS = 4
@@ -55,7 +56,7 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     jobs: int = 200
     seed: int = 0
-    clusters: tuple[str, ...] = tuple(CLUSTERS)
+    clusters: tuple[str, ...] = DEFAULT_CLUSTERS
     policies: tuple[str, ...] = (*TASK_POLICIES, "hops")
     budget: int = DEFAULT_BUDGET
     load: float = 1.0

@@ -88,7 +88,11 @@ CLUSTERS: dict[str, dict[GpuType, int]] = {
     "mixed-160": {V100: 85, P100: 43, K80: 32},
     # §7.3's low heterogeneity level (Fig. 16): V100 only.
     "v100-160": {V100: 160},
+    # Fig. 16's middle level, "V100 x K80": half and half (not run by default).
+    "v100-k80-160": {V100: 80, K80: 80},
 }
+# What ``hops experiment hare`` runs unless told otherwise.
+DEFAULT_CLUSTERS = ("testbed", "mixed-160", "v100-160")
 
 NET_GBPS = 25.0  # §7.1: instances connected by 25 Gbps Ethernet
 PS_LATENCY_S = 1e-3  # one push-and-pull exchange with the server
