@@ -9,8 +9,9 @@ ratio, cluster throughput over time).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -199,13 +200,23 @@ COLUMNS = (
 )
 
 
-def render_markdown(exp: Experiment, summaries: dict[str, dict[str, object]]) -> str:
-    head = "| run | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    rule = "|" + "---|" * (len(COLUMNS) + 1)
-    lines = [f"# {exp.title}", "", head, rule]
-    for label, s in summaries.items():
-        cells = [fmt.format(s[key]) for key, _, fmt in COLUMNS]
+Column = tuple[str, str, str]  # (key, title, format)
+
+
+def markdown_table(first: str, columns: Sequence[Column],
+                   rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A markdown table: one row per ``rows`` entry, labelled in the
+    ``first`` column, its ``columns`` values formatted."""
+    lines = ["| " + " | ".join([first, *(title for _, title, _ in columns)]) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    for label, row in rows.items():
+        cells = [fmt.format(row[key]) for key, _, fmt in columns]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(exp: Experiment, summaries: dict[str, dict[str, object]]) -> str:
+    lines = [f"# {exp.title}", "", *markdown_table("run", COLUMNS, summaries)]
     floors = {label: f"{s['floor_makespan_h']:.2f} h" for label, s in summaries.items()}
     shown = (next(iter(floors.values())) if len(set(floors.values())) == 1
              else ", ".join(f"{label} {v}" for label, v in floors.items()))

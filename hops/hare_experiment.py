@@ -36,6 +36,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from hops.experiments import markdown_table
 from hops.hare_hops import is_sync_policy, simulate_sync
 from scheduling.policies.hare.macro import DEFAULT_BUDGET
 from scheduling.policies.hare.model import Gpu, TaskJob
@@ -158,12 +159,8 @@ def markdown(exp: HareExperiment, results: dict[str, dict[str, dict[str, float]]
     for cluster, by_policy in results.items():
         size = sizes[cluster]
         lines += [f"## {cluster}: {size['gpus']} GPUs {size['shape']}, {size['jobs']} jobs", "",
-                  "| policy | " + " | ".join(t for _, t, _ in COLUMNS) + " |",
-                  "|" + "---|" * (len(COLUMNS) + 1)]
-        for policy, m in by_policy.items():
-            cells = [fmt.format(m[key]) for key, _, fmt in COLUMNS]
-            lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-        lines += ["", *_comparisons(by_policy), ""]
+                  *markdown_table("policy", COLUMNS, by_policy), "",
+                  *_comparisons(by_policy), ""]
     return "\n".join(lines)
 
 
