@@ -19,18 +19,43 @@ on them are named for preemption (§3.3); bad GPUs are never taken.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from scheduling.cells.buddy import FREE, INNER, POOL, SPLIT
+from scheduling.cells.binding import Bindings
+from scheduling.cells.buddy import FREE, INNER, POOL, SPLIT, Buddy
 from scheduling.cells.spec import CellModel, Chain
+from scheduling.cells.tree import Tree
 from scheduling.cells.views import Refusal, VirtualSlot
 from shared.ids import GpuType
 
-if TYPE_CHECKING:
-    from scheduling.cells.ledger import Ledger
-
 Part = tuple[VirtualSlot, int]
+
+
+class HeldCells(Protocol):
+    """A job's hold on the cells, as the ledger records it."""
+
+    @property
+    def tenant(self) -> str: ...  # "" for GPUs held outside the cells
+    @property
+    def leaves(self) -> tuple[int, ...]: ...
+
+
+class Ledger(Protocol):
+    """What placement reads and changes of :class:`~scheduling.cells.ledger.Ledger`.
+    Named by its shape so that the ledger can call this module without the
+    two importing each other."""
+
+    model: CellModel
+    tree: Tree
+    buddy: Buddy
+    bindings: Bindings
+
+    @property
+    def jobs(self) -> Mapping[str, HeldCells]: ...
+    def slot_sizes(self, tenant: str, gpu_type: GpuType) -> dict[VirtualSlot, int]: ...
+    def unknown(self, tenant: str, gpu_type: GpuType, job_id: str) -> Refusal | None: ...
+    def overlap(self, cells: list[int]) -> tuple[str, ...]: ...
 
 
 def virtual_slots(model: CellModel, tenant: str, gpu: GpuType) -> tuple[tuple[VirtualSlot, int],

@@ -53,11 +53,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import msgspec
 import numpy as np
 
-from scheduling.ilp import MipOptions, solve_mip, solve_relaxation
-from scheduling.policies.hops.candidates import DEFAULT_SIGMA
+from scheduling.ilp import MipModel, MipOptions, solve_mip, solve_relaxation
 from scheduling.policies.hops.formulation import (
     Assignment,
     OptionSpace,
@@ -65,6 +63,13 @@ from scheduling.policies.hops.formulation import (
     decode,
     incumbent_values,
     option_space,
+)
+from scheduling.policies.hops.passtypes import (
+    DIRECT_MAX_COLUMNS,
+    Choice,
+    PassJob,
+    PassResult,
+    SolverSettings,
 )
 from scheduling.policies.hops.planstate import PlanState
 from scheduling.policies.hops.proof import (
@@ -82,71 +87,14 @@ from scheduling.policies.hops.warmstart import (
 )
 from shared.cluster import Cluster
 from shared.configuration import Configuration
-from shared.estimate import JobEstimate
-from shared.ids import GpuType, JobId, ServerId
+from shared.ids import ServerId
 
 WEIGHT_FLOOR = 1e-9
 
-
-class PassJob(msgspec.Struct, frozen=True):
-    """A job allowed into this pass."""
-
-    job_id: JobId
-    weight: float  # (prior + bias)^lambda, computed by the caller (Eq. 11)
-    requirements: tuple[int, ...]  # sorted R
-    rho: dict[GpuType, float]  # Eq. (10) per type
-    estimate: JobEstimate
-    current: Configuration | None = None  # last round's configuration (warm start)
-    # Multiplies the gain of every option except ``current``: the share of a
-    # round that a checkpoint-restart costs is lost by moving or starting.
-    switch_factor: float = 1.0
-
-
-# Largest direct model; beyond it the class formulation (its one definition:
-# the planner's setting defaults to it).
-DIRECT_MAX_COLUMNS = 5000
-_MIP = MipOptions()  # the solver's defaults are the passes'
-
-
-class SolverSettings(msgspec.Struct, frozen=True):
-    """Knobs of a pass. ``threads`` must not change within a process (HiGHS
-    fixes its thread pool at the first solve)."""
-
-    sigma: float = DEFAULT_SIGMA
-    mip_rel_gap: float = _MIP.mip_rel_gap
-    time_limit_s: float = _MIP.time_limit_s
-    threads: int = _MIP.threads
-    direct_max_columns: int = DIRECT_MAX_COLUMNS
-    greedy: bool = False  # the lambda -> infinity limit of Eq. (11)
-    max_patterns: int = 20000
-    random_seed: int = 0
-    # A start within accept_gap of the LP bound is the pass's answer (see
-    # scheduling.policies.hops.proof.settled); the restricted model stops after
-    # restrict_nodes B&B nodes.
-    accept_gap: float = 0.05
-    restrict_nodes: int = 200
-
-
-class Choice(msgspec.Struct, frozen=True):
-    """A job's configuration with its throughput and gain G_ij (Table 1)."""
-
-    job_id: JobId
-    config: Configuration
-    throughput: float
-    gain: float
-
-
-class PassResult(msgspec.Struct, frozen=True):
-    """The pass's choices, in the order of the input jobs."""
-
-    choices: tuple[Choice, ...]
-    objective: float
-    bound: float
-    gap: float
-    solve_s: float
-    status: str
-    formulation: str  # "direct" | "class" | "greedy" | "empty"
-    columns: int
+__all__ = [
+    "DIRECT_MAX_COLUMNS", "WEIGHT_FLOOR", "Choice", "PassJob", "PassResult", "SolverSettings",
+    "greedy_pass", "scaled_weights", "solve_pass",
+]
 
 
 def scaled_weights(jobs: Sequence[PassJob]) -> list[float]:
@@ -225,6 +173,35 @@ def _check(jobs: Sequence[PassJob]) -> list[float]:
     return scaled_weights(jobs)
 
 
+def _incumbent(
+    space: OptionSpace,
+    model: MipModel,
+    options: MipOptions,
+    jobs: Sequence[PassJob],
+    coeffs: Sequence[float],
+    free: Mapping[ServerId, int],
+    settings: SolverSettings,
+    hints: Sequence[Mapping[int, Configuration]],
+) -> tuple[list[float], float, float]:
+    """The pass's best start before the MIP, the LP bound and the time spent."""
+    relaxed, lp_s = solve_relaxation(model, options)
+    # The LP relaxation's optimum bounds Eq. (11) from above; a start within a
+    # quarter of the gap of it needs no further search.
+    bound = model.objective(relaxed.tolist()) if relaxed is not None else math.inf
+    gap = settings.mip_rel_gap
+    start, state = warm_start(
+        space, coeffs, free, len(jobs), relaxed, hints, enough=bound / (1 + gap / 4)
+    )
+    incumbent = incumbent_values(space, start, state.items, model.num_cols)
+    large = len(space.options) > RESTRICT_MIN_OPTIONS
+    if relaxed is not None and large and not proven(model.objective(incumbent), bound, gap / 4):
+        incumbent, sub_s = restricted_incumbent(
+            space, jobs, model, options, relaxed, start, incumbent, settings.restrict_nodes
+        )
+        lp_s += sub_s
+    return incumbent, bound, lp_s
+
+
 def _solve(
     space: OptionSpace,
     jobs: Sequence[PassJob],
@@ -243,21 +220,9 @@ def _solve(
         settings.random_seed,
         presolve=space.formulation != "direct",
     )
-    relaxed, lp_s = solve_relaxation(model, options)
-    # The LP relaxation's optimum bounds Eq. (11) from above; a start within a
-    # quarter of the gap of it needs no further search.
-    bound = model.objective(relaxed.tolist()) if relaxed is not None else math.inf
-    gap = settings.mip_rel_gap
-    start, state = warm_start(
-        space, coeffs, free, len(jobs), relaxed, hints, enough=bound / (1 + gap / 4)
-    )
-    incumbent = incumbent_values(space, start, state.items, model.num_cols)
+    incumbent, bound, lp_s = _incumbent(space, model, options, jobs, coeffs, free, settings,
+                                        hints)
     large = len(space.options) > RESTRICT_MIN_OPTIONS
-    if relaxed is not None and large and not proven(model.objective(incumbent), bound, gap / 4):
-        incumbent, sub_s = restricted_incumbent(
-            space, jobs, model, options, relaxed, start, incumbent, settings.restrict_nodes
-        )
-        lp_s += sub_s
     status = settled(model.objective(incumbent), bound, settings, large=large)
     if status is not None:
         values = np.asarray(incumbent, dtype=np.float64)
@@ -269,17 +234,8 @@ def _solve(
             values = np.asarray(incumbent, dtype=np.float64)
     current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
     assignment = fill_leftovers(space, free, len(jobs), decode(space, values, current))
-    return _result(
-        space,
-        jobs,
-        coeffs,
-        assignment,
-        bound=bound,
-        solve_s=lp_s,
-        status=status,
-        formulation=space.formulation,
-        columns=model.num_cols,
-    )
+    return _result(space, jobs, coeffs, assignment, bound=bound, solve_s=lp_s, status=status,
+                   formulation=space.formulation, columns=model.num_cols)
 
 
 def solve_pass(

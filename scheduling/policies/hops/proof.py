@@ -18,7 +18,7 @@ from scheduling.policies.hops.formulation import Assignment, OptionSpace
 from scheduling.policies.hops.warmstart import current_option
 
 if TYPE_CHECKING:
-    from scheduling.policies.hops.passes import PassJob, SolverSettings
+    from scheduling.policies.hops.passtypes import PassJob, SolverSettings
 
 # Passes with more options than this first solve a restricted model for an
 # incumbent (see restricted_incumbent), keeping each job's best few options
