@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -89,19 +90,21 @@ from services.runtime.settings import (
     env_int,
     parse_args,
 )
+from shared import jobenv
 from shared.cluster import Cluster
 from shared.ids import ServerId
 from shared.specs import SpecError
 from world.clusters import cluster_arg
 
 BACKENDS = ("emulated", "real")
+# Each number's flag and variable; its default is the settings' own.
 _NUMBERS = (
-    ("time_scale", "HOPS_TIME_SCALE", float, 1.0),
-    ("heartbeat_s", "HOPS_HEARTBEAT_S", float, 1.0),
-    ("sample_s", "HOPS_SAMPLE_S", float, 10.0),
-    ("stop_grace_s", "HOPS_STOP_GRACE_S", float, 5.0),
-    ("start_timeout_s", "HOPS_START_TIMEOUT_S", float, 30.0),
-    ("profile_iters", "HOPS_PROFILE_ITERS", int, 20),
+    ("time_scale", "HOPS_TIME_SCALE", float),
+    ("heartbeat_s", "HOPS_HEARTBEAT_S", float),
+    ("sample_s", jobenv.SAMPLE_S, float),
+    ("stop_grace_s", "HOPS_STOP_GRACE_S", float),
+    ("start_timeout_s", "HOPS_START_TIMEOUT_S", float),
+    ("profile_iters", jobenv.PROFILE_ITERS, int),
 )
 # Beyond the stop grace, for the executor to stop its jobs when it is stopped.
 _SHUTDOWN_MARGIN_S = 3.0
@@ -143,10 +146,16 @@ def _parser() -> argparse.ArgumentParser:
                    default=os.environ.get("HOPS_ALLOW_ROOT_JOBS", "") in ("1", "true", "yes"),
                    help="let an executor running as root run jobs as root "
                         "($HOPS_ALLOW_ROOT_JOBS=1)")
-    for name, var, kind, default in _NUMBERS:
+    for name, var, kind in _NUMBERS:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
-                       help=f"overrides ${var} (default {default})")
+                       help=f"overrides ${var} (default {_default(name)})")
     return p
+
+
+def _default(name: str) -> float:
+    default = next(f.default for f in dataclasses.fields(ExecutorSettings) if f.name == name)
+    assert isinstance(default, int | float)
+    return default
 
 
 def run_dir_of(args: argparse.Namespace) -> Path:
@@ -161,14 +170,14 @@ def run_dir_of(args: argparse.Namespace) -> Path:
 def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSettings:
     """The executor's settings: flags over environment variables over defaults."""
     values: dict[str, float | int] = {}
-    for name, var, kind, default in _NUMBERS:
+    for name, var, kind in _NUMBERS:
         flag = getattr(args, name)
         if flag is not None:
             values[name] = flag
         elif kind is int:
-            values[name] = env_int(var, int(default), minimum=1)
+            values[name] = env_int(var, int(_default(name)), minimum=1)
         else:
-            values[name] = env_float(var, float(default))
+            values[name] = env_float(var, float(_default(name)))
     if values["time_scale"] <= 0 or values["heartbeat_s"] <= 0 or values["sample_s"] <= 0:
         raise SpecError("time scale, heartbeat and sample periods must be > 0")
     server_id = ServerId(args.server_id)

@@ -103,8 +103,8 @@ class LaunchOptions:
     cadence, and for CPU devices the threads and cores of each process."""
 
     gpu_type: str
-    sample_s: float = 10.0
-    profile_iters: int = 20
+    sample_s: float = jobenv.DEFAULT_SAMPLE_S
+    profile_iters: int = jobenv.DEFAULT_PROFILE_ITERS
     threads: int | None = None  # per process; None: leave it to the job
     affinity: tuple[tuple[int, ...], ...] = ()  # device index -> CPU cores
 

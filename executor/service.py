@@ -69,7 +69,7 @@ from executor.real import RealBackend, RealSettings
 from executor.serving import serve_commands
 from services.runtime.bus import request
 from services.runtime.service import ServiceContext
-from shared import subjects
+from shared import jobenv, subjects
 from shared.cluster import Cluster, Server
 from shared.events import (
     INTERNAL,
@@ -101,10 +101,10 @@ class ExecutorSettings:
     order: int = 0
     time_scale: float = 1.0
     heartbeat_s: float = 1.0
-    sample_s: float = 10.0
+    sample_s: float = jobenv.DEFAULT_SAMPLE_S
     stop_grace_s: float = 5.0
     start_timeout_s: float = 30.0
-    profile_iters: int = 20
+    profile_iters: int = jobenv.DEFAULT_PROFILE_ITERS
     register_retry_s: float = 1.0
     backend: str = "emulated"
     address: str = "127.0.0.1"

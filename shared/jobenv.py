@@ -51,6 +51,12 @@ CORES_FILE = "HOPS_CORES_FILE"  # holds the current count; rewritten when it cha
 SYNC_SCALE = "HOPS_SYNC_SCALE"  # per-GPU batches per step of a relaxed-sync job
 MICRO_BATCHES = "HOPS_MICRO_BATCHES"  # "3,1": each rank's share of them
 
+# The one default of each setting the executor passes and the plugin falls
+# back on: profiling-mode iterations (§3.2: "approximately 10-50
+# iterations") and the running-mode report period, seconds.
+DEFAULT_PROFILE_ITERS = 20
+DEFAULT_SAMPLE_S = 10.0
+
 # Set by the executor; a job's own ``env`` may not override them.
 RESERVED: frozenset[str] = frozenset({
     JOB_ID, SERVER_ID, GPU_TYPE, MODE, REPORT_FILE, CHECKPOINT_DIR, SAMPLES_DONE,

@@ -31,6 +31,7 @@ from scheduling.fairness import raqlr
 from scheduling.policy import Policy
 from scheduling.rounds import ROUND_S
 from shared import events as ev
+from shared import jobenv
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
@@ -68,7 +69,7 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # arrival that calls for them, so the events in between share one plan;
     # the paper refreshes its queue every 30 s. 0 plans at every event.
     fill_delay_s: float = 30.0
-    profile_iters: int = 20
+    profile_iters: int = jobenv.DEFAULT_PROFILE_ITERS
     sample_iters: int = 50
     seed: int = 0
     raqlr_window_h: float = 1.0

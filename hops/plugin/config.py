@@ -21,9 +21,9 @@ from shared.relaxed import even_split, parse_split, split_problem
 Mode = Literal["run", "profile"]
 T = TypeVar("T")
 
-DEFAULT_PROFILE_ITERS = 20  # §3.2: "approximately 10-50 iterations"
+DEFAULT_PROFILE_ITERS = jobenv.DEFAULT_PROFILE_ITERS
 DEFAULT_WARMUP_ITERS = 3
-DEFAULT_SAMPLE_S = 10.0
+DEFAULT_SAMPLE_S = jobenv.DEFAULT_SAMPLE_S
 
 
 @dataclass(frozen=True)
