@@ -38,11 +38,12 @@ from services.runtime.settings import (
     env_int,
     parse_args,
 )
+from shared import ports
 from shared.events import MAX_PAYLOAD
 from shared.tenants import TENANTS_ENV
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
+DEFAULT_HOST = ports.LOOPBACK
+DEFAULT_PORT = ports.GATEWAY_PORT
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ whose port it publishes to the host's loopback only).
 from __future__ import annotations
 
 from services.runtime.settings import LOOPBACK, SettingsError
+from shared import ports
 
 DEFAULT_METRICS_HOST = LOOPBACK
-DEFAULT_METRICS_PORT = 9464
+DEFAULT_METRICS_PORT = ports.METRICS_PORT
 METRICS_OFF = "off"
 
 

@@ -32,7 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, TypeVar
 
-LOOPBACK = "127.0.0.1"
+from shared import ports
+
+LOOPBACK = ports.LOOPBACK
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 T = TypeVar("T")
@@ -46,7 +48,7 @@ class SettingsError(ValueError):
 class RuntimeSettings:
     """What every service needs to run; see the module docstring."""
 
-    nats_servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    nats_servers: tuple[str, ...] = (ports.NATS_URL,)
     nats_creds: str | None = None
     nats_nkey: str | None = None
     nats_ca: str | None = None
