@@ -13,14 +13,14 @@ One first plan of a round:
 3. the throughput matrix ``T[j][t]`` is read off the estimator's per-type
    curves at that size (per-server curves are ignored: Gavel's heterogeneity
    stops at the GPU type);
-4. the allocation LP (:mod:`.gavel_lp`): heterogeneity-aware max-min fairness
+4. the allocation LP (:mod:`.lp`): heterogeneity-aware max-min fairness
    over time fractions ``X[j][t]`` with scale factors, each job's normalised
    effective throughput divided by its priority weight. The weights are the
    Hops queue priorities (latency ratio by default, Hops §4.2: "the same
    latency ratio priority as Hops for the queuing priorities of both the Sia
    and Gavel") passed through the bias rule of Eq. (11), ``(prior + bias)^lam``;
    ``lam = 0`` gives Gavel's unweighted max-min;
-5. the round (:mod:`.gavel_rounds`): priorities ``X / received fraction``,
+5. the round (:mod:`.rounds`): priorities ``X / received fraction``,
    selection in that order with the queue priority breaking ties, and
    placement on concrete servers, running jobs kept where they are.
 

@@ -1,6 +1,6 @@
 """Sia's allocation ILP as arrays (:mod:`.sia`): its columns, the model
-HiGHS solves, and the same columns indexed for :mod:`.sia_start` and
-:mod:`.sia_ties`.
+HiGHS solves, and the same columns indexed for :mod:`.start` and
+:mod:`.ties`.
 
 One binary column per (job, GPU type, requirement); row j: job j takes at
 most one column; row t: the columns on type t use at most its free GPUs

@@ -48,7 +48,7 @@ from them is written down in ``docs/baselines.md`` ("Sia"); in short:
   job weights (the artifact's ``job_weights`` are all ones), so the queue
   order enters only where Sia is indifferent: after the solve, an unserved
   job takes an allocation that a job behind it holds and that it values at
-  least as much (:mod:`.sia_ties`), and the Placer serves equal-sized
+  least as much (:mod:`.ties`), and the Placer serves equal-sized
   allocations in queue order.
 """
 
@@ -123,7 +123,7 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
-    # HiGHS's starting solution: the search of :mod:`.sia_start` ("search"),
+    # HiGHS's starting solution: the search of :mod:`.start` ("search"),
     # or the LP optimum rounded down ("rounded-lp"), from which HiGHS takes
     # about twice as long on the same ILPs (docs/performance.md). Either way
     # the answer is proven to the same gap.
@@ -358,7 +358,7 @@ def search_start(
     relaxed: npt.NDArray[np.float64],
     reduced: npt.NDArray[np.float64],
 ) -> list[float]:
-    """A start for HiGHS (:mod:`.sia_start`): homes from the LP relaxation,
+    """A start for HiGHS (:mod:`.start`): homes from the LP relaxation,
     from the reduced costs, and the running jobs' current types."""
     cols = index_columns(jobs, columns, capacity)
     type_index = {t: i for i, t in enumerate(capacity)}
