@@ -79,7 +79,8 @@ from executor.discovery import (
 )
 from executor.isolation import JobIdentity, JobUserError, unreachable
 from executor.launch import AffinityError, check_affinity, parse_affinity
-from executor.service import ExecutorSettings, job_identity, run_node
+from executor.service import run_node
+from executor.settings import ExecutorSettings, job_identity
 from executor.supervisor import supervise
 from services.runtime.logging import configure_logging
 from services.runtime.service import ServiceContext, serve

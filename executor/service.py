@@ -40,7 +40,8 @@ backend refuses as impossible anywhere (an unknown model, no command, a
 missing working folder, a program that cannot be run) is refused with
 ``invalid`` and fails the job: it would otherwise wait for ever.
 
-The backends are :mod:`executor.emulated` and :mod:`executor.real`.
+The backends are :mod:`executor.emulated` and :mod:`executor.real`; the
+settings, :mod:`executor.settings`.
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ import asyncio
 import contextlib
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 import nats.errors
@@ -59,18 +58,19 @@ from structlog.typing import FilteringBoundLogger
 from executor.backend import Backend, JobHandle, OnEnding, StartFailed
 from executor.cores import core_pool, load_topology
 from executor.emulated import EmulatedBackend
-from executor.isolation import JobIdentity, lookup_user, resolve_identity
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
 from executor.mba import MbaError
-from executor.membw import RESCTRL, NodeMemory
+from executor.membw import NodeMemory
 from executor.publish import NatsSink, publish_retrying
-from executor.real import RealBackend, RealSettings
+from executor.real import RealBackend
+from executor.realjob import RealSettings
 from executor.serving import serve_commands
+from executor.settings import ExecutorSettings, advertised, job_identity
 from services.runtime.bus import request
 from services.runtime.service import ServiceContext
-from shared import jobenv, subjects
-from shared.cluster import Cluster, Server
+from shared import subjects
+from shared.cluster import Cluster
 from shared.events import (
     INTERNAL,
     INVALID,
@@ -88,52 +88,11 @@ from shared.events import (
     decode_reply,
     encode,
 )
-from shared.ids import JobId, ServerId
-from shared.node import Device
-
-
-@dataclass(frozen=True)
-class ExecutorSettings:
-    """See ``python -m executor --help`` and docs/events.md for the variables."""
-
-    cluster: str
-    server_id: ServerId
-    order: int = 0
-    time_scale: float = 1.0
-    heartbeat_s: float = 1.0
-    sample_s: float = jobenv.DEFAULT_SAMPLE_S
-    stop_grace_s: float = 5.0
-    start_timeout_s: float = 30.0
-    profile_iters: int = jobenv.DEFAULT_PROFILE_ITERS
-    register_retry_s: float = 1.0
-    backend: str = "emulated"
-    address: str = "127.0.0.1"
-    run_dir: Path = Path(".hops/runs")
-    threads: int | None = None  # per process of a real job (None: the job's own)
-    affinity: tuple[tuple[int, ...], ...] = ()  # device index -> cores, real jobs
-    devices: tuple[Device, ...] = ()  # what the executor registers (real: discovered)
-    job_user: str = ""  # real jobs run as this user ('' : none configured)
-    allow_root_jobs: bool = False  # an executor running as root may run jobs as root
-    job_identity: JobIdentity | None = None  # resolved from the two above (real)
-    server: Server | None = None  # as advertised (real: host cores, memory); None: the file's
-    resctrl: Path = RESCTRL  # real: where memory bandwidth is read and capped (executor.mba)
+from shared.ids import JobId
 
 
 class RegistrationRefused(RuntimeError):
     """The monitor refused this node (e.g. ``conflict``): a configuration error."""
-
-
-def job_identity(settings: ExecutorSettings) -> JobIdentity:
-    """Who this executor's real jobs run as (:class:`JobUserError` if the
-    job user does not exist)."""
-    return resolve_identity(settings.job_user, settings.allow_root_jobs, os.geteuid(),
-                            os.getegid(), lookup_user)
-
-
-def advertised(settings: ExecutorSettings, cluster: Cluster) -> Server:
-    """The server this executor registers: the cluster file's entry, with
-    the cores and memory a real executor found when the file declares none."""
-    return settings.server or cluster.by_id[settings.server_id]
 
 
 def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> Backend:

@@ -37,8 +37,10 @@ from executor.ledger import NodeLedger
 from executor.mba import JobCap, MbaControl, MbaError, cap_level, mb_line
 from executor.membw import detect
 from executor.pinning import group_threads
-from executor.real import RealBackend, RealSettings
-from executor.service import ExecutorSettings, NodeExecutor
+from executor.real import RealBackend
+from executor.realjob import RealSettings
+from executor.service import NodeExecutor
+from executor.settings import ExecutorSettings
 from shared import events as ev
 from shared.cluster import Server
 from shared.configuration import Configuration

@@ -28,7 +28,8 @@ from executor.isolation import (
     unreachable,
 )
 from executor.launch import LaunchOptions, job_paths, launches
-from executor.real import RealBackend, RealSettings
+from executor.real import RealBackend
+from executor.realjob import RealSettings
 from executor.reports import ReportTail, log_tail
 from hops.stack import StackConfig, by_name, default_job_user
 from shared import jobenv

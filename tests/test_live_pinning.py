@@ -28,8 +28,10 @@ import structlog
 from executor.isolation import JobIdentity
 from executor.launch import LaunchOptions
 from executor.pinning import group_threads
-from executor.real import RealBackend, RealSettings
-from executor.service import ExecutorSettings, NodeExecutor
+from executor.real import RealBackend
+from executor.realjob import RealSettings
+from executor.service import NodeExecutor
+from executor.settings import ExecutorSettings
 from shared import events as ev
 from shared.cluster import Server
 from shared.configuration import Configuration
