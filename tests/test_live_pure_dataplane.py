@@ -36,15 +36,9 @@ from services.monitor.release import (
     on_profiled,
     on_vanished,
 )
-from services.placer.diff import (
-    Want,
-    book,
-    changes,
-    command_key,
-    diff,
-    free_indices,
-    plan_prefix,
-)
+from services.placer.booking import book, free_indices
+from services.placer.commands import Want, command_key, plan_prefix
+from services.placer.diff import changes, diff
 from services.placer.gate import PlanGate
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server

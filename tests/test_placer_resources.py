@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.placer.diff import Want, book, diff, held_ledger
+from services.placer.booking import book, held_ledger
+from services.placer.commands import Want
+from services.placer.diff import diff
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec

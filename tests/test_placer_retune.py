@@ -15,7 +15,9 @@ import msgspec
 import nats.js.errors
 import structlog
 
-from services.placer.diff import Retune, book_all, diff
+from services.placer.booking import book_all
+from services.placer.commands import Retune
+from services.placer.diff import diff
 from services.placer.service import Placer, PlacerSettings
 from shared import events as ev
 from shared.configuration import Configuration

@@ -22,142 +22,36 @@ Requests the placer cannot carry out are :class:`Problem`\\ s and the rest of
 the plan still applies: unknown or ended jobs, a run for a job still
 profiling (or the reverse), a job assigned twice.
 
-:func:`book` then picks GPU indices on servers that are alive: the lowest
-free ones, profiling runs first (the profiling queue goes first, §3.2). An
-index booked by any placement left after the stops is never booked again,
-and a start that does not fit, or names a server that is not alive, is a
-problem too. Besides GPUs a start holds what its configuration demands of
-the other resources (CPU cores, memory: ``Configuration.extras``); those are
-booked on a :class:`shared.resources.Ledger` that already holds what the
-placements left hold, so that no server is over-allocated in any resource,
-and a start that does not fit is refused naming the server and the
-resource. A retune books the difference: its job's placement is booked on
-that ledger already, and is booked again with the new demands (a growth
-that does not fit is a problem, and the job keeps what it holds); retunes
-are booked before the starts, so the cores a retune gives back are free to
-them (:func:`book_all`). :func:`diff` is both steps for a plan whose stops
-all succeed.
+:func:`services.placer.booking.book` then picks GPU indices on servers that
+are alive and books the other resources each start demands (see there).
+:func:`diff` is both steps for a plan whose stops all succeed. The commands
+both steps produce, and their keys, are :mod:`services.placer.commands`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
-import msgspec
-
+from services.placer.booking import book_all
+from services.placer.commands import (
+    CONFLICT,
+    INVALID,
+    NOT_FOUND,
+    NOT_IN_PLAN,
+    RESIZE,
+    Changes,
+    Commands,
+    Problem,
+    Retune,
+    Stop,
+    Want,
+)
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, Placement
-from shared.resources import Ledger, OverAllocation, Resources
+from shared.resources import Resources
 from shared.snapshot import Plan
-
-Mode = Literal["run", "profile"]
-NOT_FOUND = "not_found"
-INVALID = "invalid"
-CONFLICT = "conflict"
-UNKNOWN_SERVER = "unknown_server"
-NOT_IN_PLAN = "not in the plan"
-RESIZE = "resize"
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop ``placement``'s job everywhere; ``resize``: it restarts in this plan."""
-
-    job_id: JobId
-    placement: Placement
-    resize: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Want:
-    """Start ``job_id`` on ``configuration`` (for profiling: the servers added)."""
-
-    job_id: JobId
-    configuration: Configuration
-    mode: Mode
-    resize: bool = False
-
-
-@dataclass(frozen=True)
-class Retune:
-    """Change the extras of ``placement``'s running job in place, to those
-    of ``configuration`` (the same GPU parts)."""
-
-    job_id: JobId
-    placement: Placement
-    configuration: Configuration
-
-    @property
-    def servers(self) -> tuple[ServerId, ...]:
-        """The servers where the job's holding changes."""
-        old, new = self.placement.configuration, self.configuration
-        if old.mba_percent != new.mba_percent:  # the cap is the job's, on every server
-            return new.servers
-        return tuple(s for s in new.servers if old.demand_on(s) != new.demand_on(s))
-
-    @property
-    def shrinks(self) -> bool:
-        """Whether it only gives cores back: booked and sent first, so a
-        retune growing on the same server finds them free."""
-        old = self.placement.configuration
-        return all(self.configuration.cores_on(s) <= old.cores_on(s)
-                   for s in self.configuration.servers)
-
-    @property
-    def retuned(self) -> Placement:
-        """The placement once every server acknowledged."""
-        return msgspec.structs.replace(self.placement, configuration=self.configuration)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One ``start_job`` command: its server, the configuration it carries
-    (the whole placement for a run, the server alone for a profiling run)
-    and the server's GPU indices."""
-
-    server: ServerId
-    configuration: Configuration
-    gpu_indices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Start:
-    """The launches of one job, and its ``hops_alloc`` entry once all are acknowledged."""
-
-    job_id: JobId
-    placement: Placement
-    launches: tuple[Launch, ...]
-    resize: bool
-
-
-@dataclass(frozen=True)
-class Problem:
-    job_id: JobId
-    code: str
-    error: str
-
-
-@dataclass(frozen=True)
-class Changes:
-    stops: tuple[Stop, ...] = ()
-    wants: tuple[Want, ...] = ()
-    problems: tuple[Problem, ...] = ()
-    retunes: tuple[Retune, ...] = ()
-
-
-@dataclass(frozen=True)
-class Commands:
-    """A plan's commands in the order they run: every stop, then every
-    retune, then the starts."""
-
-    stops: tuple[Stop, ...] = ()
-    starts: tuple[Start, ...] = ()
-    problems: tuple[Problem, ...] = ()
-    retunes: tuple[Retune, ...] = ()
 
 
 def _refuse(job: JobId, jobs: Mapping[JobId, JobRecord]) -> Problem | None:
@@ -251,153 +145,6 @@ def changes(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,
     profile_wants, profile_problems = _profiling(current, plan, jobs, a.seen)
     return Changes(tuple(a.stops), tuple(profile_wants + a.wants),
                    tuple(a.problems + profile_problems), tuple(a.retunes))
-
-
-def free_indices(placements: Iterable[Placement], capacity: Mapping[ServerId, int]
-                 ) -> dict[ServerId, list[int]]:
-    """The GPU indices of each alive server that no placement books."""
-    used: dict[ServerId, set[int]] = {s: set() for s in capacity}
-    for p in placements:
-        for s, idx in p.gpu_indices.items():
-            if s in used:
-                used[s].update(idx)
-    return {s: [i for i in range(n) if i not in used[s]] for s, n in capacity.items()}
-
-
-def placement_key(prefix: str, job: JobId) -> str:
-    return f"{prefix}:{job}"
-
-
-def command_key(verb: str, prefix: str, job: JobId, server: ServerId) -> str:
-    """The idempotency key of one command: the same plan delivered again
-    sends the same keys, so an executor acts on each at most once."""
-    return f"{verb}:{prefix}:{job}@{server}"
-
-
-def plan_prefix(term: int, round_: int, seq: int) -> str:
-    """Names one plan: leader term, round, and the plan's stream sequence
-    (several plans share a round, §3.6)."""
-    return f"t{term}.r{round_}.p{seq}"
-
-
-def held_ledger(placements: Mapping[JobId, Placement],
-                capacity: Mapping[ServerId, Resources]) -> Ledger:
-    """A ledger of the alive servers' ``capacity`` holding what ``placements``
-    hold there (holder ``held:<job>``). A placement that no longer fits
-    (none should) holds what is left: nothing more is booked over it."""
-    ledger = Ledger(capacity)
-    for job, p in sorted(placements.items()):
-        demands = {s: d for s, d in p.configuration.demands().items() if s in capacity}
-        try:
-            ledger.book(f"held:{job}", demands)
-        except OverAllocation:
-            ledger.book(f"held:{job}", {s: _at_most(d, ledger.free(s))
-                                        for s, d in demands.items()})
-    return ledger
-
-
-def _at_most(want: Resources, free: Resources) -> Resources:
-    """``want`` capped, resource by resource, at ``free``."""
-    return want.minus(want.minus(free))
-
-
-def book(wants: Iterable[Want], placements: Mapping[JobId, Placement],
-         capacity: Mapping[ServerId, Resources], prefix: str, at: float = 0.0
-         ) -> tuple[tuple[Start, ...], tuple[Problem, ...]]:
-    """GPU indices for ``wants`` given the ``placements`` that stay, and the
-    other resources they demand (see the module docstring); ``capacity``
-    holds what each alive server has."""
-    booked = book_all(wants, (), placements, capacity, prefix, at)
-    return booked.starts, booked.problems
-
-
-def book_all(wants: Iterable[Want], retunes: Iterable[Retune],
-             placements: Mapping[JobId, Placement], capacity: Mapping[ServerId, Resources],
-             prefix: str, at: float = 0.0) -> Commands:
-    """:func:`book` with ``retunes`` booked first (see the module docstring):
-    the starts and retunes that fit, and the problems (no stops)."""
-    ledger = held_ledger(placements, capacity)
-    fitted, problems = _book_retunes(retunes, ledger, capacity)
-    starts, start_problems = _book_starts(wants, placements, capacity, ledger, prefix, at)
-    return Commands(starts=starts, problems=problems + start_problems, retunes=fitted)
-
-
-def _book_retunes(retunes: Iterable[Retune], ledger: Ledger,
-                  capacity: Mapping[ServerId, Resources]
-                  ) -> tuple[tuple[Retune, ...], tuple[Problem, ...]]:
-    fitted: list[Retune] = []
-    problems: list[Problem] = []
-    for r in sorted(retunes, key=lambda r: not r.shrinks):  # stable: plan order kept
-        job, demands = r.job_id, r.configuration.demands()
-        missing = [s for s in demands if s not in capacity]
-        why = (f"server {missing[0]} is not registered or not alive" if missing
-               else ledger.refusal(demands, f"held:{job}"))
-        if why is not None:
-            problems.append(Problem(job, UNKNOWN_SERVER if missing else CONFLICT,
-                                    f"job {job}: cannot change its cores: {why}"))
-            continue
-        ledger.book(f"held:{job}", demands)
-        fitted.append(r)
-    return tuple(fitted), tuple(problems)
-
-
-def _book_starts(wants: Iterable[Want], placements: Mapping[JobId, Placement],
-                 capacity: Mapping[ServerId, Resources], ledger: Ledger, prefix: str,
-                 at: float) -> tuple[tuple[Start, ...], tuple[Problem, ...]]:
-    free = free_indices(placements.values(), {s: c.gpus for s, c in capacity.items()})
-    ordered = sorted(wants, key=lambda w: w.mode != "profile")  # stable: plan order kept
-    starts: list[Start] = []
-    problems: list[Problem] = []
-    for want in ordered:
-        problem = _refusal(want, free, ledger, capacity)
-        if problem is not None:
-            problems.append(problem)
-            continue
-        ledger.book(f"start:{want.job_id}", want.configuration.demands())
-        taken = {s: tuple(free[s][:g]) for s, g in want.configuration.parts}
-        for s, idx in taken.items():
-            free[s] = free[s][len(idx):]
-        starts.append(_start(want, taken, placements.get(want.job_id), prefix, at))
-    return tuple(starts), tuple(problems)
-
-
-def _refusal(want: Want, free: Mapping[ServerId, list[int]], ledger: Ledger,
-             capacity: Mapping[ServerId, Resources]) -> Problem | None:
-    """Why ``want`` cannot start now: a server not alive, too few free GPUs,
-    or too little of another resource; None when it fits."""
-    job, config = want.job_id, want.configuration
-    missing = [s for s in config.servers if s not in capacity]
-    if missing:
-        return Problem(job, UNKNOWN_SERVER, f"job {job}: server {missing[0]} is not "
-                                            "registered or not alive")
-    short = [s for s, g in config.parts if len(free[s]) < g]
-    if short:
-        s = short[0]
-        return Problem(job, CONFLICT, f"job {job}: {s} has {len(free[s])} free GPUs, "
-                                      f"the plan needs {config.as_dict()[s]}")
-    why = ledger.refusal(config.demands(), f"start:{job}")
-    if why is not None:
-        return Problem(job, CONFLICT, f"job {job}: {why}")
-    return None
-
-
-def _start(want: Want, taken: dict[ServerId, tuple[int, ...]], old: Placement | None,
-           prefix: str, at: float) -> Start:
-    key = placement_key(prefix, want.job_id)
-    if want.mode == "run":
-        placement = Placement(job_id=want.job_id, configuration=want.configuration,
-                              gpu_indices=taken, mode="run", key=key, at=at)
-        launches = tuple(Launch(s, want.configuration, taken[s]) for s in taken)
-        return Start(want.job_id, placement, launches, want.resize)
-    parts = dict(old.configuration.parts) if old is not None else {}
-    indices = dict(old.gpu_indices) if old is not None else {}
-    parts.update(want.configuration.as_dict())
-    indices.update(taken)
-    placement = Placement(job_id=want.job_id, configuration=Configuration.of(parts),
-                          gpu_indices=indices, mode="profile", key=key, at=at)
-    launches = tuple(Launch(s, Configuration.of({s: g}), taken[s])
-                     for s, g in want.configuration.parts)
-    return Start(want.job_id, placement, launches, resize=False)
 
 
 def diff(current: Mapping[JobId, Placement], plan: Plan, first_plan: bool,

@@ -16,10 +16,10 @@ plan:
    to the monitor, which says why it ended);
 4. books GPU indices for the starts against what is still booked, and the
    CPU cores and memory their configurations demand against the servers'
-   registered capacity (:func:`services.placer.diff.book`): a stop that
+   registered capacity (:func:`services.placer.booking.book`): a stop that
    failed keeps its GPUs, cores and memory;
 5. sends ``set_cores`` for each retune (a running job whose GPUs stay and
-   whose CPU cores change, :class:`services.placer.diff.Retune`; booked
+   whose CPU cores change, :class:`services.placer.commands.Retune`; booked
    before the starts, so the cores a shrink frees are theirs) to every
    server where its cores change, and once all acknowledged updates its
    ``hops_alloc`` entry (no job event: the job did not restart). A refusal
@@ -57,17 +57,11 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from structlog.typing import FilteringBoundLogger
 
-from services.placer.diff import (
-    Problem,
-    Retune,
-    Start,
-    Stop,
-    book_all,
-    changes,
-    command_key,
-    plan_prefix,
-)
+from services.placer.booking import book_all
+from services.placer.commands import Problem, Retune, Start, Stop, command_key, plan_prefix
+from services.placer.diff import changes
 from services.placer.gate import PlanGate, leader_term
 from services.runtime.bus import publish_event, request
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
@@ -154,13 +148,7 @@ class Placer:
             return
         log = self.log.bind(term=event.term, round=event.round, first_plan=event.first_plan,
                             seq=delivery.stream_seq)
-        lease_term = await leader_term(self.kv_leader)
-        skip = self.gate.refuse(event.term, lease_term, delivery.stream_seq)
-        if skip is not None:
-            log.warning("plan ignored", why=skip.why, leader_term=lease_term)
-            if skip.code:
-                await self.ctx.reporter.report(subjects.PLANS, f"plan {delivery.stream_seq} "
-                                               f"ignored: {skip.why}", skip.code)
+        if await self._ignored(event, delivery.stream_seq, log):
             return
         prefix = plan_prefix(event.term, event.round, delivery.stream_seq)
         js = self.ctx.js
@@ -200,6 +188,19 @@ class Placer:
         log.info("plan applied", stops=len(ch.stops), retunes=len(booked.retunes),
                  starts=len(starts),
                  started=sum(started), problems=len(ch.problems) + len(problems))
+
+    async def _ignored(self, event: PlanIssued, seq: int, log: FilteringBoundLogger) -> bool:
+        """Whether the gate refuses the plan (:mod:`services.placer.gate`): the
+        refusal is logged, and reported when it calls for it."""
+        lease_term = await leader_term(self.kv_leader)
+        skip = self.gate.refuse(event.term, lease_term, seq)
+        if skip is None:
+            return False
+        log.warning("plan ignored", why=skip.why, leader_term=lease_term)
+        if skip.code:
+            await self.ctx.reporter.report(subjects.PLANS, f"plan {seq} ignored: {skip.why}",
+                                           skip.code)
+        return True
 
     async def _records(self, ids: Iterable[JobId]) -> dict[JobId, JobRecord]:
         out: dict[JobId, JobRecord] = {}

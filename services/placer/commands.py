@@ -1,0 +1,142 @@
+"""The placer's decisions as data (pure): the stops, retunes and starts a
+plan turns into, the problems it meets, and the idempotency keys of its
+commands.
+
+They stand apart from the two steps that produce them, what a plan changes
+(:mod:`services.placer.diff`) and what each start books
+(:mod:`services.placer.booking`), which both import them, and from the shell
+(:mod:`services.placer.service`) that sends them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from shared.configuration import Configuration
+from shared.ids import JobId, ServerId
+from shared.records import Placement
+
+Mode = Literal["run", "profile"]
+NOT_FOUND = "not_found"
+INVALID = "invalid"
+CONFLICT = "conflict"
+UNKNOWN_SERVER = "unknown_server"
+NOT_IN_PLAN = "not in the plan"
+RESIZE = "resize"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop ``placement``'s job everywhere; ``resize``: it restarts in this plan."""
+
+    job_id: JobId
+    placement: Placement
+    resize: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Want:
+    """Start ``job_id`` on ``configuration`` (for profiling: the servers added)."""
+
+    job_id: JobId
+    configuration: Configuration
+    mode: Mode
+    resize: bool = False
+
+
+@dataclass(frozen=True)
+class Retune:
+    """Change the extras of ``placement``'s running job in place, to those
+    of ``configuration`` (the same GPU parts)."""
+
+    job_id: JobId
+    placement: Placement
+    configuration: Configuration
+
+    @property
+    def servers(self) -> tuple[ServerId, ...]:
+        """The servers where the job's holding changes."""
+        old, new = self.placement.configuration, self.configuration
+        if old.mba_percent != new.mba_percent:  # the cap is the job's, on every server
+            return new.servers
+        return tuple(s for s in new.servers if old.demand_on(s) != new.demand_on(s))
+
+    @property
+    def shrinks(self) -> bool:
+        """Whether it only gives cores back: booked and sent first, so a
+        retune growing on the same server finds them free."""
+        old = self.placement.configuration
+        return all(self.configuration.cores_on(s) <= old.cores_on(s)
+                   for s in self.configuration.servers)
+
+    @property
+    def retuned(self) -> Placement:
+        """The placement once every server acknowledged."""
+        return msgspec.structs.replace(self.placement, configuration=self.configuration)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One ``start_job`` command: its server, the configuration it carries
+    (the whole placement for a run, the server alone for a profiling run)
+    and the server's GPU indices."""
+
+    server: ServerId
+    configuration: Configuration
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Start:
+    """The launches of one job, and its ``hops_alloc`` entry once all are acknowledged."""
+
+    job_id: JobId
+    placement: Placement
+    launches: tuple[Launch, ...]
+    resize: bool
+
+
+@dataclass(frozen=True)
+class Problem:
+    job_id: JobId
+    code: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    stops: tuple[Stop, ...] = ()
+    wants: tuple[Want, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    retunes: tuple[Retune, ...] = ()
+
+
+@dataclass(frozen=True)
+class Commands:
+    """A plan's commands in the order they run: every stop, then every
+    retune, then the starts."""
+
+    stops: tuple[Stop, ...] = ()
+    starts: tuple[Start, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    retunes: tuple[Retune, ...] = ()
+
+
+def placement_key(prefix: str, job: JobId) -> str:
+    return f"{prefix}:{job}"
+
+
+def command_key(verb: str, prefix: str, job: JobId, server: ServerId) -> str:
+    """The idempotency key of one command: the same plan delivered again
+    sends the same keys, so an executor acts on each at most once."""
+    return f"{verb}:{prefix}:{job}@{server}"
+
+
+def plan_prefix(term: int, round_: int, seq: int) -> str:
+    """Names one plan: leader term, round, and the plan's stream sequence
+    (several plans share a round, §3.6)."""
+    return f"t{term}.r{round_}.p{seq}"
