@@ -1,3 +1,4 @@
+# Kept whole past ~400 lines: one file holds the tagged union of every wire message.
 """The wire contract of the live system: every message on NATS, as msgspec Structs.
 
 Every message is a frozen Struct, tagged in the JSON field ``"type"``, with a
