@@ -70,7 +70,8 @@ from hops.plugin.config import Mode, Settings, settings_from_env
 from hops.plugin.data import TimedBatch, TimedCollate, TimedDataset, TimedLoader
 from hops.plugin.measure import IterationTimes, ScalingRule, detect_pattern, scaled_lr
 from hops.plugin.micro import MicroBatch
-from hops.plugin.run import Run, Step
+from hops.plugin.run import Run
+from hops.plugin.step import Step
 
 __all__ = [
     "IterationTimes",

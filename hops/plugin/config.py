@@ -165,17 +165,14 @@ def settings_from_env(
     under_executor = bool(env.get(jobenv.JOB_ID))
     env_mode = env.get(jobenv.MODE, "run") if under_executor else "run"
     world = _parse(env, "WORLD_SIZE", int, 1)
-    report = report_file if report_file is not None else _parse(
-        env, jobenv.REPORT_FILE, _path, None)
-    ckpt = checkpoint_dir if checkpoint_dir is not None else _parse(
-        env, jobenv.CHECKPOINT_DIR, _path, None)
+    report, ckpt = _files(env, report_file, checkpoint_dir)
     settings = Settings(
         mode=mode or env_mode,  # type: ignore[arg-type]  # checked in _check
         job_id=env.get(jobenv.JOB_ID, ""),
         server_id=env.get(jobenv.SERVER_ID, ""),
         gpu_type=env.get(jobenv.GPU_TYPE, ""),
-        report_file=Path(report) if report is not None else None,
-        checkpoint_dir=Path(ckpt) if ckpt is not None else None,
+        report_file=report,
+        checkpoint_dir=ckpt,
         batch_size=batch_size or _parse(env, jobenv.BATCH_SIZE, int, 0),
         total_samples=(total_samples if total_samples is not None
                        else _parse(env, jobenv.TOTAL_SAMPLES, float, None)),
@@ -196,6 +193,18 @@ def settings_from_env(
         node_rank=_parse(env, jobenv.NODE_RANK, int, 0),
     )
     return _check(_with_split(settings, env))
+
+
+def _files(env: Mapping[str, str], report_file: str | Path | None,
+           checkpoint_dir: str | Path | None) -> tuple[Path | None, Path | None]:
+    """The report file and the checkpoint folder: the script's when it
+    names them, else the executor's variables'."""
+    report = report_file if report_file is not None else _parse(
+        env, jobenv.REPORT_FILE, _path, None)
+    ckpt = checkpoint_dir if checkpoint_dir is not None else _parse(
+        env, jobenv.CHECKPOINT_DIR, _path, None)
+    return (Path(report) if report is not None else None,
+            Path(ckpt) if ckpt is not None else None)
 
 
 def _with_split(settings: Settings, env: Mapping[str, str]) -> Settings:
