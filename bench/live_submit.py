@@ -8,16 +8,10 @@ and the gateway as processes. Then measures the acknowledgement latency of
 one at a time and with concurrent requests, through NATS and through the
 REST gateway (``POST /jobs``).
 
-When the rest of the live system can run, a second stack (every component,
-a two-server EMULATED cluster) measures how long after an emulated job's
-process is SIGKILLed its GPUs are free (its ``hops_alloc`` entry deleted)
-and ``resources_released`` is published, and
-the latency of a planning round that starts jobs: from the round's start
-(``plan_issued.at``: the leader begins its snapshot) to the plan on the wire
-(snapshot, estimates, solve, publish), and to the last ``job_started`` of
-the jobs it starts (the placer booked them and every executor acknowledged,
-which includes starting the emulated job processes). That part is
-:mod:`bench.live_release`; the stack both start, :mod:`bench.live_stack`.
+When the rest of the live system can run, a second stack measures how long
+after an emulated job's process is SIGKILLed its GPUs are free, and the
+latency of a planning round that starts jobs (:mod:`bench.live_release`).
+Both start their stack with :mod:`bench.live_stack`.
 
     .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 8,32] [--kills 3]
         [--round-jobs 6] [--no-auth]
