@@ -2,14 +2,14 @@
 a two-layer design with any scheduler inside each virtual cluster).
 
 Per tenant (``JobSpec.tenant``) the inner policy plans the tenant's jobs on
-the tenant's virtual cluster (:mod:`.hived_view`) as if it were the whole
+the tenant's virtual cluster (:mod:`.view`) as if it were the whole
 cluster. Each assignment is then bound to physical GPUs by buddy cell
 allocation (Algorithm 1) through :meth:`scheduling.cells.Cells.allocate`;
 a job whose virtual configuration is unchanged keeps its cells, a resized
 or moved one releases them and allocates again. Jobs beyond what their
 tenant's cells hold now, and every job of a low-priority tenant, may run
 opportunistically on idle GPUs of any tenant (setting ``opportunistic``),
-shared by weighted max-min (:mod:`.hived_opportunistic`). A guaranteed job
+shared by weighted max-min (:mod:`.opportunistic`). A guaranteed job
 whose cell holds opportunistic jobs preempts them (§3.3: strict priority),
 but only in a round's first plan: a plan later in the round only adds
 (Hops §3.6), so the guaranteed job waits for the next first plan (a
@@ -34,8 +34,8 @@ import msgspec
 from scheduling.cells import Allocation, CellModel, Cells, Refusal, VirtualSlot
 from scheduling.cells import Snapshot as CellsSnapshot
 from scheduling.layers.base import annotate, merge_reasons
-from scheduling.layers.hived_opportunistic import share
-from scheduling.layers.hived_profiling import (
+from scheduling.layers.hived.opportunistic import share
+from scheduling.layers.hived.profiling import (
     HOLD,
     PROF,
     bind_task,
@@ -45,7 +45,7 @@ from scheduling.layers.hived_profiling import (
     reconcile_profiling,
     virtual_runs,
 )
-from scheduling.layers.hived_view import (
+from scheduling.layers.hived.view import (
     config_type,
     tenant_snapshot,
     unavailable_holds,
