@@ -26,12 +26,13 @@ cells for this plan, plans, and returns the new state.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import msgspec
 
-from scheduling.cells import Allocation, CellModel, Cells, Refusal, VirtualSlot
+from scheduling.cells import Allocation, CellModel, Cells, Refusal, TenantView, VirtualSlot
 from scheduling.cells import Snapshot as CellsSnapshot
 from scheduling.layers.base import annotate, merge_reasons
 from scheduling.layers.hived.opportunistic import share
@@ -53,6 +54,7 @@ from scheduling.layers.hived.view import (
     virtual_servers,
 )
 from scheduling.layers.profiling_first import ProfilingSettings
+from scheduling.layers.traits import PolicyTraits, TenantAdmission, marked_views
 from scheduling.policy import Policy
 from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
@@ -103,6 +105,25 @@ class HivedLayer:
         self._slots: dict[tuple[str, tuple[GpuTypeSpec, ...]], Slots] = {}
         self._by_sid: dict[tuple[str, tuple[GpuTypeSpec, ...]], dict[ServerId, VirtualSlot]] = {}
         self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
+
+    @classmethod
+    def traits(cls, opportunistic: bool) -> PolicyTraits:
+        """Built with the cells; a job beyond its tenant's cells runs only
+        ``opportunistic``ally; the views are the layer's cells."""
+        return PolicyTraits(needs_cells=True, admission=TenantAdmission(beyond=opportunistic),
+                            views=cls.tenant_views)
+
+    @classmethod
+    def tenant_views(cls, model: CellModel, layer_state: Mapping[str, bytes],
+                     alive: Collection[ServerId] | None = None) -> tuple[TenantView, ...]:
+        """Every tenant's VC view (§3.1, Figure 2) in the state this layer
+        left (fresh when there is none, or when it does not fit ``model``:
+        the layer then starts afresh as well)."""
+        cells = Cells(model)
+        if raw := layer_state.get(cls.name):
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, ValueError):
+                cells = restore_cells(model, raw)
+        return marked_views(cells, alive)
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
         """The state the previous plan left (fresh when there is none). The
