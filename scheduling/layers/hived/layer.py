@@ -26,14 +26,12 @@ cells for this plan, plans, and returns the new state.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import msgspec
 
 from scheduling.cells import Allocation, CellModel, Cells, Refusal, TenantView, VirtualSlot
-from scheduling.cells import Snapshot as CellsSnapshot
 from scheduling.layers.base import annotate, merge_reasons
 from scheduling.layers.hived.opportunistic import share
 from scheduling.layers.hived.profiling import (
@@ -46,6 +44,7 @@ from scheduling.layers.hived.profiling import (
     reconcile_profiling,
     virtual_runs,
 )
+from scheduling.layers.hived.state import HivedState, cells_of_state, decode_state, restore_cells
 from scheduling.layers.hived.view import (
     config_type,
     tenant_snapshot,
@@ -69,25 +68,6 @@ def held_outside(refusal: Refusal) -> bool:
     """Whether a refusal names GPUs held outside the cells (a profiling
     run), which a guaranteed job waits for instead of stopping."""
     return any(v.startswith(HOLD) for v in refusal.victims)
-
-
-class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The layer's state after a plan: the cells (bindings, each job's
-    cells, bad servers) and each guaranteed job's virtual configuration."""
-
-    cells: CellsSnapshot
-    virtual: dict[str, Configuration] = {}
-
-
-def decode_state(raw: bytes) -> HivedState:
-    """The layer's state from ``LayerRecord.state`` / ``Snapshot.layer_state["hived"]``."""
-    return msgspec.json.decode(raw, type=HivedState)
-
-
-def restore_cells(model: CellModel, raw: bytes) -> Cells:
-    """The cells as the plan that left ``raw`` left them (fresh when empty):
-    what ``GET /tenants`` shows (:meth:`Cells.views`)."""
-    return Cells.restore(model, decode_state(raw).cells) if raw else Cells(model)
 
 
 class HivedLayer:
@@ -119,11 +99,7 @@ class HivedLayer:
         """Every tenant's VC view (§3.1, Figure 2) in the state this layer
         left (fresh when there is none, or when it does not fit ``model``:
         the layer then starts afresh as well)."""
-        cells = Cells(model)
-        if raw := layer_state.get(cls.name):
-            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                cells = restore_cells(model, raw)
-        return marked_views(cells, alive)
+        return marked_views(cells_of_state(model, layer_state.get(cls.name)), alive)
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
         """The state the previous plan left (fresh when there is none). The
