@@ -13,15 +13,16 @@ from hops.cli import app as hops_app
 from hops.stack import StackConfig
 from hops.up import UpError, secure
 from scheduling.cells import Cells
-from scheduling.live.cells import (
-    cells_refusal,
-    needs_cells,
-    tenant_cells,
-    tenant_views,
-)
+from scheduling.live.cells import cells_refusal, tenant_cells
 from scheduling.live.clock import Inflight
 from scheduling.live.snapshot import build_snapshot, without_layer_state
-from scheduling.registry import TenantAdmission, make_policy, parse_policy, tenant_admission
+from scheduling.registry import (
+    TenantAdmission,
+    make_policy,
+    parse_policy,
+    policy_traits,
+    tenant_admission,
+)
 from services.runtime.settings import SettingsError
 from services.scheduler.live_settings import scheduler_settings
 from shared.cluster import GpuTypeSpec, Server
@@ -30,6 +31,8 @@ from shared.job import JobSpec
 from shared.records import NodeRecord
 from shared.tenants import TenantsError, dump_tenants, load_tenants, read_tenants, with_tokens
 from shared.wire import UNSCHEDULABLE
+
+HIVED = policy_traits("hived")  # its views: the HiveD layer's cells
 
 CELLS = """
 cells:
@@ -198,8 +201,8 @@ def test_quota_admission_refuses_a_job_beyond_its_tenants_quota_unless_it_may_bo
 
 
 def test_which_policies_need_cells_and_what_they_admit() -> None:
-    assert needs_cells("hived") and needs_cells("quota") and needs_cells("quota-borrow")
-    assert not needs_cells("hops")
+    assert all(policy_traits(p).needs_cells for p in ("hived", "quota", "quota-borrow"))
+    assert not policy_traits("hops").needs_cells
     assert tenant_admission(parse_policy("hived:opportunistic=false")) == TenantAdmission(
         beyond=False)
     assert tenant_admission(parse_policy("quota")) == TenantAdmission(beyond=False, quota=True)
@@ -278,14 +281,14 @@ def test_a_dead_node_reaches_the_layer_and_becomes_a_doomed_cell_in_the_views() 
     assert [s.id for s in built.snapshot.cluster.servers] == ["n0"]
     plan = policy.plan(built.snapshot)
     (record,) = [r for r in plan.reasons.layers if r.name == "hived"]
-    views = {v.tenant: v for v in tenant_views(model, record.state)}
+    views = {v.tenant: v for v in HIVED.tenant_views(model, {"hived": record.state})}
     doomed = [c for v in views.values() for ch in v.chains for c in ch.bound if c.doomed]
     assert [(c.servers[0].server, c.bad_gpus) for c in doomed] == [("n1", 4)]
     # the views see it before any plan: from a fresh state, with n1 not alive
-    early = [c for v in tenant_views(model, None, {ServerId("n0")}) for ch in v.chains
+    early = [c for v in HIVED.tenant_views(model, {}, {ServerId("n0")}) for ch in v.chains
              for c in ch.bound if c.doomed]
     assert [(c.servers[0].server, c.bad_gpus) for c in early] == [("n1", 4)]
-    assert not [c for v in tenant_views(model, None) for ch in v.chains for c in ch.bound]
+    assert not [c for v in HIVED.tenant_views(model, {}) for ch in v.chains for c in ch.bound]
     # the next snapshot carries the state back, and the published plan does not
     again = build_snapshot(1.0, {}, nodes, {}, {}, {}, Inflight(60.0), True,
                            layer_state={"hived": record.state})

@@ -50,6 +50,7 @@ from scheduling.cores.pool import gpus_usable
 from scheduling.cores.rules import CoreRule
 from scheduling.cores.state import CoreState, decode, encode, history_key, remember
 from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
+from scheduling.layers.traits import PolicyTraits
 from scheduling.policy import Policy
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
@@ -84,6 +85,11 @@ class CoreLayer:
         self.climb: ClimbSettings | None = coda
         self.coda = coda
         self.name = rule.name
+
+    @classmethod
+    def traits(cls) -> PolicyTraits:
+        """It plans CPU cores beside the GPUs, so CPU jobs may run."""
+        return PolicyTraits(schedules_cores=True)
 
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         if snapshot.cluster.servers and not any(s.cores for s in snapshot.cluster.servers):

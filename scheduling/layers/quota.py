@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from scheduling.cells import CellModel
 from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
+from scheduling.layers.traits import PolicyTraits, TenantAdmission
 from scheduling.policy import Policy
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
@@ -67,6 +68,12 @@ class QuotaLayer:
         self.total: Counter[GpuType] = Counter()
         for q in self.quotas.values():
             self.total.update(q)
+
+    @classmethod
+    def traits(cls, borrow: bool) -> PolicyTraits:
+        """Built with the cells (their reservations are the quotas); a job
+        beyond its tenant's quota runs only when it may ``borrow``."""
+        return PolicyTraits(needs_cells=True, admission=TenantAdmission(beyond=borrow, quota=True))
 
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         usage = self._running(snapshot)

@@ -19,26 +19,28 @@ leader ask of it:
   tenant's reservation (the policy's :class:`TenantAdmission`: ``hived``
   with ``opportunistic`` off, ``quota``) is refused ``unschedulable``
   (HTTP 422), saying which cells or quota the tenant has;
-- :func:`needs_cells` says whether a policy spec is built with the cells;
-- :func:`tenant_views` reads the tenants' virtual clusters out of the state
-  a cell layer left after a plan (``LayerRecord.state``), and
-  :class:`TenantRecord` is what the leader writes for each tenant in KV
+- :class:`TenantRecord` is what the leader writes for each tenant in KV
   ``hops_tenants`` (GET /tenants, ``hops tenants``: the VC -> node view
-  users of HiveD asked for, microsoft/pai#4932).
+  users of HiveD asked for, microsoft/pai#4932), the views the policy's
+  traits read out of the state its cell layer left after a plan
+  (:meth:`scheduling.layers.traits.PolicyTraits.tenant_views`).
+
+Whether a policy is built with the cells at all, and what it lets a tenant's
+job do beyond its cells, the policy's traits say
+(:func:`scheduling.registry.policy_traits`), never its name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
 
 from scheduling.cells import CellModel, Cells, TenantView, cells_from_doc
-from scheduling.layers.hived import restore_cells
 from scheduling.layers.quota import quotas_of
+from scheduling.layers.traits import TenantAdmission
 from scheduling.live.admission import Refusal
-from scheduling.registry import TENANT_POLICIES, TenantAdmission
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
 from shared.job import JobSpec
@@ -47,17 +49,9 @@ from shared.specs import SpecError
 from shared.tenants import TenantsError, TenantsFile
 from shared.wire import UNSCHEDULABLE
 
-# The registered policies that are built with the tenants' cells
-# (make_policy(spec, cells=...)).
-CELL_POLICIES = frozenset(TENANT_POLICIES)
 # GPU bandwidths of a GPU type no registered node has yet: only the cells'
 # validation sees them (the planner plans on registered nodes).
 _PLACEHOLDER_BANDWIDTH = 1.0
-
-
-def needs_cells(policy_name: str) -> bool:
-    """Whether the policy named ``policy_name`` plans with the tenants' cells."""
-    return policy_name in CELL_POLICIES
 
 
 def _node_cells(doc: Mapping[str, Any]) -> dict[ServerId, str]:
@@ -204,31 +198,6 @@ class TenantRecord(msgspec.Struct, frozen=True, kw_only=True):
     term: int
     leader: str
     v: int = 1
-
-
-def cells_of_state(model: CellModel, state: bytes | None) -> Cells:
-    """The cells the HiveD layer's state holds (:func:`scheduling.layers.
-    hived.restore_cells`); fresh when there is none, or when it does not
-    fit the model (the layer then starts afresh as well)."""
-    if state:
-        try:
-            return restore_cells(model, state)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-            pass
-    return Cells(model)
-
-
-def tenant_views(model: CellModel, state: bytes | None,
-                 alive: Collection[ServerId] | None = None) -> tuple[TenantView, ...]:
-    """Every tenant's VC view (§3.1, Figure 2) in the HiveD layer's state
-    ``state``; with ``alive``, a cell server not in it is bad, as the layer
-    marks it at its next plan (§4 "Handling faulty hardware"), so the view
-    shows a dead node's doomed cells before anything is planned again."""
-    cells = cells_of_state(model, state)
-    if alive is not None:
-        for server in sorted(cells.tree.node_of):
-            cells.set_health(server, server in alive)
-    return cells.views()
 
 
 def tenant_records(views: Iterable[TenantView], at: float, term: int, leader: str

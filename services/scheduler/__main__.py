@@ -39,10 +39,11 @@ from structlog.contextvars import bound_contextvars
 
 from scheduling.cells import Cells
 from scheduling.layers.base import Layer
+from scheduling.layers.traits import TenantAdmission
 from scheduling.live import admission as adm
 from scheduling.live import state as st
 from scheduling.live import tenancy as tn
-from scheduling.live.cells import cells_refusal, needs_cells
+from scheduling.live.cells import cells_refusal
 from scheduling.live.lease import (
     LEASE_KEY,
     Change,
@@ -52,12 +53,7 @@ from scheduling.live.lease import (
     Wait,
     encode_value,
 )
-from scheduling.registry import (
-    TenantAdmission,
-    policy_name,
-    schedules_cores,
-    tenant_admission,
-)
+from scheduling.registry import policy_traits
 from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
@@ -99,10 +95,11 @@ async def run(
 
 
 class Checks(NamedTuple):
-    """What admission checks beyond the spec and the tenant: the tenants'
-    cells when the policy plans with them (:func:`scheduling.live.cells.cells_refusal`),
-    and whether the policy (named ``policy``) schedules CPU cores, which a
-    CPU job needs (:func:`scheduling.live.admission.policy_refusal`)."""
+    """What admission checks beyond the spec and the tenant, as the policy's
+    traits say: the tenants' cells when it plans with them
+    (:func:`scheduling.live.cells.cells_refusal`), and whether it schedules
+    CPU cores, which a CPU job needs (:func:`scheduling.live.admission.
+    policy_refusal`; ``policy``, the name its message shows)."""
 
     cells: Cells | None = None
     rule: TenantAdmission = TenantAdmission()
@@ -111,11 +108,11 @@ class Checks(NamedTuple):
 
     @classmethod
     def of(cls, settings: SchedulerSettings) -> Checks:
-        name = policy_name(settings.policy)
-        cores = schedules_cores(settings.policy)
-        if settings.cells is None or not needs_cells(name):
+        traits = policy_traits(settings.policy)
+        cores, name = traits.schedules_cores, traits.policy
+        if settings.cells is None or not traits.needs_cells:
             return cls(cores=cores, policy=name)
-        return cls(Cells(settings.cells), tenant_admission(settings.policy), cores, name)
+        return cls(Cells(settings.cells), traits.admission, cores, name)
 
 
 class Admission:

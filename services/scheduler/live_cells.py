@@ -34,7 +34,7 @@ from nats.js.kv import KeyValue
 from scheduling.cells import TenantView
 from scheduling.live import cells as lc
 from scheduling.policy import Policy
-from scheduling.registry import make_policy, policy_name
+from scheduling.registry import make_policy, policy_traits
 from services.runtime.kv import is_part, pack, parts_of, read_bucket, unpack
 from services.runtime.service import ServiceContext
 from services.scheduler.live_settings import SchedulerSettings
@@ -46,9 +46,10 @@ from shared.tenants import TenantsError
 
 
 def build_policy(settings: SchedulerSettings) -> Policy:
-    """The configured policy, built with the tenants' cells when it needs them."""
+    """The configured policy, built with the tenants' cells when its traits
+    say it needs them."""
     spec, cells = settings.policy, settings.cells
-    if cells is None or not lc.needs_cells(policy_name(spec)):
+    if cells is None or not policy_traits(spec).needs_cells:
         return make_policy(spec)
     return make_policy(spec, cells=cells)
 
@@ -65,6 +66,7 @@ class LayerStore:
         self._problem: str | None = None  # the last cells-vs-nodes error reported
         self._checked: object = None  # the nodes it was checked against
         self._shown: dict[str, TenantView] = {}  # the views this term wrote
+        self.traits = policy_traits(settings.policy)
 
     async def open(self, js: JetStreamContext) -> None:
         self.kv_layers: KeyValue = await js.key_value(subjects.KV_LAYERS)
@@ -99,16 +101,16 @@ class LayerStore:
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
                     await self.kv_layers.delete(key)
 
-    async def publish_views(self, now: float, nodes: Iterable[NodeRecord],
-                            layer: str = "hived") -> None:
-        """Write each tenant's view of the cells state of ``layer``, with the
-        cell servers that are not alive bad; while no node is alive nothing
-        is planned, and the state is shown as it is (a cluster starting)."""
+    async def publish_views(self, now: float, nodes: Iterable[NodeRecord]) -> None:
+        """Write each tenant's view of the cells, as the policy's traits read
+        them from its layers' state, with the cell servers that are not alive
+        bad; while no node is alive nothing is planned, and the state is
+        shown as it is (a cluster starting)."""
         model = self.settings.cells
         if model is None:
             return
         alive = {n.server.id for n in nodes if n.alive}
-        views = [v for v in lc.tenant_views(model, self.state.get(layer), alive or None)
+        views = [v for v in self.traits.tenant_views(model, self.state, alive or None)
                  if self._shown.get(v.tenant) != v]  # unchanged: not written again
         for view in views:
             data = lc.tenant_records([view], now, self.term, self.leader)[view.tenant]

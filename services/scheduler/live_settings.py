@@ -22,8 +22,8 @@ variable                        flag                     default
 
 A tenants file with a ``cells`` section (HiveD's cells, docs/tenancy.md) is
 checked here as far as it can be without the registered nodes
-(:func:`scheduling.live.cells.tenant_cells`); ``hived``, ``quota`` and
-``quota-borrow`` need one.
+(:func:`scheduling.live.cells.tenant_cells`); a policy whose traits need
+the cells (``hived``, ``quota``, ``quota-borrow``) needs one.
 
 The lease TTL is the runtime's ``HOPS_LEADER_TTL`` (default 5 s; the lease
 bucket's max age), see :mod:`services.runtime.settings`.
@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduling.cells import CellModel
-from scheduling.live.cells import needs_cells, tenant_cells
-from scheduling.registry import HopsSpec, PolicyError, PolicySpec, parse_policy, policy_name
+from scheduling.live.cells import tenant_cells
+from scheduling.registry import HopsSpec, PolicyError, PolicySpec, parse_policy, policy_traits
 from scheduling.rounds import ROUND_S
 from services.runtime.settings import SettingsError, env_float
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
@@ -106,9 +106,9 @@ def scheduler_settings(
     if tenants:
         file = read_tenants(tenants)
         values.update(tenants=file, tenants_source=tenants, cells=tenant_cells(file, (), tenants))
-    name = policy_name(values.get("policy", HopsSpec()))  # type: ignore[arg-type]
-    if needs_cells(name) and values.get("cells") is None:
+    traits = policy_traits(values.get("policy", HopsSpec()))  # type: ignore[arg-type]
+    if traits.needs_cells and values.get("cells") is None:
         raise SettingsError(
-            f"policy {name} needs the tenants' cells: give {TENANTS_ENV} (--tenants) a tenants "
-            "file with a cells section (docs/tenancy.md)")
+            f"policy {traits.policy} needs the tenants' cells: give {TENANTS_ENV} (--tenants) a "
+            "tenants file with a cells section (docs/tenancy.md)")
     return SchedulerSettings(**values)  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
 from scheduling.live.samples import Throughputs, in_place
 from scheduling.live.state import LiveJobRecord
-from scheduling.registry import schedules_cores
+from scheduling.registry import policy_traits
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
@@ -92,7 +92,8 @@ class Leader:
         self.progress: dict[JobId, float] = {}
         self.estimates: dict[JobId, JobEstimate] = {}
         self.throughputs = Throughputs()
-        self.cores = schedules_cores(settings.policy)  # else CPU jobs are held, never planned
+        # else CPU jobs are held, never planned
+        self.cores = policy_traits(settings.policy).schedules_cores
         self.inflight = Inflight(settings.grace_s)
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet

@@ -2,14 +2,14 @@
 a two-layer design with any scheduler inside each virtual cluster).
 
 Per tenant (``JobSpec.tenant``) the inner policy plans the tenant's jobs on
-the tenant's virtual cluster (:mod:`.hived_view`) as if it were the whole
+the tenant's virtual cluster (:mod:`.view`) as if it were the whole
 cluster. Each assignment is then bound to physical GPUs by buddy cell
 allocation (Algorithm 1) through :meth:`scheduling.cells.Cells.allocate`;
 a job whose virtual configuration is unchanged keeps its cells, a resized
 or moved one releases them and allocates again. Jobs beyond what their
 tenant's cells hold now, and every job of a low-priority tenant, may run
 opportunistically on idle GPUs of any tenant (setting ``opportunistic``),
-shared by weighted max-min (:mod:`.hived_opportunistic`). A guaranteed job
+shared by weighted max-min (:mod:`.opportunistic`). A guaranteed job
 whose cell holds opportunistic jobs preempts them (§3.3: strict priority),
 but only in a round's first plan: a plan later in the round only adds
 (Hops §3.6), so the guaranteed job waits for the next first plan (a
@@ -27,15 +27,14 @@ cells for this plan, plans, and returns the new state.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import msgspec
 
-from scheduling.cells import Allocation, CellModel, Cells, Refusal, VirtualSlot
-from scheduling.cells import Snapshot as CellsSnapshot
+from scheduling.cells import Allocation, CellModel, Cells, Refusal, TenantView, VirtualSlot
 from scheduling.layers.base import annotate, merge_reasons
-from scheduling.layers.hived_opportunistic import share
-from scheduling.layers.hived_profiling import (
+from scheduling.layers.hived.opportunistic import share
+from scheduling.layers.hived.profiling import (
     HOLD,
     PROF,
     bind_task,
@@ -45,7 +44,8 @@ from scheduling.layers.hived_profiling import (
     reconcile_profiling,
     virtual_runs,
 )
-from scheduling.layers.hived_view import (
+from scheduling.layers.hived.state import HivedState, cells_of_state, decode_state, restore_cells
+from scheduling.layers.hived.view import (
     config_type,
     tenant_snapshot,
     unavailable_holds,
@@ -53,6 +53,7 @@ from scheduling.layers.hived_view import (
     virtual_servers,
 )
 from scheduling.layers.profiling_first import ProfilingSettings
+from scheduling.layers.traits import PolicyTraits, TenantAdmission, marked_views
 from scheduling.policy import Policy
 from shared.cluster import Cluster, GpuTypeSpec
 from shared.configuration import Configuration
@@ -67,25 +68,6 @@ def held_outside(refusal: Refusal) -> bool:
     """Whether a refusal names GPUs held outside the cells (a profiling
     run), which a guaranteed job waits for instead of stopping."""
     return any(v.startswith(HOLD) for v in refusal.victims)
-
-
-class HivedState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The layer's state after a plan: the cells (bindings, each job's
-    cells, bad servers) and each guaranteed job's virtual configuration."""
-
-    cells: CellsSnapshot
-    virtual: dict[str, Configuration] = {}
-
-
-def decode_state(raw: bytes) -> HivedState:
-    """The layer's state from ``LayerRecord.state`` / ``Snapshot.layer_state["hived"]``."""
-    return msgspec.json.decode(raw, type=HivedState)
-
-
-def restore_cells(model: CellModel, raw: bytes) -> Cells:
-    """The cells as the plan that left ``raw`` left them (fresh when empty):
-    what ``GET /tenants`` shows (:meth:`Cells.views`)."""
-    return Cells.restore(model, decode_state(raw).cells) if raw else Cells(model)
 
 
 class HivedLayer:
@@ -103,6 +85,21 @@ class HivedLayer:
         self._slots: dict[tuple[str, tuple[GpuTypeSpec, ...]], Slots] = {}
         self._by_sid: dict[tuple[str, tuple[GpuTypeSpec, ...]], dict[ServerId, VirtualSlot]] = {}
         self._last: tuple[bytes, Cells, dict[JobId, Configuration]] | None = None
+
+    @classmethod
+    def traits(cls, opportunistic: bool) -> PolicyTraits:
+        """Built with the cells; a job beyond its tenant's cells runs only
+        ``opportunistic``ally; the views are the layer's cells."""
+        return PolicyTraits(needs_cells=True, admission=TenantAdmission(beyond=opportunistic),
+                            views=cls.tenant_views)
+
+    @classmethod
+    def tenant_views(cls, model: CellModel, layer_state: Mapping[str, bytes],
+                     alive: Collection[ServerId] | None = None) -> tuple[TenantView, ...]:
+        """Every tenant's VC view (§3.1, Figure 2) in the state this layer
+        left (fresh when there is none, or when it does not fit ``model``:
+        the layer then starts afresh as well)."""
+        return marked_views(cells_of_state(model, layer_state.get(cls.name)), alive)
 
     def restore(self, snapshot: Snapshot) -> tuple[Cells, dict[JobId, Configuration]]:
         """The state the previous plan left (fresh when there is none). The
