@@ -1,5 +1,5 @@
 # One image for every component of the Hops live system; compose.yaml picks
-# each container's command (the same commands `hops up` runs, hops/stack.py).
+# each container's command (the same commands `hops up` runs, cli/up/stack.py).
 #   docker build -t hops .
 FROM python:3.11-slim
 

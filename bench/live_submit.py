@@ -1,7 +1,7 @@
 """Job submission through the live system, and release after a job dies.
 
 Starts its own stack the way ``hops up`` does (the same commands and
-environment, :mod:`hops.stack`): nats-server with JetStream, the scheduler
+environment, :mod:`cli.up.stack`): nats-server with JetStream, the scheduler
 and the gateway as processes. Then measures the acknowledgement latency of
 ``hops.v1.jobs.submit`` (the scheduler replies once the stream has stored
 ``job_submitted``), p50 and p99, and the sustained submissions per second,
@@ -49,10 +49,10 @@ from nats.aio.client import Client as NATS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.up.launcher import Launcher, free_port, port_free
+from cli.up.stack import StackConfig, by_name, components, modules
+from cli.up.up import missing_modules, secure, stack_nats, wait_healthy
 from executor.procs import emulated_job_pids
-from hops.launcher import Launcher, free_port, port_free
-from hops.stack import StackConfig, by_name, components, modules
-from hops.up import missing_modules, secure, stack_nats, wait_healthy
 from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
 from services.runtime.natsd import EmbeddedNats

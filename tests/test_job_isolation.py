@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 import executor.__main__ as executor_main
+from cli.up.stack import StackConfig, by_name, default_job_user
 from executor.isolation import (
     FolderError,
     JobIdentity,
@@ -30,7 +31,6 @@ from executor.isolation import (
 from executor.launch import LaunchOptions, job_paths, launches
 from executor.real import RealBackend, RealSettings
 from executor.reports import ReportTail, log_tail
-from hops.stack import StackConfig, by_name, default_job_user
 from shared import jobenv
 from shared.cluster import Server
 from shared.ids import GpuType
