@@ -1,5 +1,6 @@
 """The import contract of docs/design.md ("Layers"): the core imports no bus,
-event loop, clock, environment, service shell, gateway or CLI.
+event loop, clock, environment, service shell, gateway, CLI or experiment,
+and the in-job plugin (`hops`) nothing of the project but the job contract.
 
 `make test` runs `lint-imports` on the repository. These tests show that the
 contract in pyproject.toml bites: run on a temporary copy of the packages, it
