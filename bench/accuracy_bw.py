@@ -108,7 +108,7 @@ def fit_latency_and_slope(times: dict[int, float]) -> tuple[float, float]:
 def measure(sizes: tuple[int, ...] = SIZES, reps: int = REPS, timeout_s: float = 300) -> Bandwidth:
     """Run the two pinned processes and fit Eq. (2)'s bandwidths and latency."""
     # Imported here, not at the top: the two workers run this module too.
-    from hops.launcher import free_port
+    from cli.up.launcher import free_port
 
     port = free_port()
     arg = ",".join(map(str, sizes))

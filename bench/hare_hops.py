@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hops.hare_experiment import HareExperiment, workload
-from hops.hare_hops import run_jobs
+from experiments.hare.run import HareExperiment, workload
+from experiments.hare.sync import run_jobs
 from world.hare import DEFAULT_CLUSTERS, cluster_shape
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bench.live_stack import client_settings, config_in, spec, start_stack, wait_admission
-from hops.stack import components
+from cli.up.stack import components
 from scheduling.profiling import profiling_budget
 from services.runtime.bus import connect
 from services.runtime.kv import read_bucket

@@ -29,9 +29,9 @@ from pathlib import Path
 import httpx
 
 from bench.live_stack import auth_headers, client_settings, config_in, spec, start_stack
+from cli.up.launcher import port_free
+from cli.up.stack import components
 from executor.procs import emulated_job_pids
-from hops.launcher import port_free
-from hops.stack import components
 from services.runtime.bus import connect
 from shared import events as ev
 from shared import subjects

@@ -1,7 +1,7 @@
 """The stack a live bench starts, and the bench's own identity on it.
 
 :func:`start_stack` starts nats-server and the named components the way
-``hops up`` does (:mod:`hops.stack`), and puts the ``admin`` identity in the
+``hops up`` does (:mod:`cli.up.stack`), and puts the ``admin`` identity in the
 bench's environment; :func:`client_settings` and :func:`auth_headers` let
 the bench's own NATS and HTTP clients use it. They stand apart from the
 measurements (:mod:`bench.live_submit`, :mod:`bench.live_burst`), which
@@ -17,9 +17,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from hops.launcher import Launcher, free_port
-from hops.stack import StackConfig, by_name
-from hops.up import secure, stack_nats, wait_healthy
+from cli.up.launcher import Launcher, free_port
+from cli.up.stack import StackConfig, by_name
+from cli.up.up import secure, stack_nats, wait_healthy
 from services.runtime.bus import connect
 from services.runtime.natsd import EmbeddedNats
 from services.runtime.settings import RuntimeSettings, from_env

@@ -1,7 +1,7 @@
 """Job submission through the live system, and release after a job dies.
 
 Starts its own stack the way ``hops up`` does (the same commands and
-environment, :mod:`hops.stack`): nats-server with JetStream, the scheduler
+environment, :mod:`cli.up.stack`): nats-server with JetStream, the scheduler
 and the gateway as processes. Then measures the acknowledgement latency of
 ``hops.v1.jobs.submit`` (the scheduler replies once the stream has stored
 ``job_submitted``), p50 and p99, and the sustained submissions per second,
@@ -48,8 +48,8 @@ from bench.live_stack import (
     start_stack,
     wait_admission,
 )
-from hops.stack import modules
-from hops.up import missing_modules
+from cli.up.stack import modules
+from cli.up.up import missing_modules
 from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
 from shared import subjects

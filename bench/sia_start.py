@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import scheduling.policies.sia.policy as sia
-from hops.simrun import RunSpec, simulate
+from experiments.common.simrun import RunSpec, simulate
 from scheduling.ilp import MipModel, MipOptions, MipResult, Relaxation, solve_mip
 
 

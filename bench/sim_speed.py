@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hops.simrun import RunSpec, simulate
+from experiments.common.simrun import RunSpec, simulate
 from simulator.metrics import summarize
 
 

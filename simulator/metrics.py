@@ -62,8 +62,8 @@ class SimResult(msgspec.Struct, frozen=True):
     rounds: tuple[RoundRecord, ...]
     plan_seconds: tuple[float, ...]
     end_time: float
-    # Each job's JCT floor in seconds (simulator/floor.py), when the caller
-    # computed it (hops.simrun.simulate does); summarize reports it.
+    # Each job's JCT floor in seconds (experiments/common/floor.py), when the caller
+    # computed it (experiments.common.simrun.simulate does); summarize reports it.
     floor_s: dict[JobId, float] = msgspec.field(default_factory=dict)
 
 
@@ -168,7 +168,7 @@ def summarize(result: SimResult, cluster: Cluster,
     """The headline numbers of a run (the keys of summary.json).
 
     ``floor`` (default: ``result.floor_s``) is each job's JCT floor in
-    seconds (simulator/floor.py): ``floor_avg_jct_h`` is its mean over the
+    seconds (experiments/common/floor.py): ``floor_avg_jct_h`` is its mean over the
     finished jobs that have one, ``excess_avg_jct_h`` = ``avg_jct_h`` minus
     it, ``floor_makespan_h`` the latest submit + floor after the first
     submit. Without floors the three are 0."""

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from hops.launcher import free_port  # noqa: F401  (the tests' name for it)
+from cli.up.launcher import free_port  # noqa: F401  (the tests' name for it)
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId

@@ -2,8 +2,8 @@
 EMULATED GPU cluster (or, with ``executor="real"``, real executors running
 jobs' commands), each its own OS process.
 
-:class:`LiveStack` runs the process table of :mod:`hops.stack` with the
-launcher of ``hops up`` (:class:`hops.launcher.Launcher`), so a test runs the
+:class:`LiveStack` runs the process table of :mod:`cli.up.stack` with the
+launcher of ``hops up`` (:class:`cli.up.launcher.Launcher`), so a test runs the
 same commands as ``hops up``. What differs is environment only: a temp data
 dir, free ports, short intervals (rounds of 2 s, a short leader lease), a
 large time scale, a health port per service and, by default, two scheduler
@@ -42,9 +42,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from hops.launcher import Child, Launcher
-from hops.stack import Component, ExecutorKind, StackConfig, components
-from hops.up import secure, stack_nats, wait_healthy
+from cli.up.launcher import Child, Launcher
+from cli.up.stack import Component, ExecutorKind, StackConfig, components
+from cli.up.up import secure, stack_nats, wait_healthy
 from services.runtime.bus import auth_options
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings

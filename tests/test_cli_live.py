@@ -22,11 +22,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app
-from hops.client import Answer, render_answer, render_jobs, render_nodes, render_queue
-from hops.launcher import Launcher
-from hops.stack import Component, StackConfig, by_name, modules, processes
-from hops.up import missing_modules, wait_healthy
+from cli.client import Answer, render_answer, render_jobs, render_nodes, render_queue
+from cli.main import app
+from cli.up.launcher import Launcher
+from cli.up.stack import Component, StackConfig, by_name, modules, processes
+from cli.up.up import missing_modules, wait_healthy
 from services.runtime.natsd import EmbeddedNats
 from tests.helpers import free_port
 from tests.upstack import UpProcess, hops_up

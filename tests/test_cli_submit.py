@@ -18,7 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app as hops_app
+from cli.main import app as hops_app
 from tests.natsfix import nats_server, nats_url
 from tests.test_gateway import needs_scheduler, scheduler
 from tests.test_gateway_jobs import gateway

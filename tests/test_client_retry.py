@@ -15,7 +15,7 @@ import httpx
 import msgspec
 import pytest
 
-from hops.client import RETRY_DELAYS_S, Answer, GatewayClient, GatewayError, render_answer
+from cli.client import RETRY_DELAYS_S, Answer, GatewayClient, GatewayError, render_answer
 from shared.job import JobSpec
 
 SPEC = JobSpec(id="j1", model="m", batch_size=32, params=1000, total_samples=10_000,

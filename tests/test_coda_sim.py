@@ -8,6 +8,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiments.coda.workload import HEAVY_MODEL
 from scheduling.layers.base import stack, without_extras
 from scheduling.policy import Policy
 from scheduling.registry import make_policy
@@ -16,7 +17,6 @@ from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
 from shared.resources import Resources
 from shared.snapshot import Plan, Snapshot
-from simulator.coda_workload import HEAVY_MODEL
 from simulator.engine import Simulation
 from simulator.metrics import SimResult
 from simulator.workloads import SimJob

@@ -1,4 +1,4 @@
-"""The process table of the live system (hops/stack.py), and compose.yaml: a
+"""The process table of the live system (cli/up/stack.py), and compose.yaml: a
 valid Compose file (checked against the official Compose Specification
 schema, vendored in tests/data/compose-spec) whose every service runs
 exactly the command ``hops up`` runs for that component."""
@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from hops.stack import (
+from cli.up.stack import (
     PYTHON,
     Component,
     StackConfig,
@@ -293,7 +293,7 @@ def test_compose_gives_each_service_only_its_own_secret() -> None:
 
 
 def test_hops_credentials_writes_what_compose_mounts(tmp_path: Path) -> None:
-    from hops.credentials import prepare
+    from cli.up.credentials import prepare
 
     servers = [s.id for s in cluster_arg("paper-physical").servers]
     creds = prepare(tmp_path / "secrets", servers, None, mode=0o644)

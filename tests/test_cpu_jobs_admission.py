@@ -21,7 +21,7 @@ import msgspec
 import pytest
 from nats.js.errors import KeyNotFoundError
 
-from hops.jobfile import check_jobs
+from cli.jobfile import check_jobs
 from scheduling.live import admission as adm
 from services.runtime.bus import Rejected
 from services.scheduler.__main__ import Admission, Checks

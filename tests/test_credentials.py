@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor.supervisor import child_env
-from hops.credentials import (
+from cli.up.credentials import (
     Credentials,
     enrol,
     prepare,
@@ -15,6 +14,7 @@ from hops.credentials import (
     users,
     write_cli_config,
 )
+from executor.supervisor import child_env
 from shared.tenants import TenantsFile, TenantSpec, authenticate, load_tenants, token_digest
 
 
@@ -92,7 +92,7 @@ def test_credentials_paths() -> None:
 def test_the_credentials_and_enrol_commands(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from hops.cli import app
+    from cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "secrets"
@@ -115,8 +115,8 @@ def test_the_credentials_and_enrol_commands(tmp_path: Path) -> None:
 def test_hops_up_refuses_a_bad_tenants_file_and_skips_all_without_auth(tmp_path: Path) -> None:
     import pytest
 
-    from hops.stack import StackConfig
-    from hops.up import UpError, secure
+    from cli.up.stack import StackConfig
+    from cli.up.up import UpError, secure
 
     bad = tmp_path / "tenants.yaml"
     bad.write_text("tenants:\n  alice: {run_command: true}\n")  # a typo

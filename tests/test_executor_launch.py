@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 import executor.__main__ as executor_main
+from cli.up.stack import StackConfig, by_name
+from cli.up.up import banner
 from executor.discovery import DiscoveryError, declared_devices, discover
 from executor.launch import (
     AffinityError,
@@ -24,8 +26,6 @@ from executor.launch import (
 )
 from executor.reports import End, JobReports, ReportTail, log_tail, split_lines, verdict
 from executor.supervisor import child_argv
-from hops.stack import StackConfig, by_name
-from hops.up import banner
 from shared import jobenv
 from shared.cluster import Server
 from shared.configuration import Configuration

@@ -1,4 +1,4 @@
-"""HiveD Figure 8's stress test (synthetic, simulator/fragstress.py): the
+"""HiveD Figure 8's stress test (synthetic, experiments/cellfrag/stress.py): the
 quota placer's two placements, and HiveD keeping an 8-GPU tenant's delay
 exactly that of its private cluster as the workload's fragmentation varies."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hops.cellfrag import run_cell_fragmentation
-from simulator.fragstress import QuotaPlacer, StressJob, StressSettings, replay, stress_jobs
+from experiments.cellfrag.run import run_cell_fragmentation
+from experiments.cellfrag.stress import QuotaPlacer, StressJob, StressSettings, replay, stress_jobs
 
 
 def _job(i: int, tenant: str, gpus: int, at: float, run: float) -> StressJob:

@@ -28,9 +28,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from typer.testing import CliRunner
 
+from cli.main import app as hops_app
+from cli.up.launcher import free_port
 from gateway.app import create_app
-from hops.cli import app as hops_app
-from hops.launcher import free_port
 from shared import events as ev
 from shared import subjects
 from shared.tenants import load_tenants

@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from cli.main import app as hops_app
 from gateway.app import create_app
-from hops.cli import app as hops_app
 from services.runtime.natsd import EmbeddedNats
 from shared.events import MAX_PAYLOAD
 from tests.helpers import free_port

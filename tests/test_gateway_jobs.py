@@ -22,8 +22,8 @@ import pytest
 from nats.aio.client import Client as NATS
 from typer.testing import CliRunner
 
+from cli.main import app as hops_app
 from gateway.pages import DEFAULT_LIMIT, MAX_LIMIT, Cursor, JobQuery, select
-from hops.cli import app as hops_app
 from shared import subjects
 from shared.job import JobSpec
 from shared.records import JobRecord

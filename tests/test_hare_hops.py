@@ -1,5 +1,5 @@
 """Hare's relaxed-sync workload as ordinary synchronous jobs in the main
-simulator (:mod:`hops.hare_hops`) and its hook in ``hops experiment hare``."""
+simulator (:mod:`experiments.hare.sync`) and its hook in ``hops experiment hare``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hops.hare_experiment import HareExperiment, workload
-from hops.hare_experiment import run as run_experiment
-from hops.hare_hops import (
+from experiments.hare.run import HareExperiment, workload
+from experiments.hare.run import run as run_experiment
+from experiments.hare.sync import (
     SYNC_POLICIES,
     is_sync_policy,
     run_jobs,

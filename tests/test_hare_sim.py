@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hops.hare_experiment import HareExperiment, jobs_on
-from hops.hare_experiment import run as run_experiment
+from experiments.hare.run import HareExperiment, jobs_on
+from experiments.hare.run import run as run_experiment
+from experiments.hare.workload import HareWorkload, cluster_gpus, generate, ideal_round_s
 from scheduling.policies.hare.assignment import min_cost_assignment
 from scheduling.policies.hare.baselines import GavelFifo, Homo, Srtf
 from scheduling.policies.hare.baselines_allox import Allox
@@ -33,7 +34,6 @@ from scheduling.policies.hare.names import TASK_POLICIES, task_policy
 from shared.ids import GpuType, JobId
 from simulator.tasks import TaskSimSettings, TaskSimulation, simulate
 from simulator.tasks_result import RunTask
-from simulator.tasks_workload import HareWorkload, cluster_gpus, generate, ideal_round_s
 from world.hare import CATEGORIES, CLUSTERS, SWITCH_S, cluster_shape, ps_sync_time, task_models
 
 V100, K80 = GpuType("V100"), GpuType("K80")

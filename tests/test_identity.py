@@ -15,7 +15,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from hops.credentials import Credentials, enrol, ensure_credentials, write_auth
+from cli.up.credentials import Credentials, enrol, ensure_credentials, write_auth
 from services.monitor.natsaudit import auth_error_record, watch_auth_errors
 from services.runtime.bus import ErrorReporter, connect
 from services.runtime.identity import (

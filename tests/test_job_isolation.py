@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 import executor.__main__ as executor_main
+from cli.up.stack import StackConfig, by_name, default_job_user
 from executor.isolation import (
     FolderError,
     JobIdentity,
@@ -31,7 +32,6 @@ from executor.launch import LaunchOptions, job_paths, launches
 from executor.real import RealBackend
 from executor.realjob import RealSettings
 from executor.reports import ReportTail, log_tail
-from hops.stack import StackConfig, by_name, default_job_user
 from shared import jobenv
 from shared.cluster import Server
 from shared.ids import GpuType

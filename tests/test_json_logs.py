@@ -29,9 +29,9 @@ from services.runtime.logging import configure_logging
 log = configure_logging("scheduler")
 log.info("planning", policy=sys.argv[1])
 warnings.warn("a library's warning", UserWarning, stacklevel=1)
-from hops.cli import DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES
-from hops.oneshot import load_snapshot
-from hops.policies import make_policy
+from cli.main import DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES
+from cli.oneshot import load_snapshot
+from cli.policies import make_policy
 from scheduling.ilp import MipModel, solve_relaxation
 
 snap = load_snapshot(DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES)

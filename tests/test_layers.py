@@ -1,5 +1,6 @@
 """The import contract of docs/design.md ("Layers"): the core imports no bus,
-event loop, clock, environment, service shell, gateway or CLI.
+event loop, clock, environment, service shell, gateway, CLI or experiment,
+and the in-job plugin (`hops`) nothing of the project but the job contract.
 
 `make test` runs `lint-imports` on the repository. These tests show that the
 contract in pyproject.toml bites: run on a temporary copy of the packages, it
@@ -77,9 +78,15 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
         # The world model: no clock, and nothing above it.
         "world/probe_clock.py": "import time\n",
         "world/probe_simulator.py": "from simulator import engine\n",
+        # The in-job plugin: a scheduler and a shared module outside the job contract.
+        "hops/plugin/probe_scheduler.py": "from scheduling import registry\n",
+        "hops/plugin/probe_specs.py": "from shared import specs\n",
     }
     for path, text in bad.items():
         (tmp_path / path).write_text(text)
+    # An experiment's pure rule reaching its run (a shell that writes files).
+    with (tmp_path / "experiments/sharing/cluster.py").open("a") as rule:
+        rule.write("from experiments.sharing import run as _run\n")
     rc, out = _lint(tmp_path)
     assert rc != 0, out
     for broken in ("shared is not allowed to import time",
@@ -89,9 +96,14 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
                    "shared is not allowed to import gateway",
                    "simulator is not allowed to import asyncio",
                    "world is not allowed to import time",
-                   "world is not allowed to import simulator"):
+                   "world is not allowed to import simulator",
+                   "hops is not allowed to import scheduling",
+                   "hops is not allowed to import shared.specs",
+                   "experiments.sharing.cluster is not allowed to import "
+                   "experiments.sharing.run"):
         assert broken in out, out
     assert "simulator.probe_indirect -> services.scheduler.probe_helper" in out, out
+    assert "hops.plugin.probe_scheduler -> scheduling.registry" in out, out
 
 
 def _pattern(expression: str) -> re.Pattern[str]:
@@ -145,3 +157,19 @@ def test_every_package_is_analysed() -> None:
         find: dict[str, list[str]] = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]
     installed = {p.rstrip("*") for p in find["include"]}
     assert installed == set(_config()["root_packages"])
+
+
+def test_the_plugin_contract_leaves_only_the_job_contract_allowed() -> None:
+    """Every module of `shared/` is either one the plugin reaches today or
+    named as forbidden to it: a new shared module fails this until it is
+    named in the contract, so the plugin's allowed set cannot grow unseen."""
+    forbidden = set(_contract("plugin")["forbidden_modules"])
+    graph = grimp.build_graph(*_config()["root_packages"], cache_dir=None)
+    reached: set[str] = set()
+    for module in graph.find_descendants("hops"):
+        reached |= graph.find_upstream_modules(module)
+    shared = graph.find_descendants("shared")
+    assert shared - reached - forbidden == set()
+    assert {"shared.jobenv", "shared.jobreport", "shared.relaxed"} <= reached
+    first_party = set(_config()["root_packages"]) - {"hops", "shared"}
+    assert first_party <= forbidden

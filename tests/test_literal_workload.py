@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from hops.cli import app
-from hops.experiments import define, with_variants
-from hops.simrun import RunSpec, simulate
+from cli.main import app
+from experiments.common.floor import floor
+from experiments.common.simrun import RunSpec, simulate
+from experiments.tables.define import define, with_variants
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from simulator.floor import floor
 from simulator.generators import requirement_set_literal
 from simulator.metrics import summarize
 from simulator.workloads import (

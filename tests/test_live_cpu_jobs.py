@@ -27,7 +27,7 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app
+from cli.main import app
 from scheduling.live import refresh as rf
 from scheduling.live.clock import MIN_WAKE_S, Inflight, RoundClock
 from scheduling.live.samples import MAX_RESTART_S, Beat, Throughputs, in_place, rate

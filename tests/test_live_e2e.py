@@ -144,8 +144,8 @@ async def main():
         kinds.append(json.loads((await feed.next_msg(timeout=60)).data)["type"])
     print(json.dumps(kinds))
     print(json.dumps([e for e in errors if "permissions violation" in e.lower()]))
-    ours = ("shared", "services", "hops", "executor", "gateway", "simulator", "world",
-            "tests")
+    ours = ("shared", "services", "hops", "cli", "experiments", "executor", "gateway",
+            "simulator", "world", "tests")
     print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(ours))))
     await nc.close()
 

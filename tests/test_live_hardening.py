@@ -26,7 +26,7 @@ import pytest
 from nats.aio.msg import Msg
 from typer.testing import CliRunner
 
-from hops.cli import app
+from cli.main import app
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId

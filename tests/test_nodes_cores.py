@@ -5,9 +5,9 @@ rendering."""
 
 from __future__ import annotations
 
+from cli.client import render_jobs, render_nodes
 from gateway.access import redact_cluster
 from gateway.views import cluster_view
-from hops.client import render_jobs, render_nodes
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId

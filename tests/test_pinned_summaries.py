@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from hops.policies import POLICIES
-from hops.simrun import RunSpec, simulate
+from cli.policies import POLICIES
+from experiments.common.simrun import RunSpec, simulate
 from simulator.metrics import summarize
 
 PINNED = Path(__file__).parent / "data" / "pinned-summaries.json"

@@ -1,4 +1,4 @@
-"""What produced a result (hops/provenance.py) is written beside it: the
+"""What produced a result (experiments/common/provenance.py) is written beside it: the
 commit, Python, HiGHS, numpy and msgspec (docs/results.md, "Reproducible
 results")."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hops.provenance import ROOT, commit, provenance
-from hops.simrun import RunSpec, simulate, write_outputs
+from experiments.common.provenance import ROOT, commit, provenance
+from experiments.common.simrun import RunSpec, simulate, write_outputs
 
 COMMIT = re.compile(r"[0-9a-f]{40}(\+dirty)?|unknown")
 KEYS = {"commit", "python", "highspy", "numpy", "msgspec", "platform"}
@@ -77,7 +77,7 @@ def test_summary_json_carries_the_provenance(tmp_path: Path) -> None:
 
 
 def test_each_entry_of_an_experiments_results_json_carries_it(tmp_path: Path) -> None:
-    from hops.experiments import Experiment, run_experiment
+    from experiments.common.suite import Experiment, run_experiment
 
     spec = RunSpec(cluster="paper-physical", workload="paper-physical", first_n=3)
     run_experiment(Experiment("tiny", "Tiny", (("hops", spec),)), tmp_path)

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app
-from hops.policies import make_policy, resolve
+from cli.main import app
+from cli.policies import make_policy, resolve
 from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policies.sia.policy import SiaPolicy, SiaSettings

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from cli.up.launcher import free_port
 from executor.launch import (
     LaunchOptions,
     job_paths,
@@ -48,7 +49,6 @@ from executor.launch import (
 )
 from executor.ranks import start_ranks
 from hops import plugin
-from hops.launcher import free_port
 from hops.plugin.config import settings_from_env
 from hops.plugin.data import MicroBatchSampler
 from hops.plugin.micro import loss_factor

@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app
-from scheduling.cells import Allocation, Cells, cells_from_doc
-from shared.ids import GpuType, JobId, ServerId
-from shared.specs import SpecError
-from simulator.metrics import JobOutcome
-from simulator.sharing import cells_doc, quota_cells, quotas, server_ids, sharing_cluster
-from simulator.sharing_metrics import tenant_metrics
-from simulator.tenants_workload import (
+from cli.main import app
+from experiments.sharing.cluster import cells_doc, quota_cells, quotas, server_ids, sharing_cluster
+from experiments.sharing.metrics import tenant_metrics
+from experiments.sharing.workload import (
     TenantDemand,
     read_tenant_traces,
     shared_period,
     tenant_jobs,
 )
+from scheduling.cells import Allocation, Cells, cells_from_doc
+from shared.ids import GpuType, JobId, ServerId
+from shared.specs import SpecError
+from simulator.metrics import JobOutcome
 from world.catalog import builtin_catalog
 from world.clusters import builtin_cluster
 from world.truth import GroundTruth

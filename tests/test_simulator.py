@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hops.policies import make_policy
-from hops.simrun import RunSpec
+from cli.policies import make_policy
+from experiments.common.simrun import RunSpec
 from scheduling.rounds import RESTART_S, ROUND_S
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration

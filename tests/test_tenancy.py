@@ -1,6 +1,6 @@
 """The pure decisions of identity: the gateway's (:mod:`gateway.access`), the
 scheduler admission's (:mod:`scheduling.live.tenancy`), where the
-CLI finds its token (:mod:`hops.cliconfig`), and the settings that name the
+CLI finds its token (:mod:`cli.config`), and the settings that name the
 tenants file."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from cli import config as cliconfig
 from gateway import access
 from gateway.settings import from_env, parse
-from hops import cliconfig
 from scheduling.live import tenancy as tn
 from services.runtime.settings import SettingsError
 from services.scheduler.live_settings import scheduler_settings

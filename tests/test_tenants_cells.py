@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app as hops_app
-from hops.stack import StackConfig
-from hops.up import UpError, secure
+from cli.main import app as hops_app
+from cli.up.stack import StackConfig
+from cli.up.up import UpError, secure
 from scheduling.cells import Cells
 from scheduling.live.cells import cells_refusal, tenant_cells
 from scheduling.live.clock import Inflight

@@ -1,4 +1,4 @@
-"""The rule that sets the ElasticFlow traces' load (simulator/load.py):
+"""The rule that sets the ElasticFlow traces' load (experiments/traces/load.py):
 offered load is the GPU-seconds asked over the arrival span in units of the
 cluster's GPUs, and the compression brings it to 1.35x, never spreading a
 trace out."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from hops.experiments import define
+from experiments.tables.define import define
+from experiments.traces.load import TARGET, compression, demand_gpu_s, offered_load
 from shared.ids import JobId
 from shared.job import JobSpec
-from simulator.load import TARGET, compression, demand_gpu_s, offered_load
 from simulator.workloads import SimJob, packed, trim
 from world.catalog import builtin_catalog
 from world.clusters import builtin_cluster

@@ -31,9 +31,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from hops.cli import app
-from hops.stack import modules
-from hops.up import NatsKeeper, missing_modules
+from cli.main import app
+from cli.up.stack import modules
+from cli.up.up import NatsKeeper, missing_modules
 from services.runtime.natsd import EmbeddedNats
 from tests.helpers import catalog_spec
 from tests.livestack import FINAL, TEST_ENV, Bus, descendants, until

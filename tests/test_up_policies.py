@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hops.stack import modules
-from hops.up import missing_modules
+from cli.up.stack import modules
+from cli.up.up import missing_modules
 from tests.helpers import catalog_spec
 from tests.livestack import FINAL, TEST_ENV, Bus, until
 from tests.upstack import UpProcess, hops_up

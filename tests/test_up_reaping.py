@@ -28,7 +28,7 @@ def run(script: str) -> str:
 def test_a_killed_groups_orphan_is_adopted_and_reaped() -> None:
     out = run("""
         import os, signal, subprocess, time
-        from hops.launcher import become_subreaper, reap_orphans
+        from cli.up.launcher import become_subreaper, reap_orphans
         assert become_subreaper()
         leader = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; exit 0"],
                                   stdout=subprocess.PIPE, start_new_session=True)
@@ -54,7 +54,7 @@ def test_a_killed_groups_orphan_is_adopted_and_reaped() -> None:
 def test_reaping_leaves_the_status_of_a_tracked_child_alone() -> None:
     out = run("""
         import subprocess, time
-        from hops.launcher import become_subreaper, reap_orphans
+        from cli.up.launcher import become_subreaper, reap_orphans
         assert become_subreaper()
         child = subprocess.Popen(["sh", "-c", "exit 3"])
         time.sleep(0.3)
@@ -67,7 +67,7 @@ def test_free_port_never_gives_the_same_port_twice(monkeypatch: pytest.MonkeyPat
     """The kernel may hand a just-closed ephemeral port out again; two services
     told one health port meant one failed to bind. A fake socket (the kernel's
     choice cannot be forced) answers 41000 twice, then 41001."""
-    import hops.launcher as launcher
+    import cli.up.launcher as launcher
 
     answers = iter([41000, 41000, 41001])
 
@@ -85,5 +85,5 @@ def test_free_port_never_gives_the_same_port_twice(monkeypatch: pytest.MonkeyPat
             return ("127.0.0.1", self.port)
 
     monkeypatch.setattr(launcher, "_GIVEN", set())
-    monkeypatch.setattr("hops.launcher.socket.socket", Kernel)
+    monkeypatch.setattr("cli.up.launcher.socket.socket", Kernel)
     assert [launcher.free_port(), launcher.free_port()] == [41000, 41001]

@@ -12,8 +12,8 @@ import nats
 import nats.errors
 import pytest
 
-from hops.stack import modules
-from hops.up import missing_modules
+from cli.up.stack import modules
+from cli.up.up import missing_modules
 from tests.test_identity import self_signed
 from tests.upstack import hops_up
 

@@ -21,7 +21,7 @@ from tests.helpers import free_port
 from tests.livestack import until
 
 ROOT = Path(__file__).resolve().parent.parent
-HOPS = [sys.executable, "-c", "from hops.cli import app; app(prog_name='hops')"]
+HOPS = [sys.executable, "-c", "from cli.main import app; app(prog_name='hops')"]
 # Two servers of one GPU type, so that a job is profiled on one server (§3.2).
 CLUSTER = """\
 name: two-servers

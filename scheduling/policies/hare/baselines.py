@@ -107,7 +107,7 @@ class Homo:
     largest ``w / p`` first (weighted shortest processing time, then arrival,
     id); a job gets the first S free GPUs in the cluster's order, since all
     look the same to it, and keeps them (the experiment's clusters spread
-    each type evenly over that order, :func:`simulator.tasks_workload.
+    each type evenly over that order, :func:`experiments.hare.workload.
     cluster_gpus`, so the order favours no type). The plan's times are the
     GPUs' real ones: only the decisions are oblivious.
 

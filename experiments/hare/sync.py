@@ -5,7 +5,7 @@ same jobs.
 
 The conversion
 --------------
-A task job of :mod:`simulator.tasks_workload` (model, sync scale S, rounds R,
+A task job of :mod:`experiments.hare.workload` (model, sync scale S, rounds R,
 arrival a) becomes one synchronous data-parallel :class:`~shared.job.JobSpec`:
 
 * ``model``, ``batch_size`` and ``params``: the job's Gavel catalog entry;
@@ -63,7 +63,7 @@ from world.restarts import restart_cost
 from world.truth import GroundTruth
 
 if TYPE_CHECKING:
-    from hops.hare_experiment import HareExperiment
+    from experiments.hare.run import HareExperiment
 
 # The round-based policies that run the workload as synchronous jobs.
 SYNC_POLICIES: tuple[str, ...] = ("hops", "gavel")
@@ -158,7 +158,7 @@ def run_jobs(jobs: Sequence[TaskJob], shape: Mapping[GpuType, int], policy: str,
              restart_s: float | None = None,
              timer: Callable[[], float] | None = time.perf_counter) -> SyncRun:
     """``jobs`` as synchronous jobs on ``shape`` under the registry's
-    ``policy`` (a spec, e.g. ``hops``), driven as :func:`hops.simrun.simulate`
+    ``policy`` (a spec, e.g. ``hops``), driven as :func:`experiments.common.simrun.simulate`
     drives the engine: 300 s rounds, restart costs per model (``restart_s``:
     one for all, as ``--restart-s``). ``speed``: ``measured``, the main
     ground truth; ``task``, Hare's round times (:class:`TaskSpeedTruth`), to
@@ -210,7 +210,7 @@ class TaskSpeedTruth(GroundTruth):
 
 def simulate_sync(exp: HareExperiment, cluster: str, policy: str) -> SyncRun:
     """``policy`` on ``cluster``'s jobs of ``exp`` (the task policies' jobs)."""
-    from hops.hare_experiment import workload
+    from experiments.hare.run import workload
     from world.hare import cluster_shape
 
     jobs, _ = workload(exp, cluster)

@@ -1,5 +1,5 @@
-"""``hops up``: the live system on this machine (hops/up.py, hops/stack.py).
-Registered on the ``hops`` app by :mod:`hops.cli`."""
+"""``hops up``: the live system on this machine (cli/up/up.py, cli/up/stack.py).
+Registered on the ``hops`` app by :mod:`cli.main`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from hops.stack import DEFAULT_SCHEDULERS
+from cli.up.stack import DEFAULT_SCHEDULERS
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 
 POLICY_HELP = (
@@ -76,9 +76,9 @@ def up(
 ) -> None:
     """Run the live system here, one process each (NATS, services, gateway, and one
     executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
-    from hops.stack import StackConfig, default_job_user
-    from hops.up import stdout_say
-    from hops.up import up as run_up
+    from cli.up.stack import StackConfig, default_job_user
+    from cli.up.up import stdout_say
+    from cli.up.up import up as run_up
 
     if job_user is None:
         job_user = "" if allow_root_jobs else default_job_user(executor, os.geteuid())

@@ -3,7 +3,7 @@
 Each :class:`Component` is one program of the live system (§3: the scheduler
 with its estimator and profiler, the placer, the monitor, the HTTP gateway
 and the GPU cluster's executors, emulated or real) and the exact command that runs it,
-``python -m <module> [args]``. ``hops up`` (:mod:`hops.up`) runs each command
+``python -m <module> [args]``. ``hops up`` (:mod:`cli.up.up`) runs each command
 as a local process; every service of compose.yaml runs the same command in
 a container (``tests/test_compose.py`` checks that they agree). Everything
 that differs between the two, such as where NATS is, travels in environment
@@ -111,7 +111,7 @@ class StackConfig:
 
     @property
     def credentials_dir(self) -> Path:
-        """Seeds, tokens and the effective tenants file (hops/credentials.py)."""
+        """Seeds, tokens and the effective tenants file (cli/up/credentials.py)."""
         return self.data_dir / "credentials"
 
     @property

@@ -3,7 +3,7 @@ CODA, Zhao et al. ICDCS'20, §VI).
 
 A cluster shaped like the paper's (80 servers of 5 GTX 1080Ti GPUs and 28
 cores), an ElasticFlow trace's GPU jobs with their owners' core requests
-and CODA's CPU jobs beside them (:mod:`simulator.coda_workload`), run under
+and CODA's CPU jobs beside them (:mod:`experiments.coda.workload`), run under
 ``coda``, ``drf``, ``fifo`` and ``fixed-cores`` around the same inner GPU
 policy. Writes ``results.json`` ({policy: {"gpu_util",
 "idle_gpus_for_cores", "cpu_wait_p95_h", "gpu_jct_avg_h", "cpu_jct_avg_h",
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import msgspec
 
+from experiments.coda.metrics import PAPER, coda_metrics, table
+from experiments.coda.workload import CpuMix, add_cpu_jobs, with_core_requests
 from scheduling.registry import make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
-from simulator.coda_metrics import PAPER, coda_metrics, table
-from simulator.coda_workload import CpuMix, add_cpu_jobs, with_core_requests
 from simulator.engine import Progress, SimSettings, Simulation
 from simulator.metrics import SimResult
 from simulator.workloads import SimJob, load_elasticflow, packaged_trace
@@ -88,7 +88,7 @@ def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
     results, written under ``out``. What produced them (the commit, the
     solver's version) is ``setup.json``'s ``provenance``: ``results.json``
     keeps its {policy: {metric: value}} shape."""
-    from hops.provenance import provenance
+    from experiments.common.provenance import provenance
 
     for name in policies:
         make_policy(with_inner(name, inner))  # a bad spec fails before the first run
@@ -118,7 +118,7 @@ def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
 
 def _plots(out: Path, runs: dict[str, SimResult]) -> None:
     """CDFs of the CPU jobs' waits and of the GPU jobs' JCTs (Figure 11)."""
-    from hops.plots import cdf_plot
+    from experiments.common.plots import cdf_plot
 
     cpu = {n: [j.wait_s / 60 for j in r.jobs if j.kind == "cpu"] for n, r in runs.items()}
     gpu = {n: [j.jct_s / 3600 for j in r.jobs if j.kind != "cpu" and j.jct_s is not None]

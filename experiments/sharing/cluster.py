@@ -1,6 +1,6 @@
 """The sharing experiment's rules (docs/tenancy.md, "Rules"; HiveD §3.2, §5.2).
 
-Pure derivations from a :class:`~simulator.tenants_workload.TenantWorkload`:
+Pure derivations from a :class:`~experiments.sharing.workload.TenantWorkload`:
 each tenant's quota in node-level cells from its demand, the cluster of
 exactly those cells (HiveD's feasibility with nothing to spare), and the
 cells document in HiveD's vocabulary (``scheduling.cells.cells_from_doc``)
@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
+from experiments.sharing.workload import TenantDemand
 from shared.cluster import Cluster, Server
 from shared.ids import GpuType, ServerId
-from simulator.tenants_workload import TenantDemand
 
 # The paper's four levels (§5.1): GPU, PCIe switch (2), CPU socket (4), node (8).
 LEVELS: tuple[tuple[str, int], ...] = (("SWITCH", 2), ("SOCKET", 2), ("NODE", 2))

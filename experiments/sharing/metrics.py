@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
+from experiments.sharing.cluster import busy_nodes
 from shared.ids import JobId
 from simulator.engine import Simulation
 from simulator.metrics import JobOutcome, RoundRecord
-from simulator.sharing import busy_nodes
 
 
 class TenantMetrics(msgspec.Struct, frozen=True):

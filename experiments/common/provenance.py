@@ -13,7 +13,7 @@ import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent  # the repository the package runs from
+ROOT = Path(__file__).resolve().parents[2]  # the repository the package runs from
 PACKAGES = ("highspy", "numpy", "msgspec")
 GIT_TIMEOUT_S = 5.0
 

@@ -10,9 +10,9 @@ baselines ``gavel-fifo``, ``srtf``, ``homo``, ``allox``
 (:func:`scheduling.policies.hare.names.task_policy`); and ``hops`` and
 ``gavel``, the round-based policies of the registry, which run the same jobs
 as ordinary synchronous jobs through the main simulator
-(:mod:`hops.hare_hops`).
+(:mod:`experiments.hare.sync`).
 
-Workloads (:mod:`simulator.tasks_workload`): ``jobs`` jobs on each 160-GPU
+Workloads (:mod:`experiments.hare.workload`): ``jobs`` jobs on each 160-GPU
 cluster (the same jobs and arrivals on both, drawn from ``seed``), and on the
 testbed the same share per GPU, ``jobs x 15 / 160`` (at least 4), drawn from
 the same seed.
@@ -36,15 +36,15 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from hops.experiments import markdown_table
-from hops.hare_hops import is_sync_policy, simulate_sync
+from experiments.common.suite import markdown_table
+from experiments.hare.sync import is_sync_policy, simulate_sync
+from experiments.hare.workload import HareWorkload, cluster_gpus, generate
 from scheduling.policies.hare.macro import DEFAULT_BUDGET
 from scheduling.policies.hare.model import Gpu, TaskJob
 from scheduling.policies.hare.names import TASK_POLICIES, task_policy
 from scheduling.registry import parse_policy
 from simulator.tasks import TaskSimSettings, simulate
 from simulator.tasks_result import TaskSimResult
-from simulator.tasks_workload import HareWorkload, cluster_gpus, generate
 from world.hare import DEFAULT_CLUSTERS, SWITCH_S, cluster_shape, task_models
 
 BIG_GPUS = 160  # the 160-GPU clusters that ``jobs`` is stated for (§7.3)
@@ -101,7 +101,7 @@ def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResul
 def run(out: Path, exp: HareExperiment, workers: int = 1,
         progress: Callable[[str], None] | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Every policy on every cluster; the results, written under ``out``."""
-    from hops.provenance import provenance
+    from experiments.common.provenance import provenance
 
     pairs = [(c, p) for c in exp.clusters for p in exp.policies]
     runs: dict[tuple[str, str], TaskSimResult] = {}
@@ -154,7 +154,7 @@ def markdown(exp: HareExperiment, results: dict[str, dict[str, dict[str, float]]
              f"switch cost {exp.switch_s * 1000:g} ms.", ""]
     if any(is_sync_policy(p) for p in exp.policies):
         lines += ["hops and gavel run the same jobs as synchronous jobs of S GPUs in the "
-                  "main simulator (hops/hare_hops.py): profiling, 300 s rounds, "
+                  "main simulator (experiments/hare/sync.py): profiling, 300 s rounds, "
                   "checkpoint-restarts; their planning time is the round planner's.", ""]
     for cluster, by_policy in results.items():
         size = sizes[cluster]
@@ -182,7 +182,7 @@ def _comparisons(by_policy: dict[str, dict[str, float]]) -> list[str]:
 
 def _plots(out: Path, exp: HareExperiment, runs: dict[tuple[str, str], TaskSimResult]) -> None:
     """One CDF of the jobs' JCT per cluster (Fig. 13)."""
-    from hops.plots import cdf_plot
+    from experiments.common.plots import cdf_plot
 
     for cluster in exp.clusters:
         series = {p: [j.jct_s / 60.0 for j in runs[(cluster, p)].jobs] for p in exp.policies}

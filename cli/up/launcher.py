@@ -1,8 +1,8 @@
-"""The process supervisor of ``hops up`` (:func:`hops.up.up`) and of the tests'
-stacks (``tests/livestack.py``): starts each process of :mod:`hops.stack` in a
+"""The process supervisor of ``hops up`` (:func:`cli.up.up.up`) and of the tests'
+stacks (``tests/livestack.py``): starts each process of :mod:`cli.up.stack` in a
 process group of its own, restarts what dies with the backoff of
-:func:`hops.stack.restart_delay` (as compose's ``restart: unless-stopped``),
-and stops everything in :func:`hops.stack.stop_order`: SIGTERM, a grace
+:func:`cli.up.stack.restart_delay` (as compose's ``restart: unless-stopped``),
+and stops everything in :func:`cli.up.stack.stop_order`: SIGTERM, a grace
 period, then SIGKILL to whatever is left of each process group. On Linux it
 can be a child subreaper (:func:`become_subreaper`), so that descendants
 orphaned by a dead parent are reaped here rather than left as zombies.
@@ -23,12 +23,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hops.stack import Component, StackConfig, describe_exit, environment, restart_delay, stop_order
+from cli.up.stack import (
+    Component,
+    StackConfig,
+    describe_exit,
+    environment,
+    restart_delay,
+    stop_order,
+)
 
 Say = Callable[[str], None]
-# The folder holding hops/ and its sibling packages (gateway/, executor/,
+# The folder holding cli/ and its sibling packages (gateway/, executor/,
 # services/...): a source checkout, or site-packages once installed.
-SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
+SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _REAP_WAIT_S = 5.0

@@ -11,9 +11,10 @@ from typing import Annotated, TypeVar
 import msgspec
 import typer
 
-from hops import cli_auth, cli_up
-from hops.cli_up import POLICY_HELP
-from hops.client import GatewayClient
+from cli import auth as cli_auth
+from cli import up_command as cli_up
+from cli.client import GatewayClient
+from cli.up_command import POLICY_HELP
 from scheduling.rounds import ROUND_S
 from shared.job import JobSpec
 from shared.specs import SpecError
@@ -56,8 +57,8 @@ def plan(
 ) -> None:
     """Plan one round for the jobs in a file, with their profiles; --priority,
     --lam, --sigma and --gap set that setting of the policy."""
-    from hops.oneshot import plan_once, render_plan
-    from hops.policies import resolve
+    from cli.oneshot import plan_once, render_plan
+    from cli.policies import resolve
     from scheduling.registry import make_policy
 
     try:
@@ -92,8 +93,8 @@ def simulate(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Simulate one policy on one workload; writes OUT/summary.json, jobs.csv, rounds.csv."""
-    from hops.simrun import RunSpec, rich_progress, write_outputs
-    from hops.simrun import simulate as run
+    from experiments.common.simrun import RunSpec, rich_progress, write_outputs
+    from experiments.common.simrun import simulate as run
 
     spec = RunSpec(
         cluster=cluster, workload=workload, policy=policy, priority=priority, lam=lam,
@@ -153,67 +154,33 @@ def experiment(
         "also v100-k80-160)")] = None,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
-    from hops.experiments import (
-        GENERATOR_CHOICES,
-        POLICIES,
-        define,
-        run_experiment,
-        with_variants,
-    )
-    from hops.simrun import rich_progress
-
+    try:  # the experiments are an extra (matplotlib): only this command needs them
+        from experiments.catalog import EXPERIMENTS, Options
+        from experiments.tables.define import GENERATOR_CHOICES
+    except ImportError as exc:
+        typer.echo(f"error: the experiments are not installed ({exc}); install "
+                   "hops-scheduler[experiments] from a checkout", err=True)
+        raise typer.Exit(2) from None
     if generator not in GENERATOR_CHOICES:
         typer.echo(f"error: --generator must be one of {', '.join(GENERATOR_CHOICES)}, "
                    f"got {generator!r}", err=True)
         raise typer.Exit(2)
-    if generator != "project" and name in ("sharing", "coda", "cell-fragmentation", "hare"):
+    entry = EXPERIMENTS.get(name)
+    if entry is None:
+        known = "".join(f"\n  {n}: {e.help}" for n, e in EXPERIMENTS.items())
+        typer.echo(f"error: unknown experiment {name!r}; known:{known}", err=True)
+        raise typer.Exit(2)
+    if generator != "project" and not entry.generator:
         typer.echo(f"error: --generator does not apply to {name!r}", err=True)
         raise typer.Exit(2)
+    options = Options(
+        seed=seed, trace=trace, first_n=first_n, compress=compress,
+        rates=rates, policies=tuple(policy or ()),
+        progress=progress, traces=traces, inner=inner, workers=workers, mba=mba,
+        generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
+        clusters=clusters)
     try:
-        if name == "sharing":
-            from hops.sharing import DEFAULT_TRACES, run_sharing
-
-            chosen = tuple(t for t in traces.split(",") if t) if traces else DEFAULT_TRACES
-            run_sharing(out, chosen, first_n=first_n, inner=inner,
-                        only=tuple(policy) if policy else None,
-                        progress=rich_progress if progress else None, workers=workers)
-            typer.echo((out / "results.md").read_text())
-            return
-        if name == "coda":
-            from hops.coda import POLICIES as CORE_POLICIES
-            from hops.coda import run as run_coda
-
-            run_coda(out, inner=inner, trace=trace or "elasticflow-cluster04",
-                     first_n=first_n, compress=compress, seed=seed,
-                     policies=tuple(policy or CORE_POLICIES), workers=workers, mba=mba)
-            typer.echo((out / "results.md").read_text())
-            return
-        if name == "hare":
-            from hops.hare_experiment import HareExperiment
-            from hops.hare_experiment import run as run_hare
-
-            chosen = tuple(policy) if policy else HareExperiment().policies
-            hare = HareExperiment(jobs=jobs, seed=seed, policies=chosen)
-            if load is not None:
-                hare = msgspec.structs.replace(hare, load=load)
-            if clusters is not None:
-                hare = msgspec.structs.replace(hare, clusters=tuple(clusters.split(",")))
-            run_hare(out, hare,
-                     workers=workers, progress=typer.echo if progress else None)
-            typer.echo((out / "results.md").read_text())
-            return
-        if name == "cell-fragmentation":
-            from hops.cellfrag import run_cell_fragmentation
-            from simulator.fragstress import StressSettings
-
-            run_cell_fragmentation(out, StressSettings(seed=seed))
-            typer.echo((out / "results.md").read_text())
-            return
-        per_hour = tuple(float(r) for r in rates.split(","))
-        compared = with_variants(tuple(policy or POLICIES), tuple(variant or ()))
-        exp = define(name, seed=seed, trace=trace, first_n=first_n, compress=compress,
-                     rates=per_hour, policies=compared, generator=generator)
-        run_experiment(exp, out, rich_progress if progress else None)
+        entry.run(name, out, options)
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -239,10 +206,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the gateway's JSON"
 def _gateway_call(gateway: str | None, token: str | None, config: str | None,
                   call: Callable[[GatewayClient], T]) -> T:
     """``call`` on a client of the gateway the flags, the environment or the
-    config file name (:mod:`hops.cliconfig`); a failure (a 401 included)
+    config file name (:mod:`cli.config`); a failure (a 401 included)
     becomes one line and exit 1, a config file that cannot be used exit 2."""
-    from hops.cliconfig import ConfigError, target
-    from hops.client import GatewayError, GatewayUnreachable
+    from cli.client import GatewayError, GatewayUnreachable
+    from cli.config import ConfigError, target
 
     try:
         found = target(gateway, token, config, os.environ)
@@ -275,7 +242,7 @@ def submit(
     The whole file is checked first: each invalid job gets one line (index,
     id, field, problem) and, unless --skip-invalid, nothing is sent. Exit 1 if
     any job was invalid or rejected, 2 if the file cannot be read."""
-    from hops.jobfile import check_jobs
+    from cli.jobfile import check_jobs
 
     try:
         checked = check_jobs(file)
@@ -304,7 +271,7 @@ def _nothing_sent(valid: int, invalid: int, dry_run: bool) -> str:
 
 def _send(client: GatewayClient, specs: Sequence[JobSpec]) -> int:
     """Submit each spec, one line each; how many the scheduler rejected."""
-    from hops.client import render_answer
+    from cli.client import render_answer
 
     rejected = 0
     for spec in specs:
@@ -327,7 +294,7 @@ def jobs(
     as_json: JsonOpt = False,
 ) -> None:
     """List the jobs the scheduler knows, oldest first."""
-    from hops.client import JobsQuery, render_jobs
+    from cli.client import JobsQuery, render_jobs
 
     query = JobsQuery(phase=phase, tenant=tenant, limit=limit)
     body = _gateway_call(gateway, token, config, lambda c: c.jobs(query))
@@ -338,7 +305,7 @@ def jobs(
 def queue(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
           as_json: JsonOpt = False) -> None:
     """The waiting jobs in priority order, as the scheduler leader sees them."""
-    from hops.client import render_queue
+    from cli.client import render_queue
 
     body = _gateway_call(gateway, token, config, lambda c: c.queue())
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
@@ -350,7 +317,7 @@ def tenants(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOp
     """Each tenant's virtual cluster: its cells per chain and level, the servers
     they are bound to, used and free GPUs and opportunistic use (a tenant's
     token shows only its own)."""
-    from hops.tenants_view import render_tenants
+    from cli.tenants_view import render_tenants
 
     body = _gateway_call(gateway, token, config, lambda c: c.tenants())
     typer.echo(json.dumps(body, indent=2) if as_json else render_tenants(body))
@@ -365,7 +332,7 @@ app.add_typer(nodes_app, name="nodes")
 def nodes(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt = None,
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The registered servers, their GPUs and the jobs holding them."""
-    from hops.client import render_nodes
+    from cli.client import render_nodes
 
     if ctx.invoked_subcommand is not None:
         return
@@ -385,7 +352,7 @@ def nodes_remove(
 ) -> None:
     """Remove a node: a lost one, or an alive one with --force. It comes back
     when its executor registers again. Exit 1 if the monitor refuses."""
-    from hops.client import render_answer
+    from cli.client import render_answer
 
     answer = _gateway_call(gateway, token, config,
                            lambda c: c.remove_node(server_id, force, reason))
@@ -403,7 +370,7 @@ def cancel(
     config: ConfigOpt = None,
 ) -> None:
     """Cancel a job (waiting or running). Exit 1 if the scheduler refuses."""
-    from hops.client import render_answer
+    from cli.client import render_answer
 
     answer = _gateway_call(gateway, token, config, lambda c: c.cancel(job_id, reason))
     typer.echo(render_answer(job_id, answer, verb="cancelled"))
@@ -411,7 +378,7 @@ def cancel(
         raise typer.Exit(1)
 
 
-# The credentials commands live in hops/cli_auth.py, `hops up` in hops/cli_up.py;
+# The credentials commands live in cli/auth.py, `hops up` in cli/up_command.py;
 # registered here.
 nodes_app.command("enrol")(cli_auth.nodes_enrol)
 app.command()(cli_auth.credentials)

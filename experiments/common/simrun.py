@@ -15,12 +15,12 @@ from pathlib import Path
 
 import msgspec
 
-from hops.policies import resolve
+from cli.policies import resolve
+from experiments.common.floor import floor
 from scheduling.registry import make_policy
 from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
 from simulator.engine import Progress, SimSettings, Simulation
-from simulator.floor import floor
 from simulator.metrics import SimResult, summarize
 from simulator.workloads import SimJob, load_workload
 from world.catalog import builtin_catalog
@@ -63,7 +63,7 @@ def prepare(spec: RunSpec) -> tuple[Cluster, GroundTruth, list[SimJob]]:
 
 def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, SimResult]:
     """Run ``spec``; the result carries each job's JCT floor (``floor_s``,
-    simulator/floor.py), which :func:`simulator.metrics.summarize` reports."""
+    experiments/common/floor.py), which :func:`simulator.metrics.summarize` reports."""
     policy_spec = resolve(spec.policy, priority=spec.priority, lam=spec.lam)
     policy = make_policy(policy_spec)  # a bad spec: before the work
     cluster, truth, jobs = prepare(spec)
@@ -79,7 +79,7 @@ def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, 
 def write_outputs(
     out: Path, spec: RunSpec, cluster: Cluster, result: SimResult
 ) -> dict[str, object]:
-    from hops.provenance import provenance
+    from experiments.common.provenance import provenance
 
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, object] = {**summarize(result, cluster), "run": msgspec.to_builtins(spec),

@@ -1,6 +1,6 @@
 """``hops nodes enrol`` and ``hops credentials``: the credentials folder
-from the command line (hops/credentials.py, docs/security.md). Registered
-on the ``hops`` app by :mod:`hops.cli`."""
+from the command line (cli/up/credentials.py, docs/security.md). Registered
+on the ``hops`` app by :mod:`cli.main`."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def nodes_enrol(
     exists), admit it in nats-server and reload a running one. Copy the
     printed file to that host (mode 0600) and start its executor with
     HOPS_NATS_NKEY pointing at it."""
-    from hops.credentials import CredentialsError, enrol, reload_nats
-    from hops.stack import StackConfig
+    from cli.up.credentials import CredentialsError, enrol, reload_nats
+    from cli.up.stack import StackConfig
     from services.runtime.identity import IdentityError
 
     config = StackConfig(data_dir=data_dir)
@@ -46,7 +46,7 @@ def credentials(
 ) -> None:
     """Generate (or complete) a credentials folder, as `hops up` does in its
     data folder: for compose's secrets (`hops credentials --out secrets/ --compose`)."""
-    from hops.credentials import CredentialsError, prepare
+    from cli.up.credentials import CredentialsError, prepare
     from scheduling.live.cells import cluster_nodes, tenant_cells
     from services.runtime.identity import IdentityError
     from shared.tenants import TenantsError, load_tenants

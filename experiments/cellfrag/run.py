@@ -1,5 +1,5 @@
 """``hops experiment cell-fragmentation``: HiveD's Figure 8 stress test,
-synthetic (:mod:`simulator.fragstress`), written as ``results.json``,
+synthetic (:mod:`experiments.cellfrag.stress`), written as ``results.json``,
 ``results.md`` and ``figure8.png``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from simulator.fragstress import StressSettings, figure8
+from experiments.cellfrag.stress import StressSettings, figure8
 
 TENANT = "res-f"
 

@@ -1,11 +1,11 @@
 """``hops up``: the whole live system on this machine, one process per component.
 
 It starts nats-server with JetStream (:class:`~services.runtime.natsd.EmbeddedNats`,
-state under ``<data-dir>/nats``), then every process of :mod:`hops.stack`
+state under ``<data-dir>/nats``), then every process of :mod:`cli.up.stack`
 (two scheduler replicas by default: a leader and a standby) with its log in
 ``<data-dir>/logs/<name>.log``, waits until the gateway's ``/healthz``
 answers, says where the gateway and the metrics are, and supervises
-(:class:`hops.launcher.Launcher`): a process that ends without being asked
+(:class:`cli.up.launcher.Launcher`): a process that ends without being asked
 to is reported (with its log file) and restarted, 1 s later, then twice as
 late each time up to 30 s. nats-server too (:class:`NatsKeeper`), on the
 same port and data dir, so that streams and KV buckets survive and every
@@ -23,7 +23,7 @@ the stack runs.
 
 Authentication is on unless ``--no-auth`` (for measurements only): on first
 start ``hops up`` generates every identity's credential, the tokens and the
-effective tenants file into ``<data-dir>/credentials/`` (hops/credentials.py,
+effective tenants file into ``<data-dir>/credentials/`` (cli/up/credentials.py,
 reused after), nats-server admits only those identities, each process
 connects as its own, and ``<data-dir>/cli.yaml`` gives the CLI the gateway
 and the admin's token (docs/security.md). With ``--tls-cert``/``--tls-key``
@@ -47,9 +47,9 @@ from typing import IO
 
 import httpx
 
-from hops.credentials import Credentials, CredentialsError, prepare, write_cli_config
-from hops.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
-from hops.stack import StackConfig, describe_exit, modules, processes, restart_delay
+from cli.up.credentials import Credentials, CredentialsError, prepare, write_cli_config
+from cli.up.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
+from cli.up.stack import StackConfig, describe_exit, modules, processes, restart_delay
 from scheduling.live.cells import cluster_nodes, tenant_cells
 from services.runtime.identity import ADMIN, IdentityError
 from services.runtime.natsd import EmbeddedNats, NatsServerError
@@ -177,7 +177,7 @@ def _write_state(config: StackConfig, nats: EmbeddedNats, children: list[Child])
 
 class NatsKeeper:
     """Restarts nats-server when it dies, as the launcher restarts every other
-    process (:func:`hops.stack.restart_delay`), on the same port and data dir:
+    process (:func:`cli.up.stack.restart_delay`), on the same port and data dir:
     JetStream's streams and KV buckets are on disk and every service
     reconnects forever, so accepted jobs survive (docs/live.md, *Faults*)."""
 

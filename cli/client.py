@@ -2,7 +2,7 @@
 gateway (:mod:`gateway.app`) and plain-text renderings of its answers.
 
 The gateway's address and the bearer token come from flags, the
-environment or the config file (:mod:`hops.cliconfig`). When nothing
+environment or the config file (:mod:`cli.config`). When nothing
 answers there, :class:`GatewayUnreachable` says so and how to point
 elsewhere, rather than a connection traceback. A 401 (no token, or one the
 gateway does not know) is a :class:`GatewayError` at once, never retried.
@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 
+from cli.config import DEFAULT_GATEWAY, GATEWAY_ENV
 from gateway.pages import MAX_LIMIT
-from hops.cliconfig import DEFAULT_GATEWAY, GATEWAY_ENV
 from shared.events import SubmitJob, encode
 from shared.job import JobSpec
 from shared.tenants import DEFAULT_TENANT

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hops.sharing import Setup
+    from experiments.sharing.run import Setup
 
 COLUMNS = (("jobs", "{}"), ("avg_wait_h", "{:.3f}"), ("avg_jct_h", "{:.3f}"),
            ("anomalous_jobs", "{}"), ("max_excess_wait_h", "{:.3f}"))

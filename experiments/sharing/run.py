@@ -2,9 +2,9 @@
 (issue 20; HiveD §5.2), by the rules of docs/tenancy.md ("Rules").
 
 The shell around the pure pieces: it reads the traces
-(:mod:`simulator.tenants_workload`), derives quotas, cluster and cells
-(:mod:`simulator.sharing`), runs every policy and each tenant's private
-cluster in the simulator, measures (:mod:`simulator.sharing_metrics`) and
+(:mod:`experiments.sharing.workload`), derives quotas, cluster and cells
+(:mod:`experiments.sharing.cluster`), runs every policy and each tenant's private
+cluster in the simulator, measures (:mod:`experiments.sharing.metrics`) and
 writes ``results.json``, ``results.md``, ``cells.yaml``, ``cluster.yaml``,
 ``workload.json``, each run's ``jobs.csv`` and the plots.
 """
@@ -21,6 +21,10 @@ from typing import Any
 import msgspec
 import yaml
 
+from experiments.sharing.cluster import cells_doc, cluster_doc, quotas, server_ids, sharing_cluster
+from experiments.sharing.metrics import FragmentedSimulation, TenantMetrics, tenant_metrics
+from experiments.sharing.metrics import utilisation as cluster_utilisation
+from experiments.sharing.workload import TenantWorkload, read_tenant_traces, tenant_jobs, tenant_of
 from scheduling.cells import CellModel, cells_from_doc
 from scheduling.policy import Policy
 from scheduling.registry import PolicyError, make_policy, parse_policy
@@ -30,10 +34,6 @@ from shared.ids import GpuType, JobId
 from shared.job import R_NUM
 from simulator.engine import Progress, SimSettings
 from simulator.metrics import JobOutcome, SimResult
-from simulator.sharing import cells_doc, cluster_doc, quotas, server_ids, sharing_cluster
-from simulator.sharing_metrics import FragmentedSimulation, TenantMetrics, tenant_metrics
-from simulator.sharing_metrics import utilisation as cluster_utilisation
-from simulator.tenants_workload import TenantWorkload, read_tenant_traces, tenant_jobs, tenant_of
 from simulator.workloads import ELASTICFLOW_MODELS, SimJob, _trace_reference, packaged_trace
 from world.catalog import builtin_catalog
 from world.clusters import builtin_cluster
@@ -200,12 +200,12 @@ def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int 
     results = _results(runs, private, _merge_private(private), owner)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     # Beside it, not in it: results.json's top-level keys are the runs' labels.
-    from hops.provenance import provenance
+    from experiments.common.provenance import provenance
 
     (out / "provenance.json").write_text(json.dumps(provenance(), indent=2) + "\n")
     _write_jobs(out, runs, private, owner)
-    from hops.plots import plot_sharing
-    from hops.sharing_report import render_sharing
+    from experiments.common.plots import plot_sharing
+    from experiments.sharing.report import render_sharing
 
     (out / "results.md").write_text(render_sharing(setup, results, pending, len(jobs),
                                                    first_n, inner))

@@ -31,10 +31,10 @@ from typing import Literal, Protocol
 import msgspec
 import numpy as np
 
+from experiments.sharing.cluster import cells_doc, server_ids, sharing_cluster
 from scheduling.cells import Allocation, Cells, cells_from_doc
 from shared.cluster import Cluster
 from shared.ids import GpuType, ServerId
-from simulator.sharing import cells_doc, server_ids, sharing_cluster
 
 NODE = 8
 Placement = Literal["pack", "spread"]

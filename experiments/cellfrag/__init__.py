@@ -1,0 +1,1 @@
+"""Cell fragmentation: HiveD's cells under a stress workload (Figure 8)."""

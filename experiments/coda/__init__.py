@@ -1,0 +1,1 @@
+"""CODA: CPU jobs beside GPU jobs, cores and memory bandwidth (docs/coda.md)."""

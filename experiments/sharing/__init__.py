@@ -1,0 +1,1 @@
+"""Multi-tenant sharing of a cluster: tenants' traces, quotas and cells (docs/tenancy.md)."""

@@ -1,0 +1,1 @@
+"""The four ElasticFlow traces at a set offered load."""
