@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.hare.run import HareExperiment, workload
 from experiments.hare.sync import run_jobs
+from scheduling.registry import DEFAULT_POLICY
 from world.hare import DEFAULT_CLUSTERS, cluster_shape
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -47,7 +48,7 @@ def main() -> None:
         print(f"{cluster} ({len(jobs)} jobs)", flush=True)
         for name, kw in VARIANTS.items():
             options = dict(kw)
-            policy = str(options.pop("policy", "hops"))
+            policy = str(options.pop("policy", DEFAULT_POLICY))
             m = run_jobs(jobs, shape, policy, **options).result
             print(f"  {name:34s} weighted JCT {m.weighted_jct_h:7.2f} h  avg {m.avg_jct_h:6.3f} h"
                   f"  makespan {m.makespan_h:6.2f} h  <=25 min {m.share_done_25min:4.0%}",

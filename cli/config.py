@@ -26,7 +26,9 @@ from pathlib import Path
 import msgspec
 import yaml
 
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+from shared import ports
+
+DEFAULT_GATEWAY = ports.GATEWAY_URL
 DEFAULT_CONFIG = Path(".hops") / "cli.yaml"
 GATEWAY_ENV = "HOPS_GATEWAY_URL"
 TOKEN_ENV = "HOPS_TOKEN"

@@ -14,7 +14,9 @@ import typer
 from cli import auth as cli_auth
 from cli import up_command as cli_up
 from cli.client import GatewayClient
+from cli.config import DEFAULT_GATEWAY
 from cli.up_command import POLICY_HELP
+from scheduling.registry import DEFAULT_POLICY
 from scheduling.rounds import ROUND_S
 from shared.job import JobSpec
 from shared.specs import SpecError
@@ -46,7 +48,7 @@ def plan(
     cluster: Annotated[Path, typer.Option(help="cluster spec")] = DEFAULT_CLUSTER,
     jobs: Annotated[Path, typer.Option(help="job specs")] = DEFAULT_JOBS,
     profiles: Annotated[Path, typer.Option(help="profiled time modules")] = DEFAULT_PROFILES,
-    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "hops",
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = DEFAULT_POLICY,
     priority: Annotated[str | None, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = None,
     lam: Annotated[float | None, typer.Option(help="lambda of Eq. (11); inf: greedy order")
                    ] = None,
@@ -58,8 +60,7 @@ def plan(
     """Plan one round for the jobs in a file, with their profiles; --priority,
     --lam, --sigma and --gap set that setting of the policy."""
     from cli.oneshot import plan_once, render_plan
-    from cli.policies import resolve
-    from scheduling.registry import make_policy
+    from scheduling.registry import make_policy, resolve
 
     try:
         spec = resolve(policy, priority=priority, lam=lam, sigma=sigma, mip_rel_gap=gap)
@@ -78,7 +79,7 @@ def simulate(
     cluster: Annotated[str, typer.Option(help="paper-physical, paper-sim-512, gavel or a file")],
     workload: Annotated[str, typer.Option(help="paper-physical, paper-sim, or a file/trace")],
     out: Annotated[Path, typer.Option(help="output folder")],
-    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "hops",
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = DEFAULT_POLICY,
     priority: Annotated[str | None, typer.Option(help="lr, ftf, las, sjf, srtf or fifo")] = None,
     lam: Annotated[float | None, typer.Option(help="the policy's lambda")] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
@@ -191,7 +192,7 @@ def experiment(
 
 GatewayOpt = Annotated[str | None, typer.Option(
     "--gateway", envvar="HOPS_GATEWAY_URL",
-    help="the gateway's URL (else the config file's, else http://127.0.0.1:8080)",
+    help=f"the gateway's URL (else the config file's, else {DEFAULT_GATEWAY})",
 )]
 TokenOpt = Annotated[str | None, typer.Option(
     "--token", envvar="HOPS_TOKEN", help="bearer token (else the config file's)",

@@ -9,8 +9,17 @@ from typing import Annotated
 
 import typer
 
-from cli.up.stack import DEFAULT_SCHEDULERS
+from cli.up.stack import (
+    DEFAULT_CLUSTER,
+    DEFAULT_DATA_DIR,
+    DEFAULT_EXECUTOR,
+    DEFAULT_LOG_LEVEL,
+    DEFAULT_SCHEDULERS,
+    DEFAULT_TIME_SCALE,
+)
+from scheduling.registry import DEFAULT_POLICY
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from shared import ports
 
 POLICY_HELP = (
     "policy spec: hops, sia or gavel, with settings as in sia:lam=1.2 or "
@@ -22,15 +31,17 @@ POLICY_HELP = (
 
 def up(
     cluster: Annotated[str, typer.Option(help="cluster: a built-in name or a file")] = (
-        "paper-physical"
+        DEFAULT_CLUSTER
     ),
-    time_scale: Annotated[float, typer.Option(help="emulated seconds per real second")] = 60.0,
-    data_dir: Annotated[Path, typer.Option(help="NATS state, logs")] = Path(".hops"),
-    nats_port: Annotated[int, typer.Option(help="NATS client port (0: any free)")] = 4222,
-    gateway_port: Annotated[int, typer.Option(help="HTTP gateway port")] = 8080,
+    time_scale: Annotated[float, typer.Option(
+        help="emulated seconds per real second")] = DEFAULT_TIME_SCALE,
+    data_dir: Annotated[Path, typer.Option(help="NATS state, logs")] = DEFAULT_DATA_DIR,
+    nats_port: Annotated[int, typer.Option(
+        help="NATS client port (0: any free)")] = ports.NATS_PORT,
+    gateway_port: Annotated[int, typer.Option(help="HTTP gateway port")] = ports.GATEWAY_PORT,
     gateway_host: Annotated[str, typer.Option(
         envvar="HOPS_GATEWAY_HOST", help="HTTP gateway address (0.0.0.0: every interface)"
-    )] = "127.0.0.1",
+    )] = ports.LOOPBACK,
     metrics_host: Annotated[str, typer.Option(
         envvar="HOPS_METRICS_HOST", help="the monitor's Prometheus address (0.0.0.0: every "
         "interface)"
@@ -42,14 +53,15 @@ def up(
         help="scheduling round in seconds of this machine's clock (default: the paper's "
         "300 s of the jobs' time: 300 / --time-scale for emulated executors)"
     )] = None,
-    policy: Annotated[str, typer.Option(envvar="HOPS_POLICY", help=POLICY_HELP)] = "hops",
+    policy: Annotated[str, typer.Option(envvar="HOPS_POLICY", help=POLICY_HELP)] = DEFAULT_POLICY,
     schedulers: Annotated[int, typer.Option(
         help="scheduler replicas: all admit jobs, one leads, the others stand by"
     )] = DEFAULT_SCHEDULERS,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    log_level: Annotated[str, typer.Option(
+        help="debug, info, warning or error")] = DEFAULT_LOG_LEVEL,
     executor: Annotated[str, typer.Option(
         help="emulated (jobs train nothing) or real (each job's command, one process per GPU)"
-    )] = "emulated",
+    )] = DEFAULT_EXECUTOR,
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",

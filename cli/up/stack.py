@@ -24,14 +24,15 @@ from typing import Literal
 from scheduling.registry import DEFAULT_POLICY, parse_policy
 from scheduling.rounds import ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from shared import ports
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
 PYTHON = "python"
 
 DEFAULT_CLUSTER = "paper-physical"
 DEFAULT_TIME_SCALE = 60.0
-DEFAULT_NATS_PORT = 4222
-DEFAULT_GATEWAY_PORT = 8080
+DEFAULT_DATA_DIR = Path(".hops")
+DEFAULT_LOG_LEVEL = "info"
 # Scheduler replicas: a leader and a standby, so that admission goes on and
 # a standby takes the lease over when one of them dies.
 DEFAULT_SCHEDULERS = 2
@@ -41,6 +42,7 @@ RESTART_DELAY_S = (1.0, 30.0)
 STABLE_S = 60.0
 EXECUTORS = ("emulated", "real")
 ExecutorKind = Literal["emulated", "real"]
+DEFAULT_EXECUTOR: ExecutorKind = "emulated"
 
 
 @dataclass(frozen=True)
@@ -49,18 +51,18 @@ class StackConfig:
 
     cluster: str = DEFAULT_CLUSTER
     time_scale: float = DEFAULT_TIME_SCALE
-    data_dir: Path = Path(".hops")
-    nats_url: str = f"nats://127.0.0.1:{DEFAULT_NATS_PORT}"
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = DEFAULT_GATEWAY_PORT
+    data_dir: Path = DEFAULT_DATA_DIR
+    nats_url: str = ports.NATS_URL
+    gateway_host: str = ports.LOOPBACK
+    gateway_port: int = ports.GATEWAY_PORT
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int = DEFAULT_METRICS_PORT
     # None: the paper's round (scheduling.rounds.ROUND_S) in the emulated
     # cluster's time, i.e. divided by the time scale (:attr:`round_wall_s`).
     round_s: float | None = None
     policy: str = DEFAULT_POLICY  # the leader's policy spec (scheduling/registry.py)
-    log_level: str = "info"
-    executor: ExecutorKind = "emulated"
+    log_level: str = DEFAULT_LOG_LEVEL
+    executor: ExecutorKind = DEFAULT_EXECUTOR
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
     schedulers: int = DEFAULT_SCHEDULERS
     job_user: str = ""  # real executors: the user jobs run as ('' : the executor's)

@@ -22,7 +22,7 @@ import msgspec
 
 from experiments.coda.metrics import PAPER, coda_metrics, table
 from experiments.coda.workload import CpuMix, add_cpu_jobs, with_core_requests
-from scheduling.registry import make_policy
+from scheduling.registry import DEFAULT_INNER, make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
 from simulator.engine import Progress, SimSettings, Simulation
@@ -80,7 +80,7 @@ def simulate_one(name: str, inner: str, trace: str, first_n: int | None, compres
     return sim.run(progress)
 
 
-def run(out: Path, inner: str = "hops", trace: str = "elasticflow-cluster04",
+def run(out: Path, inner: str = DEFAULT_INNER, trace: str = "elasticflow-cluster04",
         first_n: int | None = 400, compress: float = 1.0, seed: int = 0,
         policies: Sequence[str] = POLICIES, progress: Progress | None = None,
         workers: int = 1, mba: bool = False) -> dict[str, dict[str, float]]:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from cli.policies import resolve
 from experiments.common.floor import floor
-from scheduling.registry import make_policy
+from scheduling.registry import DEFAULT_POLICY, make_policy, resolve
 from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
 from simulator.engine import Progress, SimSettings, Simulation
@@ -33,7 +32,7 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     cluster: str
     workload: str
-    policy: str = "hops"  # a spec: a name, or name:setting=value,... (registry)
+    policy: str = DEFAULT_POLICY  # a spec: a name, or name:setting=value,... (registry)
     priority: str | None = None  # overrides the spec's, when given
     lam: float | None = None  # overrides the spec's, when given
     seed: int = 0

@@ -7,7 +7,7 @@ GPUs, Figs. 14-15) and 160 V100 (Fig. 16's low heterogeneity level, where
 §7.3 finds Hare and Sched_Homo close); ``v100-k80-160`` (Fig. 16's middle
 level) on request. Policies: ``hare``, ``hare-eft`` and the
 baselines ``gavel-fifo``, ``srtf``, ``homo``, ``allox``
-(:func:`scheduling.policies.hare.names.task_policy`); and ``hops`` and
+(:func:`scheduling.registry.make_task_policy`); and ``hops`` and
 ``gavel``, the round-based policies of the registry, which run the same jobs
 as ordinary synchronous jobs through the main simulator
 (:mod:`experiments.hare.sync`).
@@ -41,8 +41,7 @@ from experiments.hare.sync import is_sync_policy, simulate_sync
 from experiments.hare.workload import HareWorkload, cluster_gpus, generate
 from scheduling.policies.hare.macro import DEFAULT_BUDGET
 from scheduling.policies.hare.model import Gpu, TaskJob
-from scheduling.policies.hare.names import TASK_POLICIES, task_policy
-from scheduling.registry import parse_policy
+from scheduling.registry import DEFAULT_POLICY, TASK_POLICIES, make_task_policy, parse_policy
 from simulator.tasks import TaskSimSettings, simulate
 from simulator.tasks_result import TaskSimResult
 from world.hare import DEFAULT_CLUSTERS, SWITCH_S, cluster_shape, task_models
@@ -58,7 +57,7 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     jobs: int = 200
     seed: int = 0
     clusters: tuple[str, ...] = DEFAULT_CLUSTERS
-    policies: tuple[str, ...] = (*TASK_POLICIES, "hops")
+    policies: tuple[str, ...] = (*TASK_POLICIES, DEFAULT_POLICY)
     budget: int = DEFAULT_BUDGET
     load: float = 1.0
     switch_s: float = SWITCH_S
@@ -72,7 +71,7 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if is_sync_policy(name):
                 parse_policy(name)  # a bad setting fails before the first run
             else:
-                task_policy(name)
+                make_task_policy(name)
 
 
 def jobs_on(exp: HareExperiment, gpus: int) -> int:
@@ -95,7 +94,7 @@ def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResul
         return simulate_sync(exp, cluster, policy).result
     jobs, gpus = workload(exp, cluster)
     settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s)
-    return simulate(jobs, gpus, task_policy(policy), settings, timer=time.perf_counter)
+    return simulate(jobs, gpus, make_task_policy(policy), settings, timer=time.perf_counter)
 
 
 def run(out: Path, exp: HareExperiment, workers: int = 1,

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from scheduling.policies.hare.model import TaskJob
-from scheduling.registry import make_policy, parse_policy
+from scheduling.registry import make_policy, parse_policy, spec_name
 from shared.cluster import Cluster, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
@@ -97,7 +97,7 @@ class SyncRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def is_sync_policy(name: str) -> bool:
     """Whether ``name`` (a registry spec: ``hops``, ``gavel:lam=inf``) names a
     policy of :data:`SYNC_POLICIES`."""
-    return name.partition(":")[0].strip() in SYNC_POLICIES
+    return spec_name(name) in SYNC_POLICIES
 
 
 def sync_cluster(shape: Mapping[GpuType, int], server_gpus: int = SERVER_GPUS,

@@ -137,6 +137,16 @@ def with_settings(spec: S, values: Mapping[str, object]) -> S:
     return new
 
 
+def resolve(text: str, **overrides: object) -> PolicySpec:
+    """The spec ``text`` names with the settings in ``overrides`` that are
+    not ``None`` (the command line's override flags that were given:
+    ``--priority``, ``--lam``), each an error for a policy that does not
+    take it."""
+    spec = parse_policy(text)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return with_settings(spec, given) if given else spec
+
+
 def _split_inner(rest: str) -> tuple[str, str | None]:
     """``rest`` without a trailing ``inner=...``, and that inner spec text."""
     for i, item in enumerate(rest.split(",")):

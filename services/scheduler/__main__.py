@@ -53,7 +53,7 @@ from scheduling.live.lease import (
     Wait,
     encode_value,
 )
-from scheduling.registry import policy_traits
+from scheduling.registry import DEFAULT_POLICY, policy_traits
 from services.runtime.bus import Rejected, publish_event, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
@@ -104,7 +104,7 @@ class Checks(NamedTuple):
     cells: Cells | None = None
     rule: TenantAdmission = TenantAdmission()
     cores: bool = False
-    policy: str = "hops"
+    policy: str = DEFAULT_POLICY
 
     @classmethod
     def of(cls, settings: SchedulerSettings) -> Checks:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from scheduling.cells import CellModel
 from scheduling.live.cells import tenant_cells
-from scheduling.registry import HopsSpec, PolicyError, PolicySpec, parse_policy, policy_traits
+from scheduling.registry import DEFAULT_POLICY, PolicyError, PolicySpec, parse_policy, policy_traits
 from scheduling.rounds import ROUND_S
 from services.runtime.settings import SettingsError, env_float
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
@@ -52,7 +52,7 @@ class SchedulerSettings:
     replica_id: str = ""
     replan_delay_s: float = 1.0
     grace_s: float = 60.0
-    policy: PolicySpec = field(default_factory=HopsSpec)
+    policy: PolicySpec = field(default_factory=lambda: parse_policy(DEFAULT_POLICY))
     # who may submit, and run commands (admission, :mod:`scheduling.live.tenancy`)
     tenants: TenantsFile = field(default_factory=lambda: DEFAULT_TENANTS)
     # the tenants file's path (for messages), and its cells (None: none)
@@ -106,7 +106,7 @@ def scheduler_settings(
     if tenants:
         file = read_tenants(tenants)
         values.update(tenants=file, tenants_source=tenants, cells=tenant_cells(file, (), tenants))
-    traits = policy_traits(values.get("policy", HopsSpec()))  # type: ignore[arg-type]
+    traits = policy_traits(values.get("policy", parse_policy(DEFAULT_POLICY)))  # type: ignore[arg-type]
     if traits.needs_cells and values.get("cells") is None:
         raise SettingsError(
             f"policy {traits.policy} needs the tenants' cells: give {TENANTS_ENV} (--tenants) a "
