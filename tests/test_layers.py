@@ -70,7 +70,7 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
         "shared/probe_clock.py": "import time\n",
         "simulator/probe_bus.py": "import nats.aio.client\n",
         # A service shell and the gateway.
-        "scheduling/policies/hops/probe_shell.py": "from services.scheduler import service\n",
+        "scheduling/policies/hops/probe_shell.py": "from services.scheduler import leader\n",
         "shared/probe_gateway.py": "from gateway import access\n",
         # The event loop, indirectly: through a helper that is not in the core.
         "services/scheduler/probe_helper.py": "import asyncio\n",
@@ -92,7 +92,7 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
     for broken in ("shared is not allowed to import time",
                    "simulator is not allowed to import nats",
                    "scheduling is not allowed to import "
-                   "services.scheduler.service",
+                   "services.scheduler.leader",
                    "shared is not allowed to import gateway",
                    "simulator is not allowed to import asyncio",
                    "world is not allowed to import time",

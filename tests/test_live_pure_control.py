@@ -48,7 +48,7 @@ from scheduling.live.state import (
 from scheduling.policies.hops.policy import HopsPolicy
 from scheduling.registry import make_policy
 from services.runtime.settings import SettingsError
-from services.scheduler.live_settings import SchedulerSettings, scheduler_settings
+from services.scheduler.settings import SchedulerSettings, scheduler_settings
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration

@@ -39,8 +39,8 @@ from scheduling.registry import (
     spec_text,
     with_settings,
 )
-from services.scheduler.__main__ import Checks
-from services.scheduler.live_settings import SchedulerSettings
+from services.scheduler.admission import Checks
+from services.scheduler.settings import SchedulerSettings
 from shared.cluster import GpuTypeSpec, Server
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec

@@ -37,7 +37,7 @@ from scheduling.registry import (
 )
 from scheduling.registry import make_policy as core_make
 from services.runtime.settings import SettingsError
-from services.scheduler.live_settings import scheduler_settings
+from services.scheduler.settings import scheduler_settings
 
 SAMPLES: dict[type, object] = {str: "ftf", float: 0.37, int: 3, bool: True}
 

@@ -17,7 +17,7 @@ from gateway import access
 from gateway.settings import from_env, parse
 from scheduling.live import tenancy as tn
 from services.runtime.settings import SettingsError
-from services.scheduler.live_settings import scheduler_settings
+from services.scheduler.settings import scheduler_settings
 from shared import events as ev
 from shared import subjects
 from shared.ids import JobId

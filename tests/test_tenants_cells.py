@@ -24,7 +24,7 @@ from scheduling.registry import (
     tenant_admission,
 )
 from services.runtime.settings import SettingsError
-from services.scheduler.live_settings import scheduler_settings
+from services.scheduler.settings import scheduler_settings
 from shared.cluster import GpuTypeSpec, Server
 from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec

@@ -37,7 +37,7 @@ from scheduling.policy import Policy
 from scheduling.registry import make_policy, policy_traits
 from services.runtime.kv import is_part, pack, parts_of, read_bucket, unpack
 from services.runtime.service import ServiceContext
-from services.scheduler.live_settings import SchedulerSettings
+from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
 from shared import subjects
 from shared.records import NodeRecord

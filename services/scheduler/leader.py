@@ -15,13 +15,13 @@ its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
 (:mod:`scheduling.live.tenancy`). It
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
-refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.live_settings`
+refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.settings`
 lists the settings). Running jobs' heartbeats are their measured
 throughput in the snapshot (:mod:`scheduling.live.samples`); a plan that asks
 for a next one (``wake_after_s``) gets a fill plan that much later. Stateful
 layers' state (HiveD's bindings) goes into every snapshot and, after each
 published plan, into KV ``hops_layers``; with the tenants' cells, each
-tenant's view goes into ``hops_tenants`` (:mod:`.live_cells`).
+tenant's view goes into ``hops_tenants`` (:mod:`.layer_store`).
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ from scheduling.registry import policy_traits
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
-from services.scheduler.live_cells import LayerStore, build_policy
-from services.scheduler.live_estimates import fetch_estimates
-from services.scheduler.live_kv import (
+from services.scheduler.estimates import fetch_estimates
+from services.scheduler.kv import (
     catch_up,
     decode_all,
     get_record,
@@ -62,7 +61,8 @@ from services.scheduler.live_kv import (
     unacked,
     watch_topology,
 )
-from services.scheduler.live_settings import SchedulerSettings
+from services.scheduler.layer_store import LayerStore, build_policy
+from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster
@@ -388,7 +388,7 @@ class Leader:
                                at=now, first_plan=first, micro_batches=splits)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
         # the layers' state first: a standby may see more than was published
-        # (the layer releases what did not start), never less (live_cells)
+        # (the layer releases what did not start), never less (layer_store)
         await self.store.save(plan.reasons.layers)
         await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
         await self.store.publish_views(now, self.nodes)

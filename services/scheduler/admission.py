@@ -1,0 +1,159 @@
+"""Admission, on every scheduler replica (Hops §3.1): each answers
+``hops.v1.jobs.submit`` and ``hops.v1.jobs.cancel`` and their tenant-scoped
+forms in queue group ``admission``, so jobs are accepted during a failover
+too. A submission is validated (:mod:`scheduling.live.admission`; the
+policy's traits say whether CPU jobs may run and whether the tenants' cells
+must hold it, :func:`scheduling.live.cells.cells_refusal`), published as
+``job_submitted`` on ``HOPS_JOBS`` and acknowledged once the stream stored
+it; its record is then created in ``hops_jobs``. A cancel publishes
+``job_cancelled``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import NamedTuple, NoReturn
+
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from structlog.contextvars import bound_contextvars
+
+from scheduling.cells import Cells
+from scheduling.layers.traits import TenantAdmission
+from scheduling.live import admission as adm
+from scheduling.live import state as st
+from scheduling.live import tenancy as tn
+from scheduling.live.cells import cells_refusal
+from scheduling.registry import DEFAULT_POLICY, policy_traits
+from services.runtime.bus import Rejected, publish_event
+from services.runtime.service import ServiceContext
+from services.scheduler.kv import decode_all, get_record
+from services.scheduler.settings import SchedulerSettings
+from shared import events as ev
+from shared import subjects
+from shared.job import JobSpec
+from shared.records import NodeRecord
+from shared.tenants import DEFAULT_TENANTS, TenantsFile
+
+# How old admission's copy of the registered nodes may be.
+NODES_MAX_AGE_S = 1.0
+
+
+class Checks(NamedTuple):
+    """What admission checks beyond the spec and the tenant, as the policy's
+    traits say: the tenants' cells when it plans with them
+    (:func:`scheduling.live.cells.cells_refusal`), and whether it schedules
+    CPU cores, which a CPU job needs (:func:`scheduling.live.admission.
+    policy_refusal`; ``policy``, the name its message shows)."""
+
+    cells: Cells | None = None
+    rule: TenantAdmission = TenantAdmission()
+    cores: bool = False
+    policy: str = DEFAULT_POLICY
+
+    @classmethod
+    def of(cls, settings: SchedulerSettings) -> Checks:
+        traits = policy_traits(settings.policy)
+        cores, name = traits.schedules_cores, traits.policy
+        if settings.cells is None or not traits.needs_cells:
+            return cls(cores=cores, policy=name)
+        return cls(Cells(settings.cells), traits.admission, cores, name)
+
+
+class Admission:
+    """Submit and cancel handlers, on every replica; see the module docstring."""
+
+    def __init__(self, ctx: ServiceContext, kv: KeyValue, r_num: int,
+                 tenants: TenantsFile = DEFAULT_TENANTS, checks: Checks | None = None) -> None:
+        self.ctx = ctx
+        self.kv = kv
+        self.r_num = r_num
+        self.tenants = tenants
+        self.checks = checks or Checks()
+        self._nodes: tuple[float, list[NodeRecord]] = (-NODES_MAX_AGE_S, [])
+
+    async def nodes(self) -> list[NodeRecord]:
+        """The registered nodes, read again once the copy is older than
+        :data:`NODES_MAX_AGE_S` (a burst of submissions reads them once)."""
+        read_at, nodes = self._nodes
+        now = time.monotonic()
+        if now - read_at >= NODES_MAX_AGE_S:
+            nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.ctx.log)
+            self._nodes = (now, nodes)
+        return nodes
+
+    async def submit(self, req: ev.SubmitJob, subject: str) -> ev.Message:
+        scope = tn.scope_of(subject, subjects.JOBS_SUBMIT_TENANT_ALL)
+        # on every line, the runtime's too: the audit names who asked
+        with bound_contextvars(job_id=req.spec.id, identity=_identity(scope)):
+            return await self._submit(subject, req, scope)
+
+    async def _submit(self, subject: str, req: ev.SubmitJob, scope: str | None) -> ev.Message:
+        problem = adm.check_spec(req.spec)
+        if problem is not None:
+            error = f"invalid submit_job: {problem}"
+            await self.ctx.reporter.report(subject, error, ev.INVALID, ev.encode(req))
+            raise Rejected(ev.INVALID, error)
+        spec, denied = tn.submit_refusal(self.tenants, req.spec, scope)
+        if denied is not None:
+            await self._refuse(denied, subject, scope, ev.encode(req))
+        refusal = (
+            adm.policy_refusal(spec, self.checks.cores, self.checks.policy)
+            or adm.fit_refusal(spec, await self.nodes(), self.r_num)
+            or self._cells_refusal(spec)
+            or adm.duplicate(spec.id, (await get_record(self.kv, spec.id))[0])
+        )
+        if refusal is not None:
+            if refusal.code != adm.CONFLICT:
+                await self.ctx.reporter.report(subject, refusal.message, refusal.code)
+            raise Rejected(refusal.code, refusal.message)
+        now = time.time()
+        spec = adm.accepted_spec(spec, now)
+        event = ev.JobSubmitted(job_id=spec.id, spec=spec, at=now)
+        ack = await publish_event(self.ctx.js, subjects.job_events(spec.id), event, msg_id=spec.id)
+        if ack.duplicate:
+            raise Rejected(adm.CONFLICT, f"job {spec.id} was submitted already")
+        with contextlib.suppress(KeyWrongLastSequenceError):  # the leader was quicker
+            await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
+        self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant,
+                          kind=spec.kind, cores=spec.cores)
+        return ev.Reply(ok=True, job_id=spec.id)
+
+    def _cells_refusal(self, spec: JobSpec) -> adm.Refusal | None:
+        cells = self.checks.cells
+        if cells is None:
+            return None
+        return cells_refusal(cells, spec, self.r_num, self.checks.rule)
+
+    async def cancel(self, req: ev.CancelJob, subject: str) -> ev.Message:
+        scope = tn.scope_of(subject, subjects.JOBS_CANCEL_TENANT_ALL)
+        with bound_contextvars(job_id=req.job_id, identity=_identity(scope)):
+            return await self._cancel(req, subject, scope)
+
+    async def _cancel(self, req: ev.CancelJob, subject: str, scope: str | None) -> ev.Message:
+        record = (await get_record(self.kv, req.job_id))[0] if adm.valid_id(req.job_id) else None
+        denied = tn.cancel_scope_refusal(self.tenants, req.job_id, record, scope)
+        if denied is not None:
+            await self._refuse(denied, subject, scope, ev.encode(req))
+        refusal = adm.cancel_refusal(req.job_id, record)
+        if refusal is not None:
+            raise Rejected(refusal.code, refusal.message)
+        event = ev.JobCancelled(job_id=req.job_id, at=time.time())
+        msg_id = f"{req.job_id}:job_cancelled"
+        await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
+        self.ctx.log.info("job cancelled", reason=req.reason)
+        return ev.Reply(ok=True, job_id=req.job_id)
+
+    async def _refuse(self, denied: tn.TenantRefusal, subject: str, scope: str | None,
+                      data: bytes) -> NoReturn:
+        """Audit a refusal of the tenants' rules (who, what, why), then refuse."""
+        audit = denied.audit or denied.code
+        await self.ctx.reporter.refused(_identity(scope), subject, denied.message, audit, data)
+        raise Rejected(denied.code, denied.message, audited=True)
+
+
+def _identity(scope: str | None) -> str:
+    """Who asked, for the log: a tenant's client, or a trusted caller (the
+    gateway or an admin; nats-server let it publish the bare subject)."""
+    return f"tenant-{scope}" if scope is not None else "trusted"
