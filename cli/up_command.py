@@ -24,7 +24,7 @@ from shared import ports
 POLICY_HELP = (
     "policy spec: hops, sia or gavel, with settings as in sia:lam=1.2 or "
     "hops:sigma=1.6,priority=ftf; hops-profile-preempt and sia-lp-start are variants; "
-    "hived, quota and quota-borrow need cells in --tenants (scheduling/registry.py, "
+    "hived, quota and quota-borrow need cells in --tenants (scheduling/registry/, "
     "docs/tenancy.md)"
 )
 

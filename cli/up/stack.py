@@ -60,7 +60,7 @@ class StackConfig:
     # None: the paper's round (scheduling.rounds.ROUND_S) in the emulated
     # cluster's time, i.e. divided by the time scale (:attr:`round_wall_s`).
     round_s: float | None = None
-    policy: str = DEFAULT_POLICY  # the leader's policy spec (scheduling/registry.py)
+    policy: str = DEFAULT_POLICY  # the leader's policy spec (scheduling/registry/)
     log_level: str = DEFAULT_LOG_LEVEL
     executor: ExecutorKind = DEFAULT_EXECUTOR
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
