@@ -26,6 +26,7 @@ import numpy as np
 from estimation.database import ThroughputDatabase
 from estimation.estimator import EstimatorSettings
 from scheduling import lifecycle as lc
+from scheduling.assemble import Holder, assemble
 from scheduling.check import plan_overallocation
 from scheduling.fairness import raqlr
 from scheduling.policy import Policy
@@ -38,7 +39,7 @@ from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.job import R_NUM
 from shared.resources import OverAllocation
-from shared.snapshot import Plan, Snapshot
+from shared.snapshot import Plan
 from simulator.cores import Speeds, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.measuring import Measuring
@@ -300,22 +301,16 @@ class Simulation(Measuring):
         if not active:
             return 0.0
         self._queue_without_busy_types(active)
-        held = dict(self.occ.profiling)
-        if not first:
-            for sid, g in self.occ.jobs.items():
-                held[sid] = held.get(sid, 0) + g
-        snap = Snapshot(
-            now=self.now,
-            cluster=self.cluster,
-            jobs=tuple(r.state() for r in active),
-            estimates=self._estimates(active),
-            held={k: v for k, v in held.items() if v},
-            first_plan=first,
-            profiling_held={k: v for k, v in self.occ.profiling.items() if v},
-            held_extras={} if first else dict(self.occ.extras),
-            layer_state=dict(self.layer_state),
-            bandwidth_gbps=dict(self.speeds.bandwidth),
-        )
+        # A profiling run holds its GPU apart from its job's state. Every job
+        # is shown: CPU jobs to every policy, as the simulator always did
+        # (plans_cores), and every running GPU job has an estimate (_estimates).
+        snap = assemble(
+            self.now, self.cluster,
+            [Holder(r.state(), r.current if r.phase == "running" else None) for r in active],
+            self._estimates(active), first_plan=first, plans_cores=True,
+            pinned_gpus=self.occ.profiling, profiling=self.occ.profiling,
+            layer_state=self.layer_state, bandwidth_gbps=self.speeds.bandwidth,
+        ).snapshot
         start = self.timer() if self.timer else 0.0
         plan = self.policy.plan(snap)
         spent = (self.timer() - start) if self.timer else 0.0

@@ -52,6 +52,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from scheduling.assemble import Holder, assemble, hidden
 from scheduling.live.admission import hold_problem
 from scheduling.live.clock import Inflight
 from scheduling.live.samples import Throughputs
@@ -66,7 +67,6 @@ from shared.events import EstimateRequest
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM, JobSpec
 from shared.records import NodeRecord, Placement, QueueEntry, QueueView
-from shared.resources import NOTHING, Resources
 from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
 from shared.wire import UNSCHEDULABLE
 
@@ -171,13 +171,6 @@ class Built(NamedTuple):
     sticky: dict[JobId, Configuration]
 
 
-class _Job(NamedTuple):
-    state: JobState | None
-    occupied: Configuration | None  # GPUs it holds or is about to hold
-    planner_owned: bool  # the planner replans these GPUs (a first plan's running job)
-    sticky: bool
-
-
 class _Context(NamedTuple):
     """What every job's state is built from, besides its record and placement."""
 
@@ -209,73 +202,37 @@ def build_snapshot(
     """See the module docstring; ``layer_state`` is each stateful layer's
     state after the last published plan (``Snapshot.layer_state``),
     ``throughputs`` the running jobs' heartbeats, and ``schedules_cores``
-    whether the policy plans CPU jobs."""
+    whether the policy plans CPU jobs. What is held, by whom, and who is
+    shown are :func:`scheduling.assemble.assemble`'s rules, the simulator's."""
     nodes = list(nodes)
     cluster = cluster_of(nodes)
     alive = [n for n in nodes if n.alive]
     ctx = _Context(now, cluster, estimates, progress, inflight, first_plan,
                    throughputs or Throughputs(), schedules_cores)
-    held: Counter[ServerId] = inflight.unbooked_profiling(allocs)
-    extras: dict[ServerId, Resources] = {}
-    jobs: list[JobState] = []
-    sticky: dict[JobId, Configuration] = {}
-    for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id)):
-        if rec.final or (rec.phase == "queued"
-                         and hold_problem(rec.spec, alive, r_num, schedules_cores)):
-            continue  # held: it fits no alive server, or the policy (state.hold)
-        job = _job(ctx, rec, allocs.get(rec.job_id))
-        if job.state is not None:
-            jobs.append(job.state)
-        if job.sticky and job.occupied is not None:
-            sticky[rec.job_id] = job.occupied
-        if job.occupied is not None and not job.planner_owned:
-            held.update(job.occupied.as_dict())
-            _add_extras(extras, job.occupied)
-    for job_id, alloc in allocs.items():
-        owner = records.get(job_id)
-        if owner is None or owner.final:
-            held.update(alloc.configuration.as_dict())
-            _add_extras(extras, alloc.configuration)
-    capped = {s.id: min(s.gpus, held[s.id]) for s in cluster.servers if held.get(s.id, 0) > 0}
-    planned = {j.id for j in jobs if j.phase != "profiling"}
-    snapshot = Snapshot(
-        now=now,
-        cluster=cluster,
-        jobs=tuple(jobs),
-        estimates={k: v for k, v in estimates.items() if k in planned},
-        held=capped,
-        first_plan=first_plan,
-        profiling_held=_profiling_held(cluster, allocs, inflight),
-        held_extras={s.id: extras[s.id] for s in cluster.servers if s.id in extras},
-        layer_state=dict(layer_state or {}),
+    holders = [
+        _job(ctx, rec, allocs.get(rec.job_id))
+        for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id))
+        # held: it fits no alive server, or the policy (state.hold)
+        if not rec.final and not (rec.phase == "queued"
+                                  and hold_problem(rec.spec, alive, r_num, schedules_cores))
+    ]
+    unbooked = inflight.unbooked_profiling(allocs)
+    runs = unbooked + Counter(
+        {s: g for a in allocs.values() if a.mode == "profile"
+         for s, g in a.configuration.parts})
+    built = assemble(
+        now, cluster, holders, estimates, first_plan=first_plan, plans_cores=schedules_cores,
+        pinned=[a.configuration for job_id, a in allocs.items()
+                if (owner := records.get(job_id)) is None or owner.final],
+        pinned_gpus=unbooked, profiling=runs, layer_state=layer_state,
         bandwidth_gbps={n.server.id: n.memory_bandwidth_gbps for n in alive
                         if n.memory_bandwidth_gbps > 0},
     )
-    return Built(snapshot, sticky)
-
-
-def _add_extras(extras: dict[ServerId, Resources], config: Configuration) -> None:
-    """Count the cores and memory ``config`` holds into ``extras``."""
-    if not config.extras:
-        return
-    for sid, extra in zip(config.servers, config.extras, strict=True):
-        if not extra.is_zero:
-            extras[sid] = extras.get(sid, NOTHING) + extra
-
-
-def _profiling_held(
-    cluster: Cluster, allocs: Mapping[JobId, Placement], inflight: Inflight
-) -> dict[ServerId, int]:
-    """GPUs of profiling runs, booked or still in flight, per alive server."""
-    out: Counter[ServerId] = inflight.unbooked_profiling(allocs)
-    for alloc in allocs.values():
-        if alloc.mode == "profile":
-            out.update(alloc.configuration.as_dict())
-    return {s.id: min(s.gpus, out[s.id]) for s in cluster.servers if out.get(s.id, 0) > 0}
+    return Built(built.snapshot, built.sticky)
 
 
 def _profiling_job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None,
-                   done: float) -> _Job:
+                   done: float) -> Holder:
     """A job being profiled, or whose last profiling run still holds its GPU
     (it waits for that run to end)."""
     busy = ctx.inflight.profiling_types(rec.job_id) | ctx.inflight.given_up(rec.job_id)
@@ -287,23 +244,20 @@ def _profiling_job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None,
     )
     need = need if rec.phase in PROFILING_PHASES else ()
     state = JobState(spec=rec.spec, phase="profiling", done_samples=done, unprofiled=need)
-    return _Job(state, alloc.configuration if alloc is not None else None, False, False)
+    return Holder(state, alloc.configuration if alloc is not None else None)
 
 
-def _job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None) -> _Job:
+def _job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None) -> Holder:
     run_alloc = alloc.configuration if alloc is not None and alloc.mode == "run" else None
     booked = alloc.configuration if alloc is not None else None
     done = max(rec.samples_done, ctx.progress.get(rec.job_id, 0.0))
-    cpu = rec.spec.kind == "cpu"
     profiling_run = alloc is not None and alloc.mode == "profile"
-    if not cpu and (rec.phase in PROFILING_PHASES or profiling_run):
+    if rec.spec.kind != "cpu" and (rec.phase in PROFILING_PHASES or profiling_run):
         return _profiling_job(ctx, rec, alloc, done)
     current = (run_alloc or rec.configuration) if rec.phase == "running" else None
     starting = current is None and rec.job_id in ctx.inflight.starts
     if starting:  # started by a plan, not booked yet: it runs there, as in the simulator
         current = ctx.inflight.starts[rec.job_id][0]
-    on_alive = current is not None and all(s in ctx.cluster.by_id for s in current.servers)
-    running = (rec.phase == "running" or starting) and on_alive
     base = JobState(
         spec=rec.spec,
         phase="queued",
@@ -314,18 +268,17 @@ def _job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None) -> _Job:
         restarts=rec.restarts,
         restart_s=ctx.throughputs.restart_s(rec.job_id),
     )
-    occupied = booked or current
-    if cpu and not ctx.schedules_cores:  # never shown to a policy that plans GPUs only
-        return _Job(None, occupied, False, ctx.first and running)
-    if ctx.first and running and not cpu and rec.job_id not in ctx.estimates:
-        return _Job(None, occupied, False, True)
-    if on_alive:
-        state = msgspec.structs.replace(base, phase="running", current=current)
-        if rec.phase == "running":  # a start in flight has measured nothing yet
-            rate, since = ctx.throughputs.measured(rec.job_id, rec.since)
-            state = msgspec.structs.replace(state, throughput=rate, throughput_since=since)
-        return _Job(state, occupied, ctx.first and running, False)
-    return _Job(base, booked, False, False)
+    if current is None or not all(s in ctx.cluster.by_id for s in current.servers):
+        # Not running, or on a lost server: waiting. A job the planner does
+        # not see keeps all it holds (its part on alive servers included).
+        keeps = hidden(base, ctx.first, rec.job_id in ctx.estimates, ctx.schedules_cores)
+        return Holder(base, (booked or current) if keeps else booked)
+    state = msgspec.structs.replace(base, phase="running", current=current)
+    seen = not hidden(state, ctx.first, rec.job_id in ctx.estimates, ctx.schedules_cores)
+    if rec.phase == "running" and seen:  # a start in flight has measured nothing yet
+        rate, since = ctx.throughputs.measured(rec.job_id, rec.since)
+        state = msgspec.structs.replace(state, throughput=rate, throughput_since=since)
+    return Holder(state, booked or current)
 
 
 def _running_gpu_s(rec: LiveJobRecord, now: float) -> float:

@@ -39,6 +39,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from structlog.contextvars import bound_contextvars
 
+from scheduling.check import plan_overallocation
 from scheduling.layers.base import Layer, stack
 from scheduling.live import refresh as rf
 from scheduling.live import snapshot as snap
@@ -70,7 +71,7 @@ from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.records import NodeRecord, Placement, QueueView
 from shared.relaxed import plan_splits
-from shared.snapshot import Plan, PlanReasons
+from shared.snapshot import Plan, PlanReasons, Snapshot
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
@@ -103,6 +104,7 @@ class Leader:
         self.store = LayerStore(ctx, settings, lease.term, lease.holder)
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
+        self.plans_refused = 0  # plans that over-allocated, never published
         self.wake = asyncio.Event()
         self.lock = asyncio.Lock()
 
@@ -344,6 +346,9 @@ class Leader:
             await self.ctx.reporter.report("scheduler.plan", repr(e), ev.INTERNAL)
             self.clock.done(due, now)
             return
+        if await self._refused(built.snapshot, plan, first):
+            self.clock.done(due, now)  # the next round plans again
+            return
         # A fill plan that ranked nothing (no job waiting, or a policy that
         # ranks at round starts only) keeps the round's ranking for the view.
         if plan.reasons.priorities or first:
@@ -355,6 +360,21 @@ class Leader:
             self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
         self.clock.done(due, now)
         self.clock.wake_in(now, plan.wake_after_s)
+
+    async def _refused(self, snapshot: Snapshot, plan: Plan, first: bool) -> bool:
+        """Whether ``plan`` over-allocates what ``snapshot`` leaves free, by the
+        simulator's check (:func:`scheduling.check.plan_overallocation`): a
+        faulty policy or layer must not reach the placer. A refused plan is
+        logged with the reason and counted, here (``plans_refused``) and by
+        the monitor (an error record of the scheduler, ``hops_errors_total``)."""
+        why = plan_overallocation(snapshot, plan)
+        if why is None:
+            return False
+        self.plans_refused += 1
+        self.log.warning("plan refused", reason=why, round=self.clock.round, first_plan=first,
+                       plans_refused=self.plans_refused)
+        await self.ctx.reporter.publish("scheduler.plan", f"plan refused: {why}", ev.INTERNAL)
+        return True
 
     async def _refresh_records(
         self, now: float, allocs: dict[JobId, Placement], cluster: Cluster
