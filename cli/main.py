@@ -12,6 +12,7 @@ import msgspec
 import typer
 
 from cli import auth as cli_auth
+from cli import policies as cli_policies
 from cli import up_command as cli_up
 from cli.client import GatewayClient
 from cli.config import DEFAULT_GATEWAY
@@ -384,6 +385,7 @@ def cancel(
 nodes_app.command("enrol")(cli_auth.nodes_enrol)
 app.command()(cli_auth.credentials)
 app.command()(cli_up.up)
+app.command()(cli_policies.policies)
 
 
 if __name__ == "__main__":  # pragma: no cover
