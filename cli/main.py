@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import msgspec
 import typer
@@ -34,6 +34,9 @@ DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
 EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, traces (the four "
                     "ElasticFlow traces at a set load), sharing, coda, cell-fragmentation or hare")
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from experiments.catalog import Entry
 
 
 @app.command()
@@ -116,6 +119,8 @@ def simulate(
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "run"}, indent=2))
 
 
+# typer reads every option from the signature, so this command is long by
+# its declarations alone: its body is the few lines below them.
 @app.command()
 def experiment(
     name: Annotated[str, typer.Argument(help=EXPERIMENTS_HELP)],
@@ -157,24 +162,12 @@ def experiment(
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     try:  # the experiments are an extra (matplotlib): only this command needs them
-        from experiments.catalog import EXPERIMENTS, Options
-        from experiments.tables.define import GENERATOR_CHOICES
+        from experiments.catalog import Options
     except ImportError as exc:
         typer.echo(f"error: the experiments are not installed ({exc}); install "
                    "hops-scheduler[experiments] from a checkout", err=True)
         raise typer.Exit(2) from None
-    if generator not in GENERATOR_CHOICES:
-        typer.echo(f"error: --generator must be one of {', '.join(GENERATOR_CHOICES)}, "
-                   f"got {generator!r}", err=True)
-        raise typer.Exit(2)
-    entry = EXPERIMENTS.get(name)
-    if entry is None:
-        known = "".join(f"\n  {n}: {e.help}" for n, e in EXPERIMENTS.items())
-        typer.echo(f"error: unknown experiment {name!r}; known:{known}", err=True)
-        raise typer.Exit(2)
-    if generator != "project" and not entry.generator:
-        typer.echo(f"error: --generator does not apply to {name!r}", err=True)
-        raise typer.Exit(2)
+    entry = _experiment_entry(name, generator)
     options = Options(
         seed=seed, trace=trace, first_n=first_n, compress=compress,
         rates=rates, policies=tuple(policy or ()),
@@ -187,6 +180,27 @@ def experiment(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo((out / "results.md").read_text())
+
+
+def _experiment_entry(name: str, generator: str) -> Entry:
+    """The catalog's entry for ``name``, or exit 2 saying why (an unknown
+    name lists every name with its help)."""
+    from experiments.catalog import EXPERIMENTS
+    from experiments.tables.define import GENERATOR_CHOICES
+
+    if generator not in GENERATOR_CHOICES:
+        typer.echo(f"error: --generator must be one of {', '.join(GENERATOR_CHOICES)}, "
+                   f"got {generator!r}", err=True)
+        raise typer.Exit(2)
+    entry = EXPERIMENTS.get(name)
+    if entry is None:
+        known = "".join(f"\n  {n}: {e.help}" for n, e in EXPERIMENTS.items())
+        typer.echo(f"error: unknown experiment {name!r}; known:{known}", err=True)
+        raise typer.Exit(2)
+    if generator != "project" and not entry.generator:
+        typer.echo(f"error: --generator does not apply to {name!r}", err=True)
+        raise typer.Exit(2)
+    return entry
 
 
 # --- the live system -----------------------------------------------------------------

@@ -29,6 +29,9 @@ POLICY_HELP = (
 )
 
 
+# typer reads every option from the signature, so this command is long by its
+# declarations alone: the body is the few lines below them, and every default
+# is the stack's own (cli/up/stack.py, shared/ports.py).
 def up(
     cluster: Annotated[str, typer.Option(help="cluster: a built-in name or a file")] = (
         DEFAULT_CLUSTER
