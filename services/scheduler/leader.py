@@ -4,15 +4,16 @@ A replica (``__main__``: admission and the lease, :mod:`scheduling.live.lease`) 
 :class:`Leader` while it holds the lease. The leader loads ``hops_jobs``,
 consumes ``HOPS_JOBS`` with the durable consumer ``scheduler`` (events
 accepted while no replica led wait there, and are applied before the first
-plan) and is the only writer of job records (:mod:`scheduling.live.state`). It plans a
+plan) and is the only writer of job records: its :class:`.jobbook.JobBook`
+applies the events and the leader's own changes to them and republishes
+each event on its tenant's live feed. This module holds the loops, the
+queue view and the planning step. It plans a
 round every ``HOPS_ROUND_S`` seconds and within the round when a job is
 submitted or becomes plannable, resources are released or the alive servers
 change (:mod:`scheduling.live.clock`): a snapshot from ``hops_jobs``, ``hops_nodes``
 and ``hops_alloc`` (:mod:`scheduling.live.snapshot`), estimates from
 ``hops.v1.estimate``, the policy ``HOPS_POLICY`` names (:mod:`.registry`),
-and a ``plan_issued`` with its lease term. It republishes each job event on
-its tenant's live feed, ``hops.v1.tenants.<tenant>.events.<job_id>``
-(:mod:`scheduling.live.tenancy`). It
+and a ``plan_issued`` with its lease term. It
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.settings`
@@ -36,7 +37,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import NotFoundError
 from structlog.contextvars import bound_contextvars
 
 from scheduling.check import plan_overallocation
@@ -44,7 +45,6 @@ from scheduling.layers.base import Layer, stack
 from scheduling.live import refresh as rf
 from scheduling.live import snapshot as snap
 from scheduling.live import state as st
-from scheduling.live import tenancy as tn
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
 from scheduling.live.samples import Throughputs, in_place
@@ -54,14 +54,8 @@ from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
 from services.scheduler.estimates import fetch_estimates
-from services.scheduler.kv import (
-    catch_up,
-    decode_all,
-    get_record,
-    read_bucket,
-    unacked,
-    watch_topology,
-)
+from services.scheduler.jobbook import JobBook
+from services.scheduler.kv import catch_up, decode_all, unacked, watch_topology
 from services.scheduler.layer_store import LayerStore, build_policy
 from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
@@ -88,7 +82,7 @@ class Leader:
         self.lease = lease
         self.term = lease.term
         self.log = ctx.log.bind(term=lease.term)
-        self.records: dict[JobId, tuple[LiveJobRecord, int]] = {}
+        self.book = JobBook(ctx, self.log)  # the job records: the leader writes them
         self.nodes: list[NodeRecord] = []
         self.progress: dict[JobId, float] = {}
         self.estimates: dict[JobId, JobEstimate] = {}
@@ -106,11 +100,10 @@ class Leader:
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.plans_refused = 0  # plans that over-allocated, never published
         self.wake = asyncio.Event()
-        self.lock = asyncio.Lock()
 
     async def run(self) -> None:
         js = self.ctx.js
-        self.kv_jobs = await js.key_value(subjects.KV_JOBS)
+        await self.book.open(js)
         self.kv_nodes = await js.key_value(subjects.KV_NODES)
         self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
         await self.store.open(js)
@@ -146,11 +139,7 @@ class Leader:
                     await sub.unsubscribe()
 
     async def _load(self) -> None:
-        for key, (data, revision) in (await read_bucket(self.ctx.js, subjects.KV_JOBS)).items():
-            try:
-                self.records[JobId(key)] = (st.decode_record(data), revision)
-            except msgspec.DecodeError as e:
-                await self.ctx.reporter.report(f"kv {subjects.KV_JOBS}", f"{key}: {e}", ev.INVALID)
+        await self.book.load()
         self.nodes = await self._nodes()
         last_round = 0
         with contextlib.suppress(NotFoundError):
@@ -164,7 +153,7 @@ class Leader:
         await self.store.publish_views(now, self.nodes)  # this term's, from the state it restores
         s = self.settings
         self.clock = RoundClock(s.round_s, s.replan_delay_s, s.refresh_s, now, last_round)
-        self.log.info("leader state loaded", jobs=len(self.records), last_round=last_round)
+        self.log.info("leader state loaded", jobs=len(self.book.records), last_round=last_round)
 
     async def _subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Subscription:
         sub = await self.ctx.nc.subscribe(subject, cb=cb)
@@ -199,80 +188,12 @@ class Leader:
 
     async def _on_event(self, event: ev.JobEvent, delivery: Delivery) -> None:
         with bound_contextvars(job_id=event.job_id):  # on every line, the runtime's too
-            await self._apply(event, delivery)
-
-    async def _apply(self, event: ev.JobEvent, delivery: Delivery) -> None:
-        job_id, tag = event.job_id, event.__struct_config__.tag
-        async with self.lock:
-            for attempt in (1, 2):  # a conflict reloads the record: apply once more
-                rec, revision = self.records.get(job_id) or await get_record(self.kv_jobs, job_id)
-                if rec is not None:  # e.g. created by admission: the leader knows it now
-                    self.records[job_id] = (rec, revision)
-                applied = st.apply_event(rec, event, delivery.stream_seq, self._facts(job_id))
-                if applied.record is None:
-                    break
-                try:
-                    await self._store(job_id, applied.record, revision)
-                    break
-                except KeyWrongLastSequenceError:
-                    if attempt == 2:
-                        raise
-        await self._feed(applied.record or rec, event, delivery, applied.record is not None)
-        if applied.note == "unknown job":
-            error = f"{tag} for unknown job {job_id}"
-            await self.ctx.reporter.report(delivery.subject, error, "not_found")
-        elif (current := applied.record or rec) is not None:
-            phase, note = current.phase, applied.note
-            self.log.info("job event applied", kind=tag, phase=phase, note=note)
-        if st.wants_plan(rec, applied.record, event):
-            self._replan()
-
-    async def _feed(
-        self, rec: LiveJobRecord | None, event: ev.JobEvent, delivery: Delivery, changed: bool
-    ) -> None:
-        """Republish ``event`` on its tenant's live feed: the leader applies
-        every event, and each once (:func:`scheduling.live.tenancy.feed_subject`)."""
-        subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
-        if subject is None:
-            return
-        try:
-            await self.ctx.nc.publish(subject, ev.encode(event))
-        except Exception as e:  # the feed is a convenience: never fail the event for it
-            self.log.warning("tenant feed publish failed", subject=subject, error=repr(e))
+            if await self.book.apply(event, delivery, self._facts):
+                self._replan()
 
     def _facts(self, job_id: JobId) -> st.Facts:
         given_up = self.inflight.given_up(job_id)
         return snap.facts(self.nodes, self.progress.get(job_id, 0.0), given_up)
-
-    async def _store(self, job_id: JobId, rec: LiveJobRecord, revision: int) -> None:
-        """Write ``rec`` if the key is still at ``revision``; on a conflict
-        reload it and raise (the event is redelivered and applied again)."""
-        data = st.encode_record(rec)
-        try:
-            if revision:
-                new_revision = await self.kv_jobs.update(job_id, data, last=revision)
-            else:
-                new_revision = await self.kv_jobs.create(job_id, data)
-        except KeyWrongLastSequenceError:
-            fresh, fresh_revision = await get_record(self.kv_jobs, job_id)
-            if fresh is not None:
-                self.records[job_id] = (fresh, fresh_revision)
-            raise
-        self.records[job_id] = (rec, new_revision)
-
-    async def _update(
-        self, job_id: JobId, change: Callable[[LiveJobRecord], LiveJobRecord | None]
-    ) -> bool:
-        """Apply a change of the leader's own (not from an event); False when none."""
-        async with self.lock:
-            rec, revision = self.records[job_id]
-            new = change(rec)
-            if new is None:
-                return False
-            with contextlib.suppress(KeyWrongLastSequenceError):
-                await self._store(job_id, new, revision)
-                return True
-        return False
 
     def _replan(self) -> None:
         self.clock.request_replan(time.time())
@@ -294,10 +215,10 @@ class Leader:
             self.throughputs.note(beat.job_id, beat.at, beat.samples_done)
 
     async def _on_queue(self, msg: Msg) -> None:
-        # A record write holds the lock until the leader's own copy follows
-        # it, so a view taken under the lock includes every record a client
-        # could have read back already.
-        async with self.lock:
+        # A record write holds the book's lock until the leader's own copy
+        # follows it, so a view taken under the lock includes every record a
+        # client could have read back already.
+        async with self.book.lock:
             view = self._view()
         with contextlib.suppress(Exception):
             await msg.respond(msgspec.json.encode(view))
@@ -306,7 +227,7 @@ class Leader:
         """The records as they are now, ranked by the last plan's reasons."""
         if self.allocs is None:
             return QueueView(ok=False, error="the leader is starting", term=self.term)
-        records = {k: r for k, (r, _) in self.records.items()}
+        records = self.book.current()
         reasons, at = self.ranked
         try:
             return snap.queue_view(reasons, records, at, self.lease.holder, self.term)
@@ -321,9 +242,9 @@ class Leader:
         await self.store.check_nodes(self.nodes)
         allocs = await self._allocs()
         cluster = snap.cluster_of(self.nodes)
-        self.inflight.settle({k: r for k, (r, _) in self.records.items()}, allocs, now)
+        self.inflight.settle(self.book.current(), allocs, now)
         await self._refresh_records(now, allocs, snap.cluster_of(self.nodes))
-        records = {k: r for k, (r, _) in self.records.items()}
+        records = self.book.current()
         self.progress = {k: p for k, p in self.progress.items() if k in records}
         self.throughputs.keep(k for k, r in records.items() if r.phase == "running")
         estimates = await self._estimates(records, cluster)
@@ -382,7 +303,7 @@ class Leader:
         """Before a plan, each job's record steps (:mod:`scheduling.live.refresh`)."""
         alive = [n for n in self.nodes if n.alive]
         busy = snap.busy_types_of(cluster, allocs)
-        for job_id in list(self.records):
+        for job_id in list(self.book.records):
             alloc = allocs.get(job_id)
             mode = alloc.mode if alloc is not None else None
             seen = rf.Cluster(alive, self._facts(job_id).required, busy,
@@ -393,8 +314,8 @@ class Leader:
                 self.progress.get(job_id),
                 alloc.configuration if alloc is not None and mode == "run" else None,
             )
-            for step in rf.steps(self.records[job_id][0], seen, flight, now):
-                await self._update(job_id, step)
+            for step in rf.steps(self.book.records[job_id][0], seen, flight, now):
+                await self.book.update(job_id, step)
 
     async def _publish(self, plan: Plan, first: bool, now: float) -> None:
         if not self.lease.is_leader(time.time()):
@@ -402,7 +323,7 @@ class Leader:
             return
         round_no = self.clock.round + (1 if first else 0)
         # Relaxed-sync jobs' micro-batches, by the estimates this plan was made with.
-        specs = {k: r.spec for k, (r, _) in self.records.items()}
+        specs = {k: r.spec for k, r in self.book.current().items()}
         splits = plan_splits(plan, specs, self.estimates, snap.cluster_of(self.nodes))
         issued = ev.PlanIssued(round=round_no, term=self.term, plan=snap.without_layer_state(plan),
                                at=now, first_plan=first, micro_batches=splits)
@@ -412,13 +333,13 @@ class Leader:
         await self.store.save(plan.reasons.layers)
         await publish_event(self.ctx.js, subjects.PLANS, issued, msg_id=msg_id)
         await self.store.publish_views(now, self.nodes)
-        running = st.running_configs(r for r, _ in self.records.values())
+        running = st.running_configs(self.book.current().values())
         self.inflight.note_plan(plan, now, first, running)
         for job_id in in_place(plan, running):  # its samples at the old cores no longer count
             self.throughputs.changed(job_id, now)
         for job_id in {t.job_id for t in plan.profiling}:
-            if job_id in self.records:
-                await self._update(job_id, st.mark_profiling)
+            if job_id in self.book.records:
+                await self.book.update(job_id, st.mark_profiling)
         self.log.info(
             "plan issued",
             round=round_no,

@@ -1,5 +1,6 @@
 """HiveD as a layer of the policy stack (Zhao et al., OSDI'20): the layer
-(:mod:`.layer`) and its state (:mod:`.state`), the virtual cluster a tenant's inner policy plans on
+(:mod:`.layer`), one plan of it (:mod:`.round`) and its state
+(:mod:`.state`), the virtual cluster a tenant's inner policy plans on
 (:mod:`.view`), profiling inside the cells (:mod:`.profiling`) and the
 opportunistic jobs' share of idle GPUs (:mod:`.opportunistic`). The cell
 algorithms themselves (HiveD's ``pkg/algorithm``) are :mod:`scheduling.cells`."""
