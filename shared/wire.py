@@ -25,6 +25,9 @@ UNSCHEDULABLE = "unschedulable"
 # and an authenticated actor doing what its role does not allow (HTTP 403).
 UNAUTHORIZED = "unauthorized"
 FORBIDDEN = "forbidden"
+# An error record of the scheduler leader: a plan that over-allocated what its
+# snapshot left free, refused and never published (docs/live.md).
+PLAN_REFUSED = "plan_refused"
 
 
 class WireError(ValueError):

@@ -33,6 +33,7 @@ async def test_the_leader_refuses_an_over_allocating_plan_and_plans_again(
     assert "GPUs free of" in refused["reason"], refused
     record = next(e for e in bus.errors if e.subject == "scheduler.plan")
     assert record.service == "scheduler" and record.error == f"plan refused: {refused['reason']}"
+    assert record.code == "plan_refused"
     # the next plan is the policy's own, and published
     plan = await bus.wait_plan(lambda p: profiled_in(p, "j1") == {"A", "B"})
     assert plan.term == refused["term"]

@@ -20,7 +20,7 @@ from services.monitor.authz import (
     register_refusal,
     without_jobs,
 )
-from services.monitor.metrics import refused_family, render
+from services.monitor.metrics import REFUSAL_CODES, refused_family, render
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
@@ -161,6 +161,12 @@ def test_refusals_are_exposed_per_service_and_code() -> None:
     assert "# TYPE hops_refused_total counter" in text
     assert 'hops_refused_total{service="monitor",code="forbidden"} 3' in text
     assert 'hops_refused_total{service="gateway",code="unauthorized"} 1' in text
+
+
+def test_a_refused_plan_is_counted_with_the_refusals() -> None:
+    assert {"forbidden", "unauthorized", "plan_refused"} == REFUSAL_CODES
+    text = render([refused_family({("scheduler", "plan_refused"): 2})])
+    assert 'hops_refused_total{service="scheduler",code="plan_refused"} 2' in text
 
 
 ids = st.sampled_from(["a0", "b0", "c0"])

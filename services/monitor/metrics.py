@@ -33,12 +33,13 @@ from scheduling.fairness import raqlr
 from shared.ids import JobId, ServerId
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement, QueueEntry
 from shared.resources import RESOURCE_NAMES, Resources, total
-from shared.wire import FORBIDDEN, UNAUTHORIZED
+from shared.wire import FORBIDDEN, PLAN_REFUSED, UNAUTHORIZED
 
 MetricType = Literal["gauge", "counter"]
 PHASES: tuple[str, ...] = get_args(JobPhase)
-# The error-record codes that are refusals of an identity (the audit).
-REFUSAL_CODES = frozenset({FORBIDDEN, UNAUTHORIZED})
+# The error-record codes that are refusals: of an identity (the audit), and
+# of a plan that over-allocated (the scheduler leader's plan check).
+REFUSAL_CODES = frozenset({FORBIDDEN, UNAUTHORIZED, PLAN_REFUSED})
 
 
 class LatencyBook:
@@ -163,7 +164,8 @@ def refused_family(refused: Mapping[tuple[str, str], int]) -> Family:
     """``hops_refused_total{service,code}``: refusals each service audited
     (error records with a code of :data:`REFUSAL_CODES`)."""
     return Family("hops_refused_total", "counter",
-                  "Refused actions (error records with code forbidden or unauthorized).",
+                  "Refused actions (error records with code forbidden, unauthorized or "
+                  "plan_refused).",
                   tuple(Sample("hops_refused_total", n, (("service", svc), ("code", code)))
                         for (svc, code), n in sorted(refused.items())))
 

@@ -66,6 +66,7 @@ from shared.ids import JobId
 from shared.records import NodeRecord, Placement, QueueView
 from shared.relaxed import plan_splits
 from shared.snapshot import Plan, PlanReasons, Snapshot
+from shared.wire import PLAN_REFUSED
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
@@ -294,7 +295,7 @@ class Leader:
         self.plans_refused += 1
         self.log.warning("plan refused", reason=why, round=self.clock.round, first_plan=first,
                        plans_refused=self.plans_refused)
-        await self.ctx.reporter.publish("scheduler.plan", f"plan refused: {why}", ev.INTERNAL)
+        await self.ctx.reporter.publish("scheduler.plan", f"plan refused: {why}", PLAN_REFUSED)
         return True
 
     async def _refresh_records(
