@@ -3,8 +3,9 @@ scheduler (pure: no I/O).
 
 A policy is named by a *spec*: its name plus typed settings. Each spec is a
 msgspec struct tagged with the policy's name that extends the policy's own
-settings (:class:`~.planner.HopsSettings`, :class:`~.baselines.sia.SiaSettings`,
-:class:`~.baselines.gavel.GavelSettings`), so every setting keeps the one
+settings (:class:`~scheduling.policies.hops.policy.HopsSettings`,
+:class:`~scheduling.policies.sia.policy.SiaSettings`,
+:class:`~scheduling.policies.gavel.policy.GavelSettings`), so every setting keeps the one
 definition and default of its policy, and a spec is itself the settings its
 policy is built with. Variants (``hops-profile-preempt``, ``sia-lp-start``)
 are specs whose defaults differ in one field.

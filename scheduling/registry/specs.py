@@ -1,9 +1,11 @@
 """The registry's spec types: a policy's name and typed settings, one msgspec
 struct tagged with the name (see :mod:`scheduling.registry`).
 
-A cluster spec extends its policy's own settings (:class:`~.planner.HopsSettings`,
-:class:`~.baselines.sia.SiaSettings`, :class:`~.baselines.gavel.GavelSettings`),
-so every setting keeps the one definition and default of its policy; a tenant
+A cluster spec extends its policy's own settings
+(:class:`~scheduling.policies.hops.policy.HopsSettings`,
+:class:`~scheduling.policies.sia.policy.SiaSettings`,
+:class:`~scheduling.policies.gavel.policy.GavelSettings`), so every setting
+keeps the one definition and default of its policy; a tenant
 or core spec names the cluster policy it wraps (``inner``); a task spec names
 a task-level policy (hare.md), Hare's extending :class:`~.hare.policy.HareSettings`.
 A policy defined outside the registry subclasses :class:`ExtensionSpec` and is
@@ -32,7 +34,7 @@ DEFAULT_INNER = "hops"
 
 
 class HopsSpec(HopsSettings, tag="hops", tag_field="name", frozen=True):
-    """The paper's scheduler (:class:`~.planner.HopsPolicy`)."""
+    """The paper's scheduler (:class:`scheduling.policies.hops.policy.HopsPolicy`)."""
 
 
 class HopsProfilePreemptSpec(
@@ -57,7 +59,7 @@ class HopsPaperSpec(HopsSettings, tag="hops-paper", tag_field="name", frozen=Tru
 
 
 class SiaSpec(SiaSettings, tag="sia", tag_field="name", frozen=True):
-    """The Sia baseline (:class:`~.baselines.sia.SiaPolicy`)."""
+    """The Sia baseline (:class:`scheduling.policies.sia.policy.SiaPolicy`)."""
 
 
 class SiaLpStartSpec(SiaSettings, tag="sia-lp-start", tag_field="name", frozen=True):
@@ -75,7 +77,7 @@ class SiaEstimatorSpec(SiaSettings, tag="sia-estimator", tag_field="name", froze
 
 
 class GavelSpec(GavelSettings, tag="gavel", tag_field="name", frozen=True):
-    """The Gavel baseline (:class:`~.baselines.gavel.GavelPolicy`)."""
+    """The Gavel baseline (:class:`scheduling.policies.gavel.policy.GavelPolicy`)."""
 
 
 ClusterSpec = (HopsSpec | HopsProfilePreemptSpec | HopsPaperSpec | SiaSpec | SiaLpStartSpec
