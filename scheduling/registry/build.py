@@ -9,8 +9,9 @@ from typing import assert_never
 import msgspec
 
 from scheduling.cells import CellModel
-from scheduling.cores.layer import CodaSettings, CoreLayer
+from scheduling.cores.layer import CoreLayer
 from scheduling.cores.rules import Coda, Drf, Fifo, FixedCores
+from scheduling.cores.settings import CodaSettings
 from scheduling.layers.base import LayeredPolicy
 from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings

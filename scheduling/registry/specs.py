@@ -18,7 +18,7 @@ from typing import Literal
 import msgspec
 
 from scheduling.cells import CellModel
-from scheduling.cores.layer import CodaSettings
+from scheduling.cores.settings import CodaSettings
 from scheduling.layers.traits import PolicyTraits
 from scheduling.policies.gavel.policy import GavelSettings
 from scheduling.policies.hare.names import TASK_POLICIES
