@@ -20,30 +20,26 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import assert_never
 
-import msgspec
 import numpy as np
 
 from estimation.database import ThroughputDatabase
-from estimation.estimator import EstimatorSettings
 from scheduling import lifecycle as lc
 from scheduling.assemble import Holder, assemble
 from scheduling.check import plan_overallocation
 from scheduling.fairness import raqlr
 from scheduling.policy import Policy
-from scheduling.rounds import ROUND_S
 from shared import events as ev
-from shared import jobenv
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.ids import JobId
-from shared.job import R_NUM
 from shared.resources import OverAllocation
 from shared.snapshot import Plan
 from simulator.cores import Speeds, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.measuring import Measuring
 from simulator.metrics import RoundRecord, SimResult, job_outcome
+from simulator.settings import SimSettings as SimSettings
 from simulator.state import JobRecord, Occupancy, job_holder
 from simulator.workloads import SimJob
 from world.restarts import restart_cost
@@ -51,31 +47,6 @@ from world.truth import GroundTruth
 
 Progress = Callable[[float, int, int], None]
 EPS = 1e-6
-
-
-class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``round_s``: round length; ``restart_s``: checkpoint-restart cost of
-    any (re)start, None: each model's own (:mod:`world.restarts`, Sia's
-    measured penalties), which the policies see as ``JobState.restart_s``;
-    iterations per profiling run and per running sample;
-    ``r_num``: the policy's R_num (§2.2), which turns a job's GPU bounds into
-    the requirement set that its plans must come from and its Eq. (9) age
-    averages over (the policy spec's ``r_num``, as the live scheduler reads
-    it)."""
-
-    round_s: float = ROUND_S
-    restart_s: float | None = None
-    r_num: int = R_NUM
-    # Plans later in a round (§3.6) run at most this long after the release or
-    # arrival that calls for them, so the events in between share one plan;
-    # the paper refreshes its queue every 30 s. 0 plans at every event.
-    fill_delay_s: float = 30.0
-    profile_iters: int = jobenv.DEFAULT_PROFILE_ITERS
-    sample_iters: int = 50
-    seed: int = 0
-    raqlr_window_h: float = 1.0
-    max_time_s: float = 90 * 86400.0
-    estimator: EstimatorSettings = EstimatorSettings()
 
 
 class Simulation(Measuring):

@@ -25,7 +25,7 @@ from world.truth import GroundTruth
 if TYPE_CHECKING:
     from scheduling.policy import Policy
     from shared.cluster import Cluster
-    from simulator.engine import SimSettings
+    from simulator.settings import SimSettings
 
 
 class Measuring:

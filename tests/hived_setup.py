@@ -15,8 +15,9 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
 from shared.snapshot import LayerRecord, Plan, Snapshot
-from simulator.engine import SimSettings, Simulation
+from simulator.engine import Simulation
 from simulator.metrics import SimResult
+from simulator.settings import SimSettings
 from simulator.workloads import SimJob
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from experiments.hare.run import HareExperiment, workload
+from experiments.hare.run import HareExperiment, simulate_sync, workload
 from experiments.hare.run import run as run_experiment
 from experiments.hare.sync import (
     SYNC_POLICIES,
     is_sync_policy,
     run_jobs,
-    simulate_sync,
     speed_rows,
     sync_cluster,
     sync_job,

@@ -9,8 +9,9 @@ from scheduling.cells import Allocation, Cells
 from scheduling.layers.hived import decode_state
 from scheduling.registry import make_policy
 from shared.ids import JobId, ServerId
-from simulator.engine import SimSettings, Simulation
+from simulator.engine import Simulation
 from simulator.metrics import JobOutcome, SimResult
+from simulator.settings import SimSettings
 from tests.helpers import untimed
 from tests.hived_setup import config_of, job, model_of, record, rtx_cluster, simulate
 from world.catalog import builtin_catalog

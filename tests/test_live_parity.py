@@ -32,7 +32,8 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import NodeRecord, Placement
 from shared.snapshot import Plan, Snapshot
-from simulator.engine import SimSettings, Simulation
+from simulator.engine import Simulation
+from simulator.settings import SimSettings
 from simulator.workloads import SimJob
 from tests.helpers import flat_estimate
 from tests.livestack import LiveStack, until

@@ -17,7 +17,8 @@ from shared.estimate import JobEstimate, ThroughputCurve
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.snapshot import JobState, Snapshot
-from simulator.engine import SimSettings, Simulation
+from simulator.engine import Simulation
+from simulator.settings import SimSettings
 from simulator.workloads import SimJob
 from world.catalog import builtin_catalog
 from world.restarts import OTHER_S

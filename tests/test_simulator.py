@@ -15,8 +15,9 @@ from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from simulator.engine import SimSettings, Simulation
+from simulator.engine import Simulation
 from simulator.metrics import SimResult, ftf_rhos, summarize
+from simulator.settings import SimSettings
 from simulator.workloads import SimJob
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth

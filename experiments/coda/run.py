@@ -25,8 +25,9 @@ from experiments.coda.workload import CpuMix, add_cpu_jobs, with_core_requests
 from scheduling.registry import DEFAULT_INNER, make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
-from simulator.engine import Progress, SimSettings, Simulation
+from simulator.engine import Progress, Simulation
 from simulator.metrics import SimResult
+from simulator.settings import SimSettings
 from simulator.workloads import SimJob, load_elasticflow, packaged_trace
 from world.catalog import builtin_catalog
 from world.clusters import builtin_cluster

@@ -19,8 +19,9 @@ from experiments.common.floor import floor
 from scheduling.registry import DEFAULT_POLICY, make_policy, resolve
 from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
-from simulator.engine import Progress, SimSettings, Simulation
+from simulator.engine import Progress, Simulation
 from simulator.metrics import SimResult, summarize
+from simulator.settings import SimSettings
 from simulator.workloads import SimJob, load_workload
 from world.catalog import builtin_catalog
 from world.clusters import cluster_arg

@@ -37,7 +37,7 @@ import msgspec
 import numpy as np
 
 from experiments.common.suite import markdown_table
-from experiments.hare.sync import is_sync_policy, simulate_sync
+from experiments.hare.sync import SyncRun, is_sync_policy, run_jobs
 from experiments.hare.workload import HareWorkload, cluster_gpus, generate
 from scheduling.policies.hare.macro import DEFAULT_BUDGET
 from scheduling.policies.hare.model import Gpu, TaskJob
@@ -86,6 +86,14 @@ def workload(exp: HareExperiment, cluster: str) -> tuple[tuple[TaskJob, ...], tu
     spec = HareWorkload(jobs=jobs_on(exp, len(gpus)), load=exp.load)
     jobs = generate(spec, task_models(), len(gpus), np.random.default_rng(exp.seed))
     return jobs, gpus
+
+
+def simulate_sync(exp: HareExperiment, cluster: str, policy: str) -> SyncRun:
+    """``policy`` (:data:`~experiments.hare.sync.SYNC_POLICIES`) on
+    ``cluster``'s jobs of ``exp``, the task policies' jobs, as synchronous
+    jobs (:mod:`experiments.hare.sync`)."""
+    jobs, _ = workload(exp, cluster)
+    return run_jobs(jobs, cluster_shape(cluster), policy, seed=exp.seed)
 
 
 def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResult:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import msgspec
 
@@ -51,8 +51,9 @@ from shared.cluster import Cluster, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from simulator.engine import SimSettings, Simulation
+from simulator.engine import Simulation
 from simulator.metrics import JobOutcome as SimOutcome
+from simulator.settings import SimSettings
 from simulator.state import JobRecord
 from simulator.tasks_result import JobOutcome, TaskSimResult, summarise
 from simulator.workloads import SimJob, learning_rate, packed
@@ -61,9 +62,6 @@ from world.clusters import builtin_cluster
 from world.hare import TaskModel, task_models
 from world.restarts import restart_cost
 from world.truth import GroundTruth
-
-if TYPE_CHECKING:
-    from experiments.hare.run import HareExperiment
 
 # The round-based policies that run the workload as synchronous jobs.
 SYNC_POLICIES: tuple[str, ...] = ("hops", "gavel")
@@ -206,15 +204,6 @@ class TaskSpeedTruth(GroundTruth):
             return super()._server_time(m, server, local, config, t_c)
         t = tm.round_s(server.gpu_type)
         return 1.0, t, t
-
-
-def simulate_sync(exp: HareExperiment, cluster: str, policy: str) -> SyncRun:
-    """``policy`` on ``cluster``'s jobs of ``exp`` (the task policies' jobs)."""
-    from experiments.hare.run import workload
-    from world.hare import cluster_shape
-
-    jobs, _ = workload(exp, cluster)
-    return run_jobs(jobs, cluster_shape(cluster), policy, seed=exp.seed)
 
 
 class SpeedRow(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

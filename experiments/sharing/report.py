@@ -4,10 +4,9 @@ read off ``results.json`` as they come out (docs/tenancy.md, rule 9)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from experiments.sharing.run import Setup
+from experiments.sharing.setup import Setup
 
 COLUMNS = (("jobs", "{}"), ("avg_wait_h", "{:.3f}"), ("avg_jct_h", "{:.3f}"),
            ("anomalous_jobs", "{}"), ("max_excess_wait_h", "{:.3f}"))

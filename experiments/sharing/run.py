@@ -3,10 +3,11 @@
 
 The shell around the pure pieces: it reads the traces
 (:mod:`experiments.sharing.workload`), derives quotas, cluster and cells
-(:mod:`experiments.sharing.cluster`), runs every policy and each tenant's private
-cluster in the simulator, measures (:mod:`experiments.sharing.metrics`) and
-writes ``results.json``, ``results.md``, ``cells.yaml``, ``cluster.yaml``,
-``workload.json``, each run's ``jobs.csv`` and the plots.
+(:mod:`experiments.sharing.setup`, :mod:`experiments.sharing.cluster`), runs
+every policy and each tenant's private cluster in the simulator, measures
+(:mod:`experiments.sharing.metrics`) and writes ``results.json``,
+``results.md``, ``cells.yaml``, ``cluster.yaml``, ``workload.json``, each
+run's ``jobs.csv`` and the plots.
 """
 
 from __future__ import annotations
@@ -21,27 +22,28 @@ from typing import Any
 import msgspec
 import yaml
 
-from experiments.sharing.cluster import cells_doc, cluster_doc, quotas, server_ids, sharing_cluster
+from experiments.sharing.cluster import cluster_doc, sharing_cluster
 from experiments.sharing.metrics import FragmentedSimulation, TenantMetrics, tenant_metrics
 from experiments.sharing.metrics import utilisation as cluster_utilisation
-from experiments.sharing.workload import TenantWorkload, read_tenant_traces, tenant_jobs, tenant_of
+from experiments.sharing.setup import TEMPLATE_CLUSTER, Setup, derive
+from experiments.sharing.workload import tenant_jobs, tenant_of
 from scheduling.cells import CellModel, cells_from_doc
 from scheduling.policy import Policy
 from scheduling.registry import PolicyError, make_policy, parse_policy
 from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
-from shared.ids import GpuType, JobId
+from shared.ids import JobId
 from shared.job import R_NUM
-from simulator.engine import Progress, SimSettings
+from simulator.engine import Progress
 from simulator.metrics import JobOutcome, SimResult
-from simulator.workloads import ELASTICFLOW_MODELS, SimJob, _trace_reference, packaged_trace
+from simulator.settings import SimSettings
+from simulator.workloads import SimJob
 from world.catalog import builtin_catalog
 from world.clusters import builtin_cluster
 from world.truth import GroundTruth
 
 DEFAULT_TRACES = tuple(f"elasticflow-cluster0{i}" for i in range(1, 5))
 DEFAULT_INNER = "hops:lam=inf"
-TEMPLATE_CLUSTER = "paper-sim-512"
 ProgressFactory = Callable[[str], tuple[Progress | None, Callable[[], None]]]
 
 
@@ -54,38 +56,6 @@ def shared_specs(inner: str) -> dict[str, dict[str, object]]:
         "quota-borrow": {"name": "quota-borrow", "inner": inner},
         "shared": {"name": inner},
     }
-
-
-class Setup(msgspec.Struct, frozen=True):
-    """The derived experiment: rule 1-6 applied to a workload."""
-
-    workload: TenantWorkload
-    gpu: GpuType
-    quota: dict[str, int]
-    servers: dict[str, tuple[str, ...]]
-    cluster: Cluster
-    cells: dict[str, Any]
-
-
-def trace_paths(traces: Sequence[str]) -> list[Path]:
-    return [packaged_trace(t) or Path(t) for t in traces]
-
-
-def derive(traces: Sequence[str]) -> Setup:
-    """Rules 1-6: workload over the shared period, reference GPU type,
-    quotas, the cluster of exactly the quotas' cells and its cells doc."""
-    workload = read_tenant_traces(trace_paths(traces))
-    template = builtin_cluster(TEMPLATE_CLUSTER)
-    truth = GroundTruth(template, builtin_catalog())
-    models = sorted({pair[0] for pair in ELASTICFLOW_MODELS.values()})
-    gpu = _trace_reference(template, truth, models)
-    quota = quotas(workload.demands, workload.period_s)
-    servers = server_ids(quota)
-    every = [s for t in quota for s in servers[t]]
-    cluster = sharing_cluster(template, gpu, every, "sharing")
-    doc = cells_doc(gpu, quota, every)
-    return Setup(workload, gpu, quota, {t: tuple(map(str, s)) for t, s in servers.items()},
-                 cluster, doc)
 
 
 def build_policy(mapping: dict[str, object], cells: CellModel) -> Policy:

@@ -10,15 +10,34 @@ reads its times when the iteration ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from torch.nn.parallel import DistributedDataParallel
+
+from hops.plugin.config import Settings
+from hops.plugin.data import DataClock
+from hops.plugin.dist import CommTimer
 from hops.plugin.measure import IterationTimes
 from hops.plugin.micro import MicroBatch, micro_batches
 
-if TYPE_CHECKING:
-    from hops.plugin.run import Run
+
+class Run(Protocol):
+    """What a step reads and calls of :class:`hops.plugin.run.Run`. Named by
+    its shape so that the run can build steps without the two modules
+    importing each other."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def _clock(self) -> DataClock: ...  # the data loader's production time
+    @property
+    def _comm_timer(self) -> CommTimer | None: ...  # DDP's all-reduce, once wrapped
+    @property
+    def _wrapped(self) -> Sequence[DistributedDataParallel]: ...
+    def _device_sync(self) -> None: ...
+    def _agree(self, step: Step) -> None: ...
 
 
 class Step:

@@ -8,23 +8,30 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from scheduling.cores.allocator import Climb
 from scheduling.cores.eliminator import CpuJobLoad, GpuJobLoad, ServerLoad, eliminate
 from scheduling.cores.pool import best_fit, youngest_first
+from scheduling.cores.settings import CodaSettings
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.snapshot import Assignment, JobState, Snapshot
 
-if TYPE_CHECKING:
-    from scheduling.cores.layer import CoreLayer
+
+class Layer(Protocol):
+    """What the CPU side reads of :class:`~scheduling.cores.layer.CoreLayer`:
+    CODA's settings (None for a baseline). Named by its shape so that the
+    layer can build on this module without the two importing each other."""
+
+    @property
+    def coda(self) -> CodaSettings | None: ...
 
 
 class CpuSide:
     """CPU jobs on the books of one round of the core layer."""
 
-    layer: CoreLayer
+    layer: Layer
     snap: Snapshot
     first: bool
     cpu: list[JobState]

@@ -23,7 +23,8 @@ round's first plan and served first when cores free up (a plan later in
 the round only adds, so reclaiming waits for the next first plan, as
 HiveD's opportunistic jobs do). GPU jobs of ``large_job_gpus`` or more are
 planned on the large sub-array first, the others on the small one, and
-what neither placed overflows onto the rest.
+what neither placed overflows onto the rest (:mod:`.subarrays`). CODA's
+settings are :class:`~.settings.CodaSettings`.
 
 A CPU job's wait is bounded: one that has waited ``cpu_wait_bound_s`` is
 served before every other and, while it does not fit, no later CPU job
@@ -48,32 +49,16 @@ from scheduling.cores.allocator import Climb, ClimbSettings, begin, observe, sta
 from scheduling.cores.cpu_side import CpuSide
 from scheduling.cores.pool import gpus_usable
 from scheduling.cores.rules import CoreRule
+from scheduling.cores.settings import CodaSettings as CodaSettings
 from scheduling.cores.state import CoreState, decode, encode, history_key, remember
-from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
+from scheduling.cores.subarrays import plan_subarrays
+from scheduling.layers.base import annotate, hold, hold_back
 from scheduling.layers.traits import PolicyTraits
 from scheduling.policy import Policy
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 from shared.resources import Resources
 from shared.snapshot import Assignment, JobState, LayerRecord, Plan, Snapshot
-
-
-class CodaSettings(ClimbSettings, frozen=True, forbid_unknown_fields=True):
-    """CODA's settings: the adaptive allocator's (§V-B,
-    :class:`~.allocator.ClimbSettings`) and the multi-array scheme's
-    (§V-C): ``large_job_gpus`` splits the
-    GPU array (the paper's 4); ``reserve_per_gpu`` cores reserved per GPU
-    (0: from history, the paper's rule; before any job settled, the CV
-    start of the allocator); ``cpu_wait_bound_s`` (this project's choice)
-    bounds a CPU job's wait as above; ``subarrays`` turns the GPU
-    sub-arrays off; ``eliminate`` the contention eliminator (§V-D; off
-    for §VI-E's ablation)."""
-
-    large_job_gpus: int = 4
-    reserve_per_gpu: float = 0.0
-    cpu_wait_bound_s: float = 1800.0
-    subarrays: bool = True
-    eliminate: bool = True
 
 
 class CoreLayer:
@@ -102,6 +87,8 @@ class CoreLayer:
 
 class _Round(CpuSide):
     """One call of the layer: the books of cores per server, and the plan."""
+
+    layer: CoreLayer
 
     def __init__(self, layer: CoreLayer, snapshot: Snapshot, state: CoreState) -> None:
         self.layer, self.snap = layer, snapshot
@@ -265,47 +252,9 @@ class _Round(CpuSide):
         coda = self.layer.coda
         if coda is None or not coda.subarrays:
             return inner.plan(view)
-        return self._plan_subarrays(inner, view, coda)
-
-    def _plan_subarrays(self, inner: Policy, view: Snapshot, coda: CodaSettings) -> Plan:
-        """Large jobs on the large sub-array, small ones on the rest, then
-        what neither placed on any GPU left (§V-C's overflow)."""
-        large = {j.id for j in self.gpu
-                 if max(j.spec.requirement_set(), default=0) >= coda.large_job_gpus}
-        self.large_gpus = max(self.large_gpus, self._large_running(large))
-        servers = self.snap.cluster.servers
-        big: set[ServerId] = set()
-        room = self.large_gpus
-        for s in servers:
-            if room <= 0:
-                break
-            big.add(s.id)
-            room -= s.gpus
-        small = {s.id for s in servers} - big
-        everyone = {j.id for j in view.jobs}
-        plans: list[Plan] = []
-        taken: Counter[ServerId] = Counter()
-        placed: set[JobId] = set()
-        for jobs, where in ((large, big), (everyone - large, small), (everyone, set(self.servers))):
-            jobs = set(jobs) - placed
-            if not jobs or not where:
-                continue
-            others = {s.id: s.gpus for s in servers if s.id not in where}
-            part = hold_back(hold(hold(view, taken), others), everyone - jobs)
-            plan = inner.plan(part)
-            plans.append(plan)
-            for a in plan.assignments:
-                placed.add(a.job_id)
-                taken.update(a.config.as_dict())
-            for t in plan.profiling:
-                taken[t.server] += t.gpus
-        return Plan(tuple(a for p in plans for a in p.assignments),
-                    tuple(t for p in plans for t in p.profiling),
-                    merge_reasons([p.reasons for p in plans], inner.name))
-
-    def _large_running(self, large: set[JobId]) -> int:
-        return sum(j.current.total_gpus for j in self.gpu
-                   if j.id in large and j.phase == "running" and j.current is not None)
+        plan, self.large_gpus = plan_subarrays(inner, view, self.snap.cluster.servers, self.gpu,
+                                               self.large_gpus, coda.large_job_gpus)
+        return plan
 
     def _attach(self, plan: Plan, per_gpu: Mapping[JobId, int]) -> list[Assignment]:
         """The plan's assignments with their cores. Running jobs that keep
@@ -397,8 +346,6 @@ class _Round(CpuSide):
     def _pause(self, job: JobId, wanted: Climb, now: Climb) -> None:
         self.paused[job] = wanted
         self.climbs[job] = now
-
-    # ------------------------------------------------------------ CPU side
 
     # --------------------------------------------------------------- finish
 

@@ -55,20 +55,35 @@ either kind; :func:`spec_name` reads a spec's name without its settings.
 A policy defined outside the registry subclasses :class:`ExtensionSpec`
 and is added with :func:`register`.
 
-The package: :mod:`.specs` (the spec types), :mod:`.grammar` (text and
-JSON, both ways), :mod:`.build` (the policies), :mod:`.traits` (what the
-mechanism asks).
+The package: :mod:`.specs` (the spec types of one policy each, and the
+names), :mod:`.grammar` (text and JSON, both ways, with the tenant and core
+specs, whose ``inner`` is text in it), :mod:`.build` (the policies),
+:mod:`.traits` (what the mechanism asks).
 """
 from scheduling.layers.traits import PolicyTraits, TenantAdmission
-from scheduling.policies.hare.names import TASK_POLICIES
 from scheduling.registry.build import make_policy, make_task_policy, profiling_settings
 from scheduling.registry.grammar import (
+    CORE_TYPES,
+    SPECS,
+    TENANT_TYPES,
+    AnySpec,
+    CodaSpec,
+    CoreSpec,
+    DrfCoresSpec,
+    FifoCoresSpec,
+    FixedCoresSpec,
+    HivedSpec,
+    PolicySpec,
+    QuotaBorrowSpec,
+    QuotaSpec,
+    TenantSpec,
     check,
     core_inner,
     parse_any,
     parse_policy,
     parse_task,
     policy_name,
+    register,
     resolve,
     settings_of,
     spec_from_mapping,
@@ -79,44 +94,30 @@ from scheduling.registry.grammar import (
 from scheduling.registry.specs import (
     CLUSTER_TYPES,
     CORE_POLICIES,
-    CORE_TYPES,
     DEFAULT_INNER,
     DEFAULT_POLICY,
     POLICIES,
-    SPECS,
+    TASK_POLICIES,
     TASK_SPECS,
     TASK_TYPES,
     TENANT_POLICIES,
-    TENANT_TYPES,
     AlloxSpec,
-    AnySpec,
     ClusterSpec,
-    CodaSpec,
-    CoreSpec,
-    DrfCoresSpec,
     ExtensionSpec,
-    FifoCoresSpec,
-    FixedCoresSpec,
     GavelFifoSpec,
     GavelSpec,
     HareEftSpec,
     HareSpec,
-    HivedSpec,
     HomoSpec,
     HopsPaperSpec,
     HopsProfilePreemptSpec,
     HopsSpec,
     PolicyError,
-    PolicySpec,
-    QuotaBorrowSpec,
-    QuotaSpec,
     SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
     SrtfSpec,
     TaskSpec,
-    TenantSpec,
-    register,
 )
 from scheduling.registry.traits import policy_traits, schedules_cores, tenant_admission
 

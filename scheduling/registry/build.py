@@ -9,8 +9,9 @@ from typing import assert_never
 import msgspec
 
 from scheduling.cells import CellModel
-from scheduling.cores.layer import CodaSettings, CoreLayer
+from scheduling.cores.layer import CoreLayer
 from scheduling.cores.rules import Coda, Drf, Fifo, FixedCores
+from scheduling.cores.settings import CodaSettings
 from scheduling.layers.base import LayeredPolicy
 from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
@@ -23,37 +24,42 @@ from scheduling.policies.hare.policy import HarePolicy, HareSettings
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
 from scheduling.policy import Policy
-from scheduling.registry.grammar import core_inner, parse_policy, parse_task, policy_name
-from scheduling.registry.specs import (
+from scheduling.registry.grammar import (
     CORE_TYPES,
     TENANT_TYPES,
-    AlloxSpec,
-    ClusterSpec,
     CodaSpec,
     CoreSpec,
     DrfCoresSpec,
-    ExtensionSpec,
     FifoCoresSpec,
     FixedCoresSpec,
+    HivedSpec,
+    PolicySpec,
+    QuotaBorrowSpec,
+    QuotaSpec,
+    TenantSpec,
+    core_inner,
+    parse_policy,
+    parse_task,
+    policy_name,
+)
+from scheduling.registry.specs import (
+    AlloxSpec,
+    ClusterSpec,
+    ExtensionSpec,
     GavelFifoSpec,
     GavelSpec,
     HareEftSpec,
     HareSpec,
-    HivedSpec,
     HomoSpec,
     HopsPaperSpec,
     HopsProfilePreemptSpec,
     HopsSpec,
     PolicyError,
-    PolicySpec,
-    QuotaBorrowSpec,
-    QuotaSpec,
     SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
     SrtfSpec,
     TaskSpec,
-    TenantSpec,
 )
 
 

@@ -1,36 +1,175 @@
 """The one grammar of policy specs, round-based and task-level alike: text
 (``sia:lam=1.2``, ``hare:ties=order``, ``hived:inner=hops:lam=inf,sigma=1.6``)
 or a JSON mapping (``{"name": "sia", "lam": 1.2}``) to a typed spec, and a
-spec back to its shortest text (see :mod:`scheduling.registry`)."""
+spec back to its shortest text (see :mod:`scheduling.registry`).
+
+The specs that wrap a cluster policy (tenant and core policies) are here
+too, beside the grammar: their ``inner`` is spec text in it, which they
+parse to answer ``inner_spec`` and ``r_num``, and parsing them checks it.
+The specs of one policy each are :mod:`.specs`'."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import msgspec
 
-from scheduling.policies.hare.names import TASK_POLICIES
+from scheduling.cores.settings import CodaSettings
 from scheduling.priorities import priority_fn
 from scheduling.registry.specs import (
     CLUSTER_TYPES,
-    CORE_TYPES,
+    DEFAULT_INNER,
     POLICIES,
+    TASK_POLICIES,
+    TASK_SPECS,
     TASK_TYPES,
     TENANT_POLICIES,
-    TENANT_TYPES,
-    AnySpec,
     ClusterSpec,
-    CoreSpec,
+    ExtensionSpec,
     PolicyError,
-    PolicySpec,
     TaskSpec,
-    _inner_of,
-    spec_type,
 )
 
 S = TypeVar("S", bound=msgspec.Struct)
 INNER = "inner"  # the setting that takes the rest of the text
+
+
+# --- specs around a cluster policy (its ``inner`` text) ----------------------------------
+
+
+class _TenantSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A tenant layer around the cluster policy ``inner`` (its spec text)."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def inner_spec(self) -> ClusterSpec:
+        return _inner_of(self.inner, "is a {kind} policy; it must be a cluster policy")
+
+    @property
+    def r_num(self) -> int:
+        """The inner policy's R_num (what admission and the mechanism read)."""
+        return self.inner_spec.r_num
+
+
+class HivedSpec(_TenantSpec, tag="hived", tag_field="name", frozen=True):
+    """HiveD's virtual clusters around ``inner`` (:class:`~.layers.hived.HivedLayer`);
+    ``opportunistic``: jobs beyond their tenant's cells may use idle GPUs."""
+
+    opportunistic: bool = True
+
+
+class QuotaSpec(_TenantSpec, tag="quota", tag_field="name", frozen=True):
+    """Kueue-style nominal quota per tenant and GPU type, no borrowing."""
+
+
+class QuotaBorrowSpec(_TenantSpec, tag="quota-borrow", tag_field="name", frozen=True):
+    """Nominal quota with borrowing of other tenants' idle quota."""
+
+
+TenantSpec = HivedSpec | QuotaSpec | QuotaBorrowSpec
+TENANT_TYPES = (HivedSpec, QuotaSpec, QuotaBorrowSpec)
+
+
+class CodaSpec(CodaSettings, tag="coda", tag_field="name", frozen=True):
+    """CODA (docs/coda.md): adaptive cores per GPU job, CPU jobs in their own
+    array beside the GPU jobs' reserved cores, around the cluster policy
+    ``inner`` (:class:`~.cores.layer.CoreLayer`)."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return _inner_of(self.inner).r_num
+
+
+class FifoCoresSpec(msgspec.Struct, tag="fifo", tag_field="name", frozen=True,
+                    forbid_unknown_fields=True):
+    """Cores as requested, CPU jobs first come first served, around ``inner``."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return _inner_of(self.inner).r_num
+
+
+class DrfCoresSpec(msgspec.Struct, tag="drf", tag_field="name", frozen=True,
+                   forbid_unknown_fields=True):
+    """Cores as requested, CPU jobs by their tenants' dominant share."""
+
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return _inner_of(self.inner).r_num
+
+
+class FixedCoresSpec(msgspec.Struct, tag="fixed-cores", tag_field="name", frozen=True,
+                     forbid_unknown_fields=True):
+    """Slurm's ``--cpus-per-gpu``: ``per_gpu`` cores per GPU for every GPU
+    job (0: each server's cores over its GPUs, rounded down)."""
+
+    per_gpu: int = 0
+    inner: str = DEFAULT_INNER
+
+    @property
+    def r_num(self) -> int:
+        return _inner_of(self.inner).r_num
+
+
+CoreSpec = CodaSpec | FifoCoresSpec | DrfCoresSpec | FixedCoresSpec
+CORE_TYPES = (CodaSpec, FifoCoresSpec, DrfCoresSpec, FixedCoresSpec)
+
+SPECS: Mapping[str, type[PolicySpec]] = {
+    str(cls.__struct_config__.tag): cls
+    for cls in (*CLUSTER_TYPES, *TENANT_TYPES, *CORE_TYPES)
+}
+
+
+def _inner_of(text: str, wrong: str | None = None) -> ClusterSpec:
+    """The cluster spec a tenant or core spec wraps (its ``inner`` text);
+    ``wrong`` words the error for a spec of another kind (``{kind}``)."""
+    spec = parse_policy(text)
+    if isinstance(spec, CLUSTER_TYPES):
+        return spec
+    if wrong is None:
+        raise PolicyError(f"inner policy {text!r} must be a cluster policy "
+                          f"({', '.join(POLICIES)})")
+    kind = "tenant" if isinstance(spec, TENANT_TYPES) else "core"
+    raise PolicyError(f"inner policy {text!r} {wrong.format(kind=kind)}")
+
+
+# Every round-based spec (what ``parse_policy`` returns, ``make_policy`` builds).
+PolicySpec = ClusterSpec | TenantSpec | CoreSpec | ExtensionSpec
+_EXTENSIONS: dict[str, type[ExtensionSpec]] = {}
+
+
+def register(spec_type: type[ExtensionSpec]) -> Callable[[], None]:
+    """Add the policy of ``spec_type`` (its tag is its name) to every entry
+    point; returns what takes it away again. A name already taken is an error."""
+    name = str(spec_type.__struct_config__.tag)
+    if name in SPECS or name in TASK_SPECS or name in _EXTENSIONS:
+        raise PolicyError(f"policy {name!r} is registered already")
+    _EXTENSIONS[name] = spec_type
+
+    def undo() -> None:
+        _EXTENSIONS.pop(name, None)
+
+    return undo
+
+
+def spec_type(name: str) -> type[AnySpec] | None:
+    """The spec type named ``name``, of any kind; None when none is."""
+    return SPECS.get(name) or TASK_SPECS.get(name) or _EXTENSIONS.get(name)
+
+
+# Every spec the one grammar parses.
+AnySpec = PolicySpec | TaskSpec
+
+
+# --- the grammar -------------------------------------------------------------------------
 
 
 def spec_name(text: str) -> str:

@@ -5,25 +5,25 @@ A cluster spec extends its policy's own settings
 (:class:`~scheduling.policies.hops.policy.HopsSettings`,
 :class:`~scheduling.policies.sia.policy.SiaSettings`,
 :class:`~scheduling.policies.gavel.policy.GavelSettings`), so every setting
-keeps the one definition and default of its policy; a tenant
-or core spec names the cluster policy it wraps (``inner``); a task spec names
-a task-level policy (hare.md), Hare's extending :class:`~.hare.policy.HareSettings`.
-A policy defined outside the registry subclasses :class:`ExtensionSpec` and is
-added with :func:`register`.
+keeps the one definition and default of its policy; a task spec names a
+task-level policy (hare.md), Hare's extending
+:class:`~.hare.policy.HareSettings`. A policy defined outside the registry
+subclasses :class:`ExtensionSpec` and is added with
+:func:`~.grammar.register`. The tenant and core specs, which name the
+cluster policy they wrap in spec text (``inner``), are the grammar's
+(:mod:`.grammar`); the policies' names of every kind are here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
 
 from scheduling.cells import CellModel
-from scheduling.cores.layer import CodaSettings
 from scheduling.layers.traits import PolicyTraits
 from scheduling.policies.gavel.policy import GavelSettings
-from scheduling.policies.hare.names import TASK_POLICIES
 from scheduling.policies.hare.policy import HareSettings
 from scheduling.policies.hops.policy import HopsSettings
 from scheduling.policies.sia.policy import SiaSettings
@@ -86,94 +86,6 @@ CLUSTER_TYPES = (HopsSpec, HopsProfilePreemptSpec, HopsPaperSpec, SiaSpec, SiaLp
                  SiaEstimatorSpec, GavelSpec)
 
 
-class _TenantSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A tenant layer around the cluster policy ``inner`` (its spec text)."""
-
-    inner: str = DEFAULT_INNER
-
-    @property
-    def inner_spec(self) -> ClusterSpec:
-        return _inner_of(self.inner, "is a {kind} policy; it must be a cluster policy")
-
-    @property
-    def r_num(self) -> int:
-        """The inner policy's R_num (what admission and the mechanism read)."""
-        return self.inner_spec.r_num
-
-
-class HivedSpec(_TenantSpec, tag="hived", tag_field="name", frozen=True):
-    """HiveD's virtual clusters around ``inner`` (:class:`~.layers.hived.HivedLayer`);
-    ``opportunistic``: jobs beyond their tenant's cells may use idle GPUs."""
-
-    opportunistic: bool = True
-
-
-class QuotaSpec(_TenantSpec, tag="quota", tag_field="name", frozen=True):
-    """Kueue-style nominal quota per tenant and GPU type, no borrowing."""
-
-
-class QuotaBorrowSpec(_TenantSpec, tag="quota-borrow", tag_field="name", frozen=True):
-    """Nominal quota with borrowing of other tenants' idle quota."""
-
-
-TenantSpec = HivedSpec | QuotaSpec | QuotaBorrowSpec
-TENANT_TYPES = (HivedSpec, QuotaSpec, QuotaBorrowSpec)
-
-
-class CodaSpec(CodaSettings, tag="coda", tag_field="name", frozen=True):
-    """CODA (docs/coda.md): adaptive cores per GPU job, CPU jobs in their own
-    array beside the GPU jobs' reserved cores, around the cluster policy
-    ``inner`` (:class:`~.cores.layer.CoreLayer`)."""
-
-    inner: str = DEFAULT_INNER
-
-    @property
-    def r_num(self) -> int:
-        return _inner_of(self.inner).r_num
-
-
-class FifoCoresSpec(msgspec.Struct, tag="fifo", tag_field="name", frozen=True,
-                    forbid_unknown_fields=True):
-    """Cores as requested, CPU jobs first come first served, around ``inner``."""
-
-    inner: str = DEFAULT_INNER
-
-    @property
-    def r_num(self) -> int:
-        return _inner_of(self.inner).r_num
-
-
-class DrfCoresSpec(msgspec.Struct, tag="drf", tag_field="name", frozen=True,
-                   forbid_unknown_fields=True):
-    """Cores as requested, CPU jobs by their tenants' dominant share."""
-
-    inner: str = DEFAULT_INNER
-
-    @property
-    def r_num(self) -> int:
-        return _inner_of(self.inner).r_num
-
-
-class FixedCoresSpec(msgspec.Struct, tag="fixed-cores", tag_field="name", frozen=True,
-                     forbid_unknown_fields=True):
-    """Slurm's ``--cpus-per-gpu``: ``per_gpu`` cores per GPU for every GPU
-    job (0: each server's cores over its GPUs, rounded down)."""
-
-    per_gpu: int = 0
-    inner: str = DEFAULT_INNER
-
-    @property
-    def r_num(self) -> int:
-        return _inner_of(self.inner).r_num
-
-
-CoreSpec = CodaSpec | FifoCoresSpec | DrfCoresSpec | FixedCoresSpec
-CORE_TYPES = (CodaSpec, FifoCoresSpec, DrfCoresSpec, FixedCoresSpec)
-
-SPECS: Mapping[str, type[PolicySpec]] = {
-    str(cls.__struct_config__.tag): cls
-    for cls in (*CLUSTER_TYPES, *TENANT_TYPES, *CORE_TYPES)
-}
 # The cluster policies (every one runs without tenants' cells); the tenant
 # policies need cells.
 POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "hops-paper", "sia",
@@ -182,27 +94,12 @@ TENANT_POLICIES: tuple[str, ...] = ("hived", "quota", "quota-borrow")
 # The core policies: CPU cores scheduled beside the GPUs (issue 21).
 CORE_POLICIES: tuple[str, ...] = ("coda", "fifo", "drf", "fixed-cores")
 DEFAULT_POLICY = "hops"
-
-
+# The task-level policies (hare.md): Hare and the baselines of §7.1.
+TASK_POLICIES: tuple[str, ...] = ("hare", "hare-eft", "gavel-fifo", "srtf", "homo", "allox")
 
 
 class PolicyError(ValueError):
     """A spec that names no policy, or a setting its policy does not take."""
-
-
-def _inner_of(text: str, wrong: str | None = None) -> ClusterSpec:
-    """The cluster spec a tenant or core spec wraps (its ``inner`` text);
-    ``wrong`` words the error for a spec of another kind (``{kind}``)."""
-    from scheduling.registry.grammar import parse_policy  # the grammar builds on these types
-
-    spec = parse_policy(text)
-    if isinstance(spec, CLUSTER_TYPES):
-        return spec
-    if wrong is None:
-        raise PolicyError(f"inner policy {text!r} must be a cluster policy "
-                          f"({', '.join(POLICIES)})")
-    kind = "tenant" if isinstance(spec, TENANT_TYPES) else "core"
-    raise PolicyError(f"inner policy {text!r} {wrong.format(kind=kind)}")
 
 
 # --- task-level policies (issue 23, hare.md) ---------------------------------------------
@@ -267,31 +164,3 @@ class ExtensionSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def r_num(self) -> int:
         """R_num of the policy it builds (what admission and the mechanism read)."""
         return R_NUM
-
-
-# Every round-based spec (what ``parse_policy`` returns, ``make_policy`` builds).
-PolicySpec = ClusterSpec | TenantSpec | CoreSpec | ExtensionSpec
-_EXTENSIONS: dict[str, type[ExtensionSpec]] = {}
-
-
-def register(spec_type: type[ExtensionSpec]) -> Callable[[], None]:
-    """Add the policy of ``spec_type`` (its tag is its name) to every entry
-    point; returns what takes it away again. A name already taken is an error."""
-    name = str(spec_type.__struct_config__.tag)
-    if name in SPECS or name in TASK_SPECS or name in _EXTENSIONS:
-        raise PolicyError(f"policy {name!r} is registered already")
-    _EXTENSIONS[name] = spec_type
-
-    def undo() -> None:
-        _EXTENSIONS.pop(name, None)
-
-    return undo
-
-
-def spec_type(name: str) -> type[AnySpec] | None:
-    """The spec type named ``name``, of any kind; None when none is."""
-    return SPECS.get(name) or TASK_SPECS.get(name) or _EXTENSIONS.get(name)
-
-
-# Every spec the one grammar parses.
-AnySpec = PolicySpec | TaskSpec

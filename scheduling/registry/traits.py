@@ -11,15 +11,18 @@ from scheduling.cores.layer import CoreLayer
 from scheduling.layers.hived import HivedLayer
 from scheduling.layers.quota import QuotaLayer
 from scheduling.layers.traits import PolicyTraits, TenantAdmission, combine
-from scheduling.registry.grammar import parse_policy, policy_name
-from scheduling.registry.specs import (
-    CLUSTER_TYPES,
+from scheduling.registry.grammar import (
     CORE_TYPES,
-    ExtensionSpec,
     HivedSpec,
     PolicySpec,
     QuotaBorrowSpec,
     QuotaSpec,
+    parse_policy,
+    policy_name,
+)
+from scheduling.registry.specs import (
+    CLUSTER_TYPES,
+    ExtensionSpec,
 )
 
 

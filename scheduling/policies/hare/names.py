@@ -1,23 +1,19 @@
 """Task policies by name: the names of hare.md's task-level policies, Hare
 (``hare``, ``hare-eft``) and the baselines of §7.1 (``gavel-fifo``,
-``srtf``, ``homo``, ``allox``). Their specs, settings and construction are
-the registry's, in its one grammar (``hare:ties=order``,
-:func:`scheduling.registry.make_task_policy`)."""
+``srtf``, ``homo``, ``allox``). Their names, specs, settings and
+construction are the registry's, in its one grammar (``hare:ties=order``,
+:func:`scheduling.registry.make_task_policy`); this module names them for
+the hare package's readers and builds on the registry, which does not
+import it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from scheduling.policies.hare.model import TaskPolicy
-
-TASK_POLICIES = ("hare", "hare-eft", "gavel-fifo", "srtf", "homo", "allox")
+from scheduling.policies.hare.model import TaskPolicy
+from scheduling.registry import TASK_POLICIES as TASK_POLICIES
+from scheduling.registry import make_task_policy
 
 
 def task_policy(name: str) -> TaskPolicy:
     """A fresh policy from its spec text: one of :data:`TASK_POLICIES`,
     with its settings (``hare:ties=order``)."""
-    # The registry builds on this module's names: imported when called.
-    from scheduling.registry import make_task_policy
-
     return make_task_policy(name)
