@@ -6,12 +6,13 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 import typer
 
 from cli import auth as cli_auth
+from cli import experiment_command as cli_experiment
 from cli import policies as cli_policies
 from cli import up_command as cli_up
 from cli.client import GatewayClient
@@ -31,12 +32,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT_CLUSTER = EXAMPLES / "cluster-paper-physical.yaml"
 DEFAULT_JOBS = EXAMPLES / "jobs-demo.yaml"
 DEFAULT_PROFILES = EXAMPLES / "profiles-demo.yaml"
-EXPERIMENTS_HELP = ("table3, table4, priorities, arrival-rates, elasticflow, traces (the four "
-                    "ElasticFlow traces at a set load), sharing, coda, cell-fragmentation or hare")
 T = TypeVar("T")
 
-if TYPE_CHECKING:
-    from experiments.catalog import Entry
 
 
 @app.command()
@@ -117,90 +114,6 @@ def simulate(
     close()
     summary = write_outputs(out, spec, c, result)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "run"}, indent=2))
-
-
-# typer reads every option from the signature, so this command is long by
-# its declarations alone: its body is the few lines below them.
-@app.command()
-def experiment(
-    name: Annotated[str, typer.Argument(help=EXPERIMENTS_HELP)],
-    out: Annotated[Path, typer.Option(help="output folder")],
-    seed: Annotated[int, typer.Option(help="random seed")] = 0,
-    trace: Annotated[str | None, typer.Option(
-        help="trace for 'elasticflow'; traces, comma-separated, for 'traces'")] = None,
-    first_n: Annotated[int | None, typer.Option(help="first N jobs of the trace")] = None,
-    compress: Annotated[float, typer.Option(help="inter-arrival compression")] = 1.0,
-    rates: Annotated[str, typer.Option(help="arrival rates per hour, comma-separated")] = (
-        "30,60,120,300,600,1200"
-    ),
-    policy: Annotated[list[str] | None, typer.Option(
-        help="a policy spec to compare, repeatable (default: hops, sia and gavel; "
-        "for hare: its six task policies and hops)")] = None,
-    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
-    traces: Annotated[str | None, typer.Option(
-        help="'sharing': traces, comma-separated, one tenant each or with a tenant column "
-        "(default: the four ElasticFlow traces)")] = None,
-    inner: Annotated[str, typer.Option(
-        help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
-    workers: Annotated[int, typer.Option(
-        help="'sharing', 'coda': simulations run at once")] = 1,
-    mba: Annotated[bool, typer.Option(
-        help="'coda': the servers have MBA (the eliminator caps bandwidth, not cores)")] = False,
-    generator: Annotated[str, typer.Option(
-        help="requirement sets of the paper's workloads (table3, table4, priorities, "
-        "arrival-rates): 'project' (sizes tied to job length, an assumption) or 'literal' "
-        "(§4.2: 1-8 counts uniform over 1-16 GPUs)")] = "project",
-    variant: Annotated[list[str] | None, typer.Option(
-        help="a named variant to run beside its policy, repeatable: hops-paper (the "
-        "paper's rules), sia-estimator (Sia given Hops' estimator), ...")] = None,
-    jobs: Annotated[int, typer.Option(help="'hare': jobs per 160 GPUs")] = 200,
-    load: Annotated[float | None, typer.Option(
-        help="'hare': offered load of the arrivals (default: the experiment's, 1.0)")] = None,
-    clusters: Annotated[str | None, typer.Option(
-        help="'hare': clusters, comma-separated (default: testbed, mixed-160, v100-160; "
-        "also v100-k80-160)")] = None,
-) -> None:
-    """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
-    try:  # the experiments are an extra (matplotlib): only this command needs them
-        from experiments.catalog import Options
-    except ImportError as exc:
-        typer.echo(f"error: the experiments are not installed ({exc}); install "
-                   "hops-scheduler[experiments] from a checkout", err=True)
-        raise typer.Exit(2) from None
-    entry = _experiment_entry(name, generator)
-    options = Options(
-        seed=seed, trace=trace, first_n=first_n, compress=compress,
-        rates=rates, policies=tuple(policy or ()),
-        progress=progress, traces=traces, inner=inner, workers=workers, mba=mba,
-        generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
-        clusters=clusters)
-    try:
-        entry.run(name, out, options)
-    except (SpecError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo((out / "results.md").read_text())
-
-
-def _experiment_entry(name: str, generator: str) -> Entry:
-    """The catalog's entry for ``name``, or exit 2 saying why (an unknown
-    name lists every name with its help)."""
-    from experiments.catalog import EXPERIMENTS
-    from experiments.tables.define import GENERATOR_CHOICES
-
-    if generator not in GENERATOR_CHOICES:
-        typer.echo(f"error: --generator must be one of {', '.join(GENERATOR_CHOICES)}, "
-                   f"got {generator!r}", err=True)
-        raise typer.Exit(2)
-    entry = EXPERIMENTS.get(name)
-    if entry is None:
-        known = "".join(f"\n  {n}: {e.help}" for n, e in EXPERIMENTS.items())
-        typer.echo(f"error: unknown experiment {name!r}; known:{known}", err=True)
-        raise typer.Exit(2)
-    if generator != "project" and not entry.generator:
-        typer.echo(f"error: --generator does not apply to {name!r}", err=True)
-        raise typer.Exit(2)
-    return entry
 
 
 # --- the live system -----------------------------------------------------------------
@@ -400,6 +313,7 @@ nodes_app.command("enrol")(cli_auth.nodes_enrol)
 app.command()(cli_auth.credentials)
 app.command()(cli_up.up)
 app.command()(cli_policies.policies)
+app.command()(cli_experiment.experiment)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.main import EXPERIMENTS_HELP, app
+from cli.experiment_command import EXPERIMENTS_HELP
+from cli.main import app
 from experiments.catalog import EXPERIMENTS
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
-from scheduling.cells import Allocation, Cells, Refusal, VirtualSlot
+from scheduling.cells import Allocation, CellModel, Cells, Refusal, VirtualSlot
 from scheduling.layers.base import annotate, merge_reasons
 from scheduling.layers.hived.opportunistic import share
 from scheduling.layers.hived.profiling import (
@@ -37,14 +37,29 @@ from scheduling.layers.hived.profiling import (
 )
 from scheduling.layers.hived.state import HivedState
 from scheduling.layers.hived.view import config_type, tenant_snapshot, unavailable_holds
+from scheduling.layers.profiling_first import ProfilingSettings
 from scheduling.policy import Policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import Assignment, JobState, LayerRecord, Plan, ProfilingTask, Snapshot
 
-if TYPE_CHECKING:  # the layer builds each round: imported for its type only
-    from scheduling.layers.hived.layer import HivedLayer
+
+class HivedLayer(Protocol):
+    """What a round reads of the layer that builds it
+    (:class:`scheduling.layers.hived.layer.HivedLayer`), named by its shape so
+    that the layer can build rounds without the two importing each other."""
+
+    name: str
+    model: CellModel
+    profiling: ProfilingSettings
+    opportunistic: bool
+    r_num: int
+
+    def vc(self, tenant: str, cluster: Cluster) -> Cluster | None: ...
+    def slots(self, tenant: str, cluster: Cluster
+              ) -> dict[tuple[GpuType, VirtualSlot], ServerId]: ...
+    def slot_of(self, tenant: str, cluster: Cluster, sid: ServerId) -> VirtualSlot: ...
 
 
 def held_outside(refusal: Refusal) -> bool:
