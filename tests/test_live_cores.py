@@ -9,8 +9,12 @@ attaches ``HOPS_TEST_CORES_PER_GPU`` cores per GPU to every run.
   them (its log), and the gateway's cluster view shows each server's
   capacity; the job runs to the end and everything is given back. An
   executor refuses a start over its server's cores by itself (``invalid``).
-* More cores per GPU than a server has: the placer refuses the start with a
-  ``conflict`` naming CPU cores; the job is never started, and stays queued.
+* More cores per GPU than a server has: the leader's plan check refuses the
+  plan (``plan_refused``, naming CPU cores) before it reaches the placer, as
+  the simulator does; the job is never started, and stays queued. (The
+  placer's own refusal of a start over the cores, a ``conflict``, is what
+  catches a plan made on a view that is already stale:
+  tests/test_placer_resources.py.)
 """
 
 from __future__ import annotations
@@ -138,16 +142,16 @@ def test_a_start_over_the_cores_is_refused_and_the_job_stays_queued(
     assert stack.submit(catalog_spec("c2", SHORT, requirements=[1]))["ok"] is True
 
     def refused() -> dict[str, Any] | None:
-        return next((e for e in bus.errors() if e["code"] == "conflict"
-                     and "c2" in e["error"] and "CPU cores" in e["error"]), None)
+        return next((e for e in bus.errors() if e["code"] == "plan_refused"
+                     and "CPU cores" in e["error"]), None)
 
-    error = until(refused, "the placer refusing c2's cores", 60, stack.logs)
-    assert error["service"] == "placer", error
-    # e.g. "job c2: rtx-0 has 4 CPU cores free of 4, 8 needed"
+    error = until(refused, "the leader refusing the plan over c2's cores", 60, stack.logs)
+    assert error["service"] == "scheduler", error
+    # e.g. "plan refused: rtx-0 has 4 CPU cores free of 4, 8 needed"
     assert "has 4 CPU cores free of 4, 8 needed" in error["error"], error
     # A later round plans it again, and is refused again: never started, still queued.
-    until(lambda: len([e for e in bus.errors() if e["code"] == "conflict"
-                       and "c2" in e["error"]]) >= 2, "a second refusal", 30, stack.logs)
+    until(lambda: len([e for e in bus.errors() if e["code"] == "plan_refused"]) >= 2,
+          "a second refusal", 30, stack.logs)
     kinds = [e["type"] for e in bus.stored("HOPS_JOBS", "hops.v1.jobs.events.c2")]
     assert "job_started" not in kinds and "job_failed" not in kinds, kinds
     assert stack.phase("c2") == "queued", stack.record("c2")
