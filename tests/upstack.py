@@ -78,13 +78,16 @@ class UpProcess:
 
 @contextlib.contextmanager
 def hops_up(base: Path, *args: str, env: Mapping[str, str] | None = None,
-            timeout: float = 90.0) -> Iterator[UpProcess]:
+            timeout: float = 90.0,
+            ports: tuple[int, int, int] | None = None) -> Iterator[UpProcess]:
     """``hops up`` on free ports with the cluster :data:`CLUSTER`, 600 times
     faster than real time and rounds of 2 s, ``args`` added; ``env`` on top
-    of this process's environment (every process of the stack inherits it)."""
+    of this process's environment (every process of the stack inherits it).
+    ``ports`` (NATS, gateway, metrics) instead of free ones: a restart on the
+    ports of a stack just stopped."""
     cluster = base / "cluster.yaml"
     cluster.write_text(CLUSTER)
-    nats_port, gateway_port, metrics_port = free_port(), free_port(), free_port()
+    nats_port, gateway_port, metrics_port = ports or (free_port(), free_port(), free_port())
     argv = ["up", "--cluster", str(cluster), "--time-scale", "600", "--round-s", "2",
             "--data-dir", str(base / "data"), "--nats-port", str(nats_port),
             "--gateway-port", str(gateway_port), "--metrics-port", str(metrics_port), *args]

@@ -74,7 +74,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now. Bound as the servers
+    bind (uvicorn and nats-server set SO_REUSEADDR), so connections of a
+    just-stopped stack left in TIME_WAIT do not count as in use (a restart
+    right after Ctrl-C), while a live listener still does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
