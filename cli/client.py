@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from cli.config import DEFAULT_GATEWAY, GATEWAY_ENV
+from cli.jobs_view import duration, when
 from gateway.pages import MAX_LIMIT
 from shared.events import SubmitJob, encode
 from shared.job import JobSpec
@@ -299,6 +300,8 @@ def _num(x: Any, digits: int = 3) -> str:
 
 
 def render_jobs(body: Mapping[str, Any]) -> str:
+    """The jobs as a table, in the order given; ``submitted`` in local time,
+    ``waited`` and ``ran`` as :func:`gateway.views.job_times` defines them."""
     jobs = body.get("jobs", [])
     if not jobs:
         return "no jobs"
@@ -307,10 +310,13 @@ def render_jobs(body: Mapping[str, Any]) -> str:
         total = j["spec"]["total_samples"]
         done = 100.0 * float(j.get("samples_done", 0.0)) / total if total else 0.0
         rows.append(
-            [j["job_id"], j["phase"], j["spec"]["model"], f"{done:.1f}%",
-             _gpus(j.get("configuration")), str(j.get("restarts", 0)), j.get("reason", "")]
+            [j["job_id"], j["spec"].get("tenant", "-"), j["phase"], j["spec"]["model"],
+             f"{done:.1f}%", _gpus(j.get("configuration")), when(j.get("submitted_at")),
+             duration(j.get("waited_s")), duration(j.get("ran_s")),
+             str(j.get("restarts", 0)), j.get("reason", "")]
         )
-    header = ["job", "phase", "model", "done", "gpus", "restarts", "reason"]
+    header = ["job", "tenant", "phase", "model", "done", "gpus", "submitted", "waited", "ran",
+              "restarts", "reason"]
     lines = _table(header, rows)
     left = int(body.get("total", len(jobs))) - len(jobs)
     if body.get("next_cursor") and left > 0:

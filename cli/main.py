@@ -17,6 +17,7 @@ from cli import policies as cli_policies
 from cli import up_command as cli_up
 from cli.client import GatewayClient
 from cli.config import DEFAULT_GATEWAY
+from cli.jobs_view import SORT_HELP, check_sort, sort_jobs
 from cli.up_command import POLICY_HELP
 from scheduling.registry import DEFAULT_POLICY
 from scheduling.rounds import ROUND_S
@@ -217,16 +218,25 @@ def jobs(
     limit: Annotated[int | None, typer.Option(
         min=1, help="show at most this many (default: every job, page after page)"
     )] = None,
+    sort: Annotated[str, typer.Option(help=SORT_HELP)] = "submitted",
     gateway: GatewayOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the jobs the scheduler knows, oldest first."""
+    """List the jobs the scheduler knows (oldest first unless --sort says
+    otherwise): tenant, phase, progress, GPUs, when submitted, how long it
+    waited and ran, restarts and the reason it waits or ended."""
     from cli.client import JobsQuery, render_jobs
 
+    try:
+        check_sort(sort)
+    except ValueError as exc:  # refused before asking the gateway anything
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     query = JobsQuery(phase=phase, tenant=tenant, limit=limit)
     body = _gateway_call(gateway, token, config, lambda c: c.jobs(query))
+    body["jobs"] = sort_jobs(body.get("jobs", []), sort)
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs(body))
 
 

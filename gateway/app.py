@@ -42,6 +42,7 @@ reply's code to the status. Bodies above ``MAX_PAYLOAD`` are refused with
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -204,7 +205,7 @@ def _list_route(app: FastAPI) -> None:
         except ValueError as e:
             return _failure(400, INVALID, str(e))
         records = await _bus(request).jobs()
-        return _json(200, views.jobs_view(records, query))
+        return _json(200, views.jobs_view(records, time.time(), query))
 
 
 def _job_routes(app: FastAPI) -> None:
@@ -213,7 +214,7 @@ def _job_routes(app: FastAPI) -> None:
         record = await _visible(request, principal, job_id)
         if record is None:
             return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
-        return _json(200, views.job_view(record))
+        return _json(200, views.job_view(record, time.time()))
 
     @app.delete(
         "/jobs/{job_id}",

@@ -172,17 +172,38 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def job_view(record: JobRecord) -> dict[str, Any]:
-    """One ``hops_jobs`` record for the API: its fields plus ``job_id``."""
+def job_times(record: JobRecord, now: float) -> dict[str, float]:
+    """How long a job waited and ran, in seconds as of ``now``, from the
+    record's times (as Slurm's pending time and elapsed time):
+
+    - ``waited_s``: from ``submitted_at`` to ``first_start`` (profiling
+      included); for a job that has not started, to its end or to ``now``;
+    - ``ran_s``: from ``first_start`` to ``finished_at`` or ``now``, the
+      time back in the queue after a preemption included (``restarts`` says
+      how often it was started); 0 for a job that never started.
+    """
+    end = now if record.finished_at is None else record.finished_at
+    started = record.first_start
+    waited = (end if started is None else started) - record.submitted_at
+    ran = 0.0 if started is None else end - started
+    return {"waited_s": max(0.0, waited), "ran_s": max(0.0, ran)}
+
+
+def job_view(record: JobRecord, now: float) -> dict[str, Any]:
+    """One ``hops_jobs`` record for the API: its fields plus ``job_id`` and
+    :func:`job_times` as of ``now``."""
     body: dict[str, Any] = {"job_id": record.job_id}
     body.update(jsonable(record))
+    body.update(job_times(record, now))
     return body
 
 
-def jobs_view(records: Iterable[JobRecord], query: JobQuery | None = None) -> dict[str, Any]:
-    """One page of the records that match ``query`` (:mod:`gateway.pages`)."""
+def jobs_view(records: Iterable[JobRecord], now: float,
+              query: JobQuery | None = None) -> dict[str, Any]:
+    """One page of the records that match ``query`` (:mod:`gateway.pages`),
+    each as :func:`job_view` as of ``now``."""
     page, total, cursor = select(records, query or JobQuery())
-    return {"jobs": [job_view(r) for r in page], "count": len(page), "total": total,
+    return {"jobs": [job_view(r, now) for r in page], "count": len(page), "total": total,
             "next_cursor": cursor}
 
 

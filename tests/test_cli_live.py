@@ -97,8 +97,10 @@ def test_renderings_of_the_gateway_answers() -> None:
            "samples_done": 50.0, "configuration": {"parts": [["s0", 2], ["s1", 1]]},
            "restarts": 1, "reason": ""}
     lines = render_jobs({"jobs": [job]}).splitlines()
-    assert lines[0].split() == ["job", "phase", "model", "done", "gpus", "restarts", "reason"]
-    assert lines[1].split() == ["j1", "running", "m", "25.0%", "s0:2", "s1:1", "1"]
+    assert lines[0].split() == ["job", "tenant", "phase", "model", "done", "gpus", "submitted",
+                                "waited", "ran", "restarts", "reason"]
+    assert lines[1].split() == ["j1", "-", "running", "m", "25.0%", "s0:2", "s1:1", "-", "-",
+                                "-", "1"]
     assert render_jobs({"jobs": []}) == "no jobs"
     queue = {"leader": "r1", "term": 3, "entries": [
         {"job_id": "a", "priority": 2.5, "latency_ratio": "inf", "in_window": True}]}
@@ -257,6 +259,25 @@ def test_a_submitted_job_is_profiled_runs_and_finishes(stack: UpProcess) -> None
         record = until(ended, "the job ended", 90)
     assert record["phase"] == "finished", f"{record}\nphases {seen}\n{stack.logs()}"
     assert record["first_start"] is not None and record["finished_at"] is not None
+
+
+@needs_stack
+def test_jobs_shows_times_and_sorts(stack: UpProcess) -> None:
+    """After the job above finished: ``hops jobs`` shows its tenant and times,
+    which agree with its record, and ``--sort`` orders the live listing."""
+    body = json.loads(hops("jobs", "--json", "--sort", "ran", up=stack).output)
+    ran = [j["ran_s"] for j in body["jobs"]]
+    assert ran == sorted(ran, reverse=True) and len(ran) >= 2
+    small = next(j for j in body["jobs"] if j["job_id"] == "small")
+    assert small["waited_s"] == pytest.approx(small["first_start"] - small["submitted_at"])
+    assert small["ran_s"] == pytest.approx(small["finished_at"] - small["first_start"])
+    assert small["ran_s"] > 0 and small["spec"]["tenant"] == "default"
+    table = hops("jobs", "--sort", "id", up=stack)
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert lines[0].split()[:3] == ["job", "tenant", "phase"] and "waited" in lines[0]
+    ids = [line.split()[0] for line in lines[1:]]
+    assert ids == sorted(ids) and "small" in ids
 
 
 @needs_stack

@@ -151,10 +151,22 @@ def test_jobs_view_filters_sorts_and_writes_infinities_as_strings() -> None:
     records = [record("b", at=2.0), record("a", "running", at=3.0,
                                            attained_by_type={GpuType("x"): float("inf")}),
                record("c", at=1.0)]
-    view = views.jobs_view(records)
+    view = views.jobs_view(records, 10.0)
     assert [j["job_id"] for j in view["jobs"]] == ["c", "b", "a"]
     assert view["jobs"][2]["attained_by_type"] == {"x": "inf"}
-    assert views.jobs_view(records, JobQuery(phase="running"))["count"] == 1
+    assert views.jobs_view(records, 10.0, JobQuery(phase="running"))["count"] == 1
+
+
+def test_job_view_says_how_long_each_job_waited_and_ran() -> None:
+    queued = views.job_view(record("q", at=100.0), now=160.0)
+    assert (queued["waited_s"], queued["ran_s"]) == (60.0, 0.0)
+    running = views.job_view(record("r", "running", at=100.0, first_start=130.0), now=200.0)
+    assert (running["waited_s"], running["ran_s"]) == (30.0, 70.0)
+    ended = record("f", "finished", at=100.0, first_start=110.0, finished_at=150.0)
+    assert views.job_times(ended, now=999.0) == {"waited_s": 10.0, "ran_s": 40.0}
+    never = record("c", "cancelled", at=100.0, finished_at=125.0)
+    assert views.job_times(never, now=999.0) == {"waited_s": 25.0, "ran_s": 0.0}
+    assert queued["submitted_at"] == 100.0 and queued["spec"]["tenant"] == "default"
 
 
 def test_cluster_view_shows_holders_totals_and_problems() -> None:
