@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11:
 #   make run    the live system on this machine (hops up; Ctrl-C stops it)
 #   make test   lint, type-check, the import contract and the whole test suite
+#   make path   prints the line that puts hops on the PATH (eval it)
 # Both install the exact versions of constraints.txt (the solver's among them:
 # they move results; docs/results.md, "Reproducible results"). `make lock`
 # rewrites that file from the versions installed in .venv.
@@ -9,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lock clean
+.PHONY: run test bench lock clean path
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 1; }
@@ -20,6 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 run: $(STAMP)
 	$(BIN)/hops up
+
+# The line that puts .venv/bin (hops, python) first on the PATH of this shell:
+#   eval "$(make -s path)"      (the same as: source .venv/bin/activate)
+path:
+	@echo 'export PATH="$(CURDIR)/$(BIN):$$PATH"'
 
 test: $(STAMP)
 	$(BIN)/ruff check .
