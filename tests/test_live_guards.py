@@ -108,12 +108,17 @@ def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     until(lambda: len(stack.nodes()) == 3, "the three nodes registered", 30, stack.logs)
     time.sleep(NODES_MAX_AGE_S)
     before = set(stack.bus_().bucket("hops_jobs"))
+    t0 = time.monotonic()
     r = gateway.post("/jobs", json={**spec("bad"), **body})
     assert (r.status_code, r.json()["code"]) == (422, "invalid"), r.text
     error = r.json()["error"]
     assert f"{field} " in error and words in error, error
     assert gateway.get("/jobs/bad").status_code == 404
     assert set(stack.bus_().bucket("hops_jobs")) == before
+    # logged for the operator: an error record from the scheduler
+    until(lambda: [e for e in stack.bus_().errors(since=t0) if e["service"] == "scheduler"
+                   and e["code"] == "invalid" and words in e["error"]],
+          "the scheduler's error record", 10)
 
 
 def test_a_job_that_no_longer_fits_is_held_and_resumes_when_capacity_returns(
