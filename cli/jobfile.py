@@ -62,7 +62,7 @@ class CheckedJobs:
 
 def check_jobs(path: str | Path) -> CheckedJobs:
     """Every entry of a jobs file, checked; :class:`SpecError` when the file
-    itself cannot be read or holds no list of jobs."""
+    itself cannot be read, holds no list of jobs, or an empty one."""
     p = Path(path)
     doc, lenient = read_document(p)
     entries = _entries(doc, p.name)
@@ -88,6 +88,10 @@ def _entries(doc: Any, source: str) -> list[Any]:
         doc = doc["jobs"]
     if not isinstance(doc, list):
         raise SpecError(f"{source}: expected a list of jobs, or a mapping with only `jobs`")
+    if not doc:
+        # an empty list is a mistake (a wrong file, a failed template), not a
+        # request to do nothing: exit 0 with no output hid it
+        raise SpecError(f"{source}: the file holds no jobs; nothing to submit")
     return doc
 
 

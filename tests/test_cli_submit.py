@@ -37,6 +37,10 @@ jobs:
   - {{id: ok-1, {JOB} requirements: [1]}}
   - just a string
   - {{id: huge, {JOB} requirements: [5000]}}
+  - {{id: twice, {JOB} requirements: [2, 2]}}
+  - {{id: unsorted, {JOB} requirements: [4, 1]}}
+  - {{id: eons, model: m, batch_size: 8, params: 10, total_samples: {10**30}, requirements: [1]}}
+  - {{id: many, {JOB} requirements: [{", ".join(map(str, range(1, 66)))}]}}
 """
 # Every entry a JobSpec, one id unusable live: this file used to get ok-1
 # accepted, then a traceback, and ok-2 never sent.
@@ -54,6 +58,10 @@ INVALID = [
     (6, "'ok-1'", "id", "job id 'ok-1' appears again (first at jobs[0])"),
     (7, "no id", "(entry)", "expected a mapping of job fields, got str"),
     (8, "'huge'", "requirements", "at most 4096 are allowed"),
+    (9, "'twice'", "requirements", "repeats [2]"),
+    (10, "'unsorted'", "requirements", "write the set sorted, as [1, 4]"),
+    (11, "'eons'", "total_samples", "at most 1000000000000000 (1e15)"),
+    (12, "'many'", "requirements", "lists 65 entries"),
 ]
 
 
@@ -99,14 +107,14 @@ def test_invalid_jobs_are_listed_and_nothing_is_sent(
         held = hops(gateway, *args)
         assert held.exit_code == 1 and isinstance(held.exception, SystemExit), held.output
         check_invalid_lines(held.output)
-        assert "7 of 9 jobs are invalid; nothing sent" in held.output
+        assert "11 of 13 jobs are invalid; nothing sent" in held.output
         assert listed(gateway) == []
 
     sent = hops(gateway, str(jobs), "--skip-invalid")
     assert sent.exit_code == 1 and isinstance(sent.exception, SystemExit), sent.output
     check_invalid_lines(sent.output)
     assert "ok-1: accepted" in sent.output and "ok-2: accepted" in sent.output
-    assert "7 invalid jobs were not sent" in sent.output
+    assert "11 invalid jobs were not sent" in sent.output
     until(lambda: listed(gateway) == ["ok-1", "ok-2"])
 
 
@@ -121,6 +129,8 @@ def test_a_valid_file_checked_with_dry_run_exits_0(tmp_path: Path) -> None:
     ("jobs: [", "cannot read spec"),
     ("jobs: {a: 1}", "expected a list of jobs"),
     ("name: x\njobs: []", "expected a list of jobs"),
+    ("jobs: []", "jobs.yaml: the file holds no jobs; nothing to submit"),
+    ("[]", "the file holds no jobs"),
 ])
 def test_a_file_that_is_no_list_of_jobs_exits_2(tmp_path: Path, text: str, words: str) -> None:
     jobs = tmp_path / "jobs.yaml"

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from scheduling.profiling import profiling_budget
+from services.scheduler.admission import NODES_MAX_AGE_S
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 from world.clusters import cluster_arg
@@ -90,6 +91,34 @@ def test_jobs_that_can_never_fit_and_unknown_models_are_refused(
     assert "gpt-17" in unknown.json()["error"] and "resnet18-cifar10" in unknown.json()["error"]
     assert set(stack.bus_().bucket("hops_jobs")) - before == {"eight"}
     assert gateway.delete("/jobs/eight").status_code == 200
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"total_samples": 10**30}, "total_samples", "at most 1000000000000000 (1e15)"),
+    ({"requirements": [1] * 20_000}, "requirements", "lists 20000 entries"),
+    ({"requirements": [2, 2]}, "requirements", "repeats [2]"),
+    ({"requirements": [4, 1, 2]}, "requirements", "write the set sorted, as [1, 2, 4]"),
+    ({"command": ["python", "train.py"]}, "command", "every node of this cluster is emulated"),
+])
+def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
+    stack: LiveStack, gateway: httpx.Client, body: dict[str, Any], field: str, words: str
+) -> None:
+    # every node registered (emulated: each names its models), and admission's
+    # copy of them fresh
+    until(lambda: len(stack.nodes()) == 3, "the three nodes registered", 30, stack.logs)
+    time.sleep(NODES_MAX_AGE_S)
+    before = set(stack.bus_().bucket("hops_jobs"))
+    t0 = time.monotonic()
+    r = gateway.post("/jobs", json={**spec("bad"), **body})
+    assert (r.status_code, r.json()["code"]) == (422, "invalid"), r.text
+    error = r.json()["error"]
+    assert f"{field} " in error and words in error, error
+    assert gateway.get("/jobs/bad").status_code == 404
+    assert set(stack.bus_().bucket("hops_jobs")) == before
+    # logged for the operator: an error record from the scheduler
+    until(lambda: [e for e in stack.bus_().errors(since=t0) if e["service"] == "scheduler"
+                   and e["code"] == "invalid" and words in e["error"]],
+          "the scheduler's error record", 10)
 
 
 def test_a_job_that_no_longer_fits_is_held_and_resumes_when_capacity_returns(

@@ -9,6 +9,13 @@ this module adds what the live system needs on top:
   letters, digits, ``-``, ``_`` and ``=``, at most :data:`MAX_ID_LENGTH`;
 - the requirement set must be usable: at most :data:`MAX_GPUS` GPUs, and
   at most :data:`MAX_CORES` CPU cores;
+- an explicit ``requirements`` list is a set written in order: distinct
+  counts, increasing, at most :data:`MAX_REQUIREMENTS` of them. An unsorted
+  or repeated list is refused rather than silently sorted, so that what is
+  stored (and shown) is what the client sent; ``JobSpec`` itself stays
+  lenient, because the simulator's workloads build specs with lists in any
+  order (:meth:`shared.job.JobSpec.requirement_set` sorts them);
+- ``total_samples`` is at most :data:`MAX_TOTAL_SAMPLES`;
 - ``submit_time`` is the time the scheduler accepted the job (a client's
   value is overwritten), because the queue orders ties by it (§3.6).
 
@@ -23,7 +30,9 @@ Kueue refuses a workload no flavor can ever hold:
   mixes types, §3.4) is ``unschedulable``, naming its smallest requirement
   and the most GPUs one type holds;
 - a model no node can run is ``invalid`` when every node names the models it
-  can run (emulated executors do; real ones run any command).
+  can run (emulated executors do; real ones run any command);
+- a ``command`` is ``invalid`` when every node is emulated (names its
+  models): an emulated executor runs no command, it would be ignored.
 
 - a CPU job (CODA, ``kind: cpu``) asking more cores than the largest
   registered server has is ``unschedulable``, naming that server; a GPU
@@ -39,6 +48,7 @@ the job is admitted; the leader holds it as unschedulable until it fits.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -51,6 +61,17 @@ from shared.wire import INVALID, UNSCHEDULABLE
 MAX_ID_LENGTH = 128
 MAX_GPUS = 4096
 MAX_CORES = 1 << 20
+# Samples of one job: 1e15 is ~10,000 epochs of a 100-billion-sample corpus,
+# years of a whole cluster's throughput at the paper's rates (hundreds to
+# thousands of samples/s per GPU), yet far below where a float's integer
+# precision ends (2**53, ~9e15), which the estimates' remaining-time
+# arithmetic (Eq. 2) relies on. Larger is a typo or a unit mistake.
+MAX_TOTAL_SAMPLES = 10**15
+# Entries of an explicit requirement list: a set of distinct GPU counts, one
+# configuration space each for the planner; 64 covers every count from 1 to
+# 64, or powers of two far beyond any cluster, while a list of thousands only
+# costs every plan time (a list of 20,000 was once stored as sent).
+MAX_REQUIREMENTS = 64
 # The registry's policies that schedule CPU cores (scheduling/cores), named in
 # the refusal of a CPU job under any other.
 CORE_POLICIES = "coda, fifo, drf or fixed-cores"
@@ -80,26 +101,56 @@ def check_spec(spec: JobSpec) -> str | None:
 def spec_problem(spec: JobSpec) -> tuple[str, str] | None:
     """The field of ``spec`` the live system cannot take and why, or ``None``
     (``hops submit`` checks a whole file with it before sending anything)."""
-    if len(spec.id) > MAX_ID_LENGTH:
+    return _id_problem(spec.id) or _size_problem(spec) or _requirements_problem(spec)
+
+
+def _id_problem(job_id: str) -> tuple[str, str] | None:
+    if len(job_id) > MAX_ID_LENGTH:
         return "id", (
-            f"job id is {len(spec.id)} characters long; at most {MAX_ID_LENGTH} are allowed"
+            f"job id is {len(job_id)} characters long; at most {MAX_ID_LENGTH} are allowed"
         )
-    if not _ID.fullmatch(spec.id):
+    if not _ID.fullmatch(job_id):
         return "id", (
-            f"job id {spec.id!r} may only contain letters, digits, '-', '_' and '=' "
+            f"job id {job_id!r} may only contain letters, digits, '-', '_' and '=' "
             "(it is a subject token and a KV key)"
         )
+    return None
+
+
+def _size_problem(spec: JobSpec) -> tuple[str, str] | None:
     if not spec.model.strip():
         return "model", "model must not be empty"
+    if spec.total_samples > MAX_TOTAL_SAMPLES:
+        return "total_samples", (f"total_samples is {spec.total_samples}; at most "
+                                 f"{MAX_TOTAL_SAMPLES} (1e15) are allowed")
     if spec.cores > MAX_CORES:
         return "cores", f"the job asks for {spec.cores} CPU cores; at most {MAX_CORES} are allowed"
+    return None
+
+
+def _requirements_problem(spec: JobSpec) -> tuple[str, str] | None:
     if spec.kind == "cpu":
         return None  # no GPUs (the spec itself refuses requirements on a CPU job)
-    top = spec.max_gpus if spec.max_gpus is not None else max(spec.requirements)
+    listed = spec.requirements
+    if len(listed) > MAX_REQUIREMENTS:
+        return "requirements", (f"requirements lists {len(listed)} entries; a requirement "
+                                f"set holds at most {MAX_REQUIREMENTS} distinct GPU counts")
+    repeated = sorted(r for r, n in Counter(listed).items() if n > 1)
+    if repeated:
+        return "requirements", (f"requirements repeats {_counts(repeated)}; a requirement "
+                                "set lists each GPU count once")
+    if list(listed) != sorted(listed):
+        return "requirements", (f"requirements {_counts(listed)} is not in increasing "
+                                f"order; write the set sorted, as {_counts(sorted(listed))}")
+    top = spec.max_gpus if spec.max_gpus is not None else max(listed)
     if top > MAX_GPUS:
         field = "max_gpus" if spec.max_gpus is not None else "requirements"
         return field, f"requirements ask for {top} GPUs; at most {MAX_GPUS} are allowed"
     return None
+
+
+def _counts(counts: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, counts)) + "]"
 
 
 def accepted_spec(spec: JobSpec, now: float) -> JobSpec:
@@ -203,4 +254,11 @@ def fit_refusal(spec: JobSpec, nodes: Iterable[NodeRecord], r_num: int) -> Refus
                 f"model {spec.model!r} cannot run on this cluster, whose nodes emulate "
                 f"only these models: {', '.join(known)}",
             )
+    if spec.command and nodes and all(n.models for n in nodes):
+        return Refusal(
+            INVALID,
+            f"command: job {spec.id} gives a command, but every node of this cluster is "
+            "emulated and runs no command (it would be ignored); drop the command, or run "
+            "real executors (hops up --executor real)",
+        )
     return None
