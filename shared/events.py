@@ -374,6 +374,17 @@ class ErrorRecord(Message, frozen=True, tag="error_record"):
     excerpt: str = ""
 
 
+class PlanEntrySkipped(Message, frozen=True, tag="plan_entry_skipped"):
+    """Published on ``hops.v1.placer.skipped`` when the placer skips a plan
+    entry the cluster overtook after the plan was made (a benign race, not
+    an error): ``reason`` is one of ``services.placer.commands.RACES``."""
+
+    job_id: JobId
+    reason: str
+    detail: str
+    at: float
+
+
 JobEvent: TypeAlias = (
     JobSubmitted
     | JobProfiled
@@ -405,6 +416,7 @@ AnyMessage: TypeAlias = (
     | JobHeartbeat
     | PlanEvent
     | ErrorRecord
+    | PlanEntrySkipped
 )
 
 
@@ -445,4 +457,6 @@ decode_node_heartbeat = Codec[NodeHeartbeat](NodeHeartbeat, "node_heartbeat").de
 decode_job_heartbeat = Codec[JobHeartbeat](JobHeartbeat, "job_heartbeat").decode
 decode_plan_event = Codec[PlanEvent](PlanEvent, "plan event").decode
 decode_error_record = Codec[ErrorRecord](ErrorRecord, "error_record").decode
+decode_plan_entry_skipped = Codec[PlanEntrySkipped](PlanEntrySkipped,
+                                                    "plan_entry_skipped").decode
 decode_any = Codec[AnyMessage](AnyMessage, "message").decode  # for tools watching hops.v1.>

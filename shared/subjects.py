@@ -46,6 +46,8 @@ NODE_HEARTBEATS_ALL = f"{PREFIX}.nodes.heartbeat.*"
 JOB_HEARTBEATS_ALL = f"{PREFIX}.jobs.heartbeat.*.*"  # <server_id>.<job_id>
 EXEC_ALL = f"{PREFIX}.exec.*"
 ERRORS = f"{PREFIX}.errors"
+# Plan entries the placer skipped as overtaken by events (benign races).
+PLACER_SKIPPED = f"{PREFIX}.placer.skipped"
 
 # KV buckets.
 KV_JOBS = "hops_jobs"

@@ -4,7 +4,7 @@ format, on the runtime's tiny HTTP server (no dependency). Anything else is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from services.runtime.httpd import PLAIN, Response, TinyHttpServer
 
@@ -12,9 +12,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class MetricsServer:
-    """Serves ``render()`` on ``GET /metrics``."""
+    """Serves ``await render()`` on ``GET /metrics``."""
 
-    def __init__(self, render: Callable[[], str], *, host: str, port: int = 0) -> None:
+    def __init__(self, render: Callable[[], Awaitable[str]], *, host: str,
+                 port: int = 0) -> None:
         self.render = render
         self.host = host
         self.port = port
@@ -28,12 +29,12 @@ class MetricsServer:
     async def stop(self) -> None:
         await self._http.stop()
 
-    def _handle(self, method: str, path: str) -> Response:
+    async def _handle(self, method: str, path: str) -> Response:
         if path != "/metrics":
             return 404, f"no such path {path}\n".encode(), PLAIN
         if method != "GET":
             return 405, f"method {method} not allowed\n".encode(), PLAIN
         try:
-            return 200, self.render().encode(), CONTENT_TYPE
+            return 200, (await self.render()).encode(), CONTENT_TYPE
         except Exception as e:  # a metrics bug must not take the endpoint down
             return 500, f"cannot render metrics: {e!r}\n".encode(), PLAIN

@@ -1,9 +1,16 @@
 """Cluster metrics (pure) and their Prometheus text rendering.
 
-From the KV buckets (``hops_nodes``, ``hops_alloc``, ``hops_jobs``) and what
-the monitor counted:
+From the KV buckets (``hops_nodes``, ``hops_alloc``, ``hops_jobs``), read
+once per scrape as a :class:`ClusterState` (:mod:`services.monitor.scrape`),
+and what the monitor counted. Each gauge is defined as the API shows the
+same thing (docs/events.md, "Metrics"):
 
-* queue length and jobs per phase, running jobs and profiling runs;
+* queue length and jobs per phase (``/jobs?phase=``); running jobs are the
+  jobs in phase ``running``, as ``hops_jobs{phase="running"}``;
+* profiling runs: the (job, server) runs of mode ``profile`` in
+  ``hops_alloc`` on alive servers, each holding GPUs there (a job in phase
+  ``profiling`` may be waiting for its run: that is
+  ``hops_jobs{phase="profiling"}``); placements per mode;
 * GPUs of alive nodes, GPUs booked, utilisation; and per resource (GPUs,
   CPU cores, memory in MiB) the capacity of the alive nodes and what the
   placements in ``hops_alloc`` hold there;
@@ -13,7 +20,11 @@ the monitor counted:
   and RAQLR (Eq. 7): the mean latency ratio of the jobs that finished
   within the last ``window_h`` hours (``scheduling.fairness.raqlr``);
 * error records seen, per service, and the refusals among them (codes
-  ``forbidden`` and ``unauthorized``), per service and code.
+  ``forbidden`` and ``unauthorized``), per service and code; plan entries
+  the placer skipped because the cluster changed since the plan (benign
+  races, not errors), per reason;
+* the revision of each bucket the scrape read, so that a reader can tell
+  whether two scrapes saw the same records.
 
 Latency ratios are the scheduler's own: :class:`LatencyBook` keeps the
 last value the scheduler's queue view (``hops.v1.queue``) showed for each
@@ -74,6 +85,16 @@ class LatencyBook:
 
 
 @dataclass(frozen=True)
+class ClusterState:
+    """The three buckets as one scrape read them, with each one's revision."""
+
+    nodes: Mapping[ServerId, NodeRecord]
+    placements: Mapping[JobId, Placement]
+    jobs: Mapping[JobId, JobRecord]
+    revisions: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class Sample:
     name: str
     value: float
@@ -92,6 +113,13 @@ def _one(name: str, kind: MetricType, help_text: str, value: float) -> Family:
     return Family(name, kind, help_text, (Sample(name, value),))
 
 
+def state_metrics(state: ClusterState, book: LatencyBook, errors: Mapping[str, int],
+                  now: float, window_h: float) -> list[Family]:
+    """Every metric of one scrape's ``state`` at ``now``."""
+    return cluster_metrics(state.nodes, state.placements, state.jobs, book, errors, now,
+                           window_h, state.revisions)
+
+
 def cluster_metrics(
     nodes: Mapping[ServerId, NodeRecord],
     placements: Mapping[JobId, Placement],
@@ -100,24 +128,27 @@ def cluster_metrics(
     errors: Mapping[str, int],
     now: float,
     window_h: float,
+    revisions: Mapping[str, int] | None = None,
 ) -> list[Family]:
     """Every metric at ``now`` (see the module docstring)."""
     alive = {s: n for s, n in nodes.items() if n.alive}
     total = sum(n.server.gpus for n in alive.values())
     used = sum(g for p in placements.values() for s, g in p.configuration.parts if s in alive)
-    phases = {ph: 0 for ph in PHASES}
-    for rec in jobs.values():
-        phases[rec.phase] = phases.get(rec.phase, 0) + 1
+    phases = phase_counts(jobs.values())
     queued = phases["queued"]
     idle = max(0, total - used)
-    runs = sum(1 for p in placements.values() if p.mode == "run")
-    profiles = sum(p.configuration.num_nodes for p in placements.values() if p.mode == "profile")
+    modes = {m: sum(1 for p in placements.values() if p.mode == m) for m in ("run", "profile")}
+    profiles = sum(1 for p in placements.values() if p.mode == "profile"
+                   for s in p.configuration.servers if s in alive)
     return [
         _one("hops_queue_length", "gauge", "Jobs waiting in the queue (phase queued).", queued),
-        Family("hops_jobs", "gauge", "Jobs known to the scheduler, by phase.", tuple(
+        Family("hops_jobs", "gauge", "Jobs in hops_jobs, by phase.", tuple(
             Sample("hops_jobs", n, (("phase", ph),)) for ph, n in sorted(phases.items()))),
-        _one("hops_running_jobs", "gauge", "Jobs holding GPUs to train.", runs),
-        _one("hops_profiling_runs", "gauge", "Profiling runs holding a GPU (§3.2).", profiles),
+        _one("hops_running_jobs", "gauge", "Jobs in phase running.", phases["running"]),
+        _one("hops_profiling_runs", "gauge", "Profiling runs (job, server) holding GPUs on "
+             "alive servers (§3.2).", profiles),
+        Family("hops_placements", "gauge", "Entries of hops_alloc, by mode.", tuple(
+            Sample("hops_placements", n, (("mode", m),)) for m, n in sorted(modes.items()))),
         Family("hops_nodes", "gauge", "Registered nodes, by state.", (
             Sample("hops_nodes", len(alive), (("state", "alive"),)),
             Sample("hops_nodes", len(nodes) - len(alive), (("state", "lost"),)))),
@@ -127,6 +158,27 @@ def cluster_metrics(
              used / total if total else 0.0),
         _one("hops_fragmented_gpus", "gauge", "Idle GPUs while a job waits (§4.2).",
              idle if queued else 0),
+        *_latency_families(book, now, window_h),
+        Family("hops_errors_total", "counter", "Error records seen on hops.v1.errors.", tuple(
+            Sample("hops_errors_total", n, (("service", svc),))
+            for svc, n in sorted(errors.items()))),
+        Family("hops_kv_revision", "gauge", "Revision of each bucket this scrape read.", tuple(
+            Sample("hops_kv_revision", r, (("bucket", b),))
+            for b, r in sorted((revisions or {}).items()))),
+        *resource_families(alive, placements),
+    ]
+
+
+def phase_counts(jobs: Iterable[JobRecord]) -> dict[str, int]:
+    """Jobs per phase, every phase listed."""
+    phases = {ph: 0 for ph in PHASES}
+    for rec in jobs:
+        phases[rec.phase] = phases.get(rec.phase, 0) + 1
+    return phases
+
+
+def _latency_families(book: LatencyBook, now: float, window_h: float) -> list[Family]:
+    return [
         _one("hops_latency_ratio_max", "gauge", "Largest latency ratio of a finished job "
              "(Eq. 6).", book.max_lr()),
         _one("hops_latency_ratio_mean", "gauge", "Mean latency ratio of the finished jobs "
@@ -135,10 +187,6 @@ def cluster_metrics(
              f"{window_h:g} h.", raqlr(book.finished, now, window_h)),
         _one("hops_jobs_finished_total", "counter", "Finished jobs seen by the monitor.",
              len(book.finished)),
-        Family("hops_errors_total", "counter", "Error records seen on hops.v1.errors.", tuple(
-            Sample("hops_errors_total", n, (("service", svc),))
-            for svc, n in sorted(errors.items()))),
-        *resource_families(alive, placements),
     ]
 
 
@@ -168,6 +216,15 @@ def refused_family(refused: Mapping[tuple[str, str], int]) -> Family:
                   "plan_refused).",
                   tuple(Sample("hops_refused_total", n, (("service", svc), ("code", code)))
                         for (svc, code), n in sorted(refused.items())))
+
+
+def skipped_family(skipped: Mapping[str, int]) -> Family:
+    """``hops_placer_skipped_total{reason}``: plan entries the placer skipped
+    because the cluster changed since the plan was made (benign races)."""
+    return Family("hops_placer_skipped_total", "counter",
+                  "Plan entries the placer skipped as overtaken by events (not errors).",
+                  tuple(Sample("hops_placer_skipped_total", n, (("reason", r),))
+                        for r, n in sorted(skipped.items())))
 
 
 def _value(v: float) -> str:

@@ -25,7 +25,10 @@ failed or ended, releasing the occupied resources immediately").
   :mod:`services.monitor.release`) stops what still
   runs, deletes or shrinks the ``hops_alloc`` entry (compare-and-set on its
   revision) and publishes the job event and ``resources_released``;
-* metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``.
+* metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``, each
+  scrape from the buckets as they are then (:mod:`services.monitor.scrape`),
+  not from the copies above; plan entries the placer skipped as overtaken
+  by events (``hops.v1.placer.skipped``) are counted apart from errors.
 
 Settings are in :mod:`services.monitor.__main__`.
 """
@@ -58,9 +61,10 @@ from services.monitor.follow import poll_queue, watch_bucket
 from services.monitor.metrics import (
     REFUSAL_CODES,
     LatencyBook,
-    cluster_metrics,
     refused_family,
     render,
+    skipped_family,
+    state_metrics,
 )
 from services.monitor.registry import NodeRegistry
 from services.monitor.relay import RelaySettings, ReportRelay, audit, follow_plans
@@ -75,6 +79,7 @@ from services.monitor.release import (
     on_vanished,
 )
 from services.monitor.releaser import Releaser
+from services.monitor.scrape import read_state
 from services.monitor.settings import MonitorSettings
 from services.runtime.bus import serve_requests, serve_scoped_requests
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
@@ -98,6 +103,7 @@ from shared.events import (
     decode_job_event,
     decode_job_heartbeat,
     decode_node_heartbeat,
+    decode_plan_entry_skipped,
     decode_register,
     decode_remove_node,
     decode_sample_event,
@@ -124,6 +130,7 @@ class Monitor:
         self.ended: set[JobId] = set()
         self.errors: Counter[str] = Counter()
         self.refused: Counter[tuple[str, str]] = Counter()  # (service, code)
+        self.skipped: Counter[str] = Counter()  # plan entries the placer skipped, by reason
         self.history = PlacementHistory()
         # A start's first heartbeats come before its placement is written.
         self.suspects = Suspects(grace=2 * settings.heartbeat_timeout_s)
@@ -153,6 +160,7 @@ class Monitor:
         await self._subscribe(subjects.NODE_HEARTBEATS_ALL, self._on_node_beat)
         await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_job_beat)
         await self._subscribe(subjects.ERRORS, self._on_error_record)
+        await self._subscribe(subjects.PLACER_SKIPPED, self._on_skipped)
         fetch = self.settings.fetch_timeout_s
         jobs = ConsumerSpec("HOPS_JOBS", "monitor", subjects.JOB_EVENTS_ALL, fetch_timeout=fetch)
         profiles = ConsumerSpec(subjects.STREAM_SAMPLES.name, "monitor-profiles",
@@ -301,6 +309,9 @@ class Monitor:
         if record.code in REFUSAL_CODES:
             self.refused[(record.service, record.code)] += 1
 
+    async def _on_skipped(self, msg: Msg) -> None:
+        self.skipped[decode_plan_entry_skipped(msg.data).reason] += 1
+
     # --- job ends -------------------------------------------------------------------
 
     async def _on_job_event(self, event: JobEvent, delivery: Delivery) -> None:
@@ -374,10 +385,15 @@ class Monitor:
 
     # --- metrics ------------------------------------------------------------------
 
-    def render_metrics(self) -> str:
-        families = cluster_metrics(self.registry.nodes, self.placements, self.jobs, self.book,
-                                   self.errors, self.clock(), self.settings.raqlr_window_h)
-        return render([*families, refused_family(self.refused)])
+    async def render_metrics(self) -> str:
+        """One scrape: the buckets read now, as the API reads them."""
+        state = await read_state(self.ctx.js, self._bad_record)
+        families = state_metrics(state, self.book, self.errors, self.clock(),
+                                 self.settings.raqlr_window_h)
+        return render([*families, refused_family(self.refused), skipped_family(self.skipped)])
+
+    async def _bad_record(self, where: str, error: str, data: bytes) -> None:
+        await self.ctx.reporter.report(where, error, INVALID, data)
 
     async def stop(self) -> None:
         await self.releaser.close()

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 
 from services.placer.commands import (
     CONFLICT,
+    SERVER_GONE,
     UNKNOWN_SERVER,
     Commands,
     Launch,
@@ -106,7 +107,8 @@ def _book_retunes(retunes: Iterable[Retune], ledger: Ledger,
                else ledger.refusal(demands, f"held:{job}"))
         if why is not None:
             problems.append(Problem(job, UNKNOWN_SERVER if missing else CONFLICT,
-                                    f"job {job}: cannot change its cores: {why}"))
+                                    f"job {job}: cannot change its cores: {why}",
+                                    SERVER_GONE if missing else ""))
             continue
         ledger.book(f"held:{job}", demands)
         fitted.append(r)
@@ -141,7 +143,7 @@ def _refusal(want: Want, free: Mapping[ServerId, list[int]], ledger: Ledger,
     missing = [s for s in config.servers if s not in capacity]
     if missing:
         return Problem(job, UNKNOWN_SERVER, f"job {job}: server {missing[0]} is not "
-                                            "registered or not alive")
+                                            "registered or not alive", SERVER_GONE)
     short = [s for s, g in config.parts if len(free[s]) < g]
     if short:
         s = short[0]

@@ -27,6 +27,16 @@ UNKNOWN_SERVER = "unknown_server"
 NOT_IN_PLAN = "not in the plan"
 RESIZE = "resize"
 
+# Benign races: plan entries right when the plan was made that the cluster
+# overtook before the placer applied them. They are skipped, logged at
+# debug and counted (``hops_placer_skipped_total{reason}``), not reported
+# as errors; the next plan, made from the changed cluster, sorts them out.
+JOB_ENDED = "job_ended"  # the job finished, failed or was cancelled meanwhile
+STILL_PROFILING = "still_profiling"  # its profiling run has not been released yet
+ALREADY_RUNNING = "already_running"  # asked to profile, but an earlier plan started it
+SERVER_GONE = "server_gone"  # the server was lost or removed meanwhile
+RACES = frozenset({JOB_ENDED, STILL_PROFILING, ALREADY_RUNNING, SERVER_GONE})
+
 
 @dataclass(frozen=True)
 class Stop:
@@ -102,9 +112,13 @@ class Start:
 
 @dataclass(frozen=True)
 class Problem:
+    """A plan entry not applied; ``race`` (one of :data:`RACES`) when the
+    cluster overtook it, empty when it is an error."""
+
     job_id: JobId
     code: str
     error: str
+    race: str = ""
 
 
 @dataclass(frozen=True)

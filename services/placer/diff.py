@@ -20,7 +20,10 @@ start gets (§3.1, step 9: "the placer executes the resource allocation").
 
 Requests the placer cannot carry out are :class:`Problem`\\ s and the rest of
 the plan still applies: unknown or ended jobs, a run for a job still
-profiling (or the reverse), a job assigned twice.
+profiling (or the reverse), a job assigned twice. Those the cluster
+overtook after the plan was made (an ended job, a profiling run not yet
+released, a profiling task for a job an earlier plan started) are benign
+races (``race`` set, :data:`services.placer.commands.RACES`), not errors.
 
 :func:`services.placer.booking.book` then picks GPU indices on servers that
 are alive and books the other resources each start demands (see there).
@@ -35,11 +38,14 @@ from dataclasses import dataclass, field
 
 from services.placer.booking import book_all
 from services.placer.commands import (
+    ALREADY_RUNNING,
     CONFLICT,
     INVALID,
+    JOB_ENDED,
     NOT_FOUND,
     NOT_IN_PLAN,
     RESIZE,
+    STILL_PROFILING,
     Changes,
     Commands,
     Problem,
@@ -59,7 +65,7 @@ def _refuse(job: JobId, jobs: Mapping[JobId, JobRecord]) -> Problem | None:
     if rec is None:
         return Problem(job, NOT_FOUND, f"job {job} is unknown to the scheduler")
     if rec.final:
-        return Problem(job, INVALID, f"job {job} is {rec.phase}")
+        return Problem(job, INVALID, f"job {job} is {rec.phase}", JOB_ENDED)
     return None
 
 
@@ -94,7 +100,8 @@ def _assignments(current: Mapping[JobId, Placement], plan: Plan,
             wants.append(Want(job, a.config, "run"))
         elif cur.mode == "profile":
             kept.add(job)
-            problems.append(Problem(job, CONFLICT, f"job {job} is still profiling"))
+            problems.append(Problem(job, CONFLICT, f"job {job} is still profiling",
+                                    STILL_PROFILING))
         elif cur.configuration == a.config:
             kept.add(job)
         elif _cores_only(cur.configuration, a.config):
@@ -123,9 +130,13 @@ def _profiling(current: Mapping[JobId, Placement], plan: Plan, jobs: Mapping[Job
         cur = current.get(job)
         if refusal is not None:
             problems.append(refusal)
-        elif job in assigned or (cur is not None and cur.mode == "run"):
+        elif job in assigned:
             problems.append(Problem(job, CONFLICT, f"job {job} cannot profile on "
                                                    f"{task.server}: it is assigned to run"))
+        elif cur is not None and cur.mode == "run":
+            problems.append(Problem(job, CONFLICT, f"job {job} cannot profile on "
+                                                   f"{task.server}: it runs already",
+                                    ALREADY_RUNNING))
         elif cur is not None and task.server in cur.configuration.servers:
             continue  # that profiling run is already going
         else:

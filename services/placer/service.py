@@ -35,7 +35,9 @@ plan:
 Each command is retried on timeout with the same idempotency key, up to
 ``command_attempts`` times; then an ``error_record`` says so. Problems of
 the plan (unknown jobs or servers, GPUs, cores or memory that do not fit,
-...) are error records too, and the rest of the plan still applies.
+...) are error records too, and the rest of the plan still applies; those
+the cluster overtook since the plan (:data:`services.placer.commands.RACES`)
+are logged at debug and published on ``hops.v1.placer.skipped`` instead.
 Profiling runs only appear in ``hops_alloc`` (mode ``profile``): the job is
 not running. The placer is meant to run as one instance: two would share
 the durable and apply plans concurrently.
@@ -74,6 +76,7 @@ from shared.events import (
     JobResized,
     JobStarted,
     JobStopped,
+    PlanEntrySkipped,
     PlanEvent,
     PlanIssued,
     SetCores,
@@ -82,6 +85,7 @@ from shared.events import (
     WireError,
     decode_ack,
     decode_plan_event,
+    encode,
 )
 from shared.ids import JobId, ServerId
 from shared.node import Rendezvous, rendezvous_port
@@ -218,10 +222,19 @@ class Placer:
         await self.ctx.reporter.report(where, f"unreadable record: {error}", "invalid")
 
     async def _problems(self, problems: Iterable[Problem]) -> None:
+        """Errors are logged and reported; benign races are logged at debug
+        and counted by the monitor (``hops_placer_skipped_total{reason}``)."""
         for p in problems:
-            self.log.warning("plan entry not applied", job_id=p.job_id, code=p.code,
-                             error=p.error)
-            await self.ctx.reporter.report(subjects.PLANS, p.error, p.code)
+            if not p.race:
+                self.log.warning("plan entry not applied", job_id=p.job_id, code=p.code,
+                                 error=p.error)
+                await self.ctx.reporter.report(subjects.PLANS, p.error, p.code)
+                continue
+            self.log.debug("plan entry skipped", job_id=p.job_id, reason=p.race, error=p.error)
+            skipped = PlanEntrySkipped(job_id=p.job_id, reason=p.race, detail=p.error,
+                                       at=self.clock())
+            with contextlib.suppress(nats.errors.Error):  # a count lost, nothing else
+                await self.ctx.nc.publish(subjects.PLACER_SKIPPED, encode(skipped))
 
     # --- stops and starts -------------------------------------------------------------
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 Response = tuple[int, bytes, str]
-Handler = Callable[[str, str], Response]
+# A handler answers at once, or awaits what it reads (the metrics read KV).
+Handler = Callable[[str, str], Response | Awaitable[Response]]
 
 _REASONS = {
     200: "OK",
@@ -76,4 +78,5 @@ class TinyHttpServer:
                 break
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return self.bad_request
-        return self.handle(parts[0], parts[1].split("?", 1)[0])
+        answer = self.handle(parts[0], parts[1].split("?", 1)[0])
+        return await answer if inspect.isawaitable(answer) else answer

@@ -36,12 +36,29 @@ class Value(NamedTuple):
     revision: int
 
 
+class Snapshot(NamedTuple):
+    """A bucket's values as of ``revision``: the stream sequence of the last
+    message read (for an empty bucket, its last sequence); two reads with the same
+    revision read the same values."""
+
+    values: dict[str, Value]
+    revision: int
+
+
 async def read_bucket(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> dict[str, Value]:
     """Every key of KV ``bucket`` that has a value (deleted keys left out).
     Raises ``TimeoutError`` when the values do not arrive within ``timeout``."""
+    return (await read_snapshot(js, bucket, timeout)).values
+
+
+async def read_snapshot(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> Snapshot:
+    """:func:`read_bucket` with the revision it read up to. The last message
+    of every key is delivered in stream order, so the last one read, where
+    the server has nothing pending, is the stream's last message then."""
     stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
-    if await _empty(js, stream):
-        return {}
+    messages, last = await _stream_state(js, stream)
+    if not messages:
+        return Snapshot({}, last)
     sub = await js.subscribe(
         f"{prefix}>",
         stream=stream,
@@ -51,6 +68,7 @@ async def read_bucket(js: JetStreamContext, bucket: str, timeout: float = 10.0) 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     out: dict[str, Value] = {}
+    revision = last
     try:
         while True:
             left = deadline - loop.time()
@@ -59,24 +77,27 @@ async def read_bucket(js: JetStreamContext, bucket: str, timeout: float = 10.0) 
             try:
                 msg = await sub.next_msg(timeout=min(left, 0.5))
             except nats.errors.TimeoutError:
-                if await _empty(js, stream):  # e.g. the last entries expired meanwhile
-                    return out
+                messages, last = await _stream_state(js, stream)
+                if not messages:  # e.g. the last entries expired meanwhile
+                    return Snapshot(out, last)
                 continue
             key = msg.subject[len(prefix) :]
+            revision = msg.metadata.sequence.stream
             headers = msg.headers or {}
             if headers.get("KV-Operation") in _DELETED or "Nats-Marker-Reason" in headers:
                 out.pop(key, None)
             else:
                 out[key] = Value(msg.data, msg.metadata.sequence.stream)
             if msg.metadata.num_pending == 0:
-                return out
+                return Snapshot(out, revision)
     finally:
         await sub.unsubscribe()
 
 
-async def _empty(js: JetStreamContext, stream: str) -> bool:
+async def _stream_state(js: JetStreamContext, stream: str) -> tuple[int, int]:
+    """How many messages the stream holds, and its last sequence."""
     info = await js.stream_info(stream)
-    return info.state.messages == 0
+    return info.state.messages, info.state.last_seq
 
 
 # A value larger than one part is stored compressed, in parts: keys
