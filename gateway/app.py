@@ -255,8 +255,9 @@ async def _job_request(request: Request, job_id: str, principal: Principal, verb
         check_token(job_id, "job id")
     except SubjectError as e:
         return _failure(404, views.NOT_FOUND, str(e))
-    if not principal.admin:
-        await _visible(request, principal, job_id)
+    if not principal.admin and await _visible(request, principal, job_id) is None:
+        # the answer to another tenant's job (_visible), word for word
+        return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
     try:
         reply = await call(bus)
     except (Unavailable, BadUpstream) as e:
