@@ -180,6 +180,12 @@ class GatewayClient:
         params = {"reason": reason} if reason else None
         return self._answer(self._call("DELETE", f"/jobs/{job_id}", params=params))
 
+    def hold(self, job_id: str, reason: str = "", release: bool = False) -> Answer:
+        """Hold a waiting job out of every plan, or (``release``) lift the hold."""
+        params = {"reason": reason} if reason else None
+        verb = "release" if release else "hold"
+        return self._answer(self._call("POST", f"/jobs/{job_id}/{verb}", params=params))
+
     def jobs_page(self, query: JobsQuery, limit: int, cursor: str | None = None) -> dict[str, Any]:
         """One page of ``GET /jobs``."""
         params = {"phase": query.phase, "tenant": query.tenant, "cursor": cursor}
@@ -331,10 +337,10 @@ def render_queue(body: Mapping[str, Any]) -> str:
         return f"{head}: no job waits"
     rows = [
         [str(i), e["job_id"], _num(e["priority"]), _num(e["latency_ratio"]),
-         "yes" if e.get("in_window") else "no", e.get("phase", "")]
+         "yes" if e.get("in_window") else "no", e.get("phase", ""), e.get("reason", "")]
         for i, e in enumerate(entries, 1)
     ]
-    header = ["#", "job", "priority", "latency ratio", "in window", "phase"]
+    header = ["#", "job", "priority", "latency ratio", "in window", "phase", "reason"]
     return "\n".join([head, *_table(header, rows)])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -15,7 +16,7 @@ from cli import auth as cli_auth
 from cli import experiment_command as cli_experiment
 from cli import policies as cli_policies
 from cli import up_command as cli_up
-from cli.client import GatewayClient
+from cli.client import Answer, GatewayClient
 from cli.config import DEFAULT_GATEWAY
 from cli.jobs_view import SORT_HELP, check_sort, sort_jobs
 from cli.up_command import POLICY_HELP
@@ -302,17 +303,77 @@ def nodes_remove(
 
 @app.command()
 def cancel(
-    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    job_ids: Annotated[list[str] | None, typer.Argument(help="the jobs' ids")] = None,
+    tenant: Annotated[str | None, typer.Option(help="every job of this tenant")] = None,
+    phase: Annotated[str | None, typer.Option(help="every job in this phase")] = None,
+    every: Annotated[bool, typer.Option("--all", help="every job that has not ended")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask to confirm")] = False,
     reason: Annotated[str, typer.Option(help="why (kept with the job)")] = "",
     gateway: GatewayOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Cancel a job (waiting or running). Exit 1 if the scheduler refuses."""
+    """Cancel jobs (waiting or running): one id, or many ids or filters, which
+    list the jobs and ask to confirm the count. Exit 1 if any is refused."""
+    from cli import jobctl
+
+    ids = job_ids or []
+    try:
+        jobctl.check_filters(ids, tenant, phase, every)
+    except jobctl.Selection as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if len(ids) == 1:
+        _one(gateway, token, config, ids[0], "cancelled", lambda c: c.cancel(ids[0], reason))
+        return
+    refused = _gateway_call(gateway, token, config, lambda c: _bulk_cancel(
+        c, ids or jobctl.matching(c, tenant, phase), reason, yes))
+    if refused:
+        raise typer.Exit(1)
+
+
+def _bulk_cancel(client: GatewayClient, ids: list[str], reason: str, yes: bool) -> int:
+    from cli import jobctl
+
+    if not ids:
+        typer.echo("no job matches")
+        return 0
+    typer.echo(jobctl.listing(ids))
+    if not yes:
+        if not sys.stdin.isatty():
+            typer.echo("error: not a terminal to confirm on; pass --yes to cancel them", err=True)
+            raise typer.Exit(2)
+        typer.confirm(f"cancel {len(ids)} jobs?", abort=True)
+    return jobctl.cancel_each(client, ids, reason, typer.echo)
+
+
+@app.command()
+def hold(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    reason: Annotated[str, typer.Option(help="why (shown as its reason)")] = "",
+    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+) -> None:
+    """Hold a waiting job: it is in no plan until `hops release` (a running
+    job cannot be held: not_pending). Exit 1 if the scheduler refuses."""
+    _one(gateway, token, config, job_id, "held", lambda c: c.hold(job_id, reason))
+
+
+@app.command()
+def release(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+) -> None:
+    """Release a held job: it is planned again. Exit 1 if the scheduler refuses."""
+    _one(gateway, token, config, job_id, "released", lambda c: c.hold(job_id, release=True))
+
+
+def _one(gateway: str | None, token: str | None, config: str | None, job_id: str, verb: str,
+         call: Callable[[GatewayClient], Answer]) -> None:
+    """One job's request, its answer on one line; exit 1 when refused."""
     from cli.client import render_answer
 
-    answer = _gateway_call(gateway, token, config, lambda c: c.cancel(job_id, reason))
-    typer.echo(render_answer(job_id, answer, verb="cancelled"))
+    answer = _gateway_call(gateway, token, config, call)
+    typer.echo(render_answer(job_id, answer, verb=verb))
     if not answer.ok:
         raise typer.Exit(1)
 

@@ -11,6 +11,8 @@ endpoint                     does                                          answe
                              (100, at most 1000), ``cursor``               400
 ``GET /jobs/{id}``           one record                                    200, 404
 ``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 404, 409, 503
+``POST /jobs/{id}/hold``     ``hold_job`` on ``hops.v1.jobs.hold``         200, 404, 409, 503
+``POST /jobs/{id}/release``  ``hold_job`` (``hold`` false), the same       200, 404, 409, 503
 ``GET /queue``               the scheduler leader's ``QueueView``          200, 503
 ``GET /cluster``             ``hops_nodes`` servers, their GPUs and the    200
                              jobs holding them (``hops_alloc``)
@@ -25,8 +27,8 @@ endpoint                     does                                          answe
 Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``, a
 token of the tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
 401 without one; a tenant submits only for itself (403 for a body naming
-another tenant; without one, the job is the caller's), sees and cancels only
-its own jobs (another's answers 404) and removes no node (403); admins do
+another tenant; without one, the job is the caller's), sees, cancels and
+holds only its own jobs (another's answers 404) and removes no node (403); admins do
 everything. The scheduler's admission refuses, 403, a ``command`` from a
 tenant that may not run commands.
 
@@ -43,7 +45,7 @@ reply's code to the status. Bodies above ``MAX_PAYLOAD`` are refused with
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -60,7 +62,7 @@ from gateway.openapi import json_response, openapi, submit_body_schema
 from gateway.settings import GatewaySettings
 from services.runtime.bus import nats_status
 from shared import subjects
-from shared.events import INVALID, TOO_LARGE
+from shared.events import INVALID, TOO_LARGE, Reply
 from shared.records import JobRecord
 from shared.subjects import SubjectError, check_token
 from shared.tenants import Principal, TenantsFile
@@ -227,20 +229,43 @@ def _job_routes(app: FastAPI) -> None:
     )
     async def cancel(request: Request, job_id: str, principal: Caller,
                      reason: str = "") -> JSONResponse:
-        bus = _bus(request)
-        try:
-            check_token(job_id, "job id")
-        except SubjectError as e:
-            return _failure(404, views.NOT_FOUND, str(e))
-        if not principal.admin:  # a tenant cancels only its own jobs
-            await _visible(request, principal, job_id)
-        try:
-            reply = await bus.cancel(job_id, reason)
-        except (Unavailable, BadUpstream) as e:
-            return _upstream_failure(e)
-        bus.log.info("cancel answered", job_id=job_id, ok=reply.ok, code=reply.code,
-                     identity=access.identity(principal))
-        return _json(views.reply_status(reply), views.reply_body(reply))
+        return await _job_request(request, job_id, principal, "cancel",
+                                  lambda bus: bus.cancel(job_id, reason))
+
+    for verb, hold in (("hold", True), ("release", False)):
+        _hold_route(app, verb, hold)
+
+
+def _hold_route(app: FastAPI, verb: str, hold: bool) -> None:
+    @app.post(f"/jobs/{{job_id}}/{verb}", summary=f"{verb.capitalize()} a waiting job",
+              responses={404: {"description": "no such job"},
+                         409: {"description": "it has ended, or (hold) it runs: not_pending"},
+                         **_ERRORS})
+    async def hold_or_release(request: Request, job_id: str, principal: Caller,
+                              reason: str = "") -> JSONResponse:
+        return await _job_request(request, job_id, principal, verb,
+                                  lambda bus: bus.hold(job_id, hold, reason))
+
+
+async def _job_request(request: Request, job_id: str, principal: Principal, verb: str,
+                       call: Callable[[GatewayBus], Awaitable[Reply]]) -> JSONResponse:
+    """Cancel, hold or release ``job_id`` through ``call``: a tenant only its
+    own jobs (another's answers 404, as an unknown id)."""
+    bus = _bus(request)
+    try:
+        check_token(job_id, "job id")
+    except SubjectError as e:
+        return _failure(404, views.NOT_FOUND, str(e))
+    if not principal.admin and await _visible(request, principal, job_id) is None:
+        # the answer to another tenant's job (_visible), word for word
+        return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
+    try:
+        reply = await call(bus)
+    except (Unavailable, BadUpstream) as e:
+        return _upstream_failure(e)
+    bus.log.info(f"{verb} answered", job_id=job_id, ok=reply.ok, code=reply.code,
+                 identity=access.identity(principal))
+    return _json(views.reply_status(reply), views.reply_body(reply))
 
 
 def _cluster_routes(app: FastAPI) -> None:

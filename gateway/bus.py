@@ -20,7 +20,7 @@ from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
-from shared.events import CancelJob, RemoveNode, Reply, WireError, decode_reply, encode
+from shared.events import CancelJob, HoldJob, RemoveNode, Reply, WireError, decode_reply, encode
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, NodeRecord, Placement, QueueView
 from shared.subjects import SubjectError, check_token
@@ -106,6 +106,11 @@ class GatewayBus:
         """Ask the scheduler to cancel ``job_id`` (a valid subject token)."""
         data = encode(CancelJob(job_id=JobId(job_id), reason=reason))
         return await self._reply(subjects.JOBS_CANCEL, data)
+
+    async def hold(self, job_id: str, hold: bool, reason: str) -> Reply:
+        """Ask the scheduler to hold (or release) ``job_id`` (a valid subject token)."""
+        data = encode(HoldJob(job_id=JobId(job_id), hold=hold, reason=reason))
+        return await self._reply(subjects.JOBS_HOLD, data)
 
     async def remove_node(self, server_id: str, force: bool, reason: str) -> Reply:
         """Ask the monitor to remove node ``server_id`` (a valid subject token)."""

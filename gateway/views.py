@@ -16,7 +16,7 @@ from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
 from shared.resources import NOTHING, RESOURCE_NAMES, total
-from shared.wire import FORBIDDEN, UNAUTHORIZED, UNSCHEDULABLE
+from shared.wire import FORBIDDEN, NOT_PENDING, UNAUTHORIZED, UNSCHEDULABLE
 
 PHASES: tuple[str, ...] = get_args(JobPhase)
 
@@ -46,6 +46,7 @@ _STATUS_OF_CODE: Mapping[str, int] = {
     TOO_LARGE: 413,
     CONFLICT: 409,
     DUPLICATE: 409,
+    NOT_PENDING: 409,  # a hold of a running job
     NOT_FOUND: 404,
     UNAUTHORIZED: 401,
     FORBIDDEN: 403,  # e.g. a command from a tenant that may not run commands

@@ -116,6 +116,8 @@ def step(life: Life | None, event: Transition) -> Outcome:
             return _end(life, "failed", event.at)
         case ev.JobCancelled():
             return _end(life, "cancelled", event.at)
+        case ev.JobHeld() | ev.JobReleased():
+            return life  # a hold moves no phase: the shells keep ``held``
         case Profile():
             return _profile(life)
         case Queue():

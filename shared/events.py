@@ -78,6 +78,19 @@ class CancelJob(Message, frozen=True, tag="cancel_job"):
         check_token(self.job_id, "job id")
 
 
+class HoldJob(Message, frozen=True, tag="hold_job"):
+    """Request on ``hops.v1.jobs.hold``: hold a waiting job out of every
+    plan (``hold``), or release it (``hold`` false), as Slurm's
+    ``scontrol hold``/``release``; a running job cannot be held."""
+
+    job_id: JobId
+    hold: bool = True
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        check_token(self.job_id, "job id")
+
+
 class Reply(Message, frozen=True, tag="reply"):
     """Reply to submit, cancel and register; ``code`` is set when ``ok`` is false."""
 
@@ -302,6 +315,21 @@ class JobCancelled(Message, frozen=True, tag="job_cancelled"):
     at: float
 
 
+class JobHeld(Message, frozen=True, tag="job_held"):
+    """A user held the job: it waits, in no plan, until ``job_released``."""
+
+    job_id: JobId
+    at: float
+    reason: str = ""
+
+
+class JobReleased(Message, frozen=True, tag="job_released"):
+    """The hold of the job is lifted: it is planned again."""
+
+    job_id: JobId
+    at: float
+
+
 # --- measurements (stream HOPS_SAMPLES) -----------------------------------------
 
 
@@ -394,6 +422,8 @@ JobEvent: TypeAlias = (
     | JobFinished
     | JobFailed
     | JobCancelled
+    | JobHeld
+    | JobReleased
 )
 SampleEvent: TypeAlias = SampleReported | ProfileReported
 # What an executor may say of a job on ``hops.v1.reports.<server>.<job>``.
@@ -403,6 +433,7 @@ PlanEvent: TypeAlias = PlanIssued | ResourcesReleased
 AnyMessage: TypeAlias = (
     SubmitJob
     | CancelJob
+    | HoldJob
     | Reply
     | RegisterNode
     | RemoveNode
@@ -443,6 +474,7 @@ def decode_submit(data: bytes, max_payload: int = MAX_PAYLOAD) -> SubmitJob:
 
 # Each decoder: (data: bytes, max_payload: int = MAX_PAYLOAD) -> the message.
 decode_cancel = Codec[CancelJob](CancelJob, "cancel_job").decode
+decode_hold = Codec[HoldJob](HoldJob, "hold_job").decode
 decode_reply = Codec[Reply](Reply, "reply").decode
 decode_register = Codec[RegisterNode](RegisterNode, "register_node").decode
 decode_remove_node = Codec[RemoveNode](RemoveNode, "remove_node").decode

@@ -46,6 +46,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     restarts: int = 0
     attained_by_type: dict[GpuType, float] = {}
     reason: str = ""
+    # Held by a user (``hops hold``): in no plan until released; its reason
+    # starts with ``held`` (Slurm's JobHeldUser).
+    held: bool = False
 
     @property
     def job_id(self) -> JobId:
@@ -102,6 +105,8 @@ class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
     in_window: bool
     phase: JobPhase = "queued"
     v: int = 1
+    # Why it is not ranked: ``held`` for a held job (empty: it is).
+    reason: str = ""
 
 
 class QueueView(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,8 @@ PREFIX = "hops.v1"
 # Request/reply, JSON (external clients speak these).
 JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
 JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
+# Hold and release (``hold_job``), served like cancel, tenant-scoped form too.
+JOBS_HOLD = f"{PREFIX}.jobs.hold"
 # Node-scoped: the last token is the executor's server id, which its NATS
 # identity may use and no other (the monitor serves the wildcard).
 NODES_REGISTER_ALL = f"{PREFIX}.nodes.register.*"
@@ -30,6 +32,7 @@ ADMISSION_QUEUE = "admission"
 # last token): the scheduler serves both patterns in queue group ``admission``.
 JOBS_SUBMIT_TENANT_ALL = f"{JOBS_SUBMIT}.*"
 JOBS_CANCEL_TENANT_ALL = f"{JOBS_CANCEL}.*"
+JOBS_HOLD_TENANT_ALL = f"{JOBS_HOLD}.*"
 
 # Persisted on JetStream.
 JOB_EVENTS_ALL = f"{PREFIX}.jobs.events.*"
@@ -136,6 +139,10 @@ def tenant_submit(tenant: str) -> str:
 
 def tenant_cancel(tenant: str) -> str:
     return f"{JOBS_CANCEL}.{check_token(tenant, 'tenant')}"
+
+
+def tenant_hold(tenant: str) -> str:
+    return f"{JOBS_HOLD}.{check_token(tenant, 'tenant')}"
 
 
 def tenant_events(tenant: str, job_id: str) -> str:

@@ -28,6 +28,10 @@ FORBIDDEN = "forbidden"
 # An error record of the scheduler leader: a plan that over-allocated what its
 # snapshot left free, refused and never published (docs/live.md).
 PLAN_REFUSED = "plan_refused"
+# A hold of a job that is not pending (it runs): as Slurm, only a waiting job
+# can be held (HTTP 409). ``held`` is the reason a held job waits under.
+NOT_PENDING = "not_pending"
+HELD = "held"
 
 
 class WireError(ValueError):

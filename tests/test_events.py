@@ -41,6 +41,7 @@ REPORT = ProfileReport(J1, GpuType("rtx"), S0, TimeModules(0.1, 0.2, 0.01, 2, (0
 MESSAGES: list[ev.Message] = [
     ev.SubmitJob(spec=SPEC),
     ev.CancelJob(job_id=J1, reason="user"),
+    ev.HoldJob(job_id=J1, hold=False, reason="after the deadline"),
     ev.Reply(ok=True, job_id="j1"),
     ev.Reply(ok=False, error="no such job", code="not_found"),
     ev.RegisterNode(server=Server(S0, GpuType("rtx"), 4, cpu="epyc"), gpu_type=RTX, order=3),
@@ -67,6 +68,8 @@ MESSAGES: list[ev.Message] = [
     ev.JobFinished(job_id=J1, at=6.0),
     ev.JobFailed(job_id=J1, at=7.0, reason="oom"),
     ev.JobCancelled(job_id=J1, at=8.0),
+    ev.JobHeld(job_id=J1, at=8.5, reason="until the data is in"),
+    ev.JobReleased(job_id=J1, at=9.0),
     ev.SampleReported(sample=SAMPLE, at=9.0),
     ev.ProfileReported(report=REPORT),
     ev.NodeHeartbeat(server_id=S0, at=10.0, running=(J1,)),
@@ -79,6 +82,7 @@ MESSAGES: list[ev.Message] = [
 DECODERS = {
     ev.SubmitJob: ev.decode_submit,
     ev.CancelJob: ev.decode_cancel,
+    ev.HoldJob: ev.decode_hold,
     ev.Reply: ev.decode_reply,
     ev.RegisterNode: ev.decode_register,
     ev.RemoveNode: ev.decode_remove_node,

@@ -34,7 +34,7 @@ STARTS = (ev.JobStarted, ev.JobResized)
 
 
 def _event(kind: int, config: int, at: float) -> lc.Transition:
-    """One of the lifecycle's eleven kinds of transition."""
+    """One of the lifecycle's thirteen kinds of transition."""
     c = CONFIGS[config]
     options: tuple[lc.Transition, ...] = (
         ev.JobSubmitted(job_id=J, spec=SPEC, at=at),
@@ -48,6 +48,8 @@ def _event(kind: int, config: int, at: float) -> lc.Transition:
         lc.Profile(job_id=J, at=at),
         lc.Queue(job_id=J, at=at),
         lc.Retune(job_id=J, configuration=c, at=at),
+        ev.JobHeld(job_id=J, at=at),
+        ev.JobReleased(job_id=J, at=at),
     )
     return options[kind]
 
@@ -185,9 +187,9 @@ def test_every_kind_of_transition_has_a_case() -> None:
     # the ``assert_never`` branch (mypy checks the same statically).
     members = set(typing.get_args(lc.Transition))
     assert members == set(typing.get_args(ev.JobEvent)) | {lc.Profile, lc.Queue, lc.Retune}
-    seen = {type(_event(k, 0, 1.0)) for k in range(11)}
+    seen = {type(_event(k, 0, 1.0)) for k in range(13)}
     assert seen == members
-    for kind in range(11):
+    for kind in range(13):
         lc.step(_life(*QUEUED), _event(kind, 0, 1.0))
 
 

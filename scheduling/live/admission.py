@@ -20,7 +20,9 @@ this module adds what the live system needs on top:
   value is overwritten), because the queue orders ties by it (§3.6).
 
 A duplicate id is a ``conflict``; cancelling an unknown job is ``not_found``
-and cancelling a job that already ended is a ``conflict``.
+and cancelling a job that already ended is a ``conflict``. Holding or
+releasing follows cancel, and a hold of a running job is ``not_pending``
+(:func:`hold_refusal`, as Slurm holds only pending jobs).
 
 Against the registered nodes (``hops_nodes``, alive or not: a node that is
 down for a while is still the cluster's until an operator removes it), as
@@ -56,7 +58,7 @@ import msgspec
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord
-from shared.wire import INVALID, UNSCHEDULABLE
+from shared.wire import INVALID, NOT_PENDING, UNSCHEDULABLE
 
 MAX_ID_LENGTH = 128
 MAX_GPUS = 4096
@@ -171,6 +173,18 @@ def cancel_refusal(job_id: JobId, record: JobRecord | None) -> Refusal | None:
         return Refusal(NOT_FOUND, f"no job {job_id}")
     if record.final:
         return Refusal(CONFLICT, f"job {job_id} is {record.phase} already")
+    return None
+
+
+def hold_refusal(job_id: JobId, record: JobRecord | None, hold: bool) -> Refusal | None:
+    """Why ``job_id`` cannot be held (``hold``) or released, or ``None``
+    when it can: as a cancel, and a hold of a running job is ``not_pending``."""
+    refusal = cancel_refusal(job_id, record)
+    if refusal is not None or record is None:
+        return refusal
+    if hold and record.phase == "running":
+        return Refusal(NOT_PENDING, f"job {job_id} is running; only a waiting job can be held "
+                                    f"(cancel it, or hold it once it waits again)")
     return None
 
 

@@ -68,7 +68,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM, JobSpec
 from shared.records import NodeRecord, Placement, QueueEntry, QueueView
 from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
-from shared.wire import UNSCHEDULABLE
+from shared.wire import HELD, UNSCHEDULABLE
 
 
 def cluster_of(nodes: Iterable[NodeRecord], name: str = "live") -> Cluster:
@@ -212,9 +212,10 @@ def build_snapshot(
     holders = [
         _job(ctx, rec, allocs.get(rec.job_id))
         for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id))
-        # held: it fits no alive server, or the policy (state.hold)
-        if not rec.final and not (rec.phase == "queued"
-                                  and hold_problem(rec.spec, alive, r_num, schedules_cores))
+        # held: it fits no alive server, or the policy (state.hold), or a user
+        if not rec.final and not (rec.phase == "queued" and (
+            _user_held(rec, allocs, inflight)
+            or hold_problem(rec.spec, alive, r_num, schedules_cores)))
     ]
     unbooked = inflight.unbooked_profiling(allocs)
     runs = unbooked + Counter(
@@ -229,6 +230,14 @@ def build_snapshot(
                         if n.memory_bandwidth_gbps > 0},
     )
     return Built(built.snapshot, built.sticky)
+
+
+def _user_held(rec: LiveJobRecord, allocs: Mapping[JobId, Placement],
+               inflight: Inflight) -> bool:
+    """A queued job a user holds, with nothing booked or starting for it
+    (those keep their holder until the placer is done, so nothing is
+    booked twice)."""
+    return rec.held and rec.job_id not in allocs and rec.job_id not in inflight.starts
 
 
 def _profiling_job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None,
@@ -324,7 +333,8 @@ def queue_view(
     whether its service window holds them (Sia and Gavel have no window).
     Waiting jobs the plan did not rank (profiling, without an estimate, or
     arrived since) follow in submission order with priority 0, outside the
-    window; held jobs (``unschedulable``) and running ones are left out."""
+    window (a job a user holds with the reason ``held``); jobs held as
+    ``unschedulable`` and running ones are left out."""
     waiting = sorted(
         (r for r in records.values() if _waiting(r)),
         key=lambda r: (r.spec.submit_time, r.job_id),
@@ -347,7 +357,7 @@ def queue_view(
     ]
     entries += [
         QueueEntry(job_id=r.job_id, priority=0.0, latency_ratio=0.0, in_window=False,
-                   phase=r.phase)
+                   phase=r.phase, reason=HELD if r.held else "")
         for r in waiting
         if r.job_id not in ranked
     ]

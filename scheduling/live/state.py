@@ -35,7 +35,10 @@ lifecycle refuses changes only ``last_seq`` and says why.
 ``reason`` says why a job waits or ended (a stop's reason, a failure's) and
 is cleared when it starts. A queued job that fits no GPU type of the alive
 nodes is *held*: reason ``unschedulable: ...``, in no plan, until capacity
-returns (:func:`hold`). While a job runs, the leader writes the progress its
+returns (:func:`hold`). A job a user holds (``job_held``, ``hops hold``)
+keeps its phase, has ``held`` set and the reason ``held: ...``, and is in no
+plan until ``job_released`` (:func:`scheduling.live.snapshot.build_snapshot`).
+While a job runs, the leader writes the progress its
 heartbeats report into ``samples_done`` (:func:`with_progress`), so what a
 client reads is current.
 """
@@ -53,7 +56,7 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord
-from shared.wire import UNSCHEDULABLE  # also the reason of a job held out of every plan
+from shared.wire import HELD, UNSCHEDULABLE  # UNSCHEDULABLE: also a held job's reason
 
 PROFILING_PHASES = lc.PROFILING_PHASES
 
@@ -215,6 +218,12 @@ def _book(rec: LiveJobRecord, life: lc.Life, event: ev.JobEvent, facts: Facts) -
             return _ended(rec, life, event.at, facts, facts.progress, event.reason)
         case ev.JobCancelled():
             return _ended(rec, life, event.at, facts, facts.progress, "cancelled")
+        case ev.JobHeld():
+            why = f"{HELD}: {event.reason}" if event.reason else HELD
+            return msgspec.structs.replace(rec, held=True, reason=why)
+        case ev.JobReleased():
+            return msgspec.structs.replace(rec, held=False,
+                                           reason="" if rec.held else rec.reason)
         case ev.JobSubmitted():  # the lifecycle refuses a known job's submission
             raise AssertionError(f"job {rec.job_id} submitted twice")
         case _:
@@ -238,6 +247,8 @@ def wants_plan(
     profiling tasks, §3.2) or a job whose profiles just made it plannable."""
     if isinstance(event, ev.JobSubmitted):
         return not (after or before or new_record(event.spec, 0.0)).final
+    if isinstance(event, ev.JobReleased):  # plannable again
+        return after is not None and before is not None and before.held and not after.final
     return (
         after is not None
         and after.phase == "queued"
@@ -258,7 +269,7 @@ def hold(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
     """A waiting job that fits no alive GPU type (``problem`` says why) is
     held with the reason ``unschedulable: ...``, and released when it fits
     again (``problem`` None); ``None`` when nothing changes."""
-    if rec.phase != "queued":
+    if rec.phase != "queued" or rec.held:  # a user's hold names its own reason
         return None
     reason = f"{UNSCHEDULABLE}: {problem}" if problem is not None else ""
     if reason == rec.reason or (not reason and not rec.reason.startswith(UNSCHEDULABLE)):

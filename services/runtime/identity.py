@@ -137,7 +137,8 @@ def _scheduler() -> Permissions:
         SCHEDULER,
         publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, _TENANT_FEEDS),
         subscribe=(subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL, subjects.JOBS_CANCEL,
-                   subjects.JOBS_CANCEL_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
+                   subjects.JOBS_CANCEL_TENANT_ALL, subjects.JOBS_HOLD,
+                   subjects.JOBS_HOLD_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
                    subjects.JOB_HEARTBEATS_ALL),
         kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_LAYERS, subjects.KV_TENANTS),
         responds=True,
@@ -147,7 +148,7 @@ def _scheduler() -> Permissions:
 def _gateway() -> Permissions:
     # A trusted caller: the bare subjects, with the tenant it authenticated.
     return _service(GATEWAY, publish=(subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL,
-                                      subjects.NODES_REMOVE, subjects.QUEUE))
+                                      subjects.JOBS_HOLD, subjects.NODES_REMOVE, subjects.QUEUE))
 
 
 _SERVICE_TABLE = {
@@ -177,9 +178,10 @@ def executor_permissions(server_id: str) -> Permissions:
 
 
 def tenant_permissions(tenant: str) -> Permissions:
-    """A client of ``tenant``: submit and cancel its jobs, read its feed."""
+    """A client of ``tenant``: submit, cancel and hold its jobs, read its feed."""
     return Permissions(
-        publish=(subjects.tenant_submit(tenant), subjects.tenant_cancel(tenant)),
+        publish=(subjects.tenant_submit(tenant), subjects.tenant_cancel(tenant),
+                 subjects.tenant_hold(tenant)),
         subscribe=(f"{PREFIX}.tenants.{check_token(tenant, 'tenant')}.>",
                    f"{inbox_prefix(tenant_identity(tenant))}.>"),
     )

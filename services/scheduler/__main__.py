@@ -42,6 +42,10 @@ async def run(
         await serve_scoped_requests(
             ctx.nc, cancel, ev.decode_cancel, admission.cancel, ctx.reporter, queue=queue
         )
+    for hold in (subjects.JOBS_HOLD, subjects.JOBS_HOLD_TENANT_ALL):
+        await serve_scoped_requests(
+            ctx.nc, hold, ev.decode_hold, admission.hold, ctx.reporter, queue=queue
+        )
     elector = Elector(ctx, settings, layers)
     ctx.log.info("admission ready", replica=elector.lease.holder,
                  tenants=sorted(settings.tenants.tenants))

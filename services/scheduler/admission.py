@@ -6,7 +6,8 @@ policy's traits say whether CPU jobs may run and whether the tenants' cells
 must hold it, :func:`scheduling.live.cells.cells_refusal`), published as
 ``job_submitted`` on ``HOPS_JOBS`` and acknowledged once the stream stored
 it; its record is then created in ``hops_jobs``. A cancel publishes
-``job_cancelled``.
+``job_cancelled``; a hold (``hops.v1.jobs.hold``) ``job_held`` or
+``job_released``, under the same tenant rules as a cancel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from services.scheduler.kv import decode_all, get_record
 from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
 from shared import subjects
+from shared.ids import JobId
 from shared.job import JobSpec
 from shared.records import NodeRecord
 from shared.tenants import DEFAULT_TENANTS, TenantsFile
@@ -132,10 +134,7 @@ class Admission:
             return await self._cancel(req, subject, scope)
 
     async def _cancel(self, req: ev.CancelJob, subject: str, scope: str | None) -> ev.Message:
-        record = (await get_record(self.kv, req.job_id))[0] if adm.valid_id(req.job_id) else None
-        denied = tn.cancel_scope_refusal(self.tenants, req.job_id, record, scope)
-        if denied is not None:
-            await self._refuse(denied, subject, scope, ev.encode(req))
+        record = await self._own_record(req.job_id, req, subject, scope)
         refusal = adm.cancel_refusal(req.job_id, record)
         if refusal is not None:
             raise Rejected(refusal.code, refusal.message)
@@ -144,6 +143,38 @@ class Admission:
         await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
         self.ctx.log.info("job cancelled", reason=req.reason)
         return ev.Reply(ok=True, job_id=req.job_id)
+
+    async def hold(self, req: ev.HoldJob, subject: str) -> ev.Message:
+        scope = tn.scope_of(subject, subjects.JOBS_HOLD_TENANT_ALL)
+        with bound_contextvars(job_id=req.job_id, identity=_identity(scope)):
+            return await self._hold(req, subject, scope)
+
+    async def _hold(self, req: ev.HoldJob, subject: str, scope: str | None) -> ev.Message:
+        record = await self._own_record(req.job_id, req, subject, scope)
+        refusal = adm.hold_refusal(req.job_id, record, req.hold)
+        if refusal is not None:
+            raise Rejected(refusal.code, refusal.message)
+        assert record is not None  # hold_refusal refuses an unknown job
+        if record.held == req.hold:  # held already, or not held: nothing to do
+            return ev.Reply(ok=True, job_id=req.job_id)
+        now = time.time()
+        event: ev.JobEvent = (ev.JobHeld(job_id=req.job_id, at=now, reason=req.reason)
+                              if req.hold else ev.JobReleased(job_id=req.job_id, at=now))
+        # one per state seen: a retried request is stored once
+        msg_id = f"{req.job_id}:{'job_held' if req.hold else 'job_released'}:{record.last_seq}"
+        await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
+        self.ctx.log.info("job held" if req.hold else "job released", reason=req.reason)
+        return ev.Reply(ok=True, job_id=req.job_id)
+
+    async def _own_record(self, job_id: JobId, req: ev.Message, subject: str,
+                          scope: str | None) -> st.LiveJobRecord | None:
+        """The record of ``job_id`` (None: no such job), after the tenant
+        rules of a cancel or hold by tenant ``scope`` (refused, audited)."""
+        record = (await get_record(self.kv, job_id))[0] if adm.valid_id(job_id) else None
+        denied = tn.cancel_scope_refusal(self.tenants, job_id, record, scope)
+        if denied is not None:
+            await self._refuse(denied, subject, scope, ev.encode(req))
+        return record
 
     async def _refuse(self, denied: tn.TenantRefusal, subject: str, scope: str | None,
                       data: bytes) -> NoReturn:
