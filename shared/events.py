@@ -139,6 +139,21 @@ class RemoveNode(Message, frozen=True, tag="remove_node"):
         check_token(self.server_id, "server id")
 
 
+class DrainNode(Message, frozen=True, tag="drain_node"):
+    """Request on ``hops.v1.nodes.drain``: an operator drains a registered
+    node (``drain``: no new work goes there; with ``move`` its running jobs
+    are stopped with a checkpoint at the next round and planned elsewhere),
+    or undrains it (``drain`` false), as Slurm's ``state=drain``/``resume``."""
+
+    server_id: ServerId
+    drain: bool = True
+    move: bool = False
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        check_token(self.server_id, "server id")
+
+
 class EstimateRequest(Message, frozen=True, tag="estimate_request"):
     """Request on ``hops.v1.estimate`` (queue group ``estimator``)."""
 
@@ -437,6 +452,7 @@ AnyMessage: TypeAlias = (
     | Reply
     | RegisterNode
     | RemoveNode
+    | DrainNode
     | EstimateRequest
     | EstimateReply
     | Command
@@ -478,6 +494,7 @@ decode_hold = Codec[HoldJob](HoldJob, "hold_job").decode
 decode_reply = Codec[Reply](Reply, "reply").decode
 decode_register = Codec[RegisterNode](RegisterNode, "register_node").decode
 decode_remove_node = Codec[RemoveNode](RemoveNode, "remove_node").decode
+decode_drain_node = Codec[DrainNode](DrainNode, "drain_node").decode
 decode_estimate_request = Codec[EstimateRequest](EstimateRequest, "estimate_request").decode
 decode_estimate_reply = Codec[EstimateReply](EstimateReply, "estimate_reply").decode
 decode_command = Codec[Command](Command, "command").decode

@@ -93,6 +93,11 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Memory bandwidth in use (GB/s) its last written heartbeat reported
     # (resctrl's MBM; 0: not measured): CODA's eliminator reads it.
     memory_bandwidth_gbps: float = 0.0
+    # An operator drained it (``drain_node``): no new work goes there; with
+    # ``drain_move`` its running jobs are moved off at the next round too.
+    # Kept when the node registers again; only ``undrain`` clears it.
+    drained: bool = False
+    drain_move: bool = False
 
 
 class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):

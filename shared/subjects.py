@@ -22,6 +22,8 @@ JOBS_HOLD = f"{PREFIX}.jobs.hold"
 # identity may use and no other (the monitor serves the wildcard).
 NODES_REGISTER_ALL = f"{PREFIX}.nodes.register.*"
 NODES_REMOVE = f"{PREFIX}.nodes.remove"
+# Drain and undrain (``drain_node``), answered by the monitor.
+NODES_DRAIN = f"{PREFIX}.nodes.drain"
 ESTIMATE = f"{PREFIX}.estimate"
 ESTIMATOR_QUEUE = "estimator"
 # The scheduler's queue view (priority, latency ratio, window), answered by the leader.

@@ -27,7 +27,8 @@ The leader builds a snapshot the way the simulator does
   of jobs the planner does not replan (ended, unknown, on a lost node) and
   profiling tasks issued but not yet booked; a plan later in the round
   (``first_plan=False``) also holds the GPUs of running jobs, starts
-  issued but not yet booked included;
+  issued but not yet booked included; and the GPUs of drained nodes
+  (:mod:`scheduling.live.drain`);
 - ``held_extras`` has the cores and memory (``Configuration.extras``) of
   the same configurations whose GPUs ``held`` has;
 - ``layer_state`` is each stateful layer's state after the last published
@@ -55,6 +56,7 @@ import msgspec
 from scheduling.assemble import Holder, assemble, hidden
 from scheduling.live.admission import hold_problem
 from scheduling.live.clock import Inflight
+from scheduling.live.drain import drain_held
 from scheduling.live.samples import Throughputs
 from scheduling.live.state import PROFILING_PHASES, Facts, LiveJobRecord
 from scheduling.policies.hops.window import order_queue
@@ -127,7 +129,8 @@ def facts(
 
 def topology(nodes: Iterable[NodeRecord]) -> tuple[tuple[ServerId, GpuType, int, int], ...]:
     """What planning depends on in the nodes (alive servers, their types,
-    sizes and order); heartbeat times are left out."""
+    sizes and order; drain states are :func:`scheduling.live.drain.drain_states`);
+    heartbeat times are left out."""
     return tuple(
         (n.server.id, n.server.gpu_type, n.server.gpus, n.order)
         for n in sorted(nodes, key=lambda n: n.server.id)
@@ -225,7 +228,7 @@ def build_snapshot(
         now, cluster, holders, estimates, first_plan=first_plan, plans_cores=schedules_cores,
         pinned=[a.configuration for job_id, a in allocs.items()
                 if (owner := records.get(job_id)) is None or owner.final],
-        pinned_gpus=unbooked, profiling=runs, layer_state=layer_state,
+        pinned_gpus=unbooked + drain_held(alive, holders), profiling=runs, layer_state=layer_state,
         bandwidth_gbps={n.server.id: n.memory_bandwidth_gbps for n in alive
                         if n.memory_bandwidth_gbps > 0},
     )

@@ -125,7 +125,7 @@ def _monitor() -> Permissions:
         MONITOR,
         publish=(_EVENTS, subjects.SAMPLES_ALL, subjects.PROFILES_ALL, subjects.RELEASED,
                  subjects.EXEC_ALL, subjects.QUEUE),
-        subscribe=(subjects.NODES_REGISTER_ALL, subjects.NODES_REMOVE,
+        subscribe=(subjects.NODES_REGISTER_ALL, subjects.NODES_REMOVE, subjects.NODES_DRAIN,
                    subjects.NODE_HEARTBEATS_ALL, subjects.JOB_HEARTBEATS_ALL, subjects.ERRORS),
         kv=(subjects.KV_NODES, subjects.KV_ALLOC),
         responds=True,
@@ -148,7 +148,8 @@ def _scheduler() -> Permissions:
 def _gateway() -> Permissions:
     # A trusted caller: the bare subjects, with the tenant it authenticated.
     return _service(GATEWAY, publish=(subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL,
-                                      subjects.JOBS_HOLD, subjects.NODES_REMOVE, subjects.QUEUE))
+                                      subjects.JOBS_HOLD, subjects.NODES_REMOVE,
+                                      subjects.NODES_DRAIN, subjects.QUEUE))
 
 
 _SERVICE_TABLE = {

@@ -20,6 +20,7 @@ from structlog.typing import FilteringBoundLogger
 
 from scheduling.live import snapshot as snap
 from scheduling.live import state as st
+from scheduling.live.drain import drain_states
 from scheduling.live.state import LiveJobRecord
 from services.runtime.consumer import ConsumerSpec
 from services.runtime.kv import read_bucket as kv_read
@@ -64,9 +65,11 @@ async def watch_topology(
     log: FilteringBoundLogger,
 ) -> None:
     """Call ``on_change`` whenever the alive servers of ``hops_nodes``
-    change (:func:`scheduling.live.snapshot.topology`: heartbeat times do not count)."""
+    change, or are drained or undrained (:func:`scheduling.live.snapshot.topology`,
+    :func:`scheduling.live.drain.drain_states`: heartbeat times do not count)."""
     nodes: dict[str, NodeRecord] = {n.server.id: n for n in initial}
     topology = snap.topology(nodes.values())
+    drained = drain_states(nodes.values())
     while True:
         # A watcher is an ordered consumer, which a NATS restart ends
         # without a word: after each reconnect a new one replays every key.
@@ -84,9 +87,11 @@ async def watch_topology(
                     if entry is not None:
                         deleted = entry.operation in ("DEL", "PURGE")
                         snap.node_update(nodes, entry.key, None if deleted else entry.value)
-                if snap.topology(nodes.values()) != topology:
+                if (snap.topology(nodes.values()), drain_states(nodes.values())) \
+                        != (topology, drained):
                     topology = snap.topology(nodes.values())
-                    log.info("cluster changed", servers=len(topology))
+                    drained = drain_states(nodes.values())
+                    log.info("cluster changed", servers=len(topology), drained=len(drained))
                     on_change()
         finally:
             with contextlib.suppress(Exception):
