@@ -218,6 +218,13 @@ class GatewayClient:
         params = {"force": "true" if force else "false", "reason": reason}
         return self._answer(self._call("DELETE", f"/nodes/{server_id}", params=params))
 
+    def drain_node(self, server_id: str, drain: bool = True, move: bool = False,
+                   reason: str = "") -> Answer:
+        """Drain the node (``move``: its jobs move at the next round), or undrain it."""
+        body = {"move": move, "reason": reason} if drain else {"reason": reason}
+        verb = "drain" if drain else "undrain"
+        return self._answer(self._call("POST", f"/nodes/{server_id}/{verb}", json=body))
+
     def queue(self) -> dict[str, Any]:
         return self._get("/queue")
 
@@ -352,6 +359,12 @@ def _held(server: Mapping[str, Any], what: str) -> str:
     return f"{server.get(f'{what}_used', 0)}/{server.get(f'{what}_free', 0)}"
 
 
+def _drain_state(server: Mapping[str, Any]) -> str:
+    if not server.get("drained"):
+        return "-"
+    return "drained,move" if server.get("drain_move") else "drained"
+
+
 def render_nodes(body: Mapping[str, Any]) -> str:
     """Servers with their GPUs, CPU cores and memory (MiB, where any server
     declares it) used and free, and who holds them."""
@@ -360,14 +373,17 @@ def render_nodes(body: Mapping[str, Any]) -> str:
     if not servers:
         return "no servers registered"
     memory = any(s.get("memory_mb") for s in servers)
+    drained = any(s.get("drained") for s in servers)  # a state column only then
     rows = [
         [s["id"], s["gpu_type"], str(s["gpus"]), str(s["used"]), str(s["free"]),
          _held(s, "cores"), *([_held(s, "memory_mb")] if memory else []),
-         "yes" if s["alive"] else "NO", " ".join(s.get("jobs", []))]
+         "yes" if s["alive"] else "NO", *([_drain_state(s)] if drained else []),
+         " ".join(s.get("jobs", []))]
         for s in servers
     ]
     header = ["server", "gpu type", "gpus", "used", "free", "cores used/free",
-              *(["MiB used/free"] if memory else []), "alive", "jobs"]
+              *(["MiB used/free"] if memory else []), "alive",
+              *(["state"] if drained else []), "jobs"]
     lines = _table(header, rows)
     lines.append(
         f"{t.get('alive_servers', 0)}/{t.get('servers', 0)} servers alive; "

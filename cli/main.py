@@ -264,7 +264,7 @@ def tenants(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOp
 
 
 nodes_app = typer.Typer(
-    help="The registered servers (`hops nodes`), their removal and the enrolment of new ones.")
+    help="The registered servers (`hops nodes`), their drain, removal and enrolment.")
 app.add_typer(nodes_app, name="nodes")
 
 
@@ -292,13 +292,34 @@ def nodes_remove(
 ) -> None:
     """Remove a node: a lost one, or an alive one with --force. It comes back
     when its executor registers again. Exit 1 if the monitor refuses."""
-    from cli.client import render_answer
+    _one(gateway, token, config, server_id, "removed",
+         lambda c: c.remove_node(server_id, force, reason))
 
-    answer = _gateway_call(gateway, token, config,
-                           lambda c: c.remove_node(server_id, force, reason))
-    typer.echo(render_answer(server_id, answer, verb="removed"))
-    if not answer.ok:
-        raise typer.Exit(1)
+
+@nodes_app.command("drain")
+def nodes_drain(
+    server_id: Annotated[str, typer.Argument(help="the server's id")],
+    move: Annotated[bool, typer.Option(
+        "--move", help="stop its running jobs with a checkpoint at the next round and "
+        "run them elsewhere (default: they finish there)")] = False,
+    reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
+    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+) -> None:
+    """Drain a node: no new work goes there until `hops nodes undrain`; a
+    restart or re-registration keeps it drained. Exit 1 if refused."""
+    _one(gateway, token, config, server_id, "drained, its jobs move" if move else "drained",
+         lambda c: c.drain_node(server_id, move=move, reason=reason))
+
+
+@nodes_app.command("undrain")
+def nodes_undrain(
+    server_id: Annotated[str, typer.Argument(help="the server's id")],
+    reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
+    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+) -> None:
+    """Undrain a node: it takes new work at the next plan. Exit 1 if refused."""
+    _one(gateway, token, config, server_id, "undrained",
+         lambda c: c.drain_node(server_id, drain=False, reason=reason))
 
 
 @app.command()

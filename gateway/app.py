@@ -20,6 +20,10 @@ endpoint                     does                                          answe
                              and bound servers (``hops_tenants``)
 ``DELETE /nodes/{id}``       ``remove_node`` on ``hops.v1.nodes.remove``   200, 404, 409, 503
                              (``?force=true`` for an alive node)
+``POST /nodes/{id}/drain``   ``drain_node`` on ``hops.v1.nodes.drain``     200, 400, 404, 503
+                             (body ``{"move": bool, "reason": str}``,
+                             optional): no new work there;
+                             ``/nodes/{id}/undrain``: ``drain`` false
 ``GET /healthz``             whether the NATS connection is up             200, 503
 ``GET /docs``                the OpenAPI (Swagger) page
 ===========================  ============================================  =====================
@@ -28,7 +32,8 @@ Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``, a
 token of the tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
 401 without one; a tenant submits only for itself (403 for a body naming
 another tenant; without one, the job is the caller's), sees, cancels and
-holds only its own jobs (another's answers 404) and removes no node (403); admins do
+holds only its own jobs (another's answers 404) and removes or drains no node (403);
+admins do
 everything. The scheduler's admission refuses, 403, a ``command`` from a
 tenant that may not run commands.
 
@@ -47,7 +52,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 import nats.errors
 from fastapi import FastAPI, Query, Request
@@ -55,10 +60,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import access, pages, views
-from gateway.auth import Caller, Refused, check, on_refused
+from gateway import access, cluster_routes, pages, views
+from gateway.auth import Caller, Refused, on_refused
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
 from gateway.openapi import json_response, openapi, submit_body_schema
+from gateway.responses import ERRORS, bus_of, failure, respond, upstream_failure
 from gateway.settings import GatewaySettings
 from services.runtime.bus import nats_status
 from shared import subjects
@@ -66,14 +72,6 @@ from shared.events import INVALID, TOO_LARGE, Reply
 from shared.records import JobRecord
 from shared.subjects import SubjectError, check_token
 from shared.tenants import Principal, TenantsFile
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    503: {
-        "description": "no scheduler answered (restarting, failing over, or NATS "
-        "reconnecting): retry after the `Retry-After` seconds",
-        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
-    },
-}
 
 
 def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile | None
@@ -108,26 +106,11 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     _submit_route(app, settings.max_body)
     _list_route(app)
     _job_routes(app)
-    _cluster_routes(app)
-    _node_routes(app)
-    _tenant_routes(app)
+    cluster_routes.cluster_routes(app)
+    cluster_routes.node_routes(app)
+    cluster_routes.tenant_routes(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
-
-
-def _bus(request: Request) -> GatewayBus:
-    bus: GatewayBus = request.app.state.bus
-    return bus
-
-
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> JSONResponse:
-    if status == 503:  # transient: say when to try again
-        headers = {**(headers or {}), "Retry-After": str(views.RETRY_AFTER_S)}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _failure(status: int, code: str, error: str) -> JSONResponse:
-    return _json(status, views.error_body(code, error))
 
 
 def _submit_route(app: FastAPI, limit: int) -> None:
@@ -142,30 +125,30 @@ def _submit_route(app: FastAPI, limit: int) -> None:
             409: {"description": "a job with this id exists"},
             413: {"description": f"body above {limit} bytes"},
             422: {"description": "invalid job spec (the message names the field)"},
-            **_ERRORS,
+            **ERRORS,
         },
     )
     async def submit(request: Request, principal: Caller) -> JSONResponse:
-        bus = _bus(request)
+        bus = bus_of(request)
         body = await _read_limited(request, limit)
         if body is None:
             size = request.headers.get("content-length")
             error = views.too_large_error(int(size) if size and size.isdigit() else None, limit)
             await bus.reporter.report(subjects.JOBS_SUBMIT, f"POST /jobs: {error}", TOO_LARGE)
-            return _failure(413, TOO_LARGE, error)
+            return failure(413, TOO_LARGE, error)
         forwarded = access.submit_body(principal, body)
         if isinstance(forwarded, access.Denied):
             raise Refused(principal, forwarded)
         try:
             reply = await bus.submit(forwarded)
         except (Unavailable, BadUpstream) as e:
-            return _upstream_failure(e)
+            return upstream_failure(e)
         log = bus.log.bind(job_id=reply.job_id) if reply.job_id else bus.log
         log.info("submit answered", ok=reply.ok, code=reply.code,
                  identity=access.identity(principal))
         status = views.reply_status(reply, ok_status=201)
         headers = {"Location": f"/jobs/{reply.job_id}"} if reply.ok else None
-        return _json(status, views.reply_body(reply), headers)
+        return respond(status, views.reply_body(reply), headers)
 
 
 def _list_route(app: FastAPI) -> None:
@@ -205,9 +188,9 @@ def _list_route(app: FastAPI) -> None:
                 after=pages.Cursor.decode(cursor) if cursor is not None else None,
             )
         except ValueError as e:
-            return _failure(400, INVALID, str(e))
-        records = await _bus(request).jobs()
-        return _json(200, views.jobs_view(records, time.time(), query))
+            return failure(400, INVALID, str(e))
+        records = await bus_of(request).jobs()
+        return respond(200, views.jobs_view(records, time.time(), query))
 
 
 def _job_routes(app: FastAPI) -> None:
@@ -215,8 +198,8 @@ def _job_routes(app: FastAPI) -> None:
     async def get_job(request: Request, job_id: str, principal: Caller) -> JSONResponse:
         record = await _visible(request, principal, job_id)
         if record is None:
-            return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
-        return _json(200, views.job_view(record, time.time()))
+            return failure(404, views.NOT_FOUND, f"no job {job_id!r}")
+        return respond(200, views.job_view(record, time.time()))
 
     @app.delete(
         "/jobs/{job_id}",
@@ -224,7 +207,7 @@ def _job_routes(app: FastAPI) -> None:
         responses={
             404: {"description": "no such job"},
             409: {"description": "the job has already ended"},
-            **_ERRORS,
+            **ERRORS,
         },
     )
     async def cancel(request: Request, job_id: str, principal: Caller,
@@ -240,7 +223,7 @@ def _hold_route(app: FastAPI, verb: str, hold: bool) -> None:
     @app.post(f"/jobs/{{job_id}}/{verb}", summary=f"{verb.capitalize()} a waiting job",
               responses={404: {"description": "no such job"},
                          409: {"description": "it has ended, or (hold) it runs: not_pending"},
-                         **_ERRORS})
+                         **ERRORS})
     async def hold_or_release(request: Request, job_id: str, principal: Caller,
                               reason: str = "") -> JSONResponse:
         return await _job_request(request, job_id, principal, verb,
@@ -251,130 +234,36 @@ async def _job_request(request: Request, job_id: str, principal: Principal, verb
                        call: Callable[[GatewayBus], Awaitable[Reply]]) -> JSONResponse:
     """Cancel, hold or release ``job_id`` through ``call``: a tenant only its
     own jobs (another's answers 404, as an unknown id)."""
-    bus = _bus(request)
+    bus = bus_of(request)
     try:
         check_token(job_id, "job id")
     except SubjectError as e:
-        return _failure(404, views.NOT_FOUND, str(e))
+        return failure(404, views.NOT_FOUND, str(e))
     if not principal.admin and await _visible(request, principal, job_id) is None:
         # the answer to another tenant's job (_visible), word for word
-        return _failure(404, views.NOT_FOUND, f"no job {job_id!r}")
+        return failure(404, views.NOT_FOUND, f"no job {job_id!r}")
     try:
         reply = await call(bus)
     except (Unavailable, BadUpstream) as e:
-        return _upstream_failure(e)
+        return upstream_failure(e)
     bus.log.info(f"{verb} answered", job_id=job_id, ok=reply.ok, code=reply.code,
                  identity=access.identity(principal))
-    return _json(views.reply_status(reply), views.reply_body(reply))
-
-
-def _cluster_routes(app: FastAPI) -> None:
-    @app.get("/queue", summary="The waiting jobs in priority order", responses=_ERRORS)
-    async def queue(request: Request, principal: Caller) -> JSONResponse:
-        try:
-            view = await _bus(request).queue()
-        except (Unavailable, BadUpstream) as e:
-            return _upstream_failure(e)
-        if not view.ok:
-            return _failure(503, views.UNAVAILABLE, view.error or "the scheduler cannot answer")
-        if not principal.admin:
-            view = access.own_queue(view, await _own_jobs(request, principal))
-        return _json(200, views.jsonable(view))
-
-    @app.get("/cluster", summary="Servers, their GPUs and the jobs holding them",
-             description="A tenant sees other tenants' jobs as `(another tenant)`.")
-    async def cluster(request: Request, principal: Caller) -> JSONResponse:
-        bus = _bus(request)
-        nodes = await bus.nodes()
-        placements = await bus.placements()
-        view = views.cluster_view(nodes, placements)
-        if not principal.admin:
-            view = access.redact_cluster(view, await _own_jobs(request, principal))
-        return _json(200, view)
-
-    @app.get("/healthz", summary="Health: 200 while connected to NATS")
-    async def healthz(request: Request) -> JSONResponse:
-        bus: GatewayBus | None = getattr(request.app.state, "bus", None)
-        status = nats_status(bus.nc) if bus is not None else "disconnected"
-        ok = status == "connected"
-        body = {"service": "gateway", "ok": ok, "nats": status}
-        return _json(200 if ok else 503, body)
-
-
-_REMOVE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    404: {"description": "no such node"},
-    409: {"description": "the node is alive and force is not set"},
-    **_ERRORS,
-}
-
-
-def _node_routes(app: FastAPI) -> None:
-    summary = "Remove a node (an alive one only with force=true; its jobs are requeued)"
-
-    @app.delete("/nodes/{server_id}", summary=summary, responses=_REMOVE_RESPONSES,
-                description="For admins only.")
-    async def remove_node(request: Request, server_id: str, principal: Caller,
-                          force: bool = False, reason: str = "") -> JSONResponse:
-        check(principal, access.admin_only(principal, "removing a node"))
-        bus = _bus(request)
-        bad = _not_a_token(server_id, "server id")
-        if bad is not None:
-            return bad
-        try:
-            reply = await bus.remove_node(server_id, force, reason)
-        except (Unavailable, BadUpstream) as e:
-            return _upstream_failure(e)
-        bus.log.info("node removal answered", server_id=server_id, force=force, ok=reply.ok,
-                     code=reply.code)
-        return _json(views.reply_status(reply), views.node_reply_body(reply))
-
-
-def _tenant_routes(app: FastAPI) -> None:
-    @app.get("/tenants", summary="Tenants' virtual clusters, their cells and bound servers",
-             description="HiveD's VC view per tenant, as the scheduler leader last wrote it; "
-             "an admin sees every tenant (or `tenant`), a tenant only its own.",
-             responses={403: {"description": "another tenant's view"},
-                        404: {"description": "the cluster has no cells"}})
-    async def tenants(request: Request, principal: Caller, tenant: Annotated[
-            str | None, Query(description="only this tenant")] = None) -> JSONResponse:
-        scope = access.tenants_scope(principal, tenant)
-        if isinstance(scope, access.Denied):
-            raise Refused(principal, scope)
-        file: TenantsFile | None = request.app.state.tenants
-        if file is not None and file.cells is None:
-            return _failure(404, access.NOT_FOUND, "this cluster has no cells: the tenants file "
-                            "has no cells section (docs/tenancy.md)")
-        records = await _bus(request).tenant_records()
-        return _json(200, access.tenants_body(records, scope))
+    return respond(views.reply_status(reply), views.reply_body(reply))
 
 
 async def _visible(request: Request, principal: Principal, job_id: str) -> JobRecord | None:
     """The record of ``job_id``; :class:`Refused` (a 404, audited) when it
     is another tenant's."""
-    record = await _bus(request).job(job_id)
+    record = await bus_of(request).job(job_id)
     if record is not None and not access.may_see(principal, record.spec.tenant):
         raise Refused(principal, access.hidden(principal, job_id, record.spec.tenant))
     return record
 
 
-async def _own_jobs(request: Request, principal: Principal) -> set[str]:
-    """The ids of ``principal``'s tenant's jobs."""
-    return {r.job_id for r in await _bus(request).jobs() if r.spec.tenant == principal.tenant}
-
-
-def _not_a_token(value: str, what: str) -> JSONResponse | None:
-    """404 for an id that cannot name anything on the bus (a subject token)."""
-    try:
-        check_token(value, what)
-    except SubjectError as e:
-        return _failure(404, views.NOT_FOUND, str(e))
-    return None
-
-
 async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:
     """A KV read that failed on NATS (e.g. while reconnecting): 503, not 500."""
-    _bus(request).log.warning("nats failure", path=request.url.path, error=repr(exc))
-    return _failure(503, views.UNAVAILABLE, views.nats_error(exc))
+    bus_of(request).log.warning("nats failure", path=request.url.path, error=repr(exc))
+    return failure(503, views.UNAVAILABLE, views.nats_error(exc))
 
 
 async def _http_failure(request: Request, exc: Exception) -> JSONResponse:
@@ -382,20 +271,14 @@ async def _http_failure(request: Request, exc: Exception) -> JSONResponse:
     shape and a sentence, rather than Starlette's ``{"detail": ...}``."""
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
     error = views.route_error(status, request.method, request.url.path)
-    return _failure(status, views.code_of_status(status), error)
+    return failure(status, views.code_of_status(status), error)
 
 
 async def _bad_parameter(_request: Request, exc: Exception) -> JSONResponse:
     """A query parameter FastAPI refused (e.g. ``limit=0``): 400 in the
     gateway's error shape with one sentence, not FastAPI's 422 list."""
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    return _failure(400, INVALID, views.parameter_error(errors))
-
-
-def _upstream_failure(e: Exception) -> JSONResponse:
-    if isinstance(e, Unavailable):
-        return _failure(503, views.UNAVAILABLE, str(e))
-    return _failure(502, views.BAD_GATEWAY, str(e))
+    return failure(400, INVALID, views.parameter_error(errors))
 
 
 async def _read_limited(request: Request, limit: int) -> bytes | None:

@@ -20,7 +20,16 @@ from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
-from shared.events import CancelJob, HoldJob, RemoveNode, Reply, WireError, decode_reply, encode
+from shared.events import (
+    CancelJob,
+    DrainNode,
+    HoldJob,
+    RemoveNode,
+    Reply,
+    WireError,
+    decode_reply,
+    encode,
+)
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, NodeRecord, Placement, QueueView
 from shared.subjects import SubjectError, check_token
@@ -116,6 +125,13 @@ class GatewayBus:
         """Ask the monitor to remove node ``server_id`` (a valid subject token)."""
         data = encode(RemoveNode(server_id=ServerId(server_id), force=force, reason=reason))
         return await self._reply(subjects.NODES_REMOVE, data)
+
+    async def drain_node(self, server_id: str, drain: bool, move: bool, reason: str) -> Reply:
+        """Ask the monitor to drain (``move``: and move its jobs) or undrain
+        node ``server_id`` (a valid subject token)."""
+        data = encode(DrainNode(server_id=ServerId(server_id), drain=drain, move=move,
+                                reason=reason))
+        return await self._reply(subjects.NODES_DRAIN, data)
 
     async def queue(self) -> QueueView:
         raw = await self._request(subjects.QUEUE, QUEUE_REQUEST)

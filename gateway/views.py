@@ -245,6 +245,13 @@ def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -
     }
 
 
+def node_state(node: NodeRecord) -> str:
+    """``lost``, ``drained`` (alive, no new work: ``hops nodes drain``) or ``alive``."""
+    if not node.alive:
+        return "lost"
+    return "drained" if node.drained else "alive"
+
+
 def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]],
                  held_here: Sequence[Placement]) -> dict[str, Any]:
     """One server: its GPUs with their holders, and per resource (GPUs, CPU
@@ -270,7 +277,9 @@ def _server_view(node: NodeRecord, by_gpu: Mapping[int, list[Placement]],
         "used": used,
         "free": s.gpus - used if node.alive else 0,
         "alive": node.alive,
-        "state": "alive" if node.alive else "lost",
+        "state": node_state(node),
+        "drained": node.drained,
+        "drain_move": node.drain_move,
         "order": node.order,
         "model": s.model,
         "last_heartbeat": node.last_heartbeat,

@@ -11,6 +11,8 @@ same thing (docs/events.md, "Metrics"):
   ``hops_alloc`` on alive servers, each holding GPUs there (a job in phase
   ``profiling`` may be waiting for its run: that is
   ``hops_jobs{phase="profiling"}``); placements per mode;
+* nodes alive and lost, and the drained ones among the alive (as
+  ``/cluster``'s ``alive_servers`` counts a drained node alive);
 * GPUs of alive nodes, GPUs booked, utilisation; and per resource (GPUs,
   CPU cores, memory in MiB) the capacity of the alive nodes and what the
   placements in ``hops_alloc`` hold there;
@@ -149,9 +151,12 @@ def cluster_metrics(
              "alive servers (§3.2).", profiles),
         Family("hops_placements", "gauge", "Entries of hops_alloc, by mode.", tuple(
             Sample("hops_placements", n, (("mode", m),)) for m, n in sorted(modes.items()))),
-        Family("hops_nodes", "gauge", "Registered nodes, by state.", (
+        Family("hops_nodes", "gauge", "Registered nodes, by state (drained: the alive "
+               "nodes that get no new work, counted among the alive too).", (
             Sample("hops_nodes", len(alive), (("state", "alive"),)),
-            Sample("hops_nodes", len(nodes) - len(alive), (("state", "lost"),)))),
+            Sample("hops_nodes", len(nodes) - len(alive), (("state", "lost"),)),
+            Sample("hops_nodes", sum(1 for n in alive.values() if n.drained),
+                   (("state", "drained"),)))),
         _one("hops_gpus_total", "gauge", "GPUs of alive nodes.", total),
         _one("hops_gpus_used", "gauge", "GPUs booked in hops_alloc on alive nodes.", used),
         _one("hops_gpu_utilisation", "gauge", "Booked share of the alive GPUs.",

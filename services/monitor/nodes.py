@@ -17,6 +17,8 @@ one KV write per node per second, while the monitor's verdict, ``alive``,
 is written at once when it changes. An operator removes a node with
 ``remove_node`` (:func:`removal_refused`): a lost node at once, an alive
 one only when forced, as Slurm refuses to delete a node that is in use.
+``drain_node`` (:func:`drained`) marks it drained or not; registering again
+keeps the mark.
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ def admit(nodes: Mapping[ServerId, NodeRecord], req: RegisterNode, now: float) -
     registered = old.registered_at if old is not None else now
     return NodeRecord(server=req.server, gpu_type=req.gpu_type, order=req.order,
                       registered_at=registered, last_heartbeat=now, alive=True,
-                      address=req.address, devices=req.devices, models=req.models)
+                      address=req.address, devices=req.devices, models=req.models,
+                      # an executor restarting does not undo an operator's drain
+                      drained=old is not None and old.drained,
+                      drain_move=old is not None and old.drain_move)
 
 
 def revived(record: NodeRecord, now: float, bandwidth_gbps: float | None = None) -> NodeRecord:
@@ -95,6 +100,14 @@ def removal_refused(sid: ServerId, record: NodeRecord | None, force: bool,
                                  "its executor first, or force the removal (its jobs are "
                                  "requeued)")
     return None
+
+
+def drained(sid: ServerId, record: NodeRecord | None, drain: bool, move: bool) -> NodeRecord:
+    """``record`` drained (``move``: its jobs to be moved) or undrained;
+    :class:`Refusal` (``not_found``) when ``sid`` is not registered."""
+    if record is None:
+        raise Refusal(NOT_FOUND, f"no node {sid} is registered")
+    return msgspec.structs.replace(record, drained=drain, drain_move=drain and move)
 
 
 def _bandwidths(rec: NodeRecord) -> dict[str, object]:

@@ -1,5 +1,5 @@
 """The monitor's side of KV ``hops_nodes``: registration, heartbeat times,
-lost and revived nodes, and removal by an operator.
+lost and revived nodes, and removal and drain by an operator.
 
 The decisions are :mod:`services.monitor.nodes`'; this shell keeps the
 records in memory, feeds node deadlines to the :class:`DeadlineTracker`
@@ -18,12 +18,20 @@ import msgspec
 from nats.js.kv import KeyValue
 
 from services.monitor.deadlines import DeadlineTracker
-from services.monitor.nodes import Refusal, admit, heartbeat_due, lost, removal_refused, revived
+from services.monitor.nodes import (
+    Refusal,
+    admit,
+    drained,
+    heartbeat_due,
+    lost,
+    removal_refused,
+    revived,
+)
 from services.runtime.bus import Rejected
 from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
 from shared import subjects
-from shared.events import INVALID, NodeHeartbeat, RegisterNode, RemoveNode
+from shared.events import INVALID, DrainNode, NodeHeartbeat, RegisterNode, RemoveNode
 from shared.ids import ServerId
 from shared.records import NodeRecord
 
@@ -116,6 +124,20 @@ class NodeRegistry:
         await self.kv.delete(sid)
         self.log.warning("node removed", server_id=sid, was_alive=record.alive,
                          forced=req.force, reason=req.reason)
+        return record
+
+    async def drain(self, req: DrainNode) -> NodeRecord:
+        """Drain or undrain the node (:class:`Rejected` ``not_found`` for an
+        unknown one); its record as it now is, written to ``hops_nodes``,
+        where the leader reads it (and a restarted monitor)."""
+        sid = req.server_id
+        try:
+            record = drained(sid, self.nodes.get(sid), req.drain, req.move)
+        except Refusal as e:
+            raise Rejected(e.code, str(e)) from None
+        await self._put(record)
+        self.log.warning("node drained" if req.drain else "node undrained", server_id=sid,
+                         move=record.drain_move, reason=req.reason)
         return record
 
     async def _put(self, record: NodeRecord) -> None:

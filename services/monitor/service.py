@@ -1,9 +1,10 @@
 """The monitor service shell (§3.1: it "continuously checks if a job has
 failed or ended, releasing the occupied resources immediately").
 
-* ``hops.v1.nodes.register.<server_id>`` and ``hops.v1.nodes.remove``:
-  admits and removes nodes, kept in ``hops_nodes`` by
-  :mod:`services.monitor.registry` (a removed node's jobs are requeued);
+* ``hops.v1.nodes.register.<server_id>``, ``hops.v1.nodes.remove`` and
+  ``hops.v1.nodes.drain``: admits, removes and drains nodes, kept in
+  ``hops_nodes`` by :mod:`services.monitor.registry` (a removed node's jobs
+  are requeued; a drained node's are the leader's to keep or move);
 * what executors send is held to the server its subject names, and to the
   jobs placed there (:mod:`services.monitor.authz`): a registration or
   heartbeat of another server is refused, a heartbeat entry of a job not
@@ -27,8 +28,8 @@ failed or ended, releasing the occupied resources immediately").
   revision) and publishes the job event and ``resources_released``;
 * metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``, each
   scrape from the buckets as they are then (:mod:`services.monitor.scrape`),
-  not from the copies above; plan entries the placer skipped as overtaken
-  by events (``hops.v1.placer.skipped``) are counted apart from errors.
+  not from the copies above, and what the monitor counts
+  (:mod:`services.monitor.counts`).
 
 Settings are in :mod:`services.monitor.__main__`.
 """
@@ -38,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -55,17 +55,11 @@ from services.monitor.authz import (
     register_refusal,
     without_jobs,
 )
+from services.monitor.counts import Counts
 from services.monitor.deadlines import DeadlineTracker
 from services.monitor.exposition import MetricsServer
 from services.monitor.follow import poll_queue, watch_bucket
-from services.monitor.metrics import (
-    REFUSAL_CODES,
-    LatencyBook,
-    refused_family,
-    render,
-    skipped_family,
-    state_metrics,
-)
+from services.monitor.metrics import LatencyBook
 from services.monitor.registry import NodeRegistry
 from services.monitor.relay import RelaySettings, ReportRelay, audit, follow_plans
 from services.monitor.release import (
@@ -79,7 +73,6 @@ from services.monitor.release import (
     on_vanished,
 )
 from services.monitor.releaser import Releaser
-from services.monitor.scrape import read_state
 from services.monitor.settings import MonitorSettings
 from services.runtime.bus import serve_requests, serve_scoped_requests
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
@@ -88,6 +81,7 @@ from shared import subjects
 from shared.events import (
     FORBIDDEN,
     INVALID,
+    DrainNode,
     JobCancelled,
     JobEvent,
     JobFailed,
@@ -99,11 +93,10 @@ from shared.events import (
     Reply,
     SampleEvent,
     WireError,
-    decode_error_record,
+    decode_drain_node,
     decode_job_event,
     decode_job_heartbeat,
     decode_node_heartbeat,
-    decode_plan_entry_skipped,
     decode_register,
     decode_remove_node,
     decode_sample_event,
@@ -128,9 +121,7 @@ class Monitor:
         self.placements: dict[JobId, Placement] = {}
         self.jobs: dict[JobId, JobRecord] = {}
         self.ended: set[JobId] = set()
-        self.errors: Counter[str] = Counter()
-        self.refused: Counter[tuple[str, str]] = Counter()  # (service, code)
-        self.skipped: Counter[str] = Counter()  # plan entries the placer skipped, by reason
+        self.counts = Counts()
         self.history = PlacementHistory()
         # A start's first heartbeats come before its placement is written.
         self.suspects = Suspects(grace=2 * settings.heartbeat_timeout_s)
@@ -157,10 +148,11 @@ class Monitor:
         await serve_scoped_requests(nc, subjects.NODES_REGISTER_ALL, decode_register,
                                     self._on_register, rep)
         await serve_requests(nc, subjects.NODES_REMOVE, decode_remove_node, self._on_remove, rep)
+        await serve_requests(nc, subjects.NODES_DRAIN, decode_drain_node, self._on_drain, rep)
         await self._subscribe(subjects.NODE_HEARTBEATS_ALL, self._on_node_beat)
         await self._subscribe(subjects.JOB_HEARTBEATS_ALL, self._on_job_beat)
-        await self._subscribe(subjects.ERRORS, self._on_error_record)
-        await self._subscribe(subjects.PLACER_SKIPPED, self._on_skipped)
+        await self._subscribe(subjects.ERRORS, self.counts.on_error_record)
+        await self._subscribe(subjects.PLACER_SKIPPED, self.counts.on_skipped)
         fetch = self.settings.fetch_timeout_s
         jobs = ConsumerSpec("HOPS_JOBS", "monitor", subjects.JOB_EVENTS_ALL, fetch_timeout=fetch)
         profiles = ConsumerSpec(subjects.STREAM_SAMPLES.name, "monitor-profiles",
@@ -238,6 +230,12 @@ class Monitor:
         await self._release_on(sid, partial(on_node_removed, sid))
         return Reply(ok=True, server_id=sid)
 
+    async def _on_drain(self, req: DrainNode) -> Message:
+        """An operator drains or undrains a node; the leader reads the record
+        (:mod:`scheduling.live.drain`): nothing is released here."""
+        await self.registry.drain(req)
+        return Reply(ok=True, server_id=req.server_id)
+
     async def _subscribe(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> None:
         async def on_msg(msg: Msg) -> None:
             try:
@@ -298,19 +296,6 @@ class Monitor:
             await audit(self.ctx.reporter, s.server, s.subject,
                         f"heartbeat entry of job {s.job}, which is not placed on server "
                         f"{s.server}; ignored")
-
-    async def _on_error_record(self, msg: Msg) -> None:
-        try:
-            record = decode_error_record(msg.data)
-        except WireError:  # no error record about an error record: count it, go on
-            self.errors["unreadable"] += 1
-            return
-        self.errors[record.service] += 1
-        if record.code in REFUSAL_CODES:
-            self.refused[(record.service, record.code)] += 1
-
-    async def _on_skipped(self, msg: Msg) -> None:
-        self.skipped[decode_plan_entry_skipped(msg.data).reason] += 1
 
     # --- job ends -------------------------------------------------------------------
 
@@ -387,10 +372,8 @@ class Monitor:
 
     async def render_metrics(self) -> str:
         """One scrape: the buckets read now, as the API reads them."""
-        state = await read_state(self.ctx.js, self._bad_record)
-        families = state_metrics(state, self.book, self.errors, self.clock(),
-                                 self.settings.raqlr_window_h)
-        return render([*families, refused_family(self.refused), skipped_family(self.skipped)])
+        return await self.counts.scrape(self.ctx.js, self.book, self.clock(),
+                                        self.settings.raqlr_window_h, self._bad_record)
 
     async def _bad_record(self, where: str, error: str, data: bytes) -> None:
         await self.ctx.reporter.report(where, error, INVALID, data)
