@@ -9,6 +9,9 @@ from scheduling.live.clock import Inflight
 from scheduling.live.drain import drain_held, drain_states
 from scheduling.live.snapshot import build_snapshot
 from scheduling.policies.hops.policy import HopsPolicy
+from services.monitor.nodes import Refusal, admit
+from services.monitor.nodes import drained as drain
+from shared.events import RegisterNode
 from shared.ids import JobId
 from shared.records import NodeRecord
 from tests.helpers import assert_feasible, flat_estimate
@@ -60,3 +63,17 @@ def test_drain_held_counts_only_alive_drained_nodes() -> None:
     assert drain_held(drained(), []) == {"a0": 4}
     assert drain_states(NODES) == () and drain_states(drained(True)) == (("a0", True),)
     assert drain_states([lost]) == ()
+
+
+def test_a_node_that_registers_again_keeps_its_drain() -> None:
+    rec = drained(move=True)[0]
+    again = admit({rec.server.id: rec}, RegisterNode(server=rec.server, gpu_type=A), 5.0)
+    assert again.drained and again.drain_move and again.alive
+    undrained = drain(rec.server.id, again, False, True)
+    assert not undrained.drained and not undrained.drain_move
+    try:
+        drain(rec.server.id, None, True, False)
+    except Refusal as e:
+        assert e.code == "not_found"
+    else:
+        raise AssertionError("an unknown node was drained")
