@@ -314,10 +314,12 @@ def _num(x: Any, digits: int = 3) -> str:
 
 def render_jobs(body: Mapping[str, Any]) -> str:
     """The jobs as a table, in the order given; ``submitted`` in local time,
-    ``waited`` and ``ran`` as :func:`gateway.views.job_times` defines them."""
+    ``waited`` and ``ran`` as :func:`gateway.views.job_times` defines them;
+    ``limit`` (a job's ``time_limit``) when some job listed has one."""
     jobs = body.get("jobs", [])
     if not jobs:
         return "no jobs"
+    limits = any(j["spec"].get("time_limit") is not None for j in jobs)
     rows = []
     for j in jobs:
         total = j["spec"]["total_samples"]
@@ -326,10 +328,11 @@ def render_jobs(body: Mapping[str, Any]) -> str:
             [j["job_id"], j["spec"].get("tenant", "-"), j["phase"], j["spec"]["model"],
              f"{done:.1f}%", _gpus(j.get("configuration")), when(j.get("submitted_at")),
              duration(j.get("waited_s")), duration(j.get("ran_s")),
+             *([duration(j["spec"].get("time_limit"))] if limits else []),
              str(j.get("restarts", 0)), j.get("reason", "")]
         )
     header = ["job", "tenant", "phase", "model", "done", "gpus", "submitted", "waited", "ran",
-              "restarts", "reason"]
+              *(["limit"] if limits else []), "restarts", "reason"]
     lines = _table(header, rows)
     left = int(body.get("total", len(jobs))) - len(jobs)
     if body.get("next_cursor") and left > 0:

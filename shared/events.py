@@ -326,8 +326,13 @@ class JobFailed(Message, frozen=True, tag="job_failed"):
 
 
 class JobCancelled(Message, frozen=True, tag="job_cancelled"):
+    """A user cancelled the job, or the leader ended it at its time limit
+    (``reason`` ``TimeLimit``, :mod:`scheduling.live.timelimit`); empty: a
+    user's cancel."""
+
     job_id: JobId
     at: float
+    reason: str = ""
 
 
 class JobHeld(Message, frozen=True, tag="job_held"):

@@ -31,6 +31,10 @@ class CoreHints(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     complex_preprocessing: bool = False
 
 
+# The longest time limit a job may ask for (``time_limit``, seconds of
+# running time): a year, so that a typo of a few digits is refused, not kept.
+MAX_TIME_LIMIT_S = 365 * 86400
+
 # R_num of §2.2: requirements a min/max range is turned into (every policy's
 # default).
 R_NUM = 8
@@ -64,6 +68,12 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rank a share of micro-batches proportional to its GPU's speed
     (:mod:`shared.relaxed`). Its requirements may then not exceed S. 0, the
     default: synchronous data parallel, one batch per GPU per step.
+
+    ``time_limit`` (Slurm's ``--time``) is the most seconds of wall time the
+    job may spend running, all its runs summed (time queued after a
+    preemption is not counted); a job that reaches it is stopped with a
+    checkpoint and ends ``cancelled`` with the reason ``TimeLimit``
+    (:mod:`scheduling.live.timelimit`). ``None``, the default: no limit.
     """
 
     id: JobId
@@ -88,6 +98,7 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     category: Category = "other"
     hints: CoreHints = CoreHints()
     sync_scale: int = 0
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -114,6 +125,13 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.base_gpus <= 0:
             raise ValueError("base_gpus must be > 0")
         self._check_command()
+        self._check_time_limit()
+
+    def _check_time_limit(self) -> None:
+        limit = self.time_limit
+        if limit is not None and not 0 < limit <= MAX_TIME_LIMIT_S:  # NaN fails too
+            raise ValueError(f"time_limit: must be > 0 and <= {MAX_TIME_LIMIT_S} seconds "
+                             f"(a year), got {limit}")
 
     def _check_command(self) -> None:
         if self.command and not self.command[0]:

@@ -32,6 +32,9 @@ PLAN_REFUSED = "plan_refused"
 # can be held (HTTP 409). ``held`` is the reason a held job waits under.
 NOT_PENDING = "not_pending"
 HELD = "held"
+# The reason of a job the leader ended at its time limit (Slurm's TimeLimit):
+# its phase is ``cancelled`` (scheduling.live.timelimit).
+TIME_LIMIT = "TimeLimit"
 
 
 class WireError(ValueError):

@@ -12,6 +12,8 @@ top (readers that decode a plain ``JobRecord`` ignore the extra fields):
   job's attained service grow from it);
 - ``attained_gpu_s`` and ``run_s_by_type``: GPU-seconds run in total and
   seconds run per GPU type (``attained_by_type`` holds GPU-seconds per type);
+- ``run_s``: seconds spent ``running``, every run summed, closed at each
+  phase change (what a ``time_limit`` counts, :mod:`.timelimit`);
 - ``last_seq``: the ``HOPS_JOBS`` stream sequence of the last event applied,
   so that a redelivered event changes nothing.
 
@@ -68,6 +70,7 @@ class LiveJobRecord(JobRecord, frozen=True, kw_only=True):
     since: float = 0.0
     attained_gpu_s: float = 0.0
     run_s_by_type: dict[GpuType, float] = msgspec.field(default_factory=dict)
+    run_s: float = 0.0
     last_seq: int = 0
 
 
@@ -149,6 +152,7 @@ def close_phase(rec: LiveJobRecord, at: float, facts: Facts) -> LiveJobRecord:
         attained_by_type=by_type,
         run_s_by_type=run_s,
         attained_gpu_s=rec.attained_gpu_s + held * rec.configuration.total_gpus,
+        run_s=rec.run_s + held,
         since=max(at, rec.since),
     )
 
@@ -217,7 +221,8 @@ def _book(rec: LiveJobRecord, life: lc.Life, event: ev.JobEvent, facts: Facts) -
         case ev.JobFailed():
             return _ended(rec, life, event.at, facts, facts.progress, event.reason)
         case ev.JobCancelled():
-            return _ended(rec, life, event.at, facts, facts.progress, "cancelled")
+            why = event.reason or "cancelled"  # TimeLimit: the leader's (.timelimit)
+            return _ended(rec, life, event.at, facts, facts.progress, why)
         case ev.JobHeld():
             why = f"{HELD}: {event.reason}" if event.reason else HELD
             return msgspec.structs.replace(rec, held=True, reason=why)

@@ -33,7 +33,8 @@ plan:
    fails on some server is stopped again where it started.
 
 Each command is retried on timeout with the same idempotency key, up to
-``command_attempts`` times; then an ``error_record`` says so. Problems of
+``command_attempts`` times; then an ``error_record`` says so
+(:mod:`services.placer.executors`). Problems of
 the plan (unknown jobs or servers, GPUs, cores or memory that do not fit,
 ...) are error records too, and the rest of the plan still applies; those
 the cluster overtook since the plan (:data:`services.placer.commands.RACES`)
@@ -64,8 +65,9 @@ from structlog.typing import FilteringBoundLogger
 from services.placer.booking import book_all
 from services.placer.commands import Problem, Retune, Start, Stop, command_key, plan_prefix
 from services.placer.diff import changes
+from services.placer.executors import Executors
 from services.placer.gate import PlanGate, leader_term
-from services.runtime.bus import publish_event, request
+from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.kv import read_bucket
 from services.runtime.service import ServiceContext
@@ -82,13 +84,10 @@ from shared.events import (
     SetCores,
     StartJob,
     StopJob,
-    WireError,
-    decode_ack,
     decode_plan_event,
     encode,
 )
 from shared.ids import JobId, ServerId
-from shared.node import Rendezvous, rendezvous_port
 from shared.records import JobRecord, NodeRecord, Placement
 from shared.relaxed import split_problem
 
@@ -129,7 +128,8 @@ class Placer:
         self.log = ctx.log
         self.gate = PlanGate()
         self.progress: dict[JobId, float] = {}  # samples_done of the latest stop acks
-        self.addresses: dict[ServerId, str] = {}  # executors' rendezvous addresses
+        self.executors = Executors(ctx, settings.command_timeout_s, settings.command_attempts,
+                                   settings.retry_delay_s)
 
     async def start(self) -> None:
         js = self.ctx.js
@@ -159,7 +159,7 @@ class Placer:
         current = await _read_all(js, subjects.KV_ALLOC, Placement, self._bad_record)
         nodes = await _read_all(js, subjects.KV_NODES, NodeRecord, self._bad_record)
         capacity = {ServerId(k): r.server.capacity for k, (r, _) in nodes.items() if r.alive}
-        self.addresses = {ServerId(k): r.address for k, (r, _) in nodes.items()}
+        self.executors.addresses = {ServerId(k): r.address for k, (r, _) in nodes.items()}
         jobs = await self._records({a.job_id for a in event.plan.assignments}
                                    | {t.job_id for t in event.plan.profiling})
         placements = {JobId(k): p for k, (p, _) in current.items()}
@@ -273,7 +273,7 @@ class Placer:
         job = start.job_id
         samples = resumed if resumed is not None else max(record.samples_done,
                                                           self.progress.get(job, 0.0))
-        meet = self._rendezvous(start, prefix)
+        meet = self.executors.rendezvous(start, prefix)
         config = start.placement.configuration
         # A relaxed-sync job's split (plan_issued) where it fits this start; else even.
         if start.placement.mode != "run" or split_problem(
@@ -287,7 +287,7 @@ class Placer:
                 for launch in start.launches]
         acks = await asyncio.gather(*(self._command(c.server_id, c) for c in cmds))
         if not all(a is not None and a.ok for a in acks):
-            await self._undo(start, acks, prefix)
+            await self.executors.undo(start, acks, prefix)
             return False
         await self.kv_alloc.put(job, msgspec.json.encode(start.placement))
         now = self.clock()
@@ -333,48 +333,10 @@ class Placer:
                        mba_percent=config.mba_percent)
         return await self._command(server, cmd)
 
-    def _rendezvous(self, start: Start, prefix: str) -> Rendezvous:
-        """Where the job's processes meet: its first server's executor, on a
-        port drawn from this start (the same for all of its servers)."""
-        first = start.placement.configuration.parts[0][0]
-        addr = self.addresses.get(first) or "127.0.0.1"
-        return Rendezvous(master_addr=addr, master_port=rendezvous_port(f"{prefix}:{start.job_id}"))
-
-    async def _undo(self, start: Start, acks: list[CommandAck | None], prefix: str) -> None:
-        """A start failed somewhere: stop the job where it did start, then say so."""
-        job = start.job_id
-        pairs = list(zip(start.launches, acks, strict=True))
-        await asyncio.gather(*(
-            self._command(launch.server, StopJob(key=command_key("undo", prefix, job,
-                                                                 launch.server),
-                                                 job_id=job, reason="start failed"))
-            for launch, a in pairs if a is not None and a.ok))
-        failed = [f"{launch.server}: {a.code + ' ' + a.error if a else 'no answer'}"
-                  for launch, a in pairs if a is None or not a.ok]
-        await self.ctx.reporter.report(subjects.PLANS, f"job {job} could not start "
-                                       f"({'; '.join(failed)})", "start_failed")
-
     async def _command(self, server: ServerId,
                        cmd: StartJob | StopJob | SetCores) -> CommandAck | None:
-        """The executor's ack, retried with the same key; None if none came."""
-        s = self.settings
-        for attempt in range(1, s.command_attempts + 1):
-            try:
-                return await request(self.ctx.nc, subjects.exec_commands(server), cmd,
-                                     decode_ack, timeout=s.command_timeout_s)
-            except nats.errors.NoRespondersError:
-                await asyncio.sleep(s.retry_delay_s)
-            except nats.errors.TimeoutError:
-                pass
-            except WireError as e:
-                await self.ctx.reporter.report(subjects.exec_commands(server), str(e), e.code)
-                return None
-            self.log.info("no ack; retrying", job_id=cmd.job_id, server_id=server,
-                          key=cmd.key, attempt=attempt)
-        await self.ctx.reporter.report(subjects.exec_commands(server),
-                                       f"no ack for {cmd.key} after {s.command_attempts} "
-                                       "attempts", "timeout")
-        return None
+        """The ack of ``cmd`` (:meth:`.executors.Executors.send`); None if none came."""
+        return await self.executors.send(server, cmd)
 
     async def _publish_stopped(self, job: JobId, reason: str, samples: float | None,
                                prefix: str) -> None:

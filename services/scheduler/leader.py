@@ -15,7 +15,8 @@ and ``hops_alloc`` (:mod:`scheduling.live.snapshot`), estimates from
 ``hops.v1.estimate``, the policy ``HOPS_POLICY`` names (:mod:`.registry`),
 and a ``plan_issued`` with its lease term. It
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
-reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`); estimates are
+reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`), and ends
+running jobs at their time limit (:mod:`scheduling.live.timelimit`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.settings`
 lists the settings). Running jobs' heartbeats are their measured
 throughput in the snapshot (:mod:`scheduling.live.samples`); a plan that asks
@@ -45,6 +46,7 @@ from scheduling.layers.base import Layer, stack
 from scheduling.live import refresh as rf
 from scheduling.live import snapshot as snap
 from scheduling.live import state as st
+from scheduling.live import timelimit as tl
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
 from scheduling.live.samples import Throughputs, in_place
@@ -66,7 +68,7 @@ from shared.ids import JobId
 from shared.records import NodeRecord, Placement, QueueView
 from shared.relaxed import plan_splits
 from shared.snapshot import Plan, PlanReasons, Snapshot
-from shared.wire import PLAN_REFUSED
+from shared.wire import PLAN_REFUSED, TIME_LIMIT
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
@@ -100,6 +102,7 @@ class Leader:
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.plans_refused = 0  # plans that over-allocated, never published
+        self.timed_out: set[JobId] = set()  # ended at their time limit, not yet final
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
@@ -165,13 +168,17 @@ class Leader:
     async def _loop(self, tasks: list[asyncio.Task[None]]) -> None:
         while not any(t.done() for t in tasks):
             now = time.time()
-            due = self.clock.due(now)
-            if due is None:
-                self.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.clock.sleep_s(now))
-                continue
             try:
+                limit_in = await self._end_over_limit(now)
+                due = self.clock.due(now)
+                if due is None:
+                    self.wake.clear()
+                    sleep_s = self.clock.sleep_s(now)
+                    if limit_in is not None:  # wake when the next job reaches its limit
+                        sleep_s = min(sleep_s, limit_in)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), sleep_s)
+                    continue
                 await self._work(due, now)
             except (nats.errors.Error, TimeoutError) as e:  # NATS unreachable: try again soon
                 self.log.warning("planning postponed", error=repr(e))
@@ -235,6 +242,28 @@ class Leader:
         except Exception as e:  # a bad reply, not a dead leader
             self.log.exception("queue view failed")
             return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
+
+    # --- time limits -----------------------------------------------------------
+
+    async def _end_over_limit(self, now: float) -> float | None:
+        """End each running job over its ``time_limit`` with a ``job_cancelled``
+        of reason ``TimeLimit`` (the monitor stops it with a checkpoint and
+        releases its GPUs, as for a user's cancel); the seconds until the next
+        limit (:mod:`scheduling.live.timelimit`)."""
+        records = self.book.current()
+        self.timed_out = {j for j in self.timed_out if j in records and not records[j].final}
+        found = tl.limits(records.values(), now, self.timed_out)
+        for job_id in found.over:
+            if not self.lease.is_leader(time.time()):
+                return found.next_in
+            event = ev.JobCancelled(job_id=job_id, at=now, reason=TIME_LIMIT)
+            # the cancel's id: a user's cancel of the same job is the same end
+            await publish_event(self.ctx.js, subjects.job_events(job_id), event,
+                                msg_id=f"{job_id}:job_cancelled")
+            self.timed_out.add(job_id)
+            self.log.info("job ended at its time limit", job_id=job_id,
+                          time_limit=records[job_id].spec.time_limit)
+        return found.next_in
 
     # --- planning --------------------------------------------------------------
 
