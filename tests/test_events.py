@@ -78,6 +78,7 @@ MESSAGES: list[ev.Message] = [
     ev.PlanIssued(round=7, term=2, plan=PLAN, at=12.0),
     ev.ResourcesReleased(job_id=J1, server_ids=(S0,), at=13.0, reason="finished"),
     ev.ErrorRecord(service="scheduler", subject="s", error="e", at=14.0, code="invalid"),
+    ev.PlanEntrySkipped(job_id=J1, reason="job_ended", detail="job j1 is finished", at=15.0),
 ]
 
 DECODERS = {
@@ -101,6 +102,7 @@ DECODERS = {
     ev.PlanIssued: ev.decode_plan_event,
     ev.ResourcesReleased: ev.decode_plan_event,
     ev.ErrorRecord: ev.decode_error_record,
+    ev.PlanEntrySkipped: ev.decode_plan_entry_skipped,
 }
 
 

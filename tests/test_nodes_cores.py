@@ -82,5 +82,5 @@ def test_hops_jobs_shows_the_cores_of_a_configuration() -> None:
                          ("g1", {"parts": [["s0", 2], ["s1", 1]],
                                  "extras": [{"cores": 6}, {}]}))]
     lines = render_jobs({"jobs": jobs}).splitlines()
-    assert lines[1].split()[4] == "s1:0+8c"
-    assert lines[2].split()[4:6] == ["s0:2+6c", "s1:1"]
+    assert lines[1].split()[5] == "s1:0+8c"  # after job and tenant, phase, model, done
+    assert lines[2].split()[5:7] == ["s0:2+6c", "s1:1"]
