@@ -29,7 +29,7 @@ from services.runtime.logging import configure_logging
 log = configure_logging("scheduler")
 log.info("planning", policy=sys.argv[1])
 warnings.warn("a library's warning", UserWarning, stacklevel=1)
-from cli.main import DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES
+from cli.offline_commands import DEFAULT_CLUSTER, DEFAULT_JOBS, DEFAULT_PROFILES
 from cli.oneshot import load_snapshot
 from cli.policies import make_policy
 from scheduling.ilp import MipModel, solve_relaxation
