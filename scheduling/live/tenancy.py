@@ -104,6 +104,17 @@ def cancel_scope_refusal(
     return None
 
 
+def stranded_problem(tenants: TenantsFile | None, tenant: str) -> str | None:
+    """Why a job of ``tenant`` may not be planned (None: it may): the
+    tenants file no longer names its tenant. Such a job is held, reason
+    ``unknown_tenant`` (:func:`scheduling.live.state.hold_tenant`), never
+    silently stranded; ``tenants`` None checks nothing."""
+    if tenants is None or tenant in tenants.tenants:
+        return None
+    return (f"tenant {tenant!r} is not in the tenants file; add it and run "
+            f"'hops tenants reload', or cancel its jobs (hops cancel --tenant {tenant} --yes)")
+
+
 def feed_subject(
     record: JobRecord | None, event: ev.JobEvent, first_delivery: bool, changed: bool
 ) -> str | None:

@@ -337,7 +337,7 @@ class Leader:
             alloc = allocs.get(job_id)
             mode = alloc.mode if alloc is not None else None
             seen = rf.Cluster(alive, self._facts(job_id).required, busy,
-                              self.settings.policy.r_num, self.cores)
+                              self.settings.policy.r_num, self.cores, self.settings.tenants)
             flight = rf.InFlight(
                 bool(self.inflight.profiling_types(job_id)) or mode == "profile",
                 job_id in self.inflight.starts or mode == "run",
