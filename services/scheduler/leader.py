@@ -203,6 +203,12 @@ class Leader:
         given_up = self.inflight.given_up(job_id)
         return snap.facts(self.nodes, self.progress.get(job_id, 0.0), given_up)
 
+    def use(self, settings: SchedulerSettings) -> None:
+        """A reloaded tenants file (:mod:`.reload`): the next refresh holds
+        or releases jobs by it, at once."""
+        self.settings = self.store.settings = settings
+        self._replan()
+
     def _replan(self) -> None:
         self.clock.request_replan(time.time())
         self.wake.set()
