@@ -102,7 +102,7 @@ class Reply(Message, frozen=True, tag="reply"):
 
 
 class ReloadTenants(Message, frozen=True, tag="reload_tenants"):
-    """Request on ``hops.v1.tenants.reload`` (trusted callers: admins, the
+    """Request on ``hops.v1.reload.tenants`` (trusted callers: admins, the
     gateway): every scheduler replica reads its tenants file again, checks
     it as at start and, when it passes, uses it (docs/tenancy.md)."""
 

@@ -20,7 +20,7 @@ JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
 JOBS_HOLD = f"{PREFIX}.jobs.hold"
 # Reload the tenants file (``reload_tenants``): every scheduler replica
 # answers (no queue group), trusted callers only (docs/tenancy.md).
-TENANTS_RELOAD = f"{PREFIX}.tenants.reload"
+TENANTS_RELOAD = f"{PREFIX}.reload.tenants"
 # Node-scoped: the last token is the executor's server id, which its NATS
 # identity may use and no other (the monitor serves the wildcard).
 NODES_REGISTER_ALL = f"{PREFIX}.nodes.register.*"

@@ -3,7 +3,7 @@
 Every replica admits jobs (:mod:`.admission`) and runs for the leader lease
 (:mod:`.election`); the one holding it plans the rounds (:mod:`.leader`),
 with the policy's stored layer state and the tenants' views in
-:mod:`.layer_store`. SIGHUP, or a request on ``hops.v1.tenants.reload``, reloads the tenants
+:mod:`.layer_store`. SIGHUP, or a request on ``hops.v1.reload.tenants``, reloads the tenants
 file (:mod:`.reload`). Settings: :mod:`.settings` and
 :mod:`services.runtime.settings`; every variable has a flag (``--help``).
 """
@@ -66,7 +66,7 @@ def _tenants_path(settings: SchedulerSettings) -> str:
 
 
 async def _serve_reload(ctx: ServiceContext, reload: TenantsReload) -> None:
-    """``hops.v1.tenants.reload`` (every replica answers) and SIGHUP."""
+    """``hops.v1.reload.tenants`` (every replica answers) and SIGHUP."""
     await serve_requests(ctx.nc, subjects.TENANTS_RELOAD, ev.decode_reload_tenants,
                          reload.handle, ctx.reporter)
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

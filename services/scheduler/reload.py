@@ -1,7 +1,7 @@
 """Reloading the tenants file without a restart (``hops tenants reload``,
 ``POST /tenants/reload``, or SIGHUP to a replica; docs/tenancy.md).
 
-Every replica answers ``hops.v1.tenants.reload`` (no queue group: each one
+Every replica answers ``hops.v1.reload.tenants`` (no queue group: each one
 reloads, and each answers ``tenants_reloaded``). It reads the file at
 ``HOPS_TENANTS`` again and checks it exactly as at start
 (:func:`shared.tenants.read_tenants`, the cells as far as they can be
