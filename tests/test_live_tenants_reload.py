@@ -80,6 +80,11 @@ def reload(stack: LiveStack, api: httpx.Client) -> dict[str, Any]:
     return body
 
 
+def every_process_reloads(stack: LiveStack, api: httpx.Client) -> bool:
+    r = api.post("/tenants/reload", headers=stack.headers)
+    return r.status_code == 200 and len(r.json()["answers"]) == 1 + stack.schedulers
+
+
 def submit(api: httpx.Client, job_id: str, who: dict[str, str]) -> None:
     r = api.post("/jobs", json=catalog_spec(job_id, NEVER, requirements=[4]), headers=who)
     assert r.status_code == 201, r.text
@@ -137,3 +142,80 @@ def test_dropping_a_tenant_holds_its_waiting_job_and_naming_it_again_runs_it(
     assert not str((stack.record("bob-1") or {}).get("reason", "")).startswith("unknown_tenant")
     assert api.delete("/jobs/bob-1", headers=BOB).status_code == 200
     stack.wait_final(["bob-1"], 60)
+
+
+def test_a_file_that_does_not_validate_is_refused_everywhere_and_changes_nothing(
+    stack: LiveStack, api: httpx.Client
+) -> None:
+    effective = stack.config.credentials_dir / "tenants.yaml"
+    good = effective.read_text()
+    try:
+        effective.write_text("tenants: {alice: {tokens: [alice-token]\n")  # unclosed
+        r = api.post("/tenants/reload", headers=stack.headers)
+        assert (r.status_code, r.json()["code"]) == (422, "invalid"), r.text
+        answers = r.json()["answers"]
+        assert len(answers) == 1 + stack.schedulers and not any(a["ok"] for a in answers)
+        assert all(a["tenants"] == ["alice", "bob"] for a in answers), answers  # kept
+        assert str(effective) in r.json()["error"], r.text
+        # Two tenants with one token, and bob dropped: refused by the CLI, exit 1.
+        effective.write_text("tenants:\n  alice: {tokens: [alice-token]}\n"
+                             "  carol: {tokens: [alice-token]}\n")
+        out = hops(stack, "tenants", "reload", token=stack.admin_token)
+        assert out.exit_code == 1, out.output
+        assert "refused (invalid)" in out.output and "token" in out.output, out.output
+        assert "keeps tenants: alice, bob" in out.output, out.output
+        # Nothing changed: alice and bob submit with their tokens, as before.
+        submit(api, "alice-2", ALICE)
+        submit(api, "bob-2", BOB)
+        assert stack.record("bob-2") is not None
+        assert api.post("/tenants/reload", headers=ALICE).status_code == 403  # admins only
+    finally:
+        effective.write_text(good)
+    reload(stack, api)
+    for job in ("alice-2", "bob-2"):
+        assert api.delete(f"/jobs/{job}", headers=stack.headers).status_code == 200
+    stack.wait_final(["alice-2", "bob-2"], 60)
+    assert not stranded(stack, "bob-2")
+
+
+def test_a_kill_of_the_leader_after_a_reload_loses_nothing(
+    stack: LiveStack, api: httpx.Client
+) -> None:
+    hog(stack, api, "hog-3")
+    submit(api, "bob-3", BOB)
+    submit(api, "alice-3", ALICE)
+    until(lambda: stack.phase("bob-3") in WAITING, "bob-3 waits", 30, stack.logs)
+    before = set(stack.bus_().bucket("hops_jobs"))
+    operator_writes(stack, ALICE_ONLY)
+    reload(stack, api)
+    lease = stack.leader()
+    assert lease is not None
+    killed = lease["holder"]
+    stack.kill(killed)  # kill -9, right after the reload answered
+    until(lambda: (x := stack.leader()) and x["holder"] != killed, "a new leader", 20,
+          stack.logs)
+    until(lambda: stranded(stack, "bob-3"), "bob-3 held by the new leader", 30, stack.logs)
+    assert set(stack.bus_().bucket("hops_jobs")) >= before  # every job is still there
+    # The killed replica starts again and reads the file as it is now (no bob):
+    # once it leads, bob-3 stays held.
+    stack.procs[killed] = stack.launcher.start(stack.procs[killed].component)
+    until(lambda: stack.healthy(killed), f"{killed} back", 30, stack.logs)
+    other = next(n for n in stack.health if n.startswith("scheduler-") and n != killed)
+    stack.kill(other)
+    until(lambda: (x := stack.leader()) and x["holder"] == killed, f"{killed} leads", 20,
+          stack.logs)
+    assert api.delete("/jobs/hog-3", headers=ALICE).status_code == 200
+    stack.wait_final(["hog-3"], 60)
+    until(lambda: stack.phase("alice-3") == "running", "alice-3 runs", 60, stack.logs)
+    assert stranded(stack, "bob-3") and stack.phase("bob-3") in WAITING
+    assert set(stack.bus_().bucket("hops_jobs")) >= before
+    stack.procs[other] = stack.launcher.start(stack.procs[other].component)
+    operator_writes(stack, BOTH)
+    # A replica answers reloads once it serves admission, a moment after its
+    # health endpoint: until then it would read the file at its start anyway.
+    until(lambda: every_process_reloads(stack, api), f"{other} back and reloading", 30,
+          stack.logs)
+    assert api.delete("/jobs/alice-3", headers=ALICE).status_code == 200
+    until(lambda: stack.phase("bob-3") == "running", "bob-3 runs once bob is back", 60,
+          stack.logs)
+    assert api.delete("/jobs/bob-3", headers=BOB).status_code == 200
