@@ -234,6 +234,10 @@ class GatewayClient:
     def tenants(self) -> dict[str, Any]:
         return self._get("/tenants")
 
+    def reload_tenants(self) -> Answer:
+        """Reload the tenants file everywhere (``POST /tenants/reload``)."""
+        return self._answer(self._call("POST", "/tenants/reload"))
+
 
 def _seconds(value: str | None) -> float | None:
     """A ``Retry-After`` in seconds (its HTTP-date form is not used here)."""

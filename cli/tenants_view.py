@@ -56,3 +56,20 @@ def render_tenants(body: Mapping[str, Any]) -> str:
     head = f"leader {first.get('leader') or '?'}, term {first.get('term', 0)}"
     rows = [row for r in records for row in rows_of(r["view"])]
     return "\n".join([head, *_table(rows)])
+
+
+def render_reload(body: Mapping[str, Any]) -> str:
+    """``hops tenants reload``: one line per process that answered, then
+    the refusal or the missing scheduler, when there is one."""
+    lines = []
+    for a in body.get("answers", []):
+        who = f"{a.get('service', '?')} {a.get('replica', '?')}"
+        tenants = ", ".join(a.get("tenants", [])) or "-"
+        if a.get("ok"):
+            lines.append(f"{who}: reloaded {a.get('source', '')}; tenants: {tenants}")
+        else:
+            lines.append(f"{who}: refused ({a.get('code', '')}): {a.get('error', '')}; "
+                         f"keeps tenants: {tenants}")
+    if not body.get("ok", False):
+        lines.append(f"error ({body.get('code', '')}): {body.get('error', '')}")
+    return "\n".join(lines)

@@ -19,6 +19,7 @@ from types import FrameType
 import uvicorn
 
 from gateway.app import create_app
+from gateway.reload import reload_gateway
 from gateway.settings import GatewaySettings, parse
 from services.runtime.logging import configure_logging
 from services.runtime.settings import SettingsError
@@ -59,9 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # other services' is, rather than death by signal.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_cleanly)
+    app = create_app(settings, tenants=tenants)
+    # SIGHUP reloads the tenants file (its tokens), as POST /tenants/reload does
+    signal.signal(signal.SIGHUP, lambda *_: reload_gateway(app.state, log))
     # log_config=None: uvicorn's loggers go through the JSON handler set above.
     uvicorn.run(
-        create_app(settings, tenants=tenants),
+        app,
         host=settings.host,
         port=settings.port,
         ssl_certfile=settings.tls_cert or None,

@@ -18,6 +18,8 @@ endpoint                     does                                          answe
                              jobs holding them (``hops_alloc``)
 ``GET /tenants``             the tenants' virtual clusters, their cells    200, 403, 404
                              and bound servers (``hops_tenants``)
+``POST /tenants/reload``      reload the tenants file (admins;              200, 403, 422, 503
+                             :mod:`gateway.reload`)
 ``DELETE /nodes/{id}``       ``remove_node`` on ``hops.v1.nodes.remove``   200, 404, 409, 503
                              (``?force=true`` for an alive node)
 ``POST /nodes/{id}/drain``   ``drain_node`` on ``hops.v1.nodes.drain``     200, 400, 404, 503
@@ -64,6 +66,7 @@ from gateway import access, cluster_routes, pages, views
 from gateway.auth import Caller, Refused, on_refused
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
 from gateway.openapi import json_response, openapi, submit_body_schema
+from gateway.reload import reload_routes
 from gateway.responses import ERRORS, bus_of, failure, respond, upstream_failure
 from gateway.settings import GatewaySettings
 from services.runtime.bus import nats_status
@@ -109,6 +112,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     cluster_routes.cluster_routes(app)
     cluster_routes.node_routes(app)
     cluster_routes.tenant_routes(app)
+    reload_routes(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 

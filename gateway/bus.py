@@ -6,6 +6,8 @@ buckets. A thin shell: the payloads and records are those of
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,10 +26,13 @@ from shared.events import (
     CancelJob,
     DrainNode,
     HoldJob,
+    ReloadTenants,
     RemoveNode,
     Reply,
+    TenantsReloaded,
     WireError,
     decode_reply,
+    decode_tenants_reloaded,
     encode,
 )
 from shared.ids import JobId, ServerId
@@ -132,6 +137,27 @@ class GatewayBus:
         data = encode(DrainNode(server_id=ServerId(server_id), drain=drain, move=move,
                                 reason=reason))
         return await self._reply(subjects.NODES_DRAIN, data)
+
+    async def reload_tenants(self, wait_s: float = 1.0) -> list[TenantsReloaded]:
+        """Ask every scheduler replica to reload the tenants file; each one's
+        answer that comes within ``wait_s`` (no queue group: all answer)."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        answers: list[TenantsReloaded] = []
+        try:
+            await self.nc.publish(subjects.TENANTS_RELOAD, encode(ReloadTenants()), reply=inbox)
+            deadline = time.monotonic() + wait_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=left)
+                except nats.errors.TimeoutError:
+                    break
+                with contextlib.suppress(WireError):
+                    answers.append(decode_tenants_reloaded(msg.data))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return answers
 
     async def queue(self) -> QueueView:
         raw = await self._request(subjects.QUEUE, QUEUE_REQUEST)

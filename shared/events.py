@@ -101,6 +101,26 @@ class Reply(Message, frozen=True, tag="reply"):
     code: str = ""
 
 
+class ReloadTenants(Message, frozen=True, tag="reload_tenants"):
+    """Request on ``hops.v1.reload.tenants`` (trusted callers: admins, the
+    gateway): every scheduler replica reads its tenants file again, checks
+    it as at start and, when it passes, uses it (docs/tenancy.md)."""
+
+
+class TenantsReloaded(Message, frozen=True, tag="tenants_reloaded"):
+    """One process's answer to ``reload_tenants``: the tenants it uses now
+    (the new file's when ``ok``; the old file's, unchanged, when refused with
+    ``code`` and ``error``)."""
+
+    ok: bool
+    service: str
+    replica: str
+    source: str = ""
+    tenants: tuple[str, ...] = ()
+    error: str = ""
+    code: str = ""
+
+
 class RegisterNode(Message, frozen=True, tag="register_node"):
     """Request on ``hops.v1.nodes.register``: a node executor announces its server.
 
@@ -455,6 +475,8 @@ AnyMessage: TypeAlias = (
     | CancelJob
     | HoldJob
     | Reply
+    | ReloadTenants
+    | TenantsReloaded
     | RegisterNode
     | RemoveNode
     | DrainNode
@@ -497,6 +519,8 @@ def decode_submit(data: bytes, max_payload: int = MAX_PAYLOAD) -> SubmitJob:
 decode_cancel = Codec[CancelJob](CancelJob, "cancel_job").decode
 decode_hold = Codec[HoldJob](HoldJob, "hold_job").decode
 decode_reply = Codec[Reply](Reply, "reply").decode
+decode_reload_tenants = Codec[ReloadTenants](ReloadTenants, "reload_tenants").decode
+decode_tenants_reloaded = Codec[TenantsReloaded](TenantsReloaded, "tenants_reloaded").decode
 decode_register = Codec[RegisterNode](RegisterNode, "register_node").decode
 decode_remove_node = Codec[RemoveNode](RemoveNode, "remove_node").decode
 decode_drain_node = Codec[DrainNode](DrainNode, "drain_node").decode

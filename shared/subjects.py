@@ -18,6 +18,9 @@ JOBS_SUBMIT = f"{PREFIX}.jobs.submit"
 JOBS_CANCEL = f"{PREFIX}.jobs.cancel"
 # Hold and release (``hold_job``), served like cancel, tenant-scoped form too.
 JOBS_HOLD = f"{PREFIX}.jobs.hold"
+# Reload the tenants file (``reload_tenants``): every scheduler replica
+# answers (no queue group), trusted callers only (docs/tenancy.md).
+TENANTS_RELOAD = f"{PREFIX}.reload.tenants"
 # Node-scoped: the last token is the executor's server id, which its NATS
 # identity may use and no other (the monitor serves the wildcard).
 NODES_REGISTER_ALL = f"{PREFIX}.nodes.register.*"

@@ -32,6 +32,10 @@ PLAN_REFUSED = "plan_refused"
 # can be held (HTTP 409). ``held`` is the reason a held job waits under.
 NOT_PENDING = "not_pending"
 HELD = "held"
+# The reason a job waits under while the tenants file does not name its
+# tenant (a file changed since it was accepted): never planned, released when
+# a reload names the tenant again (docs/tenancy.md, scheduling.live.tenancy).
+UNKNOWN_TENANT = "unknown_tenant"
 # The reason of a job the leader ended at its time limit (Slurm's TimeLimit):
 # its phase is ``cancelled`` (scheduling.live.timelimit).
 TIME_LIMIT = "TimeLimit"

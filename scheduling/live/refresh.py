@@ -20,11 +20,13 @@ from typing import NamedTuple
 
 from scheduling.live import admission as adm
 from scheduling.live import state as st
+from scheduling.live import tenancy as tn
 from scheduling.live.snapshot import profiling_step
 from scheduling.live.state import LiveJobRecord
 from shared.configuration import Configuration
 from shared.ids import GpuType
 from shared.records import NodeRecord
+from shared.tenants import TenantsFile
 
 Step = Callable[[LiveJobRecord], LiveJobRecord | None]
 
@@ -37,6 +39,7 @@ class Cluster(NamedTuple):
     busy: frozenset[GpuType]
     r_num: int
     schedules_cores: bool
+    tenants: TenantsFile | None = None  # the tenants file now (None: no check)
 
 
 class InFlight(NamedTuple):
@@ -53,10 +56,15 @@ def steps(rec: LiveJobRecord, cluster: Cluster, flight: InFlight, now: float) ->
     back, need = profiling_step(rec, cluster.required, cluster.busy, flight.profiling,
                                 flight.starting)
     problem = adm.hold_problem(rec.spec, cluster.alive, cluster.r_num, cluster.schedules_cores)
+    stranded = tn.stranded_problem(cluster.tenants, rec.spec.tenant)
+    # a job of an unknown tenant waits under that reason alone
+    unfit: list[Step] = ([functools.partial(st.hold, problem=problem)]
+                         if stranded is None else [])
     out: list[Step] = [
         functools.partial(st.back_to_profiling, types=back, now=now),
         functools.partial(st.promote, required=need, now=now),
-        functools.partial(st.hold, problem=problem),
+        *unfit,
+        functools.partial(st.hold_tenant, problem=stranded),
         functools.partial(st.retune, config=flight.booked),
     ]
     if flight.progress is not None:

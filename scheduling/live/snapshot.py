@@ -70,7 +70,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM, JobSpec
 from shared.records import NodeRecord, Placement, QueueEntry, QueueView
 from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
-from shared.wire import HELD, UNSCHEDULABLE
+from shared.wire import HELD, UNKNOWN_TENANT, UNSCHEDULABLE
 
 
 def cluster_of(nodes: Iterable[NodeRecord], name: str = "live") -> Cluster:
@@ -215,10 +215,12 @@ def build_snapshot(
     holders = [
         _job(ctx, rec, allocs.get(rec.job_id))
         for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id))
-        # held: it fits no alive server, or the policy (state.hold), or a user
-        if not rec.final and not (rec.phase == "queued" and (
-            _user_held(rec, allocs, inflight)
-            or hold_problem(rec.spec, alive, r_num, schedules_cores)))
+        # held: it fits no alive server, or the policy (state.hold), or a user;
+        # in any phase, while its tenant is unknown (state.hold_tenant)
+        if not rec.final and not _tenant_held(rec, allocs, inflight) and not (
+            rec.phase == "queued" and (
+                _user_held(rec, allocs, inflight)
+                or hold_problem(rec.spec, alive, r_num, schedules_cores)))
     ]
     unbooked = inflight.unbooked_profiling(allocs)
     runs = unbooked + Counter(
@@ -318,6 +320,14 @@ def without_layer_state(plan: Plan) -> Plan:
     return msgspec.structs.replace(plan, reasons=reasons)
 
 
+def _tenant_held(rec: LiveJobRecord, allocs: Mapping[JobId, Placement],
+                 inflight: Inflight) -> bool:
+    """A waiting job held because the tenants file does not name its tenant
+    (reason ``unknown_tenant``), with nothing booked or starting for it."""
+    return (rec.phase != "running" and rec.reason.startswith(UNKNOWN_TENANT)
+            and rec.job_id not in allocs and rec.job_id not in inflight.starts)
+
+
 def _finite(x: float) -> float:
     if math.isnan(x):
         return 0.0
@@ -360,11 +370,19 @@ def queue_view(
     ]
     entries += [
         QueueEntry(job_id=r.job_id, priority=0.0, latency_ratio=0.0, in_window=False,
-                   phase=r.phase, reason=HELD if r.held else "")
+                   phase=r.phase, reason=_queue_reason(r))
         for r in waiting
         if r.job_id not in ranked
     ]
     return QueueView(entries=tuple(entries), at=at, leader=leader, term=term)
+
+
+def _queue_reason(rec: LiveJobRecord) -> str:
+    """Why an unranked waiting job waits, as the queue shows it: ``held``
+    (a user's hold), the ``unknown_tenant`` reason naming the tenant, or none."""
+    if rec.held:
+        return HELD
+    return rec.reason if rec.reason.startswith(UNKNOWN_TENANT) else ""
 
 
 def _waiting(rec: LiveJobRecord) -> bool:

@@ -58,7 +58,7 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobRecord
-from shared.wire import HELD, UNSCHEDULABLE  # UNSCHEDULABLE: also a held job's reason
+from shared.wire import HELD, UNKNOWN_TENANT, UNSCHEDULABLE  # also held jobs' reasons
 
 PROFILING_PHASES = lc.PROFILING_PHASES
 
@@ -278,6 +278,20 @@ def hold(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
         return None
     reason = f"{UNSCHEDULABLE}: {problem}" if problem is not None else ""
     if reason == rec.reason or (not reason and not rec.reason.startswith(UNSCHEDULABLE)):
+        return None
+    return msgspec.structs.replace(rec, reason=reason)
+
+
+def hold_tenant(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
+    """A waiting job (any phase before running) whose tenant the tenants
+    file does not name (``problem`` says so) is held with the reason
+    ``unknown_tenant: ...``, and released when a reload names it again
+    (``problem`` None); ``None`` when nothing changes. A running job keeps
+    running, and a user's hold keeps its own reason."""
+    if rec.final or rec.phase == "running" or rec.held:
+        return None
+    reason = f"{UNKNOWN_TENANT}: {problem}" if problem is not None else ""
+    if reason == rec.reason or (not reason and not rec.reason.startswith(UNKNOWN_TENANT)):
         return None
     return msgspec.structs.replace(rec, reason=reason)
 

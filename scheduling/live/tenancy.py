@@ -104,6 +104,30 @@ def cancel_scope_refusal(
     return None
 
 
+def stranded_problem(tenants: TenantsFile | None, tenant: str) -> str | None:
+    """Why a job of ``tenant`` may not be planned (None: it may): the
+    tenants file no longer names its tenant. Such a job is held, reason
+    ``unknown_tenant`` (:func:`scheduling.live.state.hold_tenant`), never
+    silently stranded; ``tenants`` None checks nothing."""
+    if tenants is None or tenant in tenants.tenants:
+        return None
+    return (f"tenant {tenant!r} is not in the tenants file; add it and run "
+            f"'hops tenants reload', or cancel its jobs (hops cancel --tenant {tenant} --yes)")
+
+
+def reload_refusal(old: TenantsFile, new: TenantsFile, needs_cells: bool) -> str | None:
+    """Why a reload may not swap ``new`` in for ``old`` (None: it may). A
+    policy that plans with the cells keeps bindings to them in its layer
+    state (HiveD's, hops_layers); changing the cells under them is not safe
+    in place, so a cells change needs a restart. Tenants, tokens and
+    ``run_commands`` apply at once."""
+    if needs_cells and new.cells != old.cells:
+        return ("the cells section changed, and the policy plans with the cells: changing "
+                "cells needs a restart of the schedulers (tenants, tokens and run_commands "
+                "apply on reload)")
+    return None
+
+
 def feed_subject(
     record: JobRecord | None, event: ev.JobEvent, first_delivery: bool, changed: bool
 ) -> str | None:

@@ -139,7 +139,7 @@ def _scheduler() -> Permissions:
         subscribe=(subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL, subjects.JOBS_CANCEL,
                    subjects.JOBS_CANCEL_TENANT_ALL, subjects.JOBS_HOLD,
                    subjects.JOBS_HOLD_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
-                   subjects.JOB_HEARTBEATS_ALL),
+                   subjects.JOB_HEARTBEATS_ALL, subjects.TENANTS_RELOAD),
         kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_LAYERS, subjects.KV_TENANTS),
         responds=True,
     )
@@ -149,7 +149,8 @@ def _gateway() -> Permissions:
     # A trusted caller: the bare subjects, with the tenant it authenticated.
     return _service(GATEWAY, publish=(subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL,
                                       subjects.JOBS_HOLD, subjects.NODES_REMOVE,
-                                      subjects.NODES_DRAIN, subjects.QUEUE))
+                                      subjects.NODES_DRAIN, subjects.QUEUE,
+                                      subjects.TENANTS_RELOAD))
 
 
 _SERVICE_TABLE = {

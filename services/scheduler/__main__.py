@@ -3,22 +3,27 @@
 Every replica admits jobs (:mod:`.admission`) and runs for the leader lease
 (:mod:`.election`); the one holding it plans the rounds (:mod:`.leader`),
 with the policy's stored layer state and the tenants' views in
-:mod:`.layer_store`. Settings: :mod:`.settings` and
+:mod:`.layer_store`. SIGHUP, or a request on ``hops.v1.reload.tenants``, reloads the tenants
+file (:mod:`.reload`). Settings: :mod:`.settings` and
 :mod:`services.runtime.settings`; every variable has a flag (``--help``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from scheduling.layers.base import Layer
-from services.runtime.bus import serve_scoped_requests
+from services.runtime.bus import serve_requests, serve_scoped_requests
 from services.runtime.service import ServiceContext, run_service
 from services.runtime.settings import SettingsError, build_parser, parse_args
 from services.scheduler.admission import Admission, Checks
 from services.scheduler.election import Elector
+from services.scheduler.reload import TenantsReload
 from services.scheduler.settings import FIELDS, SchedulerSettings, scheduler_settings
 from shared import events as ev
 from shared import subjects
@@ -47,9 +52,25 @@ async def run(
             ctx.nc, hold, ev.decode_hold, admission.hold, ctx.reporter, queue=queue
         )
     elector = Elector(ctx, settings, layers)
+    await _serve_reload(ctx, TenantsReload(ctx, settings, _tenants_path(settings), admission,
+                                           elector))
     ctx.log.info("admission ready", replica=elector.lease.holder,
                  tenants=sorted(settings.tenants.tenants))
     await elector.run()
+
+
+def _tenants_path(settings: SchedulerSettings) -> str:
+    """The tenants file to read again on a reload ("" when started without one)."""
+    return "" if settings.tenants_source == SchedulerSettings().tenants_source \
+        else settings.tenants_source
+
+
+async def _serve_reload(ctx: ServiceContext, reload: TenantsReload) -> None:
+    """``hops.v1.reload.tenants`` (every replica answers) and SIGHUP."""
+    await serve_requests(ctx.nc, subjects.TENANTS_RELOAD, ev.decode_reload_tenants,
+                         reload.handle, ctx.reporter)
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload.reload)
 
 
 def main(argv: Sequence[str] | None = None, layers: Sequence[Layer] = ()) -> int:

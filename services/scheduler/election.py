@@ -50,6 +50,7 @@ class Elector:
             settings.replica(socket.gethostname(), os.getpid()), ctx.settings.leader_ttl
         )
         self.task: asyncio.Task[None] | None = None
+        self.leader: Leader | None = None  # this term's, while it leads
 
     async def run(self) -> None:
         self.kv = await self.ctx.js.key_value(subjects.KV_LEADER)
@@ -101,7 +102,7 @@ class Elector:
     async def _change(self, change: Change) -> None:
         if change == "elected":
             self.ctx.log.info("elected leader", term=self.lease.term)
-            leader = Leader(self.ctx, self.settings, self.lease, self.layers)
+            leader = self.leader = Leader(self.ctx, self.settings, self.lease, self.layers)
             self.task = asyncio.create_task(self._lead(leader), name="leader")
         elif change == "deposed":
             self.ctx.log.warning("no longer leader", term=self.lease.term)
@@ -118,7 +119,14 @@ class Elector:
             self.task = None
             await self._release()
 
+    def use(self, settings: SchedulerSettings) -> None:
+        """A reloaded tenants file: this term's leader and the next ones use it."""
+        self.settings = settings
+        if self.leader is not None:
+            self.leader.use(settings)
+
     async def _follow(self) -> None:
+        self.leader = None
         task, self.task = self.task, None
         if task is not None:
             task.cancel()

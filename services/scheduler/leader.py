@@ -203,6 +203,12 @@ class Leader:
         given_up = self.inflight.given_up(job_id)
         return snap.facts(self.nodes, self.progress.get(job_id, 0.0), given_up)
 
+    def use(self, settings: SchedulerSettings) -> None:
+        """A reloaded tenants file (:mod:`.reload`): the next refresh holds
+        or releases jobs by it, at once."""
+        self.settings = self.store.settings = settings
+        self._replan()
+
     def _replan(self) -> None:
         self.clock.request_replan(time.time())
         self.wake.set()
@@ -337,7 +343,7 @@ class Leader:
             alloc = allocs.get(job_id)
             mode = alloc.mode if alloc is not None else None
             seen = rf.Cluster(alive, self._facts(job_id).required, busy,
-                              self.settings.policy.r_num, self.cores)
+                              self.settings.policy.r_num, self.cores, self.settings.tenants)
             flight = rf.InFlight(
                 bool(self.inflight.profiling_types(job_id)) or mode == "profile",
                 job_id in self.inflight.starts or mode == "run",
