@@ -12,6 +12,10 @@ One :class:`JobTypeRecord` per (job, GPU type) with three layers:
    all-reduce times running jobs measured, per placement shape (T_c of
    Eq. 1 measured instead of modelled by Eq. 2; not in the paper).
 
+With ``reuse`` on, a job not profiled on a type is estimated from its
+profile signature's shared profile there (:mod:`estimation.shared_profiles`,
+a departure from the paper's one record per job).
+
 Table cells keep running statistics of per-GPU throughput. The value the
 estimator reads is ``recent``: an exponentially weighted mean whose weight is
 max(1/count, ``recent_weight``). For the first 1/recent_weight samples it is
@@ -29,8 +33,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from estimation.datatime import DataTimeModel, DataTimeSamples, DataTimeSettings
+from estimation.shared_profiles import SharedProfiles, SharedState
 from shared.ids import GpuType, JobId, ServerId
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
+from shared.reuse import Signature
 
 DEFAULT_RECENT_WEIGHT = 0.05
 DEFAULT_SAMPLE_WINDOW = 4096
@@ -71,6 +77,8 @@ class RecordState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Ranks each data/wait sample ran with; empty (states written before it
     # was kept) reads as one each.
     wait_ranks: tuple[int, ...] = ()
+    # Seeded from its signature's shared profile, not profiled itself.
+    reused: bool = False
 
 
 class DatabaseState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,6 +88,9 @@ class DatabaseState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     recent_weight: float = DEFAULT_RECENT_WEIGHT
     sample_window: int = DEFAULT_SAMPLE_WINDOW
     datatime: DataTimeSettings = DataTimeSettings()
+    # Empty and off in states written before profiles were shared.
+    shared: tuple[SharedState, ...] = ()
+    reuse: bool = False
 
 
 @dataclass(slots=True)
@@ -220,6 +231,8 @@ class JobTypeRecord:
     # cache what it derived from the record (the estimator caches curves).
     version: int = 0
     memo: object = field(default=None, compare=False, repr=False)
+    # Its modules came from its signature's shared profile (not profiled).
+    reused: bool = False
 
     def to_state(self) -> RecordState:
         return RecordState(
@@ -234,7 +247,18 @@ class JobTypeRecord:
             wait_times=self.theory.samples.wait_times,
             comm=self.theory.comm_to_state(),
             wait_ranks=self.theory.samples.rank_counts,
+            reused=self.reused,
         )
+
+    def take_profile(self, report: ProfileReport) -> None:
+        """(Re)set the time modules and add the profiled data/wait samples."""
+        self.version += 1
+        theory = self.theory
+        theory.modules = report.modules
+        theory.batch_size = report.batch_size
+        theory.profiled_on = report.server_id
+        # A profile runs on one GPU (§3.2).
+        theory.samples.add(report.modules.t_d, report.modules.paired_waits(), ranks=1)
 
 
 class ThroughputDatabase:
@@ -245,6 +269,7 @@ class ThroughputDatabase:
         recent_weight: float = DEFAULT_RECENT_WEIGHT,
         sample_window: int = DEFAULT_SAMPLE_WINDOW,
         datatime: DataTimeSettings | None = None,
+        reuse: bool = False,
     ) -> None:
         if not 0.0 < recent_weight <= 1.0:
             raise ValueError(f"recent_weight must lie in (0, 1], got {recent_weight}")
@@ -252,6 +277,8 @@ class ThroughputDatabase:
         self.sample_window = sample_window
         self.datatime = datatime or DataTimeSettings()
         self._jobs: dict[JobId, dict[GpuType, JobTypeRecord]] = {}
+        self.reuse = reuse
+        self.shared = SharedProfiles()
 
     def record(self, job_id: JobId, gpu_type: GpuType) -> JobTypeRecord | None:
         return self._jobs.get(job_id, {}).get(gpu_type)
@@ -278,13 +305,38 @@ class ThroughputDatabase:
         """Profiling mode: (re)set the time modules of the type and add the
         profiled data/wait samples to its history."""
         rec = self._record_for(report.job_id, report.gpu_type)
-        rec.version += 1
-        theory = rec.theory
-        theory.modules = report.modules
-        theory.batch_size = report.batch_size
-        theory.profiled_on = report.server_id
-        # A profile runs on one GPU (§3.2).
-        theory.samples.add(report.modules.t_d, report.modules.paired_waits(), ranks=1)
+        rec.take_profile(report)
+        rec.reused = False
+        self.shared.record(report)
+
+    def shared_types(self, signature: Signature | None) -> frozenset[GpuType]:
+        """The types a job of ``signature`` need not be profiled on: those
+        with a current shared profile (none with ``reuse`` off)."""
+        return self.shared.types(signature) if self.reuse else frozenset()
+
+    def estimate_record(
+        self, job_id: JobId, signature: Signature | None, gpu_type: GpuType
+    ) -> JobTypeRecord | None:
+        """The record the estimator reads for the job on ``gpu_type``: its
+        own once it holds time modules; otherwise, with ``reuse`` on, its own
+        record seeded from the signature's shared profile (the first read
+        seeds it; its samples then correct it, §3.5)."""
+        rec = self.record(job_id, gpu_type)
+        if (rec is not None and rec.theory.modules is not None) or not self.reuse:
+            return rec
+        report = self.shared.get(signature, gpu_type)
+        if report is None:
+            return rec
+        rec = self._record_for(job_id, gpu_type)
+        rec.take_profile(report)
+        rec.reused = True
+        return rec
+
+    def mark_stale(
+        self, signature: Signature, gpu_types: frozenset[GpuType] | None = None
+    ) -> tuple[GpuType, ...]:
+        """Have the signature profiled again on ``gpu_types`` (None: all)."""
+        return self.shared.mark_stale(signature, gpu_types)
 
     def record_sample(self, sample: ThroughputSample) -> None:
         """Running mode: update the entity and type tables (a zero throughput
@@ -309,11 +361,13 @@ class ThroughputDatabase:
             for job in sorted(self._jobs)
             for _, rec in sorted(self._jobs[job].items())
         )
-        return DatabaseState(records, self.recent_weight, self.sample_window, self.datatime)
+        return DatabaseState(records, self.recent_weight, self.sample_window, self.datatime,
+                             self.shared.to_state(), self.reuse)
 
     @classmethod
     def from_state(cls, state: DatabaseState) -> ThroughputDatabase:
-        db = cls(state.recent_weight, state.sample_window, state.datatime)
+        db = cls(state.recent_weight, state.sample_window, state.datatime, state.reuse)
+        db.shared = SharedProfiles.from_state(state.shared)
         for rs in state.records:
             rec = db._record_for(rs.job_id, rs.gpu_type)
             rec.entity = {s: ThroughputTables.from_state(t) for s, t in rs.entity.items()}
@@ -323,4 +377,5 @@ class ThroughputDatabase:
             rec.theory.profiled_on = rs.profiled_on
             rec.theory.samples.add(rs.data_times, rs.wait_times, rs.wait_ranks or 1)
             rec.theory.comm_from_state(rs.comm)
+            rec.reused = rs.reused
         return db

@@ -32,6 +32,7 @@ from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, ServerId
 from shared.job import JobSpec
 from shared.measurements import TimeModules
+from shared.reuse import profile_signature
 
 
 class EstimatorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -273,14 +274,16 @@ def estimate_job(
 
     ``by_type[t].agg[k-1]`` covers k = 1..max GPUs of a server of type t;
     ``by_type[t].dist[n-2]`` covers n = 2..min(#servers of t, max_dist_nodes).
-    Types without a profile for the job are left out. ``by_server`` holds
+    Types without a profile for the job (its own, or with reuse its
+    signature's shared one) are left out. ``by_server`` holds
     complete curves for servers whose entity layer measurably differs.
     """
     cfg = settings or EstimatorSettings()
     by_type: dict[GpuType, ThroughputCurve] = {}
     by_server: dict[ServerId, ThroughputCurve] = {}
+    signature = profile_signature(job) if db.reuse else None
     for spec in cluster.gpu_types:
-        rec = db.record(job.id, spec.name)
+        rec = db.estimate_record(job.id, signature, spec.name)
         servers = tuple(cluster.servers_of_type(spec.name))
         if rec is None or rec.theory.modules is None or not servers:
             continue

@@ -82,7 +82,10 @@ class ProfileReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A profiling-mode run of ``job_id`` on one server of ``gpu_type``.
 
     ``batch_size`` is the per-GPU batch the modules were measured with; 0
-    means the job's own batch size.
+    means the job's own batch size. ``signature`` is the job's profile
+    signature (:func:`shared.reuse.profile_signature`), under which the
+    database shares the modules with the signature's other jobs; empty (as
+    in reports written before it was kept): shared with none.
     """
 
     job_id: JobId
@@ -90,6 +93,7 @@ class ProfileReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server_id: ServerId
     modules: TimeModules = TimeModules()
     batch_size: int = 0
+    signature: str = ""
 
     def __post_init__(self) -> None:
         if self.batch_size < 0:

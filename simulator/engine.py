@@ -34,6 +34,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.resources import OverAllocation
+from shared.reuse import must_profile, profile_signature
 from shared.snapshot import Plan
 from simulator.cores import Speeds, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
@@ -78,7 +79,7 @@ class Simulation(Measuring):
         self._order = {j.spec.id: i for i, j in enumerate(jobs)}
         self.occ = Occupancy(cluster)
         self.profiling: list[ProfileEnd] = []  # a heap: the runs in flight
-        self.db = ThroughputDatabase()
+        self.db = ThroughputDatabase(reuse=self.settings.profile_reuse)
         self.estimates: dict[JobId, JobEstimate] = {}
         self.dirty: set[JobId] = set()
         self.speeds = Speeds(cluster, truth)
@@ -207,13 +208,19 @@ class Simulation(Measuring):
             self.live[rec.id] = rec
             self._arrived = True
             return
-        rec.unprofiled = {
+        supported = [
             t.name for t in self.cluster.gpu_types if self.truth.supports(rec.model, t.name)
-        }
-        if not rec.unprofiled:
+        ]
+        if not supported:
             raise ValueError(f"job {rec.id}: model {rec.model} runs on no GPU type here")
+        rec.signature = profile_signature(rec.spec)
+        rec.unprofiled = set(must_profile(supported, self.db.shared_types(rec.signature)))
         self._move(rec, ev.JobSubmitted(job_id=rec.id, spec=rec.spec, at=self.now))
-        self._move(rec, lc.Profile(job_id=rec.id, at=self.now))
+        if rec.unprofiled:
+            self._move(rec, lc.Profile(job_id=rec.id, at=self.now))
+        else:  # its signature was profiled on every type it runs on
+            self._move(rec, lc.Queue(job_id=rec.id, at=self.now))
+            rec.profile_end = self.now
         self.live[rec.id] = rec
         self._arrived = True
 

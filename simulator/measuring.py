@@ -5,10 +5,12 @@ A mixin of :class:`~simulator.engine.Simulation`, which holds the state."""
 from __future__ import annotations
 
 import heapq
+import statistics
 import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from estimation.database import ThroughputDatabase
@@ -16,8 +18,10 @@ from estimation.estimator import estimate_job
 from scheduling import lifecycle as lc
 from scheduling.profiling import busy_types, profiling_step
 from shared.configuration import Configuration
-from shared.estimate import JobEstimate
+from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId, ServerId
+from shared.measurements import ThroughputSample
+from shared.reuse import disagrees
 from simulator.events import ProfileEnd
 from simulator.state import JobRecord, Occupancy, profiling_holder
 from world.truth import GroundTruth
@@ -107,6 +111,8 @@ class Measuring:
         report, seconds = self.truth.profile(
             job_id, rec.model, server, self.settings.profile_iters, self._rng(job_id)
         )
+        if rec.signature:  # what a real executor stamps from the job's spec
+            report = msgspec.structs.replace(report, signature=rec.signature)
         run = ProfileEnd(at=self.now + seconds, job_id=job_id, server=server, report=report)
         heapq.heappush(self.profiling, run)
 
@@ -126,8 +132,29 @@ class Measuring:
             assert rec.current is not None
             if rec.paused_until >= self.now or rec.spec.kind == "cpu":
                 continue
-            for sample in self.truth.running_samples(
+            samples = self.truth.running_samples(
                 rec.id, rec.model, rec.current, self.settings.sample_iters, self._rng(rec.id)
-            ):
+            )
+            self._check_reused(rec, samples)
+            for sample in samples:
                 self.db.record_sample(sample)
             self.dirty.add(rec.id)
+
+    def _check_reused(self, rec: JobRecord, samples: Sequence[ThroughputSample]) -> None:
+        """A job's first samples on a type it was estimated on from its
+        signature's shared profile: one that disagrees with the estimate
+        (shared.reuse.disagrees) marks the profile stale, so the signature's
+        next job is profiled there again."""
+        if not samples or rec.signature is None or rec.current is None:
+            return
+        gpu_type = samples[0].gpu_type
+        own = self.db.record(rec.id, gpu_type)
+        estimate = self.estimates.get(rec.id)
+        if own is None or not own.reused or own.type_layer.agg or own.type_layer.dist:
+            return  # profiled itself, or corrected by its own samples already
+        if estimate is None or gpu_type not in estimate.by_type:
+            return
+        measured = statistics.fmean(s.per_gpu_throughput for s in samples)
+        predicted = config_throughput(estimate, self.cluster, rec.current)
+        if disagrees(predicted, measured * rec.current.total_gpus):
+            self.db.mark_stale(rec.signature, frozenset((gpu_type,)))

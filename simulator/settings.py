@@ -19,7 +19,9 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``r_num``: the policy's R_num (§2.2), which turns a job's GPU bounds into
     the requirement set that its plans must come from and its Eq. (9) age
     averages over (the policy spec's ``r_num``, as the live scheduler reads
-    it)."""
+    it); ``profile_reuse``: jobs of one profile signature share profiles
+    (:mod:`shared.reuse`; the policy spec's ``profile_reuse``, off unless
+    asked for, as for the baselines)."""
 
     round_s: float = ROUND_S
     restart_s: float | None = None
@@ -34,3 +36,4 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     raqlr_window_h: float = 1.0
     max_time_s: float = 90 * 86400.0
     estimator: EstimatorSettings = EstimatorSettings()
+    profile_reuse: bool = False

@@ -18,6 +18,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.records import JobPhase
 from shared.resources import NOTHING, Ledger, Resources
+from shared.reuse import Signature
 from shared.snapshot import JobState, Phase
 
 
@@ -33,6 +34,7 @@ class JobRecord:
     # Types it joined the queue without, every GPU of them running a job
     # (scheduling.profiling): profiled once one is idle again.
     deferred: set[GpuType] = field(default_factory=set)
+    signature: Signature | None = None  # its profile signature (shared.reuse)
     rate: float = 0.0  # true samples/s of ``current``
     paused_until: float = 0.0  # checkpoint-restart: no progress before this time
     done_samples: float = 0.0

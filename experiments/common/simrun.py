@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from experiments.common.floor import floor
-from scheduling.registry import DEFAULT_POLICY, make_policy, resolve
+from scheduling.registry import DEFAULT_POLICY, make_policy, profile_reuse, resolve
 from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
 from simulator.engine import Progress, Simulation
@@ -70,7 +70,7 @@ def simulate(spec: RunSpec, progress: Progress | None = None) -> tuple[Cluster, 
     # The simulator checks plans against the requirement sets the policy
     # plans with, so it takes the policy's own R_num.
     settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed,
-                           r_num=policy_spec.r_num)
+                           r_num=policy_spec.r_num, profile_reuse=profile_reuse(policy_spec))
     sim = Simulation(cluster, jobs, policy, truth, settings, timer=time.perf_counter)
     result = sim.run(progress)
     return cluster, msgspec.structs.replace(result, floor_s=floor(jobs, truth, cluster))

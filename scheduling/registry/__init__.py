@@ -61,7 +61,12 @@ specs, whose ``inner`` is text in it), :mod:`.build` (the policies),
 :mod:`.traits` (what the mechanism asks).
 """
 from scheduling.layers.traits import PolicyTraits, TenantAdmission
-from scheduling.registry.build import make_policy, make_task_policy, profiling_settings
+from scheduling.registry.build import (
+    make_policy,
+    make_task_policy,
+    profile_reuse,
+    profiling_settings,
+)
 from scheduling.registry.grammar import (
     CORE_TYPES,
     SPECS,
@@ -173,6 +178,7 @@ __all__ = [
     "parse_task",
     "policy_name",
     "policy_traits",
+    "profile_reuse",
     "profiling_settings",
     "register",
     "resolve",

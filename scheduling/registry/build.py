@@ -126,6 +126,21 @@ def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> Prof
     return ProfilingSettings(spec.profile_gpus, spec.profile_share, spec.profile_preempt)
 
 
+def profile_reuse(spec: PolicySpec | str) -> bool:
+    """Whether the cluster policy of ``spec`` (inside its tenant or core
+    layer) reuses profiles across a signature's jobs (``profile_reuse``;
+    a policy defined outside the registry: no)."""
+    if isinstance(spec, str):
+        spec = parse_policy(spec)
+    if isinstance(spec, TENANT_TYPES):
+        return spec.inner_spec.profile_reuse
+    if isinstance(spec, CORE_TYPES):
+        return core_inner(spec).profile_reuse
+    if isinstance(spec, ExtensionSpec):
+        return False
+    return spec.profile_reuse
+
+
 def _inner(spec: ClusterSpec) -> LayeredPolicy:
     match spec:
         case HopsSpec() | HopsProfilePreemptSpec() | HopsPaperSpec():

@@ -56,6 +56,7 @@ class HopsPaperSpec(HopsSettings, tag="hops-paper", tag_field="name", frozen=Tru
     fill_filter: bool = False
     accept_gap: float = 0.01
     preempt_exempt: float = 0.0
+    profile_reuse: bool = False  # one record per job (§3.3)
 
 
 class SiaSpec(SiaSettings, tag="sia", tag_field="name", frozen=True):

@@ -70,6 +70,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
+from shared.reuse import BASELINE_PROFILE_REUSE
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
 _MIP = MipOptions()  # the solver's defaults are Gavel's
@@ -91,6 +92,8 @@ class GavelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
+    # Jobs of one profile signature share profiles (shared.reuse).
+    profile_reuse: bool = BASELINE_PROFILE_REUSE
 
 
 class GavelRound(msgspec.Struct, frozen=True):

@@ -45,6 +45,7 @@ from scheduling.rounds import ROUND_S, restart_cost
 from shared.estimate import job_sensitivity, sensitivity
 from shared.ids import JobId, ServerId
 from shared.job import R_NUM
+from shared.reuse import PROFILE_REUSE
 from shared.snapshot import (
     Assignment,
     JobState,
@@ -82,6 +83,8 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
+    # Jobs of one profile signature share profiles (shared.reuse).
+    profile_reuse: bool = PROFILE_REUSE
     # Share of its gain a configuration change costs a job: options that
     # would restart it weigh this much less, so it is moved only when the new
     # placement pays for the restart (scheduling.policies.hops.reconfig).

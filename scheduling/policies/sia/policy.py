@@ -82,6 +82,7 @@ from shared.cluster import Cluster
 from shared.estimate import JobEstimate, ThroughputCurve, config_throughput
 from shared.ids import GpuType, JobId
 from shared.job import R_NUM
+from shared.reuse import BASELINE_PROFILE_REUSE
 from shared.snapshot import (
     Assignment,
     JobState,
@@ -123,6 +124,8 @@ class SiaSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     profile_gpus: int = 1
     profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
     profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
+    # Jobs of one profile signature share profiles (shared.reuse).
+    profile_reuse: bool = BASELINE_PROFILE_REUSE
     # HiGHS's starting solution: the search of :mod:`.start` ("search"),
     # or the LP optimum rounded down ("rounded-lp"), from which HiGHS takes
     # about twice as long on the same ILPs (docs/performance.md). Either way
