@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import msgspec
 import nats.errors
 import numpy as np
 from nats.aio.client import Client as NATS
@@ -76,6 +77,7 @@ from shared.events import (
     decode_command,
     encode,
 )
+from shared.reuse import profile_signature
 from world.catalog import builtin_catalog
 from world.clusters import cluster_arg
 from world.truth import GroundTruth
@@ -265,6 +267,8 @@ async def run_profile(job: JobContext) -> int:
     rng = np.random.default_rng(job_seed(cmd.job_id, cmd.key))
     report, seconds = job.truth.profile(cmd.job_id, cmd.spec.model, cmd.server_id,
                                        job.profile_iters, rng)
+    # What the real executor's report carries too (executor.reports).
+    report = msgspec.structs.replace(report, signature=profile_signature(cmd.spec) or "")
     wall = profile_wall_s(seconds, job.time_scale)
     loop = asyncio.get_running_loop()
     t0 = loop.time()

@@ -31,6 +31,7 @@ from shared.jobreport import (
     decode_line,
 )
 from shared.measurements import ProfileReport, ThroughputSample
+from shared.reuse import profile_signature
 
 MAX_READ = 1 << 20  # bytes per poll: a burst of lines is read over several polls
 TAIL_LINES = 20
@@ -138,7 +139,8 @@ class JobReports:
     def profile(self, line: Profiled) -> ProfileReport:
         return ProfileReport(job_id=self.cmd.job_id, gpu_type=self.gpu_type,
                              server_id=self.cmd.server_id, modules=line.modules,
-                             batch_size=line.batch_size)
+                             batch_size=line.batch_size,
+                             signature=profile_signature(self.cmd.spec) or "")
 
     @property
     def done(self) -> bool:

@@ -182,10 +182,14 @@ class EstimateRequest(Message, frozen=True, tag="estimate_request"):
 
 
 class EstimateReply(Message, frozen=True, tag="estimate_reply"):
-    """Estimates keyed by job id; jobs not profiled on any type may be missing."""
+    """Estimates keyed by job id; jobs not profiled on any type may be missing.
+    ``shared``: per requested job, the GPU types its profile signature holds a
+    current shared profile of (:mod:`shared.reuse`), which it need not be
+    profiled on where the policy reuses profiles."""
 
     ok: bool = True
     estimates: dict[JobId, JobEstimate] = {}
+    shared: dict[JobId, tuple[GpuType, ...]] = {}
     error: str = ""
     code: str = ""
 

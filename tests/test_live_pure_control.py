@@ -529,9 +529,13 @@ def test_a_type_that_cannot_be_profiled_is_given_up_after_some_attempts() -> Non
 def test_estimate_requests_are_chunked_and_need_servers() -> None:
     records = {JobId(f"j{i}"): live(f"j{i}", "queued") for i in range(5)}
     records[JobId("p")] = live("p", "profiling")
+    records[JobId("f")] = live("f", "finished")
     cluster = cluster_of(NODES)
     reqs = estimate_requests(records, cluster, 2)
-    assert [len(r.jobs) for r in reqs] == [2, 2, 1] and reqs[0].cluster == cluster
+    # A job being profiled is asked about too: the reply names the types its
+    # profile signature holds shared profiles of (scheduling.live.reuse).
+    assert [len(r.jobs) for r in reqs] == [2, 2, 2] and reqs[0].cluster == cluster
+    assert "f" not in {j.id for r in reqs for j in r.jobs}
     assert estimate_requests(records, cluster_of([]), 2) == []
 
 

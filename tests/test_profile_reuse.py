@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from cli.policies import make_policy
 from estimation.database import DatabaseState, RecordState, ThroughputDatabase
 from estimation.estimator import estimate_job
+from scheduling.live.reuse import reuse_events, reused_types
+from scheduling.live.state import new_record
 from scheduling.registry import profile_reuse
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, JobId, ServerId
@@ -221,3 +223,22 @@ def test_simulator_profiles_a_job_of_another_signature() -> None:
     other = "resnet50-cifar10"
     sim = simulate(reuse=True, model_b=other)
     assert sorted(sim.runs) == [("a", RTX), ("a", V100), ("b", RTX), ("b", V100)]
+
+
+# --------------------------------------------------------------- live leader
+
+
+def test_live_leader_takes_only_current_shared_types_for_jobs_being_profiled() -> None:
+    c = cluster2()
+    new = new_record(spec("n"), 0.0)
+    part = msgspec.structs.replace(new_record(spec("p"), 0.0), phase="profiling",
+                                   profiled=(V100,))
+    queued = msgspec.structs.replace(new_record(spec("q"), 0.0), phase="queued")
+    records = {r.job_id: r for r in (new, part, queued)}
+    both = frozenset({RTX, V100})
+    assert reused_types(new, both, c) == both
+    assert reused_types(part, both, c) == {RTX}
+    assert reused_types(queued, both, c) == frozenset()
+    assert reused_types(new, frozenset({GpuType("K80")}), c) == frozenset()  # not alive
+    shared = {JobId("n"): frozenset({RTX}), JobId("p"): both, JobId("q"): both}
+    assert reuse_events(records, shared, c) == {"n": (RTX,), "p": (RTX, V100)}

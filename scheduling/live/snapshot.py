@@ -57,6 +57,7 @@ from scheduling.assemble import Holder, assemble, hidden
 from scheduling.live.admission import hold_problem
 from scheduling.live.clock import Inflight
 from scheduling.live.drain import drain_held
+from scheduling.live.reuse import reused_types
 from scheduling.live.samples import Throughputs
 from scheduling.live.state import PROFILING_PHASES, Facts, LiveJobRecord
 from scheduling.policies.hops.window import order_queue
@@ -150,10 +151,12 @@ def node_update(nodes: dict[str, NodeRecord], key: str, value: bytes | None) -> 
 
 def estimate_targets(records: Mapping[JobId, LiveJobRecord]) -> list[JobSpec]:
     """Jobs the planner needs estimates for: waiting or running GPU jobs (a
-    CPU job runs on no GPU type, which is all the estimators estimate)."""
+    CPU job runs on no GPU type, which is all the estimators estimate), and
+    the GPU jobs still being profiled, whose signatures' shared profiles the
+    reply names (:mod:`.reuse`)."""
     return [
         r.spec for r in records.values()
-        if r.phase in ("queued", "running") and r.spec.kind == "gpu"
+        if not r.final and r.spec.kind == "gpu"
     ]
 
 
@@ -185,6 +188,7 @@ class _Context(NamedTuple):
     first: bool
     throughputs: Throughputs
     schedules_cores: bool
+    shared: Mapping[JobId, frozenset[GpuType]]
 
 
 def build_snapshot(
@@ -201,17 +205,19 @@ def build_snapshot(
     *,
     throughputs: Throughputs | None = None,
     schedules_cores: bool = True,
+    shared: Mapping[JobId, frozenset[GpuType]] | None = None,
 ) -> Built:
     """See the module docstring; ``layer_state`` is each stateful layer's
     state after the last published plan (``Snapshot.layer_state``),
     ``throughputs`` the running jobs' heartbeats, and ``schedules_cores``
-    whether the policy plans CPU jobs. What is held, by whom, and who is
+    whether the policy plans CPU jobs, ``shared`` the types each job takes
+    from its signature's shared profiles (:mod:`.reuse`). What is held, by whom, and who is
     shown are :func:`scheduling.assemble.assemble`'s rules, the simulator's."""
     nodes = list(nodes)
     cluster = cluster_of(nodes)
     alive = [n for n in nodes if n.alive]
     ctx = _Context(now, cluster, estimates, progress, inflight, first_plan,
-                   throughputs or Throughputs(), schedules_cores)
+                   throughputs or Throughputs(), schedules_cores, shared or {})
     holders = [
         _job(ctx, rec, allocs.get(rec.job_id))
         for rec in sorted(records.values(), key=lambda r: (r.spec.submit_time, r.job_id))
@@ -253,6 +259,7 @@ def _profiling_job(ctx: _Context, rec: LiveJobRecord, alloc: Placement | None,
     if alloc is not None and alloc.mode == "profile":
         by_id = ctx.cluster.by_id
         busy |= {by_id[s].gpu_type for s in alloc.configuration.servers if s in by_id}
+    busy |= reused_types(rec, ctx.shared.get(rec.job_id, frozenset()), ctx.cluster)
     need = tuple(
         t.name for t in ctx.cluster.gpu_types if t.name not in rec.profiled and t.name not in busy
     )

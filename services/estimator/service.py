@@ -52,6 +52,7 @@ from shared import subjects
 from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
 from shared.records import NodeRecord
+from shared.reuse import profile_signature
 
 
 def apply_sample_event(db: ThroughputDatabase, event: ev.SampleEvent) -> None:
@@ -65,12 +66,18 @@ def apply_sample_event(db: ThroughputDatabase, event: ev.SampleEvent) -> None:
 def estimates_for(
     db: ThroughputDatabase, req: ev.EstimateRequest
 ) -> tuple[ev.EstimateReply, dict[JobId, str]]:
-    """One estimate per requested job that has a profile on a type of the
-    request's cluster, and why the others that have a profile got none."""
+    """One estimate per requested job that has a profile (its own or its
+    signature's shared one) on a type of the request's cluster, why the
+    others that have a profile got none, and the types each job's signature
+    holds a current shared profile of."""
     out: dict[JobId, JobEstimate] = {}
     failed: dict[JobId, str] = {}
+    shared: dict[JobId, tuple[GpuType, ...]] = {}
     for spec in req.jobs:
-        if not db.profiled_types(spec.id):
+        types = db.shared_types(profile_signature(spec))
+        if types:
+            shared[spec.id] = tuple(sorted(types))
+        if not db.profiled_types(spec.id) and not types:
             continue
         try:
             est = estimate_job(db, spec, req.cluster)
@@ -79,7 +86,7 @@ def estimates_for(
             continue
         if est.by_type:
             out[spec.id] = est
-    return ev.EstimateReply(estimates=out), failed
+    return ev.EstimateReply(estimates=out, shared=shared), failed
 
 
 FINAL_EVENTS = (ev.JobFinished, ev.JobFailed, ev.JobCancelled)
@@ -257,7 +264,9 @@ class Endings:
 
 async def run(ctx: ServiceContext) -> None:
     """The service's main: catch up with the stream, then answer requests."""
-    db = ThroughputDatabase()
+    # Shared profiles are offered to every job; the leader decides, by its
+    # policy's ``profile_reuse``, whether a job skips profiling for them.
+    db = ThroughputDatabase(reuse=True)
     endings = Endings(ctx, db)
     await endings.start()
     feed = Feed(ctx, db, NodeTypes(await ctx.js.key_value(subjects.KV_NODES)), endings.ended)

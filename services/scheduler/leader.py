@@ -49,13 +49,14 @@ from scheduling.live import state as st
 from scheduling.live import timelimit as tl
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
+from scheduling.live.reuse import reuse_events
 from scheduling.live.samples import Throughputs, in_place
 from scheduling.live.state import LiveJobRecord
-from scheduling.registry import policy_traits
+from scheduling.registry import policy_traits, profile_reuse
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
-from services.scheduler.estimates import fetch_estimates
+from services.scheduler.estimates import fetch_estimates, publish_reused
 from services.scheduler.jobbook import JobBook
 from services.scheduler.kv import catch_up, decode_all, unacked, watch_topology
 from services.scheduler.layer_store import LayerStore, build_policy
@@ -64,7 +65,7 @@ from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate
-from shared.ids import JobId
+from shared.ids import GpuType, JobId
 from shared.records import NodeRecord, Placement, QueueView
 from shared.relaxed import plan_splits
 from shared.snapshot import Plan, PlanReasons, Snapshot
@@ -92,6 +93,7 @@ class Leader:
         self.throughputs = Throughputs()
         # else CPU jobs are held, never planned
         self.cores = policy_traits(settings.policy).schedules_cores
+        self.reuse = profile_reuse(settings.policy)  # shared profiles (shared.reuse)
         self.inflight = Inflight(settings.grace_s)
         self.clock = RoundClock(settings.round_s, settings.replan_delay_s, settings.refresh_s, 0.0)
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
@@ -283,12 +285,13 @@ class Leader:
         records = self.book.current()
         self.progress = {k: p for k, p in self.progress.items() if k in records}
         self.throughputs.keep(k for k, r in records.items() if r.phase == "running")
-        estimates = await self._estimates(records, cluster)
+        estimates, shared = await self._estimates(records, cluster)
+        await publish_reused(self.ctx.js, reuse_events(records, shared, cluster), now, self.log)
         first = due != "fill"
         built = snap.build_snapshot(
             now, records, self.nodes, allocs, estimates, self.progress, self.inflight, first,
             r_num=self.settings.policy.r_num, layer_state=self.store.snapshot_state(),
-            throughputs=self.throughputs, schedules_cores=self.cores,
+            throughputs=self.throughputs, schedules_cores=self.cores, shared=shared,
         )
         self.allocs = allocs  # heartbeats are checked against these; set: the view may answer
         busy = bool(built.snapshot.jobs or built.sticky or allocs)
@@ -387,12 +390,19 @@ class Leader:
 
     async def _estimates(
         self, records: dict[JobId, LiveJobRecord], cluster: Cluster
-    ) -> dict[JobId, JobEstimate]:
-        """Fresh estimates where the estimators answer, the last ones otherwise."""
+    ) -> tuple[dict[JobId, JobEstimate], dict[JobId, frozenset[GpuType]]]:
+        """Fresh estimates where the estimators answer, the last ones
+        otherwise, of the waiting and running jobs; and, where the policy
+        reuses profiles, the types each job's signature holds shared
+        profiles of (:mod:`scheduling.live.reuse`)."""
         requests = snap.estimate_requests(records, cluster, ESTIMATE_CHUNK)
+        shared: dict[JobId, frozenset[GpuType]] = {}
         self.estimates = await fetch_estimates(self.ctx.nc, requests, self.estimates,
-                                               self.settings.estimate_timeout_s, self.log)
-        return dict(self.estimates)
+                                               self.settings.estimate_timeout_s, self.log,
+                                               shared)
+        planned = {k: v for k, v in self.estimates.items()
+                   if records[k].phase in ("queued", "running")}
+        return planned, (shared if self.reuse else {})
 
     async def _nodes(self) -> list[NodeRecord]:
         return await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.log)
