@@ -332,6 +332,14 @@ class ThroughputDatabase:
         rec.reused = True
         return rec
 
+    def checks_reuse(self, job_id: JobId, gpu_type: GpuType) -> bool:
+        """Whether the job's record on ``gpu_type`` was seeded from its
+        signature's shared profile and holds no running sample of its own
+        yet: its first samples are then compared with the estimate
+        (:func:`shared.reuse.first_samples_disagree`)."""
+        own = self.record(job_id, gpu_type)
+        return own is not None and own.reused and not own.type_layer.agg and not own.type_layer.dist
+
     def mark_stale(
         self, signature: Signature, gpu_types: frozenset[GpuType] | None = None
     ) -> tuple[GpuType, ...]:

@@ -69,6 +69,7 @@ from gateway.openapi import json_response, openapi, submit_body_schema
 from gateway.reload import reload_routes
 from gateway.responses import ERRORS, bus_of, failure, respond, upstream_failure
 from gateway.settings import GatewaySettings
+from gateway.signatures import signature_routes
 from services.runtime.bus import nats_status
 from shared import subjects
 from shared.events import INVALID, TOO_LARGE, Reply
@@ -113,6 +114,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     cluster_routes.node_routes(app)
     cluster_routes.tenant_routes(app)
     reload_routes(app)
+    signature_routes(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -194,6 +194,53 @@ class EstimateReply(Message, frozen=True, tag="estimate_reply"):
     code: str = ""
 
 
+# --- profile signatures (shared.reuse) ------------------------------------------
+
+StaleReason: TypeAlias = Literal["operator", "disagreement"]
+
+
+class ProfileStale(Message, frozen=True, tag="profile_stale"):
+    """Persisted on ``hops.v1.signatures.stale`` (stream ``HOPS_SAMPLES``):
+    the shared profiles of ``signature`` on ``gpu_types`` (empty: every type
+    it holds) are stale, so its next job is profiled there again. Every
+    estimator replica applies it in stream order. ``reason``: an operator
+    asked (the gateway publishes it), or ``job_id``'s first samples on the
+    type measured ``measured`` against the ``estimated`` the shared profile
+    gave (an estimator publishes it; :func:`shared.reuse.disagrees`)."""
+
+    signature: str
+    reason: StaleReason
+    at: float
+    gpu_types: tuple[GpuType, ...] = ()
+    job_id: str = ""
+    estimated: float = 0.0
+    measured: float = 0.0
+
+
+class ListSignatures(Message, frozen=True, tag="list_signatures"):
+    """Request on ``hops.v1.signatures.list`` (queue group ``estimator``)."""
+
+
+class SharedSignature(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One signature's shared profiles: the types it holds a current one of,
+    the stale ones, and the per-GPU batch size its last report was measured
+    with (0: the job's own)."""
+
+    signature: str
+    current: tuple[GpuType, ...] = ()
+    stale: tuple[GpuType, ...] = ()
+    batch_size: int = 0
+
+
+class SignaturesReply(Message, frozen=True, tag="signatures"):
+    """An estimator replica's answer to ``list_signatures``, by signature."""
+
+    ok: bool = True
+    signatures: tuple[SharedSignature, ...] = ()
+    error: str = ""
+    code: str = ""
+
+
 # --- executor commands --------------------------------------------------------
 
 
@@ -469,7 +516,8 @@ JobEvent: TypeAlias = (
     | JobHeld
     | JobReleased
 )
-SampleEvent: TypeAlias = SampleReported | ProfileReported
+# What stream ``HOPS_SAMPLES`` holds.
+SampleEvent: TypeAlias = SampleReported | ProfileReported | ProfileStale
 # What an executor may say of a job on ``hops.v1.reports.<server>.<job>``.
 Report: TypeAlias = SampleReported | ProfileReported | JobFinished | JobFailed
 Command: TypeAlias = StartJob | StopJob | SetCores
@@ -486,6 +534,8 @@ AnyMessage: TypeAlias = (
     | DrainNode
     | EstimateRequest
     | EstimateReply
+    | ListSignatures
+    | SignaturesReply
     | Command
     | CommandAck
     | JobEvent
@@ -530,6 +580,8 @@ decode_remove_node = Codec[RemoveNode](RemoveNode, "remove_node").decode
 decode_drain_node = Codec[DrainNode](DrainNode, "drain_node").decode
 decode_estimate_request = Codec[EstimateRequest](EstimateRequest, "estimate_request").decode
 decode_estimate_reply = Codec[EstimateReply](EstimateReply, "estimate_reply").decode
+decode_list_signatures = Codec[ListSignatures](ListSignatures, "list_signatures").decode
+decode_signatures_reply = Codec[SignaturesReply](SignaturesReply, "signatures").decode
 decode_command = Codec[Command](Command, "command").decode
 decode_ack = Codec[CommandAck](CommandAck, "command_ack").decode
 decode_job_event = Codec[JobEvent](JobEvent, "job event").decode

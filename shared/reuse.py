@@ -29,13 +29,15 @@ demand too.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Set
+import statistics
+from collections.abc import Iterable, Sequence, Set
 from typing import NewType
 
 import msgspec
 
 from shared.ids import GpuType
 from shared.job import JobSpec
+from shared.measurements import ThroughputSample
 
 Signature = NewType("Signature", str)
 
@@ -88,3 +90,17 @@ def disagrees(estimated: float, measured: float, margin: float = STALE_MARGIN) -
     if estimated <= 0.0 or measured <= 0.0:
         return False
     return abs(measured - estimated) > margin * estimated
+
+
+def first_samples_disagree(
+    estimated: float, samples: Sequence[ThroughputSample], gpus: int
+) -> float | None:
+    """The throughput a job's first running samples on a type measured (their
+    mean per-GPU throughput times its ``gpus``) when it :func:`disagrees` with
+    the ``estimated`` throughput of the same GPUs that its signature's shared
+    profile gave; None when it agrees or there are no samples. The simulator
+    and the live estimators both mark a profile stale by this rule."""
+    if not samples:
+        return None
+    measured = statistics.fmean(s.per_gpu_throughput for s in samples) * gpus
+    return measured if disagrees(estimated, measured) else None

@@ -29,6 +29,9 @@ NODES_REMOVE = f"{PREFIX}.nodes.remove"
 NODES_DRAIN = f"{PREFIX}.nodes.drain"
 ESTIMATE = f"{PREFIX}.estimate"
 ESTIMATOR_QUEUE = "estimator"
+# Profile signatures' shared profiles (``list_signatures``), answered by an
+# estimator replica in queue group ``estimator``; trusted callers only.
+SIGNATURES_LIST = f"{PREFIX}.signatures.list"
 # The scheduler's queue view (priority, latency ratio, window), answered by the leader.
 QUEUE = f"{PREFIX}.queue"
 # Submissions and cancels are answered by every scheduler replica in this group.
@@ -44,6 +47,9 @@ JOB_EVENTS_ALL = f"{PREFIX}.jobs.events.*"
 SAMPLES_ALL = f"{PREFIX}.samples.*"
 PROFILES_ALL = f"{PREFIX}.profiles.*"
 PLANS = f"{PREFIX}.plans"
+# ``profile_stale`` (stream HOPS_SAMPLES): from the gateway for an operator,
+# or from an estimator whose job measured a disagreement (shared.reuse).
+SIGNATURES_STALE = f"{PREFIX}.signatures.stale"
 RELEASED = f"{PREFIX}.cluster.released"
 # What executors report of their jobs, ``hops.v1.reports.<server_id>.<job_id>``:
 # the monitor checks each one and relays it to its canonical subject above.
@@ -84,7 +90,7 @@ class StreamDef(msgspec.Struct, frozen=True):
 
 
 STREAM_JOBS = StreamDef("HOPS_JOBS", (JOB_EVENTS_ALL,))
-STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL))
+STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL, SIGNATURES_STALE))
 STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
 STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
 STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS)

@@ -5,7 +5,6 @@ A mixin of :class:`~simulator.engine.Simulation`, which holds the state."""
 from __future__ import annotations
 
 import heapq
-import statistics
 import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -21,7 +20,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId, ServerId
 from shared.measurements import ThroughputSample
-from shared.reuse import disagrees
+from shared.reuse import first_samples_disagree
 from simulator.events import ProfileEnd
 from simulator.state import JobRecord, Occupancy, profiling_holder
 from world.truth import GroundTruth
@@ -148,13 +147,11 @@ class Measuring:
         if not samples or rec.signature is None or rec.current is None:
             return
         gpu_type = samples[0].gpu_type
-        own = self.db.record(rec.id, gpu_type)
         estimate = self.estimates.get(rec.id)
-        if own is None or not own.reused or own.type_layer.agg or own.type_layer.dist:
+        if not self.db.checks_reuse(rec.id, gpu_type):
             return  # profiled itself, or corrected by its own samples already
         if estimate is None or gpu_type not in estimate.by_type:
             return
-        measured = statistics.fmean(s.per_gpu_throughput for s in samples)
         predicted = config_throughput(estimate, self.cluster, rec.current)
-        if disagrees(predicted, measured * rec.current.total_gpus):
+        if first_samples_disagree(predicted, samples, rec.current.total_gpus) is not None:
             self.db.mark_stale(rec.signature, frozenset((gpu_type,)))

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
+from typing import TypeAlias, assert_never
 
 import msgspec
 from nats.aio.msg import Msg
@@ -44,7 +46,14 @@ from nats.js.kv import KeyValue
 
 from estimation.database import ThroughputDatabase
 from estimation.estimator import estimate_job
-from services.runtime.bus import serve_requests
+from services.estimator.signatures import (
+    Served,
+    apply_stale,
+    listing,
+    stale_msg_id,
+    stale_of_sample,
+)
+from services.runtime.bus import publish_event, serve_requests
 from services.runtime.follow import follow_stream
 from services.runtime.service import ServiceContext
 from shared import events as ev
@@ -54,9 +63,11 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.records import NodeRecord
 from shared.reuse import profile_signature
 
+Measurement: TypeAlias = ev.SampleReported | ev.ProfileReported
 
-def apply_sample_event(db: ThroughputDatabase, event: ev.SampleEvent) -> None:
-    """Feed one stream message to the database."""
+
+def apply_sample_event(db: ThroughputDatabase, event: Measurement) -> None:
+    """Feed one measurement of the stream to the database."""
     if isinstance(event, ev.ProfileReported):
         db.record_profile(event.report)
     else:
@@ -102,18 +113,18 @@ def forget_ended(db: ThroughputDatabase, ended: set[JobId], event: ev.JobEvent) 
     return True
 
 
-def measured_job(event: ev.SampleEvent) -> JobId:
+def measured_job(event: Measurement) -> JobId:
     return event.report.job_id if isinstance(event, ev.ProfileReported) else event.sample.job_id
 
 
-def measured_on(event: ev.SampleEvent) -> tuple[ServerId, GpuType]:
+def measured_on(event: Measurement) -> tuple[ServerId, GpuType]:
     """The server and GPU type a report or sample was measured on."""
     if isinstance(event, ev.ProfileReported):
         return event.report.server_id, event.report.gpu_type
     return event.sample.server_id, event.sample.gpu_type
 
 
-def unusable(event: ev.SampleEvent, server_type: GpuType | None) -> tuple[str, str] | None:
+def unusable(event: Measurement, server_type: GpuType | None) -> tuple[str, str] | None:
     """Why a measurement must not enter the database, as ``(code, message)``
     (``server_type``: the registered type of its server, ``None`` when it is
     not registered)."""
@@ -184,12 +195,13 @@ class Feed:
     """
 
     def __init__(
-        self, ctx: ServiceContext, db: ThroughputDatabase, nodes: NodeTypes, ended: set[JobId]
+        self, ctx: ServiceContext, db: ThroughputDatabase, nodes: NodeTypes, endings: Endings
     ) -> None:
         self.ctx = ctx
         self.db = db
         self.nodes = nodes
-        self.ended = ended
+        self.ended = endings.ended
+        self.served = endings.served
         self.last_seq = 0
         self.target = 0
         self.caught_up = asyncio.Event()
@@ -210,23 +222,51 @@ class Feed:
             return
         self.last_seq = seq
         try:
-            event = ev.decode_sample_event(msg.data)
-            job_id = measured_job(event)
-            problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
-            if job_id in self.ended:  # a late report of an ended job
-                self.ctx.log.debug("measurement of an ended job", job_id=job_id)
-            elif problem is not None:
-                live = isinstance(event, ev.SampleReported)
-                await self._reject(msg, problem[1], problem[0], live)
-            else:
-                apply_sample_event(self.db, event)
-                self.applied += 1
+            match ev.decode_sample_event(msg.data):
+                case ev.ProfileStale() as stale:
+                    self._stale(stale)
+                case ev.SampleReported() | ev.ProfileReported() as event:
+                    await self._measurement(msg, event)
+                case other:
+                    assert_never(other)
         except ev.WireError as e:
             await self._reject(msg, str(e), e.code, True)
         except ValueError as e:  # a report the database cannot use
             await self._reject(msg, f"rejected: {e}", ev.INVALID, True)
         if not self.caught_up.is_set() and seq >= self.target:
             self.caught_up.set()
+
+    async def _measurement(self, msg: Msg, event: Measurement) -> None:
+        job_id = measured_job(event)
+        problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
+        if job_id in self.ended:  # a late report of an ended job
+            self.ctx.log.debug("measurement of an ended job", job_id=job_id)
+        elif problem is not None:
+            live = isinstance(event, ev.SampleReported)
+            await self._reject(msg, problem[1], problem[0], live)
+        else:
+            if isinstance(event, ev.SampleReported):
+                await self._check_reuse(event)
+            apply_sample_event(self.db, event)
+            self.applied += 1
+
+    async def _check_reuse(self, event: ev.SampleReported) -> None:
+        """Publish ``profile_stale`` when a job's first sample disagrees with
+        the estimate its signature's shared profile gave (the simulator's rule)."""
+        stale = stale_of_sample(self.db, self.served, event.sample, time.time())
+        if stale is None or not self.caught_up.is_set():
+            return
+        self.ctx.log.info("shared profile disagrees with a job's samples", job_id=stale.job_id,
+                          signature=stale.signature, gpu_type=stale.gpu_types[0],
+                          estimated=round(stale.estimated, 3), measured=round(stale.measured, 3))
+        await publish_event(self.ctx.js, subjects.SIGNATURES_STALE, stale,
+                            msg_id=stale_msg_id(stale))
+
+    def _stale(self, event: ev.ProfileStale) -> None:
+        marked = apply_stale(self.db, event)
+        self.ctx.log.info("shared profiles stale", signature=event.signature, reason=event.reason,
+                          gpu_types=list(marked), job_id=event.job_id or None,
+                          estimated=round(event.estimated, 3), measured=round(event.measured, 3))
 
     async def _reject(self, msg: Msg, error: str, code: str, report: bool) -> None:
         if report and self.caught_up.is_set():
@@ -244,6 +284,7 @@ class Endings:
         self.ctx = ctx
         self.db = db
         self.ended: set[JobId] = set()
+        self.served = Served()
         self.last_seq = 0
 
     async def start(self) -> None:
@@ -259,6 +300,7 @@ class Endings:
         except ev.WireError:
             return
         if forget_ended(self.db, self.ended, event):
+            self.served.forget(event.job_id)
             self.ctx.log.debug("ended job forgotten", job_id=event.job_id)
 
 
@@ -269,7 +311,7 @@ async def run(ctx: ServiceContext) -> None:
     db = ThroughputDatabase(reuse=True)
     endings = Endings(ctx, db)
     await endings.start()
-    feed = Feed(ctx, db, NodeTypes(await ctx.js.key_value(subjects.KV_NODES)), endings.ended)
+    feed = Feed(ctx, db, NodeTypes(await ctx.js.key_value(subjects.KV_NODES)), endings)
     await feed.start()
     ctx.log.info("catching up", stream_last_seq=feed.target)
     waiter = asyncio.create_task(feed.caught_up.wait())
@@ -284,6 +326,7 @@ async def run(ctx: ServiceContext) -> None:
 
     async def handle(req: ev.EstimateRequest) -> ev.Message:
         reply, failed = estimates_for(db, req)
+        endings.served.remember(req, reply)
         for job_id, error in failed.items():
             ctx.log.warning("cannot estimate", job_id=job_id, error=error)
         ctx.log.debug("estimated", jobs=len(req.jobs), answered=len(reply.estimates))
@@ -298,4 +341,17 @@ async def run(ctx: ServiceContext) -> None:
         queue=subjects.ESTIMATOR_QUEUE,
         on_error=lambda code, error: ev.EstimateReply(ok=False, code=code, error=error),
     )
+    await serve_requests(
+        ctx.nc,
+        subjects.SIGNATURES_LIST,
+        ev.decode_list_signatures,
+        lambda _req: _listing(db),
+        ctx.reporter,
+        queue=subjects.ESTIMATOR_QUEUE,
+        on_error=lambda code, error: ev.SignaturesReply(ok=False, code=code, error=error),
+    )
     ctx.log.info("serving estimates", applied=feed.applied, jobs=len(db.jobs()))
+
+
+async def _listing(db: ThroughputDatabase) -> ev.Message:
+    return listing(db)

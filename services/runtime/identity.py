@@ -150,12 +150,16 @@ def _gateway() -> Permissions:
     return _service(GATEWAY, publish=(subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL,
                                       subjects.JOBS_HOLD, subjects.NODES_REMOVE,
                                       subjects.NODES_DRAIN, subjects.QUEUE,
-                                      subjects.TENANTS_RELOAD))
+                                      subjects.TENANTS_RELOAD, subjects.SIGNATURES_LIST,
+                                      subjects.SIGNATURES_STALE))
 
 
 _SERVICE_TABLE = {
     MONITOR: _monitor,
-    ESTIMATOR: lambda: _service(ESTIMATOR, (), subscribe=(subjects.ESTIMATE,), responds=True),
+    # It publishes profile_stale when a job's samples disagree (shared.reuse).
+    ESTIMATOR: lambda: _service(ESTIMATOR, (subjects.SIGNATURES_STALE,),
+                                subscribe=(subjects.ESTIMATE, subjects.SIGNATURES_LIST),
+                                responds=True),
     PROFILER: lambda: _service(PROFILER, publish=(_EVENTS,)),
     SCHEDULER: _scheduler,
     PLACER: lambda: _service(PLACER, publish=(_EVENTS, subjects.EXEC_ALL),
