@@ -28,6 +28,12 @@ replica would keep every job's sample history for ever (up to 4,096 data and
 wait samples per job and GPU type), although nothing asks for its estimate
 again. Only the ended jobs' ids are kept.
 
+The stream also carries ``profile_stale`` (``hops.v1.signatures.stale``),
+applied in the same order: it marks a signature's shared profiles stale.
+A replica publishes one itself when a job's first sample disagrees with
+the estimate a shared profile gave it, and answers ``list_signatures``
+(:mod:`services.estimator.signatures`).
+
 Settings: the runtime's (:mod:`services.runtime.settings`) only.
 """
 
