@@ -141,3 +141,17 @@ def test_only_the_gateway_and_the_estimators_publish_profile_stale() -> None:
     for who in (tenant_permissions("alice"), executor_permissions("rtx-0")):
         assert subjects.SIGNATURES_STALE not in who.publish
         assert subjects.SIGNATURES_LIST not in who.publish
+
+
+def test_cli_renders_one_line_per_signature() -> None:
+    from cli.signatures import render_signatures
+
+    assert "no shared profiles yet" in render_signatures({"signatures": []})
+    jobs = [f"j{i}" for i in range(7)]
+    out = render_signatures({"signatures": [{
+        "signature": "0123456789abcdef", "model": "resnet18-cifar10", "batch_size": 128,
+        "current": ["TitanXP"], "stale": ["RTX3090"], "jobs": jobs}]}).splitlines()
+    assert out[0].split() == ["signature", "model", "batch", "profiled", "on", "stale", "on",
+                              "jobs"]
+    assert out[1].split() == ["0123456789abcdef", "resnet18-cifar10", "128", "TitanXP",
+                              "RTX3090", "j0", "j1", "j2", "j3", "j4", "(+2)"]
