@@ -15,7 +15,8 @@ Both start their stack with :mod:`bench.live_stack`.
 
     .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 8,32] [--kills 3]
         [--round-jobs 6] [--no-auth]
-    .venv/bin/python bench/live_submit.py --burst 500 [--long 8]   (bench/live_burst.py)
+    .venv/bin/python bench/live_submit.py --burst 500 [--long 15] [--observe 300]
+        (bench/live_burst.py)
 
 Authentication is on, as under ``hops up``: the bench's own connections act
 as ``admin`` (``HOPS_NATS_NKEY`` in its environment, which no component
@@ -177,7 +178,9 @@ def main() -> int:
                     help="jobs started by the measured rounds (0: skip)")
     ap.add_argument("--burst", type=int, default=0,
                     help="only the burst scenario: this many submissions while long jobs run")
-    ap.add_argument("--long", type=int, default=8, help="long 4-GPU jobs running in the burst")
+    ap.add_argument("--long", type=int, default=15, help="long 4-GPU jobs running in the burst")
+    ap.add_argument("--observe", type=float, default=300.0,
+                    help="seconds the burst is watched at least (rounds of 10 s)")
     ap.add_argument("--no-auth", action="store_true",
                     help="no NATS authentication (to compare with the default)")
     args = ap.parse_args()
@@ -186,7 +189,7 @@ def main() -> int:
         from bench.live_burst import run_burst  # only this scenario needs it
 
         configure_logging("bench", "warning", stream=sys.stderr)
-        run_burst(args.burst, args.long)
+        run_burst(args.burst, args.long, args.observe)
         return 0
     concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
     configure_logging("bench", "warning", stream=sys.stderr)
