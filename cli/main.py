@@ -316,15 +316,16 @@ def cancel(
     list the jobs and ask to confirm the count. Exit 1 if any is refused."""
     from cli import jobctl
 
+    ids = job_ids or []
     try:
-        jobctl.check_filters(job_ids or [], tenant, phase, every)
-        named = jobctl.refs(job_ids or [], tenant)
+        jobctl.check_filters(ids, tenant, phase, every)
+        named = jobctl.refs(ids, tenant)
     except jobctl.Selection as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if len(named) == 1:
         owner, job_id = named[0]
-        _one(gateway, token, config, (job_ids or [""])[0], "cancelled",
+        _one(gateway, token, config, ids[0], "cancelled",
              lambda c: c.cancel(job_id, reason, tenant=owner))
         return
     refused = _gateway_call(gateway, token, config, lambda c: _bulk_cancel(

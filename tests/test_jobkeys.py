@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from executor.launch import job_paths
+from gateway import access
 from scheduling.live import admission as adm
 from scheduling.live import tenancy as tn
 from shared import events as ev
@@ -16,7 +17,7 @@ from shared import jobkeys as keys
 from shared import subjects
 from shared.ids import JobId, ServerId, TenantId
 from shared.job import JobSpec
-from shared.tenants import TenantsError, load_tenants
+from shared.tenants import Principal, TenantsError, load_tenants
 
 
 def test_a_key_is_the_bare_id_for_the_default_tenant_and_tenant_slash_id_otherwise() -> None:
@@ -79,3 +80,24 @@ def test_a_tenant_name_that_cannot_be_part_of_a_key_is_refused() -> None:
         with pytest.raises(TenantsError, match="part of its jobs' KV keys"):
             load_tenants(f"tenants: {{'{name}': {{tokens: [t]}}}}\n")
     assert "team-a_1" in load_tenants("tenants: {team-a_1: {tokens: [t]}}\n").tenants
+
+
+def test_the_gateway_resolves_a_one_job_request_to_its_tenant() -> None:
+    alice, admin = Principal(name="alice", tenant="alice"), Principal(name="root", admin=True)
+    assert access.job_tenant(alice, None) == access.job_tenant(alice, "alice") == "alice"
+    denied = access.job_tenant(alice, "bob")
+    assert isinstance(denied, access.Denied) and denied.status == 403
+    assert access.job_tenant(admin, None) == "default"
+    assert access.job_tenant(admin, "bob") == "bob"
+    assert access.job_location(alice, "alice/j1") == "/jobs/j1"
+    assert access.job_location(admin, "bob/j1") == "/jobs/j1?tenant=bob"
+    assert access.job_location(admin, "j1") == "/jobs/j1"
+
+
+def test_a_tenant_sees_its_jobs_by_id_and_others_as_another_tenant() -> None:
+    slots = [{"index": 0, "job_id": "alice/j1"}, {"index": 1, "job_id": "bob/j1"},
+             {"index": 2, "job_id": None}]
+    view = {"servers": [{"gpu_slots": slots, "jobs": ["alice/j1", "bob/j1"]}]}
+    shown = access.redact_cluster(view, {"alice/j1"})["servers"][0]
+    assert [g["job_id"] for g in shown["gpu_slots"]] == ["j1", access.OTHER_JOB, None]
+    assert shown["jobs"] == sorted(["j1", access.OTHER_JOB])

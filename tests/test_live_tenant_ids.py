@@ -7,55 +7,18 @@ admin inspects and cancels a job by naming its tenant (shared/jobkeys.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import httpx
-import pytest
-from typer.testing import CliRunner
 
-from cli.main import app
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
+from tests.test_live_holds import ALICE, BOB, NEVER, api, hops, stack
 
-CLUSTER = """\
-name: ids
-gpu_types:
-  - {name: RTX3090, link_bandwidth: 2.5e9, net_bandwidth: 1.0e9}
-servers:
-  - {id: rtx-0, gpu_type: RTX3090, gpus: 4}
-"""
-TENANTS = """\
-tenants:
-  alice: {tokens: ["alice-token"]}
-  bob: {tokens: ["bob-token"]}
-"""
-ALICE = {"Authorization": "Bearer alice-token"}
-BOB = {"Authorization": "Bearer bob-token"}
-NEVER = 10**13  # samples: a job that runs until it is cancelled
+# fixtures: this module gets a stack of its own (module scope), like
+# tests/test_live_holds.py's: one 4-GPU server, tenants alice and bob
+__all__ = ["api", "stack"]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
-    root = tmp_path_factory.mktemp("ids")
-    tenants = root / "tenants.yaml"
-    tenants.write_text(TENANTS)
-    with LiveStack(root / "stack", CLUSTER, tenants=tenants) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def api(stack: LiveStack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.config.gateway_url, timeout=10) as client:
-        yield client
-
-
-def hops(stack: LiveStack, *args: str, token: str) -> Any:
-    env = {"HOPS_GATEWAY_URL": stack.config.gateway_url, "HOPS_TOKEN": token}
-    return CliRunner().invoke(app, list(args), env=env)
-
-
-def answer(r: httpx.Response, job_id: str) -> tuple[int, Any]:
+def answer(r: httpx.Response, job_id: str) -> tuple[int, str]:
     """Status and body, the job id in the body written as ``ID``."""
     return r.status_code, r.text.replace(job_id, "ID")
 
