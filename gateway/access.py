@@ -123,12 +123,25 @@ def tenants_scope(principal: Principal, requested: str | None) -> str | Denied |
     return principal.tenant
 
 
-def tenants_body(records: Iterable[Any], scope: str | None) -> dict[str, Any]:
+# The fields of a tenant's view (scheduling.cells.TenantView) that list jobs.
+_VIEW_JOBS = ("guaranteed_jobs", "opportunistic_jobs")
+
+
+def tenants_body(records: Iterable[Any], scope: str | None, by_id: bool = False
+                 ) -> dict[str, Any]:
     """``GET /tenants``' body: the ``hops_tenants`` records (as JSON values)
-    of tenant ``scope`` (None: all), by tenant."""
+    of tenant ``scope`` (None: all), by tenant; ``by_id`` (a tenant's own
+    view) names its jobs by their ids, not their keys."""
     shown = sorted((r for r in records if scope is None or r["view"]["tenant"] == scope),
                    key=lambda r: str(r["view"]["tenant"]))
+    if by_id:
+        shown = [{**r, "view": view_by_id(r["view"])} for r in shown]
     return {"tenants": shown}
+
+
+def view_by_id(view: dict[str, Any]) -> dict[str, Any]:
+    """A tenant's view with its jobs named by their ids (:func:`shared.jobkeys.local_id`)."""
+    return {**view, **{f: [local_id(j) for j in view.get(f, [])] for f in _VIEW_JOBS}}
 
 
 def _submit_target(doc: Any) -> dict[str, Any] | None:

@@ -101,3 +101,12 @@ def test_a_tenant_sees_its_jobs_by_id_and_others_as_another_tenant() -> None:
     shown = access.redact_cluster(view, {"alice/j1"})["servers"][0]
     assert [g["job_id"] for g in shown["gpu_slots"]] == ["j1", access.OTHER_JOB, None]
     assert shown["jobs"] == sorted(["j1", access.OTHER_JOB])
+
+
+def test_a_tenants_own_cells_view_names_its_jobs_by_id() -> None:
+    record = {"view": {"tenant": "bob", "guaranteed_jobs": ["bob/g"],
+                       "opportunistic_jobs": ["bob/o", "o2"]}}
+    (mine,) = access.tenants_body([record], "bob", by_id=True)["tenants"]
+    assert (mine["view"]["guaranteed_jobs"], mine["view"]["opportunistic_jobs"]) == (
+        ["g"], ["o", "o2"])
+    assert access.tenants_body([record], None)["tenants"] == [record]  # an admin's: keys
