@@ -164,7 +164,9 @@ class GatewayClient:
         for poll in range(round(_STORED_WAIT_S / _STORED_POLL_S) + 1):
             if poll:
                 self.sleep(_STORED_POLL_S)
-            response = self._call("GET", f"/jobs/{spec.id}")
+            # a spec of the default tenant is the caller's (the gateway sets it)
+            tenant = None if spec.tenant == DEFAULT_TENANT else spec.tenant
+            response = self._call("GET", f"/jobs/{spec.id}", params=_params(tenant=tenant))
             if response.status_code == 200:
                 stored = _comparable(_json(response).get("spec", {}))
                 if mine.get("tenant") == DEFAULT_TENANT:  # the gateway set the caller's
@@ -176,13 +178,16 @@ class GatewayClient:
         headers = {"Content-Type": "application/json"}
         return self._answer(self._call("POST", "/jobs", content=body, headers=headers))
 
-    def cancel(self, job_id: str, reason: str = "") -> Answer:
-        params = {"reason": reason} if reason else None
+    def cancel(self, job_id: str, reason: str = "", tenant: str | None = None) -> Answer:
+        """Cancel ``job_id`` (of ``tenant``, an admin's choice; None: the
+        caller's own, or for an admin the ``default`` tenant's)."""
+        params = _params(reason=reason or None, tenant=tenant)
         return self._answer(self._call("DELETE", f"/jobs/{job_id}", params=params))
 
-    def hold(self, job_id: str, reason: str = "", release: bool = False) -> Answer:
+    def hold(self, job_id: str, reason: str = "", release: bool = False,
+             tenant: str | None = None) -> Answer:
         """Hold a waiting job out of every plan, or (``release``) lift the hold."""
-        params = {"reason": reason} if reason else None
+        params = _params(reason=reason or None, tenant=tenant)
         verb = "release" if release else "hold"
         return self._answer(self._call("POST", f"/jobs/{job_id}/{verb}", params=params))
 
@@ -211,8 +216,8 @@ class GatewayClient:
         return {"jobs": jobs, "count": len(jobs), "total": body.get("total", len(jobs)),
                 "next_cursor": body.get("next_cursor")}
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self._get(f"/jobs/{job_id}")
+    def job(self, job_id: str, tenant: str | None = None) -> dict[str, Any]:
+        return self._get(f"/jobs/{job_id}", _params(tenant=tenant))
 
     def remove_node(self, server_id: str, force: bool = False, reason: str = "") -> Answer:
         params = {"force": "true" if force else "false", "reason": reason}
@@ -237,6 +242,12 @@ class GatewayClient:
     def reload_tenants(self) -> Answer:
         """Reload the tenants file everywhere (``POST /tenants/reload``)."""
         return self._answer(self._call("POST", "/tenants/reload"))
+
+
+def _params(**values: str | None) -> dict[str, str] | None:
+    """The query parameters that are set (None: none)."""
+    chosen = {k: v for k, v in values.items() if v is not None}
+    return chosen or None
 
 
 def _seconds(value: str | None) -> float | None:

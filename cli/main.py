@@ -265,10 +265,45 @@ def nodes_undrain(
          lambda c: c.drain_node(server_id, drain=False, reason=reason))
 
 
+# ``--tenant`` of the one-job commands.
+TenantOpt = Annotated[str | None, typer.Option(
+    help="the job's tenant (an admin's; a tenant's token names its own jobs by id); "
+         "JOB may also be written TENANT/JOB")]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="the job's id, or TENANT/ID")]
+
+
+def _ref(job: str, tenant: str | None) -> tuple[str | None, str]:
+    """The job a command names (``id``, ``tenant/id``, ``--tenant``); exit 2
+    when ``tenant/id`` and ``--tenant`` disagree."""
+    from cli import jobctl
+
+    try:
+        return jobctl.refs([job], tenant)[0]
+    except jobctl.Selection as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def job(
+    job_ref: JobArg, tenant: TenantOpt = None, as_json: JsonOpt = False,
+    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+) -> None:
+    """One job: its line of `hops jobs`, or (--json) its whole record. Exit 1
+    when there is no such job (another tenant's job is no job of yours)."""
+    from cli.client import render_jobs
+
+    owner, job_id = _ref(job_ref, tenant)
+    body = _gateway_call(gateway, token, config, lambda c: c.job(job_id, tenant=owner))
+    typer.echo(json.dumps(body, indent=2) if as_json else render_jobs({"jobs": [body]}))
+
+
 @app.command()
 def cancel(
-    job_ids: Annotated[list[str] | None, typer.Argument(help="the jobs' ids")] = None,
-    tenant: Annotated[str | None, typer.Option(help="every job of this tenant")] = None,
+    job_ids: Annotated[list[str] | None, typer.Argument(
+        metavar="[JOB]...", help="the jobs: ids, or TENANT/ID")] = None,
+    tenant: Annotated[str | None, typer.Option(
+        help="every job of this tenant; with ids, the tenant they are of")] = None,
     phase: Annotated[str | None, typer.Option(help="every job in this phase")] = None,
     every: Annotated[bool, typer.Option("--all", help="every job that has not ended")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask to confirm")] = False,
@@ -284,19 +319,23 @@ def cancel(
     ids = job_ids or []
     try:
         jobctl.check_filters(ids, tenant, phase, every)
+        named = jobctl.refs(ids, tenant)
     except jobctl.Selection as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if len(ids) == 1:
-        _one(gateway, token, config, ids[0], "cancelled", lambda c: c.cancel(ids[0], reason))
+    if len(named) == 1:
+        owner, job_id = named[0]
+        _one(gateway, token, config, ids[0], "cancelled",
+             lambda c: c.cancel(job_id, reason, tenant=owner))
         return
     refused = _gateway_call(gateway, token, config, lambda c: _bulk_cancel(
-        c, ids or jobctl.matching(c, tenant, phase), reason, yes))
+        c, named or jobctl.matching(c, tenant, phase), reason, yes))
     if refused:
         raise typer.Exit(1)
 
 
-def _bulk_cancel(client: GatewayClient, ids: list[str], reason: str, yes: bool) -> int:
+def _bulk_cancel(client: GatewayClient, ids: list[tuple[str | None, str]], reason: str,
+                 yes: bool) -> int:
     from cli import jobctl
 
     if not ids:
@@ -313,22 +352,27 @@ def _bulk_cancel(client: GatewayClient, ids: list[str], reason: str, yes: bool) 
 
 @app.command()
 def hold(
-    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    job_ref: JobArg,
     reason: Annotated[str, typer.Option(help="why (shown as its reason)")] = "",
+    tenant: TenantOpt = None,
     gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
 ) -> None:
     """Hold a waiting job: it is in no plan until `hops release` (a running
     job cannot be held: not_pending). Exit 1 if the scheduler refuses."""
-    _one(gateway, token, config, job_id, "held", lambda c: c.hold(job_id, reason))
+    owner, job_id = _ref(job_ref, tenant)
+    _one(gateway, token, config, job_ref, "held",
+         lambda c: c.hold(job_id, reason, tenant=owner))
 
 
 @app.command()
 def release(
-    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    job_ref: JobArg, tenant: TenantOpt = None,
     gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
 ) -> None:
     """Release a held job: it is planned again. Exit 1 if the scheduler refuses."""
-    _one(gateway, token, config, job_id, "released", lambda c: c.hold(job_id, release=True))
+    owner, job_id = _ref(job_ref, tenant)
+    _one(gateway, token, config, job_ref, "released",
+         lambda c: c.hold(job_id, release=True, tenant=owner))
 
 
 def _one(gateway: str | None, token: str | None, config: str | None, job_id: str, verb: str,

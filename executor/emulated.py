@@ -35,6 +35,7 @@ from shared import jobenv
 from shared.cluster import Server
 from shared.events import INVALID, JobFailed, StartJob, encode
 from shared.ids import JobId
+from shared.jobkeys import path_name
 from world.catalog import builtin_catalog
 from world.clusters import cluster_arg
 from world.truth import GroundTruth
@@ -165,7 +166,7 @@ class EmulatedBackend:
         argv = ["-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
                 "--cluster", self.cluster, *self.job_args]
         count = cores_of(cmd)  # ``cores`` is empty: an emulated executor pins nothing
-        cores_file = self.cores_dir / f"{cmd.job_id}-{cmd.key}.cores"
+        cores_file = self.cores_dir / path_name(f"{cmd.job_id}-{cmd.key}.cores")
         write_count(cores_file, count)
         env = os.environ | {jobenv.CORES: str(count), jobenv.CORES_FILE: str(cores_file)}
         # The command goes on stdin: a job spec may be longer than one argument may be.

@@ -55,6 +55,7 @@ from shared import jobenv
 from shared.configuration import Configuration
 from shared.events import StartJob
 from shared.ids import ServerId
+from shared.jobkeys import path_name
 from shared.node import Rendezvous, rendezvous_port
 from shared.relaxed import even_split, format_split
 
@@ -94,7 +95,10 @@ class JobPaths:
 
 
 def job_paths(run_dir: Path, job_id: str, server: ServerId) -> JobPaths:
-    return JobPaths(run_dir / job_id, server)
+    """The job's directory: one name under ``run_dir`` (``alice.j1`` for the
+    key ``alice/j1``, :func:`shared.jobkeys.path_name`), never a subdirectory
+    of another job's."""
+    return JobPaths(run_dir / path_name(job_id), server)
 
 
 @dataclass(frozen=True)

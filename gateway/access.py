@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from shared.ids import JobId
+from shared.jobkeys import local_id, split_key
 from shared.records import QueueView
 from shared.tenants import DEFAULT_TENANT, Principal, TenantsFile, authenticate
 from shared.wire import FORBIDDEN, UNAUTHORIZED
@@ -121,12 +123,25 @@ def tenants_scope(principal: Principal, requested: str | None) -> str | Denied |
     return principal.tenant
 
 
-def tenants_body(records: Iterable[Any], scope: str | None) -> dict[str, Any]:
+# The fields of a tenant's view (scheduling.cells.TenantView) that list jobs.
+_VIEW_JOBS = ("guaranteed_jobs", "opportunistic_jobs")
+
+
+def tenants_body(records: Iterable[Any], scope: str | None, by_id: bool = False
+                 ) -> dict[str, Any]:
     """``GET /tenants``' body: the ``hops_tenants`` records (as JSON values)
-    of tenant ``scope`` (None: all), by tenant."""
+    of tenant ``scope`` (None: all), by tenant; ``by_id`` (a tenant's own
+    view) names its jobs by their ids, not their keys."""
     shown = sorted((r for r in records if scope is None or r["view"]["tenant"] == scope),
                    key=lambda r: str(r["view"]["tenant"]))
+    if by_id:
+        shown = [{**r, "view": view_by_id(r["view"])} for r in shown]
     return {"tenants": shown}
+
+
+def view_by_id(view: dict[str, Any]) -> dict[str, Any]:
+    """A tenant's view with its jobs named by their ids (:func:`shared.jobkeys.local_id`)."""
+    return {**view, **{f: [local_id(j) for j in view.get(f, [])] for f in _VIEW_JOBS}}
 
 
 def _submit_target(doc: Any) -> dict[str, Any] | None:
@@ -165,21 +180,49 @@ def submit_body(principal: Principal, body: bytes) -> bytes | Denied:
     return msgspec.json.encode(doc)
 
 
+def job_tenant(principal: Principal, requested: str | None) -> str | Denied:
+    """The tenant whose job a one-job request (``/jobs/{id}``) names: an
+    admin's ``?tenant=`` (None: ``default``); a tenant's own, and naming
+    another tenant is a 403 whether or not such a job exists (the answer
+    depends on the request alone, so it tells nothing)."""
+    if principal.admin or principal.tenant is None:
+        return requested if requested is not None else DEFAULT_TENANT
+    if requested not in (None, principal.tenant):
+        error = (f"tenant {principal.tenant} may name only its own jobs, not tenant "
+                 f"{requested}'s (leave tenant out)")
+        return Denied(403, FORBIDDEN, error, error)
+    return principal.tenant
+
+
+def job_location(principal: Principal, key: str) -> str:
+    """Where the job of ``key`` is read, for a ``Location`` header: a
+    tenant's by its id, an admin's of another tenant than ``default`` with
+    ``?tenant=``."""
+    tenant, job_id = split_key(key)
+    if tenant is None or not principal.admin:
+        return f"/jobs/{job_id}"
+    return f"/jobs/{job_id}?tenant={tenant}"
+
+
 def own_queue(view: QueueView, own: Iterable[str]) -> QueueView:
-    """The queue view with only the jobs of ``own`` (a tenant's)."""
+    """The queue view with only the jobs of ``own`` (a tenant's keys), each
+    named by its id (:func:`shared.jobkeys.local_id`)."""
     mine = set(own)
-    entries = tuple(e for e in view.entries if e.job_id in mine)
+    entries = tuple(msgspec.structs.replace(e, job_id=JobId(local_id(e.job_id)))
+                    for e in view.entries if e.job_id in mine)
     return msgspec.structs.replace(view, entries=entries)
 
 
 def redact_cluster(view: dict[str, Any], own: Iterable[str]) -> dict[str, Any]:
-    """The cluster view for a tenant: other tenants' job ids replaced by
-    :data:`OTHER_JOB` (the GPUs they hold stay counted as used), and the
-    operator's diagnostics left out."""
+    """The cluster view for a tenant (``own``: its jobs' keys): its jobs
+    named by their ids, other tenants' by :data:`OTHER_JOB` (the GPUs they
+    hold stay counted as used), and the operator's diagnostics left out."""
     mine = set(own)
 
     def name(job_id: str | None) -> str | None:
-        return job_id if job_id is None or job_id in mine else OTHER_JOB
+        if job_id is None:
+            return None
+        return local_id(job_id) if job_id in mine else OTHER_JOB
 
     servers = []
     for s in view["servers"]:

@@ -9,10 +9,11 @@ endpoint                     does                                          answe
 ``GET /jobs``                a page of ``hops_jobs`` records, oldest       200 ``{jobs, count,
                              first; ``phase``, ``tenant``, ``limit``       total, next_cursor}``;
                              (100, at most 1000), ``cursor``               400
-``GET /jobs/{id}``           one record                                    200, 404
-``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 404, 409, 503
-``POST /jobs/{id}/hold``     ``hold_job`` on ``hops.v1.jobs.hold``         200, 404, 409, 503
-``POST /jobs/{id}/release``  ``hold_job`` (``hold`` false), the same       200, 404, 409, 503
+``GET /jobs/{id}``           one record (``?tenant=T``: an admin names     200, 403, 404
+                             the tenant, access.job_tenant)
+``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 403/404/409, 503
+``POST /jobs/{id}/hold``     ``hold_job`` on ``hops.v1.jobs.hold``         200, 403/404/409, 503
+``POST /jobs/{id}/release``  ``hold_job`` (``hold`` false), the same       200, 403/404/409, 503
 ``GET /queue``               the scheduler leader's ``QueueView``          200, 503
 ``GET /cluster``             ``hops_nodes`` servers, their GPUs and the    200
                              jobs holding them (``hops_alloc``)
@@ -34,7 +35,10 @@ Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``, a
 token of the tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
 401 without one; a tenant submits only for itself (403 for a body naming
 another tenant; without one, the job is the caller's), sees, cancels and
-holds only its own jobs (another's answers 404) and removes or drains no node (403);
+holds only its own jobs, named by their bare ids (each tenant's ids are its
+own: two tenants may use one id, :mod:`shared.jobkeys`; a job not its own
+answers 404 as a missing one; ``?tenant=`` naming another tenant, 403) and
+removes or drains no node (403);
 admins do
 everything. The scheduler's admission refuses, 403, a ``command`` from a
 tenant that may not run commands.
@@ -56,6 +60,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
 
+import msgspec
 import nats.errors
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -73,6 +78,7 @@ from gateway.signatures import signature_routes
 from services.runtime.bus import nats_status
 from shared import subjects
 from shared.events import INVALID, TOO_LARGE, Reply
+from shared.jobkeys import candidates, local_id, split_key
 from shared.records import JobRecord
 from shared.subjects import SubjectError, check_token
 from shared.tenants import Principal, TenantsFile
@@ -153,8 +159,10 @@ def _submit_route(app: FastAPI, limit: int) -> None:
         log.info("submit answered", ok=reply.ok, code=reply.code,
                  identity=access.identity(principal))
         status = views.reply_status(reply, ok_status=201)
-        headers = {"Location": f"/jobs/{reply.job_id}"} if reply.ok else None
-        return respond(status, views.reply_body(reply), headers)
+        # the gateway submits as a trusted caller: the reply names the job's key
+        headers = {"Location": access.job_location(principal, reply.job_id)} if reply.ok else None
+        shown = msgspec.structs.replace(reply, job_id=local_id(reply.job_id))
+        return respond(status, views.reply_body(shown), headers)
 
 
 def _list_route(app: FastAPI) -> None:
@@ -199,10 +207,19 @@ def _list_route(app: FastAPI) -> None:
         return respond(200, views.jobs_view(records, time.time(), query))
 
 
+# ``?tenant=`` of the one-job endpoints.
+TenantParam = Annotated[str | None, Query(
+    description="the job's tenant, for an admin (default: `default`); a tenant's token "
+                "names its own jobs and may leave it out (another tenant: 403)")]
+
+
 def _job_routes(app: FastAPI) -> None:
-    @app.get("/jobs/{job_id}", summary="One job", responses={404: {"description": "no such job"}})
-    async def get_job(request: Request, job_id: str, principal: Caller) -> JSONResponse:
-        record = await _visible(request, principal, job_id)
+    @app.get("/jobs/{job_id}", summary="One job",
+             responses={403: {"description": "a tenant naming another tenant"},
+                        404: {"description": "no such job"}})
+    async def get_job(request: Request, job_id: str, principal: Caller,
+                      tenant: TenantParam = None) -> JSONResponse:
+        _key, record = await _visible(request, principal, job_id, tenant)
         if record is None:
             return failure(404, views.NOT_FOUND, f"no job {job_id!r}")
         return respond(200, views.job_view(record, time.time()))
@@ -217,9 +234,9 @@ def _job_routes(app: FastAPI) -> None:
         },
     )
     async def cancel(request: Request, job_id: str, principal: Caller,
-                     reason: str = "") -> JSONResponse:
-        return await _job_request(request, job_id, principal, "cancel",
-                                  lambda bus: bus.cancel(job_id, reason))
+                     reason: str = "", tenant: TenantParam = None) -> JSONResponse:
+        return await _job_request(request, (job_id, tenant), principal, "cancel",
+                                  lambda bus, key: bus.cancel(key, reason))
 
     for verb, hold in (("hold", True), ("release", False)):
         _hold_route(app, verb, hold)
@@ -231,39 +248,56 @@ def _hold_route(app: FastAPI, verb: str, hold: bool) -> None:
                          409: {"description": "it has ended, or (hold) it runs: not_pending"},
                          **ERRORS})
     async def hold_or_release(request: Request, job_id: str, principal: Caller,
-                              reason: str = "") -> JSONResponse:
-        return await _job_request(request, job_id, principal, verb,
-                                  lambda bus: bus.hold(job_id, hold, reason))
+                              reason: str = "", tenant: TenantParam = None) -> JSONResponse:
+        return await _job_request(request, (job_id, tenant), principal, verb,
+                                  lambda bus, key: bus.hold(key, hold, reason))
 
 
-async def _job_request(request: Request, job_id: str, principal: Principal, verb: str,
-                       call: Callable[[GatewayBus], Awaitable[Reply]]) -> JSONResponse:
-    """Cancel, hold or release ``job_id`` through ``call``: a tenant only its
-    own jobs (another's answers 404, as an unknown id)."""
+async def _job_request(request: Request, named: tuple[str, str | None], principal: Principal,
+                       verb: str, call: Callable[[GatewayBus, str], Awaitable[Reply]]
+                       ) -> JSONResponse:
+    """Cancel, hold or release the job ``named`` (its id and ``?tenant=``)
+    through ``call``, which gets its key: a tenant only its own jobs
+    (another's answers 404, as an unknown id)."""
     bus = bus_of(request)
+    job_id, tenant = named
     try:
         check_token(job_id, "job id")
     except SubjectError as e:
         return failure(404, views.NOT_FOUND, str(e))
-    if not principal.admin and await _visible(request, principal, job_id) is None:
+    key, record = await _visible(request, principal, job_id, tenant)
+    if record is None and not principal.admin:
         # the answer to another tenant's job (_visible), word for word
         return failure(404, views.NOT_FOUND, f"no job {job_id!r}")
     try:
-        reply = await call(bus)
+        reply = await call(bus, key)
     except (Unavailable, BadUpstream) as e:
         return upstream_failure(e)
-    bus.log.info(f"{verb} answered", job_id=job_id, ok=reply.ok, code=reply.code,
+    bus.log.info(f"{verb} answered", job_id=key, ok=reply.ok, code=reply.code,
                  identity=access.identity(principal))
-    return respond(views.reply_status(reply), views.reply_body(reply))
+    shown = msgspec.structs.replace(reply, job_id=job_id)
+    return respond(views.reply_status(reply), views.reply_body(shown))
 
 
-async def _visible(request: Request, principal: Principal, job_id: str) -> JobRecord | None:
-    """The record of ``job_id``; :class:`Refused` (a 404, audited) when it
-    is another tenant's."""
-    record = await bus_of(request).job(job_id)
-    if record is not None and not access.may_see(principal, record.spec.tenant):
-        raise Refused(principal, access.hidden(principal, job_id, record.spec.tenant))
-    return record
+async def _visible(request: Request, principal: Principal, job_id: str,
+                   requested: str | None) -> tuple[str, JobRecord | None]:
+    """The key and record of the job a request names by ``job_id`` and
+    ``?tenant=`` (``requested``); the record is None when there is no such
+    job of that tenant. :class:`Refused` for a tenant naming another tenant
+    (403), and for a record of another tenant under the key (only one
+    written before keys were qualified can be): a 404 like a missing job,
+    audited."""
+    tenant = access.job_tenant(principal, requested)
+    if isinstance(tenant, access.Denied):
+        raise Refused(principal, tenant)
+    tried = candidates(tenant, job_id) if split_key(job_id)[0] is None else ()
+    for key in tried:
+        record = await bus_of(request).job(key)
+        if record is not None and record.spec.tenant == tenant:
+            return key, record
+        if record is not None and key == tried[0] and not principal.admin:
+            raise Refused(principal, access.hidden(principal, job_id, record.spec.tenant))
+    return (tried[0] if tried else job_id), None
 
 
 async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:

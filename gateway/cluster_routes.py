@@ -138,7 +138,7 @@ def tenant_routes(app: FastAPI) -> None:
             return failure(404, access.NOT_FOUND, "this cluster has no cells: the tenants file "
                             "has no cells section (docs/tenancy.md)")
         records = await bus_of(request).tenant_records()
-        return respond(200, access.tenants_body(records, scope))
+        return respond(200, access.tenants_body(records, scope, by_id=not principal.admin))
 
 
 async def _own_jobs(request: Request, principal: Principal) -> set[str]:

@@ -14,6 +14,7 @@ import msgspec
 
 from gateway.pages import JobQuery, select
 from shared.events import INTERNAL, INVALID, MALFORMED, TOO_LARGE, UNKNOWN_TYPE, Reply
+from shared.jobkeys import local_id
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement
 from shared.resources import NOTHING, RESOURCE_NAMES, total
 from shared.wire import FORBIDDEN, NOT_PENDING, UNAUTHORIZED, UNSCHEDULABLE
@@ -192,9 +193,14 @@ def job_times(record: JobRecord, now: float) -> dict[str, float]:
 
 def job_view(record: JobRecord, now: float) -> dict[str, Any]:
     """One ``hops_jobs`` record for the API: its fields plus ``job_id`` and
-    :func:`job_times` as of ``now``."""
-    body: dict[str, Any] = {"job_id": record.job_id}
+    :func:`job_times` as of ``now``. The job is named by the id its owner
+    gave it, in ``job_id`` and ``spec.id`` alike, and its tenant is
+    ``spec.tenant``: the key's tenant part is never shown
+    (:mod:`shared.jobkeys`)."""
+    job_id = local_id(record.job_id)
+    body: dict[str, Any] = {"job_id": job_id}
     body.update(jsonable(record))
+    body["spec"]["id"] = job_id
     body.update(job_times(record, now))
     return body
 

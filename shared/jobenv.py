@@ -29,6 +29,9 @@ batch per rank per step.
 
 from __future__ import annotations
 
+# The job's key (shared/jobkeys.py): ``alice/j1`` for tenant alice's j1, so a
+# script that makes a path of it writes ``/`` as it sees fit (the executor's
+# own directories write it as ``.``).
 JOB_ID = "HOPS_JOB_ID"
 SERVER_ID = "HOPS_SERVER_ID"
 GPU_TYPE = "HOPS_GPU_TYPE"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ DEFAULT_TENANT = "default"
 # The variable naming the (effective) tenants file, for the gateway and the scheduler.
 TENANTS_ENV = "HOPS_TENANTS"
 _HEX = frozenset("0123456789abcdef")
+# A tenant's name is the first part of its jobs' keys (``alice/j1``,
+# shared/jobkeys.py): a KV key's characters, and never the '/' that ends it.
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_=-]+")
 
 
 class TenantsError(ValueError):
@@ -108,6 +112,9 @@ def validate(file: TenantsFile) -> TenantsFile:
             check_token(name, "name")
         except SubjectError as e:
             raise TenantsError(f"{where}: {e}") from None
+        if where.startswith("tenants.") and not _TENANT_NAME.fullmatch(name):
+            raise TenantsError(f"{where}: a tenant name may only contain letters, digits, "
+                               "'-', '_' and '=' (it is part of its jobs' KV keys)")
         for i, entry in enumerate(tokens):
             _check_digest(entry, f"{where}.tokens[{i}]")
             digest = _stored(entry)

@@ -26,6 +26,7 @@ from cli.main import app as hops_app
 from gateway.pages import DEFAULT_LIMIT, MAX_LIMIT, Cursor, JobQuery, select
 from shared import subjects
 from shared.job import JobSpec
+from shared.jobkeys import job_key
 from shared.records import JobRecord
 from tests.helpers import free_port
 from tests.natsfix import nats_server, nats_url
@@ -190,3 +191,25 @@ async def test_hops_jobs_follows_the_cursor_or_stops_at_its_limit(
     assert "no jobs" in hops(gateway, "--tenant", "nobody").output
     bad = hops(gateway, "--phase", "bogus")
     assert bad.exit_code == 1 and "unknown phase 'bogus'" in bad.output
+
+
+async def test_a_tenants_record_is_found_by_its_key_or_as_written_before_keys(
+    api: httpx.AsyncClient, nc: NATS
+) -> None:
+    legacy = job(1, tenant="alice")  # under its bare id, as before keys were qualified
+    keyed = job(2, tenant="alice")
+    keyed = msgspec.structs.replace(keyed, spec=msgspec.structs.replace(
+        keyed.spec, id=job_key("alice", keyed.spec.id)))
+    await put(nc, [legacy, keyed])
+    for job_id in ("j00001", "j00002"):
+        r = await api.get(f"/jobs/{job_id}", params={"tenant": "alice"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["job_id"], body["spec"]["id"], body["spec"]["tenant"]) == (
+            job_id, job_id, "alice")
+        # a bare id, for an admin, is the default tenant's: not alice's job
+        r = await api.get(f"/jobs/{job_id}")
+        assert (r.status_code, r.json()["error"]) == (404, f"no job {job_id!r}")
+    listed = (await api.get("/jobs")).json()["jobs"]
+    assert [(j["job_id"], j["spec"]["tenant"]) for j in listed] == [
+        ("j00001", "alice"), ("j00002", "alice")]

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.jobkeys import job_key
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 from tests.test_live_hardening import CLUSTER, cluster, heartbeats, hops
@@ -38,6 +39,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
     tenants.write_text(TENANTS)
     with LiveStack(root / "stack", CLUSTER, schedulers=1, tenants=tenants) as s:
         yield s
+
+
+# alice's jobs, by their keys (shared/jobkeys.py): their records', allocations'
+# and heartbeats'
+LONG, NEW, AFTER = (job_key("alice", j) for j in ("long", "new", "after"))
 
 
 def server_of(stack: LiveStack, job_id: str) -> str | None:
@@ -68,7 +74,7 @@ def test_drain_is_for_admins_and_known_servers(stack: LiveStack) -> None:
 
 def test_a_drained_node_keeps_its_job_and_takes_no_new_one(stack: LiveStack) -> None:
     assert stack.submit(catalog_spec("long", NEVER, requirements=[2], tenant="alice"))["ok"]
-    drained = running_on(stack, "long")
+    drained = running_on(stack, LONG)
     other = ({"rtx-0", "rtx-1"} - {drained}).pop()
     code, out = hops(stack, "nodes", "drain", drained, "--reason", "maintenance")
     assert (code, out.strip()) == (0, f"{drained}: drained")
@@ -79,20 +85,20 @@ def test_a_drained_node_keeps_its_job_and_takes_no_new_one(stack: LiveStack) -> 
     until(lambda: scrape(stack.config.metrics_port)["hops_nodes[state=drained]"] == 1,
           "the drained metric", 15)
     assert stack.submit(catalog_spec("new", NEVER, requirements=[2], tenant="alice"))["ok"]
-    assert running_on(stack, "new") == other
-    assert server_of(stack, "long") == drained and not stack.bus_().job_events("long",
+    assert running_on(stack, NEW) == other
+    assert server_of(stack, LONG) == drained and not stack.bus_().job_events(LONG,
                                                                               "job_stopped")
 
 
 def test_drain_with_move_moves_the_job_and_undrain_takes_work_again(stack: LiveStack) -> None:
-    drained = server_of(stack, "long")
+    drained = server_of(stack, LONG)
     assert drained is not None
-    progress = heartbeats(stack, "long")
+    progress = heartbeats(stack, LONG)
     until(lambda: progress and progress[-1] > 0, "progress", 15)
     code, out = hops(stack, "nodes", "drain", drained, "--move")
     assert code == 0, out
     other = ({"rtx-0", "rtx-1"} - {drained}).pop()
-    until(lambda: server_of(stack, "long") == other, "long moved", 60, stack.logs)
+    until(lambda: server_of(stack, LONG) == other, "long moved", 60, stack.logs)
     # stopped with a checkpoint and resumed there: its progress goes on from where it was
     before, seen = max(progress), len(progress)
     until(lambda: len(progress) > seen + 2, "heartbeats after the move", 15)
@@ -101,4 +107,4 @@ def test_drain_with_move_moves_the_job_and_undrain_takes_work_again(stack: LiveS
     assert (code, out.strip()) == (0, f"{drained}: undrained")
     assert not stack.nodes()[drained]["drained"] and state_of(stack, drained) == "alive"
     assert stack.submit(catalog_spec("after", NEVER, requirements=[4], tenant="alice"))["ok"]
-    assert running_on(stack, "after") == drained
+    assert running_on(stack, AFTER) == drained

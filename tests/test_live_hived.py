@@ -25,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.access import view_by_id
+from shared.jobkeys import job_key, local_id
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 
@@ -79,6 +81,11 @@ def api(stack: LiveStack) -> Iterator[httpx.Client]:
         yield client
 
 
+# The jobs by their keys (shared/jobkeys.py), as records, events and an
+# admin's views name them.
+B1, B2, A1 = job_key("bob", "b-1"), job_key("bob", "b-2"), job_key("alice", "a-1")
+
+
 def views(api: httpx.Client, headers: dict[str, str]) -> dict[str, dict[str, Any]]:
     """``GET /tenants`` as ``{tenant: record}``."""
     r = api.get("/tenants", headers=headers)
@@ -99,39 +106,39 @@ def running_on(stack: LiveStack, job_id: str) -> set[str] | None:
 
 def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
         stack: LiveStack, api: httpx.Client) -> None:
-    for job_id in ("b-1", "b-2"):
-        r = api.post("/jobs", json=spec(job_id), headers=BOB)
+    for job_id in (B1, B2):
+        r = api.post("/jobs", json=spec(local_id(job_id)), headers=BOB)
         assert r.status_code == 201, r.text
-    until(lambda: running_on(stack, "b-1") and running_on(stack, "b-2"), "bob's jobs running",
+    until(lambda: running_on(stack, B1) and running_on(stack, B2), "bob's jobs running",
           90, stack.logs)
-    assert running_on(stack, "b-1") != running_on(stack, "b-2")
+    assert running_on(stack, B1) != running_on(stack, B2)
 
     def bob_running() -> dict[str, Any] | None:
         bob = views(api, admin(stack)).get("bob")
         view = bob["view"] if bob else None
-        return view if view and view["opportunistic_jobs"] == ["b-1", "b-2"] else None
+        return view if view and view["opportunistic_jobs"] == [B1, B2] else None
 
     bob = until(bob_running, "bob's jobs opportunistic in his view", 30, stack.logs)
     assert bob["low_priority"] and bob["opportunistic_gpus"] == 8 and not bob["chains"]
-    for job_id in ("b-1", "b-2"):
+    for job_id in (B1, B2):
         until(lambda j=job_id: (stack.record(j) or {}).get("samples_done", 0) > 0,  # type: ignore[misc]
               f"{job_id} progresses", 30, stack.logs)
 
-    where = {j: running_on(stack, j) for j in ("b-1", "b-2")}
+    where = {j: running_on(stack, j) for j in (B1, B2)}
     r = api.post("/jobs", json=spec("a-1"), headers=ALICE)
     assert r.status_code == 201, r.text
-    until(lambda: running_on(stack, "a-1"), "alice's job running", 90, stack.logs)
+    until(lambda: running_on(stack, A1), "alice's job running", 90, stack.logs)
     bus = stack.bus_()
-    stopped = {j: bus.job_events(j, "job_stopped") for j in ("b-1", "b-2")}
+    stopped = {j: bus.job_events(j, "job_stopped") for j in (B1, B2)}
     (victim,) = [j for j, events in stopped.items() if events]
-    (survivor,) = {"b-1", "b-2"} - {victim}
+    (survivor,) = {B1, B2} - {victim}
     event = stopped[victim][0]
     assert event.body["reason"] == "not in the plan", event.body
     kept = event.body["samples_done"]
     assert kept is not None and kept > 0
-    started = bus.job_events("a-1", "job_started")
+    started = bus.job_events(A1, "job_started")
     assert started and event.at < started[0].at  # stop before start,
-    assert running_on(stack, "a-1") == where[victim]  # on the GPUs the victim held
+    assert running_on(stack, A1) == where[victim]  # on the GPUs the victim held
     rec = stack.record(victim)
     assert rec is not None and rec["phase"] == "queued", rec
     assert rec["samples_done"] >= kept  # requeued with its progress
@@ -140,13 +147,13 @@ def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
     def settled() -> dict[str, dict[str, Any]] | None:
         shown = views(api, admin(stack))
         a, b = shown["alice"]["view"], shown["bob"]["view"]
-        ok = a["guaranteed_jobs"] == ["a-1"] and b["opportunistic_jobs"] == [survivor]
+        ok = a["guaranteed_jobs"] == [A1] and b["opportunistic_jobs"] == [survivor]
         return shown if ok else None
 
     shown = until(settled, "the views after the preemption", 30, stack.logs)
     (chain,) = shown["alice"]["view"]["chains"]
     (cell,) = chain["bound"]
-    assert {s["server"] for s in cell["servers"]} == running_on(stack, "a-1")
+    assert {s["server"] for s in cell["servers"]} == running_on(stack, A1)
     assert (chain["used_gpus"], chain["free_gpus"]) == (4, 0)
     assert shown["bob"]["view"]["opportunistic_gpus"] == 4
     # each tenant sees its own view only
@@ -173,7 +180,8 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
         record = until(lambda h=headers, t=tenant: (  # type: ignore[misc]
             views(api, h)[t] if views(api, h)[t]["term"] > term else None),
             f"{tenant}'s view in the new term", 20, stack.logs)
-        assert record["view"] == before[tenant], tenant
+        # a tenant's view names its jobs by their ids, an admin's by their keys
+        assert record["view"] == view_by_id(before[tenant]), tenant
     # the new leader's own plans keep the bindings (the layer restored them)
     until(lambda: any(p["term"] > term for p in stack.bus_().plans()),
           "a plan of the new term", 20, stack.logs)
@@ -181,7 +189,7 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
     assert after == before
     # nothing that ran was stopped or moved by the new leader's plans
     (survivor,) = before["bob"]["opportunistic_jobs"]
-    for job_id in ("a-1", survivor):
+    for job_id in (A1, survivor):
         assert running_on(stack, job_id) is not None
         assert not stack.bus_().job_events(job_id, "job_stopped"), job_id
     assert stack.bus_().get("hops_layers", "hived") is not None

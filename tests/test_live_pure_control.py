@@ -52,7 +52,7 @@ from services.scheduler.settings import SchedulerSettings, scheduler_settings
 from shared import events as ev
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
-from shared.ids import GpuType, JobId, ServerId
+from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
 from shared.records import JobRecord, NodeRecord, Placement
 from shared.snapshot import JobState, Plan, ProfilingTask
@@ -622,10 +622,15 @@ def test_admission_decisions() -> None:
     assert not adm.valid_id("a b") and not adm.valid_id("")
     assert adm.accepted_spec(ok, 12.5).submit_time == 12.5
     record = new_record(ok, 0.0)
-    assert adm.duplicate(ok.id, None) is None
-    assert adm.duplicate(ok.id, record) == adm.Refusal(
+    assert adm.duplicate(ok.id, ok.tenant, None) is None
+    assert adm.duplicate(ok.id, ok.tenant, record) == adm.Refusal(
         "conflict", "job job-1_x= exists already (phase submitted)"
     )
+    # under the default's key, another tenant's record (one written before
+    # keys were qualified) is named by neither tenant nor phase
+    assert adm.duplicate(ok.id, "default", msgspec.structs.replace(
+        record, spec=msgspec.structs.replace(ok, tenant=TenantId("bob")))) == adm.Refusal(
+        "conflict", "job id job-1_x= is taken; choose another")
     assert adm.cancel_refusal(JobId("z"), None) == adm.Refusal("not_found", "no job z")
     assert adm.cancel_refusal(ok.id, record) is None
     finished = msgspec.structs.replace(record, phase="finished")

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from cli.up.credentials import effective_tenants
+from shared.jobkeys import job_key
 from shared.tenants import load_tenants
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
@@ -85,6 +86,15 @@ def every_process_reloads(stack: LiveStack, api: httpx.Client) -> bool:
     return r.status_code == 200 and len(r.json()["answers"]) == 1 + stack.schedulers
 
 
+def A(job_id: str) -> str:
+    """The key of alice's job (shared/jobkeys.py): its record's, its plans'."""
+    return job_key("alice", job_id)
+
+
+def B(job_id: str) -> str:
+    return job_key("bob", job_id)
+
+
 def submit(api: httpx.Client, job_id: str, who: dict[str, str]) -> None:
     r = api.post("/jobs", json=catalog_spec(job_id, NEVER, requirements=[4]), headers=who)
     assert r.status_code == 201, r.text
@@ -93,7 +103,7 @@ def submit(api: httpx.Client, job_id: str, who: dict[str, str]) -> None:
 def hog(stack: LiveStack, api: httpx.Client, job_id: str) -> None:
     """An alice job on every GPU, so that what is submitted next waits."""
     submit(api, job_id, ALICE)
-    until(lambda: stack.phase(job_id) == "running", f"{job_id} runs", 60, stack.logs)
+    until(lambda: stack.phase(A(job_id)) == "running", f"{job_id} runs", 60, stack.logs)
 
 
 def assigned(stack: LiveStack, job_id: str, since: float = 0.0) -> bool:
@@ -112,13 +122,13 @@ def test_dropping_a_tenant_holds_its_waiting_job_and_naming_it_again_runs_it(
 ) -> None:
     hog(stack, api, "hog-1")
     submit(api, "bob-1", BOB)
-    until(lambda: stack.phase("bob-1") in WAITING, "bob-1 waits", 30, stack.logs)
+    until(lambda: stack.phase(B("bob-1")) in WAITING, "bob-1 waits", 30, stack.logs)
     operator_writes(stack, ALICE_ONLY)
     body = reload(stack, api)
     assert all(a["tenants"] == ["alice"] for a in body["answers"]), body
-    until(lambda: stranded(stack, "bob-1"), "bob-1 held as of an unknown tenant", 30,
+    until(lambda: stranded(stack, B("bob-1")), "bob-1 held as of an unknown tenant", 30,
           stack.logs)
-    shown = api.get("/jobs/bob-1", headers=stack.headers).json()
+    shown = api.get("/jobs/bob-1", headers=stack.headers, params={"tenant": "bob"}).json()
     assert shown["reason"].startswith("unknown_tenant: tenant 'bob' is not in the tenants file")
     table = hops(stack, "jobs", token=stack.admin_token)
     assert table.exit_code == 0, table.output
@@ -127,21 +137,21 @@ def test_dropping_a_tenant_holds_its_waiting_job_and_naming_it_again_runs_it(
     assert api.get("/jobs", headers=BOB).status_code == 401  # bob's token is gone
     # The GPUs free up; bob-1 is still in no plan.
     assert api.delete("/jobs/hog-1", headers=ALICE).status_code == 200
-    stack.wait_final(["hog-1"], 60)
+    stack.wait_final([A("hog-1")], 60)
     freed = time.monotonic()
     time.sleep(3 * stack.round_s)
-    assert not assigned(stack, "bob-1", freed) and stack.phase("bob-1") in WAITING
-    assert stranded(stack, "bob-1")
+    assert not assigned(stack, B("bob-1"), freed) and stack.phase(B("bob-1")) in WAITING
+    assert stranded(stack, B("bob-1"))
     # Named again (through the CLI): released, planned, running.
     operator_writes(stack, BOTH)
     out = hops(stack, "tenants", "reload", token=stack.admin_token)
     assert out.exit_code == 0, out.output
     assert [line.split()[0] for line in out.output.splitlines()].count("scheduler") == 2
-    until(lambda: stack.phase("bob-1") == "running", "bob-1 runs once bob is back", 60,
+    until(lambda: stack.phase(B("bob-1")) == "running", "bob-1 runs once bob is back", 60,
           stack.logs)
-    assert not str((stack.record("bob-1") or {}).get("reason", "")).startswith("unknown_tenant")
+    assert not str((stack.record(B("bob-1")) or {}).get("reason", "")).startswith("unknown_tenant")
     assert api.delete("/jobs/bob-1", headers=BOB).status_code == 200
-    stack.wait_final(["bob-1"], 60)
+    stack.wait_final([B("bob-1")], 60)
 
 
 def test_a_file_that_does_not_validate_is_refused_everywhere_and_changes_nothing(
@@ -167,15 +177,16 @@ def test_a_file_that_does_not_validate_is_refused_everywhere_and_changes_nothing
         # Nothing changed: alice and bob submit with their tokens, as before.
         submit(api, "alice-2", ALICE)
         submit(api, "bob-2", BOB)
-        assert stack.record("bob-2") is not None
+        assert stack.record(B("bob-2")) is not None
         assert api.post("/tenants/reload", headers=ALICE).status_code == 403  # admins only
     finally:
         effective.write_text(good)
     reload(stack, api)
-    for job in ("alice-2", "bob-2"):
-        assert api.delete(f"/jobs/{job}", headers=stack.headers).status_code == 200
-    stack.wait_final(["alice-2", "bob-2"], 60)
-    assert not stranded(stack, "bob-2")
+    for job, tenant in (("alice-2", "alice"), ("bob-2", "bob")):
+        r = api.delete(f"/jobs/{job}", headers=stack.headers, params={"tenant": tenant})
+        assert r.status_code == 200, r.text
+    stack.wait_final([A("alice-2"), B("bob-2")], 60)
+    assert not stranded(stack, B("bob-2"))
 
 
 def test_a_kill_of_the_leader_after_a_reload_loses_nothing(
@@ -184,7 +195,7 @@ def test_a_kill_of_the_leader_after_a_reload_loses_nothing(
     hog(stack, api, "hog-3")
     submit(api, "bob-3", BOB)
     submit(api, "alice-3", ALICE)
-    until(lambda: stack.phase("bob-3") in WAITING, "bob-3 waits", 30, stack.logs)
+    until(lambda: stack.phase(B("bob-3")) in WAITING, "bob-3 waits", 30, stack.logs)
     before = set(stack.bus_().bucket("hops_jobs"))
     operator_writes(stack, ALICE_ONLY)
     reload(stack, api)
@@ -194,7 +205,7 @@ def test_a_kill_of_the_leader_after_a_reload_loses_nothing(
     stack.kill(killed)  # kill -9, right after the reload answered
     until(lambda: (x := stack.leader()) and x["holder"] != killed, "a new leader", 20,
           stack.logs)
-    until(lambda: stranded(stack, "bob-3"), "bob-3 held by the new leader", 30, stack.logs)
+    until(lambda: stranded(stack, B("bob-3")), "bob-3 held by the new leader", 30, stack.logs)
     assert set(stack.bus_().bucket("hops_jobs")) >= before  # every job is still there
     # The killed replica starts again and reads the file as it is now (no bob):
     # once it leads, bob-3 stays held.
@@ -205,9 +216,9 @@ def test_a_kill_of_the_leader_after_a_reload_loses_nothing(
     until(lambda: (x := stack.leader()) and x["holder"] == killed, f"{killed} leads", 20,
           stack.logs)
     assert api.delete("/jobs/hog-3", headers=ALICE).status_code == 200
-    stack.wait_final(["hog-3"], 60)
-    until(lambda: stack.phase("alice-3") == "running", "alice-3 runs", 60, stack.logs)
-    assert stranded(stack, "bob-3") and stack.phase("bob-3") in WAITING
+    stack.wait_final([A("hog-3")], 60)
+    until(lambda: stack.phase(A("alice-3")) == "running", "alice-3 runs", 60, stack.logs)
+    assert stranded(stack, B("bob-3")) and stack.phase(B("bob-3")) in WAITING
     assert set(stack.bus_().bucket("hops_jobs")) >= before
     stack.procs[other] = stack.launcher.start(stack.procs[other].component)
     operator_writes(stack, BOTH)
@@ -216,6 +227,6 @@ def test_a_kill_of_the_leader_after_a_reload_loses_nothing(
     until(lambda: every_process_reloads(stack, api), f"{other} back and reloading", 30,
           stack.logs)
     assert api.delete("/jobs/alice-3", headers=ALICE).status_code == 200
-    until(lambda: stack.phase("bob-3") == "running", "bob-3 runs once bob is back", 60,
+    until(lambda: stack.phase(B("bob-3")) == "running", "bob-3 runs once bob is back", 60,
           stack.logs)
     assert api.delete("/jobs/bob-3", headers=BOB).status_code == 200

@@ -5,8 +5,9 @@ the standbys alike, so that jobs are accepted during a failover. Decoding
 has already checked the spec's schema and values (``shared.job.JobSpec``);
 this module adds what the live system needs on top:
 
-- the job id must also be a valid KV key (``hops_jobs`` is keyed by it):
-  letters, digits, ``-``, ``_`` and ``=``, at most :data:`MAX_ID_LENGTH`;
+- the job id must also be a valid KV key (``hops_jobs`` is keyed by it,
+  after its tenant: :mod:`shared.jobkeys`): letters, digits, ``-``, ``_``
+  and ``=``, at most :data:`MAX_ID_LENGTH`;
 - the requirement set must be usable: at most :data:`MAX_GPUS` GPUs, and
   at most :data:`MAX_CORES` CPU cores;
 - an explicit ``requirements`` list is a set written in order: distinct
@@ -19,7 +20,8 @@ this module adds what the live system needs on top:
 - ``submit_time`` is the time the scheduler accepted the job (a client's
   value is overwritten), because the queue orders ties by it (§3.6).
 
-A duplicate id is a ``conflict``; cancelling an unknown job is ``not_found``
+A duplicate id of the same tenant is a ``conflict`` (another tenant's job
+of that id is another job, :func:`keyed_spec`); cancelling an unknown job is ``not_found``
 and cancelling a job that already ended is a ``conflict``. Holding or
 releasing follows cancel, and a hold of a running job is ``not_pending``
 (:func:`hold_refusal`, as Slurm holds only pending jobs).
@@ -55,8 +57,9 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from shared.ids import GpuType, JobId, ServerId
+from shared.ids import GpuType, ServerId
 from shared.job import JobSpec
+from shared.jobkeys import job_key, split_key
 from shared.records import JobRecord, NodeRecord
 from shared.wire import INVALID, NOT_PENDING, UNSCHEDULABLE
 
@@ -92,6 +95,19 @@ class Refusal(msgspec.Struct, frozen=True):
 def valid_id(job_id: str) -> bool:
     """Whether ``job_id`` could name a job (the rules of :func:`check_spec`)."""
     return len(job_id) <= MAX_ID_LENGTH and _ID.fullmatch(job_id) is not None
+
+
+def valid_key(key: str) -> bool:
+    """Whether ``key`` could name a job inside the system: a valid id, or
+    ``tenant/id`` of a valid tenant name and id (:mod:`shared.jobkeys`)."""
+    tenant, job_id = split_key(key)
+    return valid_id(job_id) and (tenant is None or _ID.fullmatch(tenant) is not None)
+
+
+def keyed_spec(spec: JobSpec) -> JobSpec:
+    """``spec`` as the system stores it once admitted: its ``id`` is the
+    job's key (its tenant's, :func:`shared.jobkeys.job_key`)."""
+    return msgspec.structs.replace(spec, id=job_key(spec.tenant, spec.id))
 
 
 def check_spec(spec: JobSpec) -> str | None:
@@ -160,14 +176,19 @@ def accepted_spec(spec: JobSpec, now: float) -> JobSpec:
     return msgspec.structs.replace(spec, submit_time=now)
 
 
-def duplicate(job_id: JobId, existing: JobRecord | None) -> Refusal | None:
-    """A ``conflict`` when a job with this id exists already."""
+def duplicate(job_id: str, tenant: str, existing: JobRecord | None) -> Refusal | None:
+    """A ``conflict`` when ``tenant``'s job ``job_id`` exists already. Under
+    the key of a default tenant's job, a record of another tenant can only
+    be one written before keys were qualified (:mod:`shared.jobkeys`): the
+    key is taken, and the answer names neither its tenant nor its phase."""
     if existing is None:
         return None
+    if existing.spec.tenant != tenant:
+        return Refusal(CONFLICT, f"job id {job_id} is taken; choose another")
     return Refusal(CONFLICT, f"job {job_id} exists already (phase {existing.phase})")
 
 
-def cancel_refusal(job_id: JobId, record: JobRecord | None) -> Refusal | None:
+def cancel_refusal(job_id: str, record: JobRecord | None) -> Refusal | None:
     """Why ``job_id`` cannot be cancelled, or ``None`` when it can."""
     if record is None:
         return Refusal(NOT_FOUND, f"no job {job_id}")
@@ -176,7 +197,7 @@ def cancel_refusal(job_id: JobId, record: JobRecord | None) -> Refusal | None:
     return None
 
 
-def hold_refusal(job_id: JobId, record: JobRecord | None, hold: bool) -> Refusal | None:
+def hold_refusal(job_id: str, record: JobRecord | None, hold: bool) -> Refusal | None:
     """Why ``job_id`` cannot be held (``hold``) or released, or ``None``
     when it can: as a cancel, and a hold of a running job is ``not_pending``."""
     refusal = cancel_refusal(job_id, record)

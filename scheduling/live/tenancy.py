@@ -9,8 +9,12 @@ the payload's:
 
 - a spec naming another tenant is ``forbidden``; one naming none (the
   default, ``default``) gets the subject's tenant;
-- a cancel of another tenant's job answers ``not_found``, as for a job that
-  does not exist, so that job ids do not leak (it is audited ``forbidden``).
+- a tenant names its jobs by the ids it gave them; each tenant's ids are
+  its own (the job's key is ``tenant/id``, :mod:`shared.jobkeys`), so a
+  tenant's cancel or hold never reaches another's job; one that would
+  (a record written before keys were qualified) answers ``not_found``, as
+  for a job that does not exist, so that job ids do not leak (it is audited
+  ``forbidden``).
 
 On every path, a tenant the tenants file does not name is ``forbidden``, and
 so is a job with a ``command`` whose tenant may not run commands
@@ -25,6 +29,7 @@ from shared import events as ev
 from shared import subjects
 from shared.ids import JobId, TenantId
 from shared.job import JobSpec
+from shared.jobkeys import local_id
 from shared.records import JobRecord
 from shared.subjects import SubjectError
 from shared.tenants import DEFAULT_TENANT, TenantsFile, may_run_commands
@@ -137,6 +142,16 @@ def feed_subject(
     if record is None or not (first_delivery or changed):
         return None
     try:
-        return subjects.tenant_events(record.spec.tenant, event.job_id)
+        return subjects.tenant_events(record.spec.tenant, local_id(event.job_id))
     except SubjectError:  # a tenant that cannot be a subject token has no feed
         return None
+
+
+def feed_event(event: ev.JobEvent) -> ev.JobEvent:
+    """``event`` as its tenant's feed carries it: naming the job by the id
+    the tenant gave it, not by its key (:mod:`shared.jobkeys`)."""
+    job_id = JobId(local_id(event.job_id))
+    if isinstance(event, ev.JobSubmitted):
+        spec = msgspec.structs.replace(event.spec, id=job_id)
+        return msgspec.structs.replace(event, job_id=job_id, spec=spec)
+    return msgspec.structs.replace(event, job_id=job_id)

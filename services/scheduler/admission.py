@@ -32,6 +32,7 @@ from services.runtime.service import ServiceContext
 from services.scheduler.kv import decode_all, get_record
 from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
+from shared import jobkeys as keys
 from shared import subjects
 from shared.ids import JobId
 from shared.job import JobSpec
@@ -104,23 +105,34 @@ class Admission:
             adm.policy_refusal(spec, self.checks.cores, self.checks.policy)
             or adm.fit_refusal(spec, await self.nodes(), self.r_num)
             or self._cells_refusal(spec)
-            or adm.duplicate(spec.id, (await get_record(self.kv, spec.id))[0])
+            or await self._duplicate(spec)
         )
         if refusal is not None:
             if refusal.code != adm.CONFLICT:
                 await self.ctx.reporter.report(subject, refusal.message, refusal.code)
             raise Rejected(refusal.code, refusal.message)
         now = time.time()
-        spec = adm.accepted_spec(spec, now)
+        shown = spec.id if scope is not None else keys.job_key(spec.tenant, spec.id)
+        spec = adm.accepted_spec(adm.keyed_spec(spec), now)
         event = ev.JobSubmitted(job_id=spec.id, spec=spec, at=now)
         ack = await publish_event(self.ctx.js, subjects.job_events(spec.id), event, msg_id=spec.id)
         if ack.duplicate:
-            raise Rejected(adm.CONFLICT, f"job {spec.id} was submitted already")
+            raise Rejected(adm.CONFLICT, f"job {keys.local_id(spec.id)} was submitted already")
         with contextlib.suppress(KeyWrongLastSequenceError):  # the leader was quicker
             await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
-        self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant,
+        self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant, key=spec.id,
                           kind=spec.kind, cores=spec.cores)
-        return ev.Reply(ok=True, job_id=spec.id)
+        # a tenant's client names its jobs by their ids, a trusted caller by their keys
+        return ev.Reply(ok=True, job_id=JobId(shown))
+
+    async def _duplicate(self, spec: JobSpec) -> adm.Refusal | None:
+        """A conflict when ``spec``'s tenant has a job of its id already,
+        under its key or (written before keys were qualified) its bare id."""
+        for key in keys.candidates(spec.tenant, spec.id):
+            record = (await get_record(self.kv, key))[0]
+            if record is not None and (key == spec.id or record.spec.tenant == spec.tenant):
+                return adm.duplicate(spec.id, spec.tenant, record)
+        return None
 
     def _cells_refusal(self, spec: JobSpec) -> adm.Refusal | None:
         cells = self.checks.cells
@@ -134,14 +146,14 @@ class Admission:
             return await self._cancel(req, subject, scope)
 
     async def _cancel(self, req: ev.CancelJob, subject: str, scope: str | None) -> ev.Message:
-        record = await self._own_record(req.job_id, req, subject, scope)
-        refusal = adm.cancel_refusal(req.job_id, record)
+        key, record = await self._own_record(req.job_id, req, subject, scope)
+        refusal = adm.cancel_refusal(keys.local_id(key), record)
         if refusal is not None:
             raise Rejected(refusal.code, refusal.message)
-        event = ev.JobCancelled(job_id=req.job_id, at=time.time())
-        msg_id = f"{req.job_id}:job_cancelled"
-        await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
-        self.ctx.log.info("job cancelled", reason=req.reason)
+        event = ev.JobCancelled(job_id=key, at=time.time())
+        msg_id = f"{key}:job_cancelled"
+        await publish_event(self.ctx.js, subjects.job_events(key), event, msg_id=msg_id)
+        self.ctx.log.info("job cancelled", reason=req.reason, key=key)
         return ev.Reply(ok=True, job_id=req.job_id)
 
     async def hold(self, req: ev.HoldJob, subject: str) -> ev.Message:
@@ -150,31 +162,48 @@ class Admission:
             return await self._hold(req, subject, scope)
 
     async def _hold(self, req: ev.HoldJob, subject: str, scope: str | None) -> ev.Message:
-        record = await self._own_record(req.job_id, req, subject, scope)
-        refusal = adm.hold_refusal(req.job_id, record, req.hold)
+        key, record = await self._own_record(req.job_id, req, subject, scope)
+        refusal = adm.hold_refusal(keys.local_id(key), record, req.hold)
         if refusal is not None:
             raise Rejected(refusal.code, refusal.message)
         assert record is not None  # hold_refusal refuses an unknown job
         if record.held == req.hold:  # held already, or not held: nothing to do
             return ev.Reply(ok=True, job_id=req.job_id)
         now = time.time()
-        event: ev.JobEvent = (ev.JobHeld(job_id=req.job_id, at=now, reason=req.reason)
-                              if req.hold else ev.JobReleased(job_id=req.job_id, at=now))
+        event: ev.JobEvent = (ev.JobHeld(job_id=key, at=now, reason=req.reason)
+                              if req.hold else ev.JobReleased(job_id=key, at=now))
         # one per state seen: a retried request is stored once
-        msg_id = f"{req.job_id}:{'job_held' if req.hold else 'job_released'}:{record.last_seq}"
-        await publish_event(self.ctx.js, subjects.job_events(req.job_id), event, msg_id=msg_id)
+        msg_id = f"{key}:{'job_held' if req.hold else 'job_released'}:{record.last_seq}"
+        await publish_event(self.ctx.js, subjects.job_events(key), event, msg_id=msg_id)
         self.ctx.log.info("job held" if req.hold else "job released", reason=req.reason)
         return ev.Reply(ok=True, job_id=req.job_id)
 
     async def _own_record(self, job_id: JobId, req: ev.Message, subject: str,
-                          scope: str | None) -> st.LiveJobRecord | None:
-        """The record of ``job_id`` (None: no such job), after the tenant
-        rules of a cancel or hold by tenant ``scope`` (refused, audited)."""
-        record = (await get_record(self.kv, job_id))[0] if adm.valid_id(job_id) else None
+                          scope: str | None) -> tuple[JobId, st.LiveJobRecord | None]:
+        """The key and record of the job a cancel or hold names (None: no
+        such job), after the tenant rules for tenant ``scope`` (refused,
+        audited): a tenant names its job by its id, a trusted caller by its
+        key (:mod:`shared.jobkeys`)."""
+        key, record = await self._lookup(job_id, scope)
         denied = tn.cancel_scope_refusal(self.tenants, job_id, record, scope)
         if denied is not None:
             await self._refuse(denied, subject, scope, ev.encode(req))
-        return record
+        return key, record
+
+    async def _lookup(self, job_id: JobId, scope: str | None
+                      ) -> tuple[JobId, st.LiveJobRecord | None]:
+        if scope is None:
+            found = adm.valid_key(job_id)
+            return job_id, (await get_record(self.kv, job_id))[0] if found else None
+        if not adm.valid_id(job_id):
+            return job_id, None
+        tried = keys.candidates(scope, job_id)
+        for key in tried:
+            record = (await get_record(self.kv, key))[0]
+            # under the bare id, only a record of the tenant's own counts
+            if record is not None and (key == tried[0] or record.spec.tenant == scope):
+                return key, record
+        return tried[0], None
 
     async def _refuse(self, denied: tn.TenantRefusal, subject: str, scope: str | None,
                       data: bytes) -> NoReturn:

@@ -105,7 +105,7 @@ class JobBook:
         if subject is None:
             return
         try:
-            await self.ctx.nc.publish(subject, ev.encode(event))
+            await self.ctx.nc.publish(subject, ev.encode(tn.feed_event(event)))
         except Exception as e:  # the feed is a convenience: never fail the event for it
             self.log.warning("tenant feed publish failed", subject=subject, error=repr(e))
 
