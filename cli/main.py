@@ -408,7 +408,8 @@ def signatures(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt =
 def signatures_reprofile(
     signature: Annotated[str | None, typer.Argument(help="the signature (see `hops signatures`)")
                          ] = None,
-    job: Annotated[str | None, typer.Option("--job", help="the signature of this job")] = None,
+    job: Annotated[str | None, typer.Option(
+        "--job", help="the signature of this job ([TENANT/]ID)")] = None,
     gpu_type: Annotated[list[str] | None, typer.Option(
         "--type", help="only this GPU type (repeatable; default: every type)")] = None,
     reason: Annotated[str, typer.Option(help="why (logged by the gateway)")] = "",

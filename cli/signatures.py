@@ -13,6 +13,7 @@ import msgspec
 
 from cli.client import Answer, GatewayClient
 from shared.job import JobSpec
+from shared.jobkeys import parse_ref
 from shared.reuse import profile_signature
 
 HEADER = ("signature", "model", "batch", "profiled on", "stale on", "jobs")
@@ -33,10 +34,12 @@ def reprofile(client: GatewayClient, signature: str, gpu_types: Sequence[str],
     return client._answer(client._call("POST", f"/signatures/{signature}/reprofile", json=body))
 
 
-def job_signature(client: GatewayClient, job_id: str) -> str:
-    """The profile signature of ``job_id`` (from its spec, as the executors
-    compute it); :class:`SignatureNotFound` for a CPU job."""
-    record = client.job(job_id)
+def job_signature(client: GatewayClient, ref: str) -> str:
+    """The profile signature of the job ``ref`` names (``[TENANT/]ID``, from
+    its spec, as the executors compute it); :class:`SignatureNotFound` for
+    a CPU job."""
+    tenant, job_id = parse_ref(ref)
+    record = client.job(job_id, tenant)
     try:
         spec = msgspec.convert(record.get("spec"), JobSpec, strict=False)
     except (msgspec.ValidationError, ValueError) as e:

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from shared.jobkeys import job_key
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 from tests.test_live_hardening import hops
@@ -55,12 +56,13 @@ def submit(stack: LiveStack, job_id: str, model: str = "resnet18-cifar10") -> No
 
 
 def profiled_by_plans(stack: LiveStack, job_id: str) -> set[str]:
+    key = job_key("alice", job_id)  # inside the system, alice's jobs go by their key
     return {t["gpu_type"] for p in stack.bus_().plans() for t in p["plan"]["profiling"]
-            if t["job_id"] == job_id}
+            if t["job_id"] == key}
 
 
 def finished(stack: LiveStack, job_id: str) -> dict[str, Any] | None:
-    rec = stack.record(job_id)
+    rec = stack.record(job_key("alice", job_id))
     return rec if rec is not None and rec["phase"] == "finished" else None
 
 
@@ -93,7 +95,7 @@ def test_reprofile_on_demand_profiles_the_next_job_of_the_signature(stack: LiveS
     listed = signatures(stack)
     first = next(s for s in listed.values() if s["model"] == "resnet18-cifar10")
     assert (first["current"], first["stale"]) == (TYPES, [])
-    code, out = hops(stack, "signatures", "reprofile", "--job", "first", "--type", "RTX3090")
+    code, out = hops(stack, "signatures", "reprofile", "--job", "alice/first", "--type", "RTX3090")
     assert code == 0 and "stale on RTX3090" in out, out
     now = signatures(stack)[first["signature"]]
     assert (now["current"], now["stale"]) == (["TitanXP"], ["RTX3090"])
