@@ -94,11 +94,22 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # (scheduling.policies.hops.exempt, Slurm's PreemptExemptTime); 0: the
     # paper, every running job replanned.
     preempt_exempt: float = 10.0
+    # Hysteresis at first plans (a departure, docs/design.md "Hysteresis"):
+    # a running job's current configuration is worth this share of the
+    # queue's highest Eq. (11) weight more (PassJob.keep_bonus), and every
+    # running job is in the window, so a waiting job takes its GPUs only
+    # when its weighted gain beats the running job's by more than that.
+    # Above the latency-ratio differences between jobs far below the
+    # queue's head, below the 5% speed-up a job alone may move for
+    # (tests/test_planner.py); docs/results.md measures 0 to 0.1. 0: the paper.
+    preempt_margin: float = 0.02
 
     def __post_init__(self) -> None:
         if self.reconfig_horizon not in HORIZONS:
             raise ValueError(f"reconfig_horizon must be one of {', '.join(HORIZONS)}, "
                              f"got {self.reconfig_horizon!r}")
+        if self.preempt_margin < 0:
+            raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
         if self.preempt_exempt < 0:
             raise ValueError(f"preempt_exempt must be >= 0, got {self.preempt_exempt}")
         if self.reconfig_cost is not None and not 0.0 <= self.reconfig_cost <= 1.0:
@@ -208,7 +219,26 @@ class HopsPolicy(LayeredPolicy):
         kind: Literal["first", "fill"],
     ) -> tuple[list[QueueEntry], list[QueueEntry]]:
         """The service window over the GPUs this pass can use and, for a
-        fragment plan, the low-sensitivity jobs the adjustment admits."""
+        fragment plan, the low-sensitivity jobs the adjustment admits; at a
+        first plan with a keep bonus, every running job besides."""
+        window, extra = self._window(snapshot, queue, pending, free, kind)
+        if snapshot.first_plan and self.settings.preempt_margin > 0:
+            # A running job left out of the window would lose its GPUs
+            # without its keep bonus ever being weighed (a departure,
+            # docs/design.md "Hysteresis").
+            inside = {e.job_id for e in (*window, *extra)}
+            window += [queue.entries[j] for j in pending
+                       if j not in inside and queue.jobs[j].phase == "running"]
+        return window, extra
+
+    def _window(
+        self,
+        snapshot: Snapshot,
+        queue: _Queue,
+        pending: Sequence[JobId],
+        free: Mapping[ServerId, int],
+        kind: Literal["first", "fill"],
+    ) -> tuple[list[QueueEntry], list[QueueEntry]]:
         entries = [queue.entries[j] for j in pending]
         capacity = sum(free.values())
         if kind == "first":
@@ -239,7 +269,9 @@ class HopsPolicy(LayeredPolicy):
         members: Sequence[QueueEntry],
         free: Mapping[ServerId, int],
     ) -> PassResult:
-        w = weights({e.job_id: queue.priorities[e.job_id] for e in members}, self._finite_lam)
+        # Over the whole queue, so that the keep bonus is a share of its top
+        # weight in every pass (the passes rescale by their own top).
+        w = weights(queue.priorities, self._finite_lam)
         pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id]) for e in members]
         settings = self.settings.solver()
         if settings.greedy:
@@ -270,6 +302,8 @@ class HopsPolicy(LayeredPolicy):
             estimate=est,
             current=job.current,
             switch_factor=1.0 - self._reconfig_cost(snapshot, job),
+            keep_bonus=self.settings.preempt_margin
+            if snapshot.first_plan and job.phase == "running" else 0.0,
         )
 
 
