@@ -25,6 +25,7 @@ import msgspec
 from scheduling.layers.base import LayeredPolicy
 from scheduling.policies.hops.exempt import exempt, kept, without_exempt
 from scheduling.policies.hops.passes import (
+    WEIGHT_FLOOR,
     PassJob,
     PassResult,
     SolverSettings,
@@ -269,10 +270,10 @@ class HopsPolicy(LayeredPolicy):
         members: Sequence[QueueEntry],
         free: Mapping[ServerId, int],
     ) -> PassResult:
-        # Over the whole queue, so that the keep bonus is a share of its top
-        # weight in every pass (the passes rescale by their own top).
-        w = weights(queue.priorities, self._finite_lam)
-        pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id]) for e in members]
+        w = weights({e.job_id: queue.priorities[e.job_id] for e in members}, self._finite_lam)
+        bonus = self._keep_bonus(queue, w)
+        pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id], bonus)
+                     for e in members]
         settings = self.settings.solver()
         if settings.greedy:
             return greedy_pass(snapshot.cluster, free, pass_jobs, settings)
@@ -292,7 +293,17 @@ class HopsPolicy(LayeredPolicy):
             job.spec.requirement_set(s.r_num))
         return reconfig_cost(restart_cost(job), span)
 
-    def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float) -> PassJob:
+    def _keep_bonus(self, queue: _Queue, w: Mapping[JobId, float]) -> float:
+        """``preempt_margin`` of the queue's top weight in this pass's
+        weights (whose top is 1: the pass's top job over the queue's)."""
+        if self.settings.preempt_margin <= 0 or not w:
+            return 0.0
+        head = max(w, key=lambda j: w[j])
+        over_queue = weights(queue.priorities, self._finite_lam)[head]
+        return self.settings.preempt_margin / max(over_queue, WEIGHT_FLOOR)
+
+    def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float,
+                  bonus: float = 0.0) -> PassJob:
         est = snapshot.estimates[job.id]
         return PassJob(
             job_id=job.id,
@@ -302,8 +313,7 @@ class HopsPolicy(LayeredPolicy):
             estimate=est,
             current=job.current,
             switch_factor=1.0 - self._reconfig_cost(snapshot, job),
-            keep_bonus=self.settings.preempt_margin
-            if snapshot.first_plan and job.phase == "running" else 0.0,
+            keep_bonus=bonus if snapshot.first_plan and job.phase == "running" else 0.0,
         )
 
 
