@@ -11,7 +11,7 @@ simulator and measure what issue 33 item 2 bounds, per round of the burst
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -152,3 +152,34 @@ def run_burst(scenario: BurstScenario, policy: str = "hops", cluster: str = "pap
                           burst_at=scenario.burst_at)
     sim.run()
     return figures(sim)
+
+
+def line(policy: str, f: BurstFigures) -> str:
+    """One row of :func:`main`'s table."""
+    restarts = sorted(f.restarts.values())
+    return (f"| `{policy}` | {f.booked_share:.1%} | {f.fit_waiting_s / 3600:.2f} | "
+            f"{f.max_restarts} | {sum(restarts) / max(1, len(restarts)):.1f} | "
+            f"{f.long_failed} | {f.end_s / 3600:.2f} |")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m experiments.burst.run [--burst N] [--long N] [--round-s S] SPEC...``:
+    one table row per policy spec."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m experiments.burst.run")
+    p.add_argument("policies", nargs="*", default=["hops"])
+    p.add_argument("--burst", type=int, default=BurstScenario().burst)
+    p.add_argument("--long", type=int, default=BurstScenario().long_jobs)
+    p.add_argument("--round-s", type=float, default=BURST_ROUND_S)
+    args = p.parse_args(argv)
+    scenario = BurstScenario(burst=args.burst, long_jobs=args.long)
+    print("| policy | booked while a job that fits waits | such hours | most restarts "
+          "of a long job | mean | long jobs failed | burst done at (h) |")
+    print("|---|---|---|---|---|---|---|")
+    for policy in args.policies:
+        print(line(policy, run_burst(scenario, policy, round_s=args.round_s)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -223,13 +223,19 @@ class HopsPolicy(LayeredPolicy):
         fragment plan, the low-sensitivity jobs the adjustment admits; at a
         first plan with a keep bonus, every running job besides."""
         window, extra = self._window(snapshot, queue, pending, free, kind)
-        if snapshot.first_plan and self.settings.preempt_margin > 0:
+        margin = self.settings.preempt_margin
+        if snapshot.first_plan and margin > 0 and window:
             # A running job left out of the window would lose its GPUs
-            # without its keep bonus ever being weighed (a departure,
-            # docs/design.md "Hysteresis").
+            # without its keep bonus being weighed (a departure,
+            # docs/design.md "Hysteresis"): it joins when its weight with
+            # the bonus reaches the window's lowest, as only then could the
+            # bonus keep it.
+            w = weights(queue.priorities, self._finite_lam)
             inside = {e.job_id for e in (*window, *extra)}
+            low = min(w[e.job_id] for e in window)
             window += [queue.entries[j] for j in pending
-                       if j not in inside and queue.jobs[j].phase == "running"]
+                       if j not in inside and queue.jobs[j].phase == "running"
+                       and w[j] + margin >= low]
         return window, extra
 
     def _window(
