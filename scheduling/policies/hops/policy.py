@@ -12,6 +12,15 @@ Order of work in a call:
    later in the round — each with a window over the idle GPUs and the
    sensitivity adjustment, until nothing more fits. Their assignments end with
    the round, like the first plan's.
+
+Departure (``HopsSettings.preempt_margin``, docs/design.md "Hysteresis"): in
+a first plan a running job's current configuration weighs a margin more in
+Eq. (11) and it joins a pass's window when that margin could keep it, so a
+waiting job preempts it only for a gain beyond the margin. Under the
+latency ratio a waiting job's priority grows while a running one's stays;
+the paper's rule made jobs of nearly equal priorities trade places at every
+first plan (a burst of short jobs over long ones: up to 46 restarts of a
+long job, docs/results.md).
 """
 
 from __future__ import annotations
@@ -97,9 +106,10 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     preempt_exempt: float = 10.0
     # Hysteresis at first plans (a departure, docs/design.md "Hysteresis"):
     # a running job's current configuration is worth this share of the
-    # queue's highest Eq. (11) weight more (PassJob.keep_bonus), and every
-    # running job is in the window, so a waiting job takes its GPUs only
-    # when its weighted gain beats the running job's by more than that.
+    # queue's highest Eq. (11) weight more (PassJob.keep_bonus), and it
+    # joins the window when that can keep it (_running_too), so a waiting job
+    # takes its GPUs only when its weighted gain beats the running job's by
+    # more than that.
     # Above the latency-ratio differences between jobs far below the
     # queue's head, below the 5% speed-up a job alone may move for
     # (tests/test_planner.py); docs/results.md measures 0 to 0.1. 0: the paper.
@@ -165,6 +175,7 @@ class HopsPolicy(LayeredPolicy):
             if not pending or sum(free.values()) == 0:
                 break
             window, extra = self._members(snapshot, queue, pending, free, kind)
+            window = self._running_too(queue, pending, window, extra, snapshot.first_plan)
             first_window = first_window or tuple(e.job_id for e in window)
             admitted.extend(e.job_id for e in extra)
             result = self._solve(snapshot, queue, [*window, *extra], free)
@@ -211,6 +222,25 @@ class HopsPolicy(LayeredPolicy):
         }
         return _Queue(tuple(order), prios, entries, jobs)
 
+    def _running_too(
+        self, queue: _Queue, pending: Sequence[JobId], window: list[QueueEntry],
+        extra: Sequence[QueueEntry], first_plan: bool,
+    ) -> list[QueueEntry]:
+        """The window and, at a first plan with a keep bonus, the running
+        jobs outside it whose weight with the bonus reaches its lowest: left
+        out, a running job would lose its GPUs without its bonus being
+        weighed, and only such a job could keep them with it (a departure,
+        docs/design.md "Hysteresis")."""
+        margin = self.settings.preempt_margin
+        if not first_plan or margin <= 0 or not window:
+            return window
+        w = weights(queue.priorities, self._finite_lam)
+        inside = {e.job_id for e in (*window, *extra)}
+        low = min(w[e.job_id] for e in window)
+        return window + [queue.entries[j] for j in pending
+                         if j not in inside and queue.jobs[j].phase == "running"
+                         and w[j] + margin >= low]
+
     def _members(
         self,
         snapshot: Snapshot,
@@ -220,32 +250,7 @@ class HopsPolicy(LayeredPolicy):
         kind: Literal["first", "fill"],
     ) -> tuple[list[QueueEntry], list[QueueEntry]]:
         """The service window over the GPUs this pass can use and, for a
-        fragment plan, the low-sensitivity jobs the adjustment admits; at a
-        first plan with a keep bonus, every running job besides."""
-        window, extra = self._window(snapshot, queue, pending, free, kind)
-        margin = self.settings.preempt_margin
-        if snapshot.first_plan and margin > 0 and window:
-            # A running job left out of the window would lose its GPUs
-            # without its keep bonus being weighed (a departure,
-            # docs/design.md "Hysteresis"): it joins when its weight with
-            # the bonus reaches the window's lowest, as only then could the
-            # bonus keep it.
-            w = weights(queue.priorities, self._finite_lam)
-            inside = {e.job_id for e in (*window, *extra)}
-            low = min(w[e.job_id] for e in window)
-            window += [queue.entries[j] for j in pending
-                       if j not in inside and queue.jobs[j].phase == "running"
-                       and w[j] + margin >= low]
-        return window, extra
-
-    def _window(
-        self,
-        snapshot: Snapshot,
-        queue: _Queue,
-        pending: Sequence[JobId],
-        free: Mapping[ServerId, int],
-        kind: Literal["first", "fill"],
-    ) -> tuple[list[QueueEntry], list[QueueEntry]]:
+        fragment plan, the low-sensitivity jobs the adjustment admits."""
         entries = [queue.entries[j] for j in pending]
         capacity = sum(free.values())
         if kind == "first":
