@@ -48,15 +48,16 @@ class HopsProfilePreemptSpec(
 
 class HopsPaperSpec(HopsSettings, tag="hops-paper", tag_field="name", frozen=True):
     """Hops as the paper states it: no reconfiguration cost, every running
-    job replanned at a first plan, the fill plans' window over every waiting
-    job, and every pass proven to the 1% gap of §4.7 (docs/baselines.md,
-    "Hops variants")."""
+    job replanned at a first plan without hysteresis, the fill plans' window
+    over every waiting job, and every pass proven to the 1% gap of §4.7
+    (docs/baselines.md, "Hops variants")."""
 
     reconfig_cost: float | None = 0.0
     fill_filter: bool = False
     accept_gap: float = 0.01
     preempt_exempt: float = 0.0
     profile_reuse: bool = False  # one record per job (§3.3)
+    preempt_margin: float = 0.0
 
 
 class SiaSpec(SiaSettings, tag="sia", tag_field="name", frozen=True):

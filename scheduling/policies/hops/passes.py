@@ -154,15 +154,21 @@ def _coefficients(
     space: OptionSpace, jobs: Sequence[PassJob], weights: Sequence[float]
 ) -> list[float]:
     """w_i * G_ij of Eq. (11), with the switch factor on every option that
-    would restart the job (all options of a job that does not run)."""
+    would restart the job (all options of a job that does not run), plus
+    the job's keep bonus, rescaled as the weights are, on the option that
+    keeps it where it runs."""
     coeffs = [weights[o.job] * o.gain for o in space.options]
+    top = max((job.weight for job in jobs), default=0.0)
     for i, job in enumerate(jobs):
-        if job.switch_factor == 1.0:
+        if job.switch_factor == 1.0 and not job.keep_bonus:
             continue
         keep = current_option(space, i, job.current) if job.current is not None else None
+        bonus = job.keep_bonus / top if top > 0 else 0.0
         for o in space.per_job[i]:
             if o != keep:
                 coeffs[o] *= job.switch_factor
+            else:
+                coeffs[o] += bonus
     return coeffs
 
 

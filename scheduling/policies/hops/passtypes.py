@@ -27,6 +27,10 @@ class PassJob(msgspec.Struct, frozen=True):
     # Multiplies the gain of every option except ``current``: the share of a
     # round that a checkpoint-restart costs is lost by moving or starting.
     switch_factor: float = 1.0
+    # Added to the coefficient of ``current`` (in the callers' weight units,
+    # rescaled with the weights): a running job's hysteresis against a
+    # restart (HopsSettings.preempt_margin).
+    keep_bonus: float = 0.0
 
 
 # Largest direct model; beyond it the class formulation (its one definition:

@@ -12,6 +12,15 @@ Order of work in a call:
    later in the round — each with a window over the idle GPUs and the
    sensitivity adjustment, until nothing more fits. Their assignments end with
    the round, like the first plan's.
+
+Departure (``HopsSettings.preempt_margin``, docs/design.md "Hysteresis"): in
+a first plan a running job's current configuration weighs a margin more in
+Eq. (11) and it joins a pass's window when that margin could keep it, so a
+waiting job preempts it only for a gain beyond the margin. Under the
+latency ratio a waiting job's priority grows while a running one's stays;
+the paper's rule made jobs of nearly equal priorities trade places at every
+first plan (a burst of short jobs over long ones: up to 46 restarts of a
+long job, docs/results.md).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import msgspec
 from scheduling.layers.base import LayeredPolicy
 from scheduling.policies.hops.exempt import exempt, kept, without_exempt
 from scheduling.policies.hops.passes import (
+    WEIGHT_FLOOR,
     PassJob,
     PassResult,
     SolverSettings,
@@ -97,11 +107,23 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # (scheduling.policies.hops.exempt, Slurm's PreemptExemptTime); 0: the
     # paper, every running job replanned.
     preempt_exempt: float = 10.0
+    # Hysteresis at first plans (a departure, docs/design.md "Hysteresis"):
+    # a running job's current configuration is worth this share of the
+    # queue's highest Eq. (11) weight more (PassJob.keep_bonus), and it
+    # joins the window when that can keep it (_running_too), so a waiting job
+    # takes its GPUs only when its weighted gain beats the running job's by
+    # more than that.
+    # Above the latency-ratio differences between jobs far below the
+    # queue's head, below the 5% speed-up a job alone may move for
+    # (tests/test_planner.py); docs/results.md measures 0 to 0.1. 0: the paper.
+    preempt_margin: float = 0.02
 
     def __post_init__(self) -> None:
         if self.reconfig_horizon not in HORIZONS:
             raise ValueError(f"reconfig_horizon must be one of {', '.join(HORIZONS)}, "
                              f"got {self.reconfig_horizon!r}")
+        if self.preempt_margin < 0:
+            raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
         if self.preempt_exempt < 0:
             raise ValueError(f"preempt_exempt must be >= 0, got {self.preempt_exempt}")
         if self.reconfig_cost is not None and not 0.0 <= self.reconfig_cost <= 1.0:
@@ -156,6 +178,7 @@ class HopsPolicy(LayeredPolicy):
             if not pending or sum(free.values()) == 0:
                 break
             window, extra = self._members(snapshot, queue, pending, free, kind)
+            window = self._running_too(queue, pending, window, extra, snapshot.first_plan)
             first_window = first_window or tuple(e.job_id for e in window)
             admitted.extend(e.job_id for e in extra)
             result = self._solve(snapshot, queue, [*window, *extra], free)
@@ -202,6 +225,25 @@ class HopsPolicy(LayeredPolicy):
         }
         return _Queue(tuple(order), prios, entries, jobs)
 
+    def _running_too(
+        self, queue: _Queue, pending: Sequence[JobId], window: list[QueueEntry],
+        extra: Sequence[QueueEntry], first_plan: bool,
+    ) -> list[QueueEntry]:
+        """The window and, at a first plan with a keep bonus, the running
+        jobs outside it whose weight with the bonus reaches its lowest: left
+        out, a running job would lose its GPUs without its bonus being
+        weighed, and only such a job could keep them with it (a departure,
+        docs/design.md "Hysteresis")."""
+        margin = self.settings.preempt_margin
+        if not first_plan or margin <= 0 or not window:
+            return window
+        w = weights(queue.priorities, self._finite_lam)
+        inside = {e.job_id for e in (*window, *extra)}
+        low = min(w[e.job_id] for e in window)
+        return window + [queue.entries[j] for j in pending
+                         if j not in inside and queue.jobs[j].phase == "running"
+                         and w[j] + margin >= low]
+
     def _members(
         self,
         snapshot: Snapshot,
@@ -243,7 +285,9 @@ class HopsPolicy(LayeredPolicy):
         free: Mapping[ServerId, int],
     ) -> PassResult:
         w = weights({e.job_id: queue.priorities[e.job_id] for e in members}, self._finite_lam)
-        pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id]) for e in members]
+        bonus = self._keep_bonus(queue, w)
+        pass_jobs = [self._pass_job(snapshot, queue.jobs[e.job_id], w[e.job_id], bonus)
+                     for e in members]
         settings = self.settings.solver()
         if settings.greedy:
             return greedy_pass(snapshot.cluster, free, pass_jobs, settings)
@@ -263,7 +307,17 @@ class HopsPolicy(LayeredPolicy):
             job.spec.requirement_set(s.r_num))
         return reconfig_cost(restart_cost(job), span)
 
-    def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float) -> PassJob:
+    def _keep_bonus(self, queue: _Queue, w: Mapping[JobId, float]) -> float:
+        """``preempt_margin`` of the queue's top weight in this pass's
+        weights (whose top is 1: the pass's top job over the queue's)."""
+        if self.settings.preempt_margin <= 0 or not w:
+            return 0.0
+        head = max(w, key=lambda j: w[j])
+        over_queue = weights(queue.priorities, self._finite_lam)[head]
+        return self.settings.preempt_margin / max(over_queue, WEIGHT_FLOOR)
+
+    def _pass_job(self, snapshot: Snapshot, job: JobState, weight: float,
+                  bonus: float = 0.0) -> PassJob:
         est = snapshot.estimates[job.id]
         return PassJob(
             job_id=job.id,
@@ -273,6 +327,7 @@ class HopsPolicy(LayeredPolicy):
             estimate=est,
             current=job.current,
             switch_factor=1.0 - self._reconfig_cost(snapshot, job),
+            keep_bonus=bonus if snapshot.first_plan and job.phase == "running" else 0.0,
         )
 
 
