@@ -162,6 +162,20 @@ def test_keys_and_term_gate() -> None:
         == "conflict"
 
 
+def test_a_plan_replaced_by_a_later_first_plan_of_its_leader_is_skipped() -> None:
+    """A first plan replans every job: an older plan of the same term is
+    skipped once one is on the stream (its starts would be stopped at once);
+    a later fill plan, another term's plan, or no newest plan known skip
+    nothing."""
+    gate = PlanGate()
+    assert gate.superseded(2, 10, (11, 2, True)) is not None
+    assert "superseded by the first plan 11" in str(gate.superseded(2, 10, (11, 2, True)))
+    assert gate.superseded(2, 10, (11, 2, False)) is None  # a fill plan adds to this one
+    assert gate.superseded(2, 10, (11, 3, True)) is None  # another leader's: the term gate rules
+    assert gate.superseded(2, 10, (10, 2, True)) is None  # itself
+    assert gate.superseded(2, 10, None) is None
+
+
 servers = st.sampled_from([A, B, C, ServerId("gone")])
 
 

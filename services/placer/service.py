@@ -154,6 +154,11 @@ class Placer:
                             seq=delivery.stream_seq)
         if await self._ignored(event, delivery.stream_seq, log):
             return
+        late = self.gate.superseded(event.term, delivery.stream_seq, await self._newest_plan())
+        if late is not None:
+            self.gate.applied(delivery.stream_seq)
+            log.info("plan skipped", why=late.why)
+            return
         prefix = plan_prefix(event.term, event.round, delivery.stream_seq)
         js = self.ctx.js
         current = await _read_all(js, subjects.KV_ALLOC, Placement, self._bad_record)
@@ -205,6 +210,18 @@ class Placer:
             await self.ctx.reporter.report(subjects.PLANS, f"plan {seq} ignored: {skip.why}",
                                            skip.code)
         return True
+
+    async def _newest_plan(self) -> tuple[int, int, bool] | None:
+        """The newest plan on the stream: its sequence, term and whether it
+        is a first plan (None when it cannot be read: the plan is applied)."""
+        try:
+            msg = await self.ctx.js.get_last_msg(subjects.STREAM_PLANS.name, subjects.PLANS)
+            newest = decode_plan_event(msg.data or b"")
+        except Exception:  # a read that fails only loses the shortcut
+            return None
+        if not isinstance(newest, PlanIssued):
+            return None
+        return msg.seq or 0, newest.term, newest.first_plan
 
     async def _records(self, ids: Iterable[JobId]) -> dict[JobId, JobRecord]:
         out: dict[JobId, JobRecord] = {}
