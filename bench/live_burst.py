@@ -1,7 +1,8 @@
 """A burst of submissions while long jobs run (``bench/live_submit.py --burst N``).
 
 Starts every component the way ``hops up`` does (its default cluster, the
-paper's physical one, EMULATED; rounds of 10 s), starts ``--long`` long
+paper's physical one, EMULATED at ``--time-scale``, by default ``hops up``'s;
+rounds of 10 s), starts ``--long`` long
 jobs of 4 GPUs, then submits N short jobs of at most
 :data:`SIGNATURES` profile signatures (models of the catalog, 0.5-5 M
 samples, seeded) at 32 in flight over NATS, and polls the jobs' records and
@@ -28,7 +29,7 @@ from nats.aio.client import Client as NATS
 
 from bench.burst_figures import BurstFigures
 from bench.live_stack import client_settings, config_in, start_stack, wait_admission
-from cli.up.stack import components
+from cli.up.stack import DEFAULT_TIME_SCALE, components
 from services.runtime.bus import connect
 from services.runtime.kv import read_bucket
 from shared import subjects
@@ -42,6 +43,7 @@ from world.clusters import cluster_arg
 LONG_GPUS = 4
 IN_FLIGHT = 32
 POLL_S = 2.0
+ROUND_S = 10.0  # the stack's rounds, wall seconds
 SIGNATURES = 10
 MODELS = ("resnet18-cifar10", "resnet50-cifar10", "mobilenetv2-cifar10", "densenet161-cifar10",
           "regnet-cifar10", "convnext-base-cifar10", "distilbert-imdb", "resnet18-imagenet",
@@ -114,7 +116,7 @@ async def burst(nats_url: str, cluster: str, n: int, long_jobs: int, observe: fl
     servers = {s.id: (s.gpu_type, s.gpus) for s in cluster_arg(cluster).servers}
     specs = burst_specs(n)
     longs = [f"long-{i}" for i in range(long_jobs)]
-    fig = BurstFigures(servers, frozenset(s.id for s in specs), frozenset(longs))
+    fig = BurstFigures(servers, frozenset(s.id for s in specs), frozenset(longs), round_s=ROUND_S)
     try:
         if not await _start_longs(nc, longs, timeout):
             return "burst: the long jobs never all ran"
@@ -133,9 +135,10 @@ async def burst(nats_url: str, cluster: str, n: int, long_jobs: int, observe: fl
         await nc.close()
 
 
-def run_burst(n: int, long_jobs: int, observe: float = 300.0, timeout: float = 900.0) -> None:
+def run_burst(n: int, long_jobs: int, observe: float = 300.0, timeout: float = 900.0,
+              time_scale: float = DEFAULT_TIME_SCALE) -> None:
     with tempfile.TemporaryDirectory(prefix="hops-bench-") as tmp:
-        config = config_in(tmp, round_s=10.0)
+        config = config_in(tmp, round_s=ROUND_S, time_scale=time_scale)
         nats, launcher = start_stack(config, tuple(c.name for c in components(config)))
         try:
             asyncio.run(wait_admission(nats.url))
@@ -148,7 +151,7 @@ def run_burst(n: int, long_jobs: int, observe: float = 300.0, timeout: float = 9
         print(fig)
         return
     print(f"burst of {n} jobs ({SIGNATURES} signatures) with {long_jobs} long "
-          f"{LONG_GPUS}-GPU jobs running, on {fig.total_gpus} GPUs:")
+          f"{LONG_GPUS}-GPU jobs running, on {fig.total_gpus} GPUs, time scale {time_scale:g}:")
     for line in fig.lines():
         print(f"  {line}")
     misses = fig.misses()

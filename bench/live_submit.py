@@ -15,7 +15,7 @@ Both start their stack with :mod:`bench.live_stack`.
 
     .venv/bin/python bench/live_submit.py [--jobs 1000] [--concurrency 8,32] [--kills 3]
         [--round-jobs 6] [--no-auth]
-    .venv/bin/python bench/live_submit.py --burst 500 [--long 15] [--observe 300]
+    .venv/bin/python bench/live_submit.py --burst 500 [--long 15] [--observe 300] [--time-scale 60]
         (bench/live_burst.py)
 
 Authentication is on, as under ``hops up``: the bench's own connections act
@@ -49,7 +49,7 @@ from bench.live_stack import (
     start_stack,
     wait_admission,
 )
-from cli.up.stack import modules
+from cli.up.stack import DEFAULT_TIME_SCALE, modules
 from cli.up.up import missing_modules
 from services.runtime.bus import connect
 from services.runtime.logging import configure_logging
@@ -181,6 +181,8 @@ def main() -> int:
     ap.add_argument("--long", type=int, default=15, help="long 4-GPU jobs running in the burst")
     ap.add_argument("--observe", type=float, default=300.0,
                     help="seconds the burst is watched at least (rounds of 10 s)")
+    ap.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
+                    help="how much faster than real time the emulated jobs run")
     ap.add_argument("--no-auth", action="store_true",
                     help="no NATS authentication (to compare with the default)")
     args = ap.parse_args()
@@ -189,7 +191,7 @@ def main() -> int:
         from bench.live_burst import run_burst  # only this scenario needs it
 
         configure_logging("bench", "warning", stream=sys.stderr)
-        run_burst(args.burst, args.long, args.observe)
+        run_burst(args.burst, args.long, args.observe, time_scale=args.time_scale)
         return 0
     concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
     configure_logging("bench", "warning", stream=sys.stderr)
