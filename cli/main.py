@@ -119,7 +119,8 @@ def jobs(
     """List the jobs the scheduler knows (oldest first unless --sort says
     otherwise): tenant, phase, progress, GPUs, when submitted, how long it
     waited and ran, restarts and the reason it waits or ended."""
-    from cli.client import JobsQuery, render_jobs
+    from cli.client import JobsQuery
+    from cli.tables import render_jobs
 
     try:
         check_sort(sort)
@@ -136,7 +137,7 @@ def jobs(
 def queue(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
           as_json: JsonOpt = False) -> None:
     """The waiting jobs in priority order, as the scheduler leader sees them."""
-    from cli.client import render_queue
+    from cli.tables import render_queue
 
     body = gateway_call(gateway, token, config, lambda c: c.queue())
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
@@ -173,7 +174,7 @@ def job(
 ) -> None:
     """One job: its line of `hops jobs`, or (--json) its whole record. Exit 1
     when there is no such job (another tenant's job is no job of yours)."""
-    from cli.client import render_jobs
+    from cli.tables import render_jobs
 
     owner, job_id = _ref(job_ref, tenant)
     body = gateway_call(gateway, token, config, lambda c: c.job(job_id, tenant=owner))

@@ -19,7 +19,7 @@ nodes_app = typer.Typer(
 def nodes(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt = None,
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The registered servers, their GPUs and the jobs holding them."""
-    from cli.client import render_nodes
+    from cli.tables import render_nodes
 
     if ctx.invoked_subcommand is not None:
         return
