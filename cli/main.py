@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
@@ -16,9 +15,19 @@ from cli import experiment_command as cli_experiment
 from cli import offline_commands as cli_offline
 from cli import policies as cli_policies
 from cli import up_command as cli_up
-from cli.client import Answer, GatewayClient
-from cli.config import DEFAULT_GATEWAY
+from cli.client import GatewayClient
+from cli.gateway_opts import (
+    ConfigOpt,
+    GatewayOpt,
+    JsonOpt,
+    TokenOpt,
+    gateway_call,
+    one_request,
+)
 from cli.jobs_view import SORT_HELP, check_sort, sort_jobs
+from cli.nodes_command import nodes_app
+from cli.signatures_command import signatures_app
+from cli.tenants_command import tenants_app
 from shared.job import JobSpec
 from shared.specs import SpecError
 
@@ -26,10 +35,6 @@ app = typer.Typer(
     help="Hops: heterogeneity-aware, latency-ratio-fair DL cluster scheduling.",
     no_args_is_help=True,
 )
-
-T = TypeVar("T")
-
-
 
 @app.command()
 def version() -> None:
@@ -40,41 +45,6 @@ def version() -> None:
 
 
 # --- the live system -----------------------------------------------------------------
-
-GatewayOpt = Annotated[str | None, typer.Option(
-    "--gateway", envvar="HOPS_GATEWAY_URL",
-    help=f"the gateway's URL (else the config file's, else {DEFAULT_GATEWAY})",
-)]
-TokenOpt = Annotated[str | None, typer.Option(
-    "--token", envvar="HOPS_TOKEN", help="bearer token (else the config file's)",
-)]
-ConfigOpt = Annotated[str | None, typer.Option(
-    "--config", envvar="HOPS_CONFIG", help="CLI config file with gateway and token "
-    "(default .hops/cli.yaml, which `hops up` writes)",
-)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print the gateway's JSON")]
-
-
-def _gateway_call(gateway: str | None, token: str | None, config: str | None,
-                  call: Callable[[GatewayClient], T]) -> T:
-    """``call`` on a client of the gateway the flags, the environment or the
-    config file name (:mod:`cli.config`); a failure (a 401 included)
-    becomes one line and exit 1, a config file that cannot be used exit 2."""
-    from cli.client import GatewayError, GatewayUnreachable
-    from cli.config import ConfigError, target
-
-    try:
-        found = target(gateway, token, config, os.environ)
-    except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        with GatewayClient(found.gateway, token=found.token) as client:
-            return call(client)
-    except (GatewayUnreachable, GatewayError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-
 
 @app.command()
 def submit(
@@ -107,7 +77,7 @@ def submit(
     if dry_run or held:
         typer.echo(_nothing_sent(len(checked.valid), len(checked.invalid), dry_run), err=True)
         raise typer.Exit(1 if checked.invalid else 0)
-    rejected = _gateway_call(gateway, token, config, lambda c: _send(c, checked.valid))
+    rejected = gateway_call(gateway, token, config, lambda c: _send(c, checked.valid))
     if checked.invalid:
         typer.echo(f"{len(checked.invalid)} invalid jobs were not sent", err=True)
     if rejected or checked.invalid:
@@ -149,7 +119,8 @@ def jobs(
     """List the jobs the scheduler knows (oldest first unless --sort says
     otherwise): tenant, phase, progress, GPUs, when submitted, how long it
     waited and ran, restarts and the reason it waits or ended."""
-    from cli.client import JobsQuery, render_jobs
+    from cli.client import JobsQuery
+    from cli.tables import render_jobs
 
     try:
         check_sort(sort)
@@ -157,7 +128,7 @@ def jobs(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     query = JobsQuery(phase=phase, tenant=tenant, limit=limit)
-    body = _gateway_call(gateway, token, config, lambda c: c.jobs(query))
+    body = gateway_call(gateway, token, config, lambda c: c.jobs(query))
     body["jobs"] = sort_jobs(body.get("jobs", []), sort)
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs(body))
 
@@ -166,103 +137,15 @@ def jobs(
 def queue(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
           as_json: JsonOpt = False) -> None:
     """The waiting jobs in priority order, as the scheduler leader sees them."""
-    from cli.client import render_queue
+    from cli.tables import render_queue
 
-    body = _gateway_call(gateway, token, config, lambda c: c.queue())
+    body = gateway_call(gateway, token, config, lambda c: c.queue())
     typer.echo(json.dumps(body, indent=2) if as_json else render_queue(body))
 
 
-tenants_app = typer.Typer(help="The tenants' virtual clusters (`hops tenants`), and "
-                          "reloading the tenants file (`hops tenants reload`).")
+# The sub-apps live in modules of their own; added here, in the order of `hops --help`.
 app.add_typer(tenants_app, name="tenants")
-
-
-@tenants_app.callback(invoke_without_command=True)
-def tenants(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt = None,
-            config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """Each tenant's virtual cluster: its cells per chain and level, the servers
-    they are bound to, used and free GPUs and opportunistic use (a tenant's
-    token shows only its own)."""
-    from cli.tenants_view import render_tenants
-
-    if ctx.invoked_subcommand is not None:
-        return
-    body = _gateway_call(gateway, token, config, lambda c: c.tenants())
-    typer.echo(json.dumps(body, indent=2) if as_json else render_tenants(body))
-
-
-@tenants_app.command("reload")
-def tenants_reload(gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
-                   as_json: JsonOpt = False) -> None:
-    """Reload the tenants file (HOPS_TENANTS) without a restart: the gateway
-    and every scheduler replica read it again and check it as at start; one
-    line per process. Admins only. Exit 1 if any refused it (it keeps the old
-    file) or no scheduler answered."""
-    from cli.tenants_view import render_reload
-
-    answer = _gateway_call(gateway, token, config, lambda c: c.reload_tenants())
-    typer.echo(json.dumps(answer.body, indent=2) if as_json else render_reload(answer.body))
-    if not answer.ok:
-        raise typer.Exit(1)
-
-
-nodes_app = typer.Typer(
-    help="The registered servers (`hops nodes`), their drain, removal and enrolment.")
 app.add_typer(nodes_app, name="nodes")
-
-
-@nodes_app.callback(invoke_without_command=True)
-def nodes(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt = None,
-          config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """The registered servers, their GPUs and the jobs holding them."""
-    from cli.client import render_nodes
-
-    if ctx.invoked_subcommand is not None:
-        return
-    body = _gateway_call(gateway, token, config, lambda c: c.cluster())
-    typer.echo(json.dumps(body, indent=2) if as_json else render_nodes(body))
-
-
-@nodes_app.command("remove")
-def nodes_remove(
-    server_id: Annotated[str, typer.Argument(help="the server's id")],
-    force: Annotated[bool, typer.Option(
-        "--force", help="remove it even though it is alive (its jobs are requeued)")] = False,
-    reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
-    gateway: GatewayOpt = None,
-    token: TokenOpt = None,
-    config: ConfigOpt = None,
-) -> None:
-    """Remove a node: a lost one, or an alive one with --force. It comes back
-    when its executor registers again. Exit 1 if the monitor refuses."""
-    _one(gateway, token, config, server_id, "removed",
-         lambda c: c.remove_node(server_id, force, reason))
-
-
-@nodes_app.command("drain")
-def nodes_drain(
-    server_id: Annotated[str, typer.Argument(help="the server's id")],
-    move: Annotated[bool, typer.Option(
-        "--move", help="stop its running jobs with a checkpoint at the next round and "
-        "run them elsewhere (default: they finish there)")] = False,
-    reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
-    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
-) -> None:
-    """Drain a node: no new work goes there until `hops nodes undrain`; a
-    restart or re-registration keeps it drained. Exit 1 if refused."""
-    _one(gateway, token, config, server_id, "drained, its jobs move" if move else "drained",
-         lambda c: c.drain_node(server_id, move=move, reason=reason))
-
-
-@nodes_app.command("undrain")
-def nodes_undrain(
-    server_id: Annotated[str, typer.Argument(help="the server's id")],
-    reason: Annotated[str, typer.Option(help="why (logged by the monitor)")] = "",
-    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
-) -> None:
-    """Undrain a node: it takes new work at the next plan. Exit 1 if refused."""
-    _one(gateway, token, config, server_id, "undrained",
-         lambda c: c.drain_node(server_id, drain=False, reason=reason))
 
 
 # ``--tenant`` of the one-job commands.
@@ -291,10 +174,10 @@ def job(
 ) -> None:
     """One job: its line of `hops jobs`, or (--json) its whole record. Exit 1
     when there is no such job (another tenant's job is no job of yours)."""
-    from cli.client import render_jobs
+    from cli.tables import render_jobs
 
     owner, job_id = _ref(job_ref, tenant)
-    body = _gateway_call(gateway, token, config, lambda c: c.job(job_id, tenant=owner))
+    body = gateway_call(gateway, token, config, lambda c: c.job(job_id, tenant=owner))
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs({"jobs": [body]}))
 
 
@@ -325,10 +208,10 @@ def cancel(
         raise typer.Exit(2) from None
     if len(named) == 1:
         owner, job_id = named[0]
-        _one(gateway, token, config, ids[0], "cancelled",
-             lambda c: c.cancel(job_id, reason, tenant=owner))
+        one_request(gateway, token, config, ids[0], "cancelled",
+                    lambda c: c.cancel(job_id, reason, tenant=owner))
         return
-    refused = _gateway_call(gateway, token, config, lambda c: _bulk_cancel(
+    refused = gateway_call(gateway, token, config, lambda c: _bulk_cancel(
         c, named or jobctl.matching(c, tenant, phase), reason, yes))
     if refused:
         raise typer.Exit(1)
@@ -360,8 +243,8 @@ def hold(
     """Hold a waiting job: it is in no plan until `hops release` (a running
     job cannot be held: not_pending). Exit 1 if the scheduler refuses."""
     owner, job_id = _ref(job_ref, tenant)
-    _one(gateway, token, config, job_ref, "held",
-         lambda c: c.hold(job_id, reason, tenant=owner))
+    one_request(gateway, token, config, job_ref, "held",
+                lambda c: c.hold(job_id, reason, tenant=owner))
 
 
 @app.command()
@@ -371,74 +254,11 @@ def release(
 ) -> None:
     """Release a held job: it is planned again. Exit 1 if the scheduler refuses."""
     owner, job_id = _ref(job_ref, tenant)
-    _one(gateway, token, config, job_ref, "released",
-         lambda c: c.hold(job_id, release=True, tenant=owner))
+    one_request(gateway, token, config, job_ref, "released",
+                lambda c: c.hold(job_id, release=True, tenant=owner))
 
 
-def _one(gateway: str | None, token: str | None, config: str | None, job_id: str, verb: str,
-         call: Callable[[GatewayClient], Answer]) -> None:
-    """One job's request, its answer on one line; exit 1 when refused."""
-    from cli.client import render_answer
-
-    answer = _gateway_call(gateway, token, config, call)
-    typer.echo(render_answer(job_id, answer, verb=verb))
-    if not answer.ok:
-        raise typer.Exit(1)
-
-
-signatures_app = typer.Typer(
-    help="Profile signatures and their shared profiles (`hops signatures`), and profiling "
-    "one again (`hops signatures reprofile`). Admins only.")
 app.add_typer(signatures_app, name="signatures")
-
-
-@signatures_app.callback(invoke_without_command=True)
-def signatures(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt = None,
-               config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """Each profile signature: model, batch size, the GPU types it holds a
-    current shared profile of, the stale ones, and its jobs not ended."""
-    from cli import signatures as sig
-
-    if ctx.invoked_subcommand is None:
-        body = _gateway_call(gateway, token, config, sig.signatures)
-        typer.echo(json.dumps(body, indent=2) if as_json else sig.render_signatures(body))
-
-
-@signatures_app.command("reprofile")
-def signatures_reprofile(
-    signature: Annotated[str | None, typer.Argument(help="the signature (see `hops signatures`)")
-                         ] = None,
-    job: Annotated[str | None, typer.Option(
-        "--job", help="the signature of this job ([TENANT/]ID)")] = None,
-    gpu_type: Annotated[list[str] | None, typer.Option(
-        "--type", help="only this GPU type (repeatable; default: every type)")] = None,
-    reason: Annotated[str, typer.Option(help="why (logged by the gateway)")] = "",
-    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Mark a signature's shared profiles stale: its next job is profiled
-    again on those types (jobs past profiling keep their estimates). Give
-    SIGNATURE or --job. Exit 1 if refused (404: no shared profile of it),
-    2 for bad arguments."""
-    from cli import signatures as sig
-
-    if (signature is None) == (job is None):
-        typer.echo("error: give a SIGNATURE or --job JOB (one of them)", err=True)
-        raise typer.Exit(2)
-
-    def call(client: GatewayClient) -> tuple[str, Answer]:
-        target = signature or sig.job_signature(client, str(job))
-        return target, sig.reprofile(client, target, gpu_type or [], reason)
-
-    try:
-        target, answer = _gateway_call(gateway, token, config, call)
-    except sig.SignatureNotFound as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(json.dumps(answer.body, indent=2) if as_json
-               else sig.render_reprofile(target, answer))
-    if not answer.ok:
-        raise typer.Exit(1)
 
 
 # The credentials commands live in cli/auth.py, `hops up` in cli/up_command.py;

@@ -10,12 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.policies.sia.policy import (
-    SiaPolicy,
-    SiaSettings,
-    coefficient,
-    restart_factor,
-)
+from scheduling.policies.sia.goodput import restart_factor
+from scheduling.policies.sia.policy import SiaPolicy, SiaSettings, coefficient
 from scheduling.policy import Policy
 from scheduling.registry import make_policy
 from shared.cluster import Cluster

@@ -6,7 +6,7 @@ spent ``running``, every run summed: the ``run_s`` its record has closed
 (:func:`.state.close_phase`) plus the current run since ``since``. Time
 spent profiling, queued, or back in the queue after a preemption is not
 counted, so a preempted job is not stopped for time it did not run (Slurm
-counts elapsed run time too). The leader (``services.scheduler.leader``)
+counts elapsed run time too). The leader (``services.scheduler.timelimits``)
 ends a job over its limit with a ``job_cancelled`` of reason ``TimeLimit``,
 which the monitor turns into a checkpointing stop (SIGTERM) and a release,
 like a user's cancel. Nothing here does I/O.

@@ -16,7 +16,7 @@ and ``hops_alloc`` (:mod:`scheduling.live.snapshot`), estimates from
 and a ``plan_issued`` with its lease term. It
 answers ``hops.v1.queue`` with the records as of the request, ranked by the
 reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`), and ends
-running jobs at their time limit (:mod:`scheduling.live.timelimit`); estimates are
+running jobs at their time limit (:mod:`.timelimits`); estimates are
 refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.settings`
 lists the settings). Running jobs' heartbeats are their measured
 throughput in the snapshot (:mod:`scheduling.live.samples`); a plan that asks
@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
 
 import msgspec
 import nats.errors
@@ -46,7 +45,6 @@ from scheduling.layers.base import Layer, stack
 from scheduling.live import refresh as rf
 from scheduling.live import snapshot as snap
 from scheduling.live import state as st
-from scheduling.live import timelimit as tl
 from scheduling.live.clock import Due, Inflight, RoundClock
 from scheduling.live.lease import Lease
 from scheduling.live.reuse import reuse_events
@@ -61,6 +59,7 @@ from services.scheduler.jobbook import JobBook
 from services.scheduler.kv import catch_up, decode_all, unacked, watch_topology
 from services.scheduler.layer_store import LayerStore, build_policy
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.timelimits import TimeLimits
 from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster
@@ -69,11 +68,10 @@ from shared.ids import GpuType, JobId
 from shared.records import NodeRecord, Placement, QueueView
 from shared.relaxed import plan_splits
 from shared.snapshot import Plan, PlanReasons, Snapshot
-from shared.wire import PLAN_REFUSED, TIME_LIMIT
+from shared.wire import PLAN_REFUSED
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
-T = TypeVar("T")
 
 
 class Leader:
@@ -104,7 +102,7 @@ class Leader:
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.plans_refused = 0  # plans that over-allocated, never published
-        self.timed_out: set[JobId] = set()  # ended at their time limit, not yet final
+        self.limits = TimeLimits()  # ends running jobs at their time limit
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
@@ -171,7 +169,8 @@ class Leader:
         while not any(t.done() for t in tasks):
             now = time.time()
             try:
-                limit_in = await self._end_over_limit(now)
+                limit_in = await self.limits.end_over_limit(
+                    self.book.current(), now, self.lease, self.ctx.js, self.log)
                 due = self.clock.due(now)
                 if due is None:
                     self.wake.clear()
@@ -250,28 +249,6 @@ class Leader:
         except Exception as e:  # a bad reply, not a dead leader
             self.log.exception("queue view failed")
             return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
-
-    # --- time limits -----------------------------------------------------------
-
-    async def _end_over_limit(self, now: float) -> float | None:
-        """End each running job over its ``time_limit`` with a ``job_cancelled``
-        of reason ``TimeLimit`` (the monitor stops it with a checkpoint and
-        releases its GPUs, as for a user's cancel); the seconds until the next
-        limit (:mod:`scheduling.live.timelimit`)."""
-        records = self.book.current()
-        self.timed_out = {j for j in self.timed_out if j in records and not records[j].final}
-        found = tl.limits(records.values(), now, self.timed_out)
-        for job_id in found.over:
-            if not self.lease.is_leader(time.time()):
-                return found.next_in
-            event = ev.JobCancelled(job_id=job_id, at=now, reason=TIME_LIMIT)
-            # the cancel's id: a user's cancel of the same job is the same end
-            await publish_event(self.ctx.js, subjects.job_events(job_id), event,
-                                msg_id=f"{job_id}:job_cancelled")
-            self.timed_out.add(job_id)
-            self.log.info("job ended at its time limit", job_id=job_id,
-                          time_limit=records[job_id].spec.time_limit)
-        return found.next_in
 
     # --- planning --------------------------------------------------------------
 
