@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -232,6 +232,16 @@ class GatewayClient:
         body = {"move": move, "reason": reason} if drain else {"reason": reason}
         verb = "drain" if drain else "undrain"
         return self._answer(self._call("POST", f"/nodes/{server_id}/{verb}", json=body))
+
+    def signatures(self) -> dict[str, Any]:
+        """``GET /signatures``: the shared profiles, per signature."""
+        return self._get("/signatures")
+
+    def reprofile_signature(self, signature: str, gpu_types: Sequence[str] = (),
+                            reason: str = "") -> Answer:
+        """Mark ``signature``'s shared profiles stale on ``gpu_types`` (none: all)."""
+        body = {"gpu_types": list(gpu_types), "reason": reason}
+        return self._answer(self._call("POST", f"/signatures/{signature}/reprofile", json=body))
 
     def queue(self) -> dict[str, Any]:
         return self._get("/queue")

@@ -24,16 +24,6 @@ class SignatureNotFound(Exception):
     """A job that has no profile signature (a CPU job) or a bad spec."""
 
 
-def signatures(client: GatewayClient) -> dict[str, Any]:
-    return client._get("/signatures")
-
-
-def reprofile(client: GatewayClient, signature: str, gpu_types: Sequence[str],
-              reason: str) -> Answer:
-    body = {"gpu_types": list(gpu_types), "reason": reason}
-    return client._answer(client._call("POST", f"/signatures/{signature}/reprofile", json=body))
-
-
 def job_signature(client: GatewayClient, ref: str) -> str:
     """The profile signature of the job ``ref`` names (``[TENANT/]ID``, from
     its spec, as the executors compute it); :class:`SignatureNotFound` for

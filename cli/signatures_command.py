@@ -25,7 +25,7 @@ def signatures(ctx: typer.Context, gateway: GatewayOpt = None, token: TokenOpt =
     from cli import signatures as sig
 
     if ctx.invoked_subcommand is None:
-        body = gateway_call(gateway, token, config, sig.signatures)
+        body = gateway_call(gateway, token, config, GatewayClient.signatures)
         typer.echo(json.dumps(body, indent=2) if as_json else sig.render_signatures(body))
 
 
@@ -53,7 +53,7 @@ def signatures_reprofile(
 
     def call(client: GatewayClient) -> tuple[str, Answer]:
         target = signature or sig.job_signature(client, str(job))
-        return target, sig.reprofile(client, target, gpu_type or [], reason)
+        return target, client.reprofile_signature(target, gpu_type or [], reason)
 
     try:
         target, answer = gateway_call(gateway, token, config, call)

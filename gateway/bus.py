@@ -159,6 +159,10 @@ class GatewayBus:
                 await sub.unsubscribe()
         return answers
 
+    async def request(self, subject: str, data: bytes) -> bytes:
+        """A request's raw reply; :class:`Unavailable` when nothing answers."""
+        return await self._request(subject, data)
+
     async def queue(self) -> QueueView:
         raw = await self._request(subjects.QUEUE, QUEUE_REQUEST)
         try:

@@ -55,7 +55,7 @@ class ReprofileBody(BaseModel):
 async def list_signatures(bus: GatewayBus) -> ev.SignaturesReply:
     """An estimator replica's listing (:class:`Unavailable` when none answers)."""
     data = ev.encode(ev.ListSignatures())
-    raw = await bus._request(subjects.SIGNATURES_LIST, data)
+    raw = await bus.request(subjects.SIGNATURES_LIST, data)
     try:
         reply = ev.decode_signatures_reply(raw)
     except WireError as e:
