@@ -6,11 +6,13 @@ published) and keeps planning: the next plan is published."""
 
 from __future__ import annotations
 
+from shared.events import ErrorRecord
 from shared.ids import JobId
 from tests.test_live_scheduler import (
     Bus,
     Stack,
     bus,
+    eventually,
     job,
     nats_server,
     nats_url,
@@ -31,7 +33,11 @@ async def test_the_leader_refuses_an_over_allocating_plan_and_plans_again(
     refused = await scheduler.wait_log("plan refused")
     assert refused["plans_refused"] == 1
     assert "GPUs free of" in refused["reason"], refused
-    record = next(e for e in bus.errors if e.subject == "scheduler.plan")
+    # the error record is published after the log line: wait for it to arrive
+    async def refusal_record() -> ErrorRecord | None:
+        return next((e for e in bus.errors if e.subject == "scheduler.plan"), None)
+
+    record = await eventually(refusal_record, what="the plan_refused error record")
     assert record.service == "scheduler" and record.error == f"plan refused: {refused['reason']}"
     assert record.code == "plan_refused"
     # the next plan is the policy's own, and published
