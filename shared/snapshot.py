@@ -13,6 +13,7 @@ import msgspec
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate
+from shared.explain import Why
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.resources import NOTHING, Resources
@@ -164,6 +165,9 @@ class LayerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     removed: tuple[JobId, ...] = ()
     note: str = ""
     state: bytes = b""
+    # This layer's own reason for each job it held back or removed
+    # (``TenantCells``, ``Quota``, ``Cores``; shared.explain).
+    why: dict[JobId, Why] = {}
 
 
 class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -183,6 +187,10 @@ class PlanReasons(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # One record per layer the policy is wrapped in, outermost first; the
     # default keeps plans written before layers readable.
     layers: tuple[LayerRecord, ...] = ()
+    # The primary reason of every job of the snapshot this plan does not run
+    # (scheduling.explain): a pure function of the snapshot and the plan,
+    # filled in by the mechanism after the policy planned.
+    why: dict[JobId, Why] = {}
 
 
 class Plan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

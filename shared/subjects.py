@@ -51,6 +51,9 @@ PLANS = f"{PREFIX}.plans"
 # or from an estimator whose job measured a disagreement (shared.reuse).
 SIGNATURES_STALE = f"{PREFIX}.signatures.stale"
 RELEASED = f"{PREFIX}.cluster.released"
+# Each job's history (shared.explain.TimelineEntry), ``hops.v1.timeline.<job key>``:
+# written by the leader, bounded per job and in total, kept after the job ends.
+TIMELINE_ALL = f"{PREFIX}.timeline.*"
 # What executors report of their jobs, ``hops.v1.reports.<server_id>.<job_id>``:
 # the monitor checks each one and relays it to its canonical subject above.
 REPORTS_ALL = f"{PREFIX}.reports.*.*"
@@ -74,6 +77,9 @@ KV_LAYERS = "hops_layers"
 # Each tenant's virtual cluster as the leader's cells state shows it (key:
 # the tenant), for GET /tenants and ``hops tenants``.
 KV_TENANTS = "hops_tenants"
+# Each job's latest reason, receipt and forecast (shared.explain.JobExplain;
+# key: the job key), written by the leader, read by the gateway and a standby.
+KV_EXPLAIN = "hops_explain"
 
 _FORBIDDEN = frozenset(".*>")
 
@@ -93,8 +99,9 @@ STREAM_JOBS = StreamDef("HOPS_JOBS", (JOB_EVENTS_ALL,))
 STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL, SIGNATURES_STALE))
 STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
 STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
-STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS)
-KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_LAYERS, KV_TENANTS)
+STREAM_TIMELINE = StreamDef("HOPS_TIMELINE", (TIMELINE_ALL,))
+STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS, STREAM_TIMELINE)
+KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_LAYERS, KV_TENANTS, KV_EXPLAIN)
 
 
 def check_token(value: str, what: str = "id") -> str:
@@ -112,6 +119,10 @@ def check_token(value: str, what: str = "id") -> str:
 
 def job_events(job_id: str) -> str:
     return f"{PREFIX}.jobs.events.{check_token(job_id, 'job id')}"
+
+
+def timeline(job_id: str) -> str:
+    return f"{PREFIX}.timeline.{check_token(job_id, 'job id')}"
 
 
 def samples(job_id: str) -> str:

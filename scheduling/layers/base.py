@@ -211,4 +211,5 @@ def _merged(reasons: Sequence[PlanReasons], policy: str) -> PlanReasons:
         passes=tuple(p for r in reasons for p in r.passes),
         unplaceable=tuple(j for r in reasons for j in r.unplaceable),
         layers=tuple(rec for r in reasons for rec in r.layers),
+        why={k: v for r in reasons for k, v in r.why.items()},
     )

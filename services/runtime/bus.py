@@ -131,6 +131,10 @@ class JetStreamLayout:
     # Executors' reports wait here only until the monitor relayed them.
     reports_max_age: float = _DAY
     reports_max_bytes: int = _GIB
+    # Each job's timeline: at most this many entries per job (the oldest
+    # go first), and this much in all; kept after the job ends.
+    timeline_per_job: int = 256
+    timeline_max_bytes: int = _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -142,7 +146,9 @@ class JetStreamLayout:
             subjects.STREAM_SAMPLES: (self.samples_max_age, self.samples_max_bytes),
             subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
             subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
+            subjects.STREAM_TIMELINE: (None, self.timeline_max_bytes),
         }
+        per_subject = {subjects.STREAM_TIMELINE: self.timeline_per_job}
         return tuple(
             StreamConfig(
                 name=s.name,
@@ -151,6 +157,7 @@ class JetStreamLayout:
                 max_age=max_age,
                 max_bytes=max_bytes,
                 max_msg_size=self.max_msg_size,
+                max_msgs_per_subject=per_subject.get(s, -1),
                 num_replicas=self.replicas,
                 duplicate_window=self.duplicate_window,
             )
@@ -178,6 +185,7 @@ class JetStreamLayout:
             bucket(subjects.KV_LEADER, 1, self.leader_ttl),
             bucket(subjects.KV_LAYERS, 1),
             bucket(subjects.KV_TENANTS, 1),
+            bucket(subjects.KV_EXPLAIN, 1),
         )
 
 
