@@ -179,6 +179,10 @@ class JobExplain(msgspec.Struct, frozen=True, kw_only=True):
     forecast: JobForecast | None = None
     round: int = 0
     term: int = 0
+    # samples/s of its configuration: as the estimator predicts it (the
+    # plan's) and as its heartbeats measure it (0: not known)
+    estimated_throughput: float = 0.0
+    measured_throughput: float = 0.0
     v: int = 1
 
 

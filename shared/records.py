@@ -15,6 +15,7 @@ import msgspec
 
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
+from shared.explain import JobForecast, Why
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.node import Device
@@ -112,6 +113,12 @@ class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
     v: int = 1
     # Why it is not ranked: ``held`` for a held job (empty: it is).
     reason: str = ""
+    # Its primary reason in the last plan, and its place and forecast
+    # (shared.explain; 0 / None until the leader's first forecast).
+    why: Why | None = None
+    position: int = 0
+    tenant_position: int = 0
+    forecast: JobForecast | None = None
 
 
 class QueueView(msgspec.Struct, frozen=True, kw_only=True):
