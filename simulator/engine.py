@@ -26,6 +26,7 @@ from estimation.database import ThroughputDatabase
 from scheduling import lifecycle as lc
 from scheduling.assemble import Holder, assemble
 from scheduling.check import plan_overallocation
+from scheduling.explain import explain
 from scheduling.fairness import raqlr
 from scheduling.policy import Policy
 from shared import events as ev
@@ -35,11 +36,11 @@ from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.resources import OverAllocation
 from shared.reuse import must_profile, profile_signature
-from shared.snapshot import Plan
+from shared.snapshot import Plan, Snapshot
 from simulator.cores import Speeds, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
 from simulator.measuring import Measuring
-from simulator.metrics import RoundRecord, SimResult, job_outcome
+from simulator.metrics import RUNNING, RoundRecord, SimResult, job_outcome
 from simulator.settings import SimSettings as SimSettings
 from simulator.state import JobRecord, Occupancy, job_holder
 from simulator.workloads import SimJob
@@ -95,6 +96,9 @@ class Simulation(Measuring):
         # Each stateful layer's state after the last plan (LayerRecord.state),
         # handed to the next plan as the live leader does from KV.
         self.layer_state: dict[str, bytes] = {}
+        # Each job's reason codes as they changed, plan by plan (RUNNING
+        # while a plan runs it): SimResult.reasons.
+        self.reasons: dict[JobId, list[tuple[float, str]]] = {}
 
     # ------------------------------------------------------------ main loop
 
@@ -123,7 +127,8 @@ class Simulation(Measuring):
         r_num = self.settings.r_num
         outcomes = tuple(job_outcome(r, self.truth, self.cluster, r_num)
                          for r in self.jobs.values())
-        return SimResult(outcomes, tuple(self.rounds), tuple(self.plan_seconds), self.now)
+        return SimResult(outcomes, tuple(self.rounds), tuple(self.plan_seconds), self.now,
+                         reasons={j: tuple(h) for j, h in self.reasons.items()})
 
     def _pending(self) -> list[Event]:
         """The next event of each kind (each running job's completion)."""
@@ -296,11 +301,23 @@ class Simulation(Measuring):
         why = plan_overallocation(snap, plan)
         if why is not None:
             raise OverAllocation(f"{self.policy.name}: the plan over-allocates: {why}")
+        self._record_reasons(snap, plan)
         self._apply(plan, first)
         self.speeds.contend(self._running())
         self.wake = plan.wake_after_s
         self.layer_state = {r.name: r.state for r in plan.reasons.layers if r.state}
         return spent
+
+    def _record_reasons(self, snap: Snapshot, plan: Plan) -> None:
+        """Each job's reason in this plan (scheduling.explain, on the
+        snapshot the policy planned), kept where its code changed."""
+        whys = explain(snap, plan, next_plan_at=self.next_round, r_num=self.settings.r_num)
+        for job in snap.jobs:
+            why = whys.get(job.id)
+            code = why.code if why is not None else RUNNING
+            history = self.reasons.setdefault(job.id, [])
+            if not history or history[-1][1] != code:
+                history.append((self.now, code))
 
     def _apply(self, plan: Plan, first: bool) -> None:
         chosen = {a.job_id: a.config for a in plan.assignments}

@@ -57,6 +57,9 @@ class JobOutcome(msgspec.Struct, frozen=True):
     retunes: int = 0
 
 
+RUNNING = "Running"  # a reason history's entry while a plan runs the job
+
+
 class SimResult(msgspec.Struct, frozen=True):
     jobs: tuple[JobOutcome, ...]
     rounds: tuple[RoundRecord, ...]
@@ -65,6 +68,10 @@ class SimResult(msgspec.Struct, frozen=True):
     # Each job's JCT floor in seconds (experiments/common/floor.py), when the caller
     # computed it (experiments.common.simrun.simulate does); summarize reports it.
     floor_s: dict[JobId, float] = msgspec.field(default_factory=dict)
+    # Each job's reason codes (shared.explain.REASON_CODES, RUNNING while
+    # it runs) with the time each began, one entry per change from plan to
+    # plan (scheduling.explain).
+    reasons: dict[JobId, tuple[tuple[float, str], ...]] = msgspec.field(default_factory=dict)
 
 
 def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> float:

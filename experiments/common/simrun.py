@@ -87,6 +87,8 @@ def write_outputs(
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _write_csv(out / "jobs.csv", [msgspec.to_builtins(j) for j in result.jobs])
     _write_csv(out / "rounds.csv", [msgspec.to_builtins(r) for r in result.rounds])
+    # Each job's reason history: [[time, code], ...] per job id.
+    (out / "reasons.json").write_bytes(msgspec.json.encode(result.reasons) + b"\n")
     return summary
 
 

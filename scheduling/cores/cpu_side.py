@@ -14,7 +14,9 @@ from scheduling.cores.allocator import Climb
 from scheduling.cores.eliminator import CpuJobLoad, GpuJobLoad, ServerLoad, eliminate
 from scheduling.cores.pool import best_fit, youngest_first
 from scheduling.cores.settings import CodaSettings
+from scheduling.explain.records import cores_why
 from shared.configuration import Configuration
+from shared.explain import Why
 from shared.ids import JobId, ServerId
 from shared.snapshot import Assignment, JobState, Snapshot
 
@@ -165,4 +167,27 @@ class CpuSide:
                 self.borrowers[job.id] = self.snap.now
             self.head = [j for j in self.head if j != job.id]
             out.append(Assignment(job.id, Configuration.cpu(where, cores)))
+        return out
+
+    def cpu_whys(self, name: str, placed: set[JobId],
+                 stopped: Sequence[JobId]) -> dict[JobId, Why]:
+        """The layer's ``Cores`` reason for each CPU job it did not place:
+        the cores it lacks on the server with the most it could take, or,
+        with cores enough, the CPU job past the wait bound that holds the
+        array (its short is then 0); a borrower stopped at this plan has
+        had its cores reclaimed for GPU jobs (§V-C)."""
+        out: dict[JobId, Why] = {}
+        gone = set(stopped)
+        most = max((self.cpu_room(s) + self.borrowable(s) for s in self.servers), default=0)
+        for job in self.cpu:
+            if job.id in placed:
+                continue
+            if job.id in gone:
+                out[job.id] = cores_why(name, "its borrowed cores went back to GPU jobs")
+            elif job.phase != "running":
+                short = max(0, job.spec.cores - most)
+                out[job.id] = cores_why(
+                    name, f"it needs {job.spec.cores} cores on one server; the most free is "
+                          f"{most}" if short else "the cores are kept for a CPU job that has "
+                                                  "waited longer", short)
         return out

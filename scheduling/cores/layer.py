@@ -52,6 +52,7 @@ from scheduling.cores.rules import CoreRule
 from scheduling.cores.settings import CodaSettings as CodaSettings
 from scheduling.cores.state import CoreState, decode, encode, history_key, remember
 from scheduling.cores.subarrays import plan_subarrays
+from scheduling.explain.records import cores_why
 from scheduling.layers.base import annotate, hold, hold_back
 from scheduling.layers.traits import PolicyTraits
 from scheduling.policy import Policy
@@ -110,6 +111,7 @@ class _Round(CpuSide):
         self.array_cores: Counter[ServerId] = Counter()  # CPU jobs in their array
         self.borrowed: Counter[ServerId] = Counter()  # CPU jobs on reserved cores
         self.notes: list[str] = []
+        self.no_cores: dict[JobId, int] = {}  # GPU jobs dropped: cores per GPU they lacked
 
     # ---------------------------------------------------------------- books
 
@@ -275,6 +277,7 @@ class _Round(CpuSide):
                 booked.append((a, floor or k))
             else:
                 self.notes.append(f"{a.job_id}: no cores")
+                self.no_cores[a.job_id] = floor or k
         out: list[Assignment] = []
         for a, got in booked:
             k = per_gpu.get(a.job_id, 1)
@@ -367,8 +370,11 @@ class _Round(CpuSide):
         waits = [j.wait_s for j in self._waiting_cpu() if j.id not in placed]
         note = "; ".join([*self.notes, f"{len(waits)} CPU job(s) waiting"
                           + (f", longest {max(waits):.0f} s" if waits else "")])
+        why = self.cpu_whys(self.layer.name, placed, stopped)
+        why.update({j: cores_why(self.layer.name, f"its servers lack the {k} cores per GPU it "
+                                 "needs beside its GPUs") for j, k in self.no_cores.items()})
         record = LayerRecord(self.layer.name, removed=tuple(stopped), note=note,
-                             state=encode(state))
+                             state=encode(state), why=why)
         period = self.layer.climb.period_s if self.layer.climb and climbing else 0.0
         plan = msgspec.structs.replace(gpu_plan, assignments=tuple(assignments),
                                        wake_after_s=max(gpu_plan.wake_after_s, period))

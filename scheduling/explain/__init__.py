@@ -1,34 +1,32 @@
 """Reasons: why each job of a plan is not running, and why a running job
 was stopped (shared.explain). Pure functions of the snapshot and the plan,
-so that the live leader and the simulator compute the same ones.
+so that the live leader and the simulator compute the same ones
+(docs/explain.md, "Reasons").
 
-PLACEHOLDER: the signatures are the contract; the implementation lands with
-the reasons work (see docs/explain.md once written).
+- :func:`explain` / :func:`with_reasons`: one primary reason per job the
+  plan does not run (:mod:`.reasons` gives the order);
+- :func:`receipts`: why a round's first plan stopped or moved a running job
+  (:mod:`.receipts`);
+- the record-level reasons of jobs outside every snapshot and the layers'
+  own reasons (:mod:`.records`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from scheduling.explain.reasons import explain, running_after, with_reasons
+from scheduling.explain.receipts import receipts
+from scheduling.explain.records import (
+    cells_why,
+    cores_why,
+    drained_why,
+    held_why,
+    is_reclaim,
+    quota_why,
+    reclaimed_why,
+    unschedulable_why,
+)
 
-from shared.explain import Receipt, Why
-from shared.ids import JobId, ServerId
-from shared.snapshot import Plan, Snapshot
-
-
-def explain(snapshot: Snapshot, plan: Plan, *, drained: Collection[ServerId] = (),
-            next_plan_at: float = 0.0) -> dict[JobId, Why]:
-    """The primary reason of every job of ``snapshot`` that ``plan`` does not run."""
-    return {}
-
-
-def with_reasons(snapshot: Snapshot, plan: Plan, *, drained: Collection[ServerId] = (),
-                 next_plan_at: float = 0.0) -> Plan:
-    """``plan`` with :func:`explain`'s reasons in ``plan.reasons.why``."""
-    return plan
-
-
-def receipts(snapshot: Snapshot, plan: Plan, *, drained: Collection[ServerId] = (),
-             lost: Collection[ServerId] = (), round_no: int = 0) -> tuple[Receipt, ...]:
-    """One receipt per running job of ``snapshot`` that the first plan
-    ``plan`` stops or moves."""
-    return ()
+__all__ = [
+    "cells_why", "cores_why", "drained_why", "explain", "held_why", "is_reclaim", "quota_why",
+    "receipts", "reclaimed_why", "running_after", "unschedulable_why", "with_reasons",
+]

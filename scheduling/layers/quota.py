@@ -34,10 +34,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from scheduling.cells import CellModel
+from scheduling.explain.records import quota_why
 from scheduling.layers.base import annotate, hold, hold_back, merge_reasons
 from scheduling.layers.traits import PolicyTraits, TenantAdmission
 from scheduling.policy import Policy
 from shared.configuration import Configuration
+from shared.explain import Why
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
 from shared.snapshot import Assignment, LayerRecord, Plan, Snapshot
@@ -78,20 +80,21 @@ class QuotaLayer:
     def plan(self, snapshot: Snapshot, inner: Policy) -> Plan:
         usage = self._running(snapshot)
         plans: list[Plan] = []
-        admitted, removed, pending = self._phase(snapshot, inner, usage, self._own, plans)
+        whys: dict[JobId, Why] = {}
+        admitted, removed, pending = self._phase(snapshot, inner, usage, self._own, plans, whys)
         if self.borrow:
             taken: Counter[ServerId] = Counter()
             for a in admitted:
                 if _moves(snapshot, a):
                     taken.update(a.config.as_dict())
             view = hold_back(hold(snapshot, taken), {a.job_id for a in admitted})
-            more, removed, pending = self._phase(view, inner, usage, self._cohort, plans)
+            more, removed, pending = self._phase(view, inner, usage, self._cohort, plans, whys)
             admitted += more
         reasons = merge_reasons([p.reasons for p in plans], inner.name)
         plan = Plan(tuple(admitted), (), reasons)
         note = f"{len(admitted)} admitted within quota" + (" or borrowed" if self.borrow else "")
         record = LayerRecord(self.name, held_back=tuple(pending), removed=tuple(removed),
-                             note=note)
+                             note=note, why={j: whys[j] for j in (*pending, *removed) if j in whys})
         return annotate(plan, record)
 
     def _running(self, snapshot: Snapshot) -> Usage:
@@ -112,15 +115,17 @@ class QuotaLayer:
 
     def _phase(self, snapshot: Snapshot, inner: Policy, usage: Usage,
                admits: Callable[[Usage, str, GpuType, int], bool],
-               plans: list[Plan]) -> tuple[list[Assignment], list[JobId], list[JobId]]:
+               plans: list[Plan], whys: dict[JobId, Why]
+               ) -> tuple[list[Assignment], list[JobId], list[JobId]]:
         """Admit by queue order, plan, admit the plan in order, hold back
-        the dropped and plan again."""
-        pending = self._pending(snapshot, usage, admits)
+        the dropped and plan again; ``whys`` gets each held job's reason."""
+        pending = self._pending(snapshot, usage, admits, whys)
         view, removed = hold_back(snapshot, pending), set()
         for _ in range(REPLANS):
             plan = inner.plan(view)
             trial = Counter(usage)
-            admitted, dropped = _admit(snapshot, plan.assignments, trial, admits)
+            admitted, dropped = _admit(snapshot, plan.assignments, trial, admits,
+                                       self._reason(whys))
             if not dropped:
                 break
             removed |= set(dropped)
@@ -132,7 +137,8 @@ class QuotaLayer:
         return admitted, sorted(removed - planned), sorted(pending)
 
     def _pending(self, snapshot: Snapshot, usage: Usage,
-                 admits: Callable[[Usage, str, GpuType, int], bool]) -> set[JobId]:
+                 admits: Callable[[Usage, str, GpuType, int], bool],
+                 whys: dict[JobId, Why]) -> set[JobId]:
         """Kueue's admission before placement: in queue order (running jobs
         first), a job stays pending, unseen by the inner policy, once its
         smallest requirement fits no type its tenant may still use. The
@@ -150,7 +156,29 @@ class QuotaLayer:
                 trial[(job.spec.tenant, fits[0])] += gpus
             else:
                 pending.add(job.id)
+                if types:  # the type where its tenant has the most room left
+                    g = max(types, key=lambda t: (self._room(trial, job.spec.tenant, t), t))
+                    self._reason(whys)(job.id, job.spec.tenant, g, gpus, trial)
         return pending
+
+    def _limit(self, usage: Usage, tenant: str, gpu: GpuType) -> tuple[int, int]:
+        """The quota that holds ``tenant`` on ``gpu`` (its own, or with
+        borrowing the cohort's) and what counts against it."""
+        if self.borrow and self.quotas.get(tenant, {}).get(gpu, 0) <= usage[(tenant, gpu)]:
+            return self.total[gpu], sum(v for (_, g), v in usage.items() if g == gpu)
+        return self.quotas.get(tenant, {}).get(gpu, 0), usage[(tenant, gpu)]
+
+    def _room(self, usage: Usage, tenant: str, gpu: GpuType) -> int:
+        quota, used = self._limit(usage, tenant, gpu)
+        return quota - used
+
+    def _reason(self, whys: dict[JobId, Why]) -> Callable[[JobId, str, GpuType, int, Usage],
+                                                          None]:
+        """A function that writes one held job's Quota reason into ``whys``."""
+        def note(job: JobId, tenant: str, gpu: GpuType, gpus: int, usage: Usage) -> None:
+            quota, used = self._limit(usage, tenant, gpu)
+            whys[job] = quota_why(self.name, tenant, gpu, quota, used, gpus)
+        return note
 
 
 def _type(snapshot: Snapshot, config: Configuration) -> GpuType:
@@ -166,7 +194,8 @@ def _moves(snapshot: Snapshot, a: Assignment) -> bool:
 
 
 def _admit(snapshot: Snapshot, assignments: Sequence[Assignment], usage: Usage,
-           admits: Callable[[Usage, str, GpuType, int], bool]
+           admits: Callable[[Usage, str, GpuType, int], bool],
+           reason: Callable[[JobId, str, GpuType, int, Usage], None] | None = None,
            ) -> tuple[list[Assignment], list[JobId]]:
     jobs = {j.id: j for j in snapshot.jobs}
     keeping = [a for a in assignments if jobs[a.job_id].current == a.config]
@@ -183,4 +212,6 @@ def _admit(snapshot: Snapshot, assignments: Sequence[Assignment], usage: Usage,
             admitted.append(a)
         else:
             dropped.append(a.job_id)
+            if reason is not None:
+                reason(a.job_id, key[0], key[1], a.config.total_gpus, usage)
     return admitted, dropped

@@ -37,10 +37,12 @@ from scheduling.layers.hived.profiling import (
 )
 from scheduling.layers.hived.state import HivedState
 from scheduling.layers.hived.view import config_type, tenant_snapshot, unavailable_holds
+from scheduling.layers.hived.why import round_whys, vc_left
 from scheduling.layers.profiling_first import ProfilingSettings
 from scheduling.policy import Policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
+from shared.explain import Why
 from shared.ids import GpuType, JobId, ServerId
 from shared.snapshot import Assignment, JobState, LayerRecord, Plan, ProfilingTask, Snapshot
 
@@ -88,6 +90,11 @@ class HivedRound:
         self.vtasks: list[tuple[str, Cluster, ProfilingTask]] = []  # on virtual servers
         self.tasks: list[ProfilingTask] = []  # on physical servers
         self.outside: list[JobState] = []  # what to profile outside the cells
+        # For the layer's reasons (.why): refusals, each tenant's VC after its
+        # inner plan, each job's sizes its cells can hold.
+        self.refused: dict[JobId, str] = {}
+        self.left: dict[str, dict[GpuType, int]] = {}
+        self.all_sizes: dict[JobId, tuple[int, ...]] = {}
 
     # -- the steps ------------------------------------------------------
 
@@ -120,7 +127,8 @@ class HivedRound:
         reasons = merge_reasons([p.reasons for p in self.inner_plans], self.inner.name)
         plan = Plan(tuple(assignments), tuple(self.tasks), reasons)
         record = LayerRecord(self.layer.name, held_back=tuple(self.held_back),
-                             removed=tuple(self.removed), note=self.note(), state=raw)
+                             removed=tuple(self.removed), note=self.note(), state=raw,
+                             why=self.whys(assignments))
         return annotate(plan, record), raw
 
     def health(self) -> None:
@@ -178,6 +186,7 @@ class HivedRound:
         for tenant in sorted(by_tenant):
             vc = self.layer.vc(tenant, self.snap.cluster)
             sizes = {j.id: self.sizes(j) for j in by_tenant[tenant]} if vc else {}
+            self.all_sizes.update(sizes)
             mine = [j for j in by_tenant[tenant] if sizes.get(j.id)]
             self.beyond += [j.id for j in by_tenant[tenant] if not sizes.get(j.id)
                             and j.phase == "queued"]
@@ -190,6 +199,7 @@ class HivedRound:
             view = tenant_snapshot(self.snap, vc, mine, self.virtual, held, sizes, runs)
             vplan = self.inner.plan(view)
             self.inner_plans.append(vplan)
+            self.left[tenant] = vc_left(view, vplan)
             out += [(tenant, vc, a) for a in vplan.assignments]
             self.vtasks += [(tenant, vc, t) for t in vplan.profiling]
         return out
@@ -281,6 +291,7 @@ class HivedRound:
 
     def refuse(self, jid: JobId, why: str) -> None:
         self.removed.append(jid)
+        self.refused[jid] = why
         self.notes.append(f"{jid}: {why}")
 
     def keep_opportunistic(self) -> None:
@@ -332,6 +343,13 @@ class HivedRound:
                 self.virtual.pop(a.job_id, None)
                 self.refuse(a.job_id, "its GPUs are held")
         return out
+
+    def whys(self, assignments: Sequence[Assignment]) -> dict[JobId, Why]:
+        """The layer's own reason for each job it did not place (.why)."""
+        vcs = {t: self.layer.vc(t, self.snap.cluster) for t in self.layer.model.low_priority}
+        return round_whys(self.layer.name, self.snap, vcs, {a.job_id for a in assignments},
+                          self.held_back, self.refused, self.preempted, self.left,
+                          self.all_sizes)
 
     def note(self) -> str:
         opp = sum(1 for j in self.new if j in self.cells.jobs and self.cells.jobs[j].opportunistic)
