@@ -35,9 +35,17 @@ class Demand:
     def __init__(self, job: JobState, est: JobEstimate | None, types: tuple[GpuType, ...],
                  r_num: int, sigma: float = SIGMA) -> None:
         self.reqs = job.spec.requirement_set(r_num)
-        ok = [t for t in types if est is None or t in est.by_type]
-        self.types = tuple(ok)
-        self.high = {t: est is not None and is_high_sensitivity({}, est, t, sigma) for t in ok}
+        self.types = tuple(t for t in types if est is None or t in est.by_type)
+        self.est, self.sigma = est, sigma
+        self._high: dict[GpuType, bool] = {}
+
+    def high(self, t: GpuType) -> bool:
+        """Whether the job must not spread over servers of ``t`` (Eq. 10);
+        computed when first asked, since most jobs fit on one server."""
+        if t not in self._high:
+            est = self.est
+            self._high[t] = est is not None and is_high_sensitivity({}, est, t, self.sigma)
+        return self._high[t]
 
     def fits(self, room: Room) -> bool:
         """Whether some requirement fits ``room`` in a shape the job accepts."""
@@ -47,7 +55,7 @@ class Demand:
             for r in self.reqs:
                 if r <= most:
                     return True
-                if r <= total and distributed_allowed(self.reqs, r, self.high[t], largest):
+                if r <= total and distributed_allowed(self.reqs, r, self.high(t), largest):
                     return True
         return False
 

@@ -50,7 +50,7 @@ def running_after(snapshot: Snapshot, plan: Plan) -> set[JobId]:
     """The jobs of ``snapshot`` that run once ``plan`` is carried out."""
     out = {a.job_id for a in plan.assignments}
     if not snapshot.first_plan:
-        out |= {j.id for j in snapshot.jobs if j.phase == "running"}
+        out |= {j.spec.id for j in snapshot.jobs if j.phase == "running"}
     return out
 
 
@@ -88,11 +88,12 @@ class _Explainer:
         self._cores: dict[ServerId, int] | None = None
         self.after, self.takers = self._taken(free)
 
-    def _taken(self, free: Mapping[ServerId, int]) -> tuple[Room, dict[GpuType, list[JobId]]]:
-        """The GPUs free after the plan, and per type the jobs the plan gives
-        GPUs there, highest priority first."""
+    def _taken(self, free: Mapping[ServerId, int]
+               ) -> tuple[Room, list[tuple[JobId, frozenset[GpuType]]]]:
+        """The GPUs free after the plan, and the jobs the plan gives GPUs
+        with the types they take, highest priority first."""
         left = dict(free)
-        running = {j.id for j in self.snap.jobs if j.phase == "running"}
+        running = {j.spec.id for j in self.snap.jobs if j.phase == "running"}
         takers: dict[GpuType, set[JobId]] = {}
         for a in self.plan.assignments:
             if not self.snap.first_plan and a.job_id in running:
@@ -104,38 +105,42 @@ class _Explainer:
         for task in self.plan.profiling:
             if task.server in left:
                 left[task.server] -= task.gpus
-        order = {t: sorted(js, key=self._key) for t, js in takers.items()}
+        types: dict[JobId, set[GpuType]] = {}
+        for t, js in takers.items():
+            for j in js:
+                types.setdefault(j, set()).add(t)
+        order = [(j, frozenset(types[j])) for j in sorted(types, key=self._key)]
         return Room(self.snap.cluster, left), order
 
     def _key(self, jid: JobId) -> tuple[float, str]:
         return (-self.prio.get(jid, float("-inf")), jid)
 
     def why(self, job: JobState) -> Why:
+        jid = job.spec.id
         if job.phase == "profiling":
             return Why(code="Profiling", types=job.unprofiled,
                        message="profiling on " + (", ".join(job.unprofiled) or "its GPU types"))
-        layer = self.layers.get(job.id)
+        layer = self.layers.get(jid)
         if layer is not None:
             return layer
         if job.spec.kind == "cpu":
             return self._cpu(job)
-        if not self.snap.first_plan and job.id not in self.prio and \
-                job.id not in self.unplaceable:
+        if not self.snap.first_plan and jid not in self.prio and jid not in self.unplaceable:
             return Why(code="WaitingForPlan", next_plan_at=self.next_plan_at,
                        message="this plan did not consider it; the next one will")
-        demand = Demand(job, self.snap.estimates.get(job.id), self.types, self.r_num,
+        demand = Demand(job, self.snap.estimates.get(jid), self.types, self.r_num,
                         self.sigma)
         capacity = before(demand, self.free, self.drained)
         if capacity is not None:
             return capacity
-        if self.window and job.id in self.prio and job.id not in self.window:
-            return Why(code="OutsideWindow", rank=self.ranks()[job.id], window=len(self.window),
+        if self.window and jid in self.prio and jid not in self.window:
+            return Why(code="OutsideWindow", rank=self.ranks()[jid], window=len(self.window),
                        message="ranked outside the service window")
         return self._priority(job, demand)
 
     def ranks(self) -> dict[JobId, int]:
         if self._ranks is None:
-            submit = {j.id: j.spec.submit_time for j in self.snap.jobs}
+            submit = {j.spec.id: j.spec.submit_time for j in self.snap.jobs}
             order = order_queue(self.prio, {j: submit.get(j, 0.0) for j in self.prio})
             self._ranks = {j: i for i, j in enumerate(order, start=1)}
         return self._ranks
@@ -143,11 +148,16 @@ class _Explainer:
     def _priority(self, job: JobState, demand: Demand) -> Why:
         if demand.fits(self.after):
             return Why(code="Priority", message="it would fit, but the plan preferred other jobs")
-        seen = {j for t in demand.types for j in self.takers.get(t, ())} - {job.id}
-        ranked = sorted(seen, key=self._key)
+        wanted = set(demand.types)
+        first: list[JobId] = []  # the first takers of its types, highest priority first
+        for jid, types in self.takers:
+            if jid != job.id and not wanted.isdisjoint(types):
+                first.append(jid)
+                if len(first) == NAMED:
+                    break
         mine = self.prio.get(job.id)
-        higher = [j for j in ranked if mine is None or self.prio.get(j, float("-inf")) >= mine]
-        named = tuple((higher or ranked)[:NAMED])
+        higher = [j for j in first if mine is None or self.prio.get(j, float("-inf")) >= mine]
+        named = tuple(higher or first)
         if not named:
             return Why(code="Priority", message="the GPUs it needs went to profiling runs")
         ratios = tuple(self.plan.reasons.latency_ratios.get(j, 0.0) for j in named)
@@ -170,11 +180,11 @@ def explain(snapshot: Snapshot, plan: Plan, *, drained: Collection[ServerId] = (
     not run (the module docstring gives the order). ``r_num`` and ``sigma``
     are the policy's (§2.2, Eq. 10)."""
     running = running_after(snapshot, plan)
-    waiting = [j for j in snapshot.jobs if j.id not in running]
+    waiting = [j for j in snapshot.jobs if j.spec.id not in running]
     if not waiting:
         return {}
     ctx = _Explainer(snapshot, plan, drained, next_plan_at, r_num, sigma)
-    return {j.id: ctx.why(j) for j in waiting}
+    return {j.spec.id: ctx.why(j) for j in waiting}
 
 
 def with_reasons(snapshot: Snapshot, plan: Plan, *, drained: Collection[ServerId] = (),
