@@ -5,12 +5,15 @@ job a plan of a random simulation does not run has exactly one reason."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from experiments.common.simrun import RunSpec, simulate, write_outputs
 from scheduling.explain import (
     explain,
     held_why,
@@ -247,8 +250,13 @@ def test_receipt_cell_reclaim_through_the_real_hived_layer() -> None:
     _, spy = tenant_simulate(c, jobs, "hived", model, max_time_s=3600.0)
     snap, plan = next((s, p) for s, p in spy.calls
                       if s.first_plan and "preempted" in record(p, "hived").note)
+    config = plan.config_of(JobId("a0"))
+    assert config is not None
+    victims = {j.id for j in snap.jobs if j.current is not None
+               and set(j.current.servers) & set(config.servers)}
     reclaimed = [r for r in receipts(snap, plan) if r.rule == "CellReclaim"]
-    assert reclaimed and all(JobId("a0") in r.takers for r in reclaimed)
+    assert victims and {r.job_id for r in reclaimed} == victims
+    assert all(r.takers == (JobId("a0"),) and r.samples_kept > 0 for r in reclaimed)
     why = explain(snap, plan)
     assert all(why[r.job_id].code == "TenantCells" for r in reclaimed
                if r.job_id in why)
@@ -286,3 +294,14 @@ def test_every_job_a_plan_does_not_run_has_exactly_one_reason(
     assert codes <= {*REASON_CODES, RUNNING} and RUNNING in codes
     for history in result.reasons.values():  # one entry per change
         assert all(a[1] != b[1] for a, b in itertools.pairwise(history))
+
+
+def test_the_results_carry_each_jobs_reason_history(tmp_path: Path) -> None:
+    spec = RunSpec(cluster="paper-physical", workload="paper-physical", first_n=3)
+    cluster, result = simulate(spec)
+    summary = write_outputs(tmp_path, spec, cluster, result)
+    written = json.loads((tmp_path / "reasons.json").read_text())
+    assert set(written) == {j.id for j in result.jobs} and "reasons" not in summary
+    for history in written.values():
+        assert history[0][1] in REASON_CODES and history[-1][1] == RUNNING
+        assert [t for t, _ in history] == sorted(t for t, _ in history)

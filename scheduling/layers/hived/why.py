@@ -5,8 +5,10 @@ jobs one plan of the layer (:class:`.round.HivedRound`) does not place:
   its tenant can ever hold (held back when it may not run opportunistically);
 - a guaranteed assignment the cells refused to bind (removed);
 - a running opportunistic job a guaranteed job reclaimed its cells from
-  (§3.3, strict priority): the reclaim reason, from which receipts derive
-  the ``CellReclaim`` rule;
+  (§3.3, strict priority), even one that restarts on other idle cells: the
+  reclaim reason, from which receipts derive the ``CellReclaim`` rule;
+- a waiting job no cell of its tenant can hold that no idle cell took
+  opportunistically;
 - a waiting job its tenant's inner plan left out while the GPUs its VC had
   left after that plan are fewer than its smallest size (the tenant's own
   jobs hold its cells), and that no idle cell took opportunistically.
@@ -63,16 +65,20 @@ def round_whys(layer: str, snapshot: Snapshot, vcs: Mapping[str, Cluster | None]
     for job in snapshot.jobs:
         jid, tenant = job.id, job.spec.tenant
         waiting = job.phase == "queued" or (snapshot.first_plan and job.phase == "running")
-        if jid in placed or not waiting:
-            continue
         if jid in reclaimed and job.phase == "running":
+            # even where it restarts on other idle cells: its receipt's rule
             out[jid] = reclaimed_why(layer)
+        elif jid in placed or not waiting:
+            continue
         elif jid in refused:
             out[jid] = cells_why(layer, f"its cells could not be bound: {refused[jid]}")
         elif jid in held_back and vcs.get(tenant) is None:
             out[jid] = cells_why(layer, f"tenant {tenant} has no virtual cluster here")
         elif jid in held_back:
             out[jid] = cells_why(layer, f"no cell of tenant {tenant} can hold any of its sizes")
+        elif jid in sizes and not sizes[jid]:
+            out[jid] = cells_why(layer, f"no cell of tenant {tenant} can hold any of its sizes, "
+                                        "and no idle cell of another tenant fits it")
         elif tenant in left and jid in sizes:
             short = _short(layer, job, sizes[jid], left[tenant])
             if short is not None:
