@@ -94,21 +94,17 @@ class _Explainer:
         with the types they take, highest priority first."""
         left = dict(free)
         running = {j.spec.id for j in self.snap.jobs if j.phase == "running"}
-        takers: dict[GpuType, set[JobId]] = {}
+        types: dict[JobId, set[GpuType]] = {}
         for a in self.plan.assignments:
             if not self.snap.first_plan and a.job_id in running:
                 continue  # keeps what it holds (a change of cores in place)
             for sid, gpus in a.config.parts:
                 if gpus and sid in left:
                     left[sid] -= gpus
-                    takers.setdefault(self.type_of[sid], set()).add(a.job_id)
+                    types.setdefault(a.job_id, set()).add(self.type_of[sid])
         for task in self.plan.profiling:
             if task.server in left:
                 left[task.server] -= task.gpus
-        types: dict[JobId, set[GpuType]] = {}
-        for t, js in takers.items():
-            for j in js:
-                types.setdefault(j, set()).add(t)
         order = [(j, frozenset(types[j])) for j in sorted(types, key=self._key)]
         return Room(self.snap.cluster, left), order
 
