@@ -169,7 +169,7 @@ def _finite(obj: Any) -> Any:
         return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):
         return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, list | tuple):  # a tuple as JSON writes it
         return [_finite(v) for v in obj]
     return obj
 
