@@ -70,15 +70,10 @@ def when(epoch: Any) -> str:
 
 
 def span(seconds: float) -> str:
-    """A stretch of time, short and readable: ``45s``, ``12m``, ``1h05m``, ``2d03h``."""
+    """A stretch of time, short and readable: ``45s``, ``12m``, ``1h05m``,
+    ``2d03h`` (:func:`duration`, but whole minutes under an hour)."""
     s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{round(s / 60)}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    return f"{round(s / 60)}m" if 60 <= s < 3600 else duration(s)
 
 
 def relative(epoch: float, now: float) -> str:

@@ -73,7 +73,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import access, cluster_routes, pages, views
 from gateway.auth import Caller, Refused, on_refused
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
-from gateway.explain_routes import TenantParam, job_body, timeline_routes, visible_job
+from gateway.explain_routes import (
+    ONE_JOB_REFUSALS,
+    TenantParam,
+    job_body,
+    timeline_routes,
+    visible_job,
+)
 from gateway.explain_view import ADMIN, Viewer, list_fields
 from gateway.openapi import json_response, openapi, submit_body_schema
 from gateway.reload import reload_routes
@@ -225,9 +231,7 @@ def _job_routes(app: FastAPI) -> None:
              "start and finish with their 10th-90th percentile interval, what-if "
              "alternatives), `throughput` and Kubernetes-style `conditions` "
              "(docs/explain.md). A tenant sees other tenants' jobs as \"another tenant's job\".",
-             responses={200: json_response("The job", "JobDetail"),
-                        403: {"description": "a tenant naming another tenant"},
-                        404: {"description": "no such job"}})
+             responses={200: json_response("The job", "JobDetail"), **ONE_JOB_REFUSALS})
     async def get_job(request: Request, job_id: str, principal: Caller,
                       tenant: TenantParam = None) -> JSONResponse:
         key, record = await visible_job(request, principal, job_id, tenant)

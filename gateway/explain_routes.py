@@ -28,6 +28,11 @@ from shared.tenants import Principal
 TenantParam = Annotated[str | None, Query(
     description="the job's tenant, for an admin (default: `default`); a tenant's token "
                 "names its own jobs and may leave it out (another tenant: 403)")]
+# The refusals of the one-job reads (OpenAPI).
+ONE_JOB_REFUSALS: dict[int | str, dict[str, Any]] = {
+    403: {"description": "a tenant naming another tenant"},
+    404: {"description": "no such job"},
+}
 # Entries ``GET /jobs/{id}/timeline`` answers at most (the stream keeps 256 per job).
 TIMELINE_LIMIT = 256
 TIMELINE_MAX = 1000
@@ -105,9 +110,7 @@ def timeline_routes(app: FastAPI) -> None:
              "stops with their receipts, forecasts as they moved, the end (stream "
              "`HOPS_TIMELINE`); kept after the job ends. A tenant sees other tenants' "
              "jobs as \"another tenant's job\".",
-             responses={200: json_response("The timeline", "Timeline"),
-                        403: {"description": "a tenant naming another tenant"},
-                        404: {"description": "no such job"}})
+             responses={200: json_response("The timeline", "Timeline"), **ONE_JOB_REFUSALS})
     async def timeline(request: Request, job_id: str, principal: Caller,
                        tenant: TenantParam = None,
                        limit: Annotated[int, Query(ge=1, le=TIMELINE_MAX,

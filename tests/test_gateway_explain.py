@@ -29,12 +29,13 @@ from services.runtime.identity import GATEWAY
 from services.runtime.natsd import EmbeddedNats
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
-from shared.explain import ANOTHER_TENANT, JobExplain, JobForecast, Receipt, TimelineEntry, Why
+from shared.explain import ANOTHER_TENANT, JobExplain, TimelineEntry
 from shared.ids import JobId
 from shared.job import JobSpec
 from shared.records import JobRecord, QueueEntry, QueueView
 from shared.tenants import load_tenants
 from tests.natsfix import nats_server, nats_url
+from tests.test_conditions import FORECAST, PRIORITY, RECEIPT
 from tests.test_gateway import gateway_settings, nc, spec_json
 
 __all__ = ["nats_server", "nats_url", "nc"]  # fixtures
@@ -50,14 +51,7 @@ ALICE = {"Authorization": "Bearer alice-token"}
 BOB = {"Authorization": "Bearer bob-token"}
 ADMIN = {"Authorization": "Bearer admin-token"}
 
-WHY = Why(code="Priority", message="higher-priority jobs took the GPUs it needs",
-          jobs=(JobId("bob/b1"), JobId("alice/a2")), ratios=(1.5, 1.25), since=40.0)
-RECEIPT = Receipt(job_id=JobId("alice/j1"), at=30.0, rule="Fairness",
-                  message="the round's first plan gave its GPUs to others",
-                  takers=(JobId("bob/b1"),), samples_kept=400.0, total_samples=1000.0)
-FORECAST = JobForecast(job_id=JobId("alice/j1"), position=2, tenant_position=1, start=100.0,
-                       start_lo=90.0, start_hi=130.0, finish=500.0, finish_lo=450.0,
-                       finish_hi=600.0)
+WHY = PRIORITY
 
 
 def record(key: str, tenant: str, phase: str, **kw: Any) -> JobRecord:
@@ -166,7 +160,7 @@ async def test_a_tenant_sees_another_tenants_job_as_such(api: httpx.AsyncClient,
     assert [(e["at"], e["kind"]) for e in entries] == [(e.at, e.kind) for e in TIMELINE]
     assert entries[2]["receipt"]["takers"] == [ANOTHER_TENANT]
     assert entries[3]["why"]["details"]["jobs"] == [ANOTHER_TENANT, "a2"]
-    assert entries[4]["forecast"]["position"] == 2
+    assert entries[4]["forecast"]["position"] == 3
     assert timeline.json()["truncated"] is False
 
 
@@ -233,7 +227,7 @@ async def test_the_gateway_reads_them_under_its_own_identity(tmp_path: Path) -> 
             body = (await client.get("/jobs/j1", headers=ALICE)).json()
             timeline = (await client.get("/jobs/j1/timeline", headers=ALICE)).json()
         await admin.close()
-    assert body["why"]["code"] == "Priority" and body["forecast"]["position"] == 2
+    assert body["why"]["code"] == "Priority" and body["forecast"]["position"] == 3
     assert [e["kind"] for e in timeline["entries"]] == [e.kind for e in TIMELINE]
 
 
