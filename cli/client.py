@@ -1,4 +1,4 @@
-"""What ``hops submit/jobs/queue/nodes/cancel`` use: an HTTP client of the
+"""What ``hops submit/jobs/queue/describe/nodes/cancel`` use: an HTTP client of the
 gateway (:mod:`gateway.app`) and the one-line rendering of its answers to
 one job (the tables of its listings are :mod:`cli.tables`').
 
@@ -220,7 +220,14 @@ class GatewayClient:
                 "next_cursor": body.get("next_cursor")}
 
     def job(self, job_id: str, tenant: str | None = None) -> dict[str, Any]:
+        """``GET /jobs/{id}``: the record, its reason, last stop, forecast and conditions."""
         return self._get(f"/jobs/{job_id}", _params(tenant=tenant))
+
+    def timeline(self, job_id: str, tenant: str | None = None,
+                 limit: int | None = None) -> dict[str, Any]:
+        """``GET /jobs/{id}/timeline``: the job's history, oldest first."""
+        return self._get(f"/jobs/{job_id}/timeline",
+                         _params(tenant=tenant, limit=None if limit is None else str(limit)))
 
     def remove_node(self, server_id: str, force: bool = False, reason: str = "") -> Answer:
         params = {"force": "true" if force else "false", "reason": reason}

@@ -67,3 +67,40 @@ def when(epoch: Any) -> str:
     if not isinstance(epoch, int | float):
         return "-"
     return time.strftime("%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def span(seconds: float) -> str:
+    """A stretch of time, short and readable: ``45s``, ``12m``, ``1h05m``,
+    ``2d03h`` (:func:`duration`, but whole minutes under an hour)."""
+    s = max(0, round(seconds))
+    return f"{round(s / 60)}m" if 60 <= s < 3600 else duration(s)
+
+
+def relative(epoch: float, now: float) -> str:
+    """``epoch`` as seen from ``now``: ``in 12m``, ``now`` or ``5m ago``."""
+    if abs(epoch - now) < 1:
+        return "now"
+    return f"in {span(epoch - now)}" if epoch > now else f"{span(now - epoch)} ago"
+
+
+def _edge(epoch: float, now: float) -> str:
+    return "now" if epoch <= now + 0.5 else span(epoch - now)
+
+
+def estimate(forecast: Mapping[str, Any] | None, which: str, now: float) -> str:
+    """A forecast's ``start`` or ``finish`` from ``now`` with its 10th-90th
+    percentile interval, e.g. ``in 12m (8m–20m)``; ``-`` without one."""
+    if not forecast or not isinstance(forecast.get(which), int | float) or not forecast[which]:
+        return "-"
+    lo, hi = forecast.get(f"{which}_lo", forecast[which]), forecast.get(f"{which}_hi",
+                                                                        forecast[which])
+    return f"{relative(forecast[which], now)} ({_edge(lo, now)}–{_edge(hi, now)})"
+
+
+def reason_of(job: Mapping[str, Any]) -> str:
+    """The REASON a listing shows: the plan's reason code (``why``) while
+    the job waits, else the record's reason (``held ...``, ``node lost``)."""
+    why = job.get("why")
+    if isinstance(why, Mapping) and why.get("code"):
+        return str(why["code"])
+    return str(job.get("reason") or "")

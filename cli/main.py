@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -179,6 +179,44 @@ def job(
     owner, job_id = _ref(job_ref, tenant)
     body = gateway_call(gateway, token, config, lambda c: c.job(job_id, tenant=owner))
     typer.echo(json.dumps(body, indent=2) if as_json else render_jobs({"jobs": [body]}))
+
+
+@app.command()
+def describe(
+    job_ref: JobArg, tenant: TenantOpt = None, as_json: JsonOpt = False,
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="timeline entries at most (default: the gateway's, 256)")] = None,
+    gateway: GatewayOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
+) -> None:
+    """One job in full: spec, tenant, placement, throughput estimated against
+    measured, why it waits, its forecast with the 10th-90th percentile
+    interval and what-if alternatives, its last stop, its conditions and its
+    timeline. Exit 1 when there is no such job."""
+    import time
+
+    from cli.describe import render_describe
+
+    owner, job_id = _ref(job_ref, tenant)
+    body, timeline = gateway_call(gateway, token, config,
+                                  lambda c: _described(c, job_id, owner, limit))
+    if as_json:
+        typer.echo(json.dumps({"job": body, "timeline": timeline}, indent=2))
+    else:
+        typer.echo(render_describe(body, timeline, time.time()))
+
+
+def _described(client: GatewayClient, job_id: str, tenant: str | None, limit: int | None
+               ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The job, and its timeline (None from a gateway that serves none)."""
+    from cli.client import GatewayError
+
+    body = client.job(job_id, tenant=tenant)
+    try:
+        return body, client.timeline(job_id, tenant=tenant, limit=limit)
+    except GatewayError as exc:
+        if exc.status != 404:
+            raise
+        return body, None
 
 
 @app.command()

@@ -5,19 +5,21 @@ job``, ``hops queue`` and ``hops nodes`` (``GET /jobs``, ``/queue``,
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cli.jobs_view import duration, when
+from cli.jobs_view import duration, estimate, reason_of, when
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows under a header, each column as wide as its widest cell."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
-def _gpus(config: Mapping[str, Any] | None) -> str:
+def gpus_text(config: Mapping[str, Any] | None) -> str:
     """``server:GPUs`` per part, with ``+Nc`` where the part holds CPU cores
     (a CPU job's parts are ``server:0+Nc``)."""
     if not config:
@@ -52,32 +54,41 @@ def render_jobs(body: Mapping[str, Any]) -> str:
         done = 100.0 * float(j.get("samples_done", 0.0)) / total if total else 0.0
         rows.append(
             [j["job_id"], j["spec"].get("tenant", "-"), j["phase"], j["spec"]["model"],
-             f"{done:.1f}%", _gpus(j.get("configuration")), when(j.get("submitted_at")),
+             f"{done:.1f}%", gpus_text(j.get("configuration")), when(j.get("submitted_at")),
              duration(j.get("waited_s")), duration(j.get("ran_s")),
              *([duration(j["spec"].get("time_limit"))] if limits else []),
-             str(j.get("restarts", 0)), j.get("reason", "")]
+             str(j.get("restarts", 0)), reason_of(j)]
         )
     header = ["job", "tenant", "phase", "model", "done", "gpus", "submitted", "waited", "ran",
               *(["limit"] if limits else []), "restarts", "reason"]
-    lines = _table(header, rows)
+    lines = table(header, rows)
     left = int(body.get("total", len(jobs))) - len(jobs)
     if body.get("next_cursor") and left > 0:
         lines.append(f"{len(jobs)} of {body['total']} jobs shown; raise --limit to see more")
     return "\n".join(lines)
 
 
-def render_queue(body: Mapping[str, Any]) -> str:
+def render_queue(body: Mapping[str, Any], now: float | None = None) -> str:
+    """The waiting jobs in priority order; once the leader has forecast the
+    queue, each job's position and its start and finish from ``now`` with
+    their 10th-90th percentile intervals (``in 12m (8m–20m)``)."""
     entries = body.get("entries", [])
     head = f"leader {body.get('leader') or '?'}, term {body.get('term', 0)}"
     if not entries:
         return f"{head}: no job waits"
+    at = time.time() if now is None else now
+    forecast = any(e.get("position") or e.get("forecast") for e in entries)
     rows = [
         [str(i), e["job_id"], _num(e["priority"]), _num(e["latency_ratio"]),
-         "yes" if e.get("in_window") else "no", e.get("phase", ""), e.get("reason", "")]
+         "yes" if e.get("in_window") else "no",
+         *([str(e.get("position") or "-"), estimate(e.get("forecast"), "start", at),
+            estimate(e.get("forecast"), "finish", at)] if forecast else []),
+         e.get("phase", ""), reason_of(e)]
         for i, e in enumerate(entries, 1)
     ]
-    header = ["#", "job", "priority", "latency ratio", "in window", "phase", "reason"]
-    return "\n".join([head, *_table(header, rows)])
+    header = ["#", "job", "priority", "latency ratio", "in window",
+              *(["position", "start", "finish"] if forecast else []), "phase", "reason"]
+    return "\n".join([head, *table(header, rows)])
 
 
 def _held(server: Mapping[str, Any], what: str) -> str:
@@ -113,7 +124,7 @@ def render_nodes(body: Mapping[str, Any]) -> str:
     header = ["server", "gpu type", "gpus", "used", "free", "cores used/free",
               *(["MiB used/free"] if memory else []), "alive",
               *(["state"] if drained else []), "jobs"]
-    lines = _table(header, rows)
+    lines = table(header, rows)
     lines.append(
         f"{t.get('alive_servers', 0)}/{t.get('servers', 0)} servers alive; "
         f"GPUs {t.get('used', 0)} used, {t.get('free', 0)} free of {t.get('gpus', 0)} alive"

@@ -10,7 +10,10 @@ endpoint                     does                                          answe
                              first; ``phase``, ``tenant``, ``limit``       total, next_cursor}``;
                              (100, at most 1000), ``cursor``               400
 ``GET /jobs/{id}``           one record (``?tenant=T``: an admin names     200, 403, 404
-                             the tenant, access.job_tenant)
+                             the tenant, access.job_tenant), with its
+                             reason, receipt, forecast and conditions
+                             (:mod:`gateway.explain_routes`)
+``GET /jobs/{id}/timeline``  the job's history (stream HOPS_TIMELINE)     200, 403, 404
 ``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 403/404/409, 503
 ``POST /jobs/{id}/hold``     ``hold_job`` on ``hops.v1.jobs.hold``         200, 403/404/409, 503
 ``POST /jobs/{id}/release``  ``hold_job`` (``hold`` false), the same       200, 403/404/409, 503
@@ -70,6 +73,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import access, cluster_routes, pages, views
 from gateway.auth import Caller, Refused, on_refused
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
+from gateway.explain_routes import (
+    ONE_JOB_REFUSALS,
+    TenantParam,
+    job_body,
+    timeline_routes,
+    visible_job,
+)
+from gateway.explain_view import ADMIN, Viewer, list_fields
 from gateway.openapi import json_response, openapi, submit_body_schema
 from gateway.reload import reload_routes
 from gateway.responses import ERRORS, bus_of, failure, respond, upstream_failure
@@ -78,8 +89,7 @@ from gateway.signatures import signature_routes
 from services.runtime.bus import nats_status
 from shared import subjects
 from shared.events import INVALID, TOO_LARGE, Reply
-from shared.jobkeys import candidates, local_id, split_key
-from shared.records import JobRecord
+from shared.jobkeys import local_id
 from shared.subjects import SubjectError, check_token
 from shared.tenants import Principal, TenantsFile
 
@@ -116,6 +126,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     _submit_route(app, settings.max_body)
     _list_route(app)
     _job_routes(app)
+    timeline_routes(app)
     cluster_routes.cluster_routes(app)
     cluster_routes.node_routes(app)
     cluster_routes.tenant_routes(app)
@@ -203,26 +214,30 @@ def _list_route(app: FastAPI) -> None:
             )
         except ValueError as e:
             return failure(400, INVALID, str(e))
-        records = await bus_of(request).jobs()
-        return respond(200, views.jobs_view(records, time.time(), query))
-
-
-# ``?tenant=`` of the one-job endpoints.
-TenantParam = Annotated[str | None, Query(
-    description="the job's tenant, for an admin (default: `default`); a tenant's token "
-                "names its own jobs and may leave it out (another tenant: 403)")]
+        bus = bus_of(request)
+        records = await bus.jobs()
+        explains = await bus.explains()
+        viewer = ADMIN if principal.admin else Viewer(
+            tenant=principal.tenant, tenants={r.job_id: r.spec.tenant for r in records})
+        return respond(200, views.jobs_view(
+            records, time.time(), query,
+            extra=lambda r: list_fields(explains.get(r.job_id), viewer)))
 
 
 def _job_routes(app: FastAPI) -> None:
-    @app.get("/jobs/{job_id}", summary="One job",
-             responses={403: {"description": "a tenant naming another tenant"},
-                        404: {"description": "no such job"}})
+    @app.get("/jobs/{job_id}", summary="One job, why it waits and when it should run",
+             description="The record, and the leader's word on it: `why` (the reason: "
+             "`code`, `message`, details), `receipt` (its last stop), `forecast` (position, "
+             "start and finish with their 10th-90th percentile interval, what-if "
+             "alternatives), `throughput` and Kubernetes-style `conditions` "
+             "(docs/explain.md). A tenant sees other tenants' jobs as \"another tenant's job\".",
+             responses={200: json_response("The job", "JobDetail"), **ONE_JOB_REFUSALS})
     async def get_job(request: Request, job_id: str, principal: Caller,
                       tenant: TenantParam = None) -> JSONResponse:
-        _key, record = await _visible(request, principal, job_id, tenant)
+        key, record = await visible_job(request, principal, job_id, tenant)
         if record is None:
             return failure(404, views.NOT_FOUND, f"no job {job_id!r}")
-        return respond(200, views.job_view(record, time.time()))
+        return respond(200, await job_body(request, principal, key, record, time.time()))
 
     @app.delete(
         "/jobs/{job_id}",
@@ -265,9 +280,9 @@ async def _job_request(request: Request, named: tuple[str, str | None], principa
         check_token(job_id, "job id")
     except SubjectError as e:
         return failure(404, views.NOT_FOUND, str(e))
-    key, record = await _visible(request, principal, job_id, tenant)
+    key, record = await visible_job(request, principal, job_id, tenant)
     if record is None and not principal.admin:
-        # the answer to another tenant's job (_visible), word for word
+        # the answer to another tenant's job (visible_job), word for word
         return failure(404, views.NOT_FOUND, f"no job {job_id!r}")
     try:
         reply = await call(bus, key)
@@ -277,27 +292,6 @@ async def _job_request(request: Request, named: tuple[str, str | None], principa
                  identity=access.identity(principal))
     shown = msgspec.structs.replace(reply, job_id=job_id)
     return respond(views.reply_status(reply), views.reply_body(shown))
-
-
-async def _visible(request: Request, principal: Principal, job_id: str,
-                   requested: str | None) -> tuple[str, JobRecord | None]:
-    """The key and record of the job a request names by ``job_id`` and
-    ``?tenant=`` (``requested``); the record is None when there is no such
-    job of that tenant. :class:`Refused` for a tenant naming another tenant
-    (403), and for a record of another tenant under the key (only one
-    written before keys were qualified can be): a 404 like a missing job,
-    audited."""
-    tenant = access.job_tenant(principal, requested)
-    if isinstance(tenant, access.Denied):
-        raise Refused(principal, tenant)
-    tried = candidates(tenant, job_id) if split_key(job_id)[0] is None else ()
-    for key in tried:
-        record = await bus_of(request).job(key)
-        if record is not None and record.spec.tenant == tenant:
-            return key, record
-        if record is not None and key == tried[0] and not principal.admin:
-            raise Refused(principal, access.hidden(principal, job_id, record.spec.tenant))
-    return (tried[0] if tried else job_id), None
 
 
 async def _nats_failure(request: Request, exc: Exception) -> JSONResponse:

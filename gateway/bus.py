@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import KeyDeletedError, KeyNotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from scheduling.live.cells import TenantRecord
@@ -35,6 +35,7 @@ from shared.events import (
     decode_tenants_reloaded,
     encode,
 )
+from shared.explain import JobExplain, TimelineEntry
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, NodeRecord, Placement, QueueView
 from shared.subjects import SubjectError, check_token
@@ -45,7 +46,11 @@ _JOB = msgspec.json.Decoder(JobRecord, strict=False)
 _NODE = msgspec.json.Decoder(NodeRecord, strict=False)
 _PLACEMENT = msgspec.json.Decoder(Placement, strict=False)
 _QUEUE = msgspec.json.Decoder(QueueView, strict=False)
+_EXPLAIN = msgspec.json.Decoder(JobExplain, strict=False)
+_TIMELINE = msgspec.json.Decoder(TimelineEntry, strict=False)
 _TENANT = msgspec.json.Decoder(TenantRecord, strict=False)
+_BY_JOB = (subjects.KV_JOBS, subjects.KV_ALLOC, subjects.KV_EXPLAIN,
+           subjects.STREAM_TIMELINE.name)
 # hops.v1.queue takes no arguments; an empty JSON object leaves room for some.
 QUEUE_REQUEST = b"{}"
 
@@ -178,18 +183,53 @@ class GatewayBus:
 
     async def job(self, job_id: str) -> JobRecord | None:
         """The record of ``job_id``, or None when there is none."""
+        return await self._get(subjects.KV_JOBS, job_id, _JOB.decode)
+
+    async def explain(self, job_id: str) -> JobExplain | None:
+        """The leader's ``hops_explain`` entry of ``job_id`` (None: none yet)."""
+        return await self._get(subjects.KV_EXPLAIN, job_id, _EXPLAIN.decode)
+
+    async def explains(self) -> dict[str, JobExplain]:
+        """Every ``hops_explain`` entry, by job key."""
+        return {e.job_id: e for e in await self._values(subjects.KV_EXPLAIN, _EXPLAIN.decode)}
+
+    async def timeline(self, job_id: str, limit: int) -> tuple[list[TimelineEntry], bool]:
+        """The first ``limit`` entries of ``job_id``'s timeline (stream
+        ``HOPS_TIMELINE``, its subject), oldest first, and whether more
+        follow. Read message by message (``next_by_subj``): requests on the
+        JetStream API alone, which every service may use, and bounded by
+        the stream's limit per job."""
+        subject = subjects.timeline(job_id)
+        entries: list[TimelineEntry] = []
+        seq = 1
+        while True:
+            try:
+                msg = await self.js.get_msg(subjects.STREAM_TIMELINE.name, seq=seq,
+                                            subject=subject, next=True)
+            except NotFoundError:
+                return entries, False
+            if len(entries) == limit:
+                return entries, True
+            seq = (msg.seq or seq) + 1
+            entry = self._decode(_TIMELINE.decode, subjects.STREAM_TIMELINE.name, job_id,
+                                 msg.data or b"")
+            if entry is not None:
+                entries.append(entry)
+
+    async def _get(self, bucket: str, key: str, decode: Callable[[bytes], T]) -> T | None:
+        """The value of ``key`` in ``bucket`` (a job key), None when there is none."""
         try:
-            check_token(job_id, "job id")
+            check_token(key, "job id")
         except SubjectError:
             return None
-        kv = await self.bucket(subjects.KV_JOBS)
+        kv = await self.bucket(bucket)
         try:
-            entry = await kv.get(job_id)
+            entry = await kv.get(key)
         except (KeyNotFoundError, KeyDeletedError):
             return None
         if entry.value is None:
             return None
-        return self._decode(_JOB.decode, subjects.KV_JOBS, job_id, entry.value)
+        return self._decode(decode, bucket, key, entry.value)
 
     async def jobs(self) -> list[JobRecord]:
         return await self._values(subjects.KV_JOBS, _JOB.decode)
@@ -221,7 +261,8 @@ class GatewayBus:
         try:
             return decode(data)
         except (msgspec.DecodeError, ValueError) as e:
-            # keys of hops_jobs and hops_alloc are job ids
-            ids = {"job_id": key} if bucket in (subjects.KV_JOBS, subjects.KV_ALLOC) else {}
+            # keys of hops_jobs, hops_alloc and hops_explain are job ids, as are
+            # the timeline's (its stream's name stands for the bucket)
+            ids = {"job_id": key} if bucket in _BY_JOB else {}
             self.log.warning("undecodable record", bucket=bucket, key=key, error=str(e), **ids)
             return None

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from gateway import access, views
 from gateway.auth import Caller, Refused, check
 from gateway.bus import BadUpstream, GatewayBus, Unavailable
+from gateway.explain_view import ADMIN, Viewer, queue_body
 from gateway.responses import ERRORS, bus_of, failure, not_a_token, respond, upstream_failure
 from services.runtime.bus import nats_status
 from shared.events import INVALID
@@ -22,7 +23,10 @@ from shared.tenants import Principal, TenantsFile
 
 
 def cluster_routes(app: FastAPI) -> None:
-    @app.get("/queue", summary="The waiting jobs in priority order", responses=ERRORS)
+    @app.get("/queue", summary="The waiting jobs in priority order",
+             description="Each with its priority, latency ratio, reason (`why`), position "
+             "(overall and in its tenant) and forecast; a tenant sees only its own jobs.",
+             responses=ERRORS)
     async def queue(request: Request, principal: Caller) -> JSONResponse:
         try:
             view = await bus_of(request).queue()
@@ -30,9 +34,13 @@ def cluster_routes(app: FastAPI) -> None:
             return upstream_failure(e)
         if not view.ok:
             return failure(503, views.UNAVAILABLE, view.error or "the scheduler cannot answer")
-        if not principal.admin:
-            view = access.own_queue(view, await _own_jobs(request, principal))
-        return respond(200, views.jsonable(view))
+        if principal.admin:
+            return respond(200, queue_body(view, ADMIN))
+        records = await bus_of(request).jobs()
+        viewer = Viewer(tenant=principal.tenant,
+                        tenants={r.job_id: r.spec.tenant for r in records})
+        own = {r.job_id for r in records if r.spec.tenant == principal.tenant}
+        return respond(200, queue_body(view, viewer, only=own))
 
     @app.get("/cluster", summary="Servers, their GPUs and the jobs holding them",
              description="A tenant sees other tenants' jobs as `(another tenant)`.")

@@ -13,7 +13,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from gateway import auth, pages, views
+from gateway.conditions import Condition
 from shared.events import SubmitJob
+from shared.explain import JobForecast, Receipt
 from shared.job import JobSpec
 from shared.records import JobRecord
 
@@ -48,10 +50,12 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         _, components = msgspec.json.schema_components(
-            [JobSpec, SubmitJob, JobRecord], ref_template="#/components/schemas/{name}"
+            [JobSpec, SubmitJob, JobRecord, Condition, JobForecast, Receipt],
+            ref_template="#/components/schemas/{name}"
         )
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(components)
+        schemas.update(explain_schemas())
         schemas["JobPage"] = pages.page_schema("#/components/schemas/JobRecord")
         schemas["Error"] = views.ERROR_SCHEMA
         _drop_validation_422(schema)
@@ -71,3 +75,41 @@ def _drop_validation_422(schema: dict[str, Any]) -> None:
     schemas = schema.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+
+
+def _nullable(name: str) -> dict[str, Any]:
+    return {"anyOf": [_ref(name), {"type": "null"}]}
+
+
+def explain_schemas() -> dict[str, Any]:
+    """``GET /jobs/{id}``'s body (``JobDetail``) and ``GET
+    /jobs/{id}/timeline``'s (``Timeline``), with the reason's shape
+    (``WhyView``): :mod:`gateway.explain_view`."""
+    why = {"title": "WhyView", "type": "object",
+           "required": ["code", "message", "layer", "since", "details"],
+           "properties": {
+               "code": {"type": "string", "description": "one of shared.explain.REASON_CODES"},
+               "message": {"type": "string", "description": "the reason in words, naming "
+                           "the jobs it names (another tenant's: \"another tenant's job\")"},
+               "layer": {"type": "string"}, "since": {"type": "number"},
+               "details": {"type": "object", "description": "the code's details that are "
+                           "set: jobs, ratios, types, gpu_type, short, free, rank, window, "
+                           "next_plan_at"}}}
+    detail = {"title": "JobDetail", "allOf": [_ref("JobRecord"), {"type": "object", "properties": {
+        "job_id": {"type": "string"}, "waited_s": {"type": "number"},
+        "ran_s": {"type": "number"}, "why": _nullable("WhyView"),
+        "receipt": _nullable("Receipt"), "forecast": _nullable("JobForecast"),
+        "throughput": {"type": "object", "properties": {
+            "estimated": {"type": "number"}, "measured": {"type": "number"}}},
+        "explained_at": {"type": ["number", "null"]},
+        "conditions": {"type": "array", "items": _ref("Condition")}}}]}
+    entry = {"type": "object", "required": ["at", "kind"], "properties": {
+        "at": {"type": "number"}, "kind": {"type": "string"}, "note": {"type": "string"},
+        "why": _nullable("WhyView"), "receipt": _nullable("Receipt"),
+        "forecast": _nullable("JobForecast")}}
+    timeline = {"title": "Timeline", "type": "object", "properties": {
+        "job_id": {"type": "string"}, "tenant": {"type": "string"},
+        "entries": {"type": "array", "items": entry}, "count": {"type": "integer"},
+        "truncated": {"type": "boolean", "description": "more entries than `limit`"}}}
+    return {"WhyView": why, "JobDetail": detail, "Timeline": timeline}
+

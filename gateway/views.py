@@ -7,7 +7,7 @@ Nothing here does I/O; :mod:`gateway.app` is the shell that calls it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, get_args
 
 import msgspec
@@ -169,7 +169,7 @@ def _finite(obj: Any) -> Any:
         return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):
         return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, list | tuple):  # a tuple as JSON writes it
         return [_finite(v) for v in obj]
     return obj
 
@@ -205,13 +205,15 @@ def job_view(record: JobRecord, now: float) -> dict[str, Any]:
     return body
 
 
-def jobs_view(records: Iterable[JobRecord], now: float,
-              query: JobQuery | None = None) -> dict[str, Any]:
+def jobs_view(records: Iterable[JobRecord], now: float, query: JobQuery | None = None,
+              extra: Callable[[JobRecord], Mapping[str, Any]] | None = None
+              ) -> dict[str, Any]:
     """One page of the records that match ``query`` (:mod:`gateway.pages`),
-    each as :func:`job_view` as of ``now``."""
+    each as :func:`job_view` as of ``now`` with the fields ``extra`` adds
+    (the gateway: its reason, :func:`gateway.explain_view.list_fields`)."""
     page, total, cursor = select(records, query or JobQuery())
-    return {"jobs": [job_view(r, now) for r in page], "count": len(page), "total": total,
-            "next_cursor": cursor}
+    jobs = [{**job_view(r, now), **(extra(r) if extra is not None else {})} for r in page]
+    return {"jobs": jobs, "count": len(page), "total": total, "next_cursor": cursor}
 
 
 def cluster_view(nodes: Sequence[NodeRecord], placements: Sequence[Placement]) -> dict[str, Any]:

@@ -147,6 +147,9 @@ def _scheduler() -> Permissions:
 
 def _gateway() -> Permissions:
     # A trusted caller: the bare subjects, with the tenant it authenticated.
+    # It reads the buckets (hops_jobs, hops_explain, ...) and each job's
+    # timeline (HOPS_TIMELINE, message by message) through the JetStream API
+    # alone (_JS_CLIENT) and writes no bucket (tests/test_gateway_explain.py).
     return _service(GATEWAY, publish=(subjects.JOBS_SUBMIT, subjects.JOBS_CANCEL,
                                       subjects.JOBS_HOLD, subjects.NODES_REMOVE,
                                       subjects.NODES_DRAIN, subjects.QUEUE,
