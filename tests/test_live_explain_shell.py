@@ -5,12 +5,16 @@ queue view and a tenant's feed, fed known reasons, receipts and forecasts."""
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 import msgspec
 
 from scheduling.live import explain as xp
 from scheduling.live import forecasting
 from scheduling.live.snapshot import queue_view
 from scheduling.live.state import LiveJobRecord
+from services.scheduler.forecast_worker import orphan_guard
 from shared import events as ev
 from shared.configuration import Configuration
 from shared.explain import ANOTHER_TENANT, JobExplain, JobForecast, QueueForecast, Receipt, Why
@@ -167,3 +171,11 @@ def test_the_forecast_task_goes_to_the_worker_and_back_as_bytes() -> None:
     assert (task.snapshot, task.round_s, task.seed) == (snap, 60.0, 7)
     result = forecasting.decode_result(forecasting.run(data))
     assert isinstance(result, QueueForecast) and result.at == 20.0
+
+
+def test_the_forecast_runs_in_a_forkserver_pool_as_the_leader_runs_it() -> None:
+    snap = Snapshot(now=20.0, cluster=cluster([("A", 1, 1)]), jobs=(state("q", [1]),))
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(1, mp_context=context, initializer=orphan_guard) as pool:
+        out = pool.submit(forecasting.run, forecasting.task_bytes(snap, Plan(), 60.0, 1))
+        assert forecasting.decode_result(out.result(timeout=60)).at == 20.0

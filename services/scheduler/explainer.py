@@ -36,6 +36,7 @@ from scheduling.live import explain as xp
 from scheduling.live import forecasting
 from scheduling.live.state import LiveJobRecord
 from services.runtime.service import ServiceContext
+from services.scheduler.forecast_worker import orphan_guard
 from services.scheduler.kv import read_bucket
 from shared import events as ev
 from shared import subjects
@@ -159,7 +160,8 @@ class Explainer:
         if self.pool is None:
             methods = multiprocessing.get_all_start_methods()
             method = "forkserver" if "forkserver" in methods else "spawn"
-            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method))
+            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method),
+                                            initializer=orphan_guard)
         data = forecasting.task_bytes(snapshot, plan, self.round_s, round_no)
         self.running = asyncio.create_task(self._forecast_in_pool(data))
 
