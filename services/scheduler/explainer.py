@@ -118,7 +118,7 @@ class Explainer:
                          drained: Collection[ServerId], lost: Collection[ServerId]) -> None:
         """The reasons, receipts and ``hops_explain`` records of a published
         plan, and its forecast started (see the module docstring)."""
-        now, records = snapshot.now, self.records()
+        started, now, records = time.perf_counter(), snapshot.now, self.records()
         self.round = round_no
         whys = xp.job_whys(plan, snapshot, records, self.whys, now)
         entries = xp.reason_entries(self.whys, whys, now)
@@ -131,6 +131,8 @@ class Explainer:
             await self.publish(entry)
         await self.write(now)
         self._forecast(snapshot, plan, round_no)
+        self.log.debug("plan explained", round=round_no, reasons=len(whys),
+                       spent_s=round(time.perf_counter() - started, 4))
 
     async def time_limit(self, job_id: JobId, now: float) -> None:
         """The receipt of a job the leader ended at its time limit."""
