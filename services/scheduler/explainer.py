@@ -68,6 +68,7 @@ class Explainer:
         self.pool: ProcessPoolExecutor | None = None
         self.running: asyncio.Task[None] | None = None
         self.forecasts_skipped = 0
+        self.writing = asyncio.Lock()  # one write at a time: the latest state wins
 
     async def open(self) -> None:
         self.kv = await self.ctx.js.key_value(subjects.KV_EXPLAIN)
@@ -100,9 +101,13 @@ class Explainer:
 
     # --- job events ---------------------------------------------------------------
 
-    async def on_event(self, rec: LiveJobRecord, event: ev.JobEvent) -> None:
+    async def on_event(self, rec: LiveJobRecord, event: ev.JobEvent, feed: bool = True) -> None:
         """A job event the leader applied: its timeline entry (a stop its
-        receipt told already has none)."""
+        receipt told already has none), and on the tenant's feed if ``feed``
+        (as the event itself: not again for an event delivered again that
+        changed nothing). The timeline gets it on every delivery: a leader
+        killed before it stored the entry never acked the event, and the
+        entry's message id stores a repeat once."""
         if isinstance(event, ev.JobStarted | ev.JobResized):
             self.receipted.discard(event.job_id)
         if isinstance(event, ev.JobStopped) and event.job_id in self.receipted:
@@ -110,7 +115,7 @@ class Explainer:
             return
         entry = xp.event_entry(event)
         if entry is not None:
-            await self.publish(entry)
+            await self.publish(entry, feed)
 
     # --- plans ---------------------------------------------------------------------
 
@@ -121,14 +126,14 @@ class Explainer:
         started, now, records = time.perf_counter(), snapshot.now, self.records()
         self.round = round_no
         whys = xp.job_whys(plan, snapshot, records, self.whys, now)
-        entries = xp.reason_entries(self.whys, whys, now)
+        reasons = xp.reason_entries(self.whys, whys, now)
         self.whys = whys
-        if snapshot.first_plan:
-            for r in receipts(snapshot, plan, drained=drained, lost=lost, round_no=round_no):
-                entries.append(self._receipt(r))
+        stops = [self._receipt(r) for r in (
+            receipts(snapshot, plan, drained=drained, lost=lost, round_no=round_no)
+            if snapshot.first_plan else ())]
         self.throughputs = xp.throughputs(snapshot, plan)
-        for entry in entries:
-            await self.publish(entry)
+        await self.publish_all(stops)  # a stopped job's stop comes before its reason
+        await self.publish_all(reasons)
         await self.write(now)
         self._forecast(snapshot, plan, round_no)
         self.log.debug("plan explained", round=round_no, reasons=len(whys),
@@ -174,8 +179,7 @@ class Explainer:
             out = await asyncio.get_running_loop().run_in_executor(self.pool, forecasting.run,
                                                                    data)
             forecast = forecasting.decode_result(out)
-            for entry in xp.forecast_entries(self.forecasts, forecast, self.round_s):
-                await self.publish(entry)
+            await self.publish_all(xp.forecast_entries(self.forecasts, forecast, self.round_s))
             self.forecasts.update({f.job_id: f for f in forecast.jobs})
             await self.write(forecast.at)
         except asyncio.CancelledError:
@@ -191,6 +195,10 @@ class Explainer:
     async def write(self, now: float) -> None:
         """Write the ``hops_explain`` records that changed; delete those of
         jobs that ended."""
+        async with self.writing:
+            await self._write(now)
+
+    async def _write(self, now: float) -> None:
         records = self.records()
         live = [k for k, r in records.items() if not r.final]
         self.forecasts = {k: f for k, f in self.forecasts.items() if k in records}
@@ -209,9 +217,14 @@ class Explainer:
             self.explained.pop(job_id, None)
             self.receipts.pop(job_id, None)
 
-    async def publish(self, entry: TimelineEntry) -> None:
-        """``entry`` on its job's timeline and on its tenant's feed; a failed
-        publish is logged, never fails the leader."""
+    async def publish_all(self, entries: list[TimelineEntry]) -> None:
+        """Each of ``entries``, their acks awaited together (a plan's reasons
+        may be many: the next plan should not wait for them one by one)."""
+        await asyncio.gather(*(self.publish(e) for e in entries))
+
+    async def publish(self, entry: TimelineEntry, feed: bool = True) -> None:
+        """``entry`` on its job's timeline and, if ``feed``, on its tenant's
+        feed; a failed publish is logged, never fails the leader."""
         try:
             await self.ctx.js.publish(subjects.timeline(entry.job_id),
                                       msgspec.json.encode(entry),
@@ -220,7 +233,7 @@ class Explainer:
             self.log.warning("timeline publish failed", job_id=entry.job_id, error=repr(e))
         records = self.records()
         rec = records.get(entry.job_id)
-        if rec is None:
+        if rec is None or not feed:
             return
         tenant = rec.spec.tenant
 

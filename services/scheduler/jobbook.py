@@ -36,7 +36,7 @@ from shared import subjects
 from shared.ids import JobId
 
 Change = Callable[[LiveJobRecord], LiveJobRecord | None]
-Applied = Callable[[LiveJobRecord, ev.JobEvent], Awaitable[None]]
+Applied = Callable[[LiveJobRecord, ev.JobEvent, bool], Awaitable[None]]
 
 
 class JobBook:
@@ -48,7 +48,9 @@ class JobBook:
         self.records: dict[JobId, tuple[LiveJobRecord, int]] = {}
         self.lock = asyncio.Lock()
         self.kv_jobs: KeyValue | None = None  # set by open
-        # told of each event as it goes on the feed (the job's timeline)
+        # told of each event of a known job, and whether it goes on the feed
+        # (the job's timeline: told again on a redelivery, which the
+        # timeline's message ids store once)
         self.on_applied: Applied | None = None
 
     async def open(self, js: JetStreamContext) -> None:
@@ -106,10 +108,10 @@ class JobBook:
         """Republish ``event`` on its tenant's live feed: the leader applies
         every event, and each once (:func:`scheduling.live.tenancy.feed_subject`)."""
         subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
-        if subject is None or rec is None:
+        if rec is not None and self.on_applied is not None:
+            await self.on_applied(rec, event, subject is not None)
+        if subject is None:
             return
-        if self.on_applied is not None:
-            await self.on_applied(rec, event)
         try:
             await self.ctx.nc.publish(subject, ev.encode(tn.feed_event(event)))
         except Exception as e:  # the feed is a convenience: never fail the event for it
