@@ -122,8 +122,13 @@ def test_a_receipt_resumes_at_the_jobs_forecast_start() -> None:
     receipt = Receipt(job_id=JobId("v"), at=3.0, rule="CellReclaim", message="reclaimed",
                       takers=(JobId("g"),))
     assert xp.with_resume(receipt, None).resume_at is None
+    # a forecast made while it ran says when it started, not when it resumes
+    assert xp.with_resume(receipt, forecast("v", 1.0, position=0)).resume_at is None
     resumed = xp.with_resume(receipt, forecast("v", 120.0))
     assert resumed.resume_at == 120.0
+    assert xp.resumed({JobId("v"): receipt}, {JobId("v"): forecast("v", 120.0)}) == {
+        JobId("v"): resumed}
+    assert xp.resumed({JobId("v"): resumed}, {JobId("v"): forecast("v", 180.0)}) == {}
     entry = xp.receipt_entry(resumed)
     assert (entry.kind, entry.receipt, entry.note) == ("stopped", resumed, "reclaimed")
 

@@ -126,10 +126,19 @@ def changed(old: Mapping[JobId, JobExplain],
 
 
 def with_resume(receipt: Receipt, forecast: JobForecast | None) -> Receipt:
-    """``receipt`` with ``resume_at`` from the job's latest forecast, when known."""
-    if forecast is None or receipt.resume_at is not None:
+    """``receipt`` with ``resume_at`` from the job's latest forecast, when
+    that forecast has it waiting (``position`` > 0: a running job's forecast
+    start is when it started) and the receipt has none yet."""
+    if forecast is None or forecast.position <= 0 or receipt.resume_at is not None:
         return receipt
     return msgspec.structs.replace(receipt, resume_at=forecast.start)
+
+
+def resumed(receipts: Mapping[JobId, Receipt],
+            forecasts: Mapping[JobId, JobForecast]) -> dict[JobId, Receipt]:
+    """The receipts a new forecast gives a ``resume_at`` (:func:`with_resume`)."""
+    out = {k: with_resume(r, forecasts.get(k)) for k, r in receipts.items()}
+    return {k: r for k, r in out.items() if r is not receipts[k]}
 
 
 # --- the timeline ----------------------------------------------------------------

@@ -122,7 +122,15 @@ class Explainer:
     async def after_plan(self, snapshot: Snapshot, plan: Plan, round_no: int, *,
                          drained: Collection[ServerId], lost: Collection[ServerId]) -> None:
         """The reasons, receipts and ``hops_explain`` records of a published
-        plan, and its forecast started (see the module docstring)."""
+        plan, and its forecast started (see the module docstring). A failure
+        is logged: the plan is out, and the next one explains again."""
+        try:
+            await self._after_plan(snapshot, plan, round_no, drained, lost)
+        except Exception as e:
+            self.log.warning("plan not explained", round=round_no, error=repr(e))
+
+    async def _after_plan(self, snapshot: Snapshot, plan: Plan, round_no: int,
+                          drained: Collection[ServerId], lost: Collection[ServerId]) -> None:
         started, now, records = time.perf_counter(), snapshot.now, self.records()
         self.round = round_no
         whys = xp.job_whys(plan, snapshot, records, self.whys, now)
@@ -140,10 +148,18 @@ class Explainer:
                        spent_s=round(time.perf_counter() - started, 4))
 
     async def time_limit(self, job_id: JobId, now: float) -> None:
-        """The receipt of a job the leader ended at its time limit."""
+        """The receipt of a job the leader ended at its time limit (a failure
+        is logged: the job was ended all the same)."""
         rec = self.records().get(job_id)
         if rec is None:
             return
+        try:
+            await self._time_limit(rec, now)
+        except Exception as e:
+            self.log.warning("time limit not explained", job_id=job_id, error=repr(e))
+
+    async def _time_limit(self, rec: LiveJobRecord, now: float) -> None:
+        job_id = rec.job_id
         receipt = Receipt(job_id=job_id, at=now, rule="TimeLimit",
                           message=f"it reached its time limit of {rec.spec.time_limit:g} s",
                           samples_kept=rec.samples_done,
@@ -179,8 +195,12 @@ class Explainer:
             out = await asyncio.get_running_loop().run_in_executor(self.pool, forecasting.run,
                                                                    data)
             forecast = forecasting.decode_result(out)
-            await self.publish_all(xp.forecast_entries(self.forecasts, forecast, self.round_s))
+            records = self.records()
+            moved = xp.forecast_entries(self.forecasts, forecast, self.round_s)
+            await self.publish_all([e for e in moved if e.job_id in records
+                                    and not records[e.job_id].final])
             self.forecasts.update({f.job_id: f for f in forecast.jobs})
+            self.receipts.update(xp.resumed(self.receipts, self.forecasts))
             await self.write(forecast.at)
         except asyncio.CancelledError:
             raise
@@ -208,9 +228,9 @@ class Explainer:
             forecasts=self.forecasts, estimated=estimated, measured=measured))
         kv = self.kv
         assert kv is not None, "Explainer.open first"
-        for job_id, e in xp.changed(self.explained, new).items():
-            await kv.put(job_id, msgspec.json.encode(e))
-            self.explained[job_id] = e
+        changed = xp.changed(self.explained, new)
+        await asyncio.gather(*(kv.put(k, msgspec.json.encode(e)) for k, e in changed.items()))
+        self.explained.update(changed)
         for job_id in [k for k in self.explained if k not in new]:
             with contextlib.suppress(Exception):
                 await kv.delete(job_id)
