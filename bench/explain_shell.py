@@ -59,11 +59,13 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=512)
     args = parser.parse_args()
     runs = [trial(args.gpus, t) for t in range(args.trials)]
-    print("gpus | plan_median_s | reasons_median_s | loop_median_s | loop_p95_s | added_%")
+    # the reasons are on the planning path (the 5% budget of the plan's
+    # time); the loop's work follows the plan's publication
+    print("gpus | plan_median_s | reasons_median_s | reasons_% | loop_median_s | loop_p95_s"
+          " | loop_%")
     plan_s, reasons_s, loop_s = (statistics.median(r[i] for r in runs) for i in range(3))
-    added = 100.0 * (reasons_s + loop_s) / plan_s
-    print(f"{args.gpus} | {plan_s:.3f} | {reasons_s:.4f} | {loop_s:.4f} | "
-          f"{p95([r[2] for r in runs]):.4f} | {added:.1f}")
+    print(f"{args.gpus} | {plan_s:.3f} | {reasons_s:.4f} | {100 * reasons_s / plan_s:.1f} | "
+          f"{loop_s:.4f} | {p95([r[2] for r in runs]):.4f} | {100 * loop_s / plan_s:.1f}")
 
 
 if __name__ == "__main__":
