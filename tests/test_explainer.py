@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from structlog import get_logger
 
 from scheduling.live.state import LiveJobRecord
-from services.runtime.bus import ErrorReporter, connect, ensure_jetstream
+from services.runtime.bus import ErrorReporter
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
 from services.scheduler.explainer import Explainer
@@ -32,8 +30,9 @@ from shared.jobkeys import job_key
 from shared.snapshot import Plan, PlanReasons, Snapshot
 from tests.helpers import cluster
 from tests.natsfix import nats_server, nats_url
+from tests.test_gateway import nc
 
-__all__ = ["nats_server", "nats_url"]  # fixtures
+__all__ = ["nats_server", "nats_url", "nc"]  # fixtures
 
 A1, A2, B1 = job_key("alice", "a1"), job_key("alice", "a2"), job_key("bob", "b1")
 
@@ -44,14 +43,6 @@ def record(key: JobId, phase: str) -> LiveJobRecord:
                    requirements=(1,), tenant=TenantId(tenant), time_limit=60.0)
     rec = LiveJobRecord(spec=spec, submitted_at=0.0, samples_done=250.0)
     return msgspec.structs.replace(rec, phase=phase)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NATS]:
-    conn = await connect(RuntimeSettings(nats_servers=(nats_url,)), "test")
-    await ensure_jetstream(conn.jetstream())
-    yield conn
-    await conn.close()
 
 
 def explainer(nc: NATS, records: dict[JobId, LiveJobRecord], term: int = 1) -> Explainer:
