@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from hypothesis import strategies as st
 
+import scheduling.explain
 from cli.up.launcher import free_port  # noqa: F401  (the tests' name for it)
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
@@ -140,3 +141,16 @@ def exited(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+# The pure reasons and receipts (scheduling.explain) land apart from the
+# leader's plumbing: until then the live tests check the plumbing, and the
+# receipts' rules only where they are computed.
+RECEIPTS_COMPUTED = "PLACEHOLDER" not in (scheduling.explain.__doc__ or "")
+
+
+def timeline_of(stored: Callable[[str, str], list[dict[str, Any]]],
+                job_key: str) -> list[dict[str, Any]]:
+    """A job's timeline entries on ``HOPS_TIMELINE``, oldest first
+    (``stored``: :meth:`tests.livestack.Bus.stored`)."""
+    return stored("HOPS_TIMELINE", f"hops.v1.timeline.{job_key}")

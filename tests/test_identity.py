@@ -105,12 +105,15 @@ def test_only_the_scheduler_publishes_plans_and_only_admin_everything() -> None:
     assert [i for i in others if may_publish(i, "$KV.hops_leader.scheduler")] == ["scheduler"]
     assert sorted(i for i in others if may_publish(i, "hops.v1.exec.rtx-0")) == [
         "monitor", "placer"]
+    # each job's timeline is the leader's word alone
+    assert [i for i in others if may_publish(i, "hops.v1.timeline.alice/j1")] == ["scheduler"]
     assert may_publish(ADMIN, "anything.at.all") and may_subscribe(ADMIN, "x")
 
 
 def test_services_write_only_their_own_buckets_and_use_their_own_inbox() -> None:
     owners = {"hops_jobs": ["scheduler"], "hops_leader": ["scheduler"],
-              "hops_alloc": ["monitor", "placer"], "hops_nodes": ["monitor"]}
+              "hops_alloc": ["monitor", "placer"], "hops_nodes": ["monitor"],
+              "hops_explain": ["scheduler"]}
     for bucket, expected in owners.items():
         writers = [s for s in SERVICES if may_publish(s, f"$KV.{bucket}.k")]
         assert writers == expected, bucket

@@ -28,7 +28,7 @@ import nats
 import nats.errors
 import pytest
 
-from tests.helpers import catalog_spec
+from tests.helpers import catalog_spec, timeline_of
 from tests.livestack import FINAL, LiveStack, until
 
 CLUSTER = """\
@@ -342,6 +342,15 @@ def test_the_standby_takes_over_when_the_leader_is_killed(stack: LiveStack) -> N
           "a plan of the new term", 15, stack.logs)
     phases = stack.wait_final(before + during, 60)
     assert set(phases.values()) == {"finished"}, phases
+    # each job's timeline, begun by one leader and ended by the next, is whole
+    # and outlives the job
+    for job_id in before + during:
+        kinds = until(lambda j=job_id: [e["kind"] for e in timeline_of(  # type: ignore[misc]
+            stack.bus_().stored, j)] or None, f"{job_id}'s timeline", 15)
+        assert kinds[0] == "submitted" and "started" in kinds, (job_id, kinds)
+        until(lambda j=job_id: [e["kind"] for e in timeline_of(  # type: ignore[misc]
+            stack.bus_().stored, j)][-1] == "finished", f"{job_id} finished on its timeline",
+              15)
     for job_id in before + during:
         stored = stack.bus_().stored("HOPS_JOBS", f"hops.v1.jobs.events.{job_id}")
         assert stored and stored[0]["type"] == "job_submitted", job_id

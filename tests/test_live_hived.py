@@ -26,8 +26,9 @@ import httpx
 import pytest
 
 from gateway.access import view_by_id
+from shared import subjects
 from shared.jobkeys import job_key, local_id
-from tests.helpers import catalog_spec
+from tests.helpers import RECEIPTS_COMPUTED, catalog_spec, timeline_of
 from tests.livestack import LiveStack, until
 
 CLUSTER = """\
@@ -104,6 +105,22 @@ def running_on(stack: LiveStack, job_id: str) -> set[str] | None:
     return {s for s, _ in (rec.get("configuration") or {}).get("parts", [])}
 
 
+def explain_state(bus: Any) -> dict[str, Any]:
+    """Each job's reason code, receipt and position in ``hops_explain``."""
+    return {k: ((e.get("why") or {}).get("code"), e.get("receipt"),
+                (e.get("forecast") or {}).get("position"))
+            for k, e in bus.bucket(subjects.KV_EXPLAIN).items() if not k.startswith("_")}
+
+
+def queue_state(bus: Any) -> list[tuple[str, str | None, int]]:
+    """The queue as ``hops.v1.queue`` answers it: each job, its reason code
+    and its position."""
+    view = bus.request(subjects.QUEUE, b"{}")
+    assert view["ok"], view
+    return [(e["job_id"], (e.get("why") or {}).get("code"), e.get("position", 0))
+            for e in view["entries"]]
+
+
 def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
         stack: LiveStack, api: httpx.Client) -> None:
     for job_id in (B1, B2):
@@ -143,6 +160,15 @@ def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
     assert rec is not None and rec["phase"] == "queued", rec
     assert rec["samples_done"] >= kept  # requeued with its progress
     assert running_on(stack, survivor) is not None
+    # its stop is on its timeline, with the receipt naming the reclaim
+    stops = until(lambda: [e for e in timeline_of(bus.stored, victim) if e["kind"] == "stopped"],
+                  "the victim's stop on its timeline", 15, stack.logs)
+    if RECEIPTS_COMPUTED:
+        receipt = stops[0]["receipt"]
+        assert receipt is not None and receipt["rule"] == "CellReclaim", stops
+        assert A1 in receipt["takers"], receipt
+        explained = bus.get(subjects.KV_EXPLAIN, victim)
+        assert explained is not None and explained["receipt"]["rule"] == "CellReclaim"
 
     def settled() -> dict[str, dict[str, Any]] | None:
         shown = views(api, admin(stack))
@@ -169,6 +195,10 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
     leader, term = lease["holder"], lease["term"]
     before = {t: r["view"] for t, r in views(api, admin(stack)).items()}
     assert before["alice"]["chains"][0]["bound"], before
+    bus = stack.bus_()
+    explained, queued = explain_state(bus), queue_state(bus)
+    history = {j: timeline_of(bus.stored, j) for j in (A1, B1, B2)}
+    assert all(history.values()), history
     stack.kill(leader)
 
     def new_term() -> int | None:
@@ -187,6 +217,13 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
           "a plan of the new term", 20, stack.logs)
     after = {t: r["view"] for t, r in views(api, admin(stack)).items()}
     assert after == before
+    # the reasons, receipts and positions, in hops_explain and in the queue,
+    # are the old leader's (read from the bucket, and the same snapshot)
+    assert explain_state(bus) == explained
+    assert queue_state(bus) == queued
+    # and every job's timeline is whole: kill -9 lost none of it
+    for job_id, entries in history.items():
+        assert timeline_of(bus.stored, job_id)[:len(entries)] == entries, job_id
     # nothing that ran was stopped or moved by the new leader's plans
     (survivor,) = before["bob"]["opportunistic_jobs"]
     for job_id in (A1, survivor):

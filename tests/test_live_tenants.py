@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared import events as ev
 from shared import subjects
+from shared.explain_events import JobExplained, decode_feed
 from tests.natsfix import nats_server, nats_url
 from tests.test_gateway import ROOT, nc, spec_json
 from tests.test_gateway_auth import errors, eventually, scheduler, tenants_file
@@ -128,9 +128,15 @@ async def _check_feed(feed: list[tuple[str, dict[str, Any]]]) -> None:
     subjects_seen = [s for s, e in feed if e["type"] == "job_submitted"]
     assert len(subjects_seen) == len(set(subjects_seen)), feed  # each once
     assert not [s for s, _ in feed if s.endswith((".a3", ".a4", ".m1"))]
-    decoded = [msgspec.json.decode(json.dumps(e).encode(), type=ev.JobEvent) for _, e in feed]
-    # a feed names the job by the tenant's id, never by its key
+    # job events and, told apart by their type, the jobs' timeline entries
+    # (shared.explain_events); each names the job by the tenant's id, never its key
+    decoded = [decode_feed(json.dumps(e).encode()) for _, e in feed]
     assert all(d.job_id and "/" not in d.job_id for d in decoded), feed
+    explained = {(s, d.entry.kind) for (s, _), d in zip(feed, decoded, strict=True)
+                 if isinstance(d, JobExplained)}
+    assert {("hops.v1.tenants.alice.events.a1", "submitted"),
+            ("hops.v1.tenants.alice.events.a2", "cancelled")} <= explained, feed
+    assert not [e for s, e in feed if ".alice." in s and "bob" in json.dumps(e)], feed
 
 
 def test_the_scheduler_refuses_to_start_with_a_tenants_file_it_cannot_use(tmp_path: Path) -> None:

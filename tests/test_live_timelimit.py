@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.helpers import catalog_spec
+from tests.helpers import catalog_spec, timeline_of
 from tests.livestack import LiveStack, until
 
 CLUSTER = """\
@@ -83,6 +83,16 @@ def test_a_job_over_its_time_limit_is_stopped_with_reason_timelimit(
     assert "limit" in head.split(), table.output
     slow = next(r.split() for r in rows if r.split()[0] == "slow")
     assert slow[2] == "cancelled" and slow[-1] == "TimeLimit" and "4s" in slow, slow
+    # its timeline, kept after its end: the stop's receipt names the rule and
+    # the progress it kept, then the cancel ends it
+    entries = timeline_of(stack.bus_().stored, "slow")
+    kinds = [e["kind"] for e in entries]
+    assert kinds[0] == "submitted" and "cancelled" in kinds, kinds
+    (stop,) = [e for e in entries if e["kind"] == "stopped"]
+    receipt = stop["receipt"]
+    assert receipt["rule"] == "TimeLimit" and "time limit" in receipt["message"], receipt
+    assert receipt["total_samples"] == NEVER, receipt
+    assert kinds.index("started") < kinds.index("stopped"), kinds
 
 
 @pytest.mark.parametrize("bad", [0, -10, 365 * 86400 + 1])

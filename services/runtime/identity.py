@@ -135,12 +135,14 @@ def _monitor() -> Permissions:
 def _scheduler() -> Permissions:
     return _service(
         SCHEDULER,
-        publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, _TENANT_FEEDS),
+        publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, _TENANT_FEEDS,
+                 subjects.TIMELINE_ALL),
         subscribe=(subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL, subjects.JOBS_CANCEL,
                    subjects.JOBS_CANCEL_TENANT_ALL, subjects.JOBS_HOLD,
                    subjects.JOBS_HOLD_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
                    subjects.JOB_HEARTBEATS_ALL, subjects.TENANTS_RELOAD),
-        kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_LAYERS, subjects.KV_TENANTS),
+        kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_LAYERS, subjects.KV_TENANTS,
+            subjects.KV_EXPLAIN),
         responds=True,
     )
 

@@ -6,7 +6,8 @@ A :class:`JobBook` loads them, applies each job event of ``HOPS_JOBS`` to
 its record (a write conflict reloads the record and applies the event once
 more), applies the leader's own changes (:meth:`JobBook.update`) and
 republishes each event on its tenant's live feed,
-``hops.v1.tenants.<tenant>.events.<job_id>`` (:mod:`scheduling.live.tenancy`).
+``hops.v1.tenants.<tenant>.events.<job_id>`` (:mod:`scheduling.live.tenancy`),
+telling :attr:`JobBook.on_applied` (the job's timeline, :mod:`.explainer`).
 Every write holds :attr:`JobBook.lock` until the copy follows it, so a
 reader under the lock (the queue view) sees every record a client could
 have read back already.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from nats.js import JetStreamContext
@@ -35,6 +36,7 @@ from shared import subjects
 from shared.ids import JobId
 
 Change = Callable[[LiveJobRecord], LiveJobRecord | None]
+Applied = Callable[[LiveJobRecord, ev.JobEvent, bool], Awaitable[None]]
 
 
 class JobBook:
@@ -46,6 +48,10 @@ class JobBook:
         self.records: dict[JobId, tuple[LiveJobRecord, int]] = {}
         self.lock = asyncio.Lock()
         self.kv_jobs: KeyValue | None = None  # set by open
+        # told of each event of a known job, and whether it goes on the feed
+        # (the job's timeline: told again on a redelivery, which the
+        # timeline's message ids store once)
+        self.on_applied: Applied | None = None
 
     async def open(self, js: JetStreamContext) -> None:
         self.kv_jobs = await js.key_value(subjects.KV_JOBS)
@@ -102,6 +108,8 @@ class JobBook:
         """Republish ``event`` on its tenant's live feed: the leader applies
         every event, and each once (:func:`scheduling.live.tenancy.feed_subject`)."""
         subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
+        if rec is not None and self.on_applied is not None:
+            await self.on_applied(rec, event, subject is not None)
         if subject is None:
             return
         try:

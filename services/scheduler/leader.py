@@ -1,29 +1,27 @@
 """The scheduler's leader (Hops §3.1, §3.6).
 
-A replica (``__main__``: admission and the lease, :mod:`scheduling.live.lease`) runs a
-:class:`Leader` while it holds the lease. The leader loads ``hops_jobs``,
-consumes ``HOPS_JOBS`` with the durable consumer ``scheduler`` (events
-accepted while no replica led wait there, and are applied before the first
-plan) and is the only writer of job records: its :class:`.jobbook.JobBook`
-applies the events and the leader's own changes to them and republishes
-each event on its tenant's live feed. This module holds the loops, the
-queue view and the planning step. It plans a
-round every ``HOPS_ROUND_S`` seconds and within the round when a job is
-submitted or becomes plannable, resources are released or the alive servers
-change (:mod:`scheduling.live.clock`): a snapshot from ``hops_jobs``, ``hops_nodes``
-and ``hops_alloc`` (:mod:`scheduling.live.snapshot`), estimates from
-``hops.v1.estimate``, the policy ``HOPS_POLICY`` names (:mod:`.registry`),
-and a ``plan_issued`` with its lease term. It
-answers ``hops.v1.queue`` with the records as of the request, ranked by the
-reasons of its last plan (:func:`scheduling.live.snapshot.queue_view`), and ends
-running jobs at their time limit (:mod:`.timelimits`); estimates are
-refreshed every ``HOPS_PRIORITY_REFRESH_S`` seconds (:mod:`.settings`
-lists the settings). Running jobs' heartbeats are their measured
-throughput in the snapshot (:mod:`scheduling.live.samples`); a plan that asks
-for a next one (``wake_after_s``) gets a fill plan that much later. Stateful
-layers' state (HiveD's bindings) goes into every snapshot and, after each
-published plan, into KV ``hops_layers``; with the tenants' cells, each
-tenant's view goes into ``hops_tenants`` (:mod:`.layer_store`).
+A replica (``__main__``: admission and the lease, :mod:`scheduling.live.lease`)
+runs a :class:`Leader` while it holds the lease. The leader loads
+``hops_jobs``, consumes ``HOPS_JOBS`` with the durable consumer ``scheduler``
+(events of an interregnum are applied before the first plan) and is the only
+writer of job records (:class:`.jobbook.JobBook`, which republishes each
+event on its tenant's feed). It plans a round every ``HOPS_ROUND_S`` seconds
+and within the round when a job is submitted or becomes plannable, resources
+are released or the alive servers change (:mod:`scheduling.live.clock`): a
+snapshot from ``hops_jobs``, ``hops_nodes`` and ``hops_alloc``
+(:mod:`scheduling.live.snapshot`), estimates from ``hops.v1.estimate``, the
+policy ``HOPS_POLICY`` names (:mod:`.registry`) with each waiting job's
+reason (:func:`scheduling.explain.with_reasons`), and a ``plan_issued`` with
+its lease term; then receipts, forecasts and timelines (:mod:`.explainer`).
+It answers ``hops.v1.queue`` ranked by the reasons of its last plan
+(:func:`scheduling.live.snapshot.queue_view`) with each job's reason,
+position and forecast, and ends running jobs at their time limit
+(:mod:`.timelimits`; :mod:`.settings` lists the settings). Running jobs'
+heartbeats are their measured throughput (:mod:`scheduling.live.samples`); a
+plan that asks for a next one (``wake_after_s``) gets a fill plan that much
+later. Stateful layers' state goes into every snapshot and, after each
+published plan, into KV ``hops_layers``; each tenant's view into
+``hops_tenants`` (:mod:`.layer_store`).
 """
 
 from __future__ import annotations
@@ -41,11 +39,14 @@ from nats.js.errors import NotFoundError
 from structlog.contextvars import bound_contextvars
 
 from scheduling.check import plan_overallocation
+from scheduling.explain import with_reasons
 from scheduling.layers.base import Layer, stack
+from scheduling.live import explain as xp
 from scheduling.live import refresh as rf
 from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live.clock import Due, Inflight, RoundClock
+from scheduling.live.drain import drain_states
 from scheduling.live.lease import Lease
 from scheduling.live.reuse import reuse_events
 from scheduling.live.samples import Throughputs, in_place
@@ -55,6 +56,7 @@ from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.service import ServiceContext
 from services.scheduler.estimates import fetch_estimates, publish_reused
+from services.scheduler.explainer import Explainer
 from services.scheduler.jobbook import JobBook
 from services.scheduler.kv import catch_up, decode_all, unacked, watch_topology
 from services.scheduler.layer_store import LayerStore, build_policy
@@ -103,6 +105,10 @@ class Leader:
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
         self.plans_refused = 0  # plans that over-allocated, never published
         self.limits = TimeLimits()  # ends running jobs at their time limit
+        # reasons, receipts, forecasts and timelines (hops_explain, HOPS_TIMELINE)
+        self.explainer = Explainer(ctx, self.log, lease.term, settings.round_s,
+                                   self.book.current)
+        self.book.on_applied = self.explainer.on_event
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
@@ -111,6 +117,7 @@ class Leader:
         self.kv_nodes = await js.key_value(subjects.KV_NODES)
         self.kv_alloc = await js.key_value(subjects.KV_ALLOC)
         await self.store.open(js)
+        await self.explainer.open()
         await self._load()
         subs = [
             await self._subscribe(subjects.QUEUE, self._on_queue),
@@ -135,6 +142,7 @@ class Leader:
             await catch_up(js, JOBS_CONSUMER, held, self.log)
             await self._loop(tasks)
         finally:
+            self.explainer.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -152,6 +160,7 @@ class Leader:
                 plan = ev.decode_plan_event(msg.data or b"")
                 last_round = plan.round if isinstance(plan, ev.PlanIssued) else 0
         await self.store.load()
+        await self.explainer.load()  # the queue view answers as the last leader's did
         await self.store.check_nodes(self.nodes)
         now = time.time()
         await self.store.publish_views(now, self.nodes)  # this term's, from the state it restores
@@ -170,7 +179,8 @@ class Leader:
             now = time.time()
             try:
                 limit_in = await self.limits.end_over_limit(
-                    self.book.current(), now, self.lease, self.ctx.js, self.log)
+                    self.book.current(), now, self.lease, self.ctx.js, self.log,
+                    self.explainer.time_limit)
                 due = self.clock.due(now)
                 if due is None:
                     self.wake.clear()
@@ -245,7 +255,8 @@ class Leader:
         records = self.book.current()
         reasons, at = self.ranked
         try:
-            return snap.queue_view(reasons, records, at, self.lease.holder, self.term)
+            view = snap.queue_view(reasons, records, at, self.lease.holder, self.term)
+            return xp.fill_queue(view, self.explainer.explained)
         except Exception as e:  # a bad reply, not a dead leader
             self.log.exception("queue view failed")
             return QueueView(ok=False, error=f"{type(e).__name__}: {e}", term=self.term)
@@ -276,8 +287,13 @@ class Leader:
             await self.store.publish_views(now, self.nodes)  # a node lost with nothing to plan
             self.clock.done(due, now)
             return
+        drained = {s for s, _ in drain_states(self.nodes)}
+        next_plan_at = now + self.settings.round_s if first else self.clock.next_round
         try:
-            plan = await asyncio.to_thread(self.policy.plan, built.snapshot)
+            # with each waiting job's reason (the plan itself is unchanged)
+            plan = await asyncio.to_thread(lambda: with_reasons(
+                built.snapshot, self.policy.plan(built.snapshot), drained=drained,
+                next_plan_at=next_plan_at))
         except Exception as e:  # a planner failure skips this plan, not the service
             self.log.exception("planning failed", round=self.clock.round, first_plan=first)
             await self.ctx.reporter.report("scheduler.plan", repr(e), ev.INTERNAL)
@@ -292,7 +308,11 @@ class Leader:
             self.ranked = (plan.reasons, now)
         plan = snap.with_sticky(plan, built.sticky)
         if due == "first" or plan.assignments or plan.profiling:
-            await self._publish(plan, first, now)
+            round_no = self.clock.round + (1 if first else 0)
+            if await self._publish(plan, round_no, first, now):
+                lost = {n.server.id for n in self.nodes if not n.alive}
+                await self.explainer.after_plan(built.snapshot, plan, round_no,
+                                                drained=drained, lost=lost)
         else:  # nothing fits the idle GPUs: no news for the placer
             self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
         self.clock.done(due, now)
@@ -333,11 +353,11 @@ class Leader:
             for step in rf.steps(self.book.records[job_id][0], seen, flight, now):
                 await self.book.update(job_id, step)
 
-    async def _publish(self, plan: Plan, first: bool, now: float) -> None:
+    async def _publish(self, plan: Plan, round_no: int, first: bool, now: float) -> bool:
+        """Publish ``plan``; False when it was dropped."""
         if not self.lease.is_leader(time.time()):
             self.log.warning("plan dropped: the lease may have lapsed")
-            return
-        round_no = self.clock.round + (1 if first else 0)
+            return False
         # Relaxed-sync jobs' micro-batches, by the estimates this plan was made with.
         specs = {k: r.spec for k, r in self.book.current().items()}
         splits = plan_splits(plan, specs, self.estimates, snap.cluster_of(self.nodes))
@@ -364,6 +384,7 @@ class Leader:
             profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}" for t in plan.profiling],
             wake_after_s=plan.wake_after_s,
         )
+        return True
 
     async def _estimates(
         self, records: dict[JobId, LiveJobRecord], cluster: Cluster

@@ -6,7 +6,7 @@ checkpoint and releases its GPUs, as for a user's cancel)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from nats.js import JetStreamContext
 from structlog.typing import FilteringBoundLogger
@@ -29,9 +29,12 @@ class TimeLimits:
 
     async def end_over_limit(self, records: Mapping[JobId, LiveJobRecord], now: float,
                              lease: Lease, js: JetStreamContext,
-                             log: FilteringBoundLogger) -> float | None:
+                             log: FilteringBoundLogger,
+                             ended: Callable[[JobId, float], Awaitable[None]] | None = None,
+                             ) -> float | None:
         """End each running job of ``records`` over its ``time_limit`` while
-        ``lease`` is held; the seconds until the next limit."""
+        ``lease`` is held, telling ``ended`` (its receipt, rule ``TimeLimit``);
+        the seconds until the next limit."""
         self.timed_out = {j for j in self.timed_out if j in records and not records[j].final}
         found = tl.limits(records.values(), now, self.timed_out)
         for job_id in found.over:
@@ -42,6 +45,8 @@ class TimeLimits:
             await publish_event(js, subjects.job_events(job_id), event,
                                 msg_id=f"{job_id}:job_cancelled")
             self.timed_out.add(job_id)
+            if ended is not None:
+                await ended(job_id, now)
             log.info("job ended at its time limit", job_id=job_id,
                      time_limit=records[job_id].spec.time_limit)
         return found.next_in
