@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-import scheduling.explain
 from cli.up.launcher import free_port  # noqa: F401  (the tests' name for it)
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.estimate import JobEstimate, ThroughputCurve
@@ -141,12 +140,6 @@ def exited(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-# The pure reasons and receipts (scheduling.explain) land apart from the
-# leader's plumbing: until then the live tests check the plumbing, and the
-# receipts' rules only where they are computed.
-RECEIPTS_COMPUTED = "PLACEHOLDER" not in (scheduling.explain.__doc__ or "")
 
 
 def timeline_of(stored: Callable[[str, str], list[dict[str, Any]]],

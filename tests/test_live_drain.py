@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from shared.jobkeys import job_key
-from tests.helpers import RECEIPTS_COMPUTED, catalog_spec, timeline_of
+from tests.helpers import catalog_spec, timeline_of
 from tests.livestack import LiveStack, until
 from tests.test_live_hardening import CLUSTER, cluster, heartbeats, hops
 from tests.test_live_monitor import scrape
@@ -108,9 +108,8 @@ def test_drain_with_move_moves_the_job_and_undrain_takes_work_again(stack: LiveS
     until(lambda: any(e["kind"] == "started" and "resized" in e["note"]
                       for e in timeline_of(stack.bus_().stored, LONG)),
           "the move on the timeline", 15)
-    if RECEIPTS_COMPUTED:
-        stops = [e for e in timeline_of(stack.bus_().stored, LONG) if e["kind"] == "stopped"]
-        assert stops and stops[0]["receipt"]["rule"] == "Drain", stops
+    stops = [e for e in timeline_of(stack.bus_().stored, LONG) if e["kind"] == "stopped"]
+    assert stops and stops[0]["receipt"]["rule"] == "Drain", stops
     code, out = hops(stack, "nodes", "undrain", drained)
     assert (code, out.strip()) == (0, f"{drained}: undrained")
     assert not stack.nodes()[drained]["drained"] and state_of(stack, drained) == "alive"

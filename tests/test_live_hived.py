@@ -28,7 +28,7 @@ import pytest
 from gateway.access import view_by_id
 from shared import subjects
 from shared.jobkeys import job_key, local_id
-from tests.helpers import RECEIPTS_COMPUTED, catalog_spec, timeline_of
+from tests.helpers import catalog_spec, timeline_of
 from tests.livestack import LiveStack, until
 
 CLUSTER = """\
@@ -163,12 +163,11 @@ def test_a_guaranteed_job_preempts_an_opportunistic_one_through_the_placer(
     # its stop is on its timeline, with the receipt naming the reclaim
     stops = until(lambda: [e for e in timeline_of(bus.stored, victim) if e["kind"] == "stopped"],
                   "the victim's stop on its timeline", 15, stack.logs)
-    if RECEIPTS_COMPUTED:
-        receipt = stops[0]["receipt"]
-        assert receipt is not None and receipt["rule"] == "CellReclaim", stops
-        assert A1 in receipt["takers"], receipt
-        explained = bus.get(subjects.KV_EXPLAIN, victim)
-        assert explained is not None and explained["receipt"]["rule"] == "CellReclaim"
+    receipt = stops[0]["receipt"]
+    assert receipt is not None and receipt["rule"] == "CellReclaim", stops
+    assert A1 in receipt["takers"], receipt
+    explained = bus.get(subjects.KV_EXPLAIN, victim)
+    assert explained is not None and explained["receipt"]["rule"] == "CellReclaim"
 
     def settled() -> dict[str, dict[str, Any]] | None:
         shown = views(api, admin(stack))
