@@ -3,16 +3,23 @@ a real process (:mod:`tests.livestack`, the ``hops`` policy): a long job
 holds the only 4-GPU server; a short job that needs it waits, its latency
 ratio grows, and a round's first plan gives it the GPUs. The long job's stop
 is on its timeline with a receipt naming the rule (``Fairness``) and the
-job that took its GPUs, and it resumes once the short job is done."""
+job that took its GPUs, and it resumes once the short job is done. While
+the short job waits, ``hops describe`` shows why: ``Resources`` (a plan
+within the round: the long job holds the only server it fits), then
+``Priority`` (a round's first plan gave the server to the long job, named
+with its latency ratio), then it runs."""
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers import catalog_spec, timeline_of
 from tests.livestack import LiveStack, until
+from tests.test_live_hardening import hops
 
 CLUSTER = """\
 name: fairness
@@ -39,6 +46,10 @@ def test_a_round_replan_stops_a_long_job_for_a_waiting_one_with_a_receipt(
           and (stack.record("long") or {}).get("samples_done", 0) > 0,
           "long runs and progresses", 90, stack.logs)
     assert stack.submit(catalog_spec("short", 2_000_000, requirements=[4]))["ok"]
+    reasons = described_reasons(stack, "short", 180)
+    assert reasons[-1] == "running", reasons
+    assert "Resources" in reasons and "Priority" in reasons, reasons
+    assert reasons.index("Resources") < reasons.index("Priority"), reasons
     bus = stack.bus_()
     stopped = until(lambda: bus.job_events("long", "job_stopped"), "long stopped for short",
                     120, stack.logs)
@@ -54,3 +65,22 @@ def test_a_round_replan_stops_a_long_job_for_a_waiting_one_with_a_receipt(
     assert kinds[0] == "submitted" and kinds.count("started") >= 2, kinds
     short = [e["kind"] for e in timeline_of(bus.stored, "short")]
     assert short[0] == "submitted" and short[-1] == "finished", short
+
+
+def described_reasons(stack: LiveStack, job: str, timeout: float) -> list[str]:
+    """The reason codes ``hops describe JOB`` shows, each time it changes,
+    until the job runs (then ``running``)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, out = hops(stack, "describe", job)
+        assert code == 0, out
+        found = re.search(r"^Reason:\s+(\w+)", out, re.M)
+        ran = stack.phase(job) in ("running", "finished")  # a short job may be done at once
+        now = "running" if ran else (found.group(1) if found else "-")
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        if now == "running":
+            return seen
+        time.sleep(0.3)
+    raise AssertionError(f"{job} never ran; reasons seen: {seen}\n{stack.logs()}")

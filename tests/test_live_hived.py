@@ -19,6 +19,7 @@ opportunistically, §3.3). In order:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,6 +113,14 @@ def explain_state(bus: Any) -> dict[str, Any]:
             for k, e in bus.bucket(subjects.KV_EXPLAIN).items() if not k.startswith("_")}
 
 
+def steady(bus: Any) -> dict[str, Any] | None:
+    """``explain_state`` once two reads a moment apart agree (the leader
+    writes a plan's entries together, its forecast's a little later)."""
+    before = explain_state(bus)
+    time.sleep(1.0)
+    return before if explain_state(bus) == before else None
+
+
 def queue_state(bus: Any) -> list[tuple[str, str | None, int]]:
     """The queue as ``hops.v1.queue`` answers it: each job, its reason code
     and its position."""
@@ -195,7 +204,14 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
     before = {t: r["view"] for t, r in views(api, admin(stack)).items()}
     assert before["alice"]["chains"][0]["bound"], before
     bus = stack.bus_()
-    explained, queued = explain_state(bus), queue_state(bus)
+    # a round's first plan after the reclaim: the reasons the old leader
+    # leaves are those of a steady state, which the new one plans again
+    # (the reclaim's own reason, TenantCells, holds for one plan only)
+    first = max(p["round"] for p in bus.plans())
+    until(lambda: any(p["round"] > first and p["first_plan"] for p in stack.bus_().plans()),
+          "a first plan after the reclaim", 30, stack.logs)
+    explained = until(lambda: steady(bus), "hops_explain settled", 10, stack.logs)
+    queued = queue_state(bus)
     history = {j: timeline_of(bus.stored, j) for j in (A1, B1, B2)}
     assert all(history.values()), history
     stack.kill(leader)

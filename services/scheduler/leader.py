@@ -313,8 +313,10 @@ class Leader:
                 lost = {n.server.id for n in self.nodes if not n.alive}
                 await self.explainer.after_plan(built.snapshot, plan, round_no,
                                                 drained=drained, lost=lost)
-        else:  # nothing fits the idle GPUs: no news for the placer
+        else:  # nothing fits the idle GPUs: no news for the placer, but its reasons hold
             self.log.info("nothing to add", round=self.clock.round, jobs=len(built.snapshot.jobs))
+            await self.explainer.after_plan(built.snapshot, plan, self.clock.round,
+                                            drained=drained, lost=set())
         self.clock.done(due, now)
         self.clock.wake_in(now, plan.wake_after_s)
 
