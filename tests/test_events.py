@@ -120,7 +120,10 @@ DECODERS = {
 
 
 def test_every_message_type_is_covered() -> None:
-    assert {type(m) for m in MESSAGES} == set(ev.Message.__subclasses__())
+    # the feed's own message (shared.explain_events) is decoded by decode_feed
+    # and tested with it; its tag is still unique among all messages
+    ours = {t for t in ev.Message.__subclasses__() if t.__module__ == ev.__name__}
+    assert {type(m) for m in MESSAGES} == ours
     tags = [t.__struct_config__.tag for t in ev.Message.__subclasses__()]
     assert len(set(tags)) == len(tags)
 
