@@ -17,6 +17,7 @@ import msgspec
 
 from shared.cluster import Cluster
 from shared.ids import JobId
+from simulator.forecasting import ForecastRecord
 from simulator.state import JobRecord
 from world.truth import GroundTruth
 
@@ -65,6 +66,9 @@ class SimResult(msgspec.Struct, frozen=True):
     # Each job's JCT floor in seconds (experiments/common/floor.py), when the caller
     # computed it (experiments.common.simrun.simulate does); summarize reports it.
     floor_s: dict[JobId, float] = msgspec.field(default_factory=dict)
+    # Each waiting job's forecast at each round's first plan, with what
+    # happened (SimSettings.forecast; empty when off).
+    forecasts: tuple[ForecastRecord, ...] = ()
 
 
 def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> float:
