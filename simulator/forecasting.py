@@ -8,6 +8,7 @@ for bench/forecast_calibration.py. A mixin of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import replace as dataclass_replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -80,11 +81,17 @@ class Forecasting:
                        r_num=s.r_num)
         shown = calibrated(raw, log.calibration, s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
+        started = {a.job_id for a in plan.assignments}
         for f, g in zip(raw.jobs, shown.jobs, strict=True):
-            if not f.position:
-                continue
             entry = _Open(len(log.records), raw.at, Interval(f.start_lo, f.start, f.start_hi),
                           Interval(f.finish_lo, f.finish, f.finish_hi))
+            if not f.position:
+                # A job this plan starts: its finish forecast is one of run
+                # time alone, which resolves sooner; it calibrates finishes
+                # but is not a waiting job's record.
+                if f.job_id in started and f.job_id not in log.open_finish:
+                    log.open_finish[f.job_id] = [dataclass_replace(entry, index=-1)]
+                continue
             log.records.append(ForecastRecord(
                 at=raw.at, job_id=g.job_id, position=g.position, gpus=sizes[g.job_id],
                 start=g.start, start_lo=g.start_lo, start_hi=g.start_hi, finish=g.finish,
@@ -100,14 +107,15 @@ class Forecasting:
         opened = (log.open_finish if finished else log.open_start).pop(rec.id, [])
         cal = log.calibration
         for o in opened:
-            r = log.records[o.index]
             if finished:
                 cal = observe(cal, "finish", o.at, o.finish, self.now, self.settings.round_s)
-                r = msgspec.structs.replace(r, actual_finish=self.now)
             else:
                 cal = observe(cal, "start", o.at, o.start, self.now, self.settings.round_s)
-                r = msgspec.structs.replace(r, actual_start=self.now)
-            log.records[o.index] = r
+            if o.index < 0:
+                continue  # not a record (a job its plan started)
+            r = log.records[o.index]
+            log.records[o.index] = msgspec.structs.replace(
+                r, **{"actual_finish" if finished else "actual_start": self.now})
         log.calibration = cal
 
     def _forecast_records(self) -> tuple[ForecastRecord, ...]:

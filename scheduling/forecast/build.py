@@ -66,7 +66,7 @@ def _ranks_by_latency(reasons: PlanReasons) -> bool:
 def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, profile_s: float,
           next_round: float | None, r_num: int = R_NUM,
           tenant_cells: Mapping[TenantId, frozenset[ServerId]] | None = None,
-          ) -> tuple[Model, tuple[JobState, ...]]:
+          replan_rounds: int = 96) -> tuple[Model, tuple[JobState, ...]]:
     """The model of ``snapshot`` after ``plan``, and the jobs it forecasts
     (GPU jobs; index i of the model is ``jobs[i]``)."""
     now, cluster = snapshot.now, snapshot.cluster
@@ -85,31 +85,32 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
     waiting: dict[JobId, Waiting] = {}
     for i, job in enumerate(jobs):
         a = chosen.get(job.id)
+        spec = _waiting(i, job, snapshot, by_model, profile_s, r_num, tenant_cells)
         running = job.phase == "running" and job.current is not None
-        if running and not snapshot.first_plan and (a is None or job.current == a.config
-                                                     or _same_gpus(job, a.config)):
+        if running and not snapshot.first_plan and (a is None or _same_gpus(job, a.config)):
             assert job.current is not None
-            placed.append(_kept(i, job, job.current, snapshot, sidx))
-            continue
-        if a is not None:
+            placed.append(_kept(i, job, job.current, snapshot, sidx, spec))
+        elif a is not None:
             if not (running and not snapshot.first_plan):
                 for sid, g in a.config.parts:
                     free[sidx[sid]] -= g
             if running and _same_gpus(job, a.config):
-                placed.append(_kept(i, job, a.config, snapshot, sidx))
+                placed.append(_kept(i, job, a.config, snapshot, sidx, spec))
             else:
-                placed.append(_started(i, job, a.config, a.throughput, snapshot, sidx))
-            continue
-        w = _waiting(i, job, snapshot, by_model, profile_s, r_num, tenant_cells)
-        if w is not None:
-            waiting[job.id] = w
-    order = jobs_order(plan.reasons.priorities,
-                       {jid: jobs[w.job].spec.submit_time for jid, w in waiting.items()})
-    aging = _aging(snapshot, plan.reasons, [waiting[j] for j in order], jobs, r_num)
+                placed.append(_started(i, job, a.config, a.throughput, snapshot, sidx, spec))
+        elif spec is not None:
+            waiting[job.id] = spec
+    pri = plan.reasons.priorities
+    order = jobs_order(pri, {j.id: j.spec.submit_time for j in jobs})
+    index = {j.id: i for i, j in enumerate(jobs)}
     model = Model(cluster=cluster, now=now, round_s=round_s, fill_s=fill_s,
                   next_round=now + round_s if next_round is None else next_round,
                   free=tuple(max(0, f) for f in free), placed=tuple(placed),
-                  waiting=tuple(waiting[j] for j in order), aging=aging)
+                  waiting=tuple(waiting[j] for j in order if j in waiting),
+                  aging=_aging(snapshot, plan.reasons, jobs, r_num),
+                  priority={index[j]: p for j, p in pri.items() if j in index},
+                  rank={index[j]: k for k, j in enumerate(order)},
+                  replan_rounds=replan_rounds)
     return model, jobs
 
 
@@ -118,20 +119,20 @@ def _same_gpus(job: JobState, config: Configuration) -> bool:
 
 
 def _kept(i: int, job: JobState, config: Configuration, snapshot: Snapshot,
-          sidx: Mapping[ServerId, int]) -> Placed:
+          sidx: Mapping[ServerId, int], again: Waiting | None) -> Placed:
     """A running job that keeps its GPUs: at its measured rate from when its
     restart ended (the estimate's rate while it is not measured)."""
     parts = tuple((sidx[s], g) for s, g in config.parts)
     begin = max(snapshot.now, job.throughput_since)
     if job.throughput > 0:
-        return Placed(i, parts, begin, job.remaining_samples, job.throughput, False)
+        return Placed(i, parts, begin, job.remaining_samples, job.throughput, False, again)
     est = snapshot.estimates.get(job.id)
     tput = config_throughput(est, snapshot.cluster, config) if est is not None else 0.0
-    return Placed(i, parts, begin, job.remaining_samples, tput, True)
+    return Placed(i, parts, begin, job.remaining_samples, tput, True, again)
 
 
 def _started(i: int, job: JobState, config: Configuration, planned: float,
-             snapshot: Snapshot, sidx: Mapping[ServerId, int]) -> Placed:
+             snapshot: Snapshot, sidx: Mapping[ServerId, int], again: Waiting | None) -> Placed:
     """A job the plan (re)starts: progress after its restart cost, at the
     plan's throughput (the estimate's when the plan gives none)."""
     est = snapshot.estimates.get(job.id)
@@ -139,7 +140,8 @@ def _started(i: int, job: JobState, config: Configuration, planned: float,
     if tput <= 0 and est is not None and _covers(est, snapshot, config):
         tput = config_throughput(est, snapshot.cluster, config)
     parts = tuple((sidx[s], g) for s, g in config.parts)
-    return Placed(i, parts, snapshot.now + restart_cost(job), job.remaining_samples, tput, True)
+    return Placed(i, parts, snapshot.now + restart_cost(job), job.remaining_samples, tput, True,
+                  again)
 
 
 def _waiting(i: int, job: JobState, snapshot: Snapshot, by_model: Mapping[str, JobEstimate],
@@ -159,19 +161,20 @@ def _waiting(i: int, job: JobState, snapshot: Snapshot, by_model: Mapping[str, J
     return Waiting(i, reqs, est, types, job.remaining_samples, restart_cost(job), eligible, cells)
 
 
-def _aging(snapshot: Snapshot, reasons: PlanReasons, order: list[Waiting],
-           jobs: tuple[JobState, ...], r_num: int) -> dict[int, tuple[float, float]]:
-    """(age, wait) of each ranked waiting job when the policy ranks by the
-    latency ratio; empty otherwise (the plan's order is kept)."""
+def _aging(snapshot: Snapshot, reasons: PlanReasons, jobs: tuple[JobState, ...],
+           r_num: int) -> dict[int, tuple[float, float]]:
+    """(age, wait) of each ranked job when the policy ranks by the latency
+    ratio (Eq. 8: wait / age, Eq. 9); empty otherwise (the plan's
+    priorities hold)."""
     if not _ranks_by_latency(reasons):
         return {}
     out: dict[int, tuple[float, float]] = {}
-    for w in order:
-        job = jobs[w.job]
-        if w.estimate is None or job.id not in reasons.priorities:
+    for i, job in enumerate(jobs):
+        est = snapshot.estimates.get(job.id)
+        if est is None or job.id not in reasons.priorities:
             continue
         reqs = job.spec.requirement_set(r_num)
-        a = age(w.estimate, snapshot.cluster, job.spec.total_samples, sum(reqs) / len(reqs))
+        a = age(est, snapshot.cluster, job.spec.total_samples, sum(reqs) / len(reqs))
         if math.isfinite(a) and a > 0:
-            out[w.job] = (a, job.wait_s)
+            out[i] = (a, job.wait_s)
     return out

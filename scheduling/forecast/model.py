@@ -15,7 +15,6 @@ of a draw come in as an argument (:func:`run`).
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ class Placed:
     remaining: float
     throughput: float
     estimated: bool
+    # How it waits again if a round's replan preempts it (None: never).
+    again: Waiting | None = None
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,13 @@ class Model:
     free: tuple[int, ...]  # per server index, after the plan
     placed: tuple[Placed, ...]
     waiting: tuple[Waiting, ...]  # the policy's order at ``now``
-    # Age (Eq. 9) and wait of each waiting job whose priority is its latency
-    # ratio (Eq. 8): the order is re-ranked at each round with the waits grown.
+    # Age (Eq. 9) and wait of each job whose priority is its latency ratio
+    # (Eq. 8), which grows while it waits; empty when the policy ranks
+    # otherwise, and then ``priority`` (the plan's) holds.
     aging: Mapping[int, tuple[float, float]]
+    priority: Mapping[int, float]
+    rank: Mapping[int, int]  # ties: the order at ``now``
+    replan_rounds: int = 96
 
 
 @dataclass
@@ -82,7 +87,7 @@ class Outcome:
     finish: dict[int, float]
 
 
-class _Fleet:
+class Fleet:
     """Free GPUs per server and per type while a draw runs."""
 
     def __init__(self, cluster: Cluster, free: Sequence[int]) -> None:
@@ -94,6 +99,11 @@ class _Fleet:
             self.by_type.setdefault(s.gpu_type, []).append(i)
         self.type_free = {t: sum(self.free[i] for i in idx) for t, idx in self.by_type.items()}
 
+    def fits(self, w: Waiting) -> bool:
+        """Whether some type ``w`` runs on has its minimum requirement free."""
+        low = w.reqs[-1]
+        return any(self.type_free.get(g, 0) >= low for g in w.types)
+
     def take(self, parts: Sequence[tuple[int, int]]) -> None:
         for i, g in parts:
             self.free[i] -= g
@@ -104,9 +114,10 @@ class _Fleet:
             self.free[i] += g
             self.type_free[self.cluster.servers[i].gpu_type] += g
 
-    def best(self, w: Waiting) -> tuple[float, tuple[tuple[int, int], ...]] | None:
-        """The best-throughput configuration of ``w``'s requirement set on
-        what is free (§3.5's throughput of a configuration), or None."""
+    def best(self, w: Waiting, most: int) -> tuple[float, tuple[tuple[int, int], ...]] | None:
+        """The best-throughput configuration of ``w``'s requirement set, of
+        at most ``most`` GPUs, on what is free (§3.5's throughput of a
+        configuration), or None."""
         est = w.estimate
         if est is None:
             return None
@@ -114,7 +125,7 @@ class _Fleet:
         for gpu_type in w.types:
             room = self.type_free.get(gpu_type, 0)
             for r in w.reqs:
-                if r > room:
+                if r > room or r > most:
                     continue
                 got = self._on_type(est, gpu_type, r, w.servers)
                 if got is not None:
@@ -157,117 +168,6 @@ class _Fleet:
         if per_gpu <= 0:
             return None
         return per_gpu * r, tuple(sorted(parts))
-
-
-def _order(model: Model, waiting: list[int], t: float) -> list[int]:
-    """The waiting jobs (indices into ``model.waiting``) in the policy's order
-    at ``t``: latency ratios grown by the time waited since ``now``."""
-    if not model.aging:
-        return waiting
-    rank = {i: k for k, i in enumerate(waiting)}
-    dt = t - model.now
-
-    def key(i: int) -> tuple[float, int]:
-        aged = model.aging.get(model.waiting[i].job)
-        if aged is None:
-            return (INF, rank[i])  # unranked: after every ranked job, as they were
-        age_s, wait_s = aged
-        return (-(wait_s + dt) / age_s, rank[i])
-
-    return sorted(waiting, key=key)
-
-
-def run(model: Model, factor: Mapping[int, float], *, stop_after: int | None = None) -> Outcome:
-    """One draw: every job's start and finish with each estimated
-    throughput multiplied by ``factor[job]`` (1.0 when absent).
-    ``stop_after``: stop once that job has started (a what-if needs no more)."""
-    fleet = _Fleet(model.cluster, model.free)
-    start: dict[int, float] = {}
-    finish: dict[int, float] = {}
-    heap: list[tuple[float, int, tuple[tuple[int, int], ...]]] = []
-    for p in model.placed:
-        tput = p.throughput * (factor.get(p.job, 1.0) if p.estimated else 1.0)
-        end = p.begin + (p.remaining / tput if tput > 0 else INF)
-        finish[p.job] = end
-        if end < INF:
-            heapq.heappush(heap, (end, p.job, p.parts))
-    waiting = list(range(len(model.waiting)))
-    eligible = sorted({w.eligible_at for w in model.waiting if w.eligible_at > model.now})
-    t, dirty, sorted_round = model.now, True, -1
-    while waiting:
-        t = _next_plan(model, t, heap, eligible, dirty)
-        if t == INF:
-            break
-        while heap and heap[0][0] <= t:
-            fleet.give(heapq.heappop(heap)[2])
-        rnd = int((t - model.now) // model.round_s)
-        if rnd != sorted_round:
-            waiting, sorted_round = _order(model, waiting, t), rnd
-        waiting = _place(model, fleet, waiting, t, factor, heap, start, finish)
-        dirty = False
-        if stop_after is not None and stop_after in start:
-            break
-    return Outcome(start, finish)
-
-
-def _next_plan(model: Model, t: float, heap: list[tuple[float, int, tuple[tuple[int, int], ...]]],
-               eligible: list[float], dirty: bool) -> float:
-    """The next plan after ``t`` that could start a job: the round's end
-    while the plan's leftovers are untried, a later plan ``fill_s`` after a
-    completion (or the round boundary if that comes first), or the first
-    plan after a profiling job would join the queue."""
-    nxt = INF
-    if dirty:
-        nxt = model.next_round
-    if heap:
-        nxt = min(nxt, _plan_after(model, heap[0][0]))
-    while eligible and eligible[0] <= t:
-        eligible.pop(0)
-    if eligible:
-        nxt = min(nxt, _plan_after(model, eligible[0]))
-    return nxt
-
-
-def _plan_after(model: Model, at: float) -> float:
-    """The plan that follows an event at ``at``: ``fill_s`` later, or the
-    round boundary if that comes first."""
-    since = max(0.0, at - model.next_round)
-    boundary = model.next_round + math.ceil(since / model.round_s) * model.round_s
-    return min(at + model.fill_s, boundary)
-
-
-def _place(model: Model, fleet: _Fleet, waiting: list[int], t: float,
-           factor: Mapping[int, float], heap: list[tuple[float, int, tuple[tuple[int, int], ...]]],
-           start: dict[int, float], finish: dict[int, float]) -> list[int]:
-    """The plan at ``t``: each waiting job in order takes what fits; returns
-    those still waiting."""
-    left: list[int] = []
-    # The service window (§3.6): the head of the queue whose minimum
-    # requirements first reach the GPUs this plan may give out.
-    capacity, counted = sum(fleet.free), 0
-    for k, i in enumerate(waiting):
-        w = model.waiting[i]
-        if w.eligible_at > t:
-            left.append(i)
-            continue
-        if counted >= capacity:
-            left.extend(waiting[k:])
-            break
-        counted += w.reqs[-1]
-        room = fleet.type_free
-        if not any(room.get(g, 0) >= w.reqs[-1] for g in w.types):
-            left.append(i)
-            continue
-        got = fleet.best(w)
-        if got is None:
-            left.append(i)
-            continue
-        tput, parts = got
-        fleet.take(parts)
-        end = t + w.restart_s + w.remaining / (tput * factor.get(w.job, 1.0))
-        start[w.job], finish[w.job] = t, end
-        heapq.heappush(heap, (end, w.job, parts))
-    return left
 
 
 def server_index(cluster: Cluster) -> dict[ServerId, int]:

@@ -13,7 +13,8 @@ import numpy as np
 
 from scheduling.forecast.build import build, estimator_sigma
 from scheduling.forecast.calibration import Calibration, Interval, apply
-from scheduling.forecast.model import Model, Outcome, Waiting, run
+from scheduling.forecast.forward import run
+from scheduling.forecast.model import Model, Outcome, Waiting
 from shared.explain import JobForecast, QueueForecast, WhatIf
 from shared.ids import JobId, ServerId, TenantId
 from shared.job import R_NUM
@@ -28,6 +29,9 @@ FILL_S = 30.0
 PROFILE_S = 60.0
 # What-ifs are worked out for this many waiting jobs, the head of the queue.
 WHATIF_JOBS = 10
+# Rounds whose first plan the model replans (preemptions by rank); later
+# ones only serve the queue, which bounds a forecast's cost on a deep queue.
+REPLAN_ROUNDS = 96
 
 
 def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
@@ -36,7 +40,8 @@ def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
              whatif_jobs: int = WHATIF_JOBS, fill_s: float = FILL_S,
              profile_s: float = PROFILE_S, next_round: float | None = None,
              r_num: int = R_NUM, sigma: float | None = None,
-             started: Mapping[JobId, float] | None = None) -> QueueForecast:
+             started: Mapping[JobId, float] | None = None,
+             replan_rounds: int = REPLAN_ROUNDS) -> QueueForecast:
     """The forecast of every GPU job of ``snapshot`` after ``plan`` (made
     from it), from ``draws`` draws of the throughputs, each estimated one
     multiplied by a lognormal factor of sigma ``sigma`` (default: the
@@ -44,10 +49,12 @@ def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
     ``calibration`` corrects the intervals (:func:`calibrated`);
     ``tenant_cells`` restricts each named tenant's jobs to its servers
     (HiveD), which makes the opportunistic what-if possible; ``started``
-    gives running jobs' start times (unknown: now). Jobs the model cannot
+    gives running jobs' start times (unknown: now); the first
+    ``replan_rounds`` rounds' first plans may preempt. Jobs the model cannot
     place (no estimate of their model, no GPU type) are left out."""
     model, jobs = build(snapshot, plan, round_s=round_s, fill_s=fill_s, profile_s=profile_s,
-                        next_round=next_round, r_num=r_num, tenant_cells=tenant_cells)
+                        next_round=next_round, r_num=r_num, tenant_cells=tenant_cells,
+                        replan_rounds=replan_rounds)
     s = estimator_sigma(snapshot) if sigma is None else sigma
     point = run(model, {})
     outs = [point, *(run(model, f) for f in _factors(model, len(jobs), s, seed, draws))]
