@@ -83,8 +83,9 @@ class Forecasting:
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
         for f, g in zip(raw.jobs, shown.jobs, strict=True):
-            entry = _Open(len(log.records), raw.at, Interval(f.start_lo, f.start, f.start_hi),
-                          Interval(f.finish_lo, f.finish, f.finish_hi))
+            entry = _Open(len(log.records), raw.at,
+                          Interval(f.start_lo, f.start, f.start_hi, f.position),
+                          Interval(f.finish_lo, f.finish, f.finish_hi, f.position))
             if not f.position:
                 # A job this plan starts: its finish forecast is one of run
                 # time alone, which resolves sooner; it calibrates finishes

@@ -33,11 +33,13 @@ MISS_PER_SIDE = 0.1
 class Residual(msgspec.Struct, frozen=True, array_like=True):
     """One resolved forecast, in log time-from-forecast: ``mid`` = log(actual
     / point); ``below`` = log(lo / actual) and ``above`` = log(actual / hi),
-    each positive when the actual value fell outside that side."""
+    each positive when the actual value fell outside that side. ``band``:
+    how far ahead the point was (:func:`band`)."""
 
     mid: float
     below: float
     above: float
+    band: int = 0
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,11 +51,30 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Interval(msgspec.Struct, frozen=True):
-    """A point forecast and its interval, epoch seconds."""
+    """A point forecast and its interval, epoch seconds, and the job's
+    position in the queue when it was made (0: running)."""
 
     lo: float
     point: float
     hi: float
+    position: int = 0
+
+
+# Bands of a forecast: how far ahead its point is, in rounds, and how far
+# back in the queue the job is (the jobs that arrive later and overtake it
+# are what the model does not know). A forecast is corrected by the
+# residuals of its own band (Mondrian conformal prediction) once that band
+# has enough, else by all.
+AHEAD_ROUNDS = (1.0, 4.0, 16.0)
+POSITIONS = (3, 10, 30)
+
+
+def band(at: float, forecast: Interval, scale: float) -> int:
+    """The band of ``forecast`` made at ``at`` (``scale``: one round)."""
+    ahead = max(0.0, forecast.point - at) / scale
+    far = sum(1 for edge in AHEAD_ROUNDS if ahead > edge)
+    back = sum(1 for edge in POSITIONS if forecast.position > edge)
+    return far * (len(POSITIONS) + 1) + back
 
 
 def _span(at: float, t: float, scale: float) -> float:
@@ -72,6 +93,7 @@ def residual(at: float, forecast: Interval, actual: float, scale: float) -> Resi
         mid=math.log(y / _span(at, forecast.point, scale)),
         below=math.log(_span(at, forecast.lo, scale) / y),
         above=math.log(y / _span(at, forecast.hi, scale)),
+        band=band(at, forecast, scale),
     )
 
 
@@ -114,7 +136,11 @@ def apply(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
             rs = cal.finish
         case _:
             assert_never(quantity)
-    if len(rs) < MIN_RESIDUALS:
+    own = band(at, forecast, scale)
+    mine = [r for r in rs if r.band == own]
+    if len(mine) >= MIN_RESIDUALS:
+        rs = tuple(mine)
+    elif len(rs) < MIN_RESIDUALS:
         return forecast
     lo_w = _span(at, forecast.lo, scale) * math.exp(-_conformal([r.below for r in rs],
                                                                  MISS_PER_SIDE))
@@ -122,4 +148,4 @@ def apply(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
                                                                 MISS_PER_SIDE))
     p_w = _span(at, forecast.point, scale) * math.exp(_median([r.mid for r in rs]))
     lo, point, hi = (_back(at, w, scale) for w in (lo_w, p_w, hi_w))
-    return Interval(min(lo, point), point, max(hi, point))
+    return Interval(min(lo, point), point, max(hi, point), forecast.position)

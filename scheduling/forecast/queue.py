@@ -136,8 +136,10 @@ def calibrated(qf: QueueForecast, cal: Calibration, round_s: float) -> QueueFore
             # are those of waiting jobs, whose error is mostly the wait.
             out.append(f)
             continue
-        fin = apply(cal, "finish", qf.at, Interval(f.finish_lo, f.finish, f.finish_hi), round_s)
-        st = apply(cal, "start", qf.at, Interval(f.start_lo, f.start, f.start_hi), round_s)
+        fin = apply(cal, "finish", qf.at,
+                    Interval(f.finish_lo, f.finish, f.finish_hi, f.position), round_s)
+        st = apply(cal, "start", qf.at,
+                   Interval(f.start_lo, f.start, f.start_hi, f.position), round_s)
         # A job cannot finish before it starts, whatever each correction did.
         fin = Interval(max(fin.lo, st.lo), max(fin.point, st.point), max(fin.hi, st.hi))
         f = msgspec.structs.replace(f, start=st.point, start_lo=st.lo, start_hi=st.hi)
@@ -164,8 +166,11 @@ def _with_whatifs(qf: QueueForecast, model: Model, jobs: Sequence[JobState], poi
 def _variants(w: Waiting, cells: bool) -> list[tuple[WhatIf, Waiting]]:
     """The alternatives of ``w`` (their times filled in by :func:`whatifs`)."""
     out: list[tuple[WhatIf, Waiting]] = []
-    if len(w.reqs) > 1:
-        g = w.reqs[-1]
+    # The model serves a job's smallest requirement whenever it fits, so
+    # "its smallest requirement only" would never start earlier there: the
+    # smaller set offered is half of it.
+    if w.reqs[-1] > 1:
+        g = w.reqs[-1] // 2
         out.append((WhatIf(kind="smaller", message=f"with only {g} GPU{'s' if g > 1 else ''}",
                            start=0.0, finish=0.0, max_gpus=g),
                     dataclasses.replace(w, reqs=(g,))))
