@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from scheduling.forecast.arrivals import with_arrivals
 from scheduling.forecast.model import Model, Placed, Waiting, jobs_order, server_index
 from scheduling.rounds import restart_cost
 from shared.configuration import Configuration
@@ -66,9 +67,11 @@ def _ranks_by_latency(reasons: PlanReasons) -> bool:
 def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, profile_s: float,
           next_round: float | None, r_num: int = R_NUM,
           tenant_cells: Mapping[TenantId, frozenset[ServerId]] | None = None,
-          replan_rounds: int = 96) -> tuple[Model, tuple[JobState, ...]]:
+          replan_rounds: int = 96, arrivals: bool = True, preempt: bool = False,
+          ) -> tuple[Model, tuple[JobState, ...]]:
     """The model of ``snapshot`` after ``plan``, and the jobs it forecasts
-    (GPU jobs; index i of the model is ``jobs[i]``)."""
+    (GPU jobs; index i of the model is ``jobs[i]``; ``arrivals``: with the
+    jobs expected to arrive, :mod:`scheduling.forecast.arrivals`)."""
     now, cluster = snapshot.now, snapshot.cluster
     jobs = tuple(j for j in snapshot.jobs if j.spec.kind != "cpu")
     chosen = {a.job_id: a for a in plan.assignments}
@@ -83,9 +86,11 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
             by_model.setdefault(j.spec.model, est)
     placed: list[Placed] = []
     waiting: dict[JobId, Waiting] = {}
+    specs: list[Waiting | None] = []
     for i, job in enumerate(jobs):
         a = chosen.get(job.id)
         spec = _waiting(i, job, snapshot, by_model, profile_s, r_num, tenant_cells)
+        specs.append(spec)
         running = job.phase == "running" and job.current is not None
         if running and not snapshot.first_plan and (a is None or _same_gpus(job, a.config)):
             assert job.current is not None
@@ -110,8 +115,8 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
                   aging=_aging(snapshot, plan.reasons, jobs, r_num),
                   priority={index[j]: p for j, p in pri.items() if j in index},
                   rank={index[j]: k for k, j in enumerate(order)},
-                  replan_rounds=replan_rounds)
-    return model, jobs
+                  replan_rounds=replan_rounds, preempt=preempt)
+    return (with_arrivals(model, jobs, specs) if arrivals else model), jobs
 
 
 def _same_gpus(job: JobState, config: Configuration) -> bool:

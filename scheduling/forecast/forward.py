@@ -8,10 +8,11 @@ each later plan the waiting jobs are served in the policy's order.
   requirement set that fits (the largest that fits, on the best type).
 - A round's first plan (the first :attr:`Model.replan_rounds` rounds) ranks
   running and waiting jobs together, latency ratios grown by the time
-  waited when the policy ranks by them: running jobs outside the window over
-  all GPUs are preempted (their progress kept, a restart when they resume),
-  then the window is served as above. Hops re-solves its ILP there; the
-  model keeps running jobs in place instead (docs/explain.md, "Forecasts").
+  waited when the policy ranks by them; with :attr:`Model.preempt`,
+  running jobs outside the window over all GPUs (less Hops' hysteresis)
+  are preempted (their progress kept, a restart when they resume); then the
+  window is served as above, and GPUs still idle grow running jobs. Hops
+  re-solves its ILP there (docs/explain.md, "Forecasts").
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from scheduling.forecast.model import INF, Fleet, Model, Outcome, Waiting
 # Passes of one plan: the first and at most four fill passes, as Hops plans
 # (HopsSettings.max_fill_passes).
 PASSES = 5
+# HopsSettings.preempt_margin's default: the share of the top priority a
+# running job is credited with against the window (docs/design.md, "Hysteresis").
+KEEP_MARGIN = 0.02
 
 
 @dataclass
@@ -107,7 +111,9 @@ def run(model: Model, factor: Mapping[int, float], *, stop_after: int | None = N
         d.fleet.give(p.parts)  # ``model.free`` is what the plan leaves: hold() takes them again
         d.hold(p.job, p.parts, p.begin, p.remaining, tput, p.again)
     for w in model.waiting:
-        d.waiting[w.job], d.remaining[w.job], d.since[w.job] = w, w.remaining, model.now
+        # A job expected to arrive waits from its arrival (its eligibility).
+        d.waiting[w.job], d.remaining[w.job] = w, w.remaining
+        d.since[w.job] = max(model.now, w.eligible_at)
     d.order = [w.job for w in model.waiting]
     eligible = sorted({w.eligible_at for w in model.waiting if w.eligible_at > model.now})
     t, dirty = model.now, True
@@ -183,8 +189,16 @@ def _replan(d: _Draw, t: float) -> None:
         inside.add(job)
         h = d.held.get(job)
         counted += sum(g for _, g in h.parts) if h is not None else d.waiting[job].reqs[-1]
+    # Hops' hysteresis (HopsSettings.preempt_margin): a running job outside
+    # the window keeps its GPUs while its priority, plus the margin of the
+    # top one, reaches the window's lowest.
+    keys = {j: -d.priority(j, t)[0] for j in ranked}
+    finite = [k for k in keys.values() if math.isfinite(k)]
+    top = max(finite, default=0.0)
+    low = min((keys[j] for j in inside if math.isfinite(keys[j])), default=-INF)
     for job in [j for j, h in d.held.items() if j not in inside and h.spec is not None]:
-        d.preempt(job, t)
+        if d.model.preempt and keys.get(job, -INF) + KEEP_MARGIN * top < low:
+            d.preempt(job, t)
     d.order = [j for j in ranked if j in d.waiting] + [
         j for j in d.order if j in d.waiting and d.waiting[j].eligible_at > t]
 

@@ -77,6 +77,9 @@ class Model:
     priority: Mapping[int, float]
     rank: Mapping[int, int]  # ties: the order at ``now``
     replan_rounds: int = 96
+    # Whether a round's replan preempts running jobs that fall out of the
+    # window (off by default: it forecast starts too early, docs/explain.md).
+    preempt: bool = False
 
 
 @dataclass

@@ -29,7 +29,7 @@ FILL_S = 30.0
 PROFILE_S = 60.0
 # What-ifs are worked out for this many waiting jobs, the head of the queue.
 WHATIF_JOBS = 10
-# Rounds whose first plan the model replans (preemptions by rank); later
+# Rounds whose first plan the model replans (ranks again, grows jobs); later
 # ones only serve the queue, which bounds a forecast's cost on a deep queue.
 REPLAN_ROUNDS = 96
 
@@ -41,7 +41,8 @@ def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
              profile_s: float = PROFILE_S, next_round: float | None = None,
              r_num: int = R_NUM, sigma: float | None = None,
              started: Mapping[JobId, float] | None = None,
-             replan_rounds: int = REPLAN_ROUNDS) -> QueueForecast:
+             replan_rounds: int = REPLAN_ROUNDS, arrivals: bool = True,
+             preempt: bool = False) -> QueueForecast:
     """The forecast of every GPU job of ``snapshot`` after ``plan`` (made
     from it), from ``draws`` draws of the throughputs, each estimated one
     multiplied by a lognormal factor of sigma ``sigma`` (default: the
@@ -50,11 +51,13 @@ def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
     ``tenant_cells`` restricts each named tenant's jobs to its servers
     (HiveD), which makes the opportunistic what-if possible; ``started``
     gives running jobs' start times (unknown: now); the first
-    ``replan_rounds`` rounds' first plans may preempt. Jobs the model cannot
+    ``replan_rounds`` rounds' first plans rank everyone again (and
+    preempt, with ``preempt``); ``arrivals`` adds the jobs expected to
+    arrive (:mod:`scheduling.forecast.arrivals`). Jobs the model cannot
     place (no estimate of their model, no GPU type) are left out."""
     model, jobs = build(snapshot, plan, round_s=round_s, fill_s=fill_s, profile_s=profile_s,
                         next_round=next_round, r_num=r_num, tenant_cells=tenant_cells,
-                        replan_rounds=replan_rounds)
+                        replan_rounds=replan_rounds, arrivals=arrivals, preempt=preempt)
     s = estimator_sigma(snapshot) if sigma is None else sigma
     point = run(model, {})
     outs = [point, *(run(model, f) for f in _factors(model, len(jobs), s, seed, draws))]
@@ -113,6 +116,8 @@ def _waiting_entries(model: Model, jobs: Sequence[JobState],
     entries: list[JobForecast] = []
     by_tenant: dict[str, int] = {}
     for w in model.waiting:
+        if w.job >= len(jobs):
+            continue  # a job expected to arrive
         start = _interval(outs, w.job, finish=False)
         fin = _interval(outs, w.job, finish=True)
         if start is None or fin is None:
