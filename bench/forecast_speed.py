@@ -58,7 +58,9 @@ def trial(gpus: int, n_jobs: int, draws: int, seed: int, policy: Policy) -> tupl
     cluster = make_cluster(rng, gpus)
     queue, estimates = make_queue(rng, cluster, depth=4.0)
     queue = queue[:n_jobs]
-    snap = Snapshot(now=7200.0, cluster=cluster, jobs=tuple(queue),
+    # Submissions span [0, 3600): at 5400 and a round later, the last
+    # hour's arrivals are some of the queue, which the model expects again.
+    snap = Snapshot(now=5400.0, cluster=cluster, jobs=tuple(queue),
                     estimates={j.id: estimates[j.id] for j in queue})
     snap = running_after(snap, policy.plan(snap), rng)
     plan = policy.plan(snap)

@@ -18,6 +18,9 @@ from shared.snapshot import JobState
 
 # The recent past whose arrivals are expected again: an hour.
 WINDOW_S = 3600.0
+# At most as many expected arrivals as jobs in the snapshot, the nearest
+# first: a forecast's cost at most doubles (the budget).
+PER_JOB = 1
 
 
 def with_arrivals(model: Model, jobs: Sequence[JobState], specs: Sequence[Waiting | None],
@@ -42,7 +45,7 @@ def with_arrivals(model: Model, jobs: Sequence[JobState], specs: Sequence[Waitin
         for submit, i in sorted(recent):
             at = submit + k * window_s
             spec = specs[i]
-            if at > horizon or spec is None:
+            if at > horizon or spec is None or len(extra) >= PER_JOB * len(jobs):
                 continue
             extra.append(dataclasses.replace(
                 spec, job=n, remaining=float(jobs[i].spec.total_samples),
