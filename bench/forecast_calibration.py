@@ -13,7 +13,7 @@ error at or below the median of that bound), overall, by job size (its
 largest requirement, GPUs) and by the actual wait to the start.
 
     .venv/bin/python bench/forecast_calibration.py [--only table4,cluster01,...]
-        [--limit N] [--draws 8] [--seed 0] [--out FILE.json]
+        [--limit N] [--draws 8] [--seed 0] [--out FILE.json] [--preempt] [--no-arrivals]
 """
 
 from __future__ import annotations
@@ -54,14 +54,16 @@ def run_specs(only: Sequence[str], limit: int | None, seed: int) -> list[tuple[s
     return out
 
 
-def replay(spec: RunSpec, draws: int) -> tuple[tuple[ForecastRecord, ...], float]:
+def replay(spec: RunSpec, draws: int, preempt: bool = False,
+           arrivals: bool = True) -> tuple[tuple[ForecastRecord, ...], float]:
     """``spec`` as simulate() runs it, with forecasts on; the records and the
     wall time."""
     policy_spec = resolve(spec.policy, priority=spec.priority, lam=spec.lam)
     cluster, truth, jobs = prepare(spec)
     settings = SimSettings(round_s=spec.round_s, restart_s=spec.restart_s, seed=spec.seed,
                            r_num=policy_spec.r_num, profile_reuse=profile_reuse(policy_spec),
-                           forecast=True, forecast_draws=draws)
+                           forecast=True, forecast_draws=draws, forecast_preempt=preempt,
+                           forecast_arrivals=arrivals)
     began = time.perf_counter()
     result = Simulation(cluster, jobs, make_policy(policy_spec), truth, settings).run()
     return result.forecasts, time.perf_counter() - began
@@ -73,8 +75,9 @@ def _stats(recs: Sequence[ForecastRecord], finish: bool, round_s: float) -> dict
         actual = r.actual_finish if finish else r.actual_start
         if actual is None or r.actual_start is None:
             continue
-        point, lo, hi = ((r.finish, r.finish_lo, r.finish_hi) if finish
-                         else (r.start, r.start_lo, r.start_hi))
+        f = r.forecast
+        point, lo, hi = ((f.finish, f.finish_lo, f.finish_hi) if finish
+                         else (f.start, f.start_lo, f.start_hi))
         # The issue's bound: one round or 20% of the time waited for the
         # event (to the start; to the finish for the finish).
         bound = max(round_s, 0.2 * (actual - r.at))
@@ -128,10 +131,14 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--preempt", action="store_true",
+                        help="the model's round replans preempt (forecast(preempt=True))")
+    parser.add_argument("--no-arrivals", action="store_true",
+                        help="no expected arrivals (forecast(arrivals=False))")
     args = parser.parse_args()
     results: dict[str, object] = {}
     for label, spec in run_specs(args.only.split(","), args.limit, args.seed):
-        recs, wall = replay(spec, args.draws)
+        recs, wall = replay(spec, args.draws, args.preempt, not args.no_arrivals)
         print(f"\n{label}: {spec.workload}, first {spec.first_n or 'all'} jobs, "
               f"{wall:.0f} s", flush=True)
         results[label] = {"wall_s": wall, "table": report(label, recs, spec.round_s)}

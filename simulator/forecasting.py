@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from scheduling.forecast import Calibration, Interval, calibrated, forecast, observe
+from shared.explain import JobForecast
 from shared.ids import JobId
 from shared.snapshot import Plan, Snapshot
 
@@ -28,15 +29,8 @@ class ForecastRecord(msgspec.Struct, frozen=True):
     within the run). ``gpus``: the largest of its requirements."""
 
     at: float
-    job_id: JobId
-    position: int
     gpus: int
-    start: float
-    start_lo: float
-    start_hi: float
-    finish: float
-    finish_lo: float
-    finish_hi: float
+    forecast: JobForecast
     actual_start: float | None = None
     actual_finish: float | None = None
 
@@ -78,7 +72,8 @@ class Forecasting:
         s = self.settings
         raw = forecast(snap, plan, round_s=s.round_s, seed=s.seed * 1_000_003 + round_index,
                        draws=s.forecast_draws, whatif=False, fill_s=s.fill_delay_s,
-                       r_num=s.r_num)
+                       r_num=s.r_num, preempt=s.forecast_preempt,
+                       arrivals=s.forecast_arrivals)
         shown = calibrated(raw, log.calibration, s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
@@ -93,10 +88,7 @@ class Forecasting:
                 if f.job_id in started and f.job_id not in log.open_finish:
                     log.open_finish[f.job_id] = [dataclass_replace(entry, index=-1)]
                 continue
-            log.records.append(ForecastRecord(
-                at=raw.at, job_id=g.job_id, position=g.position, gpus=sizes[g.job_id],
-                start=g.start, start_lo=g.start_lo, start_hi=g.start_hi, finish=g.finish,
-                finish_lo=g.finish_lo, finish_hi=g.finish_hi))
+            log.records.append(ForecastRecord(at=raw.at, gpus=sizes[g.job_id], forecast=g))
             log.open_start.setdefault(g.job_id, []).append(entry)
             log.open_finish.setdefault(g.job_id, []).append(entry)
 

@@ -42,3 +42,5 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # default, so runs and their times are as without it.
     forecast: bool = False
     forecast_draws: int = 8
+    forecast_preempt: bool = False  # scheduling.forecast.forecast's preempt
+    forecast_arrivals: bool = True  # and its arrivals

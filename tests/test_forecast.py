@@ -204,6 +204,7 @@ def test_the_simulator_records_forecasts_only_when_asked() -> None:
     assert waited and all(r.actual_start is not None and r.actual_finish is not None
                           for r in waited)
     first = waited[0]
-    assert (first.at, first.position, first.gpus) == (ROUND_S, 1, 4)
-    assert first.start_lo <= first.start <= first.start_hi
+    f = first.forecast
+    assert (first.at, f.position, first.gpus) == (ROUND_S, 1, 4)
+    assert f.start_lo <= f.start <= f.start_hi
     assert first.actual_start is not None and first.actual_start > first.at
