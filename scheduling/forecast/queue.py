@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 
 from scheduling.forecast.build import build, estimator_sigma
-from scheduling.forecast.calibration import Calibration, Interval, apply
+from scheduling.forecast.calibration import Calibration, Interval, apply, corrections
 from scheduling.forecast.forward import run
 from scheduling.forecast.model import Model, Outcome, Waiting
 from shared.explain import JobForecast, QueueForecast, WhatIf
@@ -135,15 +135,16 @@ def calibrated(qf: QueueForecast, cal: Calibration, round_s: float) -> QueueFore
     """``qf`` with every waiting job's intervals corrected by ``cal``
     (a running job's are kept)."""
     out: list[JobForecast] = []
+    starts, finishes = corrections(cal, "start"), corrections(cal, "finish")
     for f in qf.jobs:
         if not f.position:
             # A running job's finish rests on its measured rate; the residuals
             # are those of waiting jobs, whose error is mostly the wait.
             out.append(f)
             continue
-        fin = apply(cal, "finish", qf.at,
+        fin = apply(finishes, "finish", qf.at,
                     Interval(f.finish_lo, f.finish, f.finish_hi, f.position), round_s)
-        st = apply(cal, "start", qf.at,
+        st = apply(starts, "start", qf.at,
                    Interval(f.start_lo, f.start, f.start_hi, f.position), round_s)
         # A job cannot finish before it starts, whatever each correction did.
         fin = Interval(max(fin.lo, st.lo), max(fin.point, st.point), max(fin.hi, st.hi))
