@@ -4,7 +4,8 @@ what-ifs on) at 512 GPUs and 500 jobs: the issue's budget is 2 s p95.
 Each trial builds a synthetic cluster and queue (bench/synthetic.py), plans
 a first round with Hops, lets the plan's jobs run (some progress, a
 measured throughput within 10% of the estimate), plans the next round from
-that snapshot, and times the forecast after that plan. Prints the median
+that snapshot, and times the forecast after that plan, calibrated by a state whose every
+band is full. Prints the median
 and p95 over the trials, with the running and waiting jobs of each.
 
     .venv/bin/python bench/forecast_speed.py [TRIALS] [--gpus 512] [--jobs 500] [--draws 8]
@@ -25,7 +26,8 @@ import msgspec
 
 from bench.plan_round import p95
 from bench.synthetic import make_cluster, make_queue
-from scheduling.forecast import forecast
+from scheduling.forecast import Calibration, Residual, forecast
+from scheduling.forecast.calibration import AHEAD_ROUNDS, POSITIONS
 from scheduling.layers.profiling_first import ProfilingFirst
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policy import Policy
@@ -53,6 +55,18 @@ def running_after(snap: Snapshot, plan: Plan, rng: random.Random) -> Snapshot:
     return msgspec.structs.replace(snap, now=now, jobs=tuple(jobs))
 
 
+def full_calibration(rng: random.Random) -> Calibration:
+    """A calibration state at its largest: every band full of residuals."""
+    bands = (len(AHEAD_ROUNDS) + 1) * (len(POSITIONS) + 1)
+    limit = Calibration().limit
+
+    def some() -> tuple[Residual, ...]:
+        return tuple(Residual(rng.gauss(0, 0.3), rng.gauss(-0.2, 0.3), rng.gauss(-0.2, 0.3), b)
+                     for b in range(bands) for _ in range(limit))
+
+    return Calibration(start=some(), finish=some())
+
+
 def trial(gpus: int, n_jobs: int, draws: int, seed: int, policy: Policy) -> tuple[float, int, int]:
     rng = random.Random(gpus * 104729 + seed)
     cluster = make_cluster(rng, gpus)
@@ -64,8 +78,10 @@ def trial(gpus: int, n_jobs: int, draws: int, seed: int, policy: Policy) -> tupl
                     estimates={j.id: estimates[j.id] for j in queue})
     snap = running_after(snap, policy.plan(snap), rng)
     plan = policy.plan(snap)
+    cal = full_calibration(rng)
     began = time.perf_counter()
-    out = forecast(snap, plan, round_s=ROUND_S, seed=seed, draws=draws, whatif=True)
+    out = forecast(snap, plan, round_s=ROUND_S, seed=seed, draws=draws, whatif=True,
+                   calibration=cal)
     spent = time.perf_counter() - began
     running = sum(1 for f in out.jobs if f.position == 0)
     return spent, running, len(out.jobs) - running
@@ -86,7 +102,7 @@ def main() -> None:
         spent, running, waiting = trial(args.gpus, args.jobs, args.draws, seed, policy)
         walls.append(spent)
         print(f"{seed} | {running} | {waiting} | {spent:.3f}", flush=True)
-    print(f"gpus {args.gpus}, jobs {args.jobs}, draws {args.draws}, what-if on: "
+    print(f"gpus {args.gpus}, jobs {args.jobs}, draws {args.draws}, what-if and calibration on: "
           f"median {statistics.median(walls):.3f} s, p95 {p95(walls):.3f} s")
 
 
