@@ -13,10 +13,18 @@ running the policy itself.
 from __future__ import annotations
 
 from scheduling.forecast.build import DEFAULT_SIGMA, estimator_sigma
-from scheduling.forecast.calibration import Calibration, Interval, Residual, apply, observe
+from scheduling.forecast.calibration import (
+    Calibration,
+    Correction,
+    Interval,
+    Residual,
+    apply,
+    corrections,
+    observe,
+)
 from scheduling.forecast.queue import calibrated, forecast
 
 __all__ = [
-    "DEFAULT_SIGMA", "Calibration", "Interval", "Residual", "apply", "calibrated",
-    "estimator_sigma", "forecast", "observe",
+    "DEFAULT_SIGMA", "Calibration", "Correction", "Interval", "Residual", "apply", "calibrated",
+    "corrections", "estimator_sigma", "forecast", "observe",
 ]

@@ -79,11 +79,7 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
     free = [0] * len(cluster.servers)
     for sid, g in snapshot.free_gpus().items():
         free[sidx[sid]] = g
-    by_model: dict[str, JobEstimate] = {}
-    for j in sorted(jobs, key=lambda j: j.id):
-        est = snapshot.estimates.get(j.id)
-        if est is not None:
-            by_model.setdefault(j.spec.model, est)
+    by_model = _by_model(snapshot, jobs)
     placed: list[Placed] = []
     waiting: dict[JobId, Waiting] = {}
     specs: list[Waiting | None] = []
@@ -117,6 +113,16 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
                   rank={index[j]: k for k, j in enumerate(order)},
                   replan_rounds=replan_rounds, preempt=preempt)
     return (with_arrivals(model, jobs, specs) if arrivals else model), jobs
+
+
+def _by_model(snapshot: Snapshot, jobs: tuple[JobState, ...]) -> dict[str, JobEstimate]:
+    """One estimate per model (the first job's by id): a profiling job's stand-in."""
+    out: dict[str, JobEstimate] = {}
+    for j in sorted(jobs, key=lambda j: j.id):
+        est = snapshot.estimates.get(j.id)
+        if est is not None:
+            out.setdefault(j.spec.model, est)
+    return out
 
 
 def _same_gpus(job: JobState, config: Configuration) -> bool:
