@@ -39,6 +39,7 @@ from shared.reuse import must_profile, profile_signature
 from shared.snapshot import Plan, Snapshot
 from simulator.cores import Speeds, gpus_short_of_cores
 from simulator.events import Arrival, Completion, Event, FillPlan, ProfileEnd, RoundStart
+from simulator.forecasting import Forecasting
 from simulator.measuring import Measuring
 from simulator.metrics import RUNNING, RoundRecord, SimResult, job_outcome
 from simulator.settings import SimSettings as SimSettings
@@ -51,7 +52,7 @@ Progress = Callable[[float, int, int], None]
 EPS = 1e-6
 
 
-class Simulation(Measuring):
+class Simulation(Measuring, Forecasting):
     """One run of one policy over one workload on one cluster."""
 
     def __init__(
@@ -128,7 +129,8 @@ class Simulation(Measuring):
         outcomes = tuple(job_outcome(r, self.truth, self.cluster, r_num)
                          for r in self.jobs.values())
         return SimResult(outcomes, tuple(self.rounds), tuple(self.plan_seconds), self.now,
-                         reasons={j: tuple(h) for j, h in self.reasons.items()})
+                         reasons={j: tuple(h) for j, h in self.reasons.items()},
+                         forecasts=self._forecast_records())
 
     def _pending(self) -> list[Event]:
         """The next event of each kind (each running job's completion)."""
@@ -242,6 +244,7 @@ class Simulation(Measuring):
         self.estimates.pop(rec.id, None)
         outcome = job_outcome(rec, self.truth, self.cluster, self.settings.r_num)
         self.finished.append((self.now, outcome.lr))
+        self._forecast_resolved(rec, finished=True)
         self.speeds.contend(self._running())
 
     # -------------------------------------------------------------- planning
@@ -303,6 +306,8 @@ class Simulation(Measuring):
             raise OverAllocation(f"{self.policy.name}: the plan over-allocates: {why}")
         self._record_reasons(snap, plan)
         self._apply(plan, first)
+        if first:
+            self._forecast(snap, plan, len(self.rounds))
         self.speeds.contend(self._running())
         self.wake = plan.wake_after_s
         self.layer_state = {r.name: r.state for r in plan.reasons.layers if r.state}
@@ -364,6 +369,7 @@ class Simulation(Measuring):
         self._move(rec, ev.JobStarted(job_id=rec.id, configuration=config, at=self.now))
         self.speeds.set(rec, config, self.now)
         rec.paused_until = self.now + rec.restart_s
+        self._forecast_resolved(rec, finished=False)
 
     def _retune(self, rec: JobRecord, config: Configuration) -> None:
         """The same GPUs, other cores: changed in place, no restart."""

@@ -17,6 +17,7 @@ import msgspec
 
 from shared.cluster import Cluster
 from shared.ids import JobId
+from simulator.forecasting import ForecastRecord
 from simulator.state import JobRecord
 from world.truth import GroundTruth
 
@@ -72,6 +73,9 @@ class SimResult(msgspec.Struct, frozen=True):
     # it runs) with the time each began, one entry per change from plan to
     # plan (scheduling.explain).
     reasons: dict[JobId, tuple[tuple[float, str], ...]] = msgspec.field(default_factory=dict)
+    # Each waiting job's forecast at each round's first plan, with what
+    # happened (SimSettings.forecast; empty when off).
+    forecasts: tuple[ForecastRecord, ...] = ()
 
 
 def true_age(rec: JobRecord, truth: GroundTruth, cluster: Cluster, r_num: int) -> float:

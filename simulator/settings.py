@@ -37,3 +37,10 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_time_s: float = 90 * 86400.0
     estimator: EstimatorSettings = EstimatorSettings()
     profile_reuse: bool = False
+    # Forecast the queue at each round's first plan and record each waiting
+    # job's forecast with what happened (simulator.forecasting); off by
+    # default, so runs and their times are as without it.
+    forecast: bool = False
+    forecast_draws: int = 8
+    forecast_preempt: bool = False  # scheduling.forecast.forecast's preempt
+    forecast_arrivals: bool = True  # and its arrivals

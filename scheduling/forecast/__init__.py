@@ -1,18 +1,30 @@
 """Forecasts: each job's position and estimated start and finish with an
-interval, by running the policy's decisions forward from a snapshot
-(shared.explain.QueueForecast). Pure and deterministic for a given seed.
+interval, by running the plan and then the policy's order forward from a
+snapshot (shared.explain.QueueForecast). Pure and deterministic for a given
+seed; docs/explain.md, "Forecasts", says how and where it departs from
+running the policy itself.
 
-PLACEHOLDER: the signature is the contract; the implementation lands with
-the forecast work.
+- :func:`forecast`: the whole queue after one plan.
+- :class:`Calibration`, :func:`observe`, :func:`calibrated`: the online
+  correction of the intervals by resolved forecasts.
+- :func:`estimator_sigma`: the estimator's error as running jobs measure it.
 """
 
 from __future__ import annotations
 
-from shared.explain import QueueForecast
-from shared.snapshot import Plan, Snapshot
+from scheduling.forecast.build import DEFAULT_SIGMA, estimator_sigma
+from scheduling.forecast.calibration import (
+    Calibration,
+    Correction,
+    Interval,
+    Residual,
+    apply,
+    corrections,
+    observe,
+)
+from scheduling.forecast.queue import calibrated, forecast
 
-
-def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
-             draws: int = 8, whatif: bool = True) -> QueueForecast:
-    """The forecast of every job of ``snapshot`` after ``plan`` (made from it)."""
-    return QueueForecast(at=snapshot.now)
+__all__ = [
+    "DEFAULT_SIGMA", "Calibration", "Correction", "Interval", "Residual", "apply", "calibrated",
+    "corrections", "estimator_sigma", "forecast", "observe",
+]
