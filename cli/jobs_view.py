@@ -101,6 +101,12 @@ def reason_of(job: Mapping[str, Any]) -> str:
     """The REASON a listing shows: the plan's reason code (``why``) while
     the job waits, else the record's reason (``held ...``, ``node lost``)."""
     why = job.get("why")
+    record = str(job.get("reason") or "")
     if isinstance(why, Mapping) and why.get("code"):
+        # a hold by the system names its cause (``unknown_tenant``), as
+        # Slurm's JobHeldAdmin differs from JobHeldUser
+        cause = record.split(":", 1)[0].strip()
+        if why["code"] == "Held" and cause and cause != "held":
+            return f"Held ({cause})"
         return str(why["code"])
-    return str(job.get("reason") or "")
+    return record

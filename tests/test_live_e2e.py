@@ -166,6 +166,7 @@ def test_a_tenant_nats_client_submits_raw_json_and_follows_its_job(
     assert (reply["type"], reply["ok"], reply["job_id"]) == ("reply", True, "raw-1"), reply
     kinds = json.loads(kinds_line)
     assert kinds[0] == "job_submitted" and kinds[-1] == "job_finished", kinds
+    assert "job_explained" in kinds, kinds  # its timeline rides along (shared.explain_events)
     refused = json.loads(refused_line)
     assert len(refused) == 1 and "hops.v1.jobs.events.>" in refused[0], refused
     assert json.loads(imported) == []

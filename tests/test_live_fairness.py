@@ -35,7 +35,10 @@ NEVER = 10**13  # samples: a job that runs until something stops it
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
-    with LiveStack(tmp_path_factory.mktemp("fairness"), CLUSTER, schedulers=1) as s:
+    # rounds of 4 s: a plan within the round (after the short job's profile)
+    # comes before the next round's first plan
+    with LiveStack(tmp_path_factory.mktemp("fairness"), CLUSTER, schedulers=1,
+                   round_s=4.0) as s:
         yield s
 
 
@@ -46,10 +49,17 @@ def test_a_round_replan_stops_a_long_job_for_a_waiting_one_with_a_receipt(
           and (stack.record("long") or {}).get("samples_done", 0) > 0,
           "long runs and progresses", 90, stack.logs)
     assert stack.submit(catalog_spec("short", 2_000_000, requirements=[4]))["ok"]
-    reasons = described_reasons(stack, "short", 180)
-    assert reasons[-1] == "running", reasons
-    assert "Resources" in reasons and "Priority" in reasons, reasons
-    assert reasons.index("Resources") < reasons.index("Priority"), reasons
+    seen = described_reasons(stack, "short", 180)
+    assert seen[-1] == "running", seen
+    # what describe showed on the way, and its timeline: every change of
+    # reason (the poll may miss one that lasted less than a poll)
+    code, out = hops(stack, "describe", "short")
+    assert code == 0, out
+    history = timeline_codes(out)
+    assert "started" in history, out
+    waited = history[:history.index("started")]
+    assert "Resources" in waited and "Priority" in waited, (seen, out)
+    assert waited.index("Resources") < waited.index("Priority"), (seen, out)
     bus = stack.bus_()
     stopped = until(lambda: bus.job_events("long", "job_stopped"), "long stopped for short",
                     120, stack.logs)
@@ -65,6 +75,18 @@ def test_a_round_replan_stops_a_long_job_for_a_waiting_one_with_a_receipt(
     assert kinds[0] == "submitted" and kinds.count("started") >= 2, kinds
     short = [e["kind"] for e in timeline_of(bus.stored, "short")]
     assert short[0] == "submitted" and short[-1] == "finished", short
+
+
+def timeline_codes(described: str) -> list[str]:
+    """The reason codes and starts of ``hops describe``'s timeline, in order."""
+    out: list[str] = []
+    for line in described.split("Timeline:", 1)[-1].splitlines():
+        kind = re.match(r"^\s+\S+ \S+\s+(reason|started)\s+(.*)$", line)
+        if kind is None:
+            continue
+        code = re.search(r"\b([A-Z][A-Za-z]+): ", kind.group(2))
+        out.append("started" if kind.group(1) == "started" else code.group(1) if code else "?")
+    return out
 
 
 def described_reasons(stack: LiveStack, job: str, timeout: float) -> list[str]:

@@ -108,14 +108,14 @@ class JobBook:
         """Republish ``event`` on its tenant's live feed: the leader applies
         every event, and each once (:func:`scheduling.live.tenancy.feed_subject`)."""
         subject = tn.feed_subject(rec, event, delivery.num_delivered == 1, changed)
+        if subject is not None:
+            try:
+                await self.ctx.nc.publish(subject, ev.encode(tn.feed_event(event)))
+            except Exception as e:  # the feed is a convenience: never fail the event for it
+                self.log.warning("tenant feed publish failed", subject=subject, error=repr(e))
+        # the event first, then its explanation: a feed reads in that order
         if rec is not None and self.on_applied is not None:
             await self.on_applied(rec, event, subject is not None)
-        if subject is None:
-            return
-        try:
-            await self.ctx.nc.publish(subject, ev.encode(tn.feed_event(event)))
-        except Exception as e:  # the feed is a convenience: never fail the event for it
-            self.log.warning("tenant feed publish failed", subject=subject, error=repr(e))
 
     async def _store(self, job_id: JobId, rec: LiveJobRecord, revision: int) -> None:
         """Write ``rec`` if the key is still at ``revision``; on a conflict
