@@ -240,6 +240,9 @@ class Explainer:
             forecast = result.shown
             records = self.records()
             tracking.opened(self.tracker, result.raw, starts)
+            for job_id in (k for k, r in records.items() if r.phase == "running"):
+                # it started while the forecast ran: that start was not of it
+                self.tracker.open_start.pop(job_id, None)
             tracking.kept(self.tracker, [k for k, r in records.items() if not r.final])
             await self.save_tracker()
             moved = xp.forecast_entries(self.forecasts, forecast, self.round_s)
