@@ -8,14 +8,13 @@ for bench/forecast_calibration.py. A mixin of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from dataclasses import replace as dataclass_replace
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from scheduling.forecast import Calibration, Interval, calibrated, forecast, observe
+from scheduling.forecast import calibrated, forecast
+from scheduling.forecast.tracking import Tracker, opened, resolved
 from shared.explain import JobForecast
-from shared.ids import JobId
 from shared.snapshot import Plan, Snapshot
 
 if TYPE_CHECKING:
@@ -36,24 +35,11 @@ class ForecastRecord(msgspec.Struct, frozen=True):
 
 
 @dataclass
-class _Open:
-    """A recorded forecast not yet resolved, with the uncalibrated intervals
-    its residuals are taken on."""
-
-    index: int
-    at: float
-    start: Interval
-    finish: Interval
-
-
-@dataclass
 class ForecastLog:
-    """The calibration carried through a run and the records so far."""
+    """The calibration's bookkeeping carried through a run and the records so far."""
 
-    calibration: Calibration = field(default_factory=Calibration)
+    tracker: Tracker = field(default_factory=Tracker)
     records: list[ForecastRecord] = field(default_factory=list)
-    open_start: dict[JobId, list[_Open]] = field(default_factory=dict)
-    open_finish: dict[JobId, list[_Open]] = field(default_factory=dict)
 
 
 class Forecasting:
@@ -74,42 +60,26 @@ class Forecasting:
                        draws=s.forecast_draws, whatif=False, fill_s=s.fill_delay_s,
                        r_num=s.r_num, preempt=s.forecast_preempt,
                        arrivals=s.forecast_arrivals)
-        shown = calibrated(raw, log.calibration, s.round_s)
+        shown = calibrated(raw, log.tracker.calibration, s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
-        for f, g in zip(raw.jobs, shown.jobs, strict=True):
-            entry = _Open(len(log.records), raw.at,
-                          Interval(f.start_lo, f.start, f.start_hi, f.position),
-                          Interval(f.finish_lo, f.finish, f.finish_hi, f.position))
-            if not f.position:
-                # A job this plan starts: its finish forecast is one of run
-                # time alone, which resolves sooner; it calibrates finishes
-                # but is not a waiting job's record.
-                if f.job_id in started and f.job_id not in log.open_finish:
-                    log.open_finish[f.job_id] = [dataclass_replace(entry, index=-1)]
-                continue
+        for i in opened(log.tracker, raw, started, len(log.records)):
+            g = shown.jobs[i]
             log.records.append(ForecastRecord(at=raw.at, gpus=sizes[g.job_id], forecast=g))
-            log.open_start.setdefault(g.job_id, []).append(entry)
-            log.open_finish.setdefault(g.job_id, []).append(entry)
 
     def _forecast_resolved(self, rec: JobRecord, finished: bool) -> None:
         """``rec`` started (or finished) now: resolve its open forecasts."""
         log = self._forecasts
         if log is None:
             return
-        opened = (log.open_finish if finished else log.open_start).pop(rec.id, [])
-        cal = log.calibration
-        for o in opened:
-            if finished:
-                cal = observe(cal, "finish", o.at, o.finish, self.now, self.settings.round_s)
-            else:
-                cal = observe(cal, "start", o.at, o.start, self.now, self.settings.round_s)
-            if o.index < 0:
+        done = resolved(log.tracker, rec.id, self.now, finished=finished,
+                        scale=self.settings.round_s)
+        for o in done:
+            if o.record < 0:
                 continue  # not a record (a job its plan started)
-            r = log.records[o.index]
-            log.records[o.index] = msgspec.structs.replace(
+            r = log.records[o.record]
+            log.records[o.record] = msgspec.structs.replace(
                 r, **{"actual_finish" if finished else "actual_start": self.now})
-        log.calibration = cal
 
     def _forecast_records(self) -> tuple[ForecastRecord, ...]:
         return tuple(self._forecasts.records) if self._forecasts is not None else ()

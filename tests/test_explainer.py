@@ -2,7 +2,9 @@
 a receipt reaches the job's timeline, its hops_explain record and its
 tenant's feed (where another tenant's job is "another tenant's job"), a stop
 its receipt told is not told twice, a new leader reads the same records, and
-a job's record goes when it ends while its timeline stays."""
+a job's record goes when it ends while its timeline stays; the forecast's
+calibration is written as a start resolves a forecast and a new leader
+loads it."""
 
 from __future__ import annotations
 
@@ -15,14 +17,16 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from structlog import get_logger
 
+from scheduling.forecast.tracking import decode, opened
 from scheduling.live.state import LiveJobRecord
 from services.runtime.bus import ErrorReporter
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
-from services.scheduler.explainer import Explainer
+from services.scheduler.explainer import CALIBRATION_KEY, Explainer
 from shared import events as ev
 from shared import subjects
-from shared.explain import ANOTHER_TENANT, Why
+from shared.configuration import Configuration
+from shared.explain import ANOTHER_TENANT, JobForecast, QueueForecast, Why
 from shared.explain_events import JobExplained, decode_feed
 from shared.ids import JobId, TenantId
 from shared.job import JobSpec
@@ -107,5 +111,31 @@ async def test_receipts_and_reasons_reach_the_timeline_the_bucket_and_the_feed(n
     await successor.write(102.0)
     assert A1 not in successor.explained and A1 not in set(await stored.keys())
     assert [e["kind"] for e in await timeline(nc, A1)] == ["stopped"]  # the history stays
+    ex.close()
+    successor.close()
+
+
+async def test_the_calibration_is_written_as_it_changes_and_a_new_leader_loads_it(
+        nc: NATS) -> None:
+    records = {A2: record(A2, "queued")}
+    ex = explainer(nc, records)
+    await ex.open()
+    raw = QueueForecast(at=0.0, draws=8, jobs=(JobForecast(
+        job_id=A2, position=1, tenant_position=1, start=120.0, start_lo=90.0, start_hi=150.0,
+        finish=900.0, finish_lo=840.0, finish_hi=960.0),))
+    opened(ex.tracker, raw, started=())
+    records[A2] = record(A2, "running")
+    start = ev.JobStarted(job_id=A2, configuration=Configuration.of({"n0": 1}), at=180.0)
+    await ex.on_event(records[A2], start)  # resolves its start forecast, and writes
+    assert len(ex.tracker.calibration.start) == 1 and A2 not in ex.tracker.open_start
+    stored = await nc.jetstream().key_value(subjects.KV_EXPLAIN)
+    assert decode((await stored.get(CALIBRATION_KEY)).value or b"") == ex.tracker
+    successor = explainer(nc, records, term=2)
+    await successor.open()
+    await successor.load()
+    assert successor.tracker == ex.tracker
+    assert CALIBRATION_KEY not in successor.explained
+    await successor.on_event(records[A2], start)  # delivered again: nothing to resolve
+    assert successor.tracker == ex.tracker
     ex.close()
     successor.close()

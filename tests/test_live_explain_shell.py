@@ -10,6 +10,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import msgspec
 
+from scheduling.cells import BoundCell, ChainView, ServerGpus, TenantView
+from scheduling.forecast.calibration import MIN_RESIDUALS
+from scheduling.forecast.tracking import Tracker, opened, resolved
 from scheduling.live import explain as xp
 from scheduling.live import forecasting
 from scheduling.live.snapshot import queue_view
@@ -19,10 +22,11 @@ from shared import events as ev
 from shared.configuration import Configuration
 from shared.explain import ANOTHER_TENANT, JobExplain, JobForecast, QueueForecast, Receipt, Why
 from shared.explain_events import JobExplained, decode_feed, for_tenant
-from shared.ids import JobId, ServerId, TenantId
+from shared.ids import GpuType, JobId, ServerId, TenantId
 from shared.job import JobSpec
 from shared.jobkeys import job_key, local_id
-from shared.snapshot import Assignment, Plan, PlanReasons, Snapshot
+from shared.snapshot import Assignment, JobState, Plan, PlanReasons, Snapshot
+from tests import test_forecast as fc
 from tests.helpers import cluster, state
 
 A1, A2, B1 = job_key("alice", "a1"), job_key("alice", "a2"), job_key("bob", "b1")
@@ -176,6 +180,45 @@ def test_the_forecast_task_goes_to_the_worker_and_back_as_bytes() -> None:
     assert (task.snapshot, task.round_s, task.seed) == (snap, 60.0, 7)
     result = forecasting.decode_result(forecasting.run(data))
     assert isinstance(result, QueueForecast) and result.at == 20.0
+
+
+def test_the_worker_calibrates_with_the_leaders_state_and_returns_both_forecasts() -> None:
+    # one job waiting on a busy server (four rounds of work left on it)
+    snap, plan = fc.full_cluster([JobState(spec=fc.spec("q", (4,), 4 * 100.0 * 600.0))],
+                                 {}, running_s=240.0)
+    plain = forecasting.decode_results(forecasting.run(
+        forecasting.task_bytes(snap, plan, 60.0, 7)))
+    assert plain.shown == plain.raw and plain.raw.jobs
+    (q,) = [f for f in plain.raw.jobs if f.position]
+    # a calibration whose every start came three rounds after its forecast
+    t = Tracker()
+    for _ in range(MIN_RESIDUALS):
+        opened(t, msgspec.structs.replace(plain.raw, at=q.start - 60.0), started=())
+        resolved(t, q.job_id, q.start + 120.0, finished=False, scale=60.0)
+    out = forecasting.decode_results(forecasting.run(forecasting.task_bytes(
+        snap, plan, 60.0, 7, calibration=t.calibration)))
+    assert out.raw.jobs[1].start == q.start  # as the draws made it
+    assert out.shown.jobs[1].start > q.start  # moved later by the calibration
+    assert forecasting.decode_result(forecasting.run(forecasting.task_bytes(
+        snap, plan, 60.0, 7, calibration=t.calibration))) == out.shown
+
+
+def test_the_forecast_restricts_only_tenants_whose_cells_are_all_bound() -> None:
+    def view(tenant: str, unbound: int, servers: tuple[str, ...], low: bool = False,
+             ) -> TenantView:
+        cells = tuple(BoundCell(address=f"{tenant}{i}", level=1, gpus=4, used_gpus=0,
+                                bad_gpus=0, doomed=False,
+                                servers=(ServerGpus(server=ServerId(s), gpus=4),))
+                      for i, s in enumerate(servers))
+        chain = ChainView(gpu_type=GpuType("A"), levels=(), bound=cells, reserved_gpus=8,
+                          used_gpus=0, free_gpus=8, bad_gpus=0, unbound_gpus=unbound,
+                          usable=())
+        return TenantView(tenant=tenant, low_priority=low, weight=1.0, chains=(chain,),
+                          guaranteed_jobs=(), opportunistic_jobs=(), opportunistic_gpus=0)
+
+    got = forecasting.tenant_servers([view("alice", 0, ("n0", "n1")), view("bob", 4, ("n2",)),
+                                      view("carol", 0, (), low=True)])
+    assert got == {TenantId("alice"): frozenset({ServerId("n0"), ServerId("n1")})}
 
 
 def test_the_forecast_runs_in_a_forkserver_pool_as_the_leader_runs_it() -> None:

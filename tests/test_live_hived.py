@@ -14,7 +14,9 @@ opportunistically, §3.3). In order:
    the other runs on;
 2. the leader is killed: the standby takes the lease, rebuilds the same
    bindings from KV ``hops_layers`` (§4 "Fault tolerance"), and each
-   tenant's ``GET /tenants`` shows the same view, written in the new term.
+   tenant's ``GET /tenants`` shows the same view, written in the new term,
+   and its forecasts go on from the old leader's calibration (KV
+   ``hops_explain``, key ``_calibration``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import httpx
 import pytest
 
 from gateway.access import view_by_id
+from services.scheduler.explainer import CALIBRATION_KEY
 from shared import subjects
 from shared.jobkeys import job_key, local_id
 from tests.helpers import catalog_spec, timeline_of
@@ -119,6 +122,17 @@ def steady(bus: Any) -> dict[str, Any] | None:
     before = explain_state(bus)
     time.sleep(1.0)
     return before if explain_state(bus) == before else None
+
+
+def carried_on(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether the calibration state ``new`` continues ``old``: the same
+    residuals first, and each job still open has its newest old forecast
+    open (a job the new leader saw start or finish has none)."""
+    cal, was = new["calibration"], old["calibration"]
+    if any(cal[q][:len(was[q])] != was[q] for q in ("start", "finish")):
+        return False
+    return all(opens[-1] in new[kind][job] for kind in ("open_start", "open_finish")
+               for job, opens in old[kind].items() if job in new[kind])
 
 
 def queue_state(bus: Any) -> list[tuple[str, str | None, int]]:
@@ -215,6 +229,11 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
     history = {j: timeline_of(bus.stored, j) for j in (A1, B1, B2)}
     assert all(history.values()), history
     stack.kill(leader)
+    # the forecasts' calibration as the old leader last wrote it (it writes
+    # no more): its open forecasts, e.g. of the requeued victim's start
+    calibration = bus.get(subjects.KV_EXPLAIN, CALIBRATION_KEY)
+    assert calibration is not None and (
+        calibration["open_start"] or calibration["open_finish"]), calibration
 
     def new_term() -> int | None:
         lease = stack.leader()
@@ -245,3 +264,10 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
         assert running_on(stack, job_id) is not None
         assert not stack.bus_().job_events(job_id, "job_stopped"), job_id
     assert stack.bus_().get("hops_layers", "hived") is not None
+    # the new leader loaded the calibration and goes on from it: its first
+    # write holds every old residual and each job's newest open forecast
+    moved = until(lambda: (lambda c: c if c != calibration else None)(
+        bus.get(subjects.KV_EXPLAIN, CALIBRATION_KEY)),
+        "the new leader's calibration", 20, stack.logs)
+    assert calibration is not None and carried_on(calibration, moved), (calibration, moved)
+

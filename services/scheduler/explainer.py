@@ -13,9 +13,19 @@ records that changed are written. The decisions are
 :mod:`scheduling.live.explain`'s; here is the I/O.
 
 A new leader reads the bucket (:meth:`Explainer.load`), so its queue view
-answers as its predecessor's did, and reasons keep their ``since``. The key
-:data:`CALIBRATION_KEY` is kept for the forecast's calibration state
-(none yet: :func:`scheduling.forecast.forecast` keeps no state).
+answers as its predecessor's did, and reasons keep their ``since``.
+
+The forecast's calibration (:class:`scheduling.forecast.tracking.Tracker`:
+the residuals and each job's open forecasts) is kept under
+:data:`CALIBRATION_KEY`: a forecast that returns opens its jobs'
+forecasts, a job's start or finish event resolves them
+(:func:`scheduling.live.forecasting.resolve_event`), and after each change
+the state is written (JSON, in compressed parts when larger than one
+value, :func:`services.runtime.kv.pack`). A new leader loads it with the
+records, so its forecasts are calibrated as its predecessor's would have
+been. Its size is bounded: the residuals per band
+(:attr:`~scheduling.forecast.Calibration.limit`), :data:`OPEN_PER_JOB`
+open forecasts per job, and only for jobs that have not ended.
 """
 
 from __future__ import annotations
@@ -32,9 +42,12 @@ from nats.js.kv import KeyValue
 from structlog.typing import FilteringBoundLogger
 
 from scheduling.explain import receipts
+from scheduling.forecast import tracking
+from scheduling.forecast.queue import FILL_S
 from scheduling.live import explain as xp
 from scheduling.live import forecasting
 from scheduling.live.state import LiveJobRecord
+from services.runtime.kv import pack, parts_of, unpack
 from services.runtime.service import ServiceContext
 from services.scheduler.forecast_worker import orphan_guard
 from services.scheduler.kv import read_bucket
@@ -42,21 +55,29 @@ from shared import events as ev
 from shared import subjects
 from shared.explain import JobExplain, JobForecast, Receipt, TimelineEntry, Why
 from shared.explain_events import for_tenant
-from shared.ids import JobId, ServerId
+from shared.ids import JobId, ServerId, TenantId
+from shared.job import R_NUM
 from shared.jobkeys import local_id
 from shared.snapshot import Plan, Snapshot
 
 CALIBRATION_KEY = "_calibration"  # reserved: the forecast's calibration state
+OPEN_PER_JOB = 8  # open forecasts kept per job, the newest
 Records = Callable[[], Mapping[JobId, LiveJobRecord]]
+Cells = Callable[[], Mapping[TenantId, frozenset[ServerId]] | None]
 
 
 class Explainer:
     """One term's explanations; see the module docstring."""
 
     def __init__(self, ctx: ServiceContext, log: FilteringBoundLogger, term: int,
-                 round_s: float, records: Records) -> None:
+                 round_s: float, records: Records, *, fill_s: float = FILL_S,
+                 r_num: int = R_NUM, cells: Cells = lambda: None) -> None:
         self.ctx, self.log, self.term, self.round_s = ctx, log, term, round_s
         self.records = records  # the leader's job records, as they are now
+        self.fill_s, self.r_num = fill_s, r_num  # the replan delay, the policy's r_num
+        self.cells = cells  # each tenant's servers (HiveD), or None
+        self.tracker = tracking.Tracker(per_job=OPEN_PER_JOB)
+        self.tracker_parts: list[str] = []  # the part keys its stored head names
         self.explained: dict[JobId, JobExplain] = {}  # what hops_explain holds
         self.whys: dict[JobId, Why] = {}
         self.receipts: dict[JobId, Receipt] = {}
@@ -75,8 +96,10 @@ class Explainer:
 
     async def load(self) -> None:
         """Every job's record of ``hops_explain``, as the last leader left them."""
-        for key, (data, _) in (await read_bucket(self.ctx.js, subjects.KV_EXPLAIN)).items():
-            if key == CALIBRATION_KEY:
+        values = await read_bucket(self.ctx.js, subjects.KV_EXPLAIN)
+        self._load_tracker({k: d for k, (d, _) in values.items() if k.startswith("_")})
+        for key, (data, _) in values.items():
+            if key.startswith("_"):  # reserved: the calibration and its parts
                 continue
             try:
                 e = msgspec.json.decode(data, type=JobExplain)
@@ -92,6 +115,18 @@ class Explainer:
             if e.forecast is not None:
                 self.forecasts[JobId(key)] = e.forecast
             self.round = max(self.round, e.round)
+
+    def _load_tracker(self, values: Mapping[str, bytes]) -> None:
+        """The calibration as the last leader left it (none: a fresh one)."""
+        if CALIBRATION_KEY not in values:
+            return
+        try:
+            self.tracker = tracking.decode(unpack(CALIBRATION_KEY, values))
+            self.tracker.per_job = OPEN_PER_JOB
+            self.tracker_parts = parts_of(CALIBRATION_KEY, values[CALIBRATION_KEY])
+        except (ValueError, msgspec.DecodeError) as err:  # forecasts start uncalibrated
+            self.log.warning("calibration unreadable", bucket=subjects.KV_EXPLAIN,
+                             error=str(err))
 
     def close(self) -> None:
         if self.running is not None:
@@ -110,6 +145,8 @@ class Explainer:
         entry's message id stores a repeat once."""
         if isinstance(event, ev.JobStarted | ev.JobResized):
             self.receipted.discard(event.job_id)
+        if forecasting.resolve_event(self.tracker, rec, event, self.round_s):
+            await self.save_tracker()
         if isinstance(event, ev.JobStopped) and event.job_id in self.receipted:
             self.receipted.discard(event.job_id)
             return
@@ -185,17 +222,29 @@ class Explainer:
             method = "forkserver" if "forkserver" in methods else "spawn"
             self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method),
                                             initializer=orphan_guard)
-        data = forecasting.task_bytes(snapshot, plan, self.round_s, round_no)
-        self.running = asyncio.create_task(self._forecast_in_pool(data))
+        records = self.records()
+        data = forecasting.task_bytes(
+            snapshot, plan, self.round_s, round_no, calibration=self.tracker.calibration,
+            fill_s=self.fill_s, r_num=self.r_num, started=forecasting.started(records),
+            tenant_cells=self.cells())
+        starts = frozenset(a.job_id for a in plan.assignments)
+        self.running = asyncio.create_task(self._forecast_in_pool(data, starts))
 
-    async def _forecast_in_pool(self, data: bytes) -> None:
+    async def _forecast_in_pool(self, data: bytes, starts: frozenset[JobId]) -> None:
         assert self.pool is not None
         started = time.monotonic()
         try:
             out = await asyncio.get_running_loop().run_in_executor(self.pool, forecasting.run,
                                                                    data)
-            forecast = forecasting.decode_result(out)
+            result = forecasting.decode_results(out)
+            forecast = result.shown
             records = self.records()
+            tracking.opened(self.tracker, result.raw, starts)
+            for job_id in (k for k, r in records.items() if r.phase == "running"):
+                # it started while the forecast ran: that start was not of it
+                self.tracker.open_start.pop(job_id, None)
+            tracking.kept(self.tracker, [k for k, r in records.items() if not r.final])
+            await self.save_tracker()
             moved = xp.forecast_entries(self.forecasts, forecast, self.round_s)
             await self.publish_all([e for e in moved if e.job_id in records
                                     and not records[e.job_id].final])
@@ -237,6 +286,26 @@ class Explainer:
             self.explained.pop(job_id, None)
             self.receipts.pop(job_id, None)
 
+    async def save_tracker(self) -> None:
+        """Write the calibration state (:data:`CALIBRATION_KEY`); the parts
+        of the head it replaced are deleted after. A failed write is
+        logged: the next change writes it again."""
+        async with self.writing:
+            kv = self.kv
+            assert kv is not None, "Explainer.open first"
+            pairs = pack(CALIBRATION_KEY, tracking.encode(self.tracker))
+            try:
+                for key, value in pairs:
+                    await kv.put(key, value)
+            except Exception as e:
+                self.log.warning("calibration not written", error=repr(e))
+                return
+            old = set(self.tracker_parts) - {k for k, _ in pairs}
+            self.tracker_parts = parts_of(CALIBRATION_KEY, pairs[-1][1])
+            for key in sorted(old):
+                with contextlib.suppress(Exception):
+                    await kv.delete(key)
+
     async def publish_all(self, entries: list[TimelineEntry]) -> None:
         """Each of ``entries``, their acks awaited together (a plan's reasons
         may be many: the next plan should not wait for them one by one)."""
@@ -267,3 +336,4 @@ class Explainer:
             await self.ctx.nc.publish(subject, ev.encode(shown))
         except Exception as e:  # the feed is a convenience, as for job events
             self.log.warning("tenant feed publish failed", job_id=entry.job_id, error=repr(e))
+

@@ -33,6 +33,7 @@ from nats.js.kv import KeyValue
 
 from scheduling.cells import TenantView
 from scheduling.live import cells as lc
+from scheduling.live.forecasting import tenant_servers
 from scheduling.policy import Policy
 from scheduling.registry import make_policy, policy_traits
 from services.runtime.kv import is_part, pack, parts_of, read_bucket, unpack
@@ -40,6 +41,7 @@ from services.runtime.service import ServiceContext
 from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
 from shared import subjects
+from shared.ids import ServerId, TenantId
 from shared.records import NodeRecord
 from shared.snapshot import LayerRecord
 from shared.tenants import TenantsError
@@ -138,6 +140,14 @@ class LayerStore:
             with contextlib.suppress(Exception):
                 await self.ctx.reporter.report("scheduler.cells", problem, ev.INVALID)
         self._problem = problem
+
+    def tenant_servers(self) -> dict[TenantId, frozenset[ServerId]] | None:
+        """Each tenant's servers by the views this term wrote (the forecast's
+        ``tenant_cells``, :func:`scheduling.live.forecasting.tenant_servers`);
+        None without the tenants' cells."""
+        if self.settings.cells is None:
+            return None
+        return tenant_servers(self._shown.values())
 
     def snapshot_state(self) -> dict[str, bytes]:
         """What the next snapshot carries (``Snapshot.layer_state``)."""

@@ -107,7 +107,8 @@ class Leader:
         self.limits = TimeLimits()  # ends running jobs at their time limit
         # reasons, receipts, forecasts and timelines (hops_explain, HOPS_TIMELINE)
         self.explainer = Explainer(ctx, self.log, lease.term, settings.round_s,
-                                   self.book.current)
+                                   self.book.current, fill_s=settings.replan_delay_s,
+                                   r_num=settings.policy.r_num, cells=self.store.tenant_servers)
         self.book.on_applied = self.explainer.on_event
         self.wake = asyncio.Event()
 
