@@ -35,7 +35,7 @@ from shared.events import (
     decode_tenants_reloaded,
     encode,
 )
-from shared.explain import JobExplain, TimelineEntry
+from shared.explain import JobExplain, TimelineEntry, reserved_key
 from shared.ids import JobId, ServerId
 from shared.records import JobRecord, NodeRecord, Placement, QueueView
 from shared.subjects import SubjectError, check_token
@@ -67,6 +67,11 @@ class Unavailable(Exception):
 
 class BadUpstream(Exception):
     """A service answered with something that is not the expected message."""
+
+
+def is_job_key(key: str) -> bool:
+    """Whether a ``hops_explain`` key is a job's (not the forecast's state)."""
+    return not reserved_key(key)
 
 
 class GatewayBus:
@@ -191,7 +196,8 @@ class GatewayBus:
 
     async def explains(self) -> dict[str, JobExplain]:
         """Every ``hops_explain`` entry, by job key."""
-        return {e.job_id: e for e in await self._values(subjects.KV_EXPLAIN, _EXPLAIN.decode)}
+        values = await self._values(subjects.KV_EXPLAIN, _EXPLAIN.decode, keep=is_job_key)
+        return {e.job_id: e for e in values}
 
     async def timeline(self, job_id: str, limit: int) -> tuple[list[TimelineEntry], bool]:
         """The first ``limit`` entries of ``job_id``'s timeline (stream
@@ -244,14 +250,15 @@ class GatewayBus:
         """The tenants' views the leader wrote (``hops_tenants``), as JSON values."""
         return await self._values(subjects.KV_TENANTS, _tenant_record)
 
-    async def _values(self, bucket: str, decode: Callable[[bytes], T]) -> list[T]:
-        """Every current value of ``bucket``, read in one pass
-        (:func:`services.runtime.kv.read_bucket`); a value that does not
-        decode is reported and left out."""
+    async def _values(self, bucket: str, decode: Callable[[bytes], T],
+                      keep: Callable[[str], bool] = lambda _: True) -> list[T]:
+        """Every current value of ``bucket`` whose key ``keep`` accepts, read
+        in one pass (:func:`services.runtime.kv.read_bucket`); a value that
+        does not decode is reported and left out."""
         await self.bucket(bucket)  # created if missing, as before
         out: list[T] = []
         for key, entry in (await read_bucket(self.js, bucket)).items():
-            if entry.data:
+            if entry.data and keep(key):
                 value = self._decode(decode, bucket, key, entry.data)
                 if value is not None:
                     out.append(value)

@@ -58,6 +58,15 @@ StopRule: TypeAlias = Literal[
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
 
 ANOTHER_TENANT = "another tenant's job"
+# hops_explain's key of the forecast's calibration state (and, with a
+# ``.part`` suffix, its parts). A job key never contains '.' (admission
+# refuses it in ids and tenant names), so no job can take this key.
+CALIBRATION_KEY = "forecast.calibration"
+
+
+def reserved_key(key: str) -> bool:
+    """Whether ``key`` of ``hops_explain`` holds no job's entry."""
+    return "." in key
 
 
 class Why(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -22,11 +22,11 @@ from scheduling.live.state import LiveJobRecord
 from services.runtime.bus import ErrorReporter
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
-from services.scheduler.explainer import CALIBRATION_KEY, Explainer
+from services.scheduler.explainer import Explainer
 from shared import events as ev
 from shared import subjects
 from shared.configuration import Configuration
-from shared.explain import ANOTHER_TENANT, JobForecast, QueueForecast, Why
+from shared.explain import ANOTHER_TENANT, CALIBRATION_KEY, JobForecast, QueueForecast, Why
 from shared.explain_events import JobExplained, decode_feed
 from shared.ids import JobId, TenantId
 from shared.job import JobSpec

@@ -16,7 +16,7 @@ opportunistically, §3.3). In order:
    bindings from KV ``hops_layers`` (§4 "Fault tolerance"), and each
    tenant's ``GET /tenants`` shows the same view, written in the new term,
    and its forecasts go on from the old leader's calibration (KV
-   ``hops_explain``, key ``_calibration``).
+   ``hops_explain``, key ``forecast.calibration``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import httpx
 import pytest
 
 from gateway.access import view_by_id
-from services.scheduler.explainer import CALIBRATION_KEY
 from shared import subjects
+from shared.explain import CALIBRATION_KEY
 from shared.jobkeys import job_key, local_id
 from tests.helpers import catalog_spec, timeline_of
 from tests.livestack import LiveStack, until

@@ -53,14 +53,21 @@ from services.scheduler.forecast_worker import orphan_guard
 from services.scheduler.kv import read_bucket
 from shared import events as ev
 from shared import subjects
-from shared.explain import JobExplain, JobForecast, Receipt, TimelineEntry, Why
+from shared.explain import (
+    CALIBRATION_KEY,
+    JobExplain,
+    JobForecast,
+    Receipt,
+    TimelineEntry,
+    Why,
+    reserved_key,
+)
 from shared.explain_events import for_tenant
 from shared.ids import JobId, ServerId, TenantId
 from shared.job import R_NUM
 from shared.jobkeys import local_id
 from shared.snapshot import Plan, Snapshot
 
-CALIBRATION_KEY = "_calibration"  # reserved: the forecast's calibration state
 OPEN_PER_JOB = 8  # open forecasts kept per job, the newest
 Records = Callable[[], Mapping[JobId, LiveJobRecord]]
 Cells = Callable[[], Mapping[TenantId, frozenset[ServerId]] | None]
@@ -97,9 +104,9 @@ class Explainer:
     async def load(self) -> None:
         """Every job's record of ``hops_explain``, as the last leader left them."""
         values = await read_bucket(self.ctx.js, subjects.KV_EXPLAIN)
-        self._load_tracker({k: d for k, (d, _) in values.items() if k.startswith("_")})
+        self._load_tracker({k: d for k, (d, _) in values.items() if reserved_key(k)})
         for key, (data, _) in values.items():
-            if key.startswith("_"):  # reserved: the calibration and its parts
+            if reserved_key(key):  # the calibration and its parts
                 continue
             try:
                 e = msgspec.json.decode(data, type=JobExplain)
