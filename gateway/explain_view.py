@@ -148,9 +148,12 @@ def list_fields(explain: JobExplain | None, viewer: Viewer) -> dict[str, Any]:
 
 
 def timeline_view(entries: Iterable[TimelineEntry], viewer: Viewer) -> list[dict[str, Any]]:
-    """A job's timeline entries, oldest first, as ``viewer`` may see them."""
+    """A job's timeline entries, oldest first, as ``viewer`` may see them.
+    Ordered by when each happened (stably): a leader killed between a job
+    event and its entry leaves the entry to its successor, which may store
+    a later plan's reason first."""
     out = []
-    for e in entries:
+    for e in sorted(entries, key=lambda e: e.at):
         why = e.why and redact_why(e.why, viewer)
         receipt = e.receipt and redact_receipt(e.receipt, viewer)
         out.append({"at": e.at, "kind": e.kind, "note": e.note,

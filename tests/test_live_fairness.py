@@ -35,10 +35,10 @@ NEVER = 10**13  # samples: a job that runs until something stops it
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
-    # rounds of 4 s: a plan within the round (after the short job's profile)
-    # comes before the next round's first plan
+    # rounds of 6 s and plans within the round at once (no replan delay): the
+    # plan after the short job's profile comes before the next round's
     with LiveStack(tmp_path_factory.mktemp("fairness"), CLUSTER, schedulers=1,
-                   round_s=4.0) as s:
+                   round_s=6.0, env={"HOPS_REPLAN_DELAY_S": "0"}) as s:
         yield s
 
 

@@ -1,27 +1,21 @@
 """The scheduler's leader (Hops §3.1, §3.6).
 
-A replica (``__main__``: admission and the lease, :mod:`scheduling.live.lease`)
-runs a :class:`Leader` while it holds the lease. The leader loads
-``hops_jobs``, consumes ``HOPS_JOBS`` with the durable consumer ``scheduler``
-(events of an interregnum are applied before the first plan) and is the only
-writer of job records (:class:`.jobbook.JobBook`, which republishes each
-event on its tenant's feed). It plans a round every ``HOPS_ROUND_S`` seconds
-and within the round when a job is submitted or becomes plannable, resources
-are released or the alive servers change (:mod:`scheduling.live.clock`): a
-snapshot from ``hops_jobs``, ``hops_nodes`` and ``hops_alloc``
-(:mod:`scheduling.live.snapshot`), estimates from ``hops.v1.estimate``, the
-policy ``HOPS_POLICY`` names (:mod:`.registry`) with each waiting job's
-reason (:func:`scheduling.explain.with_reasons`), and a ``plan_issued`` with
-its lease term; then receipts, forecasts and timelines (:mod:`.explainer`).
-It answers ``hops.v1.queue`` ranked by the reasons of its last plan
-(:func:`scheduling.live.snapshot.queue_view`) with each job's reason,
-position and forecast, and ends running jobs at their time limit
-(:mod:`.timelimits`; :mod:`.settings` lists the settings). Running jobs'
-heartbeats are their measured throughput (:mod:`scheduling.live.samples`); a
-plan that asks for a next one (``wake_after_s``) gets a fill plan that much
-later. Stateful layers' state goes into every snapshot and, after each
-published plan, into KV ``hops_layers``; each tenant's view into
-``hops_tenants`` (:mod:`.layer_store`).
+A replica (``__main__``; the lease: :mod:`scheduling.live.lease`) runs a
+:class:`Leader` while it holds the lease. The leader consumes ``HOPS_JOBS``
+(durable consumer ``scheduler``: an interregnum's events apply before the
+first plan) and is the only writer of job records (:class:`.jobbook.JobBook`,
+which also feeds each tenant's live feed). It plans every ``HOPS_ROUND_S``
+seconds, and within the round on a submission, a release or a change of the
+alive servers (:mod:`scheduling.live.clock`), from a snapshot of
+``hops_jobs``, ``hops_nodes`` and ``hops_alloc`` (:mod:`scheduling.live.snapshot`)
+and the estimators' answers, with the policy ``HOPS_POLICY`` names and each
+waiting job's reason (:func:`scheduling.explain.with_reasons`); it publishes
+a ``plan_issued`` with its lease term, then receipts, forecasts and timelines
+(:mod:`.explainer`). It answers ``hops.v1.queue`` by its last plan's ranking
+with reasons, positions and forecasts, ends jobs at their time limit
+(:mod:`.timelimits`), and keeps stateful layers' state in ``hops_layers`` and
+the tenants' views in ``hops_tenants`` (:mod:`.layer_store`);
+:mod:`.settings` lists the settings.
 """
 
 from __future__ import annotations
@@ -73,6 +67,7 @@ from shared.snapshot import Plan, PlanReasons, Snapshot
 from shared.wire import PLAN_REFUSED
 
 JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
+PLANNED = ("queued", "running")  # the phases whose estimates a plan reads
 ESTIMATE_CHUNK = 32  # jobs per estimate request, well inside the payload limit
 
 
@@ -392,17 +387,14 @@ class Leader:
     async def _estimates(
         self, records: dict[JobId, LiveJobRecord], cluster: Cluster
     ) -> tuple[dict[JobId, JobEstimate], dict[JobId, frozenset[GpuType]]]:
-        """Fresh estimates where the estimators answer, the last ones
-        otherwise, of the waiting and running jobs; and, where the policy
-        reuses profiles, the types each job's signature holds shared
-        profiles of (:mod:`scheduling.live.reuse`)."""
-        requests = snap.estimate_requests(records, cluster, ESTIMATE_CHUNK)
+        """The waiting and running jobs' estimates (the last ones where no
+        estimator answers) and, where the policy reuses profiles, the types
+        of each job's shared profiles (:mod:`scheduling.live.reuse`)."""
         shared: dict[JobId, frozenset[GpuType]] = {}
+        requests = snap.estimate_requests(records, cluster, ESTIMATE_CHUNK)
         self.estimates = await fetch_estimates(self.ctx.nc, requests, self.estimates,
-                                               self.settings.estimate_timeout_s, self.log,
-                                               shared)
-        planned = {k: v for k, v in self.estimates.items()
-                   if records[k].phase in ("queued", "running")}
+                                               self.settings.estimate_timeout_s, self.log, shared)
+        planned = {k: v for k, v in self.estimates.items() if records[k].phase in PLANNED}
         return planned, (shared if self.reuse else {})
 
     async def _nodes(self) -> list[NodeRecord]:
