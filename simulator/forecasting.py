@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from scheduling.forecast import Calibration, Interval, calibrated, forecast, observe
+from scheduling.forecast import (
+    Calibration,
+    Interval,
+    calibrated,
+    forecast,
+    observe,
+    with_known_misses,
+)
 from shared.explain import JobForecast
 from shared.ids import JobId
 from shared.snapshot import Plan, Snapshot
@@ -56,6 +63,15 @@ class ForecastLog:
     open_finish: dict[JobId, list[_Open]] = field(default_factory=dict)
 
 
+def _with_open(log: ForecastLog, now: float, round_s: float) -> Calibration:
+    """The calibration with the open forecasts that are already known
+    misses (their high end passed, the job not started, or not finished)."""
+    starts = ((o.at, o.start) for opens in log.open_start.values() for o in opens)
+    finishes = ((o.at, o.finish) for opens in log.open_finish.values() for o in opens)
+    cal = with_known_misses(log.calibration, "start", starts, now, round_s)
+    return with_known_misses(cal, "finish", finishes, now, round_s)
+
+
 class Forecasting:
     """Forecasts at first plans, on the engine's state."""
 
@@ -74,7 +90,7 @@ class Forecasting:
                        draws=s.forecast_draws, whatif=False, fill_s=s.fill_delay_s,
                        r_num=s.r_num, preempt=s.forecast_preempt,
                        arrivals=s.forecast_arrivals)
-        shown = calibrated(raw, log.calibration, s.round_s)
+        shown = calibrated(raw, _with_open(log, raw.at, s.round_s), s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
         for f, g in zip(raw.jobs, shown.jobs, strict=True):

@@ -10,7 +10,14 @@ import msgspec
 import pytest
 
 from bench.synthetic import make_cluster, make_queue
-from scheduling.forecast import Calibration, Interval, apply, forecast, observe
+from scheduling.forecast import (
+    Calibration,
+    Interval,
+    apply,
+    forecast,
+    observe,
+    with_known_misses,
+)
 from scheduling.policies.hops.policy import HopsPolicy
 from scheduling.registry import make_policy, resolve
 from scheduling.rounds import RESTART_S, ROUND_S
@@ -181,6 +188,30 @@ def test_calibration_widens_an_interval_that_was_too_narrow() -> None:
     few = observe(Calibration(), "start", NOW, narrow, NOW + 900.0, ROUND_S)
     assert apply(few, "start", NOW, narrow, ROUND_S) == narrow
     assert msgspec.json.decode(msgspec.json.encode(cal), type=Calibration) == cal
+
+
+def test_a_job_still_waiting_past_its_high_end_widens_the_band_before_it_starts() -> None:
+    narrow = Interval(NOW + 250.0, NOW + 300.0, NOW + 350.0, position=1)
+    cal = Calibration()
+    # Earlier forecasts of this band resolved inside their interval.
+    for _ in range(40):
+        cal = observe(cal, "start", NOW, narrow, NOW + 300.0, ROUND_S)
+    later = NOW + 4 * ROUND_S
+    moved = Interval(later + 250.0, later + 300.0, later + 350.0, position=1)
+    before = apply(cal, "start", later, moved, ROUND_S)
+    assert before.hi <= moved.hi
+    # Forty more of the band are still open, their jobs not started four
+    # rounds on, past their high end: known misses, counted now.
+    pending = [(NOW, narrow)] * 40
+    known = with_known_misses(cal, "start", pending, later, ROUND_S)
+    widened = apply(known, "start", later, moved, ROUND_S)
+    assert widened.hi > before.hi + ROUND_S
+    assert widened.point > before.point
+    # The state kept is untouched (the real residuals replace these when
+    # the jobs start), and open forecasts not yet past their high end add
+    # nothing.
+    assert len(cal.start) == 40
+    assert with_known_misses(cal, "start", pending, NOW + 349.0, ROUND_S) is cal
 
 
 def sim_jobs() -> tuple[Cluster, list[SimJob], GroundTruth]:

@@ -17,7 +17,7 @@ serialises) and the simulator carries one through a run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias, assert_never
 
 import msgspec
@@ -125,6 +125,44 @@ def observe(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
             return msgspec.structs.replace(cal, finish=_trimmed(cal.finish, r, cal.limit))
         case _:
             assert_never(quantity)
+
+
+def with_known_misses(cal: Calibration, quantity: Quantity,
+                      pending: Iterable[tuple[float, Interval]], now: float,
+                      scale: float) -> Calibration:
+    """``cal`` with a provisional residual for every forecast of
+    ``pending`` ((made at, its uncorrected interval), not yet resolved at
+    ``now``) whose high end has passed: a known miss, whose actual value is
+    at least ``now``, so its residual is taken with actual = ``now`` (a
+    lower bound of how late it is; right-censored). Without these, a long
+    wait reaches the calibration only when it ends, hours after the
+    forecasts it should have widened. Use the result to correct the
+    forecasts made at ``now`` and keep ``cal`` itself: the real residual
+    replaces the provisional one when the forecast resolves
+    (:func:`observe`). The provisional residuals count as the newest of
+    their band (the oldest real ones drop beyond ``limit``)."""
+    extra = [residual(at, f, now, scale) for at, f in pending if f.hi < now]
+    if not extra:
+        return cal
+    match quantity:
+        case "start":
+            return msgspec.structs.replace(cal, start=_newest(cal.start, extra, cal.limit))
+        case "finish":
+            return msgspec.structs.replace(cal, finish=_newest(cal.finish, extra, cal.limit))
+        case _:
+            assert_never(quantity)
+
+
+def _newest(rs: tuple[Residual, ...], extra: Sequence[Residual],
+            limit: int) -> tuple[Residual, ...]:
+    """``rs`` then ``extra``, keeping the newest ``limit`` of each band."""
+    kept: dict[int, int] = {}
+    out: list[Residual] = []
+    for r in reversed((*rs, *extra)):
+        if kept.get(r.band, 0) < limit:
+            kept[r.band] = kept.get(r.band, 0) + 1
+            out.append(r)
+    return tuple(reversed(out))
 
 
 def _conformal(scores: Sequence[float], miss: float) -> float:
