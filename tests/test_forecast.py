@@ -214,21 +214,6 @@ def test_a_job_still_waiting_past_its_high_end_widens_the_band_before_it_starts(
     assert with_known_misses(cal, "start", pending, NOW + 349.0, ROUND_S) is cal
 
 
-def test_jobs_that_have_waited_long_are_corrected_by_their_own_kind() -> None:
-    cal = Calibration()
-    fresh = Interval(NOW + 250.0, NOW + 300.0, NOW + 350.0, position=1)
-    old = msgspec.structs.replace(fresh, waited=40 * ROUND_S)
-    # Fresh jobs started as forecast; those that had waited long already
-    # started far later.
-    for _ in range(40):
-        cal = observe(cal, "start", NOW, fresh, NOW + 300.0, ROUND_S)
-        cal = observe(cal, "start", NOW, old, NOW + 3600.0, ROUND_S)
-    assert apply(cal, "start", NOW, fresh, ROUND_S).point == pytest.approx(fresh.point)
-    late = apply(cal, "start", NOW, old, ROUND_S)
-    assert late.point == pytest.approx(NOW + 3600.0)
-    assert late.waited == old.waited
-
-
 def sim_jobs() -> tuple[Cluster, list[SimJob], GroundTruth]:
     c = cluster()
     truth = GroundTruth(c, builtin_catalog())
