@@ -27,7 +27,7 @@ import msgspec
 from bench.plan_round import p95
 from bench.synthetic import make_cluster, make_queue
 from scheduling.forecast import Calibration, Residual, forecast
-from scheduling.forecast.calibration import BANDS
+from scheduling.forecast.calibration import AHEAD_ROUNDS, POSITIONS
 from scheduling.layers.profiling_first import ProfilingFirst
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policy import Policy
@@ -57,11 +57,12 @@ def running_after(snap: Snapshot, plan: Plan, rng: random.Random) -> Snapshot:
 
 def full_calibration(rng: random.Random) -> Calibration:
     """A calibration state at its largest: every band full of residuals."""
+    bands = (len(AHEAD_ROUNDS) + 1) * (len(POSITIONS) + 1)
     limit = Calibration().limit
 
     def some() -> tuple[Residual, ...]:
         return tuple(Residual(rng.gauss(0, 0.3), rng.gauss(-0.2, 0.3), rng.gauss(-0.2, 0.3), b)
-                     for b in range(BANDS) for _ in range(limit))
+                     for b in range(bands) for _ in range(limit))
 
     return Calibration(start=some(), finish=some())
 

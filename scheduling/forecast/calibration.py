@@ -77,8 +77,6 @@ AHEAD_ROUNDS = (1.0, 4.0, 16.0)
 WAITED_ROUNDS = AHEAD_ROUNDS
 _FAR = len(AHEAD_ROUNDS) + 1
 _WAITED = len(WAITED_ROUNDS) + 1
-# How many bands there are (:func:`band` gives 0 to BANDS - 1).
-BANDS = (len(POSITIONS) + 1) * _WAITED * _FAR
 
 
 def _back(forecast: Interval) -> int:
