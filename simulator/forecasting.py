@@ -19,7 +19,6 @@ from scheduling.forecast import (
     calibrated,
     forecast,
     observe,
-    waits,
     with_known_misses,
 )
 from shared.explain import JobForecast
@@ -91,16 +90,13 @@ class Forecasting:
                        draws=s.forecast_draws, whatif=False, fill_s=s.fill_delay_s,
                        r_num=s.r_num, preempt=s.forecast_preempt,
                        arrivals=s.forecast_arrivals)
-        waited = waits(snap)
-        shown = calibrated(raw, _with_open(log, raw.at, s.round_s), s.round_s, waited)
+        shown = calibrated(raw, _with_open(log, raw.at, s.round_s), s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
         for f, g in zip(raw.jobs, shown.jobs, strict=True):
             entry = _Open(len(log.records), raw.at,
-                          Interval(f.start_lo, f.start, f.start_hi, f.position,
-                                   waited[f.job_id]),
-                          Interval(f.finish_lo, f.finish, f.finish_hi, f.position,
-                                   waited[f.job_id]))
+                          Interval(f.start_lo, f.start, f.start_hi, f.position),
+                          Interval(f.finish_lo, f.finish, f.finish_hi, f.position))
             if not f.position:
                 # A job this plan starts: its finish forecast is one of run
                 # time alone, which resolves sooner; it calibrates finishes

@@ -25,10 +25,9 @@ from scheduling.forecast.calibration import (
     observe,
     with_known_misses,
 )
-from scheduling.forecast.queue import calibrated, forecast, waits
+from scheduling.forecast.queue import calibrated, forecast
 
 __all__ = [
     "DEFAULT_SIGMA", "Calibration", "Correction", "Interval", "Residual", "apply", "calibrated",
-    "corrections", "estimator_sigma", "forecast", "observe", "waits",
-    "with_known_misses",
+    "corrections", "estimator_sigma", "forecast", "observe", "with_known_misses",
 ]

@@ -52,31 +52,23 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Interval(msgspec.Struct, frozen=True):
-    """A point forecast and its interval, epoch seconds, the job's position
-    in the queue when it was made (0: running) and the seconds it had
-    waited by then (``JobState.wait_s``)."""
+    """A point forecast and its interval, epoch seconds, and the job's
+    position in the queue when it was made (0: running)."""
 
     lo: float
     point: float
     hi: float
     position: int = 0
-    waited: float = 0.0
 
 
 # Bands of a forecast: how far back in the queue the job is (running jobs,
 # whose finish rests on a measured rate, apart; the jobs that arrive later
-# and overtake a waiting one are what the model knows least), how long it
-# has waited already (in rounds: a job that has been overtaken for hours
-# is likely to be overtaken again, which the model does not know) and how
-# far ahead its point is, in rounds. A forecast is corrected by the
-# residuals of its own band (Mondrian conformal prediction) once that band
-# has MIN_RESIDUALS, else by those of its position and wait, else by those
-# of its position, else by all.
+# and overtake a waiting one are what the model knows least) and how far
+# ahead its point is, in rounds. A forecast is corrected by the residuals
+# of its own band (Mondrian conformal prediction) once that band has
+# MIN_RESIDUALS, else by those of its position band, else by all.
 POSITIONS = (0, 3, 10, 30)
 AHEAD_ROUNDS = (1.0, 4.0, 16.0)
-WAITED_ROUNDS = AHEAD_ROUNDS
-_FAR = len(AHEAD_ROUNDS) + 1
-_WAITED = len(WAITED_ROUNDS) + 1
 
 
 def _back(forecast: Interval) -> int:
@@ -87,8 +79,7 @@ def band(at: float, forecast: Interval, scale: float) -> int:
     """The band of ``forecast`` made at ``at`` (``scale``: one round)."""
     ahead = max(0.0, forecast.point - at) / scale
     far = sum(1 for edge in AHEAD_ROUNDS if ahead > edge)
-    waited = sum(1 for edge in WAITED_ROUNDS if forecast.waited / scale > edge)
-    return (_back(forecast) * _WAITED + waited) * _FAR + far
+    return _back(forecast) * (len(AHEAD_ROUNDS) + 1) + far
 
 
 def _span(at: float, t: float, scale: float) -> float:
@@ -199,9 +190,8 @@ class Correction(msgspec.Struct, frozen=True):
 
 def corrections(cal: Calibration, quantity: Quantity) -> dict[int, Correction]:
     """The correction of every band (:func:`band`) from ``cal``'s residuals:
-    its own once it has :data:`MIN_RESIDUALS`, else those of its position
-    and wait, else its position band's, else all of them; none below that.
-    Computed once per forecast."""
+    its own once it has :data:`MIN_RESIDUALS`, else its position band's,
+    else all of them; none below that. Computed once per forecast."""
     match quantity:
         case "start":
             rs = cal.start
@@ -209,6 +199,8 @@ def corrections(cal: Calibration, quantity: Quantity) -> dict[int, Correction]:
             rs = cal.finish
         case _:
             assert_never(quantity)
+    rows = len(AHEAD_ROUNDS) + 1
+
     def of(chosen: Sequence[Residual]) -> Correction:
         return Correction(_conformal([r.below for r in chosen], MISS_PER_SIDE),
                           _conformal([r.above for r in chosen], MISS_PER_SIDE),
@@ -217,17 +209,13 @@ def corrections(cal: Calibration, quantity: Quantity) -> dict[int, Correction]:
     out: dict[int, Correction] = {}
     whole = of(rs) if len(rs) >= MIN_RESIDUALS else None
     for back in range(len(POSITIONS) + 1):
-        near = [r for r in rs if r.band // (_FAR * _WAITED) == back]
+        near = [r for r in rs if r.band // rows == back]
         wide = of(near) if len(near) >= MIN_RESIDUALS else whole
-        for waited in range(_WAITED):
-            row = back * _WAITED + waited
-            alike = [r for r in near if r.band // _FAR == row]
-            mid = of(alike) if len(alike) >= MIN_RESIDUALS else wide
-            for far in range(_FAR):
-                mine = [r for r in alike if r.band % _FAR == far]
-                chosen = of(mine) if len(mine) >= MIN_RESIDUALS else mid
-                if chosen is not None:
-                    out[row * _FAR + far] = chosen
+        for far in range(rows):
+            mine = [r for r in near if r.band % rows == far]
+            chosen = of(mine) if len(mine) >= MIN_RESIDUALS else wide
+            if chosen is not None:
+                out[back * rows + far] = chosen
     return out
 
 
@@ -245,5 +233,4 @@ def apply(cal: Calibration | Mapping[int, Correction], quantity: Quantity, at: f
     hi_w = _span(at, forecast.hi, scale) * math.exp(c.above)
     p_w = _span(at, forecast.point, scale) * math.exp(c.mid)
     lo, point, hi = (_at(at, w, scale) for w in (lo_w, p_w, hi_w))
-    return Interval(min(lo, point), point, max(hi, point), forecast.position,
-                    forecast.waited)
+    return Interval(min(lo, point), point, max(hi, point), forecast.position)

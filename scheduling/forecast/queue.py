@@ -77,14 +77,7 @@ def forecast(snapshot: Snapshot, plan: Plan, *, round_s: float, seed: int = 0,
     out = QueueForecast(at=now, jobs=tuple(entries), draws=draws)
     if whatif:
         out = _with_whatifs(out, model, jobs, point, whatif_jobs, tenant_cells is not None)
-    if calibration is None:
-        return out
-    return calibrated(out, calibration, round_s, waits(snapshot))
-
-
-def waits(snapshot: Snapshot) -> dict[JobId, float]:
-    """Each job's wait so far (``JobState.wait_s``), for :func:`calibrated`."""
-    return {j.id: j.wait_s for j in snapshot.jobs}
+    return calibrated(out, calibration, round_s) if calibration is not None else out
 
 
 def _factors(model: Model, n: int, sigma: float, seed: int,
@@ -138,13 +131,10 @@ def _waiting_entries(model: Model, jobs: Sequence[JobState],
     return entries
 
 
-def calibrated(qf: QueueForecast, cal: Calibration, round_s: float,
-               waited: Mapping[JobId, float] | None = None) -> QueueForecast:
+def calibrated(qf: QueueForecast, cal: Calibration, round_s: float) -> QueueForecast:
     """``qf`` with every waiting job's intervals corrected by ``cal``
-    (a running job's are kept); ``waited``: each job's ``JobState.wait_s``
-    (absent: 0), which picks its band (:func:`waits`)."""
+    (a running job's are kept)."""
     out: list[JobForecast] = []
-    waits = waited or {}
     starts, finishes = corrections(cal, "start"), corrections(cal, "finish")
     for f in qf.jobs:
         if not f.position:
@@ -152,11 +142,10 @@ def calibrated(qf: QueueForecast, cal: Calibration, round_s: float,
             # are those of waiting jobs, whose error is mostly the wait.
             out.append(f)
             continue
-        w = waits.get(f.job_id, 0.0)
         fin = apply(finishes, "finish", qf.at,
-                    Interval(f.finish_lo, f.finish, f.finish_hi, f.position, w), round_s)
+                    Interval(f.finish_lo, f.finish, f.finish_hi, f.position), round_s)
         st = apply(starts, "start", qf.at,
-                   Interval(f.start_lo, f.start, f.start_hi, f.position, w), round_s)
+                   Interval(f.start_lo, f.start, f.start_hi, f.position), round_s)
         # A job cannot finish before it starts, whatever each correction did.
         fin = Interval(max(fin.lo, st.lo), max(fin.point, st.point), max(fin.hi, st.hi))
         f = msgspec.structs.replace(f, start=st.point, start_lo=st.lo, start_hi=st.hi)
