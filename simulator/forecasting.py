@@ -19,8 +19,10 @@ from scheduling.forecast import (
     calibrated,
     forecast,
     observe,
+    track,
     with_known_misses,
 )
+from scheduling.forecast.calibration import Quantity
 from shared.explain import JobForecast
 from shared.ids import JobId
 from shared.snapshot import Plan, Snapshot
@@ -45,12 +47,14 @@ class ForecastRecord(msgspec.Struct, frozen=True):
 @dataclass
 class _Open:
     """A recorded forecast not yet resolved, with the uncalibrated intervals
-    its residuals are taken on."""
+    its residuals are taken on and, for a record, the intervals shown,
+    whose misses move the calibration's miss levels."""
 
     index: int
     at: float
     start: Interval
     finish: Interval
+    shown: tuple[Interval, Interval] | None = None
 
 
 @dataclass
@@ -104,6 +108,8 @@ class Forecasting:
                 if f.job_id in started and f.job_id not in log.open_finish:
                     log.open_finish[f.job_id] = [dataclass_replace(entry, index=-1)]
                 continue
+            entry.shown = (Interval(g.start_lo, g.start, g.start_hi, g.position),
+                           Interval(g.finish_lo, g.finish, g.finish_hi, g.position))
             log.records.append(ForecastRecord(at=raw.at, gpus=sizes[g.job_id], forecast=g))
             log.open_start.setdefault(g.job_id, []).append(entry)
             log.open_finish.setdefault(g.job_id, []).append(entry)
@@ -115,11 +121,12 @@ class Forecasting:
             return
         opened = (log.open_finish if finished else log.open_start).pop(rec.id, [])
         cal = log.calibration
+        quantity: Quantity = "finish" if finished else "start"
         for o in opened:
-            if finished:
-                cal = observe(cal, "finish", o.at, o.finish, self.now, self.settings.round_s)
-            else:
-                cal = observe(cal, "start", o.at, o.start, self.now, self.settings.round_s)
+            raw = o.finish if finished else o.start
+            cal = observe(cal, quantity, o.at, raw, self.now, self.settings.round_s)
+            if o.shown is not None:
+                cal = track(cal, quantity, o.shown[1] if finished else o.shown[0], self.now)
             if o.index < 0:
                 continue  # not a record (a job its plan started)
             r = log.records[o.index]

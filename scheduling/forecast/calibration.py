@@ -28,6 +28,12 @@ Quantity: TypeAlias = Literal["start", "finish"]
 MIN_RESIDUALS = 20
 # The interval aimed at: 10th to 90th percentile, so each side may miss 10%.
 MISS_PER_SIDE = 0.1
+# The step of the adaptive miss level (Gibbs and Candes, "Adaptive
+# conformal inference under distribution shift", 2021, whose gamma this
+# is): each shown interval that resolves moves its side's level by
+# STEP * (MISS_PER_SIDE - missed), so a side that misses more often than
+# 10% is widened until, over the run, it misses 10%, whatever the drift.
+STEP = 0.005
 
 
 class Residual(msgspec.Struct, frozen=True, array_like=True):
@@ -44,11 +50,14 @@ class Residual(msgspec.Struct, frozen=True, array_like=True):
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     """The recent residuals of start and finish forecasts, newest last,
-    at most ``limit`` per band."""
+    at most ``limit`` per band, and the miss level each side of each is
+    corrected at (low side, high side; :func:`track`)."""
 
     start: tuple[Residual, ...] = ()
     finish: tuple[Residual, ...] = ()
     limit: int = 200  # residuals per band
+    start_miss: tuple[float, float] = (MISS_PER_SIDE, MISS_PER_SIDE)
+    finish_miss: tuple[float, float] = (MISS_PER_SIDE, MISS_PER_SIDE)
 
 
 class Interval(msgspec.Struct, frozen=True):
@@ -165,11 +174,37 @@ def _newest(rs: tuple[Residual, ...], extra: Sequence[Residual],
     return tuple(reversed(out))
 
 
+def track(cal: Calibration, quantity: Quantity, shown: Interval,
+          actual: float) -> Calibration:
+    """``cal`` with its miss levels moved by one resolved forecast as it was
+    shown (corrected): each side's level falls by STEP * 0.9 if ``actual``
+    fell past that side, else rises by STEP * 0.1 (adaptive conformal
+    inference), kept within [0, 0.5]."""
+    def moved(level: float, missed: bool) -> float:
+        return min(0.5, max(0.0, level + STEP * (MISS_PER_SIDE - float(missed))))
+
+    match quantity:
+        case "start":
+            lo, hi = cal.start_miss
+        case "finish":
+            lo, hi = cal.finish_miss
+        case _:
+            assert_never(quantity)
+    levels = (moved(lo, actual < shown.lo), moved(hi, actual > shown.hi))
+    match quantity:
+        case "start":
+            return msgspec.structs.replace(cal, start_miss=levels)
+        case "finish":
+            return msgspec.structs.replace(cal, finish_miss=levels)
+        case _:
+            assert_never(quantity)
+
+
 def _conformal(scores: Sequence[float], miss: float) -> float:
     """The split-conformal quantile: the ceil((n+1)(1-miss))-th smallest score."""
     ordered = sorted(scores)
     k = min(len(ordered), math.ceil((len(ordered) + 1) * (1.0 - miss)))
-    return ordered[k - 1]
+    return ordered[max(k, 1) - 1]
 
 
 def _median(values: Sequence[float]) -> float:
@@ -194,16 +229,16 @@ def corrections(cal: Calibration, quantity: Quantity) -> dict[int, Correction]:
     else all of them; none below that. Computed once per forecast."""
     match quantity:
         case "start":
-            rs = cal.start
+            rs, (lo, hi) = cal.start, cal.start_miss
         case "finish":
-            rs = cal.finish
+            rs, (lo, hi) = cal.finish, cal.finish_miss
         case _:
             assert_never(quantity)
     rows = len(AHEAD_ROUNDS) + 1
 
     def of(chosen: Sequence[Residual]) -> Correction:
-        return Correction(_conformal([r.below for r in chosen], MISS_PER_SIDE),
-                          _conformal([r.above for r in chosen], MISS_PER_SIDE),
+        return Correction(_conformal([r.below for r in chosen], lo),
+                          _conformal([r.above for r in chosen], hi),
                           _median([r.mid for r in chosen]))
 
     out: dict[int, Correction] = {}
