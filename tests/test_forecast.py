@@ -16,6 +16,7 @@ from scheduling.forecast import (
     apply,
     forecast,
     observe,
+    track,
     with_known_misses,
 )
 from scheduling.policies.hops.policy import HopsPolicy
@@ -212,6 +213,26 @@ def test_a_job_still_waiting_past_its_high_end_widens_the_band_before_it_starts(
     # nothing.
     assert len(cal.start) == 40
     assert with_known_misses(cal, "start", pending, NOW + 349.0, ROUND_S) is cal
+
+
+def test_shown_intervals_that_keep_missing_high_widen_the_high_side() -> None:
+    narrow = Interval(NOW + 250.0, NOW + 300.0, NOW + 350.0, position=1)
+    cal = Calibration()
+    # Starts spread from the point to five rounds later.
+    for k in range(50):
+        cal = observe(cal, "start", NOW, narrow, NOW + 300.0 + 30.0 * k, ROUND_S)
+    shown = apply(cal, "start", NOW, narrow, ROUND_S)
+    # Yet the shown intervals keep missing on the high side (the past
+    # residuals lag behind a drift): its miss level falls, the side widens.
+    missed = cal
+    for _ in range(10):
+        missed = track(missed, "start", shown, shown.hi + ROUND_S)
+    assert missed.start_miss[1] < cal.start_miss[1] and missed.start_miss[0] > 0.1
+    assert apply(missed, "start", NOW, narrow, ROUND_S).hi > shown.hi
+    # Hits move the level back up, towards 10% a side.
+    hit = track(missed, "start", shown, shown.point)
+    assert hit.start_miss[1] > missed.start_miss[1]
+    assert missed.finish_miss == cal.finish_miss
 
 
 def sim_jobs() -> tuple[Cluster, list[SimJob], GroundTruth]:
