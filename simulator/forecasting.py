@@ -55,6 +55,9 @@ class _Open:
     start: Interval
     finish: Interval
     shown: tuple[Interval, Interval] | None = None
+    # The quantities whose shown interval is already counted as a miss
+    # (:func:`_track_known_misses`), not to be counted again on resolving.
+    known: set[Quantity] = field(default_factory=set)
 
 
 @dataclass
@@ -76,6 +79,24 @@ def _with_open(log: ForecastLog, now: float, round_s: float) -> Calibration:
     return with_known_misses(cal, "finish", finishes, now, round_s)
 
 
+def _track_known_misses(log: ForecastLog, now: float) -> None:
+    """Count each shown interval whose high end has passed, its job not
+    started (or not finished), as the miss it already is: the miss levels
+    learn of a long wait while it goes on, as the residuals do
+    (:func:`_with_open`)."""
+    cal = log.calibration
+    opens: tuple[tuple[Quantity, dict[JobId, list[_Open]]], ...] = (
+        ("start", log.open_start), ("finish", log.open_finish))
+    for quantity, by_job in opens:
+        side = 0 if quantity == "start" else 1
+        for o in (o for os in by_job.values() for o in os):
+            if o.shown is None or quantity in o.known or o.shown[side].hi >= now:
+                continue
+            cal = track(cal, quantity, o.shown[side], now)
+            o.known.add(quantity)
+    log.calibration = cal
+
+
 class Forecasting:
     """Forecasts at first plans, on the engine's state."""
 
@@ -94,6 +115,7 @@ class Forecasting:
                        draws=s.forecast_draws, whatif=False, fill_s=s.fill_delay_s,
                        r_num=s.r_num, preempt=s.forecast_preempt,
                        arrivals=s.forecast_arrivals)
+        _track_known_misses(log, raw.at)
         shown = calibrated(raw, _with_open(log, raw.at, s.round_s), s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
@@ -125,7 +147,7 @@ class Forecasting:
         for o in opened:
             raw = o.finish if finished else o.start
             cal = observe(cal, quantity, o.at, raw, self.now, self.settings.round_s)
-            if o.shown is not None:
+            if o.shown is not None and quantity not in o.known:
                 cal = track(cal, quantity, o.shown[1] if finished else o.shown[0], self.now)
             if o.index < 0:
                 continue  # not a record (a job its plan started)
