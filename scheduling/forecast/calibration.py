@@ -17,7 +17,7 @@ serialises) and the simulator carries one through a run.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias, assert_never
 
 import msgspec
@@ -111,15 +111,16 @@ def residual(at: float, forecast: Interval, actual: float, scale: float) -> Resi
     )
 
 
-def _trimmed(rs: tuple[Residual, ...], r: Residual, limit: int) -> tuple[Residual, ...]:
-    """``rs`` with ``r`` added and, beyond ``limit`` in its band, the oldest
-    of that band dropped: each band keeps its own recent past, so a busy
-    band does not push a quiet one out."""
-    out = (*rs, r)
-    if sum(1 for x in out if x.band == r.band) <= limit:
-        return out
-    first = next(i for i, x in enumerate(out) if x.band == r.band)
-    return out[:first] + out[first + 1:]
+def _with(cal: Calibration, quantity: Quantity,
+          change: Callable[[tuple[Residual, ...]], tuple[Residual, ...]]) -> Calibration:
+    """``cal`` with the residuals of ``quantity`` changed by ``change``."""
+    match quantity:
+        case "start":
+            return msgspec.structs.replace(cal, start=change(cal.start))
+        case "finish":
+            return msgspec.structs.replace(cal, finish=change(cal.finish))
+        case _:
+            assert_never(quantity)
 
 
 def observe(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
@@ -127,13 +128,7 @@ def observe(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
     """``cal`` with the residual of one resolved forecast added (the oldest
     of its band dropped beyond ``limit`` in that band)."""
     r = residual(at, forecast, actual, scale)
-    match quantity:
-        case "start":
-            return msgspec.structs.replace(cal, start=_trimmed(cal.start, r, cal.limit))
-        case "finish":
-            return msgspec.structs.replace(cal, finish=_trimmed(cal.finish, r, cal.limit))
-        case _:
-            assert_never(quantity)
+    return _with(cal, quantity, lambda rs: _newest(rs, (r,), cal.limit))
 
 
 def with_known_misses(cal: Calibration, quantity: Quantity,
@@ -153,18 +148,14 @@ def with_known_misses(cal: Calibration, quantity: Quantity,
     extra = [residual(at, f, now, scale) for at, f in pending if f.hi < now]
     if not extra:
         return cal
-    match quantity:
-        case "start":
-            return msgspec.structs.replace(cal, start=_newest(cal.start, extra, cal.limit))
-        case "finish":
-            return msgspec.structs.replace(cal, finish=_newest(cal.finish, extra, cal.limit))
-        case _:
-            assert_never(quantity)
+    return _with(cal, quantity, lambda rs: _newest(rs, extra, cal.limit))
 
 
 def _newest(rs: tuple[Residual, ...], extra: Sequence[Residual],
             limit: int) -> tuple[Residual, ...]:
-    """``rs`` then ``extra``, keeping the newest ``limit`` of each band."""
+    """``rs`` then ``extra``, keeping the newest ``limit`` of each band:
+    each band keeps its own recent past, so a busy band does not push a
+    quiet one out."""
     kept: dict[int, int] = {}
     out: list[Residual] = []
     for r in reversed((*rs, *extra)):
