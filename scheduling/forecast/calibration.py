@@ -7,8 +7,12 @@ the forecast to the event (plus one round, so that "now" is not log 0).
 conformal quantile of how far past that side recent actual values fell,
 and moves the point by the median of the point's log-ratio errors, so a
 forecast that has been too early is moved later. Nothing is fitted to a
-trace: the state holds only the last :attr:`Calibration.limit` residuals,
-and below :data:`MIN_RESIDUALS` the interval is left as the draws made it.
+trace: the state holds only the last :attr:`Calibration.limit` residuals
+per band, and below :data:`MIN_RESIDUALS` the interval is left as the
+draws made it. Two additions learn sooner: :func:`with_known_misses` counts
+the forecasts still open whose high end has passed (known misses) for the
+forecasts made now, and :func:`track` moves each side's miss level by
+whether the intervals as shown missed (adaptive conformal inference).
 
 The live leader keeps a :class:`Calibration` (it is a msgspec Struct, so it
 serialises) and the simulator carries one through a run.
