@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from scheduling.forecast import calibrated, forecast
-from scheduling.forecast.tracking import Tracker, opened, resolved
+from scheduling.forecast.tracking import Tracker, current, known_misses, opened, resolved
 from shared.explain import JobForecast
 from shared.snapshot import Plan, Snapshot
 
@@ -60,10 +60,11 @@ class Forecasting:
                        draws=s.forecast_draws, whatif=False, fill_s=s.fill_delay_s,
                        r_num=s.r_num, preempt=s.forecast_preempt,
                        arrivals=s.forecast_arrivals)
-        shown = calibrated(raw, log.tracker.calibration, s.round_s)
+        known_misses(log.tracker, raw.at)
+        shown = calibrated(raw, current(log.tracker, raw.at, s.round_s), s.round_s)
         sizes = {j.id: max(j.spec.requirement_set(s.r_num), default=0) for j in snap.jobs}
         started = {a.job_id for a in plan.assignments}
-        for i in opened(log.tracker, raw, started, len(log.records)):
+        for i in opened(log.tracker, raw, started, len(log.records), shown):
             g = shown.jobs[i]
             log.records.append(ForecastRecord(at=raw.at, gpus=sizes[g.job_id], forecast=g))
 

@@ -10,7 +10,15 @@ import msgspec
 import pytest
 
 from bench.synthetic import make_cluster, make_queue
-from scheduling.forecast import Calibration, Interval, apply, forecast, observe
+from scheduling.forecast import (
+    Calibration,
+    Interval,
+    apply,
+    forecast,
+    observe,
+    track,
+    with_known_misses,
+)
 from scheduling.policies.hops.policy import HopsPolicy
 from scheduling.registry import make_policy, resolve
 from scheduling.rounds import RESTART_S, ROUND_S
@@ -181,6 +189,50 @@ def test_calibration_widens_an_interval_that_was_too_narrow() -> None:
     few = observe(Calibration(), "start", NOW, narrow, NOW + 900.0, ROUND_S)
     assert apply(few, "start", NOW, narrow, ROUND_S) == narrow
     assert msgspec.json.decode(msgspec.json.encode(cal), type=Calibration) == cal
+
+
+def test_a_job_still_waiting_past_its_high_end_widens_the_band_before_it_starts() -> None:
+    narrow = Interval(NOW + 250.0, NOW + 300.0, NOW + 350.0, position=1)
+    cal = Calibration()
+    # Earlier forecasts of this band resolved inside their interval.
+    for _ in range(40):
+        cal = observe(cal, "start", NOW, narrow, NOW + 300.0, ROUND_S)
+    later = NOW + 4 * ROUND_S
+    moved = Interval(later + 250.0, later + 300.0, later + 350.0, position=1)
+    before = apply(cal, "start", later, moved, ROUND_S)
+    assert before.hi <= moved.hi
+    # Forty more of the band are still open, their jobs not started four
+    # rounds on, past their high end: known misses, counted now.
+    pending = [(NOW, narrow)] * 40
+    known = with_known_misses(cal, "start", pending, later, ROUND_S)
+    widened = apply(known, "start", later, moved, ROUND_S)
+    assert widened.hi > before.hi + ROUND_S
+    assert widened.point > before.point
+    # The state kept is untouched (the real residuals replace these when
+    # the jobs start), and open forecasts not yet past their high end add
+    # nothing.
+    assert len(cal.start) == 40
+    assert with_known_misses(cal, "start", pending, NOW + 349.0, ROUND_S) is cal
+
+
+def test_shown_intervals_that_keep_missing_high_widen_the_high_side() -> None:
+    narrow = Interval(NOW + 250.0, NOW + 300.0, NOW + 350.0, position=1)
+    cal = Calibration()
+    # Starts spread from the point to five rounds later.
+    for k in range(50):
+        cal = observe(cal, "start", NOW, narrow, NOW + 300.0 + 30.0 * k, ROUND_S)
+    shown = apply(cal, "start", NOW, narrow, ROUND_S)
+    # Yet the shown intervals keep missing on the high side (the past
+    # residuals lag behind a drift): its miss level falls, the side widens.
+    missed = cal
+    for _ in range(10):
+        missed = track(missed, "start", shown, shown.hi + ROUND_S)
+    assert missed.start_miss[1] < cal.start_miss[1] and missed.start_miss[0] > 0.1
+    assert apply(missed, "start", NOW, narrow, ROUND_S).hi > shown.hi
+    # Hits move the level back up, towards 10% a side.
+    hit = track(missed, "start", shown, shown.point)
+    assert hit.start_miss[1] > missed.start_miss[1]
+    assert missed.finish_miss == cal.finish_miss
 
 
 def sim_jobs() -> tuple[Cluster, list[SimJob], GroundTruth]:

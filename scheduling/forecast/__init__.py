@@ -6,7 +6,10 @@ running the policy itself.
 
 - :func:`forecast`: the whole queue after one plan.
 - :class:`Calibration`, :func:`observe`, :func:`calibrated`: the online
-  correction of the intervals by resolved forecasts.
+  correction of the intervals by resolved forecasts;
+  :func:`with_known_misses`: with the forecasts still open whose high end
+  has passed (known misses), to correct the forecasts of this round;
+  :func:`track`: the miss levels moved by a resolved forecast as shown.
 - :func:`estimator_sigma`: the estimator's error as running jobs measure it.
 """
 
@@ -21,10 +24,13 @@ from scheduling.forecast.calibration import (
     apply,
     corrections,
     observe,
+    track,
+    with_known_misses,
 )
 from scheduling.forecast.queue import calibrated, forecast
 
 __all__ = [
     "DEFAULT_SIGMA", "Calibration", "Correction", "Interval", "Residual", "apply", "calibrated",
-    "corrections", "estimator_sigma", "forecast", "observe",
+    "corrections", "estimator_sigma", "forecast", "observe", "track",
+    "with_known_misses",
 ]

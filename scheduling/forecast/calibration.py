@@ -7,8 +7,12 @@ the forecast to the event (plus one round, so that "now" is not log 0).
 conformal quantile of how far past that side recent actual values fell,
 and moves the point by the median of the point's log-ratio errors, so a
 forecast that has been too early is moved later. Nothing is fitted to a
-trace: the state holds only the last :attr:`Calibration.limit` residuals,
-and below :data:`MIN_RESIDUALS` the interval is left as the draws made it.
+trace: the state holds only the last :attr:`Calibration.limit` residuals
+per band, and below :data:`MIN_RESIDUALS` the interval is left as the
+draws made it. Two additions learn sooner: :func:`with_known_misses` counts
+the forecasts still open whose high end has passed (known misses) for the
+forecasts made now, and :func:`track` moves each side's miss level by
+whether the intervals as shown missed (adaptive conformal inference).
 
 The live leader keeps a :class:`Calibration` (it is a msgspec Struct, so it
 serialises) and the simulator carries one through a run.
@@ -17,7 +21,7 @@ serialises) and the simulator carries one through a run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias, assert_never
 
 import msgspec
@@ -28,6 +32,12 @@ Quantity: TypeAlias = Literal["start", "finish"]
 MIN_RESIDUALS = 20
 # The interval aimed at: 10th to 90th percentile, so each side may miss 10%.
 MISS_PER_SIDE = 0.1
+# The step of the adaptive miss level (Gibbs and Candes, "Adaptive
+# conformal inference under distribution shift", 2021, whose gamma this
+# is): each shown interval that resolves moves its side's level by
+# STEP * (MISS_PER_SIDE - missed), so a side that misses more often than
+# 10% is widened until, over the run, it misses 10%, whatever the drift.
+STEP = 0.005
 
 
 class Residual(msgspec.Struct, frozen=True, array_like=True):
@@ -44,11 +54,14 @@ class Residual(msgspec.Struct, frozen=True, array_like=True):
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     """The recent residuals of start and finish forecasts, newest last,
-    at most ``limit`` per band."""
+    at most ``limit`` per band, and the miss level each side of each is
+    corrected at (low side, high side; :func:`track`)."""
 
     start: tuple[Residual, ...] = ()
     finish: tuple[Residual, ...] = ()
     limit: int = 200  # residuals per band
+    start_miss: tuple[float, float] = (MISS_PER_SIDE, MISS_PER_SIDE)
+    finish_miss: tuple[float, float] = (MISS_PER_SIDE, MISS_PER_SIDE)
 
 
 class Interval(msgspec.Struct, frozen=True):
@@ -102,15 +115,16 @@ def residual(at: float, forecast: Interval, actual: float, scale: float) -> Resi
     )
 
 
-def _trimmed(rs: tuple[Residual, ...], r: Residual, limit: int) -> tuple[Residual, ...]:
-    """``rs`` with ``r`` added and, beyond ``limit`` in its band, the oldest
-    of that band dropped: each band keeps its own recent past, so a busy
-    band does not push a quiet one out."""
-    out = (*rs, r)
-    if sum(1 for x in out if x.band == r.band) <= limit:
-        return out
-    first = next(i for i, x in enumerate(out) if x.band == r.band)
-    return out[:first] + out[first + 1:]
+def _with(cal: Calibration, quantity: Quantity,
+          change: Callable[[tuple[Residual, ...]], tuple[Residual, ...]]) -> Calibration:
+    """``cal`` with the residuals of ``quantity`` changed by ``change``."""
+    match quantity:
+        case "start":
+            return msgspec.structs.replace(cal, start=change(cal.start))
+        case "finish":
+            return msgspec.structs.replace(cal, finish=change(cal.finish))
+        case _:
+            assert_never(quantity)
 
 
 def observe(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
@@ -118,11 +132,65 @@ def observe(cal: Calibration, quantity: Quantity, at: float, forecast: Interval,
     """``cal`` with the residual of one resolved forecast added (the oldest
     of its band dropped beyond ``limit`` in that band)."""
     r = residual(at, forecast, actual, scale)
+    return _with(cal, quantity, lambda rs: _newest(rs, (r,), cal.limit))
+
+
+def with_known_misses(cal: Calibration, quantity: Quantity,
+                      pending: Iterable[tuple[float, Interval]], now: float,
+                      scale: float) -> Calibration:
+    """``cal`` with a provisional residual for every forecast of
+    ``pending`` ((made at, its uncorrected interval), not yet resolved at
+    ``now``) whose high end has passed: a known miss, whose actual value is
+    at least ``now``, so its residual is taken with actual = ``now`` (a
+    lower bound of how late it is; right-censored). Without these, a long
+    wait reaches the calibration only when it ends, hours after the
+    forecasts it should have widened. Use the result to correct the
+    forecasts made at ``now`` and keep ``cal`` itself: the real residual
+    replaces the provisional one when the forecast resolves
+    (:func:`observe`). The provisional residuals count as the newest of
+    their band (the oldest real ones drop beyond ``limit``)."""
+    extra = [residual(at, f, now, scale) for at, f in pending if f.hi < now]
+    if not extra:
+        return cal
+    return _with(cal, quantity, lambda rs: _newest(rs, extra, cal.limit))
+
+
+def _newest(rs: tuple[Residual, ...], extra: Sequence[Residual],
+            limit: int) -> tuple[Residual, ...]:
+    """``rs`` then ``extra``, keeping the newest ``limit`` of each band:
+    each band keeps its own recent past, so a busy band does not push a
+    quiet one out."""
+    kept: dict[int, int] = {}
+    out: list[Residual] = []
+    for r in reversed((*rs, *extra)):
+        if kept.get(r.band, 0) < limit:
+            kept[r.band] = kept.get(r.band, 0) + 1
+            out.append(r)
+    return tuple(reversed(out))
+
+
+def track(cal: Calibration, quantity: Quantity, shown: Interval,
+          actual: float) -> Calibration:
+    """``cal`` with its miss levels moved by one resolved forecast as it was
+    shown (corrected): each side's level falls by STEP * 0.9 if ``actual``
+    fell past that side, else rises by STEP * 0.1 (adaptive conformal
+    inference), kept within [0, 0.5]."""
+    def moved(level: float, missed: bool) -> float:
+        return min(0.5, max(0.0, level + STEP * (MISS_PER_SIDE - float(missed))))
+
     match quantity:
         case "start":
-            return msgspec.structs.replace(cal, start=_trimmed(cal.start, r, cal.limit))
+            lo, hi = cal.start_miss
         case "finish":
-            return msgspec.structs.replace(cal, finish=_trimmed(cal.finish, r, cal.limit))
+            lo, hi = cal.finish_miss
+        case _:
+            assert_never(quantity)
+    levels = (moved(lo, actual < shown.lo), moved(hi, actual > shown.hi))
+    match quantity:
+        case "start":
+            return msgspec.structs.replace(cal, start_miss=levels)
+        case "finish":
+            return msgspec.structs.replace(cal, finish_miss=levels)
         case _:
             assert_never(quantity)
 
@@ -131,7 +199,7 @@ def _conformal(scores: Sequence[float], miss: float) -> float:
     """The split-conformal quantile: the ceil((n+1)(1-miss))-th smallest score."""
     ordered = sorted(scores)
     k = min(len(ordered), math.ceil((len(ordered) + 1) * (1.0 - miss)))
-    return ordered[k - 1]
+    return ordered[max(k, 1) - 1]
 
 
 def _median(values: Sequence[float]) -> float:
@@ -156,16 +224,16 @@ def corrections(cal: Calibration, quantity: Quantity) -> dict[int, Correction]:
     else all of them; none below that. Computed once per forecast."""
     match quantity:
         case "start":
-            rs = cal.start
+            rs, (lo, hi) = cal.start, cal.start_miss
         case "finish":
-            rs = cal.finish
+            rs, (lo, hi) = cal.finish, cal.finish_miss
         case _:
             assert_never(quantity)
     rows = len(AHEAD_ROUNDS) + 1
 
     def of(chosen: Sequence[Residual]) -> Correction:
-        return Correction(_conformal([r.below for r in chosen], MISS_PER_SIDE),
-                          _conformal([r.above for r in chosen], MISS_PER_SIDE),
+        return Correction(_conformal([r.below for r in chosen], lo),
+                          _conformal([r.above for r in chosen], hi),
                           _median([r.mid for r in chosen]))
 
     out: dict[int, Correction] = {}

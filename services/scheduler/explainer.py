@@ -230,8 +230,12 @@ class Explainer:
             self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method),
                                             initializer=orphan_guard)
         records = self.records()
+        # the miss levels learn of long waits while they go on, and this
+        # round's correction counts the known misses (tracking.current)
+        tracking.known_misses(self.tracker, snapshot.now)
+        calibration = tracking.current(self.tracker, snapshot.now, self.round_s)
         data = forecasting.task_bytes(
-            snapshot, plan, self.round_s, round_no, calibration=self.tracker.calibration,
+            snapshot, plan, self.round_s, round_no, calibration=calibration,
             fill_s=self.fill_s, r_num=self.r_num, started=forecasting.started(records),
             tenant_cells=self.cells())
         starts = frozenset(a.job_id for a in plan.assignments)
@@ -246,7 +250,7 @@ class Explainer:
             result = forecasting.decode_results(out)
             forecast = result.shown
             records = self.records()
-            tracking.opened(self.tracker, result.raw, starts)
+            tracking.opened(self.tracker, result.raw, starts, shown=forecast)
             for job_id in (k for k, r in records.items() if r.phase == "running"):
                 # it started while the forecast ran: that start was not of it
                 self.tracker.open_start.pop(job_id, None)
