@@ -48,7 +48,10 @@ def test_a_round_replan_stops_a_long_job_for_a_waiting_one_with_a_receipt(
     until(lambda: stack.phase("long") == "running"
           and (stack.record("long") or {}).get("samples_done", 0) > 0,
           "long runs and progresses", 90, stack.logs)
-    assert stack.submit(catalog_spec("short", 2_000_000, requirements=[4]))["ok"]
+    # another model than the long job's: no profile to reuse, so it is
+    # profiled on rtx-p and a plan within the round follows its profile
+    assert stack.submit(catalog_spec("short", 2_000_000, model="distilbert-imdb",
+                                     requirements=[4]))["ok"]
     seen = described_reasons(stack, "short", 180)
     assert seen[-1] == "running", seen
     # what describe showed on the way, and its timeline: every change of
