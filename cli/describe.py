@@ -109,9 +109,12 @@ def _conditions(job: Body) -> list[str]:
 
 def entry_text(entry: Body) -> str:
     """One timeline entry's note, reason, receipt or forecast in a line."""
-    parts = [str(entry["note"])] if entry.get("note") else []
-    if entry.get("why"):
-        parts.append(f"{entry['why']['code']}: {entry['why'].get('message', '')}")
+    why = entry.get("why")
+    note = entry.get("note")
+    # a reason's entry notes its message: said once, after its code
+    parts = [str(note)] if note and not (why and note == why.get("message")) else []
+    if why:
+        parts.append(f"{why['code']}: {why.get('message', '')}")
     if entry.get("receipt"):
         parts.append(f"{entry['receipt']['rule']}: {entry['receipt'].get('message', '')}")
     f = entry.get("forecast")

@@ -201,7 +201,7 @@ def render(why: Why, visible: Callable[[JobId], bool] = lambda _: True) -> str:
     if not why.jobs:
         return why.message
     names = [
-        (f"{j} (latency ratio {r:.2f})" if r else str(j)) if visible(j) else ANOTHER_TENANT
+        (f"{j} (latency ratio {r:.3g})" if r else str(j)) if visible(j) else ANOTHER_TENANT
         for j, r in zip(why.jobs, why.ratios or (0.0,) * len(why.jobs), strict=False)
     ]
     return f"{why.message}: {', '.join(names)}"

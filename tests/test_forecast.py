@@ -260,3 +260,31 @@ def test_the_simulator_records_forecasts_only_when_asked() -> None:
     assert (first.at, f.position, first.gpus) == (ROUND_S, 1, 4)
     assert f.start_lo <= f.start <= f.start_hi
     assert first.actual_start is not None and first.actual_start > first.at
+
+
+def test_running_jobs_measuring_twice_the_estimate_halve_a_waiting_jobs_run() -> None:
+    # Four 1-GPU jobs hold the server's four GPUs; a fifth waits behind
+    # them. Their heartbeats measure twice the estimate: the estimator is
+    # biased by 2 (an emulated cluster's time scale, say), so the waiting
+    # job's run, on the same estimates, is forecast at half the estimate's.
+    per_gpu, samples = 100.0, 100_000.0
+    running = [JobState(spec=spec(f"r{i}", (1,), 1e9), phase="running",
+                        current=Configuration.of({"n0": 1}), throughput=measured,
+                        throughput_since=0.0)
+               for i, measured in enumerate((2 * per_gpu,) * 4)]
+    waiting = JobState(spec=spec("w", (1,), samples), phase="queued")
+    jobs = (*running, waiting)
+    ests = {j.id: flat(j.id, per_gpu) for j in jobs}
+    snap = Snapshot(now=NOW, cluster=cluster(1, 4), jobs=jobs, estimates=ests,
+                    held={ServerId("n0"): 4}, first_plan=False)
+    plan = Plan(reasons=PlanReasons(policy="hops", priorities={JobId("w"): 1.0}))
+    biased = {f.job_id: f for f in forecast(snap, plan, round_s=ROUND_S, draws=2,
+                                            arrivals=False).jobs}
+    unbiased_jobs = tuple(msgspec.structs.replace(j, throughput=per_gpu) if j.phase == "running"
+                          else j for j in jobs)
+    fair = {f.job_id: f for f in forecast(msgspec.structs.replace(snap, jobs=unbiased_jobs),
+                                          plan, round_s=ROUND_S, draws=2, arrivals=False).jobs}
+    w, w0 = biased[JobId("w")], fair[JobId("w")]
+    # the run itself (finish - start) is the estimate's halved
+    assert w0.finish - w0.start == pytest.approx(samples / per_gpu + RESTART_S, rel=0.05)
+    assert w.finish - w.start == pytest.approx(samples / (2 * per_gpu) + RESTART_S, rel=0.05)

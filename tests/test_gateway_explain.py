@@ -124,7 +124,7 @@ async def test_an_admin_sees_the_reason_receipt_forecast_and_conditions(
     await write_state(nc)
     body = (await api.get("/jobs/j1", params={"tenant": "alice"}, headers=ADMIN)).json()
     assert body["why"]["code"] == "Priority"
-    assert "bob/b1 (latency ratio 1.50)" in body["why"]["message"]
+    assert "bob/b1 (latency ratio 1.5)" in body["why"]["message"]
     assert body["why"]["details"]["jobs"] == ["bob/b1", "alice/a2"]
     assert body["receipt"]["rule"] == "Fairness" and body["receipt"]["takers"] == ["bob/b1"]
     assert (body["forecast"]["start_lo"], body["forecast"]["finish_hi"]) == (90.0, 600.0)

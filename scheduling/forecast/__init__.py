@@ -10,12 +10,13 @@ running the policy itself.
   :func:`with_known_misses`: with the forecasts still open whose high end
   has passed (known misses), to correct the forecasts of this round;
   :func:`track`: the miss levels moved by a resolved forecast as shown.
-- :func:`estimator_sigma`: the estimator's error as running jobs measure it.
+- :func:`estimator_sigma`, :func:`estimator_bias`: the estimator's error
+  and bias as running jobs measure them.
 """
 
 from __future__ import annotations
 
-from scheduling.forecast.build import DEFAULT_SIGMA, estimator_sigma
+from scheduling.forecast.build import DEFAULT_SIGMA, estimator_bias, estimator_sigma
 from scheduling.forecast.calibration import (
     Calibration,
     Correction,
@@ -30,7 +31,18 @@ from scheduling.forecast.calibration import (
 from scheduling.forecast.queue import calibrated, forecast
 
 __all__ = [
-    "DEFAULT_SIGMA", "Calibration", "Correction", "Interval", "Residual", "apply", "calibrated",
-    "corrections", "estimator_sigma", "forecast", "observe", "track",
+    "DEFAULT_SIGMA",
+    "Calibration",
+    "Correction",
+    "Interval",
+    "Residual",
+    "apply",
+    "calibrated",
+    "corrections",
+    "estimator_bias",
+    "estimator_sigma",
+    "forecast",
+    "observe",
+    "track",
     "with_known_misses",
 ]

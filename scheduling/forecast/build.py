@@ -23,10 +23,9 @@ DEFAULT_SIGMA = 0.15
 MIN_MEASURED = 3
 
 
-def estimator_sigma(snapshot: Snapshot) -> float:
-    """The estimator's error: the standard deviation of log(measured /
-    estimated throughput) of the running jobs' current configurations
-    (:data:`DEFAULT_SIGMA` while fewer than :data:`MIN_MEASURED` measure)."""
+def _log_errors(snapshot: Snapshot) -> list[float]:
+    """log(measured / estimated throughput) of each running job's current
+    configuration, where both are known."""
     logs: list[float] = []
     for job in snapshot.jobs:
         est = snapshot.estimates.get(job.id)
@@ -37,10 +36,33 @@ def estimator_sigma(snapshot: Snapshot) -> float:
         predicted = config_throughput(est, snapshot.cluster, job.current)
         if predicted > 0:
             logs.append(math.log(job.throughput / predicted))
+    return logs
+
+
+def estimator_sigma(snapshot: Snapshot) -> float:
+    """The estimator's error: the standard deviation of log(measured /
+    estimated throughput) of the running jobs' current configurations
+    (:data:`DEFAULT_SIGMA` while fewer than :data:`MIN_MEASURED` measure)."""
+    logs = _log_errors(snapshot)
     if len(logs) < MIN_MEASURED:
         return DEFAULT_SIGMA
     mean = sum(logs) / len(logs)
     return math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+
+
+def estimator_bias(snapshot: Snapshot) -> float:
+    """The estimator's bias: the median ratio of measured to estimated
+    throughput over the running jobs' current configurations (1 while
+    fewer than :data:`MIN_MEASURED` measure). Estimates that are
+    systematically high or low (an emulated cluster's time scale, a
+    profile on an idle server) would move every forecast by the same
+    factor; the running jobs show by how much."""
+    logs = sorted(_log_errors(snapshot))
+    n = len(logs)
+    if n < MIN_MEASURED:
+        return 1.0
+    median = logs[n // 2] if n % 2 else 0.5 * (logs[n // 2 - 1] + logs[n // 2])
+    return math.exp(median)
 
 
 def _covers(est: JobEstimate, snapshot: Snapshot, config: Configuration) -> bool:
@@ -111,7 +133,8 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
                   aging=_aging(snapshot, plan.reasons, jobs, r_num),
                   priority={index[j]: p for j, p in pri.items() if j in index},
                   rank={index[j]: k for k, j in enumerate(order)},
-                  replan_rounds=replan_rounds, preempt=preempt)
+                  replan_rounds=replan_rounds, preempt=preempt,
+                  bias=estimator_bias(snapshot))
     return (with_arrivals(model, jobs, specs) if arrivals else model), jobs
 
 

@@ -107,7 +107,7 @@ def run(model: Model, factor: Mapping[int, float], *, stop_after: int | None = N
     ``stop_after``: stop once that job has started (a what-if needs no more)."""
     d = _Draw(model, factor, Fleet(model.cluster, model.free))
     for p in model.placed:
-        tput = p.throughput * (factor.get(p.job, 1.0) if p.estimated else 1.0)
+        tput = p.throughput * (factor.get(p.job, 1.0) * model.bias if p.estimated else 1.0)
         d.fleet.give(p.parts)  # ``model.free`` is what the plan leaves: hold() takes them again
         d.hold(p.job, p.parts, p.begin, p.remaining, tput, p.again)
     for w in model.waiting:
@@ -236,7 +236,7 @@ def _place(d: _Draw, t: float) -> None:
             d.waited[job] = d.waited.get(job, 0.0) + t - d.since.pop(job, t)
             d.start.setdefault(job, t)
             d.hold(job, parts, t + w.restart_s, d.remaining[job],
-                   tput * d.factor.get(job, 1.0), w)
+                   tput * d.factor.get(job, 1.0) * d.model.bias, w)
             placed.add(job)
         if not placed:
             break
@@ -266,9 +266,10 @@ def _grow(d: _Draw, t: float) -> None:
         d.fleet.give(h.parts)
         got = d.fleet.best(h.spec, h.spec.reqs[0])
         d.fleet.take(h.parts)
-        if got is None or got[0] * d.factor.get(job, 1.0) < GROW_GAIN * h.throughput:
+        if got is None or got[0] * d.factor.get(job, 1.0) * d.model.bias < GROW_GAIN * h.throughput:
             continue
         left = max(0.0, h.remaining - (t - h.begin) * h.throughput)
         d.fleet.give(h.parts)
         del d.held[job]
-        d.hold(job, got[1], t + h.spec.restart_s, left, got[0] * d.factor.get(job, 1.0), h.spec)
+        d.hold(job, got[1], t + h.spec.restart_s, left,
+               got[0] * d.factor.get(job, 1.0) * d.model.bias, h.spec)

@@ -80,6 +80,9 @@ class Model:
     # Whether a round's replan preempts running jobs that fall out of the
     # window (off by default: it forecast starts too early, docs/explain.md).
     preempt: bool = False
+    # What every estimated throughput is multiplied by: the estimator's bias
+    # as running jobs measure it (build.estimator_bias; 1: none known).
+    bias: float = 1.0
 
 
 @dataclass
