@@ -112,7 +112,8 @@ def entry_text(entry: Body) -> str:
     why = entry.get("why")
     note = entry.get("note")
     # a reason's entry notes its message: said once, after its code
-    parts = [str(note)] if note and not (why and note == why.get("message")) else []
+    said = why is not None and str(why.get("message", "")).startswith(str(note))
+    parts = [str(note)] if note and not said else []
     if why:
         parts.append(f"{why['code']}: {why.get('message', '')}")
     if entry.get("receipt"):
