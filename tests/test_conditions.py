@@ -47,7 +47,7 @@ def test_a_waiting_job_is_not_scheduled_for_its_plans_reason() -> None:
     assert (c["Scheduled"].status, c["Scheduled"].reason, c["Scheduled"].since) == (
         "False", "Priority", 40.0)
     assert c["Scheduled"].message == ("higher-priority jobs took the GPUs it needs: bob/b1 "
-                                      "(latency ratio 1.50), alice/a2 (latency ratio 1.25)")
+                                      "(latency ratio 1.5), alice/a2 (latency ratio 1.25)")
     assert (c["Running"].status, c["Running"].reason) == ("False", "Waiting")
     assert (c["Preempted"].status, c["Finished"].status, c["Failed"].status) == (
         "False", "False", "False")
@@ -112,7 +112,7 @@ def test_a_tenant_sees_another_tenants_job_as_such_in_every_field() -> None:
     assert scheduled["message"] == body["why"]["message"]
     admin = explain_fields(record("queued"), explain, ADMIN)
     assert admin["why"]["details"]["jobs"] == ["bob/b1", "alice/a2"]
-    assert "bob/b1 (latency ratio 1.50)" in admin["why"]["message"]
+    assert "bob/b1 (latency ratio 1.5)" in admin["why"]["message"]
     # a bare key of another tenant (written before keys were qualified)
     legacy = Viewer(tenant="default", tenants={"b1": "bob"})
     assert legacy.name("b1") == ANOTHER_TENANT and legacy.name("j9") == "j9"

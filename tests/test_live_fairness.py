@@ -5,9 +5,10 @@ ratio grows, and a round's first plan gives it the GPUs. The long job's stop
 is on its timeline with a receipt naming the rule (``Fairness``) and the
 job that took its GPUs, and it resumes once the short job is done. While
 the short job waits, ``hops describe`` shows why: ``Resources`` (a plan
-within the round: the long job holds the only server it fits), then
-``Priority`` (a round's first plan gave the server to the long job, named
-with its latency ratio), then it runs."""
+within the round, which a small job's submission asks for: the long job
+holds the only server it fits), then ``Priority`` (a round's first plan
+gave the server to the long job, named with its latency ratio), then it
+runs."""
 
 from __future__ import annotations
 
@@ -52,6 +53,13 @@ def test_a_round_replan_stops_a_long_job_for_a_waiting_one_with_a_receipt(
     # profiled on rtx-p and a plan within the round follows its profile
     assert stack.submit(catalog_spec("short", 2_000_000, model="distilbert-imdb",
                                      requirements=[4]))["ok"]
+    # once it is profiled and its profiling run gave rtx-p back, a submission
+    # asks for a plan within the round: the long job holds rtx-0, rtx-p has
+    # one GPU, so the short job's reason is Resources (until the next
+    # round's first plan, which replans rtx-0: Priority)
+    until(lambda: stack.phase("short") == "queued" and "short" not in stack.allocs(),
+          "short profiled", 60, stack.logs)
+    assert stack.submit(catalog_spec("poke", 2_000_000, requirements=[1]))["ok"]
     seen = described_reasons(stack, "short", 180)
     assert seen[-1] == "running", seen
     # what describe showed on the way, and its timeline: every change of
