@@ -9,6 +9,7 @@ NATS identity (nkey permissions, services.runtime.identity)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,7 @@ async def test_the_queue_shows_reasons_positions_and_forecasts_redacted(
         await msg.respond(msgspec.json.encode(view))
 
     sub = await nc.subscribe(subjects.QUEUE, cb=leader)
+    await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
     await nc.flush()  # subscribed before the gateway asks
     try:
         mine = await api.get("/queue", headers=ALICE)

@@ -69,6 +69,9 @@ from shared.jobkeys import local_id
 from shared.snapshot import Plan, Snapshot
 
 OPEN_PER_JOB = 8  # open forecasts kept per job, the newest
+# Seconds a plan's explanation may take (its writes and publishes) before it
+# is given up, logged, and left to the next plan.
+EXPLAIN_BUDGET_S = 10.0
 Records = Callable[[], Mapping[JobId, LiveJobRecord]]
 Cells = Callable[[], Mapping[TenantId, frozenset[ServerId]] | None]
 
@@ -167,10 +170,13 @@ class Explainer:
                          drained: Collection[ServerId], lost: Collection[ServerId]) -> None:
         """The reasons, receipts and ``hops_explain`` records of a published
         plan, and its forecast started (see the module docstring). A failure
-        is logged: the plan is out, and the next one explains again."""
+        is logged: the plan is out, and the next one explains again. It is
+        bounded (:data:`EXPLAIN_BUDGET_S`): the leader's next plan never
+        waits on an explanation."""
         try:
-            await self._after_plan(snapshot, plan, round_no, drained, lost)
-        except Exception as e:
+            await asyncio.wait_for(self._after_plan(snapshot, plan, round_no, drained, lost),
+                                   EXPLAIN_BUDGET_S)
+        except Exception as e:  # TimeoutError included
             self.log.warning("plan not explained", round=round_no, error=repr(e))
 
     async def _after_plan(self, snapshot: Snapshot, plan: Plan, round_no: int,
@@ -245,8 +251,11 @@ class Explainer:
         assert self.pool is not None
         started = time.monotonic()
         try:
-            out = await asyncio.get_running_loop().run_in_executor(self.pool, forecasting.run,
-                                                                   data)
+            # submitted from a thread: the pool's first submission starts its
+            # worker process, which must not hold up the event loop
+            pool = self.pool
+            future = await asyncio.to_thread(pool.submit, forecasting.run, data)
+            out = await asyncio.wrap_future(future)
             result = forecasting.decode_results(out)
             forecast = result.shown
             records = self.records()
