@@ -350,9 +350,9 @@ def test_the_standby_takes_over_when_the_leader_is_killed(stack: LiveStack) -> N
         # timeline entry leaves the event unacked: the next leader stores the
         # entry when the event is redelivered (ack wait 10 s), possibly after
         # later entries; the gateway orders a timeline by time.
-        kinds = until(lambda j=job_id: [e["kind"] for e in timeline_of(  # type: ignore[misc]
-            stack.bus_().stored, j)] if "submitted" in [e["kind"] for e in timeline_of(
-                stack.bus_().stored, j)] else None, f"{job_id} submitted on its timeline", 30)
+        kinds = until(lambda j=job_id: (  # type: ignore[misc]
+            k if "submitted" in (k := in_time_order(stack, j)) else None),
+            f"{job_id} submitted on its timeline", 30)
         assert "started" in kinds, (job_id, kinds)
         # in the order things happened (the gateway's), it begins with the
         # submission and ends with the finish

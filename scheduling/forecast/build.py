@@ -5,6 +5,7 @@ running jobs measure it."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 
 from scheduling.forecast.arrivals import with_arrivals
@@ -57,12 +58,8 @@ def estimator_bias(snapshot: Snapshot) -> float:
     systematically high or low (an emulated cluster's time scale, a
     profile on an idle server) would move every forecast by the same
     factor; the running jobs show by how much."""
-    logs = sorted(_log_errors(snapshot))
-    n = len(logs)
-    if n < MIN_MEASURED:
-        return 1.0
-    median = logs[n // 2] if n % 2 else 0.5 * (logs[n // 2 - 1] + logs[n // 2])
-    return math.exp(median)
+    logs = _log_errors(snapshot)
+    return math.exp(statistics.median(logs)) if len(logs) >= MIN_MEASURED else 1.0
 
 
 def _covers(est: JobEstimate, snapshot: Snapshot, config: Configuration) -> bool:
