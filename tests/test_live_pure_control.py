@@ -608,6 +608,44 @@ def test_round_clock() -> None:
         RoundClock(0.0, 1.0, 30.0, 0.0)
 
 
+def test_a_request_made_while_a_plan_is_made_outlives_it() -> None:
+    """A job that became plannable after a plan took its snapshot gets a
+    plan of its own, also when an earlier request was pending then (that
+    one the plan served)."""
+    clock = RoundClock(round_s=3600.0, replan_delay_s=0.5, refresh_s=30.0, now=0.0)
+    clock.done("first", 0.0)
+    clock.request_replan(10.0)
+    assert clock.due(10.5) == "fill"  # the plan's snapshot is taken at 10.5
+    clock.request_replan(10.7)  # while that plan was being made
+    clock.request_replan(10.9)
+    clock.done("fill", 10.5)
+    assert clock.due(11.3) is None and clock.due(11.4) == "fill"
+    clock.done("fill", 11.4)
+    assert clock.replan_at is None and clock.due(12.0) is None
+
+
+@given(st.lists(st.tuples(st.floats(0.01, 5.0), st.sampled_from(["request", "begin", "end"])),
+                min_size=1, max_size=30))
+def test_no_replan_request_is_lost(steps: list[tuple[float, str]]) -> None:
+    """Property: whatever the interleaving of requests and fill plans (a plan
+    takes its snapshot when it begins and is done later), a replan is due
+    exactly when some request came after the last done plan's snapshot."""
+    clock = RoundClock(round_s=1e9, replan_delay_s=0.25, refresh_s=1e9, now=0.0)
+    clock.done("first", 0.0)
+    now, served, began, requests = 0.0, 0.0, None, [0.0]
+    for gap, action in steps:
+        now += gap
+        if action == "request":
+            clock.request_replan(now)
+            requests.append(now)
+        elif action == "begin" and began is None and clock.due(now) == "fill":
+            began = now
+        elif action == "end" and began is not None:
+            clock.done("fill", began)
+            served, began = began, None
+    assert (clock.replan_at is not None) == any(r > served for r in requests)
+
+
 # --- admission -------------------------------------------------------------------------
 
 

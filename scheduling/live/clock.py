@@ -51,6 +51,9 @@ class RoundClock:
         self.round = round_no
         self.next_round = now  # a new leader plans at once
         self.requested: float | None = None  # the first replan request not yet served
+        # The latest request: one made while a plan was being made outlives
+        # that plan, whose snapshot missed it.
+        self.latest: float | None = None
         self.wake_at: float | None = None  # when the last plan asked for a next one
         self.next_refresh = now + refresh_s
 
@@ -62,6 +65,7 @@ class RoundClock:
         """GPUs were released or a job became plannable: plan again soon."""
         if self.requested is None:
             self.requested = now
+        self.latest = now if self.latest is None else max(self.latest, now)
 
     def wake_in(self, now: float, after_s: float) -> None:
         """The plan made at ``now`` asks for another within ``after_s``
@@ -88,7 +92,11 @@ class RoundClock:
             self.round += 1
             self.next_round = started + self.round_s
         if what != "refresh" and self.requested is not None and self.requested <= started:
-            self.requested = None
+            # served, but not a request made after the plan's snapshot was taken
+            if self.latest is not None and self.latest > started:
+                self.requested = self.latest
+            else:
+                self.requested = self.latest = None
         if what != "refresh" and self.wake_at is not None and self.wake_at <= started:
             self.wake_at = None  # served (or the plan failed: the next round replans)
         self.next_refresh = started + self.refresh_s
