@@ -312,7 +312,7 @@ _EXTRA_TOTALS = ("cores", "cores_used", "cores_free", "memory_mb", "memory_mb_us
 
 def _totals(servers: Sequence[Mapping[str, Any]], placements: int) -> dict[str, Any]:
     """Totals over the servers; GPU counts are those of alive servers, as in
-    the monitor's metrics (``hops_gpus_total``, ``hops_gpus_used``), and a
+    the monitor's metrics (``hops_gpus_alive``, ``hops_gpus_used``), and a
     lost server's GPUs are counted apart (``lost_gpus``); so are cores and
     memory (:data:`_EXTRA_TOTALS`)."""
     by_type: dict[str, dict[str, int]] = {}

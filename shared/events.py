@@ -334,6 +334,9 @@ class JobSubmitted(Message, frozen=True, tag="job_submitted"):
     job_id: JobId
     spec: JobSpec
     at: float
+    # Admission's time from the submit request to its acceptance, seconds
+    # (hops_admission_latency_seconds); None in events of older admissions.
+    admission_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.spec.id != self.job_id:
@@ -473,6 +476,9 @@ class PlanIssued(Message, frozen=True, tag="plan_issued"):
     # Relaxed-sync jobs' micro-batches per rank of their assignment, from
     # the estimates (shared.relaxed.plan_splits); a job missing splits evenly.
     micro_batches: dict[JobId, tuple[int, ...]] = {}
+    # The leader's time making this plan (the policy and the reasons),
+    # seconds (hops_plan_solve_seconds); None in plans of older leaders.
+    solve_s: float | None = None
 
 
 class ResourcesReleased(Message, frozen=True, tag="resources_released"):

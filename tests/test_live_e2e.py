@@ -191,7 +191,7 @@ def test_nats_refuses_an_anonymous_client_and_the_monitor_records_it(stack: Live
 
     def counted() -> bool:
         text = httpx.get(stack.config.metrics_url, timeout=5).text
-        return 'hops_refused_total{service="nats",code="unauthorized"}' in text
+        return 'hops_refused_total{code="unauthorized",service="nats"}' in text
 
     until(counted, "the refusal counted in hops_refused_total", 15, stack.logs)
 

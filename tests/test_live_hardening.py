@@ -109,7 +109,7 @@ def agree(stack: LiveStack) -> tuple[dict[str, Any], dict[str, float]]:
     def both() -> tuple[dict[str, Any], dict[str, float]] | None:
         totals, m = cluster(stack)["totals"], scrape(stack.config.metrics_port)
         same = (totals["gpus"], totals["used"], totals["alive_servers"],
-                totals["lost_servers"]) == (m["hops_gpus_total"], m["hops_gpus_used"],
+                totals["lost_servers"]) == (m["hops_gpus_alive"], m["hops_gpus_used"],
                                             m["hops_nodes[state=alive]"],
                                             m["hops_nodes[state=lost]"])
         return (totals, m) if same else None

@@ -67,7 +67,7 @@ def api_counts(client: httpx.Client) -> dict[str, int]:
         return int(page.raise_for_status().json()["total"])
 
     return {"hops_gpus_used": cluster["totals"]["used"],
-            "hops_gpus_total": cluster["totals"]["gpus"],
+            "hops_gpus_alive": cluster["totals"]["gpus"],
             "hops_profiling_runs": profiling_runs,
             "hops_running_jobs": total("running"),
             "hops_jobs[profiling]": total("profiling"),

@@ -314,7 +314,7 @@ async def test_metrics_endpoint(procs: Procs, client: Client) -> None:
 
     await eventually(metrics_ready, 15, "metrics")
     m = scrape(port)
-    assert m["hops_gpus_total"] == 4 and m["hops_gpu_utilisation"] == pytest.approx(0.25)
+    assert m["hops_gpus_alive"] == 4 and m["hops_gpu_utilisation"] == pytest.approx(0.25)
     assert m["hops_fragmented_gpus"] == 3  # idle while a job waits
     assert m["hops_jobs[phase=running]"] == 1 and m["hops_running_jobs"] == 1
     assert m["hops_nodes[state=alive]"] == 1 and m["hops_raqlr"] == 0

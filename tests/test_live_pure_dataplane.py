@@ -441,10 +441,10 @@ def test_metrics_and_their_text() -> None:
                              in_window=True),
                   QueueEntry(job_id=JobId("f2"), priority=1.0, latency_ratio=1.5,
                              in_window=True)])
-    book.ended(JobId("f1"), 1000.0, finished=True)
-    book.ended(JobId("f1"), 1000.0, finished=True)  # delivered twice
-    book.ended(JobId("f2"), 5000.0, finished=True)
-    book.ended(JobId("x"), 5000.0, finished=False)
+    book.ended(JobId("f1"), 1000.0, "finished")
+    book.ended(JobId("f1"), 1000.0, "finished")  # delivered twice
+    book.ended(JobId("f2"), 5000.0, "finished")
+    book.ended(JobId("x"), 5000.0, "failed")
     nodes = {ServerId("a"): node("a", 4), ServerId("b"): node("b", 8, alive=False)}
     allocs = {JobId("r"): placement("r", {A: (0, 1)}),
               JobId("p"): placement("p", {A: (2,)}, "profile")}
@@ -452,13 +452,16 @@ def test_metrics_and_their_text() -> None:
     text = render(cluster_metrics(nodes, allocs, jobs, book, {"placer": 2}, 5000.0 + 60, 1.0))
     m = {s.name + "".join(f"[{v}]" for v in s.labels.values()): s.value
          for f in text_string_to_metric_families(text) for s in f.samples}
-    assert (m["hops_gpus_total"], m["hops_gpus_used"], m["hops_gpu_utilisation"]) == (4, 3, 0.75)
+    assert (m["hops_gpus_alive"], m["hops_gpus_used"], m["hops_gpu_utilisation"]) == (4, 3, 0.75)
     assert m["hops_fragmented_gpus"] == 1 and m["hops_queue_length"] == 1
     assert (m["hops_running_jobs"], m["hops_profiling_runs"]) == (1, 1)
     assert m["hops_nodes[alive]"] == 1 and m["hops_nodes[lost]"] == 1
     assert m["hops_jobs[queued]"] == 1 and m["hops_jobs[cancelled]"] == 0
     assert (m["hops_latency_ratio_max"], m["hops_latency_ratio_mean"]) == (1.5, 1.0)
     assert m["hops_raqlr"] == 1.5  # only f2 finished within the hour (Eq. 7)
-    assert m["hops_jobs_finished_total"] == 2 and m["hops_errors_total[placer]"] == 2
+    assert m["hops_jobs_finished_total[finished]"] == 2 and m["hops_errors_total[placer]"] == 2
+    assert (m["hops_jobs_finished_total[failed]"], m["hops_jobs_finished_total[cancelled]"]) == (
+        1, 0)
+    assert m["hops_gpus_booked_ratio[RTX3090]"] == 0.75  # the lost node's GPUs not counted
     empty = render(cluster_metrics({}, {}, {}, LatencyBook(), {}, 0.0, 1.0))
     assert "hops_gpu_utilisation 0" in empty and list(text_string_to_metric_families(empty))

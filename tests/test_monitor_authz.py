@@ -159,14 +159,14 @@ def test_suspects_are_audited_once_after_the_grace_unless_placed_meanwhile() -> 
 def test_refusals_are_exposed_per_service_and_code() -> None:
     text = render([refused_family({("monitor", "forbidden"): 3, ("gateway", "unauthorized"): 1})])
     assert "# TYPE hops_refused_total counter" in text
-    assert 'hops_refused_total{service="monitor",code="forbidden"} 3' in text
-    assert 'hops_refused_total{service="gateway",code="unauthorized"} 1' in text
+    assert 'hops_refused_total{code="forbidden",service="monitor"} 3' in text
+    assert 'hops_refused_total{code="unauthorized",service="gateway"} 1' in text
 
 
 def test_a_refused_plan_is_counted_with_the_refusals() -> None:
     assert {"forbidden", "unauthorized", "plan_refused"} == REFUSAL_CODES
     text = render([refused_family({("scheduler", "plan_refused"): 2})])
-    assert 'hops_refused_total{service="scheduler",code="plan_refused"} 2' in text
+    assert 'hops_refused_total{code="plan_refused",service="scheduler"} 2' in text
 
 
 ids = st.sampled_from(["a0", "b0", "c0"])

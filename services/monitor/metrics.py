@@ -13,7 +13,8 @@ same thing (docs/events.md, "Metrics"):
   ``hops_jobs{phase="profiling"}``); placements per mode;
 * nodes alive and lost, and the drained ones among the alive (as
   ``/cluster``'s ``alive_servers`` counts a drained node alive);
-* GPUs of alive nodes, GPUs booked, utilisation; and per resource (GPUs,
+* GPUs of alive nodes, GPUs booked, utilisation, and the booked share per
+  GPU type (``hops_gpus_booked_ratio{gpu_type}``); and per resource (GPUs,
   CPU cores, memory in MiB) the capacity of the alive nodes and what the
   placements in ``hops_alloc`` hold there;
 * fragmentation: idle GPUs while some job waits, as in §4.2 (0 when the
@@ -21,8 +22,9 @@ same thing (docs/events.md, "Metrics"):
 * the latency ratio (Eq. 6/8, wait/age) of finished jobs, maximum and mean,
   and RAQLR (Eq. 7): the mean latency ratio of the jobs that finished
   within the last ``window_h`` hours (``scheduling.fairness.raqlr``);
+* jobs that ended, by outcome (finished, failed, cancelled);
 * error records seen, per service, and the refusals among them (codes
-  ``forbidden`` and ``unauthorized``), per service and code; plan entries
+  ``forbidden``, ``unauthorized``, ``plan_refused``), per service and code; plan entries
   the placer skipped because the cluster changed since the plan (benign
   races, not errors), per reason;
 * the revision of each bucket the scrape read, so that a reader can tell
@@ -33,6 +35,10 @@ last value the scheduler's queue view (``hops.v1.queue``) showed for each
 job, which is its final one up to the polling period, since the ratio only
 grows while the job waits. A job never seen waiting counts 0 (it did not
 wait). The book lives in memory: it restarts empty with the monitor.
+
+The families are rendered by ``prometheus_client`` (:func:`render`,
+:func:`to_prometheus`); the histograms and the counters fed by events are
+:mod:`services.monitor.observe`'s.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
 from scheduling.fairness import raqlr
 from shared.ids import JobId, ServerId
 from shared.records import JobPhase, JobRecord, NodeRecord, Placement, QueueEntry
@@ -49,6 +59,8 @@ from shared.resources import RESOURCE_NAMES, Resources, total
 from shared.wire import FORBIDDEN, PLAN_REFUSED, UNAUTHORIZED
 
 MetricType = Literal["gauge", "counter"]
+Outcome = Literal["finished", "failed", "cancelled"]
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
 PHASES: tuple[str, ...] = get_args(JobPhase)
 # The error-record codes that are refusals: of an identity (the audit), and
 # of a plan that over-allocated (the scheduler leader's plan check).
@@ -56,12 +68,14 @@ REFUSAL_CODES = frozenset({FORBIDDEN, UNAUTHORIZED, PLAN_REFUSED})
 
 
 class LatencyBook:
-    """Latency ratios: the last one seen per waiting job, and the finished jobs'."""
+    """Latency ratios: the last one seen per waiting job, and the finished
+    jobs'; the jobs that ended, by outcome."""
 
     def __init__(self, max_finished: int = 100_000) -> None:
         self.max_finished = max_finished
         self.last: dict[JobId, float] = {}
         self.finished: list[tuple[float, float]] = []  # (end time, latency ratio)
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self._done: set[JobId] = set()
 
     def observe(self, entries: Iterable[QueueEntry]) -> None:
@@ -69,13 +83,15 @@ class LatencyBook:
             if e.job_id not in self._done and math.isfinite(e.latency_ratio):
                 self.last[e.job_id] = e.latency_ratio
 
-    def ended(self, job: JobId, at: float, finished: bool) -> None:
-        """The job reached a final phase; a finished one enters Eq. (7)."""
+    def ended(self, job: JobId, at: float, outcome: Outcome) -> None:
+        """The job reached a final phase (once per job, however often it is
+        delivered); a finished one enters Eq. (7)."""
         lr = self.last.pop(job, 0.0)
         if job in self._done:
             return
         self._done.add(job)
-        if finished:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if outcome == "finished":
             self.finished.append((at, lr))
             del self.finished[: max(0, len(self.finished) - self.max_finished)]
 
@@ -157,10 +173,11 @@ def cluster_metrics(
             Sample("hops_nodes", len(nodes) - len(alive), (("state", "lost"),)),
             Sample("hops_nodes", sum(1 for n in alive.values() if n.drained),
                    (("state", "drained"),)))),
-        _one("hops_gpus_total", "gauge", "GPUs of alive nodes.", total),
+        _one("hops_gpus_alive", "gauge", "GPUs of alive nodes.", total),
         _one("hops_gpus_used", "gauge", "GPUs booked in hops_alloc on alive nodes.", used),
         _one("hops_gpu_utilisation", "gauge", "Booked share of the alive GPUs.",
              used / total if total else 0.0),
+        booked_ratio_family(alive, placements),
         _one("hops_fragmented_gpus", "gauge", "Idle GPUs while a job waits (§4.2).",
              idle if queued else 0),
         *_latency_families(book, now, window_h),
@@ -190,9 +207,29 @@ def _latency_families(book: LatencyBook, now: float, window_h: float) -> list[Fa
              "(Eq. 6).", book.mean_lr()),
         _one("hops_raqlr", "gauge", f"Recent average queue latency ratio (Eq. 7) over "
              f"{window_h:g} h.", raqlr(book.finished, now, window_h)),
-        _one("hops_jobs_finished_total", "counter", "Finished jobs seen by the monitor.",
-             len(book.finished)),
+        Family("hops_jobs_finished_total", "counter", "Jobs that ended, by outcome "
+               "(finished, failed, cancelled), seen by the monitor.", tuple(
+                   Sample("hops_jobs_finished_total", n, (("outcome", o),))
+                   for o, n in sorted(book.outcomes.items()))),
     ]
+
+
+def booked_ratio_family(alive: Mapping[ServerId, NodeRecord],
+                        placements: Mapping[JobId, Placement]) -> Family:
+    """``hops_gpus_booked_ratio{gpu_type}``: per GPU type, the share of the
+    alive nodes' GPUs that placements book (0 for a type with none alive)."""
+    gpus: dict[str, int] = {}
+    for n in alive.values():
+        gpus[n.server.gpu_type] = gpus.get(n.server.gpu_type, 0) + n.server.gpus
+    booked = dict.fromkeys(gpus, 0)
+    for p in placements.values():
+        for s, g in p.configuration.parts:
+            if s in alive:
+                booked[alive[s].server.gpu_type] += g
+    return Family("hops_gpus_booked_ratio", "gauge",
+                  "Booked share of the alive nodes' GPUs, per GPU type.", tuple(
+                      Sample("hops_gpus_booked_ratio", booked[t] / gpus[t] if gpus[t] else 0.0,
+                             (("gpu_type", t),)) for t in sorted(gpus)))
 
 
 def resource_families(alive: Mapping[ServerId, NodeRecord],
@@ -232,30 +269,31 @@ def skipped_family(skipped: Mapping[str, int]) -> Family:
                         for r, n in sorted(skipped.items())))
 
 
-def _value(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+def to_prometheus(families: Iterable[Family]) -> list[Metric]:
+    """``families`` as ``prometheus_client`` metric families (a counter's
+    family is named without its ``_total``, as the client wants)."""
+    out: list[Metric] = []
+    for f in families:
+        m = Metric(f.name.removesuffix("_total") if f.kind == "counter" else f.name, f.help,
+                   f.kind)
+        for sample in f.samples:
+            m.add_sample(sample.name, dict(sample.labels), sample.value)
+        out.append(m)
+    return out
 
 
-def _label(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class Families(Collector):
+    """A collector of fixed families (what one scrape computed)."""
 
+    def __init__(self, metrics: Iterable[Metric]) -> None:
+        self.metrics = list(metrics)
 
-def _help(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n")
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics
 
 
 def render(families: Iterable[Family]) -> str:
-    """The Prometheus text exposition format (version 0.0.4)."""
-    lines: list[str] = []
-    for f in families:
-        lines.append(f"# HELP {f.name} {_help(f.help)}")
-        lines.append(f"# TYPE {f.name} {f.kind}")
-        for s in f.samples:
-            labels = ",".join(f'{k}="{_label(v)}"' for k, v in s.labels)
-            lines.append(f"{s.name}{{{labels}}} {_value(s.value)}" if labels
-                         else f"{s.name} {_value(s.value)}")
-    return "\n".join(lines) + "\n"
+    """The Prometheus text exposition format, by ``prometheus_client``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families(to_prometheus(families)))
+    return generate_latest(registry).decode()

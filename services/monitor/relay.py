@@ -17,6 +17,7 @@ redelivered after ``retry_s``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.monitor.authz import PlacementHistory, Refuse, Wait, judge_report, planned
@@ -103,14 +104,17 @@ class ReportRelay:
         self.relayed += 1
 
 
-async def follow_plans(ctx: ServiceContext, history: PlacementHistory, fetch_s: float) -> None:
+async def follow_plans(ctx: ServiceContext, history: PlacementHistory, fetch_s: float,
+                       on_issued: Callable[[PlanIssued], None] = lambda _: None) -> None:
     """Note where each plan puts each job (durable ``monitor-plans``): a start
-    an executor refuses leaves no ``hops_alloc`` entry, only its plan."""
+    an executor refuses leaves no ``hops_alloc`` entry, only its plan. Each
+    plan also goes to ``on_issued`` (its solve time, for the metrics)."""
 
     async def on_plan(event: PlanEvent, delivery: Delivery) -> None:
         if isinstance(event, PlanIssued):
             for job, servers in planned(event.plan).items():
                 history.placed(job, servers)
+            on_issued(event)
 
     spec = ConsumerSpec(subjects.STREAM_PLANS.name, PLANS_DURABLE, subjects.PLANS,
                         fetch_timeout=fetch_s)

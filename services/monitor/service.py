@@ -26,10 +26,13 @@ failed or ended, releasing the occupied resources immediately").
   :mod:`services.monitor.release`) stops what still
   runs, deletes or shrinks the ``hops_alloc`` entry (compare-and-set on its
   revision) and publishes the job event and ``resources_released``;
-* metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``, each
+* metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``
+  (``prometheus_client``'s server, :mod:`services.monitor.exposition`), each
   scrape from the buckets as they are then (:mod:`services.monitor.scrape`),
-  not from the copies above, and what the monitor counts
-  (:mod:`services.monitor.counts`).
+  not from the copies above, what the monitor counts
+  (:mod:`services.monitor.counts`), and the histograms and counters that
+  job events, plans, receipts, forecasts and error records feed
+  (:mod:`services.monitor.feeds`, :mod:`services.monitor.observe`).
 
 Settings are in :mod:`services.monitor.__main__`.
 """
@@ -41,10 +44,12 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import cast
 
 import msgspec
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
+from prometheus_client.metrics_core import Metric
 
 from services.monitor.authz import (
     PlacementHistory,
@@ -58,8 +63,9 @@ from services.monitor.authz import (
 from services.monitor.counts import Counts
 from services.monitor.deadlines import DeadlineTracker
 from services.monitor.exposition import MetricsServer
+from services.monitor.feeds import MetricFeeds
 from services.monitor.follow import poll_queue, watch_bucket
-from services.monitor.metrics import LatencyBook
+from services.monitor.metrics import LatencyBook, Outcome
 from services.monitor.registry import NodeRegistry
 from services.monitor.relay import RelaySettings, ReportRelay, audit, follow_plans
 from services.monitor.release import (
@@ -121,7 +127,8 @@ class Monitor:
         self.placements: dict[JobId, Placement] = {}
         self.jobs: dict[JobId, JobRecord] = {}
         self.ended: set[JobId] = set()
-        self.counts = Counts()
+        self.feeds = MetricFeeds()  # its registry: the event-fed metrics, then a scrape's
+        self.counts = Counts(self.feeds.on_error)
         self.history = PlacementHistory()
         # A start's first heartbeats come before its placement is written.
         self.suspects = Suspects(grace=2 * settings.heartbeat_timeout_s)
@@ -165,12 +172,14 @@ class Monitor:
                        "profiles")
         self.relay = ReportRelay(self.ctx, self.history, RelaySettings.waiting(
             self.settings.report_wait_s, self.settings.report_retry_s, fetch))
-        self.ctx.spawn(follow_plans(self.ctx, self.history, fetch), "plans")
+        self.ctx.spawn(follow_plans(self.ctx, self.history, fetch, self.feeds.on_plan), "plans")
+        self.feeds.start(self.ctx, fetch)
         self.ctx.spawn(self.relay.run(), "reports")
         self.ctx.spawn(self._check_loop(), "deadlines")
         self.ctx.spawn(poll_queue(self.ctx, self.book, self.settings.queue_poll_s), "queue-view")
         if self.settings.metrics_port is not None:
-            self.metrics = MetricsServer(self.render_metrics, host=self.settings.metrics_host,
+            self.metrics = MetricsServer(self.scrape_families, self.feeds.registry,
+                                         host=self.settings.metrics_host,
                                          port=self.settings.metrics_port)
             self.metrics_port = await self.metrics.start()
         self.log.info("monitor started", nodes=len(self.registry.nodes),
@@ -300,11 +309,12 @@ class Monitor:
     # --- job ends -------------------------------------------------------------------
 
     async def _on_job_event(self, event: JobEvent, delivery: Delivery) -> None:
+        self.feeds.on_job_event(event, self.jobs.get(event.job_id))
         if not isinstance(event, JobFinished | JobFailed | JobCancelled):
             return
         kind = str(event.__struct_config__.tag).removeprefix("job_")
         self.ended.add(event.job_id)
-        self.book.ended(event.job_id, event.at, finished=isinstance(event, JobFinished))
+        self.book.ended(event.job_id, event.at, cast(Outcome, kind))  # the three tags above
         await self.releaser.release(event.job_id, partial(on_job_end, kind=kind))
 
     async def _on_profile(self, event: SampleEvent, delivery: Delivery) -> None:
@@ -370,8 +380,8 @@ class Monitor:
 
     # --- metrics ------------------------------------------------------------------
 
-    async def render_metrics(self) -> str:
-        """One scrape: the buckets read now, as the API reads them."""
+    async def scrape_families(self) -> list[Metric]:
+        """One scrape's families: the buckets read now, as the API reads them."""
         return await self.counts.scrape(self.ctx.js, self.book, self.clock(),
                                         self.settings.raqlr_window_h, self._bad_record)
 

@@ -285,6 +285,7 @@ class Leader:
             return
         drained = {s for s, _ in drain_states(self.nodes)}
         next_plan_at = now + self.settings.round_s if first else self.clock.next_round
+        solve_from = time.perf_counter()
         try:
             # with each waiting job's reason (the plan itself is unchanged)
             plan = await asyncio.to_thread(lambda: with_reasons(
@@ -295,6 +296,7 @@ class Leader:
             await self.ctx.reporter.report("scheduler.plan", repr(e), ev.INTERNAL)
             self.clock.done(due, now)
             return
+        solve_s = time.perf_counter() - solve_from
         if await self._refused(built.snapshot, plan, first):
             self.clock.done(due, now)  # the next round plans again
             return
@@ -305,7 +307,7 @@ class Leader:
         plan = snap.with_sticky(plan, built.sticky)
         if due == "first" or plan.assignments or plan.profiling:
             round_no = self.clock.round + (1 if first else 0)
-            if await self._publish(plan, round_no, first, now):
+            if await self._publish(plan, round_no, first, now, solve_s):
                 lost = {n.server.id for n in self.nodes if not n.alive}
                 await self.explainer.after_plan(built.snapshot, plan, round_no,
                                                 drained=drained, lost=lost)
@@ -351,8 +353,9 @@ class Leader:
             for step in rf.steps(self.book.records[job_id][0], seen, flight, now):
                 await self.book.update(job_id, step)
 
-    async def _publish(self, plan: Plan, round_no: int, first: bool, now: float) -> bool:
-        """Publish ``plan``; False when it was dropped."""
+    async def _publish(self, plan: Plan, round_no: int, first: bool, now: float,
+                       solve_s: float | None = None) -> bool:
+        """Publish ``plan`` (``solve_s``: the time making it); False when it was dropped."""
         if not self.lease.is_leader(time.time()):
             self.log.warning("plan dropped: the lease may have lapsed")
             return False
@@ -360,7 +363,8 @@ class Leader:
         specs = {k: r.spec for k, r in self.book.current().items()}
         splits = plan_splits(plan, specs, self.estimates, snap.cluster_of(self.nodes))
         issued = ev.PlanIssued(round=round_no, term=self.term, plan=snap.without_layer_state(plan),
-                               at=now, first_plan=first, micro_batches=splits)
+                               at=now, first_plan=first, micro_batches=splits,
+                               solve_s=solve_s)
         msg_id = f"plan:{self.term}:{round_no}:{now:.6f}"
         # the layers' state first: a standby may see more than was published
         # (the layer releases what did not start), never less (layer_store)
