@@ -26,13 +26,10 @@ failed or ended, releasing the occupied resources immediately").
   :mod:`services.monitor.release`) stops what still
   runs, deletes or shrinks the ``hops_alloc`` entry (compare-and-set on its
   revision) and publishes the job event and ``resources_released``;
-* metrics (:mod:`services.monitor.metrics`) on ``GET /metrics``
-  (``prometheus_client``'s server, :mod:`services.monitor.exposition`), each
-  scrape from the buckets as they are then (:mod:`services.monitor.scrape`),
-  not from the copies above, what the monitor counts
-  (:mod:`services.monitor.counts`), and the histograms and counters that
-  job events, plans, receipts, forecasts and error records feed
-  (:mod:`services.monitor.feeds`, :mod:`services.monitor.observe`).
+* metrics on ``GET /metrics`` (:mod:`services.monitor.exposition`): each
+  scrape reads the buckets as they are then (:mod:`services.monitor.scrape`),
+  not the copies above; what the monitor counts (:mod:`services.monitor.counts`)
+  and what events feed (:mod:`services.monitor.feeds`) are added.
 
 Settings are in :mod:`services.monitor.__main__`.
 """

@@ -1,6 +1,6 @@
 """A tiny HTTP/1.1 server on ``asyncio.start_server`` (no dependency) for the
-services' own endpoints: health (``services.runtime.health``) and metrics
-(``services.monitor.exposition``). One request per connection; the request
+services' own endpoints: health (``services.runtime.health``; the monitor's
+metrics are prometheus-client's server). One request per connection; the request
 line is parsed, the headers skipped, and ``handle(method, path)`` answers
 with a status, a body and its content type. A request line that is not
 HTTP gets ``bad_request`` (a 400 in the endpoint's own content type).
