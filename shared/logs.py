@@ -12,7 +12,6 @@ lines past it, and a marker line in its own log says how many bytes went.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable, Iterator
 
 import msgspec
@@ -154,7 +153,7 @@ _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _EPOCH_FROM = 1e9
 
 
-def parse_since(text: str, now: float | None = None) -> float:
+def parse_since(text: str, now: float) -> float:
     """``since`` as seconds since the epoch: a time (``1767225600``) or a
     duration back from ``now`` (``90``, ``10m``, ``2h``, ``1d``);
     :class:`ValueError` with the reason otherwise."""
@@ -165,7 +164,7 @@ def parse_since(text: str, now: float | None = None) -> float:
     value, unit = float(m.group(1)), m.group(2)
     if not unit and value >= _EPOCH_FROM:
         return value
-    return (time.time() if now is None else now) - value * _UNIT_S[unit]
+    return now - value * _UNIT_S[unit]
 
 
 class LogEntry(msgspec.Struct, frozen=True, kw_only=True):
