@@ -197,7 +197,7 @@ class LogShipper:
                     job.cap.skip(size - tail.offset - READ_BYTES)
                     tail.offset, tail.rest = size - READ_BYTES, b""
                     f.seek(tail.offset)
-                    f.readline()  # resynchronise on a line's start
+                    job.cap.skip(len(f.readline()))  # resynchronise on a line's start
                     tail.offset = f.tell()
                 f.seek(tail.offset)
                 data = f.read(READ_BYTES)
