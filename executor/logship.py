@@ -48,10 +48,12 @@ from shared.logs import (
     split_lines,
 )
 
-# Read at most this much of one file in one pass; a backlog beyond
-# SKIP_BYTES (a flood far past the cap) is skipped unread, as dropped.
+# Read at most READS_PER_PASS times this much of one file in one pass; a
+# backlog beyond SKIP_BYTES (a flood far past the cap) is skipped unread,
+# as dropped.
 READ_BYTES = 256 * 1024
 SKIP_BYTES = 4 * 1024 * 1024
+READS_PER_PASS = 8
 PUBLISH_TIMEOUT_S = 2.0
 
 
@@ -165,15 +167,21 @@ class LogShipper:
                     job.tails[path] = tail
 
     async def _ship_rank(self, job: JobLogs, tail: RankTail, final: bool) -> bool:
-        if not await self._flush(tail):  # what failed before goes first, in order
-            return False
-        start = tail.offset - len(tail.rest)
-        data = self._read(job, tail)
-        lines, tail.rest = split_lines(tail.rest + data)
-        if final and tail.rest:  # the job is over: its last line will not end
-            lines, tail.rest = [*lines, tail.rest], b""
-        tail.pending.extend(self._chunks(job, tail, lines, start))
-        return await self._flush(tail)
+        """Ship what is new of one rank (up to READS_PER_PASS reads); whether
+        it is all shipped: acknowledged, and the file read to its end."""
+        for _ in range(READS_PER_PASS):
+            if not await self._flush(tail):  # what failed before goes first, in order
+                return False
+            start = tail.offset - len(tail.rest)
+            data, at_end = self._read(job, tail)
+            lines, tail.rest = split_lines(tail.rest + data)
+            if final and at_end and tail.rest:  # the job is over: its last line will not end
+                lines, tail.rest = [*lines, tail.rest], b""
+            tail.pending.extend(self._chunks(job, tail, lines, start))
+            if at_end:
+                return await self._flush(tail)
+        await self._flush(tail)
+        return False  # more to read: the next pass goes on
 
     async def _flush(self, tail: RankTail) -> bool:
         """Publish the rank's pending chunks in order; remember how far the
@@ -187,14 +195,15 @@ class LogShipper:
         tail.save(tail.offset - len(tail.rest))
         return True
 
-    def _read(self, job: JobLogs, tail: RankTail) -> bytes:
+    def _read(self, job: JobLogs, tail: RankTail) -> tuple[bytes, bool]:
+        """The next bytes of the rank's file, and whether they reach its end."""
         try:
             with tail.path.open("rb") as f:
                 size = f.seek(0, 2)
                 if size < tail.offset:  # truncated or replaced: start over
                     tail.offset, tail.rest = 0, b""
                 if size - tail.offset > SKIP_BYTES:  # far past the cap: skip, unread
-                    job.cap.skip(size - tail.offset - READ_BYTES)
+                    job.cap.skip(size - tail.offset - READ_BYTES + len(tail.rest))
                     tail.offset, tail.rest = size - READ_BYTES, b""
                     f.seek(tail.offset)
                     job.cap.skip(len(f.readline()))  # resynchronise on a line's start
@@ -202,9 +211,9 @@ class LogShipper:
                 f.seek(tail.offset)
                 data = f.read(READ_BYTES)
         except OSError:
-            return b""
+            return b"", True
         tail.offset += len(data)
-        return data
+        return data, tail.offset >= size
 
     def _chunks(self, job: JobLogs, tail: RankTail, raw: list[bytes],
                 start: int) -> list[LogChunk]:
