@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -228,6 +228,28 @@ class GatewayClient:
         """``GET /jobs/{id}/timeline``: the job's history, oldest first."""
         return self._get(f"/jobs/{job_id}/timeline",
                          _params(tenant=tenant, limit=None if limit is None else str(limit)))
+
+    def log_lines(self, job_id: str, tenant: str | None = None, rank: int | None = None,
+                  since: str | None = None, tail: int | None = None,
+                  follow: bool = False) -> Iterator[dict[str, Any]]:
+        """``GET /jobs/{id}/logs``: each line as it comes (``follow``: until
+        the job has ended and its output is drained)."""
+        params = _params(tenant=tenant, since=since, rank=None if rank is None else str(rank),
+                         tail=None if tail is None else str(tail),
+                         follow="true" if follow else None)
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None if follow else 60.0)
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/logs", params=params,
+                                   timeout=timeout) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise GatewayError.of(response, _json(response))
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as e:
+            raise GatewayUnreachable(f"the Hops gateway at {self.base_url} stopped answering "
+                                     f"({str(e) or type(e).__name__})") from None
 
     def remove_node(self, server_id: str, force: bool = False, reason: str = "") -> Answer:
         params = {"force": "true" if force else "false", "reason": reason}

@@ -12,6 +12,7 @@ import typer
 
 from cli import auth as cli_auth
 from cli import experiment_command as cli_experiment
+from cli import logs_command as cli_logs
 from cli import offline_commands as cli_offline
 from cli import policies as cli_policies
 from cli import up_command as cli_up
@@ -308,6 +309,7 @@ app.command()(cli_policies.policies)
 app.command()(cli_offline.plan)
 app.command()(cli_offline.simulate)
 app.command()(cli_experiment.experiment)
+app.command()(cli_logs.logs)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,9 @@ variable                   flag                    default     meaning
 ``HOPS_STOP_GRACE_S``      ``--stop-grace-s``      5           SIGTERM to SIGKILL on a stop
 ``HOPS_START_TIMEOUT_S``   ``--start-timeout-s``   30          wait for a job's first beat
 ``HOPS_PROFILE_ITERS``     ``--profile-iters``     20          iterations of a profiling run
-``HOPS_RUN_DIR``           ``--run-dir``           see below   real jobs' logs, checkpoints
+``HOPS_RUN_DIR``           ``--run-dir``           see below   jobs' logs, checkpoints
+``HOPS_LOG_CAP_BYTES_S``   ``--log-cap-bytes-s``   65536       a job's output shipped, bytes/s
+``HOPS_LOG_CAP_BURST_...`` ``--log-cap-burst-...`` 1048576     ... and its burst (docs/logs.md)
 ``HOPS_CPU_AFFINITY``      ``--cpu-affinity``      none        real jobs: cores per device
 ``HOPS_THREADS``           ``--threads-per-gpu``   see below   real jobs: threads per process
 ``HOPS_JOB_USER``          ``--job-user``          none        real jobs run as this user
@@ -106,6 +108,8 @@ _NUMBERS = (
     ("stop_grace_s", "HOPS_STOP_GRACE_S", float),
     ("start_timeout_s", "HOPS_START_TIMEOUT_S", float),
     ("profile_iters", jobenv.PROFILE_ITERS, int),
+    ("log_cap_bytes_s", "HOPS_LOG_CAP_BYTES_S", float),
+    ("log_cap_burst_bytes", "HOPS_LOG_CAP_BURST_BYTES", float),
 )
 # Beyond the stop grace, for the executor to stop its jobs when it is stopped.
 _SHUTDOWN_MARGIN_S = 3.0
@@ -181,6 +185,8 @@ def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSet
             values[name] = env_float(var, float(_default(name)))
     if values["time_scale"] <= 0 or values["heartbeat_s"] <= 0 or values["sample_s"] <= 0:
         raise SpecError("time scale, heartbeat and sample periods must be > 0")
+    if values["log_cap_bytes_s"] <= 0 or values["log_cap_burst_bytes"] <= 0:
+        raise SpecError("the log cap's rate and burst must be > 0")
     server_id = ServerId(args.server_id)
     order = args.order if args.order is not None else cluster.server_index[server_id]
     threads = args.threads_per_gpu

@@ -6,7 +6,9 @@ the monitor's deadline starts on a live job. The process publishes its own
 heartbeats, samples, profile and ``job_finished``; it reports progress to
 the executor on stdout. A model the emulator does not know is refused and
 fails the job (no server could run it); a model that does not run on this
-server's GPU type is only refused. The job process gets ``HOPS_CORES``,
+server's GPU type is only refused. The process writes a few lines of a
+training log to its rank's log file, as a real job would print them, for
+:mod:`executor.logship` to ship. The job process gets ``HOPS_CORES``,
 the CPU cores it holds, as a real job does. An emulated job does not outlive its
 executor (it notices it was re-parented and exits), so nothing is adopted.
 """
@@ -30,7 +32,7 @@ from structlog.typing import FilteringBoundLogger
 from executor.backend import JobHandle, OnEnding, Outcome, Refusal, with_cap
 from executor.cores import with_cores
 from executor.emulator import EmulationError, Role, UnknownModel, check_runnable, role_of
-from executor.launch import cores_of
+from executor.launch import cores_of, job_paths
 from shared import jobenv
 from shared.cluster import Server
 from shared.events import INVALID, JobFailed, StartJob, encode
@@ -139,8 +141,10 @@ class EmulatedBackend:
     name = "emulated"
 
     def __init__(self, server: Server, cluster: str, job_args: list[str],
-                 log: FilteringBoundLogger, spawn_task: Spawner) -> None:
+                 log: FilteringBoundLogger, spawn_task: Spawner,
+                 run_dir: Path | None = None) -> None:
         self.server = server
+        self.run_dir = run_dir  # where each job's lines go (None: nowhere)
         self.cluster = cluster
         self.job_args = job_args  # the flags every executor.job gets (time scale, NATS, ...)
         self.log = log
@@ -165,6 +169,8 @@ class EmulatedBackend:
         role = role_of(cmd.mode, cmd.configuration, self.server.id)
         argv = ["-m", "executor.job", "--job-id", cmd.job_id, "--role", role,
                 "--cluster", self.cluster, *self.job_args]
+        if self.run_dir is not None:  # rank 0's log, as a real job's (executor.logship)
+            argv += ["--log-file", str(job_paths(self.run_dir, cmd.job_id, self.server.id).log(0))]
         count = cores_of(cmd)  # ``cores`` is empty: an emulated executor pins nothing
         cores_file = self.cores_dir / path_name(f"{cmd.job_id}-{cmd.key}.cores")
         write_count(cores_file, count)

@@ -141,3 +141,25 @@ class Cadence:
         # From t, not next_at: a late tick does not trigger a burst of catch-ups.
         self.next_at = t + self.period
         return True
+
+
+def log_line_start(job_id: str, model: str, server: ServerId, role: Role, done: float,
+                   total: float) -> str:
+    """The first line an emulated process writes to its rank's log."""
+    what = "profiling" if role == "profile" else "training"
+    return (f"[emulated] {what} {model} for job {job_id} on {server} ({role}); "
+            f"{done:.0f}/{total:.0f} samples done")
+
+
+def log_line_step(done: float, total: float, rate: float, batch_size: int) -> str:
+    """A periodic line, as a training script prints one: the step, a loss
+    that falls as the job advances, and the rate in samples per second."""
+    step = int(done // max(1, batch_size))
+    frac = min(1.0, done / total) if total > 0 else 1.0
+    loss = 0.1 + 2.2 * math.exp(-4.0 * frac)
+    return f"step {step} loss {loss:.4f} samples/s {rate:.1f} ({100 * frac:.1f}%)"
+
+
+def log_line_end(done: float, how: str) -> str:
+    """The last line: ``finished``, ``stopped`` or ``profiled``."""
+    return f"[emulated] {how} at {done:.0f} samples"

@@ -45,6 +45,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 import nats.errors
@@ -59,6 +60,9 @@ from executor.emulator import (
     Cadence,
     Role,
     job_seed,
+    log_line_end,
+    log_line_start,
+    log_line_step,
     profile_wall_s,
     run_progress,
     sample_iterations,
@@ -85,6 +89,7 @@ from world.truth import GroundTruth
 EXIT_ORPHANED = 3
 _TICK_S = 0.25  # longest sleep: bounds how late a stop or a lost parent is seen
 _PUBLISH_TRIES = 120  # with 0.5 s between tries: a minute of NATS trouble
+_LOG_S = 3.0  # a training-log line this often (wall seconds): few, but a live log
 
 
 class ParentGone(Exception):
@@ -105,6 +110,19 @@ class JobContext:
     stop: asyncio.Event
     log: FilteringBoundLogger
     parent: int
+    out: TextIO | None = None  # the rank's log file (executor.logship ships it)
+
+    def say(self, text: str) -> None:
+        """One line of the job's own output (its log file; none: nowhere)."""
+        if self.out is not None:
+            with contextlib.suppress(OSError):
+                self.out.write(f"{text}\n")
+                self.out.flush()
+
+    def say_start(self, done: float) -> None:
+        cmd = self.cmd
+        self.say(log_line_start(cmd.job_id, cmd.spec.model, cmd.server_id, self.role, done,
+                                float(cmd.spec.total_samples)))
 
     def emit(self, event: str, samples_done: float) -> None:
         """One line to the executor; a closed pipe means it is gone."""
@@ -188,6 +206,8 @@ async def run_lead(job: JobContext) -> int:
     rng = np.random.default_rng(job_seed(cmd.job_id, cmd.key))
     reported = progress.start
     first = True
+    said = Cadence(_LOG_S, next_at=_LOG_S)
+    job.say_start(progress.start)
     while True:
         elapsed = loop.time() - t0
         done = progress.at(elapsed)
@@ -206,15 +226,21 @@ async def run_lead(job: JobContext) -> int:
             await job.publish(JobFinished(job_id=cmd.job_id, at=time.time()),
                               msg_id=f"{cmd.job_id}:job_finished")
             job.log.info("job finished", samples_done=done, wall_s=elapsed)
+            job.say(log_line_end(done, "finished"))
             job.emit("finished", done)
             return 0
         if job.stop.is_set():
+            job.say(log_line_end(done, "stopped"))
             job.emit("stopped", done)
             return 0
+        if said.due(elapsed):
+            job.say(log_line_step(done, progress.total, progress.rate / job.time_scale,
+                                  cmd.spec.batch_size))
         if sample.due(elapsed):
             await _report_samples(job, done - reported, rng)
             reported = done
-        wake = min(beat.next_at, sample.next_at, elapsed + progress.remaining_s(elapsed))
+        wake = min(beat.next_at, sample.next_at, said.next_at,
+                   elapsed + progress.remaining_s(elapsed))
         await job.nap(wake - elapsed)
 
 
@@ -247,6 +273,7 @@ async def run_worker(job: JobContext) -> int:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     first = True
+    job.say_start(cmd.samples_done)
     while not job.stop.is_set():
         elapsed = loop.time() - t0
         if beat.due(elapsed):
@@ -258,6 +285,7 @@ async def run_worker(job: JobContext) -> int:
             await _report_samples(job, done - reported, rng)
             reported = done
         await job.nap(min(beat.next_at, sample.next_at) - elapsed)
+    job.say(log_line_end(cmd.samples_done, "stopped"))
     job.emit("stopped", cmd.samples_done)
     return 0
 
@@ -274,6 +302,7 @@ async def run_profile(job: JobContext) -> int:
     t0 = loop.time()
     beat = Cadence(job.heartbeat_s)
     first = True
+    job.say_start(0.0)
     while (elapsed := loop.time() - t0) < wall:
         if job.stop.is_set():
             job.emit("stopped", 0.0)
@@ -286,6 +315,7 @@ async def run_profile(job: JobContext) -> int:
     msg_id = profile_msg_id(cmd)
     await job.publish(ProfileReported(report=report, at=time.time()), msg_id=msg_id)
     job.log.info("job profiled", gpu_type=report.gpu_type, wall_s=wall)
+    job.say(log_line_end(0.0, "profiled"))
     job.emit("finished", 0.0)
     return 0
 
@@ -306,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-iters", type=int, default=20)
     p.add_argument("--nats-url", default=None, help="overrides $HOPS_NATS_URL")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-file", default=None, help="the rank's log file (appended to)")
     return p
 
 
@@ -321,15 +352,29 @@ async def _run(args: argparse.Namespace, cmd: StartJob, truth: GroundTruth) -> i
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     job = JobContext(cmd, args.role, truth, args.time_scale, args.heartbeat_s, args.sample_s,
-                     args.profile_iters, nc, nc.jetstream(), stop, log, os.getppid())
+                     args.profile_iters, nc, nc.jetstream(), stop, log, os.getppid(),
+                     _open_log(args.log_file))
     try:
         return await ROLES[args.role](job)
     except ParentGone:
         log.warning("executor gone; exiting without a report")
         return EXIT_ORPHANED
     finally:
+        if job.out is not None:
+            job.out.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.close(), 2.0)
+
+
+def _open_log(path: str | None) -> TextIO | None:
+    """The rank's log file, appended to (None: none given, or it cannot be made)."""
+    if not path:
+        return None
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a", encoding="utf-8")
+    except OSError:
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

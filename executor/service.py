@@ -28,7 +28,8 @@ Every subject it publishes on names its server (NATS permissions let an
 executor's identity use no other): job heartbeats on
 ``hops.v1.jobs.heartbeat.<server_id>.<job_id>`` and job events on
 ``hops.v1.reports.<server_id>.<job_id>``, which the monitor relays (see
-:mod:`executor.publish`). It does not create streams (``serve(...,
+:mod:`executor.publish`); its jobs' output on ``hops.v1.logs.<server_id>.<job_id>``
+(:mod:`executor.logship`). It does not create streams (``serve(...,
 ensure_streams=False)``): its identity has no JetStream API.
 
 The decisions (idempotency by key, conflicts, unknown jobs) are
@@ -60,6 +61,7 @@ from executor.cores import core_pool, load_topology
 from executor.emulated import EmulatedBackend
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
+from executor.logship import LogShipper
 from executor.mba import MbaError
 from executor.membw import NodeMemory
 from executor.publish import NatsSink, publish_retrying
@@ -112,7 +114,7 @@ def make_backend(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clust
     job_args = ["--time-scale", repr(s.time_scale), "--heartbeat-s", repr(s.heartbeat_s),
                 "--sample-s", repr(s.sample_s), "--profile-iters", str(s.profile_iters),
                 "--nats-url", ctx.settings.nats_url, "--log-level", ctx.settings.log_level]
-    return EmulatedBackend(server, s.cluster, job_args, log, ctx.spawn)
+    return EmulatedBackend(server, s.cluster, job_args, log, ctx.spawn, run_dir=s.run_dir)
 
 
 class NodeExecutor:
@@ -140,6 +142,8 @@ class NodeExecutor:
         self._inflight: dict[str, asyncio.Future[CommandAck]] = {}
         # One lock per job, kept: a waiter may hold it when it is released.
         self._job_locks: dict[JobId, asyncio.Lock] = {}
+        self.shipper = LogShipper(ctx.js, self.server.id, settings.run_dir, self.log,
+                                  settings.log_cap_bytes_s, settings.log_cap_burst_bytes)
 
     async def register(self) -> None:
         req = RegisterNode(server=self.server, gpu_type=self.cluster.type_by_name[
@@ -170,6 +174,7 @@ class NodeExecutor:
             # A retried start of the adopted run is answered, not refused as a conflict.
             self.ledger.remember(CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done))
             self.procs[cmd.job_id] = job
+            self.shipper.follow(cmd.job_id)
             acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             acked.set_result(True)
             self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
@@ -248,6 +253,7 @@ class NodeExecutor:
             self.ledger.release(cmd.job_id)
             raise
         self.procs[cmd.job_id] = job
+        self.shipper.follow(cmd.job_id)
         acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
         why: str | None = "the start was interrupted"
@@ -276,10 +282,11 @@ class NodeExecutor:
                           samples_done=job.samples_done if job is not None else 0.0)
 
     def _forget(self, job: JobHandle) -> None:
-        """The job's processes are gone: free its GPUs."""
+        """The job's processes are gone: free its GPUs, ship the rest of its output."""
         if self.procs.get(job.cmd.job_id) is job:
             del self.procs[job.cmd.job_id]
             self.ledger.release(job.cmd.job_id)
+            self.shipper.finish(job.cmd.job_id)
         self.backend.forget(job)
 
     async def _watch(self, job: JobHandle, acked: asyncio.Future[bool]) -> None:
@@ -345,6 +352,8 @@ class NodeExecutor:
         await asyncio.gather(*(j.terminate(self.settings.stop_grace_s) for j in jobs))
         for job in jobs:
             self._forget(job)
+        with contextlib.suppress(Exception):  # their last lines, while NATS is still there
+            await asyncio.wait_for(self.shipper.ship_all(), self.settings.stop_grace_s)
         await self.backend.close()
 
 
@@ -359,6 +368,7 @@ async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clu
     if ctx.stopping.is_set():
         return
     ctx.spawn(node.heartbeats(), name="heartbeats")
+    ctx.spawn(node.shipper.run(ctx.stopping), name="logs")
     node.log.info("executor serving", subject=subjects.exec_commands(node.server.id),
                   backend=settings.backend, time_scale=settings.time_scale)
     try:

@@ -18,6 +18,7 @@ from executor.membw import RESCTRL
 from shared import jobenv
 from shared.cluster import Cluster, Server
 from shared.ids import ServerId
+from shared.logs import CAP_BURST_BYTES, CAP_RATE_BYTES_S
 from shared.node import Device
 
 
@@ -34,6 +35,9 @@ class ExecutorSettings:
     stop_grace_s: float = 5.0
     start_timeout_s: float = 30.0
     profile_iters: int = jobenv.DEFAULT_PROFILE_ITERS
+    # Each job's output shipped to HOPS_LOGS (executor.logship): bytes/s and burst.
+    log_cap_bytes_s: float = CAP_RATE_BYTES_S
+    log_cap_burst_bytes: float = CAP_BURST_BYTES
     register_retry_s: float = 1.0
     backend: str = "emulated"
     address: str = "127.0.0.1"

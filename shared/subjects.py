@@ -57,6 +57,9 @@ TIMELINE_ALL = f"{PREFIX}.timeline.*"
 # What executors report of their jobs, ``hops.v1.reports.<server_id>.<job_id>``:
 # the monitor checks each one and relays it to its canonical subject above.
 REPORTS_ALL = f"{PREFIX}.reports.*.*"
+# Each rank's output (shared.logs.LogChunk), ``hops.v1.logs.<server_id>.<job key>``:
+# published by the executor of that server, read by the gateway (docs/logs.md).
+LOGS_ALL = f"{PREFIX}.logs.*.*"
 
 # Core NATS (not persisted): heartbeats, executor commands, error records.
 NODE_HEARTBEATS_ALL = f"{PREFIX}.nodes.heartbeat.*"
@@ -100,7 +103,9 @@ STREAM_SAMPLES = StreamDef("HOPS_SAMPLES", (SAMPLES_ALL, PROFILES_ALL, SIGNATURE
 STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
 STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
 STREAM_TIMELINE = StreamDef("HOPS_TIMELINE", (TIMELINE_ALL,))
-STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS, STREAM_TIMELINE)
+STREAM_LOGS = StreamDef("HOPS_LOGS", (LOGS_ALL,))
+STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS, STREAM_TIMELINE,
+           STREAM_LOGS)
 KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_LAYERS, KV_TENANTS, KV_EXPLAIN)
 
 
@@ -145,6 +150,16 @@ def job_heartbeat(server_id: str, job_id: str) -> str:
 def reports(server_id: str, job_id: str) -> str:
     sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
     return f"{PREFIX}.reports.{sid}.{job}"
+
+
+def logs(server_id: str, job_id: str) -> str:
+    sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
+    return f"{PREFIX}.logs.{sid}.{job}"
+
+
+def job_logs_all(job_id: str) -> str:
+    """Every server's log subject of ``job_id`` (a consumer's filter)."""
+    return f"{PREFIX}.logs.*.{check_token(job_id, 'job id')}"
 
 
 def node_heartbeat(server_id: str) -> str:

@@ -66,11 +66,12 @@ def test_an_executor_publishes_only_its_own_node_scoped_subjects() -> None:
     me = executor_identity("rtx-0")
     for subject in ("hops.v1.nodes.register.rtx-0", "hops.v1.nodes.heartbeat.rtx-0",
                     "hops.v1.jobs.heartbeat.rtx-0.j1", "hops.v1.reports.rtx-0.j1",
-                    "hops.v1.errors"):
+                    "hops.v1.logs.rtx-0.j1", "hops.v1.logs.rtx-0.alice/j1", "hops.v1.errors"):
         assert may_publish(me, subject), subject
     for subject in ("hops.v1.nodes.register.rtx-1", "hops.v1.nodes.heartbeat.rtx-1",
                     "hops.v1.jobs.heartbeat.rtx-1.j1", "hops.v1.reports.rtx-1.j1",
-                    "hops.v1.exec.rtx-0", "hops.v1.exec.rtx-1", "hops.v1.plans",
+                    "hops.v1.logs.rtx-1.j1", "hops.v1.exec.rtx-0", "hops.v1.exec.rtx-1",
+                    "hops.v1.plans",
                     "hops.v1.cluster.released", "$KV.hops_alloc.j1", "hops.v1.jobs.submit",
                     "hops.v1.jobs.events.j1", "hops.v1.samples.j1", "hops.v1.profiles.j1",
                     "$JS.API.STREAM.INFO.HOPS_JOBS", "hops.v1.nodes.register"):

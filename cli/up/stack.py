@@ -144,7 +144,7 @@ class StackConfig:
 
     @property
     def runs_dir(self) -> Path:
-        """Where real executors keep their jobs' logs, checkpoints and reports."""
+        """Where executors keep their jobs' logs (and real ones checkpoints and reports)."""
         return self.data_dir / "runs"
 
 
@@ -290,7 +290,8 @@ def _cluster(config: StackConfig) -> Component:
         "cluster",
         "executor",
         args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
-        env=_security(config, "cluster"),
+        # Emulated jobs write their training log there too (docs/logs.md).
+        env={"HOPS_RUN_DIR": str(config.runs_dir), **_security(config, "cluster")},
         doc="the EMULATED GPU cluster: one emulated executor per server",
     )
 

@@ -135,6 +135,12 @@ class JetStreamLayout:
     # go first), and this much in all; kept after the job ends.
     timeline_per_job: int = 256
     timeline_max_bytes: int = _GIB
+    # Jobs' output (docs/logs.md): per job and server at most this many
+    # chunks (each at most 16 KiB of text, shared.logs), in all this much,
+    # and none older than this; kept after the job ends, within these.
+    logs_per_job: int = 10_000
+    logs_max_bytes: int = 4 * _GIB
+    logs_max_age: float = 7 * _DAY
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -147,8 +153,10 @@ class JetStreamLayout:
             subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
             subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
             subjects.STREAM_TIMELINE: (None, self.timeline_max_bytes),
+            subjects.STREAM_LOGS: (self.logs_max_age, self.logs_max_bytes),
         }
-        per_subject = {subjects.STREAM_TIMELINE: self.timeline_per_job}
+        per_subject = {subjects.STREAM_TIMELINE: self.timeline_per_job,
+                       subjects.STREAM_LOGS: self.logs_per_job}
         return tuple(
             StreamConfig(
                 name=s.name,

@@ -178,11 +178,12 @@ def executor_permissions(server_id: str) -> Permissions:
     node-scoped subjects; the server id comes from the subject."""
     sid = check_token(server_id, "server id")
     # No $JS.API: its reports are plain publishes captured by HOPS_REPORTS
-    # (the stream's ack comes to its inbox), relayed by the monitor.
+    # (the stream's ack comes to its inbox), relayed by the monitor; its
+    # jobs' output goes the same way to HOPS_LOGS.
     return Permissions(
         publish=(subjects.nodes_register(sid), subjects.node_heartbeat(sid),
                  f"{PREFIX}.jobs.heartbeat.{sid}.*", f"{PREFIX}.reports.{sid}.*",
-                 subjects.ERRORS),
+                 f"{PREFIX}.logs.{sid}.*", subjects.ERRORS),
         subscribe=(subjects.exec_commands(sid), f"{inbox_prefix(executor_identity(sid))}.>"),
         allow_responses=True,
     )
