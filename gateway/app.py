@@ -38,7 +38,8 @@ endpoint                     does                                          answe
 ===========================  ============================================  =====================
 
 Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>`` (or
-the dashboard's cookie, which holds the same token), a token of the tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
+the dashboard's cookie, which holds the same token), a token of the
+tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
 401 without one; a tenant submits only for itself (403 for a body naming
 another tenant; without one, the job is the caller's), sees, cancels and
 holds only its own jobs, named by their bare ids (each tenant's ids are its

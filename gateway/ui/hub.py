@@ -42,7 +42,7 @@ class Sample:
     waiting: int
 
 
-@dataclass
+@dataclass(eq=False)  # each open page is its own (hashed by identity)
 class Page:
     """One open page's event queue and whom it shows."""
 

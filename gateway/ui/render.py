@@ -25,7 +25,10 @@ def when(epoch: float | None) -> str:
     """``epoch`` as UTC ``HH:MM:SS`` (the day too when not today); ``-`` for none."""
     if not epoch or epoch <= 0:
         return "-"
-    at = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
+    try:
+        at = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
+    except (OverflowError, ValueError, OSError):  # a forecast beyond the calendar
+        return "much later"
     today = datetime.datetime.now(datetime.UTC).date()
     return at.strftime("%H:%M:%S" if at.date() == today else "%m-%d %H:%M")
 
@@ -54,12 +57,14 @@ def login_page(error: str = "", next_url: str = "/ui/cluster") -> str:
             "<label>Token <input type=password name=token id=token autofocus required></label>"
             "<button type=submit id=login>Log in</button></form>"
             "<p class=hint>An admin's token is in <code>.hops/credentials/admin.token</code> "
-            "after <code>hops up</code>; a tenant's is in the tenants file.</p></main></body></html>")
+            "after <code>hops up</code>; a tenant's is in the tenants file.</p>"
+            "</main></body></html>")
 
 
 def table(head: Sequence[str], rows: Iterable[str], tbody_id: str = "rows") -> str:
     cells = "".join(f"<th>{e(h)}</th>" for h in head)
-    return f'<table><thead><tr>{cells}</tr></thead><tbody id="{tbody_id}">{"".join(rows)}</tbody></table>'
+    return (f'<table><thead><tr>{cells}</tr></thead><tbody id="{tbody_id}">'
+            f'{"".join(rows)}</tbody></table>')
 
 
 def more(shown: int, total: int, url: str) -> str:
@@ -137,6 +142,12 @@ def interval(mid: float, lo: float, hi: float) -> str:
     return f'{when(mid)} <small>({when(lo)}–{when(hi)})</small>'
 
 
+def span(forecast: Mapping[str, Any], what: str) -> str:
+    """A forecast's ``start`` or ``finish`` with its 10th-90th percentile interval."""
+    return interval(forecast.get(what, 0), forecast.get(f"{what}_lo", 0),
+                    forecast.get(f"{what}_hi", 0))
+
+
 def job_link(job_id: str, tenant: str, admin: bool) -> str:
     query = f"?tenant={e(tenant)}" if admin and tenant != "default" else ""
     return f'<a href="/ui/jobs/{e(job_id)}{query}">{e(job_id)}</a>'
@@ -152,10 +163,9 @@ def queue_row(q: Mapping[str, Any], job: Mapping[str, Any] | None, admin: bool) 
             f' data-reason="{e(why.get("code", ""))}"><td>{q.get("position") or "-"}</td>'
             f"<td>{job_link(local, tenant, admin)}</td><td>{e(tenant)}</td>"
             f"<td class=phase>{e(q['phase'])}</td><td>{e(needs)}</td>"
-            f'<td class=why title="{e(why.get("message", ""))}">{e(why.get("code", q.get("reason")))}'
-            f"</td><td>{interval(fc.get('start', 0), fc.get('start_lo', 0), fc.get('start_hi', 0))}"
-            f"</td><td>{interval(fc.get('finish', 0), fc.get('finish_lo', 0), fc.get('finish_hi', 0))}"
-            "</td></tr>")
+            f'<td class=why title="{e(why.get("message", ""))}">'
+            f'{e(why.get("code", q.get("reason")))}</td><td>{span(fc, "start")}</td>'
+            f'<td>{span(fc, "finish")}</td></tr>')
 
 
 QUEUE_HEAD = ("#", "job", "tenant", "phase", "GPUs", "reason", "start (10–90 %)",
@@ -168,7 +178,8 @@ def job_row(j: Mapping[str, Any], admin: bool) -> str:
     why = j.get("why") or {}
     needs = ",".join(str(n) for n in spec.get("requirements", ())) or \
         f"{spec.get('cores', 0)} cores"
-    return (f'<tr data-id="{e(j["key"] if admin else j["job_id"])}" data-tenant="{e(spec["tenant"])}"'
+    row_id = j["key"] if admin else j["job_id"]
+    return (f'<tr data-id="{e(row_id)}" data-tenant="{e(spec["tenant"])}"'
             f' data-phase="{e(j["phase"])}" data-reason="{e(why.get("code", ""))}">'
             f"<td>{job_link(j['job_id'], spec['tenant'], admin)}</td><td>{e(spec['tenant'])}</td>"
             f"<td class=phase>{e(j['phase'])}</td><td>{e(needs)}</td>"
@@ -202,13 +213,13 @@ def job_part(job: Mapping[str, Any], timeline: Sequence[Mapping[str, Any]]) -> s
         ("phase", f"<b id=phase>{e(job['phase'])}</b>"),
         ("reason", f"<span id=why>{e(why.get('code', '-'))}</span> {e(why.get('message', ''))}"),
         ("position", e(fc.get("position") or "-")),
-        ("start", f"<span id=start>{interval(fc.get('start', 0), fc.get('start_lo', 0), fc.get('start_hi', 0))}</span>"),
-        ("finish", interval(fc.get("finish", 0), fc.get("finish_lo", 0), fc.get("finish_hi", 0))),
+        ("start", f"<span id=start>{span(fc, 'start')}</span>"),
+        ("finish", span(fc, "finish")),
         ("placement", e(json.dumps(conf, separators=(",", ":"))) if conf else "-"),
         ("throughput", f"estimated {tp.get('estimated', 0):.3g}, measured "
                        f"{tp.get('measured', 0):.3g} samples/s"),
-        ("progress", f"{job.get('samples_done', 0):.4g} of {job['spec'].get('total_samples', 0):.4g}"
-                     " samples"),
+        ("progress", f"{job.get('samples_done', 0):.4g} of "
+                     f"{job['spec'].get('total_samples', 0):.4g} samples"),
         ("restarts", e(job.get("restarts", 0))),
         ("last stop", e(json.dumps(receipt, separators=(",", ":"))) if receipt else "-"),
     ))
@@ -252,11 +263,12 @@ def tenants_part(records: Sequence[Mapping[str, Any]], waiting: Mapping[str, int
             bound = ", ".join(f"{b.get('address', b)}" if isinstance(b, dict) else str(b)
                               for b in c.get("bound", ()))
             rows.append(
-                f'<tr data-tenant="{e(v["tenant"])}"><td>{e(v["tenant"])}</td><td>{e(c["gpu_type"])}'
-                f"</td><td>{c['reserved_gpus']}</td><td>{c['used_gpus']}</td><td>{c['free_gpus']}"
+                f'<tr data-tenant="{e(v["tenant"])}"><td>{e(v["tenant"])}</td>'
+                f'<td>{e(c["gpu_type"])}</td>'
+                f"<td>{c['reserved_gpus']}</td><td>{c['used_gpus']}</td><td>{c['free_gpus']}"
                 f"</td><td>{c['bad_gpus']}</td><td>{e(bound) or '-'}</td>"
                 f"<td>{len(v.get('guaranteed_jobs', ()))}</td>"
-                f"<td>{len(v.get('opportunistic_jobs', ()))} ({v.get('opportunistic_gpus', 0)} GPUs)"
-                "</td></tr>")
+                f"<td>{len(v.get('opportunistic_jobs', ()))} "
+                f"({v.get('opportunistic_gpus', 0)} GPUs)</td></tr>")
     return table(("tenant", "GPU type", "reserved", "used", "free", "bad", "bound cells",
                   "guaranteed jobs", "opportunistic"), rows) + waits

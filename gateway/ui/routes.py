@@ -61,7 +61,7 @@ def login_routes(app: FastAPI) -> None:
         return RedirectResponse("/ui/cluster", status_code=303)
 
     @app.get("/ui/login", include_in_schema=False)
-    async def login_form(next: str = "/ui/cluster") -> HTMLResponse:  # noqa: A002
+    async def login_form(next: str = "/ui/cluster") -> HTMLResponse:
         return html(render.login_page(next_url=safe_next(next)))
 
     @app.post("/ui/login", include_in_schema=False)

@@ -46,6 +46,7 @@
   if (on.length && window.EventSource) {
     const source = new EventSource("/ui/events");
     source.onmessage = (m) => handle(JSON.parse(m.data));
+    source.onopen = () => { body.dataset.live = "1"; };  // for the page's reader (and tests)
   }
 
   // The search box: hide the loaded rows that do not contain the text.
