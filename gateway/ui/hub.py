@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ _JOB = msgspec.json.Decoder(JobRecord, strict=False)
 WAITING = frozenset({"submitted", "profiling", "queued"})
 # A page that reads slower than this many events is sent a "reload" instead.
 QUEUE_BOUND = 256
+# How long the gateway's shutdown waits for the watches to stop.
+STOP_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -80,18 +83,25 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._watch_jobs()),
-                       asyncio.create_task(self._watch_changes(subjects.KV_EXPLAIN, "explain")),
-                       asyncio.create_task(self._watch_changes(subjects.KV_NODES, "cluster")),
-                       asyncio.create_task(self._watch_changes(subjects.KV_ALLOC, "cluster")),
-                       asyncio.create_task(self._sample())]
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(c, context=contextvars.Context()) for c in (
+            self._watch_jobs(), self._watch_changes(subjects.KV_EXPLAIN, "explain"),
+            self._watch_changes(subjects.KV_NODES, "cluster"),
+            self._watch_changes(subjects.KV_ALLOC, "cluster"), self._sample())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        """Cancel the watches and the sampler, again while one still runs: a
+        single cancellation was seen lost after the app had served a request
+        (the tasks kept waiting), so it is repeated; bounded, so that nothing
+        holds the gateway's shutdown."""
+        deadline = time.monotonic() + STOP_S
+        pending = {t for t in self._tasks if not t.done()}
+        while pending and time.monotonic() < deadline:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
+        if pending:
+            self.bus.log.warning("dashboard watches still stopping", tasks=len(pending))
 
     def open(self, principal: Principal) -> Page:
         page = Page(principal)
