@@ -35,8 +35,11 @@ def browser() -> Iterator[WebDriver]:
 
 
 def text(browser: WebDriver, css: str) -> str:
-    found = browser.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The text of the first element ``css`` selects ('' if none), read in the
+    page at once (a live refresh may replace an element between two calls)."""
+    found: str = browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", css)
+    return found
 
 
 def wait(browser: WebDriver, what: str, timeout: float, check: object) -> None:
@@ -98,8 +101,9 @@ def test_a_tenant_follows_its_job_from_submission_to_its_end(
          lambda b: b.find_elements(By.CSS_SELECTOR, 'tr[data-id="watched"]'))
     assert browser.execute_script("return window.stayed") == 1, "the page reloaded"
     shoot(browser, tmp_path, "jobs")
-    # the row's link, followed (a click could meet the row as a refresh replaces it)
-    browser.get(browser.find_element(By.LINK_TEXT, "watched").get_attribute("href") or "")
+    link = text(browser, 'tr[data-id="watched"] a')
+    assert link == "watched", link
+    browser.get(f"{base}/ui/jobs/watched")
     wait(browser, "the job page", 10, lambda b: b.find_elements(By.ID, "phase"))
     browser.execute_script("window.stayed = 1")
     opened(browser)

@@ -82,21 +82,22 @@ async def queue(request: Request, principal: Principal) -> Response:
         return part_or_page(request, principal, "Queue", "queue", part, on="job explain")
     by_key = json_records(await bus.jobs())
     rows = queue_rows(view, by_key, principal)
-    want = render_filters = {k: request.query_params.get(k, "") for k in ("tenant", "reason")}
-    kept = [(q, j) for q, j in rows
-            if (not want["tenant"] or (j or {}).get("spec", {}).get("tenant") == want["tenant"])
-            and (not want["reason"] or (q.get("why") or {}).get("code") == want["reason"])]
+    want = {k: request.query_params.get(k, "") for k in ("tenant", "phase", "reason")}
+    kept = [(q, j) for q, j in rows if all(not v or v == got for v, got in (
+        (want["tenant"], (j or {}).get("spec", {}).get("tenant")), (want["phase"], q["phase"]),
+        (want["reason"], (q.get("why") or {}).get("code"))))]
     start = offset_of(request)
     shown = kept[start:start + render.PAGE_ROWS]
     body = "".join(render.queue_row(q, j, principal.admin) for q, j in shown)
     if start:
         return Response(body, media_type="text/html")
     choices = {"tenant": [(j or {}).get("spec", {}).get("tenant", "") for _, j in rows],
+               "phase": [q["phase"] for q, _ in rows],
                "reason": [(q.get("why") or {}).get("code", "") for q, _ in rows]}
     part = (render.table(render.QUEUE_HEAD, [body])
             + render.more(len(shown), len(kept), f"?{request.url.query}"))
     return part_or_page(request, principal, "Queue", "queue", part,
-                        render.filters(choices, render_filters), on="job explain")
+                        render.filters(choices, want), on="job explain")
 
 
 async def jobs(request: Request, principal: Principal) -> Response:

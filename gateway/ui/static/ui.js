@@ -29,7 +29,13 @@
       return;
     }
     const r = await fetch("?id=" + encodeURIComponent(ev.id), {credentials: "same-origin"});
-    if (r.ok) { rows.insertAdjacentHTML("afterbegin", await r.text()); search(); }
+    if (!r.ok) return;
+    const html = await r.text();
+    // another event may have inserted the row meanwhile
+    if (!rows.querySelector(`tr[data-id="${CSS.escape(ev.id)}"]`)) {
+      rows.insertAdjacentHTML("afterbegin", html);
+      search();
+    }
   }
 
   function handle(ev) {
