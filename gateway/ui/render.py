@@ -192,7 +192,7 @@ def filters(choices: Mapping[str, Iterable[str]], chosen: Mapping[str, str]) -> 
     selects = "".join(
         f'<label>{e(name)} <select name="{e(name)}"><option value="">any</option>'
         + "".join(f'<option{" selected" if chosen.get(name) == v else ""}>{e(v)}</option>'
-                  for v in sorted(set(values)))
+                  for v in sorted(set(values)) if v)
         + "</select></label>" for name, values in choices.items())
     return (f"<form class=filters method=get>{selects}<button>filter</button>"
             '<input id=q type=search placeholder="search these rows"></form>')
