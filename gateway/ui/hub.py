@@ -124,9 +124,11 @@ class Hub:
                         page.queue.get_nowait()
                 page.queue.put_nowait({"kind": "reload"})
 
-    async def _watcher(self, bucket: str) -> Any:
+    async def _watcher(self, bucket: str, keys_only: bool = False) -> Any:
+        """A watch of ``bucket``; ``keys_only``: without the values (the
+        server sends none), for buckets whose changes a page reads itself."""
         kv: KeyValue = await self.bus.bucket(bucket)
-        return await kv.watchall()
+        return await kv.watchall(meta_only=keys_only)
 
     async def _forever(self, what: str, watch: Any) -> None:
         """Run ``watch()`` again after a failure (NATS reconnecting), logged."""
@@ -164,7 +166,7 @@ class Hub:
     async def _watch_changes(self, bucket: str, kind: str) -> None:
         """Every update of ``bucket`` after the current values, as a ``kind`` event."""
         async def watch() -> None:
-            watcher = await self._watcher(bucket)
+            watcher = await self._watcher(bucket, keys_only=True)
             current = True
             try:
                 async for entry in watcher:
