@@ -33,11 +33,15 @@ endpoint                     does                                          answe
                              optional): no new work there;
                              ``/nodes/{id}/undrain``: ``drain`` false
 ``GET /healthz``             whether the NATS connection is up             200, 503
-``GET /docs``                the OpenAPI (Swagger) page
+``GET /docs``                the OpenAPI (Swagger) page, its assets served
+                             here (no CDN: :mod:`gateway.ui.docs`)
+``GET /``, ``/ui/...``       the dashboard (:mod:`gateway.ui`; a cookie
+                             from ``/ui/login`` or the bearer header)
 ===========================  ============================================  =====================
 
-Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``, a
-token of the tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
+Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>`` (or
+the dashboard's cookie, which holds the same token), a token of the
+tenants file (:mod:`gateway.access`, :mod:`gateway.auth`):
 401 without one; a tenant submits only for itself (403 for a body naming
 another tenant; without one, the job is the caller's), sees, cancels and
 holds only its own jobs, named by their bare ids (each tenant's ids are its
@@ -89,6 +93,8 @@ from gateway.reload import reload_routes
 from gateway.responses import ERRORS, bus_of, failure, respond, upstream_failure
 from gateway.settings import GatewaySettings
 from gateway.signatures import signature_routes
+from gateway.ui.hub import Hub
+from gateway.ui.pages import register as ui_routes
 from services.runtime.bus import nats_status
 from shared import subjects
 from shared.events import INVALID, TOO_LARGE, Reply
@@ -109,9 +115,12 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
         bus = await GatewayBus.open(settings.runtime, settings.request_timeout)
         app.state.bus = bus
         bus.log.info("gateway connected", nats=nats_status(bus.nc))
+        hub = app.state.hub = Hub(bus, settings.ui_sample_s, keep=720)
+        hub.start()
         try:
             yield
         finally:
+            await hub.stop()
             await bus.close()
 
     app = FastAPI(
@@ -119,6 +128,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
         summary="Submit, cancel and watch deep-learning training jobs on a Hops cluster.",
         version="1",
         lifespan=lifespan,
+        docs_url=None,
     )
     app.state.settings = settings
     app.state.tenants = tenants
@@ -136,6 +146,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     cluster_routes.tenant_routes(app)
     reload_routes(app)
     signature_routes(app)
+    ui_routes(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -25,6 +25,9 @@ from gateway import access, views
 from shared.tenants import Principal, TenantsFile
 
 SCHEME = "bearer"
+# The dashboard's cookie (gateway.ui): the token, HttpOnly and SameSite=Strict,
+# so that a browser authenticates as a client does with its header.
+COOKIE = "hops_token"
 BEARER = HTTPBearer(
     auto_error=False,
     scheme_name=SCHEME,
@@ -54,10 +57,20 @@ async def caller(
 ) -> Principal:
     """Whom the request's bearer token acts for; :class:`Refused` (401) if nobody."""
     tenants: TenantsFile | None = request.app.state.tenants
-    found = access.identify(tenants, request.headers.get("authorization"))
+    found = access.identify(tenants, authorization(request))
     if isinstance(found, access.Denied):
         raise Refused(None, found)
     return found
+
+
+def authorization(request: Request) -> str | None:
+    """The request's ``Authorization`` header, else the dashboard's cookie
+    as a bearer header (the header wins: a client that sends both means it)."""
+    header = request.headers.get("authorization")
+    if header:
+        return header
+    token = request.cookies.get(COOKIE)
+    return f"Bearer {token}" if token else None
 
 
 Caller = Annotated[Principal, Depends(caller)]
@@ -75,7 +88,7 @@ async def on_refused(request: Request, exc: Exception) -> JSONResponse:
         await bus.reporter.refused(who, endpoint, f"{who}: {denied.reason}", denied.audit_code)
     headers = None
     if denied.status == 401:  # RFC 6750: how to authenticate, and whether a token failed
-        invalid = ', error="invalid_token"' if request.headers.get("authorization") else ""
+        invalid = ', error="invalid_token"' if authorization(request) else ""
         headers = {"WWW-Authenticate": f'Bearer realm="hops"{invalid}'}
     body = views.error_body(denied.code, denied.error)
     return JSONResponse(body, status_code=denied.status, headers=headers)

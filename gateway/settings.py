@@ -12,6 +12,9 @@ variable                    flag              default        meaning
                                                              file, every caller an admin
 ``HOPS_GATEWAY_CERT``       ``--tls-cert``    none           certificate (PEM): serve HTTPS
 ``HOPS_GATEWAY_KEY``        ``--tls-key``     none           its private key (PEM)
+``HOPS_UI_SAMPLE_S``        none              ``10``         the dashboard's plots: seconds
+                                                             between samples (the last 720
+                                                             are kept: two hours)
 ==========================  ================  =============  ==============================
 
 Without a tenants file the gateway refuses to start unless told
@@ -59,6 +62,7 @@ class GatewaySettings:
     insecure: bool = False
     tls_cert: str = ""
     tls_key: str = ""
+    ui_sample_s: float = 10.0
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -88,6 +92,7 @@ def from_env(
         tenants=source.get(TENANTS_ENV, "").strip(), insecure=insecure in ("1", "true"),
         tls_cert=source.get("HOPS_GATEWAY_CERT", "").strip(),
         tls_key=source.get("HOPS_GATEWAY_KEY", "").strip(),
+        ui_sample_s=env_float("HOPS_UI_SAMPLE_S", 10.0, env=source, minimum=0.1),
     )
 
 
