@@ -5,6 +5,8 @@ that the markup escapes what jobs and servers are named
 
 from __future__ import annotations
 
+import datetime
+
 from gateway.ui import render
 from gateway.ui.hub import visible
 from gateway.ui.routes import safe_next
@@ -49,3 +51,6 @@ def test_names_are_escaped_and_another_tenants_gpu_is_not_named() -> None:
 def test_a_forecast_beyond_the_calendar_is_said_in_words() -> None:
     assert render.when(1e300) == "much later"
     assert render.when(0) == "-"
+    # a forecast in another year names it: "10-28" alone would read as this year's
+    far = datetime.datetime(2333, 10, 28, 21, 48, tzinfo=datetime.UTC).timestamp()
+    assert render.when(far) == "2333-10-28 21:48"

@@ -22,7 +22,9 @@ def e(value: Any) -> str:
 
 
 def when(epoch: float | None) -> str:
-    """``epoch`` as UTC ``HH:MM:SS`` (the day too when not today); ``-`` for none."""
+    """``epoch`` as UTC ``HH:MM:SS`` (the day too when not today, and the year
+    when not this year: a job behind one that never ends is forecast centuries
+    out); ``-`` for none."""
     if not epoch or epoch <= 0:
         return "-"
     try:
@@ -30,7 +32,9 @@ def when(epoch: float | None) -> str:
     except (OverflowError, ValueError, OSError):  # a forecast beyond the calendar
         return "much later"
     today = datetime.datetime.now(datetime.UTC).date()
-    return at.strftime("%H:%M:%S" if at.date() == today else "%m-%d %H:%M")
+    if at.date() == today:
+        return at.strftime("%H:%M:%S")
+    return at.strftime("%m-%d %H:%M" if at.year == today.year else "%Y-%m-%d %H:%M")
 
 
 def shell(title: str, page: str, who: str, body: str, on: str = "") -> str:
