@@ -357,7 +357,7 @@ async def executor_on(tmp_path: Path, resctrl: Path,
                       spawn: Callable[..., object]) -> tuple[NodeExecutor, RealBackend]:
     server = Server(S, GpuType("cpu"), 1, cores=1)
     log = structlog.get_logger()
-    ctx = SimpleNamespace(log=log, spawn=spawn)
+    ctx = SimpleNamespace(log=log, spawn=spawn, js=None)  # no bus: the log shipper never runs
     settings = ExecutorSettings(cluster="none", server_id=S, backend="real",
                                 run_dir=tmp_path / "runs", server=server, stop_grace_s=5.0,
                                 resctrl=resctrl)

@@ -102,7 +102,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         return task
 
     log = structlog.get_logger()
-    ctx = SimpleNamespace(log=log, spawn=spawn)
+    ctx = SimpleNamespace(log=log, spawn=spawn, js=None)  # no bus: the log shipper never runs
     settings = ExecutorSettings(cluster="none", server_id=S, backend="real",
                                 run_dir=tmp_path / "runs", server=SERVER, stop_grace_s=5.0)
     real = RealSettings(run_dir=settings.run_dir, options=LaunchOptions(gpu_type="cpu"),
