@@ -19,6 +19,7 @@ from cli.up.stack import (
 )
 from scheduling.registry import DEFAULT_POLICY
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from services.runtime.settings import DEFAULT_REPLICAS
 from shared import ports
 
 POLICY_HELP = (
@@ -86,6 +87,9 @@ def up(
     tls_key: Annotated[Path | None, typer.Option(help="the key of --tls-cert")] = None,
     tls_ca: Annotated[Path | None, typer.Option(
         help="CA that clients trust (default: --tls-cert itself, for a self-signed one)")] = None,
+    nats_cluster: Annotated[int, typer.Option(
+        help="nats-servers routed into one cluster (1, 3 or 5); every stream and KV bucket "
+        "keeps a copy on each (docs/live.md)")] = DEFAULT_REPLICAS,
     no_auth: Annotated[bool, typer.Option(
         "--no-auth", help="no authentication at all: for measurements only")] = False,
 ) -> None:
@@ -106,7 +110,8 @@ def up(
             round_s=round_s, policy=policy, schedulers=schedulers, log_level=log_level,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
-            auth=not no_auth, tenants=tenants, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+            nats_cluster=nats_cluster, auth=not no_auth, tenants=tenants,
+            tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -91,7 +91,7 @@ class GatewayBus:
         streams and buckets exist, as every service does at start."""
         nc = await connect(settings, "gateway")
         bus = cls(nc, timeout, ErrorReporter(nc, "gateway"))
-        await ensure_jetstream(bus.js, JetStreamLayout(leader_ttl=settings.leader_ttl))
+        await ensure_jetstream(bus.js, JetStreamLayout.of(settings))
         return bus
 
     async def close(self) -> None:

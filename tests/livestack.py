@@ -1,4 +1,5 @@
-"""The whole live system for tests: nats-server, every service and an
+"""The whole live system for tests: nats-server (or, with ``nats_cluster=3``,
+three in one cluster), every service and an
 EMULATED GPU cluster (or, with ``executor="real"``, real executors running
 jobs' commands), each its own OS process.
 
@@ -121,8 +122,8 @@ class Bus:
         settings = RuntimeSettings(nats_servers=(self.url,),
                                    nats_nkey=str(self.seed) if self.seed else None,
                                    nats_ca=str(self.ca) if self.ca else None)
-        nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                **auth_options(settings))
+        nc = await nats.connect(servers=self.url.split(","), max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.2, **auth_options(settings))
         for subject in RECORDED:
             await nc.subscribe(subject, cb=self._record)
         await asyncio.sleep(0)  # nats-py: let the SUB go out before the flush
@@ -241,6 +242,7 @@ class LiveStack:
     cpu_affinity: str = ""
     auth: bool = True
     tenants: Path | None = None  # the operator's tenants file (hops up --tenants)
+    nats_cluster: int = 1  # nats-servers in one cluster (hops up --nats-cluster)
     # Another module for a component (e.g. the scheduler as tests.cores_layer:
     # the real scheduler with a test layer); its arguments and identity stay.
     modules: Mapping[str, str] = field(default_factory=dict)
@@ -256,8 +258,10 @@ class LiveStack:
                                   metrics_port=free_port(), round_s=self.round_s,
                                   policy=self.policy,
                                   executor=self.executor, cpu_affinity=self.cpu_affinity,
-                                  auth=self.auth, tenants=self.tenants)
-        self.nats = stack_nats(self.config, free_port())
+                                  auth=self.auth, tenants=self.tenants,
+                                  nats_cluster=self.nats_cluster)
+        # a cluster's members on free ports of their own (0), one server on a port known now
+        self.nats = stack_nats(self.config, free_port() if self.nats_cluster == 1 else 0)
         self.launcher = Launcher(self.config, self.said.append, grace=10.0)
         self.bus: Bus | None = None
 

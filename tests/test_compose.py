@@ -97,6 +97,12 @@ def test_environment_layers_stack_settings_over_the_callers() -> None:
     assert env["PATH"] == "/bin"
     assert env["HOPS_NATS_URL"] == "nats://127.0.0.1:5555"
     assert env["HOPS_LOG_LEVEL"] == "debug"
+    assert env["HOPS_NATS_REPLICAS"] == "1"
+    cluster = StackConfig(nats_url="nats://a:1,nats://b:2,nats://c:3", nats_cluster=3)
+    env3 = environment(cluster, by_name(cluster)["placer"], base)
+    assert (env3["HOPS_NATS_URL"], env3["HOPS_NATS_REPLICAS"]) == (cluster.nats_url, "3")
+    with pytest.raises(ValueError, match="--nats-cluster must be 1, 3 or 5"):
+        StackConfig(nats_cluster=2)
     assert env["HOPS_HEALTH_PORT"] == ""  # one host: no service binds a shared port
     assert env["HOPS_GATEWAY_PORT"] == "8080"
     assert base["HOPS_HEALTH_PORT"] == "8081"  # the caller's mapping is untouched

@@ -522,6 +522,12 @@ def test_settings_from_environment_and_flags(tmp_path: Path) -> None:
         4.0,
     )
     assert settings.log_level == "debug"  # from the environment
+    assert RuntimeSettings().nats_replicas == JetStreamLayout().replicas == 1
+    replicated = from_env({"HOPS_NATS_REPLICAS": "3"})
+    layout = JetStreamLayout.of(replicated)
+    assert (replicated.nats_replicas, layout.replicas, layout.leader_ttl) == (3, 3, 12.0)
+    assert {s.num_replicas for s in layout.streams()} == {3}
+    assert {b.replicas for b in layout.buckets()} == {3}
 
 
 def test_services_add_their_own_flags() -> None:
@@ -541,6 +547,7 @@ def test_services_add_their_own_flags() -> None:
         ({"HOPS_LOG_LEVEL": "loud"}, "HOPS_LOG_LEVEL must be one of debug"),
         ({"HOPS_NATS_CREDS": "/no/such.creds"}, "does not exist"),
         ({"HOPS_LEADER_TTL": "0"}, "HOPS_LEADER_TTL must be >= 1.0"),
+        ({"HOPS_NATS_REPLICAS": "0"}, "HOPS_NATS_REPLICAS must be >= 1"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:

@@ -196,11 +196,13 @@ def enrol(dir: Path, server_id: str) -> Path:
 
 
 def reload_nats(state_file: Path) -> str:
-    """SIGHUP the nats-server of a running ``hops up`` (its pid is in
-    ``up.json``): it reads the authorization again. What happened."""
+    """SIGHUP the nats-servers of a running ``hops up`` (their pids are in
+    ``up.json``): they read the authorization again. What happened."""
     try:
-        pid = int(json.loads(state_file.read_text())["nats"]["pid"])
-        os.kill(pid, signal.SIGHUP)
-    except (OSError, ValueError, KeyError, TypeError):
+        state = json.loads(state_file.read_text())
+        pids = [int(s["pid"]) for s in state.get("nats_servers") or [state["nats"]]]
+        for pid in pids:
+            os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return "nats-server is not running here: the credential is admitted at its next start"
-    return f"nats-server (pid {pid}) reloaded its authorization"
+    return f"nats-server (pid {', '.join(map(str, pids))}) reloaded its authorization"

@@ -24,6 +24,7 @@ from typing import Literal
 from scheduling.registry import DEFAULT_POLICY, parse_policy
 from scheduling.rounds import ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from services.runtime.settings import DEFAULT_REPLICAS
 from shared import ports
 
 # The interpreter as written in commands; ``hops up`` puts its own in its place.
@@ -73,11 +74,15 @@ class StackConfig:
     tls_cert: Path | None = None  # NATS and the gateway serve TLS with these
     tls_key: Path | None = None
     tls_ca: Path | None = None  # what clients trust; the certificate itself by default
+    # nats-servers, routed into one cluster; every stream and bucket has this many copies
+    nats_cluster: int = DEFAULT_REPLICAS
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, "
                              f"got {self.executor!r}")
+        if self.nats_cluster not in (1, 3, 5):  # JetStream's quorum wants an odd size
+            raise ValueError(f"--nats-cluster must be 1, 3 or 5, got {self.nats_cluster}")
         if self.cpu_affinity and self.executor != "real":
             raise ValueError("a CPU affinity is for real executors (--executor real)")
         if (self.job_user or self.allow_root_jobs) and self.executor != "real":
@@ -348,6 +353,7 @@ def environment(
     env.update(
         {
             "HOPS_NATS_URL": config.nats_url,
+            "HOPS_NATS_REPLICAS": str(config.nats_cluster),
             "HOPS_LOG_LEVEL": config.log_level,
             "HOPS_HEALTH_PORT": "",
             "PYTHONUNBUFFERED": "1",  # log lines reach the log files as they happen

@@ -21,6 +21,12 @@ crash of its executor.
 ``<data-dir>/up.json`` lists the processes (nats-server's pid included) while
 the stack runs.
 
+With ``--nats-cluster 3`` it runs three nats-servers routed into one cluster
+(:class:`~services.runtime.natscluster.NatsCluster`, each under
+``<data-dir>/nats/n<i>``), every service gets every server's URL and
+``HOPS_NATS_REPLICAS=3``, so that every stream and KV bucket keeps a copy on
+each; each member is kept alive on its own (docs/live.md, *A NATS cluster*).
+
 Authentication is on unless ``--no-auth`` (for measurements only): on first
 start ``hops up`` generates every identity's credential, the tokens and the
 effective tenants file into ``<data-dir>/credentials/`` (cli/up/credentials.py,
@@ -52,6 +58,7 @@ from cli.up.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper,
 from cli.up.stack import StackConfig, describe_exit, modules, processes, restart_delay
 from scheduling.live.cells import cluster_nodes, tenant_cells
 from services.runtime.identity import ADMIN, IdentityError
+from services.runtime.natscluster import CLUSTER_PORT, MONITOR_PORT, NatsCluster
 from services.runtime.natsd import EmbeddedNats, NatsServerError
 from shared.specs import SpecError
 from shared.tenants import TenantsError, TenantsFile, load_tenants
@@ -90,14 +97,16 @@ def wait_healthy(launcher: Launcher, gateway: Child, timeout: float) -> None:
             launcher.stopping.wait(_POLL_S)
 
 
-def _check_ports(config: StackConfig, nats: EmbeddedNats) -> None:
+def _check_ports(config: StackConfig, nats: NatsCluster) -> None:
     wanted = [("gateway", config.gateway_port, config.gateway_host),
               ("metrics", config.metrics_port, config.metrics_host)]
-    if nats.port:
-        wanted.append(("NATS", nats.port, nats.host))
+    for server in nats.servers:
+        wanted += [(f"NATS {what}", port, server.host) for what, port in
+                   (("client", server.port), ("route", server.routes and server.routes.port),
+                    ("monitoring", server.monitor_port)) if port]
     for name, port, host in wanted:
         if not port_free(port, host):
-            flag = {"NATS": "--nats-port"}.get(name, f"--{name}-port")
+            flag = "--nats-port" if name.startswith("NATS") else f"--{name}-port"
             raise UpError(f"port {port} ({name}) is in use; choose another with {flag}")
 
 
@@ -124,12 +133,19 @@ def _is_plain_module(name: str) -> bool:
     return spec is not None and spec.submodule_search_locations is None
 
 
-def stack_nats(config: StackConfig, port: int) -> EmbeddedNats:
-    """The stack's nats-server: authorization from the credentials folder
-    unless authentication is off, TLS if asked for."""
+def stack_nats(config: StackConfig, port: int) -> NatsCluster:
+    """The stack's nats-servers: authorization from the credentials folder
+    unless authentication is off, TLS if asked for. A cluster's members
+    listen on ``port`` and the ports after it (routes from 6222, monitoring
+    from 8222), or on free ports with ``port`` 0."""
     auth = config.credentials_dir / "nats-auth.conf" if config.auth else None
-    return EmbeddedNats(config.nats_dir, port=port, auth_conf=auth,
-                        tls_cert=config.tls_cert, tls_key=config.tls_key)
+    size = config.nats_cluster
+    fixed = port != 0 and size > 1
+    return NatsCluster(
+        config.nats_dir, size, ports=[port + i for i in range(size)] if port or size == 1
+        else None, route_ports=[CLUSTER_PORT + i for i in range(size)] if fixed else None,
+        monitor_ports=[MONITOR_PORT + i for i in range(size)] if fixed else None,
+        auth_conf=auth, tls_cert=config.tls_cert, tls_key=config.tls_key)
 
 
 def _tenants(config: StackConfig) -> TenantsFile | None:
@@ -160,13 +176,16 @@ def secure(config: StackConfig) -> Credentials | None:
         raise UpError(f"cannot prepare the credentials: {e}") from None
 
 
-def _write_state(config: StackConfig, nats: EmbeddedNats, children: list[Child]) -> None:
+def _write_state(config: StackConfig, nats: NatsCluster, children: list[Child]) -> None:
+    members = [{"url": s.url, "pid": s.pid, "log": str(s.log_path), "name": s.server_name}
+               for s in nats.servers]
     state = {
         "pid": os.getpid(),
         "gateway": config.gateway_url,
         "metrics": config.metrics_url,
         "credentials": str(config.credentials_dir) if config.auth else None,
-        "nats": {"url": nats.url, "pid": nats.pid, "log": str(nats.log_path)},
+        "nats": members[0],  # the first (or only) server, as before clusters
+        "nats_servers": members,
         "components": {
             c.component.name: {"pid": c.proc.pid, "argv": c.proc.args, "log": str(c.log)}
             for c in children
@@ -214,6 +233,18 @@ class NatsKeeper:
         self.started, self.restart_at = time.monotonic(), None
         self.say(f"hops up: nats-server restarted on {url} (same data dir)")
         self.on_restart()
+
+
+def _keep(nats: NatsCluster, say: Say, on_restart: Callable[[], None]
+          ) -> Callable[[float], None]:
+    """One keeper per member: each is restarted on its own port and data dir."""
+    keepers = [NatsKeeper(s, say, on_restart) for s in nats.servers]
+
+    def tick(now: float) -> None:
+        for keeper in keepers:
+            keeper.tick(now)
+
+    return tick
 
 
 def _executors(config: StackConfig) -> str:
@@ -286,7 +317,7 @@ def up(
                              creds.token(ADMIN).read_text().strip())
         started = [launcher.start(comp) for comp in processes(config)]
         launcher.on_restart = lambda: _write_state(config, nats, launcher.children)
-        launcher.on_tick = NatsKeeper(nats, say, launcher.on_restart).tick
+        launcher.on_tick = _keep(nats, say, launcher.on_restart)
         launcher.on_restart()
         wait_healthy(launcher, started[-1], health_timeout)
         if not launcher.stopping.is_set():

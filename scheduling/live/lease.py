@@ -20,6 +20,16 @@ revisions are the bucket stream's sequence numbers, which only grow, even
 when entries expire, so every takeover has a larger term than the last;
 plans carry it and the placer ignores plans of an older term.
 
+On a NATS cluster (docs/live.md, *A NATS cluster*) the lease bucket's own
+JetStream leader may die; the survivors elect another within
+:data:`ELECTION_STALL_S`, and every write waits meanwhile. A lease built with
+``stall`` rides that out: it refreshes every ``(ttl - stall) / 3`` seconds,
+so that a refresh that stalls ``stall`` seconds still lands before
+:attr:`Lease.horizon`, and a write that failed without a conflict (a
+timeout, no responders) does not depose the leader: only the horizon does.
+:func:`lease_ttl` is the TTL that leaves room for that. A conflict (someone
+else's revision) deposes at once, as without a cluster.
+
 The shell performs the reads and writes this module asks for and reports
 back; nothing here does I/O or reads a clock.
 """
@@ -31,6 +41,23 @@ from typing import Literal
 import msgspec
 
 LEASE_KEY = "scheduler"
+# The longest a JetStream leader election stalled writes to a stream after
+# kill -9 of its leader, rounded up (4.2-7.4 s; bench/nats_election.py).
+ELECTION_STALL_S = 7.5
+# The shortest refresh interval worth having: three refreshes within a TTL.
+_MIN_INTERVAL_S = 1.5
+
+
+def lease_ttl(ttl: float, replicated: bool) -> float:
+    """The lease's TTL for a configured ``ttl``: on replicated JetStream at
+    least :data:`ELECTION_STALL_S` plus three refresh intervals, so that an
+    election never costs the leader its lease."""
+    return max(ttl, ELECTION_STALL_S + 3 * _MIN_INTERVAL_S) if replicated else ttl
+
+
+def lease_stall(replicated: bool) -> float:
+    """How long a write may stall: an election on replicated JetStream, else 0."""
+    return ELECTION_STALL_S if replicated else 0.0
 
 Change = Literal["elected", "deposed"] | None
 
@@ -99,13 +126,16 @@ def decode_value(data: bytes) -> LeaseValue | None:
 class Lease:
     """One replica's view of the lease; see the module docstring."""
 
-    def __init__(self, holder: str, ttl: float) -> None:
+    def __init__(self, holder: str, ttl: float, stall: float = 0.0) -> None:
         if not holder:
             raise ValueError("holder must not be empty")
         if ttl <= 0:
             raise ValueError(f"ttl must be > 0, got {ttl}")
+        if not 0 <= stall < ttl:
+            raise ValueError(f"a stall of {stall} s leaves no lease in a ttl of {ttl} s")
         self.holder = holder
         self.ttl = ttl
+        self.stall = stall
         self.role: Literal["follower", "leader"] = "follower"
         self.term = 0
         self.revision = 0
@@ -116,7 +146,7 @@ class Lease:
     @property
     def interval(self) -> float:
         """Seconds between two ticks (reads or refreshes)."""
-        return self.ttl / 3.0
+        return (self.ttl - self.stall) / 3.0
 
     @property
     def horizon(self) -> float:
@@ -149,9 +179,16 @@ class Lease:
             return "elected"
         return None
 
-    def failed(self) -> Change:
-        """A write failed (conflict, timeout, no connection): not leader any more."""
-        return self._step_down()
+    def failed(self, conflict: bool = True) -> Change:
+        """A write failed: on a conflict (or any failure, without a ``stall``
+        to ride out) not leader any more; otherwise the horizon decides."""
+        if conflict or not self.stall:
+            return self._step_down()
+        return None
+
+    def write_budget(self, now: float) -> float:
+        """How long a leader's refresh may keep trying: until the horizon."""
+        return max(0.0, self.last_ok + self.horizon - now)
 
     def check(self, now: float) -> Change:
         """Step down when the last successful write is older than :attr:`horizon`."""

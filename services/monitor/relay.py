@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from services.monitor.authz import PlacementHistory, Refuse, Wait, judge_report, planned
 from services.runtime.bus import ErrorReporter
 from services.runtime.consumer import ConsumerSpec, Delivery, Later, Terminate, consume
+from services.runtime.retry import publish_retried
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.events import (
@@ -99,8 +100,7 @@ class ReportRelay:
         if isinstance(verdict, Refuse):
             await audit(self.ctx.reporter, sid, delivery.subject, verdict.reason, encode(msg))
             raise Terminate(verdict.reason)
-        headers = {"Nats-Msg-Id": verdict.msg_id}
-        await self.ctx.js.publish(verdict.subject, encode(msg), headers=headers, timeout=5.0)
+        await publish_retried(self.ctx.js, verdict.subject, encode(msg), msg_id=verdict.msg_id)
         self.relayed += 1
 
 

@@ -70,6 +70,7 @@ from services.placer.gate import PlanGate, leader_term
 from services.runtime.bus import publish_event
 from services.runtime.consumer import ConsumerSpec, Delivery, consume
 from services.runtime.kv import read_bucket
+from services.runtime.retry import kv_write
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.configuration import Configuration
@@ -306,7 +307,8 @@ class Placer:
         if not all(a is not None and a.ok for a in acks):
             await self.executors.undo(start, acks, prefix)
             return False
-        await self.kv_alloc.put(job, msgspec.json.encode(start.placement))
+        await kv_write(self.ctx.js, subjects.KV_ALLOC, job, msgspec.json.encode(start.placement),
+                       msg_id=f"{job}:alloc:{prefix}")
         now = self.clock()
         if start.resize:
             await self._publish(job, JobResized(job_id=job, configuration=config, at=now,
@@ -337,7 +339,9 @@ class Placer:
                                            f"({'; '.join(failed)})", "retune_failed")
             return False
         with contextlib.suppress(nats.js.errors.APIError):  # the monitor released it meanwhile
-            await self.kv_alloc.update(job, msgspec.json.encode(retune.retuned), last=revision)
+            await kv_write(self.ctx.js, subjects.KV_ALLOC, job,
+                           msgspec.json.encode(retune.retuned), last=revision,
+                           msg_id=f"{job}:retune:{prefix}")
         self.log.info("job cores changed", job_id=job, configuration=str(new),
                       core_ids={s: list(a.cores) for s, a in zip(servers, acks, strict=True)
                                 if a is not None})

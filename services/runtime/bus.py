@@ -21,6 +21,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,8 +34,10 @@ from nats.js.api import KeyValueConfig, PubAck, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 from structlog.typing import FilteringBoundLogger
 
+from scheduling.live.lease import lease_ttl
 from services.runtime.logging import get_logger
-from services.runtime.settings import RuntimeSettings
+from services.runtime.retry import PUBLISH_RETRY_S, publish_retried, transient_retried
+from services.runtime.settings import DEFAULT_REPLICAS, RuntimeSettings
 from shared import subjects
 from shared.events import (
     INTERNAL,
@@ -54,6 +57,9 @@ _GIB = 1024**3
 # Subscriptions per queue-group request handler (see serve_requests).
 QUEUE_WORKERS = 128
 _DAY = 86400.0
+# How long a service's start waits for JetStream to answer (a cluster whose
+# members are starting too, or electing a meta leader).
+ENSURE_RETRY_S = 60.0
 
 
 async def connect(settings: RuntimeSettings, name: str) -> NATS:
@@ -122,7 +128,7 @@ class JetStreamLayout:
     """Limits of the streams and buckets. Job events are the record of each
     job and are kept until ``jobs_max_bytes``; samples and plans age out."""
 
-    replicas: int = 1
+    replicas: int = DEFAULT_REPLICAS
     jobs_max_bytes: int = 4 * _GIB
     samples_max_age: float = 14 * _DAY
     samples_max_bytes: int = 4 * _GIB
@@ -145,6 +151,13 @@ class JetStreamLayout:
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
     kv_history: int = 5
+
+    @classmethod
+    def of(cls, settings: RuntimeSettings) -> JetStreamLayout:
+        """The layout a service with ``settings`` ensures."""
+        replicated = settings.nats_replicas > 1
+        return cls(leader_ttl=lease_ttl(settings.leader_ttl, replicated),
+                   replicas=settings.nats_replicas)
 
     def streams(self) -> tuple[StreamConfig, ...]:
         limits = {
@@ -199,22 +212,31 @@ class JetStreamLayout:
 
 async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None = None) -> None:
     """Create the streams and KV buckets, or update them to ``layout``;
-    calling it again (from any number of services) changes nothing."""
+    calling it again (from any number of services) changes nothing. On a
+    cluster that is still electing its meta leader, each is retried."""
     layout = layout or JetStreamLayout()
     for config in layout.streams():
-        try:
-            await js.add_stream(config)
-        except BadRequestError as e:
-            if e.err_code != _STREAM_IN_USE:
-                raise
-            await js.update_stream(config)
+        await transient_retried(partial(_ensure_stream, js, config), ENSURE_RETRY_S)
     for kv in layout.buckets():
-        try:
-            await js.create_key_value(kv)
-        except BadRequestError as e:
-            if e.err_code != _STREAM_IN_USE:
-                raise
-            await _update_bucket(js, kv)
+        await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError as e:
+        if e.err_code != _STREAM_IN_USE:
+            raise
+        await js.update_stream(config)
+
+
+async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+    try:
+        await js.create_key_value(kv)
+    except BadRequestError as e:
+        if e.err_code != _STREAM_IN_USE:
+            raise
+        await _update_bucket(js, kv)
 
 
 async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
@@ -225,6 +247,7 @@ async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
     config.max_msgs_per_subject = kv.history
     config.max_msg_size = kv.max_value_size
     config.allow_direct = kv.direct
+    config.num_replicas = kv.replicas
     if kv.ttl:
         config.duplicate_window = min(kv.ttl, 120.0)
     await js.update_stream(config)
@@ -237,12 +260,14 @@ async def publish_event(
     *,
     msg_id: str | None = None,
     timeout: float | None = None,
+    within: float = PUBLISH_RETRY_S,
 ) -> PubAck:
     """Publish ``msg`` to a stream and wait for the stream's ack. With
     ``msg_id`` (e.g. ``f"{job_id}:job_finished"``) JetStream drops repeats
-    within the duplicate window, which makes retried publishes idempotent."""
-    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-    return await js.publish(subject, encode(msg), timeout=timeout, headers=headers)
+    within the duplicate window, which makes retried publishes idempotent.
+    See :func:`services.runtime.retry.publish_retried` for the retries."""
+    return await publish_retried(js, subject, encode(msg), msg_id=msg_id, timeout=timeout,
+                                 within=within)
 
 
 async def request(

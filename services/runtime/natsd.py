@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
@@ -64,6 +65,23 @@ def nats_server_binary() -> str:
     return found
 
 
+@dataclass(frozen=True)
+class Routes:
+    """This server's place in a NATS cluster: the cluster's name, where it
+    listens for its peers' routes, and the route URLs of every member
+    (``nats://host:port``; its own is ignored by the server)."""
+
+    name: str
+    host: str
+    port: int
+    peers: tuple[str, ...]
+
+    def block(self) -> str:
+        peers = ", ".join(json.dumps(p) for p in self.peers)
+        return (f"cluster {{ name: {json.dumps(self.name)}, "
+                f"listen: {json.dumps(f'{self.host}:{self.port}')}, routes: [{peers}] }}")
+
+
 class EmbeddedNats:
     """One ``nats-server`` process with JetStream; see the module docstring.
 
@@ -85,6 +103,9 @@ class EmbeddedNats:
         auth_conf: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        server_name: str = "hops-embedded",
+        routes: Routes | None = None,
+        monitor_port: int | None = None,
     ) -> None:
         if (tls_cert is None) != (tls_key is None):
             raise NatsServerError("TLS needs both a certificate and its key")
@@ -97,6 +118,9 @@ class EmbeddedNats:
         self.max_payload = max_payload
         self.start_timeout = start_timeout
         self.binary = binary or nats_server_binary()
+        self.server_name = server_name
+        self.routes = routes
+        self.monitor_port = monitor_port  # the HTTP monitoring endpoint (/jsz), if any
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -128,6 +152,17 @@ class EmbeddedNats:
         """Start the server, wait until it serves clients, return its URL."""
         if self.running:
             return self.url
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def launch(self) -> None:
+        """Start the process without waiting (members of a cluster start
+        together: each waits for its peers' routes)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
         conf.write_text(self.config_text())
@@ -138,18 +173,16 @@ class EmbeddedNats:
             self._proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
             )
-        try:
-            self._wait_ready(time.monotonic() + self.start_timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self.url
 
     def config_text(self) -> str:
         """The server's configuration file."""
         # The name here, not as a flag: a reload (SIGHUP) reads only the file
         # and refuses a name that differs from the running one's.
-        lines = [f"max_payload: {self.max_payload}", 'server_name: "hops-embedded"']
+        lines = [f"max_payload: {self.max_payload}", f"server_name: {json.dumps(self.server_name)}"]
+        if self.routes is not None:
+            lines.append(self.routes.block())
+        if self.monitor_port is not None:
+            lines.append(f"http: {json.dumps(f'{self.host}:{self.monitor_port}')}")
         if self.auth_conf is not None:
             # nats-server resolves an include against the including file's folder
             where = os.path.relpath(self.auth_conf, self.data_dir.resolve())
@@ -180,12 +213,21 @@ class EmbeddedNats:
         for stale in glob.glob(str(self.data_dir / f"*_{proc.pid}.ports")):
             Path(stale).unlink(missing_ok=True)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: JetStream flushes nothing; :meth:`start` again
+        on the same port and data dir."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
     def restart(self) -> str:
         """Stop and start again on the same port and data directory."""
         self.stop()
         return self.start()
 
-    def _wait_ready(self, deadline: float) -> None:
+    def wait_ready(self) -> None:
+        """Until the launched server serves clients with JetStream on."""
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             assert self._proc is not None
             if self._proc.poll() is not None:

@@ -11,9 +11,14 @@ variable               flag                        default
 ``HOPS_HEALTH_HOST``   ``--health-host``           ``127.0.0.1``
 ``HOPS_LOG_LEVEL``     ``--log-level``             ``info``
 ``HOPS_LEADER_TTL``    ``--leader-ttl``            ``5`` seconds
+``HOPS_NATS_REPLICAS`` ``--nats-replicas``         ``1``
 =====================  ==========================  ===========================
 
-``HOPS_NATS_URL`` may list several servers separated by commas.
+``HOPS_NATS_URL`` may list several servers separated by commas: the members
+of a NATS cluster, every one of them, so that a service reaches the cluster
+while any member is down. ``HOPS_NATS_REPLICAS`` is how many copies
+JetStream keeps of every stream and KV bucket (3 on a cluster of three;
+docs/live.md, *A NATS cluster*).
 ``HOPS_NATS_NKEY`` is the file of this process's nkey seed: its name
 without ``.nk`` is the identity (docs/security.md), whose replies come on
 ``_INBOX.<identity>``. ``HOPS_NATS_CA`` verifies a ``tls://`` server. A health
@@ -38,6 +43,8 @@ LOOPBACK = ports.LOOPBACK
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 T = TypeVar("T")
+# Copies of each stream and bucket: one, on today's single nats-server.
+DEFAULT_REPLICAS = 1
 
 
 class SettingsError(ValueError):
@@ -56,6 +63,7 @@ class RuntimeSettings:
     health_host: str = LOOPBACK
     log_level: str = "info"
     leader_ttl: float = 5.0
+    nats_replicas: int = DEFAULT_REPLICAS
     connect_timeout: float = 2.0
     reconnect_wait: float = 1.0
     drain_timeout: float = 5.0
@@ -156,6 +164,8 @@ _FIELDS = (
     _Field("health_host", "HOPS_HEALTH_HOST", "--health-host", lambda _n, raw: raw.strip()),
     _Field("log_level", "HOPS_LOG_LEVEL", "--log-level", _level),
     _Field("leader_ttl", "HOPS_LEADER_TTL", "--leader-ttl", lambda n, r: _number(n, r, float, 1.0)),
+    _Field("nats_replicas", "HOPS_NATS_REPLICAS", "--nats-replicas",
+           lambda n, r: _number(n, r, int, 1)),
 )
 
 

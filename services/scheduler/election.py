@@ -28,7 +28,10 @@ from scheduling.live.lease import (
     Observed,
     Wait,
     encode_value,
+    lease_stall,
+    lease_ttl,
 )
+from services.runtime.retry import kv_write
 from services.runtime.service import ServiceContext
 from services.scheduler.leader import Leader
 from services.scheduler.settings import SchedulerSettings
@@ -46,9 +49,10 @@ class Elector:
         self.ctx = ctx
         self.settings = settings
         self.layers = tuple(layers)
-        self.lease = Lease(
-            settings.replica(socket.gethostname(), os.getpid()), ctx.settings.leader_ttl
-        )
+        replicated = ctx.settings.nats_replicas > 1
+        self.lease = Lease(settings.replica(socket.gethostname(), os.getpid()),
+                           lease_ttl(ctx.settings.leader_ttl, replicated),
+                           lease_stall(replicated))
         self.task: asyncio.Task[None] | None = None
         self.leader: Leader | None = None  # this term's, while it leads
 
@@ -90,12 +94,16 @@ class Elector:
             data = encode_value(action.value)
             if isinstance(action, Create):
                 revision = await kv.create(LEASE_KEY, data)
-            else:
-                revision = await kv.update(LEASE_KEY, data, last=action.revision)
+            else:  # retried through an election, until the lease's horizon
+                revision = await kv_write(
+                    self.ctx.js, subjects.KV_LEADER, LEASE_KEY, data, last=action.revision,
+                    msg_id=f"{self.lease.holder}:{action.revision}",
+                    within=self.lease.write_budget(time.time()))
         except (nats.errors.Error, TimeoutError) as e:
-            if not isinstance(e, KeyWrongLastSequenceError) or self.lease.role == "leader":
+            conflict = isinstance(e, KeyWrongLastSequenceError)
+            if not conflict or self.lease.role == "leader":
                 self.ctx.log.warning("lease write failed", error=repr(e))
-            await self._change(self.lease.failed())
+            await self._change(self.lease.failed(conflict))
             return
         await self._change(self.lease.written(action, revision, time.time()))
 

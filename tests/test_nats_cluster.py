@@ -1,0 +1,103 @@
+"""A NATS cluster of three real nats-servers (services/runtime/natscluster.py)
+and the writes that ride out its leader elections (services/runtime/retry.py).
+
+* The members route to each other and agree on a JetStream meta leader;
+  streams and buckets made at R3 have a copy on each.
+* kill -9 of a stream's leader: publishes retried with the same message id
+  go on once the survivors elected another, and the stream holds every
+  acknowledged message exactly once; the killed member comes back on its
+  port and data dir and catches up.
+* A KV write retried after its ack was lost is its own duplicate, not a
+  conflict with itself; a real conflict raises as ``KeyValue.update`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.js.errors import KeyWrongLastSequenceError
+
+from services.runtime.bus import JetStreamLayout, ensure_jetstream
+from services.runtime.natscluster import NatsCluster, stream_leader
+from services.runtime.retry import kv_write, publish_retried
+from shared import subjects
+
+
+@pytest_asyncio.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
+    nats_cluster = NatsCluster(tmp_path / "nats", 3)
+    await asyncio.to_thread(nats_cluster.start)
+    try:
+        yield nats_cluster
+    finally:
+        await asyncio.to_thread(nats_cluster.stop)
+
+
+@pytest_asyncio.fixture
+async def nc(cluster: NatsCluster) -> AsyncIterator[NATS]:
+    client = await nats.connect(servers=list(cluster.urls), max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.2)
+    await ensure_jetstream(client.jetstream(), JetStreamLayout(replicas=3))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_members_agree_on_a_meta_leader_and_keep_three_copies(
+        cluster: NatsCluster, nc: NATS) -> None:
+    assert cluster.meta_leader() in {"hops-1", "hops-2", "hops-3"}
+    assert len(set(cluster.urls)) == 3 and cluster.url.count(",") == 2
+    info = await nc.jetstream().stream_info("KV_hops_leader")
+    assert info.config.num_replicas == 3
+    assert info.cluster is not None and len(info.cluster.replicas or ()) == 2
+
+
+async def test_publishes_ride_out_a_killed_stream_leader(cluster: NatsCluster, nc: NATS) -> None:
+    js = nc.jetstream()
+    acked = 0
+
+    async def write(n: int) -> float:
+        began = time.monotonic()
+        await publish_retried(js, subjects.job_events(f"j{n}"), b"x", msg_id=f"j{n}")
+        return time.monotonic() - began
+
+    for n in range(20):
+        await write(n)
+        acked += 1
+    leader = await stream_leader(js, subjects.STREAM_JOBS.name)
+    victim = cluster.member(leader)
+    victim.kill()
+    stalls = []
+    for n in range(20, 40):
+        stalls.append(await write(n))
+        acked += 1
+    assert max(stalls) > 0.5  # it did wait for an election (else the test proves nothing)
+    assert await stream_leader(js, subjects.STREAM_JOBS.name) not in ("", leader)
+    await asyncio.to_thread(victim.start)
+    for n in range(40, 45):
+        await write(n)
+        acked += 1
+    info = await js.stream_info(subjects.STREAM_JOBS.name)
+    assert info.state.messages == acked == 45
+
+
+async def test_a_retried_kv_write_is_its_own_duplicate_not_a_conflict(nc: NATS) -> None:
+    js = nc.jetstream()
+    first = await kv_write(js, subjects.KV_ALLOC, "j1", b"a", msg_id="j1:alloc:p1")
+    again = await kv_write(js, subjects.KV_ALLOC, "j1", b"a", msg_id="j1:alloc:p1")
+    assert again == first  # the ack of the write that landed, not a second revision
+    second = await kv_write(js, subjects.KV_ALLOC, "j1", b"b", last=first, msg_id="j1:r:p2")
+    assert await kv_write(js, subjects.KV_ALLOC, "j1", b"b", last=first,
+                          msg_id="j1:r:p2") == second  # retried after it landed
+    with pytest.raises(KeyWrongLastSequenceError):
+        await kv_write(js, subjects.KV_ALLOC, "j1", b"c", last=first, msg_id="j1:r:p3")
+    entry = await (await js.key_value(subjects.KV_ALLOC)).get("j1")
+    assert (entry.value, entry.revision) == (b"b", second)
