@@ -4,6 +4,8 @@ and the executor supervisor giving each executor its own seed."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 from cli.up.credentials import (
@@ -68,6 +70,21 @@ def test_reload_without_a_running_server_says_so(tmp_path: Path) -> None:
     assert "next start" in reload_nats(tmp_path / "up.json")
     (tmp_path / "up.json").write_text(json.dumps({"nats": {"pid": 2**22 + 7}}))
     assert "next start" in reload_nats(tmp_path / "up.json")
+
+
+def test_reload_signals_every_server_of_a_cluster(tmp_path: Path) -> None:
+    # stand-ins that SIGHUP ends, so that the signal shows in their exit status
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    members = [{"pid": p.pid} for p in procs]
+    state = {"nats": members[0], "nats_servers": members}
+    (tmp_path / "up.json").write_text(json.dumps(state))
+    try:
+        said = reload_nats(tmp_path / "up.json")
+        assert [p.wait(5) for p in procs] == [-signal.SIGHUP] * 3
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(str(p.pid) in said for p in procs)
 
 
 def test_cli_config_is_private(tmp_path: Path) -> None:

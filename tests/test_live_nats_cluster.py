@@ -27,6 +27,7 @@ from cli.client import GatewayClient
 from services.runtime.natscluster import stream_leader
 from shared import subjects
 from shared.job import JobSpec
+from tests.engines_nats import require_nats_server
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 
@@ -43,6 +44,8 @@ SUBMIT_EVERY_S = 1.0
 REFUSED_MAX_S = 10.0
 TOTAL_SAMPLES = 3_000_000  # a few seconds of running at the stack's time scale
 ELECTED_S = 30.0  # a generous bound for new leaders after a kill
+
+require_nats_server()
 
 
 @dataclass

@@ -28,6 +28,9 @@ from services.runtime.bus import JetStreamLayout, ensure_jetstream
 from services.runtime.natscluster import NatsCluster, stream_leader
 from services.runtime.retry import kv_write, publish_retried
 from shared import subjects
+from tests.engines_nats import require_nats_server
+
+require_nats_server()
 
 
 @pytest_asyncio.fixture
