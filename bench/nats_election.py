@@ -7,12 +7,13 @@ with every stream and bucket of the live system at R3
 ``job_submitted``-sized message to ``HOPS_JOBS`` every 50 ms, as admission
 does (:func:`~services.runtime.retry.publish_retried`: retried with the same
 message id), and another puts the scheduler's lease key in ``hops_leader``
-every 50 ms (:func:`~services.runtime.retry.kv_write`). Each round kills -9
+every 50 ms (:func:`~services.runtime.retry.kv_write`), and a reader gets
+that key every 50 ms. Each round kills -9
 the current leader of ``HOPS_JOBS`` (as JetStream names it in
 ``$JS.API.STREAM.INFO``), waits for the writes to flow again, starts the dead
 server again on its port and data dir, and waits until it is current.
 
-Printed: per kill, how long each writer stalled (the longest single write
+Printed: per kill, how long each writer and the reader stalled (the longest single write
 after the kill); then the stall of every submission issued in the 10 s after
 each kill, p50/p99/max; and whether every acknowledged submission is in the
 stream exactly once after all kills (the count of messages against the count
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
@@ -78,6 +80,18 @@ async def _lease_loop(js: JetStreamContext, writes: Writes, stop: asyncio.Event)
         await asyncio.sleep(_EVERY_S)
 
 
+async def _read_loop(js: JetStreamContext, writes: Writes, stop: asyncio.Event) -> None:
+    kv = await js.key_value(subjects.KV_LEADER)
+    while not stop.is_set():
+        started = time.monotonic()
+        # direct gets: any replica answers, the leader or not; a read that
+        # fails counts as its whole wait
+        with contextlib.suppress(Exception):
+            await kv.get("bench")
+        writes.done.append((started, time.monotonic() - started))
+        await asyncio.sleep(_EVERY_S)
+
+
 async def _kill_leader(cluster: NatsCluster, js: JetStreamContext) -> tuple[str, float]:
     name = await stream_leader(js, subjects.STREAM_JOBS.name)
     member = cluster.member(name)
@@ -92,9 +106,10 @@ async def run(kills: int) -> None:
                                 reconnect_time_wait=0.2)
         js = nc.jetstream()
         await ensure_jetstream(js, JetStreamLayout(replicas=3))
-        subs, lease, stop = Writes(), Writes(), asyncio.Event()
+        subs, lease, reads, stop = Writes(), Writes(), Writes(), asyncio.Event()
         loops = [asyncio.create_task(_submit_loop(js, subs, stop)),
-                 asyncio.create_task(_lease_loop(js, lease, stop))]
+                 asyncio.create_task(_lease_loop(js, lease, stop)),
+                 asyncio.create_task(_read_loop(js, reads, stop))]
         await asyncio.sleep(2.0)
         kill_times = []
         for k in range(kills):
@@ -103,7 +118,8 @@ async def run(kills: int) -> None:
             await asyncio.sleep(_AFTER_KILL_S)
             print(f"kill {k + 1}: {name}; submissions stalled "
                   f"{subs.longest_after(t0, _AFTER_KILL_S):.2f} s, lease writes "
-                  f"{lease.longest_after(t0, _AFTER_KILL_S):.2f} s", flush=True)
+                  f"{lease.longest_after(t0, _AFTER_KILL_S):.2f} s, lease reads "
+                  f"{reads.longest_after(t0, _AFTER_KILL_S):.2f} s", flush=True)
             await asyncio.to_thread(cluster.member(name).start)
             await asyncio.sleep(3.0)  # the restarted member catches up
         stop.set()

@@ -12,10 +12,10 @@ it; its record is then created in ``hops_jobs``. A cancel publishes
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import NamedTuple, NoReturn
 
+import nats.errors
 from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from structlog.contextvars import bound_contextvars
@@ -28,6 +28,7 @@ from scheduling.live import tenancy as tn
 from scheduling.live.cells import cells_refusal
 from scheduling.registry import DEFAULT_POLICY, policy_traits
 from services.runtime.bus import Rejected, publish_event
+from services.runtime.retry import kv_write
 from services.runtime.service import ServiceContext
 from services.scheduler.kv import decode_all, get_record
 from services.scheduler.settings import SchedulerSettings
@@ -121,8 +122,15 @@ class Admission:
         ack = await publish_event(self.ctx.js, subjects.job_events(spec.id), event, msg_id=spec.id)
         if ack.duplicate:
             raise Rejected(adm.CONFLICT, f"job {keys.local_id(spec.id)} was submitted already")
-        with contextlib.suppress(KeyWrongLastSequenceError):  # the leader was quicker
-            await self.kv.create(spec.id, st.encode_record(st.new_record(spec, now, ack.seq)))
+        try:  # retried through an election; the leader was quicker: a conflict
+            await kv_write(self.ctx.js, subjects.KV_JOBS, spec.id,
+                           st.encode_record(st.new_record(spec, now, ack.seq)), last=0,
+                           msg_id=f"{spec.id}:record")
+        except KeyWrongLastSequenceError:
+            pass
+        except (nats.errors.Error, TimeoutError) as e:  # accepted all the same: on the stream
+            self.ctx.log.warning("job record not written; the leader writes it", key=spec.id,
+                                 error=repr(e))
         self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant, key=spec.id,
                           kind=spec.kind, cores=spec.cores)
         # a tenant's client names its jobs by their ids, a trusted caller by their keys
