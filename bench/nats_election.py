@@ -100,10 +100,14 @@ async def _kill_leader(cluster: NatsCluster, js: JetStreamContext) -> tuple[str,
     return name, killed_at
 
 
+async def _quiet(_e: Exception) -> None:
+    """The client's reconnect errors (the killed server refuses): expected here."""
+
+
 async def run(kills: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, NatsCluster(tmp, 3) as cluster:
         nc = await nats.connect(servers=list(cluster.urls), max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.2)
+                                reconnect_time_wait=0.2, error_cb=_quiet)
         js = nc.jetstream()
         await ensure_jetstream(js, JetStreamLayout(replicas=3))
         subs, lease, reads, stop = Writes(), Writes(), Writes(), asyncio.Event()

@@ -123,8 +123,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 
 def replicated(stack: LiveStack) -> dict[str, int]:
     async def read() -> dict[str, int]:
-        return {i.config.name: i.config.num_replicas or 1
-                async for i in stack.bus_().nc.jetstream().streams_info_iterator()}
+        infos = await stack.bus_().nc.jetstream().streams_info()
+        return {str(i.config.name): i.config.num_replicas or 1 for i in infos}
 
     return stack.bus_().call(read())
 
@@ -132,7 +132,7 @@ def replicated(stack: LiveStack) -> dict[str, int]:
 def all_current(stack: LiveStack) -> bool:
     """Every stream has a leader and every replica of it is current."""
     async def read() -> bool:
-        async for info in stack.bus_().nc.jetstream().streams_info_iterator():
+        for info in await stack.bus_().nc.jetstream().streams_info():
             cluster = info.cluster
             if cluster is None or not cluster.leader:
                 return False

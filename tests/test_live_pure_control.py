@@ -103,15 +103,15 @@ def test_the_leader_steps_down_on_a_failed_write_or_when_its_lease_may_have_laps
 
 def test_on_a_cluster_the_lease_rides_out_an_election_but_not_a_conflict() -> None:
     ttl, stall = lease_ttl(5.0, replicated=True), lease_stall(True)
-    assert (ttl, stall) == (12.0, 7.5) and (lease_ttl(5.0, False), lease_stall(False)) == (5.0, 0)
+    assert (ttl, stall) == (12.5, 8.0) and (lease_ttl(5.0, False), lease_stall(False)) == (5.0, 0)
     lease = Lease("a", ttl, stall)
-    assert lease.interval == 1.5 and lease.horizon == 10.5
+    assert lease.interval == 1.5 and lease.horizon == 11.0
     lease.written(Create(LeaseValue(holder="a")), 5, 0.0)
     # a refresh due at 1.5 s that stalls a whole election still lands in time
     assert lease.interval + stall < lease.horizon
-    assert lease.write_budget(1.5) == 9.0
-    assert lease.failed(conflict=False) is None and lease.is_leader(10.4)
-    assert lease.check(10.5) == "deposed"  # an election longer than measured: the horizon
+    assert lease.write_budget(1.5) == 9.5
+    assert lease.failed(conflict=False) is None and lease.is_leader(10.9)
+    assert lease.check(11.0) == "deposed"  # an election longer than measured: the horizon
     lease.written(Create(LeaseValue(holder="a")), 9, 20.0)
     assert lease.failed(conflict=True) == "deposed"
     assert Lease("b", 5.0).failed(conflict=False) is None  # a follower: nothing to lose
@@ -119,7 +119,7 @@ def test_on_a_cluster_the_lease_rides_out_an_election_but_not_a_conflict() -> No
     plain.written(Create(LeaseValue(holder="c")), 1, 0.0)
     assert plain.failed(conflict=False) == "deposed"  # no stall to ride out: as before
     with pytest.raises(ValueError, match="stall"):
-        Lease("a", 5.0, stall=7.5)
+        Lease("a", 5.0, stall=8.0)
 
 
 class _Kv:

@@ -525,7 +525,7 @@ def test_settings_from_environment_and_flags(tmp_path: Path) -> None:
     assert RuntimeSettings().nats_replicas == JetStreamLayout().replicas == 1
     replicated = from_env({"HOPS_NATS_REPLICAS": "3"})
     layout = JetStreamLayout.of(replicated)
-    assert (replicated.nats_replicas, layout.replicas, layout.leader_ttl) == (3, 3, 12.0)
+    assert (replicated.nats_replicas, layout.replicas, layout.leader_ttl) == (3, 3, 12.5)
     assert {s.num_replicas for s in layout.streams()} == {3}
     assert {b.replicas for b in layout.buckets()} == {3}
 

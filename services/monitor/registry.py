@@ -29,6 +29,7 @@ from services.monitor.nodes import (
 )
 from services.runtime.bus import Rejected
 from services.runtime.kv import read_bucket
+from services.runtime.retry import kv_write
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.events import INVALID, DrainNode, NodeHeartbeat, RegisterNode, RemoveNode
@@ -143,4 +144,6 @@ class NodeRegistry:
     async def _put(self, record: NodeRecord) -> None:
         """Keep ``record`` (before the await: a verdict on the node reads it)."""
         self.nodes[record.server.id] = record
-        await self.kv.put(record.server.id, msgspec.json.encode(record))
+        # retried through a leader election of the bucket (a NATS cluster)
+        await kv_write(self.ctx.js, subjects.KV_NODES, record.server.id,
+                       msgspec.json.encode(record))

@@ -83,7 +83,16 @@ class Admission:
         read_at, nodes = self._nodes
         now = time.monotonic()
         if now - read_at >= NODES_MAX_AGE_S:
-            nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.ctx.log)
+            try:
+                nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord,
+                                         self.ctx.log)
+            except (nats.errors.Error, TimeoutError) as e:
+                if read_at < 0:  # never read: nothing to judge a submission by
+                    raise
+                # JetStream electing a leader (a NATS cluster): the last copy,
+                # rather than refusing submissions for the election's length
+                self.ctx.log.warning("nodes not read; using the last copy", error=repr(e))
+                return nodes
             self._nodes = (now, nodes)
         return nodes
 
