@@ -5,7 +5,10 @@ variable                    flag              default        meaning
 ==========================  ================  =============  ==============================
 ``HOPS_GATEWAY_HOST``       ``--host``        ``127.0.0.1``  address to listen on
 ``HOPS_GATEWAY_PORT``       ``--port``        ``8080``       port to listen on (0: any free)
-``HOPS_GATEWAY_TIMEOUT_S``  ``--timeout-s``   ``5``          how long to wait for a reply on NATS
+``HOPS_GATEWAY_TIMEOUT_S``  ``--timeout-s``   ``5`` (``9``   how long to wait for a reply on NATS
+                                              on a NATS      (on a cluster: long enough for a
+                                              cluster)       leader election, not the 10 s of
+                                                             ``hops submit``'s own timeout)
 ``HOPS_TENANTS``            ``--tenants``     none           the tenants file: bearer tokens
                                                              of tenants and admins
 ``HOPS_GATEWAY_INSECURE``   ``--insecure``    off            ``1``: serve without a tenants
@@ -33,6 +36,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduling.live.lease import ELECTION_STALL_S
 from services.runtime.settings import (
     RuntimeSettings,
     SettingsError,
@@ -47,6 +51,7 @@ from shared.tenants import TENANTS_ENV
 
 DEFAULT_HOST = ports.LOOPBACK
 DEFAULT_PORT = ports.GATEWAY_PORT
+REQUEST_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class GatewaySettings:
 
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    request_timeout: float = 5.0
+    request_timeout: float = REQUEST_TIMEOUT_S
     max_body: int = MAX_PAYLOAD
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     tenants: str = ""  # path of the tenants file
@@ -68,6 +73,14 @@ class GatewaySettings:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("HTTPS needs both HOPS_GATEWAY_CERT and HOPS_GATEWAY_KEY "
                                 "(--tls-cert and --tls-key), or neither")
+
+
+def request_timeout(runtime: RuntimeSettings) -> float:
+    """The default wait for a reply: on a NATS cluster, long enough for a
+    submission whose publish waits out a JetStream leader election
+    (:data:`~scheduling.live.lease.ELECTION_STALL_S`), so that it is
+    accepted at the first attempt rather than answered 503 and retried."""
+    return REQUEST_TIMEOUT_S if runtime.nats_replicas == 1 else ELECTION_STALL_S + 1.0
 
 
 def _port(name: str, value: int) -> int:
@@ -83,12 +96,14 @@ def from_env(
     source = os.environ if env is None else env
     host = source.get("HOPS_GATEWAY_HOST", "").strip() or DEFAULT_HOST
     port = _port("HOPS_GATEWAY_PORT", env_int("HOPS_GATEWAY_PORT", DEFAULT_PORT, env=source))
-    timeout = env_float("HOPS_GATEWAY_TIMEOUT_S", 5.0, env=source, minimum=0.01)
+    runtime = runtime or RuntimeSettings()
+    timeout = env_float("HOPS_GATEWAY_TIMEOUT_S", request_timeout(runtime), env=source,
+                        minimum=0.01)
     insecure = source.get("HOPS_GATEWAY_INSECURE", "").strip().lower()
     if insecure not in ("", "0", "1", "true", "false"):
         raise SettingsError(f"HOPS_GATEWAY_INSECURE must be 1 or 0, got {insecure!r}")
     return GatewaySettings(
-        host=host, port=port, request_timeout=timeout, runtime=runtime or RuntimeSettings(),
+        host=host, port=port, request_timeout=timeout, runtime=runtime,
         tenants=source.get(TENANTS_ENV, "").strip(), insecure=insecure in ("1", "true"),
         tls_cert=source.get("HOPS_GATEWAY_CERT", "").strip(),
         tls_key=source.get("HOPS_GATEWAY_KEY", "").strip(),

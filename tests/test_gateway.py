@@ -197,6 +197,11 @@ def test_settings_from_env_and_flags() -> None:
     assert (s.host, s.port, s.request_timeout) == ("0.0.0.0", 9001, 1.5)
     s = parse(["--port", "9002", "--nats-url", "nats://m:2"], env)
     assert s.port == 9002 and s.host == "0.0.0.0" and s.runtime.nats_url == "nats://m:2"
+    # on a NATS cluster a submission may wait out a leader election (8 s) at its first try
+    assert parse([], {}).request_timeout == 5.0
+    assert parse([], {"HOPS_NATS_REPLICAS": "3"}).request_timeout == 9.0
+    assert parse([], {"HOPS_NATS_REPLICAS": "3", "HOPS_GATEWAY_TIMEOUT_S": "2"}
+                 ).request_timeout == 2.0
     for bad in ({"HOPS_GATEWAY_PORT": "x"}, {"HOPS_GATEWAY_PORT": "70000"},
                 {"HOPS_GATEWAY_TIMEOUT_S": "0"}):
         with pytest.raises(SettingsError, match="HOPS_GATEWAY"):

@@ -33,7 +33,7 @@ from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 # the longest election measured; each attempt waits this long for its ack.
 PUBLISH_RETRY_S = 12.0
 PUBLISH_ATTEMPT_S = 2.0
-_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
+_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.5)  # the last again and again
 T = TypeVar("T")
 _WRONG_LAST_SEQUENCE = 10071  # JetStream: wrong last sequence
 # What a publish raises while its stream has no leader or its server is gone.
