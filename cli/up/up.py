@@ -212,7 +212,10 @@ class NatsKeeper:
         if self.restart_at is None:
             code = self.nats.returncode
             if code is not None:
-                self._schedule(now, describe_exit("nats-server", code, self.nats.log_path))
+                # a cluster's member by its name (hops-1 ...), as its peers and /jsz name it
+                name = "nats-server" if self.nats.routes is None \
+                    else f"nats-server {self.nats.server_name}"
+                self._schedule(now, describe_exit(name, code, self.nats.log_path))
         elif now >= self.restart_at:
             self._restart(now)
 
