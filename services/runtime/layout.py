@@ -1,0 +1,155 @@
+"""The JetStream layout of the live system: its streams and KV buckets, their
+limits and replicas, and :func:`ensure_jetstream`, which every service runs
+at start (re-exported by :mod:`services.runtime.bus`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from scheduling.live.lease import lease_ttl
+from services.runtime.retry import transient_retried
+from services.runtime.settings import DEFAULT_REPLICAS, RuntimeSettings
+from shared import subjects
+from shared.events import MAX_PAYLOAD
+
+_STREAM_IN_USE = 10058  # JetStream: stream name already in use with a different configuration
+_GIB = 1024**3
+_DAY = 86400.0
+# How long a service's start waits for JetStream to answer (a cluster whose
+# members are starting too, or electing a meta leader).
+ENSURE_RETRY_S = 60.0
+
+
+@dataclass(frozen=True)
+class JetStreamLayout:
+    """Limits of the streams and buckets. Job events are the record of each
+    job and are kept until ``jobs_max_bytes``; samples and plans age out."""
+
+    replicas: int = DEFAULT_REPLICAS
+    jobs_max_bytes: int = 4 * _GIB
+    samples_max_age: float = 14 * _DAY
+    samples_max_bytes: int = 4 * _GIB
+    plans_max_age: float = 14 * _DAY
+    plans_max_bytes: int = _GIB
+    # Executors' reports wait here only until the monitor relayed them.
+    reports_max_age: float = _DAY
+    reports_max_bytes: int = _GIB
+    # Each job's timeline: at most this many entries per job (the oldest
+    # go first), and this much in all; kept after the job ends.
+    timeline_per_job: int = 256
+    timeline_max_bytes: int = _GIB
+    # Jobs' output (docs/logs.md): per job and server at most this many
+    # chunks (each at most 16 KiB of text, shared.logs), in all this much,
+    # and none older than this; kept after the job ends, within these.
+    logs_per_job: int = 10_000
+    logs_max_bytes: int = 4 * _GIB
+    logs_max_age: float = 7 * _DAY
+    duplicate_window: float = 120.0
+    max_msg_size: int = MAX_PAYLOAD
+    leader_ttl: float = 5.0
+    kv_history: int = 5
+
+    @classmethod
+    def of(cls, settings: RuntimeSettings) -> JetStreamLayout:
+        """The layout a service with ``settings`` ensures."""
+        replicated = settings.nats_replicas > 1
+        return cls(leader_ttl=lease_ttl(settings.leader_ttl, replicated),
+                   replicas=settings.nats_replicas)
+
+    def streams(self) -> tuple[StreamConfig, ...]:
+        limits = {
+            subjects.STREAM_JOBS: (None, self.jobs_max_bytes),
+            subjects.STREAM_SAMPLES: (self.samples_max_age, self.samples_max_bytes),
+            subjects.STREAM_PLANS: (self.plans_max_age, self.plans_max_bytes),
+            subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
+            subjects.STREAM_TIMELINE: (None, self.timeline_max_bytes),
+            subjects.STREAM_LOGS: (self.logs_max_age, self.logs_max_bytes),
+        }
+        per_subject = {subjects.STREAM_TIMELINE: self.timeline_per_job,
+                       subjects.STREAM_LOGS: self.logs_per_job}
+        return tuple(
+            StreamConfig(
+                name=s.name,
+                subjects=list(s.subjects),
+                storage=StorageType.FILE,
+                max_age=max_age,
+                max_bytes=max_bytes,
+                max_msg_size=self.max_msg_size,
+                max_msgs_per_subject=per_subject.get(s, -1),
+                num_replicas=self.replicas,
+                duplicate_window=self.duplicate_window,
+            )
+            for s, (max_age, max_bytes) in limits.items()
+        )
+
+    def buckets(self) -> tuple[KeyValueConfig, ...]:
+        def bucket(name: str, history: int, ttl: float | None = None) -> KeyValueConfig:
+            return KeyValueConfig(
+                bucket=name,
+                history=history,
+                ttl=ttl,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+                max_value_size=self.max_msg_size,
+                # Reads by direct get: served by the stream itself rather than
+                # queued behind every other JetStream API request.
+                direct=True,
+            )
+
+        return (
+            bucket(subjects.KV_JOBS, self.kv_history),
+            bucket(subjects.KV_ALLOC, self.kv_history),
+            bucket(subjects.KV_NODES, 1),
+            bucket(subjects.KV_LEADER, 1, self.leader_ttl),
+            bucket(subjects.KV_LAYERS, 1),
+            bucket(subjects.KV_TENANTS, 1),
+            bucket(subjects.KV_EXPLAIN, 1),
+        )
+
+
+async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None = None) -> None:
+    """Create the streams and KV buckets, or update them to ``layout``;
+    calling it again (from any number of services) changes nothing. On a
+    cluster that is still electing its meta leader, each is retried."""
+    layout = layout or JetStreamLayout()
+    for config in layout.streams():
+        await transient_retried(partial(_ensure_stream, js, config), ENSURE_RETRY_S)
+    for kv in layout.buckets():
+        await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError as e:
+        if e.err_code != _STREAM_IN_USE:
+            raise
+        await js.update_stream(config)
+
+
+async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+    try:
+        await js.create_key_value(kv)
+    except BadRequestError as e:
+        if e.err_code != _STREAM_IN_USE:
+            raise
+        await _update_bucket(js, kv)
+
+
+async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+    """Apply a changed TTL, history or size limit to an existing bucket."""
+    info = await js.stream_info(f"KV_{kv.bucket}")
+    config = info.config
+    config.max_age = kv.ttl
+    config.max_msgs_per_subject = kv.history
+    config.max_msg_size = kv.max_value_size
+    config.allow_direct = kv.direct
+    config.num_replicas = kv.replicas
+    if kv.ttl:
+        config.duplicate_window = min(kv.ttl, 120.0)
+    await js.update_stream(config)
