@@ -141,3 +141,14 @@ def test_a_missing_ray_is_refused_with_its_code_before_any_work(tmp_path: Path) 
     assert done.returncode == 2, done.stderr
     assert "error (ray_missing): --ray needs Ray" in done.stderr
     assert not out.exists()
+
+
+def test_no_cluster_is_refused_with_its_code(tmp_path: Path) -> None:
+    require("Ray", HAS_RAY, "install hops-scheduler[ray] (make test's dev extra has it)")
+    # An empty temp folder holds no running cluster for `auto` to find.
+    done = _hops("experiment", "coda", "--out", str(tmp_path / "out"), "--first-n", "5",
+                 "--no-progress", "--ray", "auto",
+                 code=f"import os\nos.environ['RAY_TMPDIR'] = {str(tmp_path)!r}\n"
+                 "os.environ.pop('RAY_ADDRESS', None)")
+    assert done.returncode == 2, done.stderr
+    assert "error (ray_unreachable): no Ray cluster at 'auto' answered" in done.stderr
