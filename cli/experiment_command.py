@@ -42,7 +42,11 @@ def experiment(
     inner: Annotated[str, typer.Option(
         help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
     workers: Annotated[int, typer.Option(
-        help="'sharing', 'coda': simulations run at once")] = 1,
+        help="'sharing', 'coda', 'hare': simulations run at once, in local processes")] = 1,
+    ray: Annotated[str | None, typer.Option(
+        help="'sharing', 'coda', 'hare': run the simulations as Ray tasks on an existing "
+        "Ray cluster: 'auto' (the one this machine is in) or its HOST:PORT "
+        "(needs hops-scheduler[ray])")] = None,
     mba: Annotated[bool, typer.Option(
         help="'coda': the servers have MBA (the eliminator caps bandwidth, not cores)")] = False,
     generator: Annotated[str, typer.Option(
@@ -62,19 +66,25 @@ def experiment(
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     try:  # the experiments are an extra (matplotlib): only this command needs them
         from experiments.catalog import Options
+        from experiments.common.pool import Pool, PoolError, check
     except ImportError as exc:
         typer.echo(f"error: the experiments are not installed ({exc}); install "
                    "hops-scheduler[experiments] from a checkout", err=True)
         raise typer.Exit(2) from None
     entry = _experiment_entry(name, generator)
+    pool = Pool(workers=workers, ray=ray)
     options = Options(
         seed=seed, trace=trace, first_n=first_n, compress=compress,
         rates=rates, policies=tuple(policy or ()),
-        progress=progress, traces=traces, inner=inner, workers=workers, mba=mba,
+        progress=progress, traces=traces, inner=inner, pool=pool, mba=mba,
         generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
         clusters=clusters)
     try:
+        check(pool)  # a missing Ray fails before any work
         entry.run(name, out, options)
+    except PoolError as exc:
+        typer.echo(f"error ({exc.code}): {exc.error}", err=True)
+        raise typer.Exit(2) from None
     except (SpecError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -17,6 +17,7 @@ from experiments.cellfrag.run import run_cell_fragmentation
 from experiments.cellfrag.stress import StressSettings
 from experiments.coda.run import POLICIES as CORE_POLICIES
 from experiments.coda.run import run as run_coda
+from experiments.common.pool import Pool
 from experiments.common.simrun import rich_progress
 from experiments.common.suite import run_experiment
 from experiments.hare.run import HareExperiment
@@ -37,7 +38,7 @@ class Options(msgspec.Struct, frozen=True):
     progress: bool
     traces: str | None
     inner: str
-    workers: int
+    pool: Pool  # where the independent simulations run (--workers, --ray)
     mba: bool
     generator: str
     variants: tuple[str, ...]
@@ -66,13 +67,13 @@ def _tables(name: str, out: Path, o: Options) -> None:
 def _sharing(name: str, out: Path, o: Options) -> None:
     chosen = tuple(t for t in o.traces.split(",") if t) if o.traces else DEFAULT_TRACES
     run_sharing(out, chosen, first_n=o.first_n, inner=o.inner, only=o.policies or None,
-                progress=rich_progress if o.progress else None, workers=o.workers)
+                progress=rich_progress if o.progress else None, pool=o.pool)
 
 
 def _coda(name: str, out: Path, o: Options) -> None:
     run_coda(out, inner=o.inner, trace=o.trace or "elasticflow-cluster04",
              first_n=o.first_n, compress=o.compress, seed=o.seed,
-             policies=o.policies or CORE_POLICIES, workers=o.workers, mba=o.mba)
+             policies=o.policies or CORE_POLICIES, pool=o.pool, mba=o.mba)
 
 
 def _hare(name: str, out: Path, o: Options) -> None:
@@ -82,7 +83,7 @@ def _hare(name: str, out: Path, o: Options) -> None:
         hare = msgspec.structs.replace(hare, load=o.load)
     if o.clusters is not None:
         hare = msgspec.structs.replace(hare, clusters=tuple(o.clusters.split(",")))
-    run_hare(out, hare, workers=o.workers, progress=_echo if o.progress else None)
+    run_hare(out, hare, pool=o.pool, progress=_echo if o.progress else None)
 
 
 def _echo(line: str) -> None:

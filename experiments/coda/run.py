@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import msgspec
 
 from experiments.coda.metrics import PAPER, coda_metrics, table
 from experiments.coda.workload import CpuMix, add_cpu_jobs, with_core_requests
+from experiments.common.pool import HERE, Pool, run_keyed
 from scheduling.registry import DEFAULT_INNER, make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
@@ -84,8 +84,8 @@ def simulate_one(name: str, inner: str, trace: str, first_n: int | None, compres
 def run(out: Path, inner: str = DEFAULT_INNER, trace: str = "elasticflow-cluster04",
         first_n: int | None = 400, compress: float = 1.0, seed: int = 0,
         policies: Sequence[str] = POLICIES, progress: Progress | None = None,
-        workers: int = 1, mba: bool = False) -> dict[str, dict[str, float]]:
-    """Every policy on one workload (``workers`` simulations at once); the
+        pool: Pool = HERE, mba: bool = False) -> dict[str, dict[str, float]]:
+    """Every policy on one workload (a parallel ``pool``: all at once); the
     results, written under ``out``. What produced them (the commit, the
     solver's version) is ``setup.json``'s ``provenance``: ``results.json``
     keeps its {policy: {metric: value}} shape."""
@@ -97,12 +97,10 @@ def run(out: Path, inner: str = DEFAULT_INNER, trace: str = "elasticflow-cluster
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
     args = (inner, trace, first_n, compress, seed, mba)
-    if workers <= 1:
+    if not pool.parallel:
         runs = {n: simulate_one(n, *args, progress=progress) for n in policies}
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {n: pool.submit(simulate_one, n, *args) for n in policies}
-            runs = {n: f.result() for n, f in futures.items()}
+        runs = run_keyed(pool, simulate_one, {n: (n, *args) for n in policies})
     results = {n: coda_metrics(r, cluster) for n, r in runs.items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

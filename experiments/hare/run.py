@@ -30,12 +30,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
+from experiments.common.pool import HERE, Pool, run_keyed
 from experiments.common.suite import markdown_table
 from experiments.hare.sync import SyncRun, is_sync_policy, run_jobs
 from experiments.hare.workload import HareWorkload, cluster_gpus, generate
@@ -105,7 +105,7 @@ def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResul
     return simulate(jobs, gpus, make_task_policy(policy), settings, timer=time.perf_counter)
 
 
-def run(out: Path, exp: HareExperiment, workers: int = 1,
+def run(out: Path, exp: HareExperiment, pool: Pool = HERE,
         progress: Callable[[str], None] | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Every policy on every cluster; the results, written under ``out``."""
     from experiments.common.provenance import provenance
@@ -113,18 +113,17 @@ def run(out: Path, exp: HareExperiment, workers: int = 1,
     pairs = [(c, p) for c in exp.clusters for p in exp.policies]
     runs: dict[tuple[str, str], TaskSimResult] = {}
     started = time.perf_counter()
-    if workers <= 1:
-        for c, p in pairs:
-            runs[(c, p)] = simulate_one(exp, c, p)
-            if progress:
-                progress(f"{c}/{p}: {time.perf_counter() - started:.0f} s")
+
+    def done(pair: tuple[str, str]) -> None:
+        if progress:
+            progress(f"{pair[0]}/{pair[1]}: {time.perf_counter() - started:.0f} s")
+
+    if not pool.parallel:
+        for pair in pairs:
+            runs[pair] = simulate_one(exp, *pair)
+            done(pair)
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pair: pool.submit(simulate_one, exp, *pair) for pair in pairs}
-            for pair, future in futures.items():
-                runs[pair] = future.result()
-                if progress:
-                    progress(f"{pair[0]}/{pair[1]}: {time.perf_counter() - started:.0f} s")
+        runs = run_keyed(pool, simulate_one, {pair: (exp, *pair) for pair in pairs}, done)
     results = {c: {p: runs[(c, p)].metrics() for p in exp.policies} for c in exp.clusters}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

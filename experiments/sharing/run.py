@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from experiments.common.pool import HERE, Pool, run_keyed
 from experiments.sharing.cluster import cluster_doc, sharing_cluster
 from experiments.sharing.metrics import FragmentedSimulation, TenantMetrics, tenant_metrics
 from experiments.sharing.metrics import utilisation as cluster_utilisation
@@ -142,11 +143,11 @@ def _run_one(label: str, traces: Sequence[str], first_n: int | None, inner: str,
 def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int | None = None,
                 inner: str = DEFAULT_INNER, only: Sequence[str] | None = None,
                 progress: ProgressFactory | None = None,
-                workers: int = 1) -> dict[str, dict[str, Any]]:
+                pool: Pool = HERE) -> dict[str, dict[str, Any]]:
     """Run the experiment into ``out``; returns what ``results.json`` holds.
-    ``only`` restricts the shared-cluster runs to those labels; ``workers``
-    > 1 runs that many simulations at once in worker processes (without
-    progress bars)."""
+    ``only`` restricts the shared-cluster runs to those labels; a parallel
+    ``pool`` runs the simulations at once, in worker processes or on Ray
+    (without progress bars)."""
     parse_policy(inner)  # a bad inner spec fails before the work
     setup, cells, jobs = _prepare(traces, first_n)
     out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +164,7 @@ def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int 
             pending[label] = str(exc)
             continue
         labels.append(label)
-    done = _run_all(["private", *labels], traces, first_n, inner, progress, workers)
+    done = _run_all(["private", *labels], traces, first_n, inner, progress, pool)
     private = done.pop("private")
     assert isinstance(private, dict)
     runs = {k: v for k, v in done.items() if isinstance(v, RunOutcome)}
@@ -184,15 +185,11 @@ def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int 
 
 
 def _run_all(labels: Sequence[str], traces: Sequence[str], first_n: int | None, inner: str,
-             progress: ProgressFactory | None, workers: int
+             progress: ProgressFactory | None, pool: Pool
              ) -> dict[str, RunOutcome | dict[str, RunOutcome]]:
-    if workers <= 1:
+    if not pool.parallel:
         return {k: _run_one(k, traces, first_n, inner, progress) for k in labels}
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {k: pool.submit(_run_one, k, list(traces), first_n, inner) for k in labels}
-        return {k: f.result() for k, f in futures.items()}
+    return run_keyed(pool, _run_one, {k: (k, list(traces), first_n, inner) for k in labels})
 
 
 def _results(runs: dict[str, RunOutcome], private: dict[str, RunOutcome],
