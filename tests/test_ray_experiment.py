@@ -152,3 +152,17 @@ def test_no_cluster_is_refused_with_its_code(tmp_path: Path) -> None:
                  "os.environ.pop('RAY_ADDRESS', None)")
     assert done.returncode == 2, done.stderr
     assert "error (ray_unreachable): no Ray cluster at 'auto' answered" in done.stderr
+
+
+def test_an_address_where_nothing_listens_is_refused_at_once(tmp_path: Path) -> None:
+    require("Ray", HAS_RAY, "install hops-scheduler[ray] (make test's dev extra has it)")
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    done = _hops("experiment", "coda", "--out", str(tmp_path / "out"), "--first-n", "5",
+                 "--no-progress", "--ray", f"127.0.0.1:{port}")
+    assert done.returncode == 2, done.stderr
+    assert f"error (ray_unreachable): no Ray cluster at '127.0.0.1:{port}' answered" \
+        in done.stderr
+    assert time.monotonic() - started < 60  # not ray.init's minutes of retries

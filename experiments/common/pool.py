@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ R = TypeVar("R")
 SHIPPED = ("estimation", "experiments", "scheduling", "shared", "simulator", "world")
 RAY_MISSING = "ray_missing"
 RAY_UNREACHABLE = "ray_unreachable"
+PROBE_S = 5.0  # seconds an explicit address has to accept a connection
 
 
 class Pool(msgspec.Struct, frozen=True):
@@ -64,6 +66,7 @@ class RayExecutor(Executor):
 
     def __init__(self, address: str) -> None:
         self._ray = _import_ray()
+        _probe(address)
         try:
             self._ray.init(address=address, runtime_env={"py_modules": _shipped(),
                                                         "excludes": ["__pycache__"]},
@@ -83,6 +86,22 @@ class RayExecutor(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._ray.shutdown()
+
+
+def _probe(address: str, timeout_s: float = PROBE_S) -> None:
+    """Refuse at once an explicit address where nothing listens: ``ray.init``
+    would wait there for minutes (``auto`` looks up a local cluster and
+    fails fast by itself)."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise PoolError(RAY_UNREACHABLE, f"--ray takes auto or HOST:PORT, not {address!r}")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout_s).close()
+    except OSError as exc:
+        raise PoolError(RAY_UNREACHABLE, f"no Ray cluster at {address!r} answered "
+                        f"within {timeout_s:g} s ({exc})") from None
 
 
 def _import_ray() -> Any:
