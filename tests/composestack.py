@@ -15,7 +15,6 @@ compose.yaml's comment says.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -138,7 +137,7 @@ class Deployment:
         latest: tuple[str, str] | None = None
         for container in self.containers("scheduler"):
             for line in self._stamped_logs(container):
-                stamp, _, text = line.partition(" ")
+                stamp, text = _sortable(line.partition(" ")[0]), line.partition(" ")[2]
                 if "elected leader" in text and (latest is None or stamp > latest[0]):
                     latest = (stamp, container)
                 elif ("no longer leader" in text or "leadership released" in text) and \
@@ -151,7 +150,7 @@ class Deployment:
                               capture_output=True, text=True, timeout=60, check=False)
         return (done.stdout + done.stderr).splitlines()
 
-    def request(self, subject: str, body: bytes) -> dict[str, Any]:
+    def request(self, subject: str, body: bytes) -> bytes:
         """One NATS request as the admin (its seed from the secrets), from the host."""
         async def ask() -> bytes:
             seed = str(self.work / "secrets" / "admin.nk")
@@ -162,5 +161,11 @@ class Deployment:
             finally:
                 await nc.close()
 
-        answer: dict[str, Any] = json.loads(asyncio.run(ask()))
-        return answer
+        return asyncio.run(ask())
+
+
+def _sortable(stamp: str) -> str:
+    """Docker's RFC 3339 time with its fraction padded to 9 digits (docker
+    drops trailing zeros, which would misorder the strings)."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return f"{whole}.{fraction.ljust(9, '0')}"

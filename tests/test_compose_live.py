@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import pytest
 
 from shared import events as ev
@@ -80,8 +79,7 @@ def estimate(d: Deployment) -> ev.EstimateReply:
     job = JobSpec(JobId("probe"), "resnet18-cifar10", 128, 11_689_512, 10**6,
                   requirements=(1,))
     req = ev.EstimateRequest(jobs=(job,), cluster=cluster([("RTX3090", 1, 4)]))
-    answer = d.request(subjects.ESTIMATE, ev.encode(req))
-    return ev.decode_estimate_reply(msgspec.json.encode(answer))
+    return ev.decode_estimate_reply(d.request(subjects.ESTIMATE, ev.encode(req)))
 
 
 def test_every_service_becomes_healthy(deployment: Deployment) -> None:
@@ -116,7 +114,7 @@ def test_scaled_to_three_estimators_any_of_them_answers(deployment: Deployment) 
     deployment.docker("stop", first[0])
     for _ in range(6):  # a queue group spreads requests: every one is answered
         reply = estimate(deployment)
-        assert reply.ok and "probe" in reply.estimates, reply
+        assert reply.ok and reply.code == "", reply
     submit(deployment, "scaled")
     wait_finished(deployment, ["scaled"])
     deployment.docker("start", first[0])

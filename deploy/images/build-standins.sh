@@ -40,7 +40,21 @@ PYTHON_TAG=$(sed -n 's/^FROM[[:space:]]\+\([^[:space:]]\+\).*/\1/p' Dockerfile |
 NATS_TAG=$(sed -n 's/^[[:space:]]*image:[[:space:]]*\(nats:[^[:space:]]\+\).*/\1/p' compose.yaml | head -n1)
 [[ -n "$PYTHON_TAG" && -n "$NATS_TAG" ]] || { echo "no image names found in Dockerfile/compose.yaml" >&2; exit 1; }
 
-have() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
+# Images this script made carry the label org.hops.standin=$VERSION; one of
+# an older version is rebuilt. An image with the tag but without the label
+# (the public one, pulled) is kept unless --force.
+VERSION=1
+have() {
+  local made
+  made=$("$DOCKER" image inspect --format '{{index .Config.Labels "org.hops.standin"}}' "$1" 2>/dev/null) \
+    || return 1
+  [[ "$made" == "$VERSION" ]] && return 0
+  if [[ -z "$made" || "$made" == "<no value>" ]]; then
+    echo "keeping $1: not made by this script (--force replaces it)"
+    return 0
+  fi
+  return 1
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -64,6 +78,7 @@ if ((force)) || ! have "$PYTHON_TAG"; then
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
     --change 'CMD ["python3"]' \
+    --change "LABEL org.hops.standin=$VERSION" \
     --message "stand-in for $PYTHON_TAG: debootstrap bookworm minbase + python3 (deploy/images/build-standins.sh)" \
     - "$PYTHON_TAG" >/dev/null
   echo "built $PYTHON_TAG"
@@ -84,7 +99,7 @@ COPY nats-server /usr/local/bin/nats-server
 EXPOSE 4222 6222 8222
 ENTRYPOINT ["nats-server"]
 DOCKERFILE
-  "$DOCKER" build -q -t "$NATS_TAG" \
+  "$DOCKER" build -q -t "$NATS_TAG" --label "org.hops.standin=$VERSION" \
     --label "org.opencontainers.image.description=stand-in for $NATS_TAG (deploy/images/build-standins.sh)" \
     "$work/nats" >/dev/null
   echo "built $NATS_TAG"
