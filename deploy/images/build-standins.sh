@@ -61,14 +61,14 @@ trap 'rm -rf "$work"' EXIT
 if ((force)) || ! have "$PYTHON_TAG"; then
   echo "building $PYTHON_TAG (debootstrap bookworm, about a minute)"
   root=$work/rootfs
-  # python-is-python3: the Dockerfile runs `python`, as the official image has it.
   debootstrap --variant=minbase \
-    --include=python3,python3-pip,python3-venv,python-is-python3,ca-certificates \
+    --include=python3,python3-pip,python3-venv,ca-certificates \
     bookworm "$root" "$DEBIAN_MIRROR" >"$work/debootstrap.log" 2>&1 \
     || { tail -n 20 "$work/debootstrap.log" >&2; exit 1; }
-  # The official image's python is its own, not Debian's: pip installs into
-  # it freely. Debian marks its python as managed by apt (PEP 668); unmark it.
-  rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
+  # The public image's Python lives in /usr/local, where `python` and `pip`
+  # are its own: a virtual environment there gives the same (Debian's own
+  # Python stays apt's, PEP 668, and pip never touches its packages).
+  chroot "$root" /usr/bin/python3 -m venv /usr/local
   if [[ -r "$CA_BUNDLE" ]]; then
     cp "$CA_BUNDLE" "$root/etc/ssl/certs/ca-certificates.crt"
   fi
