@@ -102,6 +102,10 @@ class Deployment:
         return subprocess.run([str(self.engine.docker), *args], capture_output=True, text=True,
                               timeout=120, check=True).stdout
 
+    def services(self) -> list[str]:
+        """The services a plain ``up`` starts: those in no profile."""
+        return [name for name, svc in self.doc["services"].items() if not svc.get("profiles")]
+
     def containers(self, service: str) -> list[str]:
         return self.compose("ps", "-q", service).split()
 
@@ -114,7 +118,7 @@ class Deployment:
         """Per service, the health of its containers where not as wanted:
         ``counts[service]`` containers, every one healthy."""
         wrong = {}
-        for service in self.doc["services"]:
+        for service in self.services():
             states = [self.health(c) for c in self.containers(service)]
             if len(states) != counts.get(service, 1) or set(states) != {"healthy"}:
                 wrong[service] = states
