@@ -17,22 +17,12 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import pytest
+from tests.engines import require
 
 # Debian's CLI first: another `docker` earlier on the PATH may be a newer
 # client than the engine it talks to.
 DEBIAN_DOCKER = "/usr/bin/docker"
 START_TIMEOUT_S = 30.0
-
-
-def require(name: str, present: bool, why: str) -> None:
-    """Nothing when ``present``; else skip, saying ``why`` (fail under CI=true)."""
-    if present:
-        return
-    message = f"{name} is not available here: {why}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} (CI=true: the engine tests need every engine)")
-    pytest.skip(message)
 
 
 def docker_cli() -> str | None:

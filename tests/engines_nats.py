@@ -10,19 +10,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from services.runtime.natsd import NatsServerError, nats_server_binary
-
-
-def require(name: str, present: bool, why: str) -> None:
-    """Skip the calling module unless ``present``; fail under ``CI=true``."""
-    if present:
-        return
-    reason = f"{name} is not available here: {why}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: every engine must be installed)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+from tests.engines import require
 
 
 def nats_server_missing() -> str:
@@ -36,4 +25,4 @@ def nats_server_missing() -> str:
 
 def require_nats_server() -> None:
     why = nats_server_missing()
-    require("nats-server", not why, why)
+    require("nats-server", not why, why, module=True)

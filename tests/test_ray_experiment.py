@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines_ray import require
+from tests.engines import require
 from tests.test_sharing import _trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,11 +9,12 @@ import os
 import pytest
 
 
-def require(name: str, present: bool, why: str) -> None:
-    """Skip the calling test, saying why, unless ``present``; fail it under CI."""
+def require(name: str, present: bool, why: str, *, module: bool = False) -> None:
+    """Skip the calling test (its whole module if ``module``), saying why,
+    unless ``present``; fail it under CI."""
     if present:
         return
-    message = f"{name} is absent: {why}"
+    message = f"{name} is not available here: {why}"
     if os.environ.get("CI") == "true":
         pytest.fail(f"{message} (CI=true: the engine tests must run there)", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=module)
