@@ -235,14 +235,15 @@ async def test_a_refused_cpu_job_publishes_and_stores_nothing(
 
 
 async def test_an_accepted_cpu_job_is_queued_from_its_submission() -> None:
-    handler, ctx, kv = admission(True, "coda")
+    handler, ctx, _ = admission(True, "coda")
     reply = await handler.submit(ev.SubmitJob(spec=cpu(cores=8)), "hops.v1.jobs.submit")
     assert isinstance(reply, ev.Reply) and reply.ok and reply.job_id == "c1"
-    assert [s for s, _ in ctx.js.published] == ["hops.v1.jobs.events.c1"]
-    record = json.loads(kv.created["c1"])
+    # the event, then the job's record (written on the bucket's subject, kv_write)
+    assert [s for s, _ in ctx.js.published] == ["hops.v1.jobs.events.c1", "$KV.hops_jobs.c1"]
+    record = json.loads(ctx.js.published[1][1])
     assert record["phase"] == "queued" and record["spec"]["cores"] == 8
     # A GPU job stating cores is admitted under a GPU-only policy, to be profiled.
-    handler, ctx, kv = admission(False, "hops")
+    handler, ctx, _ = admission(False, "hops")
     reply = await handler.submit(ev.SubmitJob(spec=gpu(cores=6)), "hops.v1.jobs.submit")
     assert isinstance(reply, ev.Reply) and reply.ok
-    assert json.loads(kv.created["g1"])["phase"] == "submitted"
+    assert json.loads(dict(ctx.js.published)["$KV.hops_jobs.g1"])["phase"] == "submitted"

@@ -14,6 +14,7 @@ from typing import Any, cast
 import msgspec
 import nats.js.errors
 import structlog
+from nats.js.api import PubAck
 
 from services.placer.booking import book_all
 from services.placer.commands import Retune
@@ -138,7 +139,10 @@ def test_a_retune_on_a_server_not_alive_is_a_problem() -> None:
 
 
 class FakeKv:
-    """A fake ``hops_alloc``: the updates it was given, refusing a stale revision."""
+    """A fake ``hops_alloc``: the updates it was given, refusing a stale
+    revision; written as a KV update or, as the placer writes it
+    (:func:`services.runtime.retry.kv_write`), a publish on the bucket's
+    subject expecting the key's last revision."""
 
     def __init__(self, revision: int) -> None:
         self.revision = revision
@@ -150,6 +154,15 @@ class FakeKv:
         self.updates.append((key, msgspec.json.decode(value, type=Placement), last))
         self.revision += 1
         return self.revision
+
+    async def publish(self, subject: str, payload: bytes, timeout: float | None = None,
+                      headers: dict[str, str] | None = None) -> PubAck:
+        key = subject.removeprefix("$KV.hops_alloc.")
+        last = int((headers or {}).get("Nats-Expected-Last-Subject-Sequence", self.revision))
+        if last != self.revision:
+            raise nats.js.errors.APIError(code=400, err_code=10071,
+                                          description="wrong last sequence")
+        return PubAck(stream="KV_hops_alloc", seq=await self.update(key, payload, last))
 
 
 class FakeReporter:
@@ -163,7 +176,8 @@ class FakeReporter:
 def fake_placer(answers: Mapping[ServerId, bool]) -> tuple[Placer, list[ev.SetCores],
                                                             FakeKv, FakeReporter]:
     reporter = FakeReporter()
-    ctx = SimpleNamespace(log=structlog.get_logger(), reporter=reporter)
+    kv = FakeKv(revision=5)
+    ctx = SimpleNamespace(log=structlog.get_logger(), reporter=reporter, js=kv)
     placer = Placer(cast(Any, ctx), PlacerSettings(), clock=lambda: 7.0)
     sent: list[ev.SetCores] = []
 
@@ -173,9 +187,8 @@ def fake_placer(answers: Mapping[ServerId, bool]) -> tuple[Placer, list[ev.SetCo
         return ev.CommandAck(key=cmd.key, ok=ok, code="" if ok else "conflict",
                              error="" if ok else "no cores", cores=(0,) if ok else ())
 
-    kv = FakeKv(revision=5)
     placer._command = command  # type: ignore[method-assign]
-    placer.kv_alloc = kv
+    placer.kv_alloc = cast(Any, kv)
     return placer, sent, kv, reporter
 
 
