@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
@@ -18,6 +19,7 @@ from shared import subjects
 from shared.events import MAX_PAYLOAD
 
 _STREAM_IN_USE = 10058  # JetStream: stream name already in use with a different configuration
+_NO_PEERS = 10005  # JetStream: no suitable peers for placement (servers not all met yet)
 _GIB = 1024**3
 _DAY = 86400.0
 # How long a service's start waits for JetStream to answer (a cluster whose
@@ -123,10 +125,22 @@ async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None 
         await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
 
 
+class PeersPending(nats.errors.TimeoutError):
+    """A replicated stream asked for before the cluster's servers have all
+    met (JetStream's 10005, "no suitable peers for placement"): it passes
+    within seconds of a start, so it is retried as a timeout is."""
+
+
+def _placed(e: BadRequestError) -> None:
+    if e.err_code == _NO_PEERS:
+        raise PeersPending() from e
+
+
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)
     except BadRequestError as e:
+        _placed(e)
         if e.err_code != _STREAM_IN_USE:
             raise
         await js.update_stream(config)
@@ -136,6 +150,7 @@ async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
     try:
         await js.create_key_value(kv)
     except BadRequestError as e:
+        _placed(e)
         if e.err_code != _STREAM_IN_USE:
             raise
         await _update_bucket(js, kv)
