@@ -5,8 +5,8 @@ page fetches again when an event says it changed). Registered by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -32,6 +32,7 @@ from gateway.ui.routes import (
 )
 from shared.tenants import Principal
 
+T = TypeVar("T")
 Page = Callable[[Request, Principal], Coroutine[Any, Any, Response]]
 
 
@@ -86,18 +87,12 @@ async def queue(request: Request, principal: Principal) -> Response:
     kept = [(q, j) for q, j in rows if all(not v or v == got for v, got in (
         (want["tenant"], (j or {}).get("spec", {}).get("tenant")), (want["phase"], q["phase"]),
         (want["reason"], (q.get("why") or {}).get("code"))))]
-    start = offset_of(request)
-    shown = kept[start:start + render.PAGE_ROWS]
-    body = "".join(render.queue_row(q, j, principal.admin) for q, j in shown)
-    if start:
-        return Response(body, media_type="text/html")
     choices = {"tenant": [(j or {}).get("spec", {}).get("tenant", "") for _, j in rows],
                "phase": [q["phase"] for q, _ in rows],
                "reason": [(q.get("why") or {}).get("code", "") for q, _ in rows]}
-    part = (render.table(render.QUEUE_HEAD, [body])
-            + render.more(len(shown), len(kept), f"?{request.url.query}"))
-    return part_or_page(request, principal, "Queue", "queue", part,
-                        render.filters(choices, want), on="job explain")
+    return _paged(request, principal, ("Queue", "queue", "job explain"), render.QUEUE_HEAD,
+                  kept, lambda qj: render.queue_row(*qj, principal.admin),
+                  render.filters(choices, want))
 
 
 async def jobs(request: Request, principal: Principal) -> Response:
@@ -106,17 +101,29 @@ async def jobs(request: Request, principal: Principal) -> Response:
     want = {k: request.query_params.get(k, "") for k in ("tenant", "phase", "reason")}
     one = request.query_params.get("id")
     kept = [r for r in rows if matches(r, want) and (not one or one in (r["key"], r["job_id"]))]
-    start = offset_of(request)
-    shown = kept[start:start + render.PAGE_ROWS]
-    body = "".join(render.job_row(r, principal.admin) for r in shown)
-    if start or one:
-        return Response(body, media_type="text/html")
     choices = {"tenant": [r["spec"]["tenant"] for r in rows], "phase": list(views.PHASES),
                "reason": [(r.get("why") or {}).get("code", "") for r in rows]}
-    part = (render.table(render.JOBS_HEAD, [body])
+    return _paged(request, principal, ("Jobs", "jobs", "rows"), render.JOBS_HEAD,
+                  kept, lambda r: render.job_row(r, principal.admin),
+                  render.filters(choices, want), rows_only=bool(one))
+
+
+def _paged(request: Request, principal: Principal, page: tuple[str, str, str],
+              head: Sequence[str], kept: Sequence[T], row: Callable[[T], str], filters: str,
+              *, rows_only: bool = False) -> Response:
+    """A table page of the ``kept`` rows, each drawn by ``row``, ``render.PAGE_ROWS`` at a time: a
+    later page (``?offset=``), or ``rows_only``, answers its rows alone, to
+    be appended where the table is; the first, the table, the "more" link
+    and the filters. ``page`` is (title, slug, the events it refreshes on)."""
+    start = offset_of(request)
+    shown = kept[start:start + render.PAGE_ROWS]
+    body = "".join(row(r) for r in shown)
+    if start or rows_only:
+        return Response(body, media_type="text/html")
+    part = (render.table(head, [body])
             + render.more(len(shown), len(kept), f"?{request.url.query}"))
-    return part_or_page(request, principal, "Jobs", "jobs", part,
-                        render.filters(choices, want), on="rows")
+    title, slug, on = page
+    return part_or_page(request, principal, title, slug, part, filters, on=on)
 
 
 async def tenants(request: Request, principal: Principal) -> Response:
