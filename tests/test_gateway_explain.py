@@ -21,21 +21,18 @@ from fastapi import FastAPI
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from cli.up.credentials import Credentials, ensure_credentials, write_auth
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.runtime.bus import connect, ensure_jetstream
 from services.runtime.identity import ADMIN as ADMIN_IDENTITY
 from services.runtime.identity import GATEWAY
-from services.runtime.natsd import EmbeddedNats
-from services.runtime.settings import RuntimeSettings
 from shared import subjects
 from shared.explain import ANOTHER_TENANT, JobExplain, TimelineEntry
 from shared.ids import JobId
 from shared.job import JobSpec
 from shared.records import JobRecord, QueueEntry, QueueView
 from shared.tenants import load_tenants
-from tests.natsfix import nats_server, nats_url
+from tests.natsfix import nats_server, nats_url, secured_nats
 from tests.test_conditions import FORECAST, PRIORITY, RECEIPT
 from tests.test_gateway import gateway_settings, nc, spec_json
 
@@ -213,14 +210,7 @@ async def test_the_queue_shows_reasons_positions_and_forecasts_redacted(
 
 
 async def test_the_gateway_reads_them_under_its_own_identity(tmp_path: Path) -> None:
-    creds = Credentials(tmp_path / "credentials")
-    ensure_credentials(creds.dir, [ADMIN_IDENTITY, GATEWAY])
-    write_auth(creds.dir)
-    with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf) as server:
-        def runtime(identity: str) -> RuntimeSettings:
-            return RuntimeSettings(nats_servers=(server.url,), reconnect_wait=0.1,
-                                   nats_nkey=str(creds.seed(identity)))
-
+    with secured_nats(tmp_path, [ADMIN_IDENTITY, GATEWAY]) as runtime:
         admin = await connect(runtime(ADMIN_IDENTITY), ADMIN_IDENTITY)
         await ensure_jetstream(admin.jetstream())
         await write_state(admin)

@@ -18,17 +18,14 @@ import httpx
 import msgspec
 from nats.aio.client import Client as NATS
 
-from cli.up.credentials import Credentials, ensure_credentials, write_auth
 from gateway import log_routes
 from gateway.settings import GatewaySettings
 from services.runtime.bus import connect, ensure_jetstream
 from services.runtime.identity import ADMIN as ADMIN_IDENTITY
 from services.runtime.identity import GATEWAY, executor_identity
-from services.runtime.natsd import EmbeddedNats
-from services.runtime.settings import RuntimeSettings
 from shared import subjects
 from shared.logs import LogChunk, LogLine, encode_chunk
-from tests.natsfix import nats_server, nats_url
+from tests.natsfix import nats_server, nats_url, secured_nats
 from tests.test_gateway import gateway_settings, nc
 from tests.test_gateway_explain import ADMIN, ALICE, BOB, _served, record
 
@@ -123,14 +120,7 @@ async def test_follow_streams_new_lines_and_ends_when_the_job_is_over(
 
 
 async def test_the_gateway_reads_them_under_its_own_identity(tmp_path: Path) -> None:
-    creds = Credentials(tmp_path / "credentials")
-    ensure_credentials(creds.dir, [ADMIN_IDENTITY, GATEWAY, executor_identity("s0")])
-    write_auth(creds.dir)
-    with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf) as server:
-        def runtime(identity: str) -> RuntimeSettings:
-            return RuntimeSettings(nats_servers=(server.url,), reconnect_wait=0.1,
-                                   nats_nkey=str(creds.seed(identity)))
-
+    with secured_nats(tmp_path, [ADMIN_IDENTITY, GATEWAY, executor_identity("s0")]) as runtime:
         admin = await connect(runtime(ADMIN_IDENTITY), ADMIN_IDENTITY)
         await ensure_jetstream(admin.jetstream())
         await write_logs(admin)
