@@ -92,6 +92,10 @@ class JobLogs:
     cap: FloodCap
     tails: dict[Path, RankTail] = field(default_factory=dict)
     ending: bool = False
+    # A marker not yet acknowledged, with its message id: published again,
+    # unchanged, on the next pass (its count of dropped bytes is not kept
+    # anywhere else once the cap has handed it out).
+    marker: tuple[LogChunk, str] | None = None
 
 
 _RANK = re.compile(r"-rank(\d+)\.log$")
@@ -150,11 +154,15 @@ class LogShipper:
         drained = True
         for tail in job.tails.values():
             drained &= await self._ship_rank(job, tail, final)
-        marker = job.cap.marker(self.clock(), force=final)
-        if marker is not None:
+        if job.marker is None and (text := job.cap.marker(self.clock(), force=final)):
             chunk = LogChunk(job_id=job.job_id, server_id=self.server_id, rank=-1,
-                             offset=0, lines=[LogLine(self.clock(), marker)], capped=True)
-            drained &= await self._publish(chunk, f"cap:{self.clock()!r}")
+                             offset=0, lines=[LogLine(self.clock(), text)], capped=True)
+            job.marker = (chunk, f"cap:{self.clock()!r}")
+        if job.marker is not None:
+            if await self._publish(*job.marker):
+                job.marker = None
+            else:
+                drained = False
         return drained
 
     def _discover(self, job: JobLogs) -> None:

@@ -193,6 +193,23 @@ async def test_a_flood_is_capped_with_a_marker(nc: NATS, tmp_path: Path) -> None
     assert dropped + 100 * 100 == 6_000_000
 
 
+async def test_a_marker_not_acknowledged_is_published_again(nc: NATS, tmp_path: Path) -> None:
+    log = job_paths(tmp_path, "f", ServerId("s0")).log(0)
+    log.parent.mkdir(parents=True)
+    log.write_bytes((b"z" * 99 + b"\n") * 500)  # 50 kB against a 10 kB burst
+    ship = shipper(nc, tmp_path, Clock(), rate=1000, burst=10_000)
+    ship.follow("f")
+    ship.finish("f")
+    await ensure_jetstream(nc.jetstream())
+    await nc.jetstream().delete_stream(subjects.STREAM_LOGS.name)  # publishes go unanswered
+    await ship.ship_all()  # nothing is acknowledged: the marker is kept
+    assert ship.jobs["f"].marker is not None
+    await ensure_jetstream(nc.jetstream())
+    await ship.ship_all()
+    markers = [c.lines[0].text for c in await stored(nc, "f") if c.capped]
+    assert len(markers) == 1 and int(markers[0].split()[3]) == 50_000 - 100 * 100
+
+
 async def test_nothing_is_lost_while_nats_is_away(nc: NATS, tmp_path: Path) -> None:
     await ensure_jetstream(nc.jetstream())
     log = job_paths(tmp_path, "j", ServerId("s0")).log(0)
