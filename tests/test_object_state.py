@@ -22,6 +22,7 @@ from services.runtime.logging import get_logger
 from services.runtime.natsd import EmbeddedNats
 from services.runtime.objects import (
     CHUNK_BYTES,
+    ObjectError,
     chunk_subject,
     get_object,
     object_names,
@@ -164,3 +165,13 @@ async def test_a_state_left_in_kv_parts_by_an_earlier_version_is_read_until_repl
     await store.save([LayerRecord("hived", state=new)])
     assert await store_for(nc, 2).load() == {"hived": new, "coda": b'{"climbs": {}}'}
     assert await get_object(js, BUCKET, "layer.hived") == new
+
+
+async def test_an_object_whose_chunks_are_gone_is_unreadable_and_the_layer_starts_afresh(
+        nc: NATS) -> None:
+    js = nc.jetstream()
+    info = await put_object(js, BUCKET, "layer.hived", big_state(6_000))
+    await js.purge_stream(stream_of(BUCKET), subject=chunk_subject(BUCKET, info.nuid))
+    with pytest.raises(ObjectError, match="its chunks are gone"):
+        await get_object(js, BUCKET, "layer.hived", timeout=5)
+    assert await store_for(nc, 1).load() == {}

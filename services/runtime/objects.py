@@ -146,6 +146,7 @@ async def _read_chunks(js: JetStreamContext, bucket: str, info: ObjectInfo,
                 newer = await read_info(js, bucket, info.name)
                 if newer is None or newer.nuid != info.nuid:
                     return None
+                await _chunks_stored(js, bucket, info)
                 continue
             parts.append(msg.data)
             if msg.metadata.num_pending == 0:
@@ -154,6 +155,15 @@ async def _read_chunks(js: JetStreamContext, bucket: str, info: ObjectInfo,
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
     return _checked(info, b"".join(parts))
+
+
+async def _chunks_stored(js: JetStreamContext, bucket: str, info: ObjectInfo) -> None:
+    """:class:`ObjectError` when the stream holds fewer chunks than the
+    current meta names (purged under it: no wait brings them back)."""
+    subject = chunk_subject(bucket, info.nuid)
+    state = (await js.stream_info(stream_of(bucket), subjects_filter=subject)).state
+    if (state.subjects or {}).get(subject, 0) < (info.chunks or 0):
+        raise ObjectError(f"object {info.name}: its chunks are gone")
 
 
 def _checked(info: ObjectInfo, packed: bytes) -> bytes:
