@@ -23,6 +23,7 @@ The value is stored compressed (zlib), marked so in the meta's headers.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -86,7 +87,8 @@ async def put_object(js: JetStreamContext, bucket: str, name: str, data: bytes, 
     each retried through a leader election for up to ``within`` seconds;
     then the chunks of the version before the one replaced are purged."""
     current = await transient_retried(lambda: read_info(js, bucket, name), within)
-    packed = zlib.compress(data, 6)
+    # 3.6 MiB take 50 ms to compress: off the event loop (zlib frees the GIL)
+    packed = await asyncio.to_thread(zlib.compress, data, 6)
     nuid = uuid.uuid4().hex
     subject = chunk_subject(bucket, nuid)
     chunks = [packed[i:i + CHUNK_BYTES] for i in range(0, len(packed), CHUNK_BYTES)]
@@ -122,8 +124,10 @@ async def get_object(js: JetStreamContext, bucket: str, name: str,
         if info is None:
             return None
         packed = await _read_chunks(js, bucket, info, deadline)
+        if packed is not None and _header(info, ENCODING) == _ZLIB:
+            return await asyncio.to_thread(zlib.decompress, packed)
         if packed is not None:
-            return zlib.decompress(packed) if _header(info, ENCODING) == _ZLIB else packed
+            return packed
 
 
 async def _read_chunks(js: JetStreamContext, bucket: str, info: ObjectInfo,
