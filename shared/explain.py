@@ -58,9 +58,11 @@ StopRule: TypeAlias = Literal[
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
 
 ANOTHER_TENANT = "another tenant's job"
-# hops_explain's key of the forecast's calibration state (and, with a
-# ``.part`` suffix, its parts). A job key never contains '.' (admission
-# refuses it in ids and tenant names), so no job can take this key.
+# The name of the forecast's calibration state in the object store
+# hops_state; earlier versions kept it in hops_explain under this key (and,
+# with a ``.part`` suffix, its parts), still read once. A job key never
+# contains '.' (admission refuses it in ids and tenant names), so no job
+# can take this key.
 CALIBRATION_KEY = "forecast.calibration"
 
 

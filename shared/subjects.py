@@ -83,6 +83,11 @@ KV_TENANTS = "hops_tenants"
 # Each job's latest reason, receipt and forecast (shared.explain.JobExplain;
 # key: the job key), written by the leader, read by the gateway and a standby.
 KV_EXPLAIN = "hops_explain"
+# Object store: the leader's large state (each stateful layer's, object
+# "layer.<name>"; the forecast's calibration), read by the next leader.
+# Before it, the layers' state was kept in KV_LAYERS (read once, if the
+# object is absent: services/scheduler/layer_store.py).
+OBJ_STATE = "hops_state"
 
 _FORBIDDEN = frozenset(".*>")
 

@@ -48,7 +48,9 @@ from cli.up.stack import Component, ExecutorKind, StackConfig, components
 from cli.up.up import secure, stack_nats, wait_healthy
 from services.runtime.bus import auth_options
 from services.runtime.kv import read_bucket
+from services.runtime.objects import get_object
 from services.runtime.settings import RuntimeSettings
+from shared import subjects
 from tests.helpers import free_port
 from world.clusters import cluster_arg
 
@@ -197,6 +199,12 @@ class Bus:
             return out
 
         return self.call(read())
+
+    def state(self, name: str) -> dict[str, Any] | None:
+        """Object ``name`` of the leader's state (hops_state), as JSON."""
+        data = self.call(get_object(self.nc.jetstream(), subjects.OBJ_STATE, name))
+        out: dict[str, Any] | None = None if data is None else json.loads(data)
+        return out
 
     def stored(self, stream: str, subject: str) -> list[dict[str, Any]]:
         """Every message of ``stream`` on ``subject`` (a filter), oldest first."""

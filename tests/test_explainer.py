@@ -17,9 +17,11 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from structlog import get_logger
 
-from scheduling.forecast.tracking import decode, opened
+from scheduling.forecast.tracking import decode, encode, opened
 from scheduling.live.state import LiveJobRecord
 from services.runtime.bus import ErrorReporter
+from services.runtime.kv import pack
+from services.runtime.objects import get_object
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
 from services.scheduler.explainer import Explainer
@@ -128,8 +130,8 @@ async def test_the_calibration_is_written_as_it_changes_and_a_new_leader_loads_i
     start = ev.JobStarted(job_id=A2, configuration=Configuration.of({"n0": 1}), at=180.0)
     await ex.on_event(records[A2], start)  # resolves its start forecast, and writes
     assert len(ex.tracker.calibration.start) == 1 and A2 not in ex.tracker.open_start
-    stored = await nc.jetstream().key_value(subjects.KV_EXPLAIN)
-    assert decode((await stored.get(CALIBRATION_KEY)).value or b"") == ex.tracker
+    js = nc.jetstream()
+    assert decode(await get_object(js, subjects.OBJ_STATE, CALIBRATION_KEY) or b"") == ex.tracker
     successor = explainer(nc, records, term=2)
     await successor.open()
     await successor.load()
@@ -137,5 +139,24 @@ async def test_the_calibration_is_written_as_it_changes_and_a_new_leader_loads_i
     assert CALIBRATION_KEY not in successor.explained
     await successor.on_event(records[A2], start)  # delivered again: nothing to resolve
     assert successor.tracker == ex.tracker
+    ex.close()
+    successor.close()
+
+
+async def test_a_calibration_left_in_hops_explain_by_an_earlier_version_is_loaded(
+        nc: NATS) -> None:
+    records = {A2: record(A2, "queued")}
+    ex = explainer(nc, records)
+    opened(ex.tracker, QueueForecast(at=0.0, draws=8, jobs=(JobForecast(
+        job_id=A2, position=1, tenant_position=1, start=120.0, start_lo=90.0, start_hi=150.0,
+        finish=900.0, finish_lo=840.0, finish_hi=960.0),)), started=())
+    stored = await nc.jetstream().key_value(subjects.KV_EXPLAIN)
+    for key, value in pack(CALIBRATION_KEY, encode(ex.tracker), limit=64):  # in parts
+        await stored.put(key, value)
+    successor = explainer(nc, records, term=2)
+    await successor.open()
+    await successor.load()
+    assert successor.tracker == ex.tracker and A2 in successor.tracker.open_start
+    assert not successor.explained  # its parts are no job's record
     ex.close()
     successor.close()

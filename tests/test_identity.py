@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from cli.up.credentials import Credentials, enrol, ensure_credentials, write_auth
 from services.monitor.natsaudit import auth_error_record, watch_auth_errors
-from services.runtime.bus import ErrorReporter, connect
+from services.runtime.bus import ErrorReporter, connect, ensure_jetstream
 from services.runtime.identity import (
     ADMIN,
     AUDIT,
@@ -31,6 +31,7 @@ from services.runtime.identity import (
 )
 from services.runtime.logging import get_logger
 from services.runtime.natsd import EmbeddedNats
+from services.runtime.objects import get_object, put_object
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
 
@@ -328,3 +329,53 @@ async def test_the_monitor_republishes_nats_refusals(tmp_path: Path) -> None:
         await task
         await admin.close()
     assert records and b'"code":"unauthorized"' in records[0] and b'"service":"nats"' in records[0]
+
+
+def test_only_the_scheduler_reads_or_writes_the_leaders_state() -> None:
+    state = [s for s in SERVICES if may_publish(s, "$O.hops_state.M.bGF5ZXIuaGl2ZWQ=")]
+    assert state == ["scheduler"]
+    for service in SERVICES:
+        denied = permissions(service).publish_deny
+        reads = ["$JS.API.DIRECT.GET.OBJ_hops_state.$O.hops_state.M.x",
+                 "$JS.API.STREAM.MSG.GET.OBJ_hops_state", "$JS.API.STREAM.PURGE.OBJ_hops_state",
+                 "$JS.API.CONSUMER.CREATE.OBJ_hops_state.c.$O.hops_state.C.n",
+                 "$JS.API.CONSUMER.DURABLE.CREATE.OBJ_hops_state.c"]
+        expected = service != "scheduler"
+        assert all(any(matches(p, r) for p in denied) == expected for r in reads), service
+        # the layout stays every service's to ensure
+        assert not any(matches(p, "$JS.API.STREAM.CREATE.OBJ_hops_state") for p in denied)
+        assert not any(matches(p, "$JS.API.STREAM.INFO.OBJ_hops_state") for p in denied)
+    assert '"deny": ' not in render_authorization({KEY_A: "scheduler"})
+    assert ', deny: ["$JS.API.STREAM.MSG.GET.OBJ_hops_state"' in render_authorization(
+        {KEY_A: "gateway"})
+
+
+async def test_nats_server_keeps_the_leaders_state_from_other_identities(
+        tmp_path: Path) -> None:
+    creds = Credentials(tmp_path / "credentials")
+    ensure_credentials(creds.dir, [ADMIN, "scheduler", "gateway", "monitor"])
+    write_auth(creds.dir)
+    with EmbeddedNats(tmp_path / "nats", auth_conf=creds.auth_conf) as server:
+        errors: list[str] = []
+        gateway = await _client(server, creds, "gateway", errors)
+        await ensure_jetstream(gateway.jetstream())  # any service ensures the layout
+        scheduler = await _client(server, creds, "scheduler")
+        js = scheduler.jetstream()
+        await put_object(js, "hops_state", "layer.hived", b'{"cells": "bound"}')
+        assert await get_object(js, "hops_state", "layer.hived") == b'{"cells": "bound"}'
+        monitor = await _client(server, creds, "monitor", errors)
+        for nc in (gateway, monitor):
+            other = nc.jetstream(timeout=1)
+            with pytest.raises(nats.errors.TimeoutError):
+                await get_object(other, "hops_state", "layer.hived", timeout=1)
+            with pytest.raises(nats.errors.TimeoutError):
+                await other.subscribe("$O.hops_state.C.>", stream="OBJ_hops_state",
+                                      ordered_consumer=True)
+            with pytest.raises(nats.errors.TimeoutError):
+                await other.purge_stream("OBJ_hops_state")
+            with pytest.raises(nats.errors.TimeoutError):
+                await put_object(other, "hops_state", "layer.hived", b"{}", within=1)
+        assert await get_object(js, "hops_state", "layer.hived") == b'{"cells": "bound"}'
+        assert any("permissions violation" in e for e in errors), errors
+        for nc in (gateway, monitor, scheduler):
+            await nc.close()

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nats.js.errors import KeyNotFoundError
 
 from scheduling.cores.allocator import Climb
 from scheduling.cores.state import decode
+from services.runtime.objects import get_object
+from shared import subjects
 from shared.ids import JobId
 from tests.livestack import LiveStack, until
 
@@ -79,19 +80,10 @@ def affinities(script: str) -> set[frozenset[int]]:
 
 
 def climb(stack: LiveStack, job: str) -> Climb | None:
-    """The allocator's climb of ``job`` as the leader keeps it (KV
-    ``hops_layers``, the core layer's state)."""
+    """The allocator's climb of ``job`` as the leader keeps it (object
+    ``layer.coda`` of ``hops_state``, the core layer's state)."""
     bus = stack.bus_()
-
-    async def read() -> bytes | None:
-        kv = await bus.nc.jetstream().key_value("hops_layers")
-        try:
-            entry = await kv.get("coda")
-        except KeyNotFoundError:
-            return None
-        return entry.value
-
-    raw = bus.call(read())
+    raw = bus.call(get_object(bus.nc.jetstream(), subjects.OBJ_STATE, "layer.coda"))
     return None if not raw else decode(raw).climbs.get(JobId(job))
 
 

@@ -13,10 +13,10 @@ opportunistically, §3.3). In order:
    before alice's job starts there, requeued with its progress kept, while
    the other runs on;
 2. the leader is killed: the standby takes the lease, rebuilds the same
-   bindings from KV ``hops_layers`` (§4 "Fault tolerance"), and each
-   tenant's ``GET /tenants`` shows the same view, written in the new term,
-   and its forecasts go on from the old leader's calibration (KV
-   ``hops_explain``, key ``forecast.calibration``).
+   bindings from the object store ``hops_state`` (object ``layer.hived``,
+   §4 "Fault tolerance"), and each tenant's ``GET /tenants`` shows the
+   same view, written in the new term, and its forecasts go on from the old
+   leader's calibration (object ``forecast.calibration``).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
     stack.kill(leader)
     # the forecasts' calibration as the old leader last wrote it (it writes
     # no more): its open forecasts, e.g. of the requeued victim's start
-    calibration = bus.get(subjects.KV_EXPLAIN, CALIBRATION_KEY)
+    calibration = bus.state(CALIBRATION_KEY)
     assert calibration is not None and (
         calibration["open_start"] or calibration["open_finish"]), calibration
 
@@ -263,11 +263,12 @@ def test_each_tenant_sees_the_same_bindings_after_a_scheduler_failover(
     for job_id in (A1, survivor):
         assert running_on(stack, job_id) is not None
         assert not stack.bus_().job_events(job_id, "job_stopped"), job_id
-    assert stack.bus_().get("hops_layers", "hived") is not None
+    # the bindings the new leader restored are the object the old one wrote
+    assert stack.bus_().state("layer.hived") is not None
     # the new leader loaded the calibration and goes on from it: its first
     # write holds every old residual and each job's newest open forecast
     moved = until(lambda: (lambda c: c if c != calibration else None)(
-        bus.get(subjects.KV_EXPLAIN, CALIBRATION_KEY)),
+        bus.state(CALIBRATION_KEY)),
         "the new leader's calibration", 20, stack.logs)
     assert calibration is not None and carried_on(calibration, moved), (calibration, moved)
 

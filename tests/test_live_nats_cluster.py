@@ -156,7 +156,7 @@ def kill_order(stack: LiveStack) -> list[str]:
 
 def test_every_stream_and_bucket_is_at_r3(stack: LiveStack) -> None:
     counts = replicated(stack)
-    assert "HOPS_JOBS" in counts and "KV_hops_alloc" in counts and "KV_hops_leader" in counts
+    assert {"HOPS_JOBS", "KV_hops_alloc", "KV_hops_leader", "OBJ_hops_state"} <= set(counts)
     assert set(counts.values()) == {3}, counts
     assert stack.config.nats_url.count(",") == 2  # every process was given all three
 

@@ -9,6 +9,8 @@ and the writes that ride out its leader elections (services/runtime/retry.py).
   port and data dir and catches up.
 * A KV write retried after its ack was lost is its own duplicate, not a
   conflict with itself; a real conflict raises as ``KeyValue.update`` does.
+* The leader's large state (object store ``hops_state``, R3) is written
+  through a kill -9 of its stream's leader and read back whole.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from services.runtime.bus import JetStreamLayout, ensure_jetstream
 from services.runtime.natscluster import NatsCluster, stream_leader
+from services.runtime.objects import get_object, put_object, stream_of
 from services.runtime.retry import kv_write, publish_retried
 from shared import subjects
 from tests.engines_nats import require_nats_server
@@ -104,3 +107,24 @@ async def test_a_retried_kv_write_is_its_own_duplicate_not_a_conflict(nc: NATS) 
         await kv_write(js, subjects.KV_ALLOC, "j1", b"c", last=first, msg_id="j1:r:p3")
     entry = await (await js.key_value(subjects.KV_ALLOC)).get("j1")
     assert (entry.value, entry.revision) == (b"b", second)
+
+
+async def test_the_leaders_state_rides_out_a_killed_object_store_leader(
+        cluster: NatsCluster, nc: NATS) -> None:
+    """The layer state at R3 in hops_state: kill -9 of that stream's leader
+    under a write; the write goes on once another is elected, and a reader
+    (a new scheduler leader) reads the newest state whole."""
+    js = nc.jetstream()
+    stream = stream_of(subjects.OBJ_STATE)
+    info = await js.stream_info(stream)
+    assert info.config.num_replicas == 3
+    old, new = b'{"bindings": 1}' * 40_000, b'{"bindings": 2}' * 40_000
+    await put_object(js, subjects.OBJ_STATE, "layer.hived", old)
+    victim = cluster.member(await stream_leader(js, stream))
+    victim.kill()
+    began = time.monotonic()
+    await put_object(js, subjects.OBJ_STATE, "layer.hived", new)
+    assert time.monotonic() - began > 0.5  # it waited for an election
+    assert await stream_leader(js, stream) not in ("", victim.server_name)
+    assert await get_object(js, subjects.OBJ_STATE, "layer.hived") == new
+    await asyncio.to_thread(victim.start)

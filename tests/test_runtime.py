@@ -528,6 +528,7 @@ def test_settings_from_environment_and_flags(tmp_path: Path) -> None:
     assert (replicated.nats_replicas, layout.replicas, layout.leader_ttl) == (3, 3, 12.5)
     assert {s.num_replicas for s in layout.streams()} == {3}
     assert {b.replicas for b in layout.buckets()} == {3}
+    assert {o.replicas for o in layout.object_stores()} == {3}
 
 
 def test_services_add_their_own_flags() -> None:

@@ -52,6 +52,18 @@ AUTH_ERRORS = "$SYS.SERVER.*.CLIENT.AUTH.ERR"
 # without listing every operation, see docs/security.md), acknowledgements
 # and flow control of its consumers, and the error records.
 _JS_CLIENT = ("$JS.API.>", "$JS.ACK.>", "$JS.FC.>")
+# The leader's state (object store hops_state) is the scheduler's alone: for
+# every other identity with the JetStream API, the API requests that read,
+# purge or delete its stream (messages, direct gets, consumers) are denied;
+# its info, creation and update stay allowed, so that any service can
+# ensure the layout (services.runtime.layout).
+_STATE_STREAM = f"OBJ_{subjects.OBJ_STATE}"
+_STATE_DENIED = tuple(
+    f"$JS.API.{api}.{_STATE_STREAM}{rest}"
+    for api in ("STREAM.MSG.GET", "STREAM.MSG.DELETE", "STREAM.PURGE", "STREAM.DELETE",
+                "STREAM.SNAPSHOT", "STREAM.RESTORE", "DIRECT.GET", "CONSUMER.*",
+                "CONSUMER.*.*")
+    for rest in ("", ".>"))
 _ALL = ">"
 
 
@@ -62,12 +74,14 @@ class IdentityError(ValueError):
 @dataclass(frozen=True)
 class Permissions:
     """One nats-server user's permissions: the subjects it may publish to and
-    subscribe to (wildcards allowed), and whether it may answer requests
-    (publish once to the reply subject of a message it received)."""
+    subscribe to (wildcards allowed), the subjects among those it may not
+    publish to after all (``publish_deny``), and whether it may answer
+    requests (publish once to the reply subject of a message it received)."""
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool = False
+    publish_deny: tuple[str, ...] = ()
 
 
 def inbox_prefix(identity: str) -> str:
@@ -103,14 +117,19 @@ def _suffix(identity: str, prefix: str) -> str:
 
 
 def _service(identity: str, publish: Iterable[str], subscribe: Iterable[str] = (),
-             kv: Iterable[str] = (), responds: bool = False) -> Permissions:
+             kv: Iterable[str] = (), responds: bool = False, state: bool = False,
+             ) -> Permissions:
     """A service's permissions: its own subjects, the KV buckets it writes,
-    and what every service uses (:data:`_JS_CLIENT`, errors, its inbox)."""
+    the leader's state if ``state``, and what every service uses
+    (:data:`_JS_CLIENT`, errors, its inbox)."""
     writes = tuple(f"$KV.{bucket}.>" for bucket in kv)
+    if state:
+        writes += (f"$O.{subjects.OBJ_STATE}.>",)
     return Permissions(
         publish=(*_JS_CLIENT, subjects.ERRORS, *writes, *publish),
         subscribe=(f"{inbox_prefix(identity)}.>", *subscribe),
         allow_responses=responds,
+        publish_deny=() if state else _STATE_DENIED,
     )
 
 
@@ -141,9 +160,9 @@ def _scheduler() -> Permissions:
                    subjects.JOBS_CANCEL_TENANT_ALL, subjects.JOBS_HOLD,
                    subjects.JOBS_HOLD_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
                    subjects.JOB_HEARTBEATS_ALL, subjects.TENANTS_RELOAD),
-        kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_LAYERS, subjects.KV_TENANTS,
-            subjects.KV_EXPLAIN),
+        kv=(subjects.KV_JOBS, subjects.KV_LEADER, subjects.KV_TENANTS, subjects.KV_EXPLAIN),
         responds=True,
+        state=True,
     )
 
 
@@ -225,7 +244,8 @@ def _list(values: Iterable[str]) -> str:
 def _user(public_key: str, identity: str) -> str:
     p = permissions(identity)
     deny_all = '{deny: [">"]}'
-    publish = f"{{allow: {_list(p.publish)}}}" if p.publish else deny_all
+    denied = f", deny: {_list(p.publish_deny)}" if p.publish_deny else ""
+    publish = f"{{allow: {_list(p.publish)}{denied}}}" if p.publish else deny_all
     subscribe = f"{{allow: {_list(p.subscribe)}}}" if p.subscribe else deny_all
     responses = ", allow_responses: true" if p.allow_responses else ""
     return (f"    # {identity}\n    {{nkey: {json.dumps(public_key)}, permissions: "

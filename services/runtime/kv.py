@@ -11,7 +11,8 @@ reads the last message of every key with an ordered consumer and stops at
 the message after which the server has nothing pending for it.
 
 :func:`pack` and :func:`unpack` store a value larger than one message in
-compressed parts (a stateful layer's state grows with the cluster).
+compressed parts: how earlier versions kept the leader's large state, still
+read where no object of :mod:`services.runtime.objects` holds it yet.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The JetStream layout of the live system: its streams and KV buckets, their
-limits and replicas, and :func:`ensure_jetstream`, which every service runs
+"""The JetStream layout of the live system: its streams, KV buckets and
+object store, their limits and replicas, and :func:`ensure_jetstream`, which every service runs
 at start (re-exported by :mod:`services.runtime.bus`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from functools import partial
 
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 from scheduling.live.lease import lease_ttl
@@ -55,6 +55,8 @@ class JetStreamLayout:
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
     kv_history: int = 5
+    # The leader's large state (hops_state): a few versions of a few objects.
+    state_max_bytes: int = _GIB
 
     @classmethod
     def of(cls, settings: RuntimeSettings) -> JetStreamLayout:
@@ -113,9 +115,14 @@ class JetStreamLayout:
             bucket(subjects.KV_EXPLAIN, 1),
         )
 
+    def object_stores(self) -> tuple[ObjectStoreConfig, ...]:
+        return (ObjectStoreConfig(bucket=subjects.OBJ_STATE, storage=StorageType.FILE,
+                                  replicas=self.replicas, max_bytes=self.state_max_bytes,
+                                  description="the scheduler leader's large state"),)
+
 
 async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None = None) -> None:
-    """Create the streams and KV buckets, or update them to ``layout``;
+    """Create the streams, KV buckets and object stores, or update them to ``layout``;
     calling it again (from any number of services) changes nothing. On a
     cluster that is still electing its meta leader, each is retried."""
     layout = layout or JetStreamLayout()
@@ -123,6 +130,8 @@ async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None 
         await transient_retried(partial(_ensure_stream, js, config), ENSURE_RETRY_S)
     for kv in layout.buckets():
         await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
+    for obj in layout.object_stores():
+        await transient_retried(partial(_ensure_objects, js, obj), ENSURE_RETRY_S)
 
 
 class PeersPending(nats.errors.TimeoutError):
@@ -154,6 +163,20 @@ async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
         if e.err_code != _STREAM_IN_USE:
             raise
         await _update_bucket(js, kv)
+
+
+async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig) -> None:
+    try:
+        # nats-py sets config.bucket to its first argument: name it again
+        await js.create_object_store(config.bucket or "", config=config)
+    except BadRequestError as e:
+        _placed(e)
+        if e.err_code != _STREAM_IN_USE:
+            raise
+        info = await js.stream_info(f"OBJ_{config.bucket}")
+        info.config.num_replicas = config.replicas
+        info.config.max_bytes = config.max_bytes
+        await js.update_stream(info.config)
 
 
 async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:

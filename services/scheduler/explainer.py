@@ -16,13 +16,14 @@ A new leader reads the bucket (:meth:`Explainer.load`), so its queue view
 answers as its predecessor's did, and reasons keep their ``since``.
 
 The forecast's calibration (:class:`scheduling.forecast.tracking.Tracker`:
-the residuals and each job's open forecasts) is kept under
-:data:`CALIBRATION_KEY`: a forecast that returns opens its jobs'
-forecasts, a job's start or finish event resolves them
+the residuals and each job's open forecasts) is kept in the object store
+``hops_state`` as object :data:`CALIBRATION_KEY`: a forecast that returns
+opens its jobs' forecasts, a job's start or finish event resolves them
 (:func:`scheduling.live.forecasting.resolve_event`), and after each change
-the state is written (JSON, in compressed parts when larger than one
-value, :func:`services.runtime.kv.pack`). A new leader loads it with the
-records, so its forecasts are calibrated as its predecessor's would have
+the state is written (JSON, compressed, :func:`services.runtime.objects.put_object`).
+A new leader loads it with the records (from ``hops_explain``'s
+:data:`CALIBRATION_KEY`, in compressed parts, where earlier versions kept
+it, if there is no object yet), so its forecasts are calibrated as its predecessor's would have
 been. Its size is bounded: the residuals per band
 (:attr:`~scheduling.forecast.Calibration.limit`), :data:`OPEN_PER_JOB`
 open forecasts per job, and only for jobs that have not ended.
@@ -47,7 +48,8 @@ from scheduling.forecast.queue import FILL_S
 from scheduling.live import explain as xp
 from scheduling.live import forecasting
 from scheduling.live.state import LiveJobRecord
-from services.runtime.kv import pack, parts_of, unpack
+from services.runtime.kv import unpack
+from services.runtime.objects import ObjectError, put_object, read_retried
 from services.runtime.service import ServiceContext
 from services.scheduler.forecast_worker import orphan_guard
 from services.scheduler.kv import read_bucket
@@ -87,7 +89,6 @@ class Explainer:
         self.fill_s, self.r_num = fill_s, r_num  # the replan delay, the policy's r_num
         self.cells = cells  # each tenant's servers (HiveD), or None
         self.tracker = tracking.Tracker(per_job=OPEN_PER_JOB)
-        self.tracker_parts: list[str] = []  # the part keys its stored head names
         self.explained: dict[JobId, JobExplain] = {}  # what hops_explain holds
         self.whys: dict[JobId, Why] = {}
         self.receipts: dict[JobId, Receipt] = {}
@@ -107,7 +108,7 @@ class Explainer:
     async def load(self) -> None:
         """Every job's record of ``hops_explain``, as the last leader left them."""
         values = await read_bucket(self.ctx.js, subjects.KV_EXPLAIN)
-        self._load_tracker({k: d for k, (d, _) in values.items() if reserved_key(k)})
+        await self._load_tracker({k: d for k, (d, _) in values.items() if reserved_key(k)})
         for key, (data, _) in values.items():
             if reserved_key(key):  # the calibration and its parts
                 continue
@@ -126,17 +127,20 @@ class Explainer:
                 self.forecasts[JobId(key)] = e.forecast
             self.round = max(self.round, e.round)
 
-    def _load_tracker(self, values: Mapping[str, bytes]) -> None:
-        """The calibration as the last leader left it (none: a fresh one)."""
-        if CALIBRATION_KEY not in values:
-            return
+    async def _load_tracker(self, legacy: Mapping[str, bytes]) -> None:
+        """The calibration as the last leader left it: its object, else
+        ``legacy`` (``hops_explain``'s reserved keys, earlier versions);
+        none or unreadable: a fresh one."""
         try:
-            self.tracker = tracking.decode(unpack(CALIBRATION_KEY, values))
+            data = await read_retried(self.ctx.js, subjects.OBJ_STATE, CALIBRATION_KEY)
+            if data is None and CALIBRATION_KEY in legacy:
+                data = unpack(CALIBRATION_KEY, legacy)
+            if data is None:
+                return
+            self.tracker = tracking.decode(data)
             self.tracker.per_job = OPEN_PER_JOB
-            self.tracker_parts = parts_of(CALIBRATION_KEY, values[CALIBRATION_KEY])
-        except (ValueError, msgspec.DecodeError) as err:  # forecasts start uncalibrated
-            self.log.warning("calibration unreadable", bucket=subjects.KV_EXPLAIN,
-                             error=str(err))
+        except (ValueError, ObjectError, msgspec.DecodeError) as err:  # uncalibrated
+            self.log.warning("calibration unreadable", error=str(err))
 
     def close(self) -> None:
         if self.running is not None:
@@ -307,24 +311,14 @@ class Explainer:
             self.receipts.pop(job_id, None)
 
     async def save_tracker(self) -> None:
-        """Write the calibration state (:data:`CALIBRATION_KEY`); the parts
-        of the head it replaced are deleted after. A failed write is
-        logged: the next change writes it again."""
+        """Write the calibration state (object :data:`CALIBRATION_KEY`). A
+        failed write is logged: the next change writes it again."""
         async with self.writing:
-            kv = self.kv
-            assert kv is not None, "Explainer.open first"
-            pairs = pack(CALIBRATION_KEY, tracking.encode(self.tracker))
             try:
-                for key, value in pairs:
-                    await kv.put(key, value)
+                await put_object(self.ctx.js, subjects.OBJ_STATE, CALIBRATION_KEY,
+                                 tracking.encode(self.tracker))
             except Exception as e:
                 self.log.warning("calibration not written", error=repr(e))
-                return
-            old = set(self.tracker_parts) - {k for k, _ in pairs}
-            self.tracker_parts = parts_of(CALIBRATION_KEY, pairs[-1][1])
-            for key in sorted(old):
-                with contextlib.suppress(Exception):
-                    await kv.delete(key)
 
     async def publish_all(self, entries: list[TimelineEntry]) -> None:
         """Each of ``entries``, their acks awaited together (a plan's reasons

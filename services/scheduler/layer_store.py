@@ -1,17 +1,21 @@
-"""The leader's layer state and tenant views in KV (HiveD §4 "Fault tolerance").
+"""The leader's layer state and tenant views (HiveD §4 "Fault tolerance").
 
 A stateful layer (HiveD's: its cell bindings) returns its state after each
 plan in its ``LayerRecord.state``. The leader keeps the last state of each
 layer and puts it in every snapshot it builds (``Snapshot.layer_state``), and
-writes each state to KV ``hops_layers`` (key: the layer's name) as it
-publishes the plan (in compressed parts when it is larger than one message,
-:func:`services.runtime.kv.pack`): just before, so that a leader that dies in between
+writes each state to the object store ``hops_state`` (object
+``layer.<name>``, compressed, :func:`services.runtime.objects.put_object`)
+as it publishes the plan: just before, so that a leader that dies in between
 leaves a state with cells for jobs that never start (the layer's reconcile
 releases them at the next plan), never a state that lacks the cells of jobs
-that did start (their next plan could move them). A standby that takes the
-lease reads the bucket before its first plan, so the layer restores the
-same bindings: the state is canonical (:mod:`scheduling.cells.report`), and
-so are the decisions after it.
+that did start (their next plan could move them). A write is one object
+version, seen whole or not at all. A standby that takes the lease reads the
+objects before its first plan, so the layer restores the same bindings: the
+state is canonical (:mod:`scheduling.cells.report`), and so are the
+decisions after it. A layer with no object yet is read from where earlier
+versions kept it, KV ``hops_layers`` in compressed parts
+(:func:`services.runtime.kv.unpack`), so that a leader restarted on an
+older data directory keeps its bindings; its first write moves it.
 
 With the tenants' cells, the leader also writes each tenant's virtual
 cluster (:class:`scheduling.live.cells.TenantRecord`) to KV ``hops_tenants``
@@ -29,6 +33,7 @@ from collections.abc import Iterable
 
 import nats.errors
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from scheduling.cells import TenantView
@@ -36,7 +41,8 @@ from scheduling.live import cells as lc
 from scheduling.live.forecasting import tenant_servers
 from scheduling.policy import Policy
 from scheduling.registry import make_policy, policy_traits
-from services.runtime.kv import is_part, pack, parts_of, read_bucket, unpack
+from services.runtime.kv import is_part, read_bucket, unpack
+from services.runtime.objects import ObjectError, object_names, put_object, read_retried
 from services.runtime.service import ServiceContext
 from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
@@ -56,52 +62,69 @@ def build_policy(settings: SchedulerSettings) -> Policy:
     return make_policy(spec, cells=cells)
 
 
+LAYER = "layer."  # object name prefix in hops_state
+
+
 class LayerStore:
-    """``hops_layers`` and ``hops_tenants`` for one leader term."""
+    """The layers' state (``hops_state``) and ``hops_tenants`` for one leader term."""
 
     def __init__(self, ctx: ServiceContext, settings: SchedulerSettings, term: int,
                  leader: str) -> None:
         self.ctx, self.settings, self.term, self.leader = ctx, settings, term, leader
         self.log = ctx.log.bind(term=term)
         self.state: dict[str, bytes] = {}
-        self._parts: dict[str, list[str]] = {}  # the part keys each layer's head names
         self._problem: str | None = None  # the last cells-vs-nodes error reported
         self._checked: object = None  # the nodes it was checked against
         self._shown: dict[str, TenantView] = {}  # the views this term wrote
         self.traits = policy_traits(settings.policy)
 
     async def open(self, js: JetStreamContext) -> None:
-        self.kv_layers: KeyValue = await js.key_value(subjects.KV_LAYERS)
         self.kv_tenants: KeyValue = await js.key_value(subjects.KV_TENANTS)
 
     async def load(self) -> dict[str, bytes]:
-        """Every layer's state as the last leader left it."""
-        values = await read_bucket(self.ctx.js, subjects.KV_LAYERS)
-        raw = {k: v.data for k, v in values.items() if v.data}
-        self.state = {}
-        for key in sorted(k for k in raw if not is_part(k)):
-            self._parts[key] = parts_of(key, raw[key])
+        """Every layer's state as the last leader left it: its object, else
+        its value in the KV bucket of earlier versions."""
+        js = self.ctx.js
+        names = [n[len(LAYER):] for n in await object_names(js, subjects.OBJ_STATE)
+                 if n.startswith(LAYER)]
+        self.state = await self._legacy()
+        for name in names:
             try:
-                self.state[key] = unpack(key, raw)
-            except ValueError as e:  # the layer starts afresh, as from no state
-                self.log.error("layer state unreadable", layer=key, error=str(e))
+                data = await read_retried(js, subjects.OBJ_STATE, LAYER + name)
+            except ObjectError as e:  # the layer starts afresh, as from no state
+                self.log.error("layer state unreadable", layer=name, error=str(e))
+                self.state.pop(name, None)
+                continue
+            if data is not None:
+                self.state[name] = data
         self.log.info("layer state loaded", layers=sorted(self.state))
         return self.state
 
+    async def _legacy(self) -> dict[str, bytes]:
+        """The layers' state in KV ``hops_layers`` (earlier versions; none on
+        a bus that never had the bucket)."""
+        try:
+            values = await read_bucket(self.ctx.js, subjects.KV_LAYERS)
+        except NotFoundError:
+            return {}
+        raw = {k: v.data for k, v in values.items() if v.data}
+        out = {}
+        for key in sorted(k for k in raw if not is_part(k)):
+            try:
+                out[key] = unpack(key, raw)
+            except ValueError as e:  # the layer starts afresh, as from no state
+                self.log.error("layer state unreadable", layer=key, error=str(e))
+        return out
+
     async def save(self, records: Iterable[LayerRecord]) -> None:
-        """Keep and write the state each layer returned (with a plan to publish)."""
+        """Keep and write the state each layer returned (with a plan to
+        publish), each write retried through a JetStream leader election."""
         for record in records:
             if not record.state or self.state.get(record.name) == record.state:
                 continue
             self.state[record.name] = record.state
-            pairs = pack(record.name, record.state)
-            for key, value in pairs:
-                await self.kv_layers.put(key, value)
-            old = set(self._parts.get(record.name, ())) - {k for k, _ in pairs}
-            self._parts[record.name] = parts_of(record.name, pairs[-1][1])
-            for key in sorted(old):  # parts of the replaced head: garbage from now on
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    await self.kv_layers.delete(key)
+            await put_object(self.ctx.js, subjects.OBJ_STATE, LAYER + record.name,
+                             record.state)
 
     async def publish_views(self, now: float, nodes: Iterable[NodeRecord]) -> None:
         """Write each tenant's view of the cells, as the policy's traits read
