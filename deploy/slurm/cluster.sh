@@ -50,7 +50,10 @@ render() {
 }
 
 prepare() {
-  mkdir -p "$DIR"/{etc,munge,state,run,log,dev} "${NODES[@]/#/$DIR/spool/}"
+  mkdir -p "$DIR"/{etc,munge,state,run,log,dev,work} "${NODES[@]/#/$DIR/spool/}"
+  # slurmrestd reads slurm.conf as its own user, and jobs run as theirs.
+  chmod 755 "$DIR" "$DIR/etc"
+  chmod 1777 "$DIR/work"
   chmod 700 "$DIR/munge"
   [[ -s $DIR/munge/munge.key ]] || { head -c 1024 /dev/urandom >"$DIR/munge/munge.key"; }
   [[ -s $DIR/etc/jwt.key ]] || { head -c 32 /dev/urandom >"$DIR/etc/jwt.key"; }
@@ -81,14 +84,21 @@ rest_answers() { (exec 3<>"/dev/tcp/127.0.0.1/$REST_PORT") 2>/dev/null; }
 start() {
   all_running && return 0
   stop
-  prepare
+  # A start that fails half-way leaves nothing running (its logs stay).
+  launch || { stop; return 1; }
+}
+
+# Each step returns on failure: under `launch || ...`, bash ignores set -e.
+launch() {
+  prepare || return 1
   munged --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
     --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
-    --seed-file="$DIR/munge/munge.seed" --force
-  slurmctld
+    --seed-file="$DIR/munge/munge.seed" --force || return 1
+  slurmctld || return 1
   local n
-  for n in "${NODES[@]}"; do slurmd -N "$n"; done
-  wait_for 30 "the four idle nodes" nodes_idle
+  for n in "${NODES[@]}"; do slurmd -N "$n" || return 1; done
+  wait_for 30 "the four idle nodes" nodes_idle || return 1
+  # slurmrestd refuses to run as root: it runs as the user Hops acts as.
   setsid setpriv --reuid="$REST_USER" --regid="$REST_USER" --init-groups \
     env SLURM_JWT=daemon SLURM_CONF="$SLURM_CONF" \
     slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 "127.0.0.1:$REST_PORT" \
@@ -122,6 +132,7 @@ env_lines() {
   echo "HOPS_SLURM_REST_URL=http://127.0.0.1:$REST_PORT"
   echo "HOPS_SLURM_REST_USER=$REST_USER"
   echo "HOPS_SLURM_PARTITION=hops"
+  echo "HOPS_SLURM_WORKDIR=$DIR/work"
 }
 
 case ${1:-} in
