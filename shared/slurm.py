@@ -10,6 +10,7 @@ raises: it gets a safe reading and a code saying it was not understood.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -163,18 +164,19 @@ def job_verdict(state: str, status: int | None = None, reason: str = "",
     return verdict("unknown", JOB_UNKNOWN_STATE, f"Slurm state {state!r} not understood")
 
 
-def gres_indices(detail: str) -> tuple[int, ...]:
-    """The GPU indices of one ``gres_detail`` entry (``gpu:fake:2(IDX:0-1,4)``
-    → (0, 1, 4)); () when none are named (``IDX:N/A``) or it is not a GPU's."""
-    if not detail.startswith("gpu") or "(IDX:" not in detail:
-        return ()
-    spec = detail.split("(IDX:", 1)[1].split(")", 1)[0]
+_GPU_INDICES = re.compile(r"(?:^|,)gpu[^,(]*\(IDX:([^)]*)\)")
+
+
+def gres_indices(text: str) -> tuple[int, ...]:
+    """The GPU indices a GRES string names (a job's ``gres_detail`` entry,
+    a node's ``gres_used``): ``gpu:fake:3(IDX:0-1,4)`` → (0, 1, 4); () where
+    none are (``IDX:N/A``, or no GPU)."""
     out: list[int] = []
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            continue
-        out.extend(range(int(lo), int(hi or lo) + 1))
+    for spec in _GPU_INDICES.findall(text):
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            if lo.isdigit() and (not hi or hi.isdigit()):
+                out.extend(range(int(lo), int(hi or lo) + 1))
     return tuple(out)
 
 

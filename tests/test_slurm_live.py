@@ -81,6 +81,16 @@ async def file_text(path: Path) -> str:
     return await until(probe, f"{path} written")
 
 
+async def resume(client: SlurmClient, cluster: SlurmCluster, node: str) -> None:
+    """Resumes ``node`` and waits until it reads idle: for about a second
+    after a resume Slurm reads it not responding (``idle*``)."""
+    cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+
+    async def idle() -> bool:
+        return any(n.name == node and n.health.code == "idle" for n in await client.nodes())
+    await until(idle, f"{node} idle again")
+
+
 async def test_four_idle_nodes_with_eight_gpus(client: SlurmClient) -> None:
     nodes = await client.nodes()
     assert sorted(n.name for n in nodes) == ["n1", "n2", "n3", "n4"]
@@ -114,6 +124,9 @@ async def test_two_jobs_on_one_node_get_distinct_gpus(
     seen = [set((await file_text(out)).split(",")) for out in outs]
     assert all(len(s) == 3 for s in seen) and not seen[0] & seen[1]
     assert not set(jobs[0].gpu_indices) & set(jobs[1].gpu_indices)
+    [n4] = [n for n in await client.nodes() if n.name == "n4"]
+    assert set(n4.gpus_in_use) == set(jobs[0].gpu_indices) | set(jobs[1].gpu_indices)
+    assert n4.health.code == "busy"
 
 
 async def test_a_stop_terms_the_job_before_the_kill(
@@ -155,11 +168,7 @@ async def test_a_node_set_down_reads_as_down_with_its_reason(
         [n2] = [n for n in await client.nodes() if n.name == "n2"]
         assert (n2.health.alive, n2.health.code, n2.health.reason) == (False, "down", "test")
     finally:
-        slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume")
-
-    async def idle() -> bool:
-        return any(n.name == "n2" and n.health.code == "idle" for n in await client.nodes())
-    await until(idle, "n2 idle again")
+        await resume(client, slurm_cluster, "n2")
 
 
 async def test_a_drained_node_is_alive_but_takes_no_work(
@@ -174,7 +183,7 @@ async def test_a_drained_node_is_alive_but_takes_no_work(
         assert job is not None and job.verdict().kind == "waiting"
         assert (await client.stop(job_id, grace_s=5)) is not None  # a pending job: cancelled
     finally:
-        slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+        await resume(client, slurm_cluster, "n2")
 
 
 async def test_a_cancel_behind_hops_back_reads_as_outside(
@@ -208,9 +217,24 @@ async def test_slurmrestd_answers_the_users_token_only(slurm_cluster: SlurmClust
         assert (await http.get(url, headers={**user, "X-SLURM-USER-TOKEN": token})
                 ).status_code == 200
         assert (await http.get(url, headers=user)).status_code == 401
+        # slurmrestd hands a token on unchecked; slurmctld refuses a forged
+        # one, which comes back as a 500.
         forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
-        assert (await http.get(url, headers={**user, "X-SLURM-USER-TOKEN": forged})
-                ).status_code == 401
+        assert (await http.get(f"{slurm_cluster.rest_url}/slurm/v0.0.38/jobs",
+                               headers={**user, "X-SLURM-USER-TOKEN": forged})
+                ).status_code == 500
+
+
+async def test_a_refused_token_is_renewed_once(slurm_cluster: SlurmCluster) -> None:
+    c = SlurmClient(slurm_cluster.settings(rest=True))
+    try:
+        assert c.rest is not None
+        good = await c.token(600)
+        c.rest._token, c.rest._renew_at = good[:-4] + "AAAA", time.monotonic() + 600
+        assert len(await c.nodes()) == 4
+        assert c.rest._token != good[:-4] + "AAAA"
+    finally:
+        await c.aclose()
 
 
 async def test_a_refused_operation_says_why(slurm_cluster: SlurmCluster) -> None:
@@ -220,4 +244,5 @@ async def test_a_refused_operation_says_why(slurm_cluster: SlurmCluster) -> None
             await c.submit(request(slurm_cluster, "nowhere", "n9", "true"))
     finally:
         await c.aclose()
-    assert refused.value.code == "slurm_cli_failed" and "n9" in refused.value.error
+    assert refused.value.code == "slurm_cli_failed"
+    assert "Invalid node name" in refused.value.error

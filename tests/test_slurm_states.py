@@ -130,6 +130,8 @@ def test_gres_indices() -> None:
     assert gres_indices("gpu:fake:0(IDX:N/A)") == ()
     assert gres_indices("gpu:2") == ()
     assert gres_indices("license:x(IDX:1)") == ()
+    assert gres_indices("gpu:a:1(IDX:0),gpu:b:2(IDX:2-3)") == (0, 2, 3)
+    assert gres_indices("gpu:fake:0(IDX:N/A)") == ()
 
 
 @given(st.text(min_size=1, max_size=30), st.integers(0, 10_000))
@@ -183,3 +185,4 @@ def test_the_json_decodes_to_records() -> None:
     assert parse_job_name(job.name) == ("j-9", 1)
     [node], _ = decode_nodes(_NODES)
     assert (node.gpus, node.health.code, node.health.reason) == (8, "drained", "busy-drain")
+    assert node.gpus_in_use == ()

@@ -71,6 +71,11 @@ class SlurmNode(msgspec.Struct, frozen=True):
                 total += int(fields[-1])
         return total
 
+    @property
+    def gpus_in_use(self) -> tuple[int, ...]:
+        """The indices of the GPUs jobs hold (from ``gres_used``)."""
+        return gres_indices(self.gres_used)
+
 
 class SlurmError(msgspec.Struct, frozen=True):
     """One entry of the ``errors`` list Slurm's JSON carries."""

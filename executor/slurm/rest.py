@@ -38,19 +38,20 @@ class SlurmRest:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _headers(self) -> dict[str, str]:
+    async def _headers(self, *, renew: bool = False) -> dict[str, str]:
         now = time.monotonic()
-        if not self._token or now >= self._renew_at:
+        if renew or not self._token or now >= self._renew_at:
             self._token = await self._token_source(self._lifespan_s)
             self._renew_at = now + self._lifespan_s * 0.8
         return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": self._token}
 
     async def _call(self, method: str, path: str, params: dict[str, str] | None = None) -> bytes:
-        try:
-            answer = await self._http.request(method, API + path, params=params,
-                                              headers=await self._headers())
-        except httpx.HTTPError as e:
-            raise SlurmFailure("slurm_rest_failed", f"slurmrestd {method} {path}: {e!r}") from e
+        answer = await self._send(method, path, params, renew=False)
+        if answer.status_code == 500:
+            # slurmrestd hands a token on unchecked; slurmctld's refusal of a
+            # stale or revoked one comes back as a 500 ("Unspecified error"):
+            # one more try with a fresh token tells the two apart.
+            answer = await self._send(method, path, params, renew=True)
         if answer.status_code in (401, 403):
             raise SlurmFailure("slurm_rest_refused",
                                f"slurmrestd refused {method} {path} for {self.user} "
@@ -59,6 +60,14 @@ class SlurmRest:
             raise SlurmFailure("slurm_rest_failed", f"slurmrestd {method} {path} answered "
                                f"{answer.status_code}: {answer.text[-300:]}")
         return answer.content
+
+    async def _send(self, method: str, path: str, params: dict[str, str] | None, *,
+                    renew: bool) -> httpx.Response:
+        try:
+            return await self._http.request(method, API + path, params=params,
+                                            headers=await self._headers(renew=renew))
+        except httpx.HTTPError as e:
+            raise SlurmFailure("slurm_rest_failed", f"slurmrestd {method} {path}: {e!r}") from e
 
     async def ping(self) -> bool:
         """Whether slurmctld answers through slurmrestd."""
