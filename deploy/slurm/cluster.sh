@@ -65,8 +65,10 @@ prepare() {
   for i in 0 1 2 3 4 5 6 7; do
     [[ -c $DIR/dev/nvidia$i ]] || mknod "$DIR/dev/nvidia$i" c 195 "$i"
   done
+  # (A concurrent start may have made the user first: then it exists.)
   id -u "$REST_USER" >/dev/null 2>&1 \
-    || useradd --system --no-create-home --shell /usr/sbin/nologin "$REST_USER"
+    || useradd --system --no-create-home --shell /usr/sbin/nologin "$REST_USER" \
+    || id -u "$REST_USER" >/dev/null
 }
 
 wait_for() {  # seconds, what, command...
