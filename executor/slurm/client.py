@@ -1,0 +1,213 @@
+"""The Slurm client a Slurm backend drives (issue 37): submit a Hops job's
+start on exactly the planned node, with the planned GPUs and cores, in the
+partition Hops owns; stop it with SIGTERM, then a kill after its grace; read
+back jobs and nodes.
+
+Which channel does what (docs/slurm.md, "Which operation goes where"):
+
+* submit: the CLI (``sbatch --parsable``): REST v0.0.38 cannot pin a node
+  (``required_nodes`` is disabled there);
+* signal, kill, read jobs and nodes: slurmrestd when it is configured,
+  else the CLI (``scancel --full``, ``squeue --json``, ``sinfo --json``,
+  which write the same schema as REST).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shlex
+import time
+
+import msgspec
+
+from executor.slurm import cli
+from executor.slurm.cli import SlurmFailure
+from executor.slurm.records import SlurmJob, SlurmNode, decode_jobs, decode_nodes
+from executor.slurm.rest import SlurmRest
+from shared.slurm import job_name
+
+
+class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How to reach a Slurm cluster. ``user``: the Slurm user Hops acts as
+    ('' for this process's own); a root process submits for it with
+    ``--uid``. ``rest_url``: slurmrestd ('' to use the CLI alone)."""
+
+    slurm_conf: str
+    partition: str = "hops"
+    user: str = ""
+    rest_url: str = ""
+    token_lifespan_s: int = 3600
+    cli_timeout_s: float = 30.0
+
+
+class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One start of a Hops job on one node: ``command`` runs (exec'd by the
+    batch script, so Slurm's signals reach it directly) in ``workdir`` with
+    ``env`` (and Slurm's own variables, ``CUDA_VISIBLE_DEVICES`` among
+    them), its output to ``output``. ``time_limit_min``: a Slurm time limit,
+    with SIGTERM ``grace_s`` before it (None: none)."""
+
+    job_id: str
+    attempt: int
+    node: str
+    gpus: int
+    cores: int
+    command: list[str]
+    workdir: str
+    env: dict[str, str] = {}
+    output: str = "/dev/null"
+    time_limit_min: int | None = None
+    grace_s: int = 30
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("a job request needs a command")
+        if self.gpus < 0 or self.cores < 1:
+            raise ValueError(f"gpus must be >= 0 and cores >= 1, got {self.gpus}, {self.cores}")
+
+
+def batch_script(command: list[str]) -> bytes:
+    """The batch script of ``command``: it execs it, so the job's process is
+    the one Slurm signals."""
+    return f"#!/bin/sh\nexec {shlex.join(command)}\n".encode()
+
+
+def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool) -> list[str]:
+    """``sbatch``'s arguments for ``req``: the one planned node, its GPUs and
+    cores, Hops' partition, a name Hops finds again, and no requeue by Slurm
+    (Hops requeues, from the job's progress)."""
+    argv = [
+        "sbatch", "--parsable", f"--partition={settings.partition}",
+        f"--job-name={job_name(req.job_id, req.attempt)}",
+        f"--nodelist={req.node}", "--nodes=1", "--ntasks=1",
+        f"--cpus-per-task={req.cores}", f"--chdir={req.workdir}",
+        f"--output={req.output}", "--export=ALL", "--no-requeue",
+    ]
+    if req.gpus:
+        argv.append(f"--gres=gpu:{req.gpus}")
+    if req.time_limit_min is not None:
+        argv += [f"--time={req.time_limit_min}", f"--signal=B:TERM@{req.grace_s}"]
+    if as_uid and settings.user:
+        argv.append(f"--uid={settings.user}")
+    return argv
+
+
+class SlurmClient:
+    """One Slurm cluster, as :class:`SlurmSettings` names it."""
+
+    def __init__(self, settings: SlurmSettings) -> None:
+        self.settings = settings
+        self._env = cli.command_env(settings.slurm_conf)
+        self.rest: SlurmRest | None = None
+        if settings.rest_url:
+            self.rest = SlurmRest(settings.rest_url, settings.user or _whoami(), self.token,
+                                  lifespan_s=settings.token_lifespan_s)
+
+    async def aclose(self) -> None:
+        if self.rest is not None:
+            await self.rest.aclose()
+
+    async def _cli(self, *argv: str, stdin: bytes | None = None, env: dict[str, str] | None = None
+                   ) -> bytes:
+        return await cli.run(list(argv), env or self._env, stdin=stdin,
+                             timeout_s=self.settings.cli_timeout_s)
+
+    async def token(self, lifespan_s: int) -> str:
+        """A JWT for the settings' user from slurmctld (``scontrol token``)."""
+        argv = ["scontrol", "token", f"lifespan={lifespan_s}"]
+        if self.settings.user:
+            argv.insert(2, f"username={self.settings.user}")
+        out = (await self._cli(*argv)).decode().strip()
+        if not out.startswith("SLURM_JWT="):
+            raise SlurmFailure("slurm_bad_answer", f"scontrol token wrote {out[:80]!r}")
+        return out.removeprefix("SLURM_JWT=")
+
+    async def submit(self, req: JobRequest) -> int:
+        """Submits ``req``; its Slurm job id."""
+        argv = sbatch_argv(req, self.settings, as_uid=os.geteuid() == 0)
+        env = cli.command_env(self.settings.slurm_conf, req.env)
+        out = (await self._cli(*argv, stdin=batch_script(req.command), env=env)).decode()
+        head = out.strip().split(";")[0]
+        if not head.isdigit():
+            raise SlurmFailure("slurm_bad_answer", f"sbatch --parsable wrote {out[:80]!r}")
+        return int(head)
+
+    async def signal(self, job_id: int, signal: str = "TERM") -> None:
+        """Sends ``signal`` to the job's processes, batch script included
+        (``scancel --signal`` without ``--full`` spares the batch script)."""
+        if self.rest is not None:
+            await self.rest.signal(job_id, signal)
+        else:
+            await self._cli("scancel", "--full", f"--signal={signal}", str(job_id))
+
+    async def cancel(self, job_id: int) -> None:
+        """Ends the job at once, pending or running (Slurm's cancel)."""
+        if self.rest is not None:
+            await self.rest.cancel(job_id)
+        else:
+            await self._cli("scancel", str(job_id))
+
+    async def stop(self, job_id: int, grace_s: float, *, poll_s: float = 0.2) -> SlurmJob | None:
+        """A Hops stop: SIGTERM (the job checkpoints), then SIGKILL if it
+        still runs ``grace_s`` later; a job still pending is cancelled. The
+        job as last read (None: slurmctld no longer knows it)."""
+        job = await self.job(job_id)
+        if job is None or not _holds(job):
+            return job
+        if job.verdict().kind == "waiting":
+            await self.cancel(job_id)
+        else:
+            await self._signal_unless_ended(job_id, "TERM")
+        deadline = time.monotonic() + grace_s
+        while (job := await self.job(job_id)) is not None and _holds(job):
+            if time.monotonic() >= deadline:
+                await self._signal_unless_ended(job_id, "KILL")
+                deadline = float("inf")
+            await asyncio.sleep(poll_s)
+        return job
+
+    async def _signal_unless_ended(self, job_id: int, signal: str) -> None:
+        """:meth:`signal`, where a job that ended meanwhile is no failure."""
+        try:
+            await self.signal(job_id, signal)
+        except SlurmFailure:
+            job = await self.job(job_id)
+            if job is not None and _holds(job):
+                raise
+
+    async def jobs(self) -> list[SlurmJob]:
+        """The jobs of Hops' partition slurmctld still knows (running ones,
+        and ended ones for ``MinJobAge`` seconds)."""
+        if self.rest is not None:
+            jobs = await self.rest.jobs()
+        else:
+            # squeue --json ignores its filters in 22.05: every job comes back.
+            jobs, errors = decode_jobs(await self._cli("squeue", "--json"))
+            if errors and not jobs:
+                raise SlurmFailure("slurm_cli_failed", f"squeue --json: {errors[0].error}")
+        return [j for j in jobs if j.partition == self.settings.partition]
+
+    async def job(self, job_id: int) -> SlurmJob | None:
+        """Slurm job ``job_id``; None once slurmctld has forgotten it."""
+        return next((j for j in await self.jobs() if j.job_id == job_id), None)
+
+    async def nodes(self) -> list[SlurmNode]:
+        """The nodes of Hops' partition."""
+        if self.rest is not None:
+            nodes = await self.rest.nodes()
+        else:
+            nodes, errors = decode_nodes(await self._cli("sinfo", "--json"))
+            if errors and not nodes:
+                raise SlurmFailure("slurm_cli_failed", f"sinfo --json: {errors[0].error}")
+        return [n for n in nodes if self.settings.partition in n.partitions]
+
+
+def _holds(job: SlurmJob) -> bool:
+    """Whether the job still holds its node (not yet ended)."""
+    return job.verdict().kind in ("waiting", "running")
+
+
+def _whoami() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name

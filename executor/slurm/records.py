@@ -1,0 +1,106 @@
+"""Slurm's jobs and nodes as Hops reads them.
+
+``squeue --json``, ``sinfo --json`` and slurmrestd's ``/slurm/v0.0.38/jobs``
+and ``/nodes`` write the same schema (Slurm 22.05's data parser v0.0.38), so
+one decoder serves both the CLI and the REST path. Only the fields Hops uses
+are named; the rest are ignored.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.slurm import JobVerdict, NodeHealth, gres_indices, job_verdict, node_health
+
+
+class SlurmJob(msgspec.Struct, frozen=True):
+    """One Slurm job. ``exit_code`` is a wait status (see
+    :func:`shared.slurm.wait_status`); ``gres_detail`` names the GPU indices
+    Slurm gave it per node (``gpu:fake:2(IDX:0-1)``) while it runs: Slurm
+    empties it once the job has ended."""
+
+    job_id: int
+    name: str = ""
+    job_state: str = ""
+    state_reason: str = ""
+    # Slurm's words for the reason (``ReqNodeNotAvail, UnavailableNodes:n1``).
+    state_description: str = ""
+    nodes: str = ""
+    partition: str = ""
+    user_name: str = ""
+    cpus: int | None = None
+    exit_code: int | None = None
+    gres_detail: list[str] = []
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        """The GPU indices Slurm allocated (one node's: Hops' jobs are one
+        node each); () before it runs."""
+        return tuple(i for d in self.gres_detail for i in gres_indices(d))
+
+    def verdict(self, *, stopping: bool = False) -> JobVerdict:
+        return job_verdict(self.job_state, self.exit_code, self.state_reason, stopping=stopping)
+
+
+class SlurmNode(msgspec.Struct, frozen=True):
+    """One Slurm node: its state (``idle``) and flags (``["DRAIN"]``), the
+    reason an operator or Slurm gave, its GPUs (``gres``: ``gpu:fake:8``)
+    and those in use (``gres_used``), its CPUs and those allocated."""
+
+    name: str
+    state: str = ""
+    state_flags: list[str] = []
+    reason: str = ""
+    gres: str = ""
+    gres_used: str = ""
+    cpus: int = 0
+    alloc_cpus: int = 0
+    partitions: list[str] = []
+
+    @property
+    def health(self) -> NodeHealth:
+        return node_health(self.state, tuple(self.state_flags), self.reason)
+
+    @property
+    def gpus(self) -> int:
+        """How many GPUs the node has (the sum of its ``gpu`` GRES counts)."""
+        total = 0
+        for part in self.gres.split(","):
+            fields = part.split("(")[0].split(":")
+            if fields[0] == "gpu" and fields[-1].isdigit():
+                total += int(fields[-1])
+        return total
+
+    @property
+    def gpus_in_use(self) -> tuple[int, ...]:
+        """The indices of the GPUs jobs hold (from ``gres_used``)."""
+        return gres_indices(self.gres_used)
+
+
+class SlurmError(msgspec.Struct, frozen=True):
+    """One entry of the ``errors`` list Slurm's JSON carries."""
+
+    error: str = ""
+    error_number: int = 0
+
+
+class _Jobs(msgspec.Struct):
+    jobs: list[SlurmJob] = []
+    errors: list[SlurmError] = []
+
+
+class _Nodes(msgspec.Struct):
+    nodes: list[SlurmNode] = []
+    errors: list[SlurmError] = []
+
+
+def decode_jobs(raw: bytes) -> tuple[list[SlurmJob], list[SlurmError]]:
+    """The jobs (and errors) of a v0.0.38 answer."""
+    answer = msgspec.json.decode(raw, type=_Jobs)
+    return answer.jobs, answer.errors
+
+
+def decode_nodes(raw: bytes) -> tuple[list[SlurmNode], list[SlurmError]]:
+    """The nodes (and errors) of a v0.0.38 answer."""
+    answer = msgspec.json.decode(raw, type=_Nodes)
+    return answer.nodes, answer.errors

@@ -1,0 +1,199 @@
+"""What Slurm's node and job states mean to Hops (issue 37), as pure functions.
+
+Slurm writes a node's state several ways: ``scontrol`` as ``IDLE+DRAIN`` or
+``DOWN+NOT_RESPONDING``, ``sinfo`` as ``drained`` or ``down*``, its JSON as
+a base state (``idle``) with flags (``["DRAIN"]``). :func:`node_health`
+takes any of them. A job's state is one word (``RUNNING``, ``NODE_FAIL``…);
+:func:`job_verdict` says what Hops does about it. An unknown word never
+raises: it gets a safe reading and a code saying it was not understood.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+
+# Suffixes sinfo appends to a node's state: ``*`` not responding, ``~`` powered
+# off, ``#`` powering up, ``%`` powering down, ``!`` power down pending,
+# ``$`` in a maintenance reservation, ``@`` reboot pending, ``^`` rebooting,
+# ``-`` planned by backfill.
+_SIGILS = "*~#%!$@^-"
+_NOT_RESPONDING = "NOT_RESPONDING"
+_DRAIN_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED"})
+_BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+_UP = frozenset({"IDLE", *_BUSY})
+_DEAD = frozenset({"DOWN", "ERROR", "FUTURE", "UNKNOWN", "INVAL"})
+# sinfo's long forms fold a drain into the base word.
+_ALIASES = {"DRAINED": ("IDLE", "DRAIN"), "DRAINING": ("ALLOCATED", "DRAIN"),
+            "ALLOC": ("ALLOCATED", ""), "COMP": ("COMPLETING", ""),
+            "DRAIN": ("IDLE", "DRAIN")}
+
+NODE_UNKNOWN_STATE = "slurm_node_state_unknown"
+
+
+class NodeHealth(msgspec.Struct, frozen=True):
+    """A Slurm node as Hops reads it: ``alive`` (its slurmd answers and it is
+    not down), ``drained`` (no new work: an operator or Slurm drained it),
+    ``busy`` (jobs hold some of it), ``code`` (one stable word: ``idle``,
+    ``busy``, ``down``, ``not_responding``, ``drained`` or
+    :data:`NODE_UNKNOWN_STATE`) and Slurm's ``reason``."""
+
+    alive: bool
+    drained: bool
+    busy: bool
+    code: str
+    reason: str = ""
+
+
+def _words(state: str, flags: tuple[str, ...]) -> tuple[str, set[str]]:
+    """The base state and the flags of ``state`` (any of Slurm's spellings)."""
+    text = state.strip().upper()
+    extra = {f.strip().upper() for f in flags if f.strip()}
+    if text.endswith("*"):
+        extra.add(_NOT_RESPONDING)
+    text = text.rstrip(_SIGILS)
+    base, *more = text.split("+") if text else [""]
+    extra |= {m for m in more if m}
+    base, folded = _ALIASES.get(base, (base, ""))
+    if folded:
+        extra.add(folded)
+    return base, extra
+
+
+def node_health(state: str, flags: tuple[str, ...] = (), reason: str = "") -> NodeHealth:
+    """How Hops reads a Slurm node in ``state`` with ``flags``. A state it
+    does not know reads as dead (no work is placed there) with the code
+    :data:`NODE_UNKNOWN_STATE`."""
+    base, extra = _words(state, flags)
+    drained = bool(extra & _DRAIN_FLAGS)
+    if base in _DEAD or _NOT_RESPONDING in extra:
+        code = "down" if base in _DEAD else "not_responding"
+        return NodeHealth(alive=False, drained=drained, busy=False, code=code, reason=reason)
+    if base not in _UP:
+        return NodeHealth(alive=False, drained=drained, busy=False,
+                          code=NODE_UNKNOWN_STATE, reason=reason or f"Slurm state {state!r}")
+    busy = base in _BUSY
+    code = "drained" if drained else "busy" if busy else "idle"
+    return NodeHealth(alive=True, drained=drained, busy=busy, code=code, reason=reason)
+
+
+# What Hops does about a Slurm job:
+# waiting: not started yet; running: runs (keep the booking);
+# finished: done, exit 0; failed: the job's own failure (no restart);
+# requeue: Slurm or the node lost it, not the job's fault (start it again
+#   from its progress);
+# stopped: ended after Hops asked it to stop (checkpointed; the plan goes on);
+# outside: ended by someone or something other than Hops (a scancel, a
+#   time limit): reported with the reason, never restarted blindly;
+# unknown: a state Hops does not know: keep the booking, restart nothing,
+#   report the code (restarting could run the job twice).
+VerdictKind = Literal[
+    "waiting", "running", "finished", "failed", "requeue", "stopped", "outside", "unknown",
+]
+JOB_UNKNOWN_STATE = "slurm_job_state_unknown"
+
+_WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                      "RESV_DEL_HOLD", "POWER_UP_NODE"})
+_RUNNING = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING",
+                      "SUSPENDED", "STOPPED", "UPDATE_DB"})
+_LOST = {"NODE_FAIL": "slurm_node_fail", "PREEMPTED": "slurm_preempted",
+         "BOOT_FAIL": "slurm_boot_fail"}
+_OWN_FAILURE = {"FAILED": "slurm_failed", "OUT_OF_MEMORY": "slurm_out_of_memory",
+                "SPECIAL_EXIT": "slurm_special_exit"}
+_OUTSIDE = {"CANCELLED": "slurm_cancelled", "TIMEOUT": "slurm_timeout",
+            "DEADLINE": "slurm_deadline", "REVOKED": "slurm_revoked"}
+
+
+class JobVerdict(msgspec.Struct, frozen=True):
+    """What Hops does about a Slurm job (``kind``), why (``code``, stable;
+    ``reason``, words), and how its batch script ended: ``exit_code`` its
+    exit status, ``signal`` the signal that ended it (None: not ended, or
+    not by that)."""
+
+    kind: VerdictKind
+    code: str
+    reason: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+def wait_status(status: int | None) -> tuple[int | None, int | None]:
+    """Slurm's ``exit_code`` (a wait status: exit code times 256, or the
+    signal) as (exit code, signal)."""
+    if status is None or status < 0:
+        return None, None
+    if status & 0x7F:
+        return None, status & 0x7F
+    return status >> 8, None
+
+
+def job_verdict(state: str, status: int | None = None, reason: str = "",
+                *, stopping: bool = False) -> JobVerdict:
+    """What Hops does about a Slurm job in ``state`` whose batch script
+    ended with wait ``status``, Slurm saying ``reason``. ``stopping``: Hops
+    asked it to stop (a TERM, then a cancel), so its end, however Slurm
+    records it (COMPLETED when the job exits 0 after its checkpoint,
+    CANCELLED when the grace ran out), is the stop Hops asked for."""
+    word = state.strip().upper().split("+")[0].rstrip(_SIGILS)
+    code, sig = wait_status(status)
+    why = "" if reason in ("", "None") else reason
+
+    def verdict(kind: VerdictKind, slug: str, words: str = "") -> JobVerdict:
+        return JobVerdict(kind=kind, code=slug, reason=words or why, exit_code=code, signal=sig)
+
+    if word in _WAITING:
+        return verdict("waiting", f"slurm_{word.lower()}")
+    if word in _RUNNING:
+        return verdict("running", f"slurm_{word.lower()}")
+    if stopping and (word == "COMPLETED" or word in _OUTSIDE or word in _OWN_FAILURE):
+        return verdict("stopped", "slurm_stopped", f"stopped by Hops ({word})")
+    if word == "COMPLETED":
+        if code == 0:
+            return verdict("finished", "slurm_completed")
+        return verdict("failed", "slurm_failed", f"exit code {code}, signal {sig}")
+    if word in _LOST:
+        return verdict("requeue", _LOST[word], f"Slurm: {word}{f' ({why})' if why else ''}")
+    if word in _OWN_FAILURE:
+        detail = f"signal {sig}" if sig is not None else f"exit code {code}"
+        return verdict("failed", _OWN_FAILURE[word], f"Slurm: {word}, {detail}")
+    if word in _OUTSIDE:
+        return verdict("outside", _OUTSIDE[word],
+                       f"Slurm: {word} outside Hops{f' ({why})' if why else ''}")
+    return verdict("unknown", JOB_UNKNOWN_STATE, f"Slurm state {state!r} not understood")
+
+
+_GPU_INDICES = re.compile(r"(?:^|,)gpu[^,(]*\(IDX:([^)]*)\)")
+
+
+def gres_indices(text: str) -> tuple[int, ...]:
+    """The GPU indices a GRES string names (a job's ``gres_detail`` entry,
+    a node's ``gres_used``): ``gpu:fake:3(IDX:0-1,4)`` → (0, 1, 4); () where
+    none are (``IDX:N/A``, or no GPU)."""
+    out: list[int] = []
+    for spec in _GPU_INDICES.findall(text):
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            if lo.isdigit() and (not hi or hi.isdigit()):
+                out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(out)
+
+
+_NAME_PREFIX = "hops"
+
+
+def job_name(job_id: str, attempt: int) -> str:
+    """The Slurm job name of attempt ``attempt`` of Hops job ``job_id``: how
+    Hops finds its jobs in Slurm again after a restart."""
+    return f"{_NAME_PREFIX}:{job_id}:{attempt}"
+
+
+def parse_job_name(name: str) -> tuple[str, int] | None:
+    """(Hops job id, attempt) of a Slurm job named by :func:`job_name`;
+    None for any other job (not Hops': never touched)."""
+    prefix, _, rest = name.partition(":")
+    job_id, _, attempt = rest.rpartition(":")
+    if prefix != _NAME_PREFIX or not job_id or not attempt.isdigit():
+        return None
+    return job_id, int(attempt)
