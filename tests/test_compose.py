@@ -29,6 +29,7 @@ from cli.up.stack import (
     stop_order,
 )
 from scheduling.rounds import ROUND_S
+from tests.composestack import read_env_file
 from world.clusters import cluster_arg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +42,6 @@ REAL_JOBS = ROOT / "deploy" / "compose.real-jobs.yaml"
 def compose() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
     return doc
-
-
-def env_file(path: Path) -> dict[str, str]:
-    """A compose ``--env-file``: ``KEY=VALUE`` lines, the value to the end of the line."""
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    return dict(ln.split("=", 1) for ln in lines)
 
 
 def interpolate(value: str, env: dict[str, str]) -> str:
@@ -264,7 +259,7 @@ def test_the_nats_cluster_profile_makes_one_cluster_of_three_at_r3() -> None:
     """deploy/nats-cluster.env enables profile nats-cluster: three servers,
     each named and routed to the two others, every service given every
     server's URL and three replicas."""
-    doc, env = compose(), env_file(NATS_CLUSTER_ENV)
+    doc, env = compose(), read_env_file(NATS_CLUSTER_ENV)
     services = doc["services"]
     members = [name for name, svc in services.items() if svc["image"].startswith("nats:")]
     assert members == ["nats", "nats-2", "nats-3"]
