@@ -64,16 +64,18 @@ def meta_leader(d: Deployment, members: tuple[str, ...] = MEMBERS) -> str:
 
 
 def peers(d: Deployment) -> dict[str, int]:
-    """Every stream (a KV bucket's is ``KV_<bucket>``) and the servers that
-    keep it: its configured replicas where its leader and every replica
-    agree, else -1."""
+    """Every stream (a KV bucket's is ``KV_<bucket>``) as server ``nats``
+    sees it: its configured replicas where it has a leader and is kept by
+    as many servers, else -1. (``/jsz`` lists the streams the server keeps
+    itself, each with the other servers that keep it.)"""
     found = {}
     for account in d.jsz(member(d, "nats")).get("account_details") or []:
         for stream in account.get("stream_detail") or []:
             cluster = stream.get("cluster") or {}
-            copies = int(bool(cluster.get("leader"))) + len(cluster.get("replicas") or [])
+            copies = 1 + len(cluster.get("replicas") or [])
             replicas = int(stream["config"]["num_replicas"])
-            found[str(stream["name"])] = replicas if copies == replicas else -1
+            agreed = cluster.get("leader") and copies == replicas
+            found[str(stream["name"])] = replicas if agreed else -1
     return found
 
 
