@@ -9,17 +9,22 @@ three things only, so that runs beside each other and beside a user's own
 deployment do not collide: its published ports are free ports of the host's
 loopback, its Hops image is ``hops:compose-test`` and the build context is
 this tree. Its secrets are made by ``hops credentials --compose``, as
-compose.yaml's comment says.
+compose.yaml's comment says. An ``env_file`` (``docker-compose --env-file``,
+e.g. deploy/nats-cluster.env) sets compose.yaml's variables and its
+profiles (``COMPOSE_PROFILES``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +35,14 @@ import yaml
 from cli.up.launcher import free_port
 from services.runtime.natsd import nats_server_binary
 from tests.engines_docker import DockerEngine
-from tests.livestack import until
+from tests.helpers import catalog_spec
+from tests.livestack import FINAL, until
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "deploy" / "images" / "build-standins.sh"
 IMAGE = "hops:compose-test"
 HEALTHY_TIMEOUT_S = 180.0
+SHORT = 3_000_000  # samples: seconds of wall time at the cluster's 60x
 
 
 def build_standins(engine: DockerEngine) -> float:
@@ -68,9 +75,11 @@ def derived_compose(published: dict[int, int]) -> dict[str, Any]:
 class Deployment:
     """One compose project in ``work``: its own name, secrets and ports."""
 
-    def __init__(self, engine: DockerEngine, work: Path) -> None:
+    def __init__(self, engine: DockerEngine, work: Path, env_file: Path | None = None) -> None:
         self.engine = engine
         self.work = work
+        self.env_file = env_file
+        self.profiles = set(read_env_file(env_file).get("COMPOSE_PROFILES", "").split(",")) - {""}
         self.project = f"hopstest{uuid.uuid4().hex[:8]}"
         self.ports: dict[int, int] = {}
         self.doc = derived_compose(self.ports)
@@ -90,7 +99,8 @@ class Deployment:
 
     def compose(self, *args: str, timeout: float = 900) -> str:
         assert self.engine.compose is not None
-        done = subprocess.run([self.engine.compose, "-p", self.project, "-f",
+        env_file = ["--env-file", str(self.env_file)] if self.env_file else []
+        done = subprocess.run([self.engine.compose, *env_file, "-p", self.project, "-f",
                                str(self.work / "compose.yaml"), *args], cwd=self.work,
                               capture_output=True, text=True, timeout=timeout, check=False)
         if done.returncode != 0:
@@ -103,8 +113,9 @@ class Deployment:
                               timeout=120, check=True).stdout
 
     def services(self) -> list[str]:
-        """The services a plain ``up`` starts: those in no profile."""
-        return [name for name, svc in self.doc["services"].items() if not svc.get("profiles")]
+        """The services ``up`` starts: those in no profile or an enabled one."""
+        return [name for name, svc in self.doc["services"].items()
+                if not svc.get("profiles") or self.profiles & set(svc["profiles"])]
 
     def containers(self, service: str) -> list[str]:
         return self.compose("ps", "-q", service).split()
@@ -154,6 +165,14 @@ class Deployment:
                               capture_output=True, text=True, timeout=60, check=False)
         return (done.stdout + done.stderr).splitlines()
 
+    def jsz(self, container: str) -> dict[str, Any]:
+        """A nats container's JetStream monitoring page (``/jsz``), every
+        account's streams with their configuration, read inside it."""
+        page = self.docker("exec", container, "wget", "-qO-",
+                           "http://127.0.0.1:8222/jsz?accounts=true&streams=true&config=true")
+        body: dict[str, Any] = json.loads(page)
+        return body
+
     def request(self, subject: str, body: bytes) -> bytes:
         """One NATS request as the admin (its seed from the secrets), from the host."""
         async def ask() -> bytes:
@@ -166,6 +185,82 @@ class Deployment:
                 await nc.close()
 
         return asyncio.run(ask())
+
+
+@contextmanager
+def deployed(work: Path, counts: dict[str, int],
+             env_file: Path | None = None) -> Iterator[Deployment]:
+    """compose.yaml up (``--build``) on a Docker engine, from the stand-ins,
+    until every service is healthy (``counts`` containers of a service where
+    not one); ``down -v`` at the end, whatever happened."""
+    with DockerEngine(work / "dockerd.log") as engine:
+        t0 = time.monotonic()
+        built = build_standins(engine)
+        d = Deployment(engine, work, env_file)
+        try:
+            d.compose("up", "-d", "--build")
+            d.wait_healthy(counts)
+            print(f"\ncompose: stand-ins {built:.0f} s, up healthy after "
+                  f"{time.monotonic() - t0:.0f} s")
+            yield d
+        finally:
+            d.compose("down", "-v", "--remove-orphans")
+
+
+# --- jobs through the gateway ------------------------------------------------------
+
+
+def submit(d: Deployment, job_id: str, total: int = SHORT) -> None:
+    """Submit a catalog job through the gateway; it must be accepted (201)."""
+    with d.http() as api:
+        r = api.post("/jobs", json=catalog_spec(job_id, total, requirements=[1, 2]))
+    assert r.status_code == 201, r.text
+
+
+def try_submit(d: Deployment, job_id: str, total: int = SHORT) -> bool:
+    """Submit once; whether the job is stored: accepted now (201), or by an
+    earlier attempt whose answer was lost (409 to the very id)."""
+    try:
+        with d.http() as api:
+            r = api.post("/jobs", json=catalog_spec(job_id, total, requirements=[1, 2]))
+    except httpx.HTTPError:  # the gateway unreachable or too slow: ask again
+        return False
+    return r.status_code in (201, 409)  # else no replica answered in time (503)
+
+
+def record(d: Deployment, job_id: str) -> dict[str, Any]:
+    """The job's record from the gateway."""
+    with d.http() as api:
+        r = api.get(f"/jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def wait_finished(d: Deployment, job_ids: list[str], timeout: float = 180) -> None:
+    """Wait until every job is in a final phase; each must be ``finished``."""
+    def final() -> dict[str, str] | None:
+        try:
+            phases = {j: record(d, j)["phase"] for j in job_ids}
+        except Exception:  # the gateway restarting or failing over: ask again
+            return None
+        return phases if set(phases.values()) <= set(FINAL) else None
+
+    def detail() -> str:
+        with d.http() as api:
+            records = {j: api.get(f"/jobs/{j}").text for j in job_ids}
+        return f"{records}\n{d.logs()}"
+
+    phases = until(final, f"{job_ids} final", timeout, detail)
+    assert set(phases.values()) == {"finished"}, (phases, d.logs())
+
+
+def read_env_file(path: Path | None) -> dict[str, str]:
+    """``KEY=VALUE`` lines of a compose env file (none: empty)."""
+    if path is None:
+        return {}
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return dict(ln.split("=", 1) for ln in lines)
 
 
 def _sortable(stamp: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,32 @@ from cli.up.stack import (
     stop_order,
 )
 from scheduling.rounds import ROUND_S
+from tests.composestack import read_env_file
 from world.clusters import cluster_arg
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "tests" / "data" / "compose-spec" / "compose_spec.json"
-INFRA = {"nats"}  # compose services that are not Hops components
+INFRA = {"nats", "nats-2", "nats-3"}  # compose services that are not Hops components
+NATS_CLUSTER_ENV = ROOT / "deploy" / "nats-cluster.env"
+REAL_JOBS = ROOT / "deploy" / "compose.real-jobs.yaml"
 
 
 def compose() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
     return doc
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ``${VAR:-default}``: the variable, else (unset or empty) the default."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m[1]) or m[2], value)
+
+
+def args(service: dict[str, Any], env: dict[str, str] | None = None) -> list[str]:
+    """A service's command as the container gets it (a string is split)."""
+    command = service["command"]
+    if isinstance(command, str):
+        return shlex.split(interpolate(command, env or {}))
+    return [interpolate(a, env or {}) for a in command]
 
 
 def schema_errors(doc: dict[str, Any]) -> list[str]:
@@ -176,7 +193,9 @@ def test_compose_sets_every_variable_the_stack_sets() -> None:
     services = compose()["services"]
     for name, comp in by_name(StackConfig()).items():
         env = services[name]["environment"]
-        assert env["HOPS_NATS_URL"] == "nats://nats:4222", name
+        # one server unless deploy/nats-cluster.env says otherwise
+        assert interpolate(env["HOPS_NATS_URL"], {}) == "nats://nats:4222", name
+        assert interpolate(env["HOPS_NATS_REPLICAS"], {}) == "1", name
         missing = set(comp.env) - set(env)
         assert not missing, f"{name} lacks {missing}"
 
@@ -222,11 +241,43 @@ def test_replicas_and_scaling() -> None:
 
 def test_nats_runs_jetstream_on_a_named_volume() -> None:
     doc = compose()
-    nats = doc["services"]["nats"]
-    command = " ".join(nats["command"])
-    assert "-js" in command and "-sd /data" in command
-    volume = nats["volumes"][0].split(":")[0]
-    assert volume in doc["volumes"]
+    volumes = set()
+    for name in ("nats", "nats-2", "nats-3"):
+        nats = doc["services"][name]
+        command = " ".join(args(nats))
+        assert "-js" in command and "-sd /data" in command, name
+        volume = nats["volumes"][0].split(":")[0]
+        assert volume in doc["volumes"], name
+        volumes.add(volume)
+    assert len(volumes) == 3  # a volume per server
+    # a plain `up` runs the one server, as it is: no name, no routes
+    assert args(doc["services"]["nats"]) == [
+        "-c", "/run/secrets/nats-auth.conf", "-js", "-sd", "/data", "-m", "8222"]
+
+
+def test_the_nats_cluster_profile_makes_one_cluster_of_three_at_r3() -> None:
+    """deploy/nats-cluster.env enables profile nats-cluster: three servers,
+    each named and routed to the two others, every service given every
+    server's URL and three replicas."""
+    doc, env = compose(), read_env_file(NATS_CLUSTER_ENV)
+    services = doc["services"]
+    members = [name for name, svc in services.items() if svc["image"].startswith("nats:")]
+    assert members == ["nats", "nats-2", "nats-3"]
+    assert env["COMPOSE_PROFILES"] == "nats-cluster"
+    assert [services[m].get("profiles") for m in members] == [
+        None, ["nats-cluster"], ["nats-cluster"]]
+    for member in members:
+        flags = args(services[member], env)
+        value = {f: flags[flags.index(f) + 1] for f in ("--name", "--cluster_name", "--routes")}
+        assert value["--name"] == member and value["--cluster_name"] == "hops"
+        assert set(value["--routes"].split(",")) == {
+            f"nats://{m}:6222" for m in members if m != member}, member
+        assert services[member]["healthcheck"]["test"][1] == "wget", member
+    for name in by_name(StackConfig()):
+        environ = services[name]["environment"]
+        assert interpolate(environ["HOPS_NATS_URL"], env).split(",") == [
+            f"nats://{m}:4222" for m in members], name
+        assert interpolate(environ["HOPS_NATS_REPLICAS"], env) == "3", name
 
 
 def test_dockerfile_copies_every_package_the_stack_runs() -> None:
@@ -293,9 +344,9 @@ def test_compose_gives_each_service_only_its_own_secret() -> None:
     assert cluster["environment"]["HOPS_NATS_CREDENTIALS_DIR"] == "/run/secrets"
     servers = cluster_arg(cluster["command"][cluster["command"].index("--cluster") + 1]).servers
     assert cluster["secrets"] == [f"executor-{s.id}.nk" for s in servers]
-    nats = services["nats"]
-    assert nats["command"][:2] == ["-c", "/run/secrets/nats-auth.conf"]
-    assert nats["secrets"] == ["nats-auth.conf"]
+    for name in ("nats", "nats-2", "nats-3"):
+        assert args(services[name])[:2] == ["-c", "/run/secrets/nats-auth.conf"], name
+        assert services[name]["secrets"] == ["nats-auth.conf"], name
 
 
 def test_hops_credentials_writes_what_compose_mounts(tmp_path: Path) -> None:
@@ -334,3 +385,38 @@ def test_the_round_is_the_papers_in_the_jobs_time_unless_given() -> None:
         "HOPS_ROUND_S": "5"}
     compose = (ROOT / "compose.yaml").read_text()
     assert 'HOPS_ROUND_S: "5"' in compose and '"--time-scale", "60"' in compose
+
+
+# --- images ------------------------------------------------------------------------------
+
+
+def test_the_service_image_installs_no_extra_and_the_executor_image_adds_torch() -> None:
+    service = (ROOT / "Dockerfile").read_text()
+    assert "['project']['dependencies']" in service and "[plugin]" not in service
+    executor = (ROOT / "Dockerfile.executor").read_text()
+    assert re.search(r"^ARG HOPS_IMAGE=hops:latest\nFROM \$\{HOPS_IMAGE\}", executor, re.M)
+    assert 'pip install -c constraints.txt ".[plugin]"' in executor
+    assert re.search(r"^USER hops", executor, re.M)  # jobs never run as root
+
+
+def test_the_real_jobs_override_runs_real_executors_from_the_executor_image(
+    tmp_path: Path,
+) -> None:
+    from cli.up.credentials import prepare
+
+    doc: dict[str, Any] = yaml.safe_load(REAL_JOBS.read_text())
+    assert schema_errors(doc) == []
+    cluster = doc["services"]["cluster"]
+    assert cluster["build"]["dockerfile"] == "Dockerfile.executor"
+    assert cluster["image"] == "hops-executor:latest"
+    assert args(cluster)[:3] == ["python", "-m", "executor"]
+    assert args(cluster)[-2:] == ["--backend", "real"]
+    assert args(cluster)[args(cluster).index("--cluster") + 1] == "examples/cluster-local-cpu.yaml"
+    servers = [s.id for s in cluster_arg("examples/cluster-local-cpu.yaml").servers]
+    assert cluster["secrets"] == [f"executor-{s}.nk" for s in servers]
+    creds = prepare(tmp_path / "secrets", servers, None, mode=0o644)
+    for secret, where in doc["secrets"].items():
+        assert where["file"] == f"./secrets/{secret}" and (creds.dir / secret).is_file()
+    # the round `hops up --executor real` gives the scheduler
+    real = by_name(StackConfig(executor="real", auth=False))["scheduler"].env["HOPS_ROUND_S"]
+    assert doc["services"]["scheduler"]["environment"]["HOPS_ROUND_S"] == real

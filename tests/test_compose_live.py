@@ -12,9 +12,7 @@ root the module skips, saying which (a failure under ``CI=true``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -22,62 +20,26 @@ from shared import events as ev
 from shared import subjects
 from shared.ids import JobId
 from shared.job import JobSpec
-from tests.composestack import Deployment, build_standins
-from tests.engines_docker import DockerEngine
-from tests.helpers import catalog_spec, cluster
-from tests.livestack import FINAL, until
+from tests.composestack import (
+    SHORT,
+    Deployment,
+    deployed,
+    record,
+    submit,
+    try_submit,
+    wait_finished,
+)
+from tests.helpers import cluster
+from tests.livestack import until
 
 REPLICAS = {"scheduler": 2}  # compose.yaml's deploy.replicas
-SHORT = 3_000_000  # samples: seconds of wall time at the cluster's 60x
 PAPER_TYPES = {"GTX1080Ti", "TitanXP", "RTX3090"}
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    work = tmp_path_factory.mktemp("compose")
-    with DockerEngine(work / "dockerd.log") as engine:
-        t0 = time.monotonic()
-        built = build_standins(engine)
-        d = Deployment(engine, work)
-        try:
-            d.compose("up", "-d", "--build")
-            d.wait_healthy(REPLICAS)
-            print(f"\ncompose: stand-ins {built:.0f} s, up healthy after "
-                  f"{time.monotonic() - t0:.0f} s")
-            yield d
-        finally:
-            d.compose("down", "-v", "--remove-orphans")
-
-
-def submit(d: Deployment, job_id: str, total: int = SHORT) -> None:
-    with d.http() as api:
-        r = api.post("/jobs", json=catalog_spec(job_id, total, requirements=[1, 2]))
-    assert r.status_code == 201, r.text
-
-
-def record(d: Deployment, job_id: str) -> dict[str, Any]:
-    with d.http() as api:
-        r = api.get(f"/jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-def wait_finished(d: Deployment, job_ids: list[str], timeout: float = 180) -> None:
-    def final() -> dict[str, str] | None:
-        try:
-            phases = {j: record(d, j)["phase"] for j in job_ids}
-        except Exception:  # the gateway restarting or failing over: ask again
-            return None
-        return phases if set(phases.values()) <= set(FINAL) else None
-
-    def detail() -> str:
-        with d.http() as api:
-            records = {j: api.get(f"/jobs/{j}").text for j in job_ids}
-        return f"{records}\n{d.logs()}"
-
-    phases = until(final, f"{job_ids} final", timeout, detail)
-    assert set(phases.values()) == {"finished"}, (phases, d.logs())
+    with deployed(tmp_path_factory.mktemp("compose"), REPLICAS) as d:
+        yield d
 
 
 def estimate(d: Deployment) -> ev.EstimateReply:
@@ -133,20 +95,12 @@ def test_killing_the_leader_schedulers_container_loses_nothing(deployment: Deplo
     deployment.docker("kill", leader)
     during = ["during-failover"]
     for job_id in during:  # admitted by the other replica
-        until(lambda j=job_id: _submitted(deployment, j), f"{job_id} admitted", 30)  # type: ignore[misc]
+        until(lambda j=job_id: try_submit(deployment, j), f"{job_id} admitted", 30)  # type: ignore[misc]
     other = [c for c in deployment.containers("scheduler") if c != leader]
     assert other
     until(lambda: deployment.leader() in other, "the other replica leads", 60,
           lambda: deployment.logs("scheduler"))
     wait_finished(deployment, before + during)
-
-
-def _submitted(d: Deployment, job_id: str) -> bool:
-    try:
-        submit(d, job_id)
-    except Exception:  # no replica answered in time (503): ask again
-        return False
-    return True
 
 
 def test_down_and_up_keep_accepted_jobs(deployment: Deployment) -> None:
