@@ -231,18 +231,25 @@ def test_an_ended_jobs_profile_serves_its_signature_whichever_stream_came_first(
 async def test_a_restarted_replica_keeps_the_shared_profiles_of_ended_jobs(
     stack: Stack, bus: Bus
 ) -> None:
-    """The live form of the test above: after a restart the replica replays
-    ``HOPS_JOBS`` (j1's end) and ``HOPS_SAMPLES`` (j1's profiles) side by
-    side, and answers for j2, which ran on j1's shared profiles, as before."""
+    """The live form of the test above. j1's end is published before its
+    profiles, the order in which a restarted replica usually replays the two
+    streams (HOPS_JOBS is short); j2, of j1's signature, is estimated from
+    them, runs, and a restarted replica answers for it as the running one
+    did."""
     await bus.put_nodes()
-    for event in (shared_profile("j1", "a0", "A"), shared_profile("j1", "b0", "B")):
-        await publish_event(bus.js, subjects.profiles("j1"), event)
     estimator = await stack.start("services.estimator")
     await estimator.wait_log("serving estimates")
-    first = await estimate(bus, "j2")
-    assert set(first.shared[JobId("j2")]) == {"A", "B"} and JobId("j2") in first.estimates
     await bus.js.publish(subjects.job_events("j1"), ev.encode(ev.JobFinished(job_id=JobId("j1"),
                                                                             at=1.0)))
+    for event in (shared_profile("j1", "a0", "A"), shared_profile("j1", "b0", "B")):
+        await publish_event(bus.js, subjects.profiles("j1"), event)
+
+    async def shared() -> ev.EstimateReply | None:
+        reply = await estimate(bus, "j2")
+        return reply if set(reply.shared.get(JobId("j2"), ())) == {"A", "B"} else None
+
+    first = await eventually(shared, what="j1's profiles shared with j2")
+    assert set(first.estimates[JobId("j2")].by_type) == {"A", "B"}
     await bus.sample("j2", "a0", "A", 150.0)
 
     async def measured() -> ev.EstimateReply | None:
