@@ -309,6 +309,11 @@ class ThroughputDatabase:
         rec.reused = False
         self.shared.record(report)
 
+    def share_profile(self, report: ProfileReport) -> None:
+        """Only the shared part of :meth:`record_profile`: the profile of a
+        job that has ended serves its signature, the job gets no record."""
+        self.shared.record(report)
+
     def shared_types(self, signature: Signature | None) -> frozenset[GpuType]:
         """The types a job of ``signature`` need not be profiled on: those
         with a current shared profile (none with ``reuse`` off)."""

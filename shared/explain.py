@@ -33,6 +33,7 @@ from shared.ids import GpuType, JobId
 ReasonCode: TypeAlias = Literal[
     "Profiling",  # some GPU types are still to be profiled (which: types)
     "WaitingForPlan",  # arrived after this round's first plan (next_plan_at)
+    "NoEstimate",  # profiled, but no estimator gave it a throughput estimate
     "OutsideWindow",  # ranked outside the service window (rank, window)
     "Priority",  # in the window; higher-priority jobs took what it needs (jobs, ratios)
     "Resources",  # no configuration of its requirement set fits what is free (gpu_type, short)

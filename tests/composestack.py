@@ -7,16 +7,17 @@ packages (kept when their tags exist). :class:`Deployment` runs
 ``docker-compose`` (v1) on a copy of compose.yaml that differs from it in
 three things only, so that runs beside each other and beside a user's own
 deployment do not collide: its published ports are free ports of the host's
-loopback, its Hops image is ``hops:compose-test`` and the build context is
-this tree. Its secrets are made by ``hops credentials --compose``, as
-compose.yaml's comment says. An ``env_file`` (``docker-compose --env-file``,
-e.g. deploy/nats-cluster.env) sets compose.yaml's variables and its
-profiles (``COMPOSE_PROFILES``).
+loopback, its Hops image is ``hops:compose-test-<checkout>`` (:data:`IMAGE`)
+and the build context is this tree. Its secrets are made by ``hops credentials
+--compose``, as compose.yaml's comment says. An ``env_file`` (``docker-compose
+--env-file``, e.g. deploy/nats-cluster.env) sets compose.yaml's variables and
+its profiles (``COMPOSE_PROFILES``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -40,7 +41,10 @@ from tests.livestack import FINAL, until
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "deploy" / "images" / "build-standins.sh"
-IMAGE = "hops:compose-test"
+# One tag per checkout: runs from two checkouts on one engine at once do not
+# build over each other's image (an `up` after `down` starts the tag's image
+# as it is then), and runs from the same checkout reuse it.
+IMAGE = f"hops:compose-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 HEALTHY_TIMEOUT_S = 180.0
 SHORT = 3_000_000  # samples: seconds of wall time at the cluster's 60x
 
@@ -109,8 +113,12 @@ class Deployment:
         return done.stdout
 
     def docker(self, *args: str) -> str:
-        return subprocess.run([str(self.engine.docker), *args], capture_output=True, text=True,
-                              timeout=120, check=True).stdout
+        done = subprocess.run([str(self.engine.docker), *args], capture_output=True, text=True,
+                              timeout=120, check=False)
+        if done.returncode != 0:  # with the engine's answer, which says why
+            raise AssertionError(f"docker {' '.join(args)}: {done.returncode}\n"
+                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done.stdout
 
     def services(self) -> list[str]:
         """The services ``up`` starts: those in no profile or an enabled one."""

@@ -120,9 +120,5 @@ def test_down_and_up_keep_accepted_jobs(deployment: Deployment) -> None:
     assert "across-down" in after, after
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "seen in 2 runs of 5: after down and up the job that was running, requeued "
-    "for 'node lost', stayed queued, in no plan ('it would fit, but the plan "
-    "preferred other jobs', estimated throughput 0) for 180-300 s (docs/compose.md)"))
 def test_the_job_running_at_down_finishes_after_up(deployment: Deployment) -> None:
     wait_finished(deployment, ["across-down"], 180)

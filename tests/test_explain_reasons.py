@@ -161,6 +161,19 @@ def test_unschedulable_when_no_server_has_a_type_it_runs_on() -> None:
     assert unschedulable_why("no node has B").code == "Unschedulable"
 
 
+def test_no_estimate_rather_than_priority_for_a_job_no_plan_can_place() -> None:
+    # A live job the estimators gave no estimate (issue 36: after down and
+    # up): it would fit the idle cluster, but no policy places it.
+    snap = snapshot(cluster([("A", 1, 4)]), [state("e", [1])])
+    unestimated = msgspec.structs.replace(snap, estimates={})
+    plan = HopsPolicy().plan(unestimated)
+    assert plan.assignments == ()
+    why = why_of(unestimated, plan, "e")
+    assert why.code == "NoEstimate" and "no throughput estimate" in why.message
+    assert why_of(unestimated, plan_of(), "e", next_plan_at=1.0).code == "NoEstimate"
+    assert HopsPolicy().plan(snap).config_of(JobId("e")) is not None  # with one it runs
+
+
 def test_held_is_a_record_level_reason() -> None:
     assert held_why("until Monday") == Why(code="Held", message="held by a user: until Monday")
 

@@ -14,12 +14,14 @@ from services.estimator.service import (
     measured_on,
     unusable,
 )
+from services.runtime.bus import publish_event
 from shared import events as ev
 from shared import subjects
 from shared.cluster import Cluster, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
+from shared.reuse import profile_signature
 from tests.natsfix import nats_server, nats_url
 from tests.test_live_scheduler import NODES, Bus, Stack, bus, eventually, job, stack
 
@@ -187,3 +189,75 @@ def test_a_final_job_event_drops_the_job_once() -> None:
     assert not forget_ended(db, ended, ev.JobCancelled(job_id=JobId("j1"), at=2.0))
     assert forget_ended(db, ended, ev.JobCancelled(job_id=JobId("j2"), at=2.0))
     assert db.jobs() == ()
+
+
+def shared_profile(job_id: str, server: str, gpu_type: str) -> ev.ProfileReported:
+    """A profile of ``job_id`` under the signature every :func:`job` has."""
+    modules = TimeModules(t_f=0.05, t_b=0.1, t_u=0.01, t_d=(0.02, 0.021, 0.019, 0.02))
+    signature = profile_signature(job(job_id)) or ""
+    report = ProfileReport(JobId(job_id), GpuType(gpu_type), ServerId(server), modules,
+                           signature=signature)
+    return ev.ProfileReported(report=report)
+
+
+def test_an_ended_jobs_profile_serves_its_signature_whichever_stream_came_first() -> None:
+    """j1 was profiled on A and B and finished; j2 of the same signature
+    took its profiles and ran on A. A replica replaying the two streams may
+    apply j1's end before or after j1's profiles: either way j2 is estimated
+    on both types, as it was before the restart (issue 36: a job requeued
+    after ``down``/``up`` waited for ever, with no estimate)."""
+    profiles = [shared_profile("j1", "a0", "A"), shared_profile("j1", "b0", "B")]
+    ran = ev.SampleReported(sample=ThroughputSample(JobId("j2"), ServerId("a0"), GpuType("A"),
+                                                    per_gpu_throughput=150.0))
+    finished = ev.JobFinished(job_id=JobId("j1"), at=1.0)
+    req = ev.EstimateRequest(jobs=(job("j2"),), cluster=CLUSTER)
+    replies = []
+    for end_first in (False, True):
+        db, ended = ThroughputDatabase(reuse=True), set[JobId]()
+        if end_first:
+            forget_ended(db, ended, finished)
+        for event in profiles:
+            apply_sample_event(db, event, JobId("j1") in ended)
+        forget_ended(db, ended, finished)
+        apply_sample_event(db, ran, JobId("j2") in ended)
+        reply, failed = estimates_for(db, req)
+        assert failed == {} and db.jobs() == ("j2",), (end_first, failed, db.jobs())
+        assert set(reply.estimates[JobId("j2")].by_type) == {"A", "B"}, end_first
+        assert set(reply.shared[JobId("j2")]) == {"A", "B"}, end_first
+        replies.append(reply)
+    assert replies[0] == replies[1]
+
+
+async def test_a_restarted_replica_keeps_the_shared_profiles_of_ended_jobs(
+    stack: Stack, bus: Bus
+) -> None:
+    """The live form of the test above. j1's end is published before its
+    profiles, the order in which a restarted replica usually replays the two
+    streams (HOPS_JOBS is short); j2, of j1's signature, is estimated from
+    them, runs, and a restarted replica answers for it as the running one
+    did."""
+    await bus.put_nodes()
+    estimator = await stack.start("services.estimator")
+    await estimator.wait_log("serving estimates")
+    await bus.js.publish(subjects.job_events("j1"), ev.encode(ev.JobFinished(job_id=JobId("j1"),
+                                                                            at=1.0)))
+    for event in (shared_profile("j1", "a0", "A"), shared_profile("j1", "b0", "B")):
+        await publish_event(bus.js, subjects.profiles("j1"), event)
+
+    async def shared() -> ev.EstimateReply | None:
+        reply = await estimate(bus, "j2")
+        return reply if set(reply.shared.get(JobId("j2"), ())) == {"A", "B"} else None
+
+    first = await eventually(shared, what="j1's profiles shared with j2")
+    assert set(first.estimates[JobId("j2")].by_type) == {"A", "B"}
+    await bus.sample("j2", "a0", "A", 150.0)
+
+    async def measured() -> ev.EstimateReply | None:
+        reply = await estimate(bus, "j2")
+        return None if reply == first else reply
+
+    live = await eventually(measured, what="j2's sample in its estimate")
+    assert await estimator.stop() == 0
+    again = await stack.start("services.estimator")
+    await again.wait_log("serving estimates")
+    assert await estimate(bus, "j2") == live

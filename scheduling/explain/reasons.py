@@ -9,17 +9,20 @@ running already (such a plan only adds). Every other job gets exactly one
 2. a layer's own reason (``LayerRecord.why``, outermost layer first:
    ``TenantCells``, ``Quota``, ``Cores``): the layer kept the job from the
    policy or removed its assignment, so the policy's view does not apply;
-3. ``WaitingForPlan``: a later plan that did not rank the job (it arrived
+3. ``NoEstimate``: a GPU job that the snapshot has no estimate of (the
+   live estimators know no profile of it, or did not answer): no policy
+   places a job without one, and whether it fits says nothing;
+4. ``WaitingForPlan``: a later plan that did not rank the job (it arrived
    after the round's first plan; ``next_plan_at``: when the next runs);
-4. capacity, on the GPUs free before the plan (``Snapshot.free_gpus``; in
+5. capacity, on the GPUs free before the plan (``Snapshot.free_gpus``; in
    a first plan the running jobs' GPUs count as free, since every running
    job is replanned): ``Unschedulable`` (no type it runs on),
    ``NodeDrained`` (it would fit if the ``drained`` servers were free),
    ``Resources`` (not even all free GPUs of one type reach its smallest
    requirement) or ``Fragmentation`` (they do, in no shape it accepts); a
    CPU job short of cores on every server: ``Cores``;
-5. ``OutsideWindow``: ranked outside the policy's service window (§3.6);
-6. ``Priority``: it fitted before the plan and the plan gave the GPUs to
+6. ``OutsideWindow``: ranked outside the policy's service window (§3.6);
+7. ``Priority``: it fitted before the plan and the plan gave the GPUs to
    others: up to three of the highest-priority jobs that took GPUs of a
    type it runs on, with their latency ratios (Eq. 8); when it would still
    fit after the plan, the plan preferred others and no one is named.
@@ -44,6 +47,8 @@ from shared.job import R_NUM
 from shared.snapshot import JobState, Plan, Snapshot
 
 NAMED = 3  # jobs a Priority reason names
+NO_ESTIMATE = ("no throughput estimate: the estimators know no profile of it, its own or its "
+               "signature's, so no plan can place it")
 
 
 def running_after(snapshot: Snapshot, plan: Plan) -> set[JobId]:
@@ -121,6 +126,8 @@ class _Explainer:
             return layer
         if job.spec.kind == "cpu":
             return self._cpu(job)
+        if jid not in self.snap.estimates:  # no policy places a GPU job without one
+            return Why(code="NoEstimate", message=NO_ESTIMATE)
         if not self.snap.first_plan and jid not in self.prio and jid not in self.unplaceable:
             return Why(code="WaitingForPlan", next_plan_at=self.next_plan_at,
                        message="this plan did not consider it; the next one will")

@@ -23,7 +23,9 @@ sample event, and a measurement from a server that is not registered in
 
 Each replica also follows the job events of stream ``HOPS_JOBS``: a job that
 finished, failed or was cancelled leaves the database, and measurements of it
-that arrive later are left out (:class:`Endings`). Otherwise a long-running
+that arrive later are left out (:class:`Endings`), but for a profile's part
+in its signature's shared profile, which does not depend on whether the
+job's end came first (:func:`apply_sample_event`). Otherwise a long-running
 replica would keep every job's sample history for ever (up to 4,096 data and
 wait samples per job and GPU type), although nothing asks for its estimate
 again. Only the ended jobs' ids are kept.
@@ -72,11 +74,22 @@ from shared.reuse import profile_signature
 Measurement: TypeAlias = ev.SampleReported | ev.ProfileReported
 
 
-def apply_sample_event(db: ThroughputDatabase, event: Measurement) -> None:
-    """Feed one measurement of the stream to the database."""
+def apply_sample_event(db: ThroughputDatabase, event: Measurement, ended: bool = False) -> None:
+    """Feed one measurement of the stream to the database; ``ended``: its
+    job has ended here, so it gets no record of its own, but a profile of it
+    still serves its signature (a shared profile). Whether a job's end is
+    applied before or after its profile depends on how the two streams
+    interleave (``HOPS_JOBS`` and ``HOPS_SAMPLES``: a replica replaying them
+    after a restart usually has the end first), and must not decide which
+    shared profiles a replica has: a job that ran on one, with no profile of
+    its own, would otherwise get no estimate after a restart and wait for
+    ever."""
     if isinstance(event, ev.ProfileReported):
-        db.record_profile(event.report)
-    else:
+        if ended:
+            db.share_profile(event.report)
+        else:
+            db.record_profile(event.report)
+    elif not ended:
         db.record_sample(event.sample)
 
 
@@ -245,15 +258,20 @@ class Feed:
     async def _measurement(self, msg: Msg, event: Measurement) -> None:
         job_id = measured_job(event)
         problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
-        if job_id in self.ended:  # a late report of an ended job
+        ended = job_id in self.ended
+        if problem is not None:
+            if ended:  # a late report of an ended job
+                self.ctx.log.debug("measurement of an ended job", job_id=job_id)
+            else:
+                live = isinstance(event, ev.SampleReported)
+                await self._reject(msg, problem[1], problem[0], live)
+            return
+        if ended:  # a late report: only a profile's shared part is kept
             self.ctx.log.debug("measurement of an ended job", job_id=job_id)
-        elif problem is not None:
-            live = isinstance(event, ev.SampleReported)
-            await self._reject(msg, problem[1], problem[0], live)
-        else:
-            if isinstance(event, ev.SampleReported):
-                await self._check_reuse(event)
-            apply_sample_event(self.db, event)
+        elif isinstance(event, ev.SampleReported):
+            await self._check_reuse(event)
+        apply_sample_event(self.db, event, ended)
+        if not ended:
             self.applied += 1
 
     async def _check_reuse(self, event: ev.SampleReported) -> None:
