@@ -3,7 +3,8 @@
 the real Slurm cluster of tests/slurmcluster.py (four nodes, eight fake
 GPUs each).
 
-One stack serves the module's tests, in order: a job profiled and run to
+First, ``hops up --backend slurm``'s description of the cluster from
+Slurm's nodes. Then one stack serves the module's tests, in order: a job profiled and run to
 its last sample as Slurm jobs; a running job's Slurm job on the planned
 node with the planned GPUs and cores (the scheduler runs the test layer
 that gives every run 2 cores per GPU, tests/cores_layer.py); a job
@@ -29,6 +30,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from cli.up.slurm import SlurmUpError, describe
+from cli.up.stack import StackConfig
 from executor.slurm.client import SlurmClient
 from executor.slurm.nodes import cluster_doc
 from executor.slurm.records import SlurmJob
@@ -38,6 +41,7 @@ from shared.slurm import parse_job_name
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 from tests.slurmcluster import SlurmCluster, slurm_cluster
+from world.clusters import cluster_arg
 
 __all__ = ["slurm_cluster"]
 
@@ -116,6 +120,19 @@ def planned(rec: dict[str, Any]) -> tuple[ServerId, int, int]:
     server = config.servers[0]
     demand = config.demand_on(server)
     return server, demand.gpus, demand.cores
+
+
+def test_hops_up_describes_the_cluster_from_slurms_nodes(slurm_cluster: SlurmCluster,
+                                                         tmp_path: Path) -> None:
+    config = StackConfig(executor="slurm", data_dir=tmp_path, slurm={
+        "HOPS_SLURM_CONF": slurm_cluster.slurm_conf, "HOPS_SLURM_GPU_TYPE": "TitanXP"})
+    described = describe(config)
+    cluster = cluster_arg(described.cluster)
+    assert [(s.id, s.gpus, s.cores, s.gpu_type) for s in cluster.servers] == [
+        (f"n{i}", 8, 16, "TitanXP") for i in range(1, 5)]
+    with pytest.raises(SlurmUpError, match="cannot describe the Slurm cluster"):
+        describe(StackConfig(executor="slurm", data_dir=tmp_path,
+                             slurm={"HOPS_SLURM_CONF": str(tmp_path / "none.conf")}))
 
 
 def test_a_job_is_profiled_and_runs_to_its_last_sample_as_slurm_jobs(
