@@ -18,6 +18,9 @@ group it killed is gone.
 Real executors (``--executor real``) stop their jobs themselves on SIGTERM:
 a real job runs in a process group of its own, so that it can outlive a
 crash of its executor.
+With ``--backend slurm`` it first reads the nodes of the Slurm partition
+into ``<data-dir>/slurm-cluster.json`` (:mod:`cli.up.slurm`), the stack's
+cluster, and runs the Slurm bridge in place of the executors (docs/slurm.md).
 ``<data-dir>/up.json`` lists the processes (nats-server's pid included) while
 the stack runs.
 

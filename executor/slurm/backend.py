@@ -32,11 +32,10 @@ from pathlib import Path
 import msgspec
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import JobHandle, OnEnding, Refusal, StartFailed
+from executor.backend import JobHandle, OnEnding, Refusal
 from executor.emulated import write_count
 from executor.emulator import EmulationError, UnknownModel, check_runnable, role_of
 from executor.launch import cores_of, job_paths
-from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import JobRequest, SlurmClient
 from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.settings import BridgeSettings
@@ -161,12 +160,10 @@ class SlurmBackend:
                     cores: tuple[int, ...] = ()) -> JobHandle:
         folder = self._prepare(cmd)
         submitted = time.time()
-        try:
-            slurm_id = await self.client.submit(self._request(cmd, folder))
-        except SlurmFailure as e:
-            if e.code == "slurm_cli_failed":  # sbatch refused it: it cannot run as asked
-                raise StartFailed(f"{e.code}: {e.error}") from e
-            raise
+        # A SlurmFailure (sbatch refused, slurmctld away) is the start's
+        # failure, acknowledged ``internal`` with Slurm's words: never the
+        # job's, which may run once Slurm answers again.
+        slurm_id = await self.client.submit(self._request(cmd, folder))
         (folder / _RECORD).write_bytes(msgspec.json.encode(StartRecord(slurm_id, submitted)))
         self._lost.pop(cmd.job_id, None)
         log = self.log.bind(job_id=cmd.job_id)

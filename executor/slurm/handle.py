@@ -139,6 +139,10 @@ class SlurmJobHandle:
             await self.watch.next()
             self.read_output()
             if self.ready:
+                job = self.state()
+                # Slurm's GRES chose the indices within the node (docs/slurm.md, "Limits")
+                self.log.info("Slurm job runs", planned_gpus=list(self.cmd.gpu_indices),
+                              slurm_gpus=list(job.gpu_indices) if job else [])
                 return None
             if (ended := self._verdict()) is not None:
                 said = self.tail(300).strip().splitlines()
