@@ -130,9 +130,9 @@ def test_hops_up_describes_the_cluster_from_slurms_nodes(slurm_cluster: SlurmClu
     cluster = cluster_arg(described.cluster)
     assert [(s.id, s.gpus, s.cores, s.gpu_type) for s in cluster.servers] == [
         (f"n{i}", 8, 16, "TitanXP") for i in range(1, 5)]
-    with pytest.raises(SlurmUpError, match="cannot describe the Slurm cluster"):
-        describe(StackConfig(executor="slurm", data_dir=tmp_path,
-                             slurm={"HOPS_SLURM_CONF": str(tmp_path / "none.conf")}))
+    with pytest.raises(SlurmUpError, match="partition has no nodes"):
+        describe(StackConfig(executor="slurm", data_dir=tmp_path, slurm={
+            "HOPS_SLURM_CONF": slurm_cluster.slurm_conf, "HOPS_SLURM_PARTITION": "other"}))
 
 
 def test_a_job_is_profiled_and_runs_to_its_last_sample_as_slurm_jobs(
