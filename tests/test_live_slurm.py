@@ -11,7 +11,8 @@ that gives every run 2 cores per GPU, tests/cores_layer.py); a job
 cancelled with ``scancel`` behind Hops' back, reported and not restarted;
 a node set DOWN in Slurm, shown dead and its job requeued with its
 progress; the bridge killed with SIGKILL and started again, adopting the
-job Slurm still runs and requeuing the one Slurm no longer runs.
+job Slurm still runs and requeuing the one Slurm no longer runs; slurmctld
+killed with SIGKILL and started again, each job running exactly once.
 """
 
 from __future__ import annotations
@@ -249,3 +250,50 @@ def test_a_restarted_bridge_adopts_what_slurm_runs_and_requeues_what_it_lost(
     long_runs = [j for j in slurm_jobs(slurm_cluster, "sl-long") if j.job_state == "RUNNING"]
     assert [j.job_id for j in long_runs] == [kept.job_id], long_runs  # adopted, not twice
     assert stack.record("sl-long")["restarts"] == long_restarts  # type: ignore[index]
+
+
+def job_processes(job_id: str) -> int:
+    """How many ``executor.job`` processes of ``job_id`` run on this host."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"executor.job" in argv and job_id.encode() in argv:
+            count += 1
+    return count
+
+
+def test_slurmctld_killed_and_restarted_loses_nothing(
+        stack: LiveStack, slurm_cluster: SlurmCluster) -> None:
+    """While slurmctld is gone the bridge keeps its last reading: nothing is
+    judged on a Slurm it cannot read, and no node is lost. The restarted
+    slurmctld recovers the jobs its state saved, and Hops goes on with the
+    same Slurm jobs; a job submitted just before the kill may not have been
+    saved: Slurm then no longer knows it, and Hops requeues it with its
+    progress. Either way every job runs once."""
+    running = {job: running_in_slurm(stack, slurm_cluster, job)[1].job_id
+               for job in ("sl-long", "sl-lost")}
+    before = {job: stack.record(job) or {} for job in running}
+    pid_file = slurm_cluster.directory / "run" / "slurmctld.pid"
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    time.sleep(2 * HEARTBEAT_TIMEOUT_S)  # longer than the monitor waits for a heartbeat
+    assert all(n["alive"] for n in stack.nodes().values()), stack.nodes()
+    assert all(stack.phase(job) == "running" for job in running)
+    subprocess.run(["slurmctld"], env=slurm_cluster.env(), check=True, timeout=30)
+
+    def settled() -> bool:
+        return all(stack.phase(job) == "running" and job_processes(job) == 1
+                   and len([j for j in slurm_jobs(slurm_cluster, job)
+                            if j.job_state == "RUNNING"]) == 1 for job in running)
+    until(settled, "each job running once in Slurm", 60, stack.logs)
+    for job, slurm_id in running.items():
+        rec = stack.record(job) or {}
+        now = [j.job_id for j in slurm_jobs(slurm_cluster, job) if j.job_state == "RUNNING"]
+        if now == [slurm_id]:  # recovered by slurmctld: adopted as it was
+            assert rec["restarts"] == before[job]["restarts"], (job, rec)
+        else:  # lost with slurmctld: requeued from its progress
+            assert rec["restarts"] == before[job]["restarts"] + 1, (job, rec)
+            assert rec["samples_done"] >= before[job]["samples_done"] > 0, (job, rec)
+    until(lambda: all(n["alive"] for n in stack.nodes().values()), "every node alive", 15)
