@@ -26,9 +26,9 @@ SIGTERM or SIGINT stops the job: it prints its progress and exits 0. When its
 executor dies, the process notices that it was re-parented and exits 3
 without reporting anything, as a job on a lost node would.
 
-The ``start_job`` command comes on stdin as JSON (or in ``--command-file``,
-under Slurm). Stdout is the channel
-back to the executor: one JSON object per line,
+The ``start_job`` command comes on stdin as JSON (in ``--command-file``
+under Slurm). Stdout is the channel back to the executor: one JSON object
+per line,
 ``{"event": "ready" | "progress" | "finished" | "stopped", "samples_done": x}``;
 ``ready`` follows the first heartbeat. Logs go to stderr as JSON lines.
 """
@@ -387,7 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = Path(args.command_file).read_bytes() if args.command_file else sys.stdin.buffer.read()
     cmd = decode_command(raw)
     if not isinstance(cmd, StartJob) or cmd.job_id != args.job_id:
-        raise SystemExit(f"stdin must hold the start_job command of job {args.job_id}")
+        where = args.command_file or "stdin"
+        raise SystemExit(f"{where} must hold the start_job command of job {args.job_id}")
     truth = GroundTruth(cluster_arg(args.cluster), builtin_catalog())
     return asyncio.run(_run(args, cmd, truth))
 
