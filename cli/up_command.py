@@ -64,8 +64,21 @@ def up(
     log_level: Annotated[str, typer.Option(
         help="debug, info, warning or error")] = DEFAULT_LOG_LEVEL,
     executor: Annotated[str, typer.Option(
-        help="emulated (jobs train nothing) or real (each job's command, one process per GPU)"
+        "--executor", "--backend",
+        help="emulated (jobs train nothing), real (each job's command, one process per GPU) "
+        "or slurm (emulated jobs as Slurm batch jobs on the nodes Hops plans; docs/slurm.md)"
     )] = DEFAULT_EXECUTOR,
+    slurm_conf: Annotated[str, typer.Option(
+        envvar="HOPS_SLURM_CONF", help="--backend slurm: the cluster's slurm.conf")] = "",
+    slurm_partition: Annotated[str, typer.Option(
+        envvar="HOPS_SLURM_PARTITION", help="--backend slurm: the partition Hops owns")] = "",
+    slurm_user: Annotated[str, typer.Option(
+        envvar="HOPS_SLURM_USER", help="--backend slurm: the Slurm user jobs run as")] = "",
+    slurm_rest_url: Annotated[str, typer.Option(
+        envvar="HOPS_SLURM_REST_URL", help="--backend slurm: slurmrestd (default: the CLI)")] = "",
+    slurm_gpu_type: Annotated[str, typer.Option(
+        envvar="HOPS_SLURM_GPU_TYPE",
+        help="--backend slurm: the nodes' Hops GPU type (default: the GRES type)")] = "",
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",
@@ -94,11 +107,18 @@ def up(
         "--no-auth", help="no authentication at all: for measurements only")] = False,
 ) -> None:
     """Run the live system here, one process each (NATS, services, gateway, and one
-    executor per server: EMULATED GPUs, or with --executor real the jobs' own commands)."""
+    executor per server: EMULATED GPUs, or with --executor real the jobs' own commands;
+    with --backend slurm one bridge answers for every node of a Slurm partition)."""
     from cli.up.stack import StackConfig, default_job_user
     from cli.up.up import stdout_say
     from cli.up.up import up as run_up
 
+    slurm = {k: v for k, v in (("HOPS_SLURM_CONF", slurm_conf),
+                               ("HOPS_SLURM_PARTITION", slurm_partition),
+                               ("HOPS_SLURM_USER", slurm_user),
+                               ("HOPS_SLURM_REST_URL", slurm_rest_url),
+                               ("HOPS_SLURM_GPU_TYPE", slurm_gpu_type))
+             if v and executor == "slurm"}
     if job_user is None:
         job_user = "" if allow_root_jobs else default_job_user(executor, os.geteuid())
 
@@ -111,7 +131,7 @@ def up(
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
             nats_cluster=nats_cluster, auth=not no_auth, tenants=tenants,
-            tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+            tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, slurm=slurm,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -130,6 +130,11 @@ class Backend(Protocol):
     name: str
     models: tuple[str, ...]  # what it can run (register_node.models; empty: any)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the node counts as up (False: its heartbeats stop, and the
+        monitor finds it dead; Slurm's view of a node, :mod:`executor.slurm`)."""
+
     def check(self, cmd: StartJob) -> Refusal | None:
         """The refusal of a start the ledger accepted, or None."""
 

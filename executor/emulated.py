@@ -139,6 +139,7 @@ class EmulatedBackend:
     """Runs emulated jobs (see the module docstring)."""
 
     name = "emulated"
+    alive = True  # the node runs while its executor does
 
     def __init__(self, server: Server, cluster: str, job_args: list[str],
                  log: FilteringBoundLogger, spawn_task: Spawner,

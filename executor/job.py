@@ -26,8 +26,9 @@ SIGTERM or SIGINT stops the job: it prints its progress and exits 0. When its
 executor dies, the process notices that it was re-parented and exits 3
 without reporting anything, as a job on a lost node would.
 
-The ``start_job`` command comes on stdin as JSON. Stdout is the channel
-back to the executor: one JSON object per line,
+The ``start_job`` command comes on stdin as JSON (in ``--command-file``
+under Slurm). Stdout is the channel back to the executor: one JSON object
+per line,
 ``{"event": "ready" | "progress" | "finished" | "stopped", "samples_done": x}``;
 ``ready`` follows the first heartbeat. Logs go to stderr as JSON lines.
 """
@@ -337,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", default=None, help="overrides $HOPS_NATS_URL")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-file", default=None, help="the rank's log file (appended to)")
+    p.add_argument("--command-file", default=None,
+                   help="read the start_job command from this file, not stdin (a Slurm "
+                        "batch job has no stdin of Hops')")
     return p
 
 
@@ -380,9 +384,11 @@ def _open_log(path: str | None) -> TextIO | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging("executor-job", args.log_level, stream=sys.stderr)
-    cmd = decode_command(sys.stdin.buffer.read())
+    raw = Path(args.command_file).read_bytes() if args.command_file else sys.stdin.buffer.read()
+    cmd = decode_command(raw)
     if not isinstance(cmd, StartJob) or cmd.job_id != args.job_id:
-        raise SystemExit(f"stdin must hold the start_job command of job {args.job_id}")
+        where = args.command_file or "stdin"
+        raise SystemExit(f"{where} must hold the start_job command of job {args.job_id}")
     truth = GroundTruth(cluster_arg(args.cluster), builtin_catalog())
     return asyncio.run(_run(args, cmd, truth))
 

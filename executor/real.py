@@ -73,6 +73,7 @@ class RealBackend:
     """Runs real jobs (see the module docstring)."""
 
     name = "real"
+    alive = True  # the node runs while its executor does
     models: tuple[str, ...] = ()  # any: it runs and profiles whatever it is given
 
     def __init__(self, server: Server, settings: RealSettings, sink: Sink,

@@ -184,26 +184,30 @@ class NodeExecutor:
 
     async def heartbeats(self) -> None:
         while not self.ctx.stopping.is_set():
-            now = time.time()
-            beat = NodeHeartbeat(server_id=self.server.id, at=now,
-                                 running=self.ledger.running(), lost=self.backend.lost(),
-                                 memory_bandwidth_gbps=self.memory.gbps())
-            with contextlib.suppress(nats.errors.Error):
-                await self.ctx.nc.publish(subjects.node_heartbeat(self.server.id), encode(beat))
-                for job in list(self.procs.values()):
-                    # A real job knows nothing of NATS. A job being stopped falls
-                    # silent while it stops (it may take up to the stop grace, or be
-                    # slow to exit on a busy host) yet is still listed here: the
-                    # executor vouches for it, so the monitor never judges a stop in
-                    # progress a hung process and fails the job.
-                    if not job.beats_itself or job.stopping:
-                        msg = JobHeartbeat(job_id=job.cmd.job_id, server_id=self.server.id,
-                                           samples_done=job.samples_done, at=now)
-                        subject = subjects.job_heartbeat(self.server.id, job.cmd.job_id)
-                        await self.ctx.nc.publish(subject, encode(msg))
+            if self.backend.alive:  # else silent: the monitor finds the node dead
+                await self._beat()
             await self.backend.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ctx.stopping.wait(), self.settings.heartbeat_s)
+
+    async def _beat(self) -> None:
+        now = time.time()
+        beat = NodeHeartbeat(server_id=self.server.id, at=now,
+                             running=self.ledger.running(), lost=self.backend.lost(),
+                             memory_bandwidth_gbps=self.memory.gbps())
+        with contextlib.suppress(nats.errors.Error):
+            await self.ctx.nc.publish(subjects.node_heartbeat(self.server.id), encode(beat))
+            for job in list(self.procs.values()):
+                # A real job knows nothing of NATS. A job being stopped falls
+                # silent while it stops (it may take up to the stop grace, or be
+                # slow to exit on a busy host) yet is still listed here: the
+                # executor vouches for it, so the monitor never judges a stop in
+                # progress a hung process and fails the job.
+                if not job.beats_itself or job.stopping:
+                    msg = JobHeartbeat(job_id=job.cmd.job_id, server_id=self.server.id,
+                                       samples_done=job.samples_done, at=now)
+                    subject = subjects.job_heartbeat(self.server.id, job.cmd.job_id)
+                    await self.ctx.nc.publish(subject, encode(msg))
 
     async def handle(self, cmd: Command) -> CommandAck:
         """Answer ``cmd``: once per key (a key in progress is awaited, not
@@ -357,9 +361,13 @@ class NodeExecutor:
         await self.backend.close()
 
 
-async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster) -> None:
-    """The executor's ``main``: adopt, serve commands, register, beat until stopped."""
-    node = NodeExecutor(ctx, settings, cluster, make_backend(ctx, settings, cluster))
+async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Cluster,
+                   backend: Backend | None = None) -> None:
+    """The executor's ``main``: adopt, serve commands, register, beat until
+    stopped; with ``backend`` (the Slurm bridge's), rather than the one the
+    settings name."""
+    node = NodeExecutor(ctx, settings, cluster,
+                        backend or make_backend(ctx, settings, cluster))
     await node.recover()
     # Serve first: once the monitor lists the node, it takes commands.
     await serve_commands(ctx.nc, subjects.exec_commands(node.server.id), node.handle,

@@ -149,9 +149,10 @@ def test_sbatch_pins_the_planned_node_gpus_and_cores() -> None:
     settings = SlurmSettings(slurm_conf="/x/slurm.conf", partition="hops", user="hopsrest")
     req = JobRequest(job_id="j1", attempt=2, node="n3", gpus=2, cores=3,
                      command=["python", "train.py", "--name", "a b"], workdir="/w")
-    argv = sbatch_argv(req, settings, as_uid=True)
+    argv = sbatch_argv(req, settings, as_uid=True, gid=995)
     for arg in ("--nodelist=n3", "--gres=gpu:2", "--cpus-per-task=3", "--partition=hops",
-                "--job-name=hops:j1:2", "--no-requeue", "--uid=hopsrest", "--parsable"):
+                "--job-name=hops:j1:2", "--no-requeue", "--uid=hopsrest", "--gid=995",
+                "--parsable"):
         assert arg in argv
     assert not any(a.startswith("--time") for a in argv)
     limited = msgspec.structs.replace(req, time_limit_min=10, grace_s=20)

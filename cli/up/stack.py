@@ -41,8 +41,8 @@ DEFAULT_SCHEDULERS = 2
 # as late up to 30 s, back to 1 s once it had run for a minute.
 RESTART_DELAY_S = (1.0, 30.0)
 STABLE_S = 60.0
-EXECUTORS = ("emulated", "real")
-ExecutorKind = Literal["emulated", "real"]
+EXECUTORS = ("emulated", "real", "slurm")
+ExecutorKind = Literal["emulated", "real", "slurm"]
 DEFAULT_EXECUTOR: ExecutorKind = "emulated"
 
 
@@ -76,11 +76,15 @@ class StackConfig:
     tls_ca: Path | None = None  # what clients trust; the certificate itself by default
     # nats-servers, routed into one cluster; every stream and bucket has this many copies
     nats_cluster: int = DEFAULT_REPLICAS
+    # --executor slurm: the bridge's HOPS_SLURM_* settings (executor/slurm/settings.py)
+    slurm: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, "
                              f"got {self.executor!r}")
+        if self.slurm and self.executor != "slurm":
+            raise ValueError("Slurm settings are for the Slurm backend (--backend slurm)")
         if self.nats_cluster not in (1, 3, 5):  # JetStream's quorum wants an odd size
             raise ValueError(f"--nats-cluster must be 1, 3 or 5, got {self.nats_cluster}")
         if self.cpu_affinity and self.executor != "real":
@@ -276,9 +280,16 @@ def components(config: StackConfig) -> tuple[Component, ...]:
 
 
 def _cluster(config: StackConfig) -> Component:
-    """The executors: emulated (jobs advance at the ground truth's rate), or
+    """The executors: emulated (jobs advance at the ground truth's rate),
     real (each job's own command, one process per GPU, files in the run
-    folder)."""
+    folder), or the Slurm bridge (emulated jobs as Slurm batch jobs)."""
+    if config.executor == "slurm":
+        return Component("cluster", "executor.slurm",
+                         args=("--cluster", config.cluster, "--time-scale",
+                               _num(config.time_scale)),
+                         env={"HOPS_RUN_DIR": str(config.runs_dir), **config.slurm,
+                              **_security(config, "cluster")},
+                         doc="the Slurm bridge: one process answering for every Slurm node")
     if config.executor == "real":
         args: tuple[str, ...] = ("--cluster", config.cluster, "--all", "--backend", "real")
         if config.cpu_affinity:
@@ -321,7 +332,7 @@ def by_name(config: StackConfig) -> dict[str, Component]:
 def modules() -> tuple[str, ...]:
     """Every module the stack runs (``executor.job`` is what the executor
     starts for each emulated job)."""
-    return (*(c.module for c in components(StackConfig())), "executor.job")
+    return (*(c.module for c in components(StackConfig())), "executor.job", "executor.slurm")
 
 
 _SECURITY_VARS = ("HOPS_NATS_NKEY", "HOPS_NATS_CREDS", "HOPS_NATS_CREDENTIALS_DIR",

@@ -18,6 +18,9 @@ group it killed is gone.
 Real executors (``--executor real``) stop their jobs themselves on SIGTERM:
 a real job runs in a process group of its own, so that it can outlive a
 crash of its executor.
+With ``--backend slurm`` it first reads the nodes of the Slurm partition
+into ``<data-dir>/slurm-cluster.json`` (:mod:`cli.up.slurm`), the stack's
+cluster, and runs the Slurm bridge in place of the executors (docs/slurm.md).
 ``<data-dir>/up.json`` lists the processes (nats-server's pid included) while
 the stack runs.
 
@@ -55,6 +58,7 @@ import httpx
 
 from cli.up.credentials import Credentials, CredentialsError, prepare, write_cli_config
 from cli.up.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
+from cli.up.slurm import SlurmUpError, describe
 from cli.up.stack import StackConfig, describe_exit, modules, processes, restart_delay
 from scheduling.live.cells import cluster_nodes, tenant_cells
 from services.runtime.identity import ADMIN, IdentityError
@@ -251,6 +255,9 @@ def _keep(nats: NatsCluster, say: Say, on_restart: Callable[[], None]
 
 
 def _executors(config: StackConfig) -> str:
+    if config.executor == "slurm":
+        return (f"Slurm partition {config.slurm.get('HOPS_SLURM_PARTITION') or 'hops'}, "
+                f"emulated jobs as Slurm jobs, time x{config.time_scale:g}")
     if config.executor == "real":
         who = config.job_user or ("root" if config.allow_root_jobs else "the executors' user")
         return f"real executors, jobs run as {who}, job files in {config.runs_dir}/"
@@ -312,6 +319,8 @@ def up(
         if missing:
             raise UpError(f"cannot run {', '.join(missing)}: not found from {SOURCE_ROOT}")
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        if config.executor == "slurm":
+            launcher.config = config = describe(config)
         creds = secure(config)
         nats.start()
         launcher.config = config = replace(config, nats_url=nats.url)
@@ -328,7 +337,7 @@ def up(
         while not launcher.stopping.wait(_POLL_S * 5):
             launcher.tick(time.monotonic())
         return 0
-    except (UpError, NatsServerError, OSError) as e:
+    except (UpError, NatsServerError, OSError, SlurmUpError) as e:
         say(f"hops up: {e}")
         return 1
     finally:

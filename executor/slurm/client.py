@@ -74,7 +74,8 @@ def batch_script(command: list[str]) -> bytes:
     return f"#!/bin/sh\nexec {shlex.join(command)}\n".encode()
 
 
-def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool) -> list[str]:
+def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool,
+                gid: int | None = None) -> list[str]:
     """``sbatch``'s arguments for ``req``: the one planned node, its GPUs and
     cores, Hops' partition, a name Hops finds again, and no requeue by Slurm
     (Hops requeues, from the job's progress)."""
@@ -91,6 +92,8 @@ def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool) -> li
         argv += [f"--time={req.time_limit_min}", f"--signal=B:TERM@{req.grace_s}"]
     if as_uid and settings.user:
         argv.append(f"--uid={settings.user}")
+        if gid is not None:  # else the job's group is root's
+            argv.append(f"--gid={gid}")
     return argv
 
 
@@ -126,7 +129,9 @@ class SlurmClient:
 
     async def submit(self, req: JobRequest) -> int:
         """Submits ``req``; its Slurm job id."""
-        argv = sbatch_argv(req, self.settings, as_uid=os.geteuid() == 0)
+        as_uid = os.geteuid() == 0
+        gid = pwd.getpwnam(self.settings.user).pw_gid if as_uid and self.settings.user else None
+        argv = sbatch_argv(req, self.settings, as_uid=as_uid, gid=gid)
         env = cli.command_env(self.settings.slurm_conf, req.env)
         out = (await self._cli(*argv, stdin=batch_script(req.command), env=env)).decode()
         head = out.strip().split(";")[0]

@@ -1,0 +1,46 @@
+"""``hops up --backend slurm``: the cluster is Slurm's nodes. Before the
+stack starts, the nodes of Hops' partition are read (``sinfo --json`` or
+slurmrestd, :mod:`executor.slurm.client`) into a cluster file in the data
+folder, which every part of the stack then uses as any cluster file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from cli.up.stack import StackConfig
+from executor.slurm.cli import SlurmFailure
+from executor.slurm.client import SlurmClient
+from executor.slurm.nodes import cluster_doc
+from executor.slurm.settings import BridgeSettingsError, bridge_settings
+from shared.specs import SpecError, cluster_from_doc
+
+CLUSTER_FILE = "slurm-cluster.json"
+
+
+class SlurmUpError(RuntimeError):
+    """The Slurm cluster cannot be described; the message says why."""
+
+
+async def _nodes_doc(config: StackConfig) -> dict[str, object]:
+    settings = bridge_settings(config.slurm, config.runs_dir)
+    client = SlurmClient(settings.slurm)
+    try:
+        nodes = await client.nodes()
+    finally:
+        await client.aclose()
+    return cluster_doc(nodes, settings.gpu_type, f"slurm-{settings.slurm.partition}")
+
+
+def describe(config: StackConfig) -> StackConfig:
+    """``config`` with its cluster the file written from Slurm's nodes."""
+    try:
+        doc = asyncio.run(_nodes_doc(config))
+        cluster_from_doc(doc, "Slurm's nodes")
+    except (BridgeSettingsError, SlurmFailure, SpecError) as e:
+        raise SlurmUpError(f"cannot describe the Slurm cluster: {e}") from None
+    path = Path(config.data_dir) / CLUSTER_FILE
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return replace(config, cluster=str(path.resolve()))

@@ -1,0 +1,198 @@
+"""One start of a Hops job as a Slurm batch job, as the executor service
+sees it (:class:`executor.backend.JobHandle`).
+
+The job inside Slurm is the emulated job (``python -m executor.job``): it
+publishes its own heartbeats, samples, profile and ``job_finished`` with
+its node's identity, and writes its progress lines
+(``{"event": ..., "samples_done": x}``) to standard output, which Slurm
+writes to the start's output file. The handle reads that file for the
+progress and Slurm (through :class:`executor.slurm.watch.SlurmWatch`) for
+the job's state; :func:`shared.slurm.job_verdict` says what an end means:
+
+* finished, or a stop Hops asked for: nothing to publish (the job said so);
+* failed, or ended outside Hops (``scancel``, a time limit): ``job_failed``
+  whose reason starts with the stable code (``slurm_cancelled: ...``), and
+  the job is not restarted;
+* lost by Slurm or its node (``NODE_FAIL``), or forgotten by Slurm while
+  Hops thought it ran: the node lists it as lost, and the monitor requeues
+  it from its progress.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from structlog.typing import FilteringBoundLogger
+
+from executor.backend import OnEnding, Outcome, with_cap
+from executor.cores import with_cores
+from executor.emulated import write_count
+from executor.slurm.client import SlurmClient
+from executor.slurm.records import SlurmJob
+from executor.slurm.watch import SlurmWatch
+from shared.events import JobFailed, StartJob
+from shared.slurm import JobVerdict
+
+GONE = "slurm_job_gone"
+# A COMPLETED job whose last line is not "finished" was stopped by a signal
+# Hops did not send (scancel --signal=TERM behind its back).
+STOPPED_OUTSIDE = "slurm_stopped_outside"
+
+
+class SlurmJobHandle:
+    """See the module docstring. ``on_lost``: called when the job is lost
+    (the node's heartbeats then list it)."""
+
+    beats_itself = True
+
+    def __init__(self, cmd: StartJob, slurm_id: int, output: Path, submitted_at: float,
+                 watch: SlurmWatch, client: SlurmClient, log: FilteringBoundLogger,
+                 on_ending: OnEnding, on_lost: Callable[[], None],
+                 cores_file: Path | None = None) -> None:
+        self.cmd = cmd
+        self.slurm_id = slurm_id
+        self.output = output
+        self.submitted_at = submitted_at
+        self.watch = watch
+        self.client = client
+        self.log = log.bind(slurm_job=slurm_id)
+        self.on_ending = on_ending
+        self.on_lost = on_lost
+        self.cores_file = cores_file
+        self.samples_done = cmd.samples_done
+        self.stopping = False
+        self.cores: tuple[int, ...] = ()  # Slurm places the job's threads
+        self.ready = False
+        self.last_event = ""
+        self._offset = 0
+        self._ended: JobVerdict | None = None
+
+    def retune(self, count: int, cores: tuple[int, ...], mba_percent: int = 100) -> None:
+        """The job is told its new count (its cores file); Slurm keeps the
+        CPUs it allocated at the start (a running job's CPUs do not change)."""
+        self.cmd = with_cap(with_cores(self.cmd, count), mba_percent)
+        if self.cores_file is not None:
+            write_count(self.cores_file, count)
+
+    def read_output(self) -> None:
+        """Take in the progress lines written since the last read."""
+        try:
+            with self.output.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        for raw in data[:end].splitlines():
+            self._line(raw)
+
+    def _line(self, raw: bytes) -> None:
+        try:
+            line = json.loads(raw)
+            event, samples = line["event"], float(line["samples_done"])
+        except (ValueError, KeyError, TypeError):
+            return  # the job's own log lines share the file
+        self.samples_done = samples
+        self.last_event = str(event)
+        if event == "ready":
+            self.ready = True
+        elif event == "finished":
+            self.on_ending()
+
+    def tail(self, size: int = 2000) -> str:
+        """The end of the start's output (its own log lines, Slurm's errors)."""
+        try:
+            with self.output.open("rb") as f:
+                f.seek(max(0, f.seek(0, 2) - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def state(self) -> SlurmJob | None:
+        return self.watch.jobs.get(self.slurm_id)
+
+    def _verdict(self) -> JobVerdict | None:
+        """The job's end, once Slurm shows it (None: it has not ended)."""
+        if self._ended is not None:
+            return self._ended
+        job = self.state()
+        if job is None:
+            if self.watch.read_at <= self.submitted_at:
+                return None  # the reading is older than the submission
+            self._ended = JobVerdict(kind="requeue", code=GONE,
+                                     reason=f"Slurm no longer knows job {self.slurm_id}")
+            return self._ended
+        verdict = job.verdict(stopping=self.stopping)
+        if verdict.kind in ("waiting", "running", "unknown"):
+            return None
+        self._ended = verdict
+        return verdict
+
+    async def started(self, timeout: float) -> str | None:
+        """None once the job's first heartbeat is out; else why not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await self.watch.next()
+            self.read_output()
+            if self.ready:
+                job = self.state()
+                # Slurm's GRES chose the indices within the node (docs/slurm.md, "Limits")
+                self.log.info("Slurm job runs", planned_gpus=list(self.cmd.gpu_indices),
+                              slurm_gpus=list(job.gpu_indices) if job else [])
+                return None
+            if (ended := self._verdict()) is not None:
+                said = self.tail(300).strip().splitlines()
+                return (f"Slurm job {self.slurm_id} ended before it ran ({ended.code}: "
+                        f"{ended.reason}){': ' + said[-1] if said else ''}")
+        job = self.state()
+        why = f"{job.job_state} {job.state_reason}".strip() if job else "not listed"
+        return f"Slurm job {self.slurm_id} did not start within {timeout:g} s ({why})"
+
+    async def terminate(self, grace: float) -> None:
+        """Hops' stop: SIGTERM, a kill after ``grace``; returns once it ended.
+        A job that said it finished is exiting by itself: it gets ``grace``
+        to do so before it is signalled (the stop that follows a finish
+        would otherwise kill it while it closes)."""
+        self.stopping = True
+        self.read_output()
+        deadline = time.monotonic() + grace
+        while self.last_event == "finished" and time.monotonic() < deadline:
+            if self._verdict() is not None:
+                return
+            await self.watch.next()
+        await self.client.stop(self.slurm_id, grace)
+        await self.watch.next(after=time.time())
+        self.read_output()
+
+    async def wait(self) -> Outcome:
+        while (verdict := self._verdict()) is None:
+            await self.watch.next()
+            self.read_output()
+        self.read_output()
+        return self._outcome(verdict)
+
+    def _outcome(self, verdict: JobVerdict) -> Outcome:
+        code = verdict.exit_code
+        if verdict.kind == "finished" and self.last_event not in ("finished", ""):
+            verdict = JobVerdict(kind="outside", code=STOPPED_OUTSIDE,
+                                 reason=f"the job ended ({self.last_event}) without Hops "
+                                        "asking it to", exit_code=code)
+        if verdict.kind in ("finished", "stopped"):
+            return Outcome(exit_code=code)
+        self.log.warning("Slurm job ended", kind=verdict.kind, code=verdict.code,
+                         reason=verdict.reason, samples_done=self.samples_done)
+        if verdict.kind == "requeue":
+            self.on_lost()
+            return Outcome(exit_code=code)
+        reason = f"{verdict.code}: {verdict.reason} (Slurm job {self.slurm_id} on " \
+                 f"{self.cmd.server_id})"
+        failed = JobFailed(job_id=self.cmd.job_id, at=time.time(), reason=reason,
+                           exit_code=code, log_tail=self.tail())
+        return Outcome(exit_code=code, log_tail=failed.log_tail, event=failed)
+
+    def stop_details(self) -> tuple[int | None, str]:
+        return None, ""  # an emulated job's exit says nothing about the job

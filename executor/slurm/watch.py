@@ -1,0 +1,92 @@
+"""One reader of Slurm for the whole bridge: every ``poll_s`` it reads the
+partition's jobs and nodes (one ``squeue``/``sinfo`` or two REST calls,
+whatever the number of nodes and jobs) and wakes whoever waits for the
+next reading.
+
+A reading that fails keeps the last one and is retried: Hops decides
+nothing on a Slurm it cannot read. A node is dead for Hops only after it
+has read dead for ``down_s`` on end (a resumed node reads not responding
+for about a second, docs/slurm.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from structlog.typing import FilteringBoundLogger
+
+from executor.slurm.cli import SlurmFailure
+from executor.slurm.client import SlurmClient
+from executor.slurm.records import SlurmJob, SlurmNode
+
+
+class SlurmWatch:
+    """The latest reading of Slurm (see the module docstring)."""
+
+    def __init__(self, client: SlurmClient, poll_s: float, down_s: float,
+                 log: FilteringBoundLogger) -> None:
+        self.client = client
+        self.poll_s = poll_s
+        self.down_s = down_s
+        self.log = log
+        self.jobs: dict[int, SlurmJob] = {}
+        self.nodes: dict[str, SlurmNode] = {}
+        # When the latest reading began (time.time()): a job submitted
+        # after it may be missing from it without being gone.
+        self.read_at = 0.0
+        self._dead_since: dict[str, float] = {}
+        self._fresh = asyncio.Event()
+        self._failing = False
+
+    async def read(self) -> None:
+        """Read Slurm once (:class:`SlurmFailure` when it cannot be read)."""
+        began = time.time()
+        jobs = await self.client.jobs()
+        nodes = await self.client.nodes()
+        self.jobs = {j.job_id: j for j in jobs}
+        self.nodes = {n.name: n for n in nodes}
+        self.read_at = began
+        for node in nodes:
+            if node.health.alive:
+                self._dead_since.pop(node.name, None)
+            else:
+                self._dead_since.setdefault(node.name, began)
+        fresh, self._fresh = self._fresh, asyncio.Event()
+        fresh.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                await self.read()
+                if self._failing:
+                    self.log.info("Slurm answers again")
+                self._failing = False
+            except SlurmFailure as e:
+                if not self._failing:
+                    self.log.warning("Slurm cannot be read; keeping the last reading",
+                                     code=e.code, error=e.error)
+                self._failing = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.poll_s)
+
+    async def next(self, after: float = 0.0) -> None:
+        """Until a reading that began after ``after`` (time.time()); the
+        next reading when ``after`` is 0."""
+        while True:
+            await self._fresh.wait()
+            if self.read_at >= after:
+                return
+
+    def node_alive(self, name: str) -> bool:
+        """False once Slurm has said the node is dead for ``down_s`` on end
+        (or no longer lists it in the partition)."""
+        if self.read_at and name not in self.nodes:
+            return False
+        since = self._dead_since.get(name)
+        return since is None or self.read_at - since < self.down_s
+
+    def node_drained(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is not None and node.health.drained

@@ -1,0 +1,104 @@
+"""The Slurm bridge's pure parts (no Slurm needed): its settings, the
+cluster Slurm's nodes describe, what ``hops up --backend slurm`` runs, and
+how a start's end in Slurm becomes what Hops publishes. The bridge against
+a real Slurm is tests/test_live_slurm.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import structlog
+
+from cli.up.stack import StackConfig, by_name
+from executor.slurm.client import SlurmClient, SlurmSettings
+from executor.slurm.handle import GONE, STOPPED_OUTSIDE, SlurmJobHandle
+from executor.slurm.nodes import cluster_doc, gres_type, slurm_cluster
+from executor.slurm.records import SlurmNode
+from executor.slurm.settings import BridgeSettingsError, bridge_settings
+from executor.slurm.watch import SlurmWatch
+from shared.configuration import Configuration
+from shared.events import JobFailed, StartJob
+from shared.ids import JobId, ServerId
+from shared.job import JobSpec
+from shared.slurm import JobVerdict
+from shared.specs import SpecError
+
+
+def node(name: str, gres: str = "gpu:fake:8", cpus: int = 16) -> SlurmNode:
+    return SlurmNode(name=name, gres=gres, cpus=cpus, partitions=["hops"])
+
+
+def test_settings_come_from_the_environment_and_bad_ones_are_named() -> None:
+    s = bridge_settings({"SLURM_CONF": "/etc/slurm.conf", "HOPS_SLURM_USER": "hopsrest",
+                         "HOPS_SLURM_POLL_S": "0.25"}, Path("/runs"))
+    assert (s.slurm.slurm_conf, s.slurm.partition, s.slurm.user) == ("/etc/slurm.conf", "hops",
+                                                                     "hopsrest")
+    assert (s.run_dir, s.poll_s, s.slurm.rest_url) == (Path("/runs"), 0.25, "")
+    with pytest.raises(BridgeSettingsError, match="HOPS_SLURM_CONF"):
+        bridge_settings({}, Path("/runs"))
+    with pytest.raises(BridgeSettingsError, match="HOPS_SLURM_DOWN_S"):
+        bridge_settings({"HOPS_SLURM_CONF": "x", "HOPS_SLURM_DOWN_S": "-1"}, Path("/runs"))
+
+
+def test_the_cluster_is_slurms_nodes_with_the_type_the_operator_names() -> None:
+    assert gres_type("gpu:fake:8") == "fake" and gres_type("gpu:8") == ""
+    cluster = slurm_cluster([node("n1"), node("n2", "gpu:fake:4", 8)], "TitanXP")
+    assert [(s.id, s.gpu_type, s.gpus, s.cores) for s in cluster.servers] == [
+        ("n1", "TitanXP", 8, 16), ("n2", "TitanXP", 4, 8)]
+    # a type the built-in clusters know keeps their communication model
+    assert cluster.gpu_types[0].link_bandwidth == 1.25e9
+    assert slurm_cluster([node("n1")], "").servers[0].gpu_type == "fake"
+    with pytest.raises(SpecError, match="HOPS_SLURM_GPU_TYPE"):
+        cluster_doc([node("n1", "gpu:8")], "")
+    with pytest.raises(SpecError, match="no nodes"):
+        cluster_doc([], "TitanXP")
+
+
+def test_hops_up_runs_the_bridge_for_the_slurm_backend() -> None:
+    config = StackConfig(executor="slurm", slurm={"HOPS_SLURM_CONF": "/etc/slurm.conf"})
+    bridge = by_name(config)["cluster"]
+    assert bridge.module == "executor.slurm" and "--all" not in bridge.args
+    assert bridge.env["HOPS_SLURM_CONF"] == "/etc/slurm.conf"
+    assert bridge.env["HOPS_NATS_CREDENTIALS_DIR"].endswith("credentials")
+    with pytest.raises(ValueError, match="--backend slurm"):
+        StackConfig(slurm={"HOPS_SLURM_CONF": "x"})
+
+
+def handle(tmp_path: Path, lines: str) -> tuple[SlurmJobHandle, list[str]]:
+    spec = JobSpec(id=JobId("j"), model="resnet18-cifar10", batch_size=256, params=1,
+                   total_samples=100, requirements=(1,))
+    cmd = StartJob(key="k", job_id=JobId("j"), server_id=ServerId("n1"), spec=spec,
+                   configuration=Configuration.of({ServerId("n1"): 1}), gpu_indices=(0,))
+    (tmp_path / "output").write_text(lines)
+    lost: list[str] = []
+    client = SlurmClient(SlurmSettings(slurm_conf="/nowhere"))
+    watch = SlurmWatch(client, 1.0, 1.0, structlog.get_logger())
+    h = SlurmJobHandle(cmd, 7, tmp_path / "output", 0.0, watch, client, structlog.get_logger(),
+                       lambda: None, lambda: lost.append("j"))
+    h.read_output()
+    return h, lost
+
+
+def test_an_end_outside_hops_fails_the_job_with_its_code(tmp_path: Path) -> None:
+    h, lost = handle(tmp_path, '{"event": "ready", "samples_done": 5}\nnot json\n')
+    assert h.ready and h.samples_done == 5
+    out = h._outcome(JobVerdict(kind="outside", code="slurm_cancelled",
+                                reason="Slurm: CANCELLED outside Hops"))
+    assert isinstance(out.event, JobFailed) and out.event.reason.startswith("slurm_cancelled:")
+    # a job that exited 0 without finishing was stopped by someone else
+    out = h._outcome(JobVerdict(kind="finished", code="slurm_completed", exit_code=0))
+    assert isinstance(out.event, JobFailed)
+    assert out.event.reason.startswith(STOPPED_OUTSIDE), out.event.reason
+    assert not lost
+
+
+def test_a_job_slurm_lost_is_listed_lost_and_a_finished_one_says_nothing(
+        tmp_path: Path) -> None:
+    h, lost = handle(tmp_path, '{"event": "ready", "samples_done": 5}\n'
+                               '{"event": "finished", "samples_done": 100}\n')
+    assert h._outcome(JobVerdict(kind="finished", code="slurm_completed")).event is None
+    assert h._outcome(JobVerdict(kind="requeue", code=GONE)).event is None
+    assert lost == ["j"]
+    asyncio.run(h.client.aclose())
