@@ -333,6 +333,7 @@ def test_a_silent_job_hangs_or_ended_by_what_its_node_lists() -> None:
     t.watch_node(A, 0.0)
     t.expect(JobId("hung"), [A], 0.0)
     t.expect(JobId("ended"), [A], 0.0)
+    t.job_beat(JobId("hung"), A, 0.4, 5.0)
     t.job_beat(JobId("ended"), A, 0.5, 7.0)
     for now in (1.0, 2.0, 3.0):
         t.node_beat(A, now, ["hung"])
@@ -355,11 +356,35 @@ def test_a_deaf_monitor_rebases_every_deadline() -> None:
     t = DeadlineTracker(timeout=3.0)
     t.watch_node(A, 0.0)
     t.expect(JobId("j"), [A], 0.0)
+    t.job_beat(JobId("j"), A, 0.0, 1.0)
     t.rebase(10.0)  # nothing was heard from 0 to 10: the monitor's own outage
     assert not t.check(12.0)
     t.node_beat(A, 13.05, ["j"])  # the node beats past the job's new deadline (13.0)
     assert t.check(13.1).jobs == ((JobId("j"), A),)
     assert t.check(16.1).nodes == ((A, 13.05),)
+
+
+def test_a_job_still_starting_is_not_lost_before_its_start_grace() -> None:
+    # Placed at 0; its start came late (the placer held up by an election), so
+    # its node lists it first at 5.0, before its process has beaten.
+    t = DeadlineTracker(timeout=3.0, start_grace=10.0)
+    t.watch_node(A, 0.0)
+    t.expect(JobId("slow"), [A], 0.0)
+    t.expect(JobId("stuck"), [A], 0.0)
+    for now in (1.0, 2.0, 3.0, 4.0):
+        t.node_beat(A, now, [])
+    for now in (5.0, 6.0, 7.0, 8.0):
+        t.node_beat(A, now, ["slow", "stuck"])
+        assert not t.check(now).jobs
+    t.job_beat(JobId("slow"), A, 8.5, 0.0)  # its first heartbeat: from now on, the timeout
+    for now in (9.0, 11.0, 13.0, 15.0):
+        t.node_beat(A, now, ["slow", "stuck"])
+        t.job_beat(JobId("slow"), A, now, 0.0)
+        assert not t.check(now).jobs
+    t.node_beat(A, 15.2, ["slow", "stuck"])
+    assert t.check(15.2).jobs == ((JobId("stuck"), A),)  # 10 s after its node first listed it
+    t.node_beat(A, 18.2, ["slow"])
+    assert t.check(18.2).jobs == ((JobId("slow"), A),)  # silent since 15: past the timeout
 
 
 def test_orphans_are_reported_after_a_grace_and_again() -> None:

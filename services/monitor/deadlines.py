@@ -54,11 +54,14 @@ class DeadlineTracker:
     timeout: float
     orphan_grace: float = 0.0  # 0: twice the timeout
     vanish_grace: float = 0.0  # 0: ten times the timeout
+    start_grace: float = 0.0  # 0: ten times the timeout
     _nodes: dict[ServerId, float] = field(default_factory=dict)
     _listed: dict[ServerId, frozenset[JobId]] = field(default_factory=dict)
     _parts: dict[JobId, dict[ServerId, float]] = field(default_factory=dict)
     _progress: dict[JobId, float] = field(default_factory=dict)
     _orphans: dict[Part, float] = field(default_factory=dict)
+    _heard: set[Part] = field(default_factory=set)  # parts with a heartbeat
+    _first_listed: dict[Part, float] = field(default_factory=dict)  # parts not heard
 
     def __post_init__(self) -> None:
         if self.timeout <= 0:
@@ -67,6 +70,8 @@ class DeadlineTracker:
             self.orphan_grace = 2 * self.timeout
         if self.vanish_grace <= 0:
             self.vanish_grace = 10 * self.timeout
+        if self.start_grace <= 0:
+            self.start_grace = 10 * self.timeout
 
     # --- nodes ------------------------------------------------------------------------
 
@@ -95,6 +100,8 @@ class DeadlineTracker:
         for job in listed:
             if server in self._parts.get(job, {}):
                 self._orphans.pop((job, server), None)
+                if (job, server) not in self._heard:
+                    self._first_listed.setdefault((job, server), now)
             else:
                 self._orphans.setdefault((job, server), now)
         for part in [p for p in self._orphans if p[1] == server and p[0] not in listed]:
@@ -110,10 +117,16 @@ class DeadlineTracker:
         self._parts[job] = {s: old.get(s, now) for s in servers}
         for s in self._parts[job]:
             self._orphans.pop((job, s), None)
+            # A new placement may mean a new process (profiling, then running):
+            # a process that runs on beats again within its interval.
+            self._heard.discard((job, s))
+            self._first_listed.pop((job, s), None)
 
     def release(self, job: JobId) -> None:
         """The job holds nothing any more."""
-        self._parts.pop(job, None)
+        for s in self._parts.pop(job, {}):
+            self._heard.discard((job, s))
+            self._first_listed.pop((job, s), None)
         self._progress.pop(job, None)
 
     def expected(self, job: JobId) -> tuple[ServerId, ...]:
@@ -125,6 +138,8 @@ class DeadlineTracker:
         if parts is None or server not in parts:
             return False
         parts[server] = max(parts[server], now)
+        self._heard.add((job, server))
+        self._first_listed.pop((job, server), None)
         self._progress[job] = max(self._progress.get(job, 0.0), samples_done)
         return True
 
@@ -185,5 +200,8 @@ class DeadlineTracker:
         if node_seen - last <= self.timeout:
             return None  # the node has not spoken since: wait for its verdict
         if job in self._listed.get(server, frozenset()):
+            listed_at = self._first_listed.get((job, server))
+            if listed_at is not None and now - listed_at <= self.start_grace:
+                return None  # still starting: its executor judges the start
             return "lost"
         return "vanished" if now - last > self.vanish_grace else None
