@@ -77,6 +77,11 @@ class SlurmJobHandle:
         if self.cores_file is not None:
             write_count(self.cores_file, count)
 
+    async def take_in(self) -> None:
+        """What the job said since the last look (a real job's handle also
+        publishes its reports here)."""
+        self.read_output()
+
     def read_output(self) -> None:
         """Take in the progress lines written since the last read."""
         try:
@@ -137,7 +142,7 @@ class SlurmJobHandle:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await self.watch.next()
-            self.read_output()
+            await self.take_in()
             if self.ready:
                 job = self.state()
                 # Slurm's GRES chose the indices within the node (docs/slurm.md, "Limits")
@@ -158,7 +163,7 @@ class SlurmJobHandle:
         to do so before it is signalled (the stop that follows a finish
         would otherwise kill it while it closes)."""
         self.stopping = True
-        self.read_output()
+        await self.take_in()
         deadline = time.monotonic() + grace
         while self.last_event == "finished" and time.monotonic() < deadline:
             if self._verdict() is not None:
@@ -166,13 +171,13 @@ class SlurmJobHandle:
             await self.watch.next()
         await self.client.stop(self.slurm_id, grace)
         await self.watch.next(after=time.time())
-        self.read_output()
+        await self.take_in()
 
     async def wait(self) -> Outcome:
         while (verdict := self._verdict()) is None:
             await self.watch.next()
-            self.read_output()
-        self.read_output()
+            await self.take_in()
+        await self.take_in()
         return self._outcome(verdict)
 
     def _outcome(self, verdict: JobVerdict) -> Outcome:
