@@ -222,17 +222,17 @@ class SlurmBackend:
                 continue
             if not isinstance(cmd, StartJob):
                 continue
-            if rec.slurm_id not in self.watch.jobs:
+            handle = self._handle(cmd, rec.slurm_id, rec.submitted_at, folder,
+                                  on_ending(cmd.job_id), rec.report_offset)
+            if (job := handle.state()) is None:  # unknown, or its id now another's
                 self.log.warning("Slurm no longer knows a job Hops ran here: lost",
                                  job_id=cmd.job_id, slurm_job=rec.slurm_id)
                 self._mark_lost(cmd.job_id)
                 record_file.unlink(missing_ok=True)
                 continue
-            handle = self._handle(cmd, rec.slurm_id, rec.submitted_at, folder,
-                                  on_ending(cmd.job_id), rec.report_offset)
             handle.read_output()
             self.log.info("Slurm job adopted", job_id=cmd.job_id, slurm_job=rec.slurm_id,
-                          state=self.watch.jobs[rec.slurm_id].job_state,
+                          state=job.job_state,
                           samples_done=handle.samples_done)
             adopted.append(handle)
         return adopted

@@ -34,7 +34,7 @@ from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob
 from executor.slurm.watch import SlurmWatch
 from shared.events import JobFailed, StartJob
-from shared.slurm import JobVerdict
+from shared.slurm import JobVerdict, parse_job_name
 
 GONE = "slurm_job_gone"
 # A COMPLETED job whose last line is not "finished" was stopped by a signal
@@ -118,7 +118,15 @@ class SlurmJobHandle:
             return ""
 
     def state(self) -> SlurmJob | None:
-        return self.watch.jobs.get(self.slurm_id)
+        """This start's Slurm job in the latest reading. A job with its id
+        that is not this job's on this node is not it: a slurmctld that lost
+        its last jobs gives their ids again (docs/slurm.md, "Quirks")."""
+        job = self.watch.jobs.get(self.slurm_id)
+        parsed = parse_job_name(job.name) if job is not None else None
+        if job is None or parsed is None or parsed[0] != self.cmd.job_id \
+                or job.nodes not in ("", self.cmd.server_id):
+            return None
+        return job
 
     def _verdict(self) -> JobVerdict | None:
         """The job's end, once Slurm shows it (None: it has not ended)."""
