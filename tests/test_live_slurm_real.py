@@ -10,6 +10,7 @@ bridge's stop, SIGTERM through Slurm, the plugin checkpoints), resumes on
 another node from its checkpoint (the run folder is shared: one host here,
 a shared filesystem on a Slurm cluster) and finishes with every sample. Its
 reports reach the estimator through the bridge, with the node's identity.
+``examples/train_lm.py`` is profiled and runs to its last sample the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = ["slurm_cluster"]
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "train_cnn.py"
 CNN_PARAMS = 113_738  # SmallCNN
+LM = ROOT / "examples" / "train_lm.py"
+LM_PARAMS = 338_944  # TinyLM at the script's defaults
 TOTAL = 20_000  # about 40 s of training on the busy CPU: time to preempt it
 
 
@@ -114,4 +117,22 @@ def test_train_cnn_is_profiled_placed_preempted_resumed_and_finishes_under_slurm
     refused = [e for e in stack.bus_().errors() if e["code"] == "forbidden"]
     assert not refused, refused
     sampled = stack.bus_().messages("hops.v1.samples.", "sample_reported")
-    assert {m.body["sample"]["job_id"] for m in sampled} == {"cnn"}
+    assert "cnn" in {m.body["sample"]["job_id"] for m in sampled}
+
+
+def test_train_lm_is_profiled_and_finishes_under_slurm(stack: LiveStack,
+                                                       slurm_cluster: SlurmCluster) -> None:
+    spec: dict[str, Any] = {"id": "lm", "model": "train_lm", "batch_size": 8,
+                            "params": LM_PARAMS, "total_samples": 600, "requirements": [1],
+                            "base_lr": 0.001, "lr_rule": "sqrt",
+                            "command": [stack.env["HOPS_SLURM_PYTHON"], str(LM)],
+                            "workdir": str(ROOT)}
+    assert stack.submit(spec)["ok"] is True
+    assert stack.wait_final(["lm"], 180) == {"lm": "finished"}, stack.logs()
+    assert (stack.record("lm") or {})["samples_done"] == 600
+    profiles = stack.bus_().stored("HOPS_SAMPLES", "hops.v1.profiles.lm")
+    assert profiles and profiles[0]["report"]["batch_size"] == 8, profiles
+    started = stack.bus_().job_events("lm", "job_started")[-1].body
+    ran = slurm_jobs(slurm_cluster, "lm")
+    assert len(ran) >= 2 and ran[-1].nodes == planned(started)[0], ran  # profiled, then run
+    assert not stack.bus_().job_events("lm", "job_failed")
