@@ -9,7 +9,9 @@ commands and heartbeats; one :class:`SlurmWatch` reads Slurm for all of
 them. Without ``--cluster`` the cluster is Slurm's nodes
 (:func:`executor.slurm.nodes.slurm_cluster`); with it, every server must be
 a node of the partition. The flags are the executor's (``--time-scale``,
-``--stop-grace-s``...); the Slurm settings are :mod:`executor.slurm.settings`'.
+``--stop-grace-s``...; ``--backend real``: each start runs the job's own
+command, :mod:`executor.slurm.realjobs`, rather than the emulated job); the
+Slurm settings are :mod:`executor.slurm.settings`'.
 SIGTERM stops the bridge's jobs, as an executor's; a crash (kill -9) leaves
 them running in Slurm, and the next bridge adopts them.
 """

@@ -1,7 +1,8 @@
 """One start of a Hops job as a Slurm batch job, as the executor service
 sees it (:class:`executor.backend.JobHandle`).
 
-The job inside Slurm is the emulated job (``python -m executor.job``): it
+The job inside Slurm is the emulated job (``python -m executor.job``; a
+real job's start is :class:`executor.slurm.realjobs.SlurmRealHandle`): it
 publishes its own heartbeats, samples, profile and ``job_finished`` with
 its node's identity, and writes its progress lines
 (``{"event": ..., "samples_done": x}``) to standard output, which Slurm
