@@ -15,6 +15,8 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,6 +73,18 @@ def slurm_missing() -> str:
     if os.geteuid() != 0:
         return "not root: slurmd and mknod need root"
     return ""
+
+
+def node_python(user: str) -> tuple[str, str]:
+    """The interpreter the Slurm user can run (this one, or the system's
+    Python of the same version with this one's packages) and the
+    PYTHONPATH it needs."""
+    probe = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c",
+                            "import msgspec"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        return sys.executable, ""
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    return system, sysconfig.get_paths()["purelib"]
 
 
 def free_base_port() -> int:

@@ -12,7 +12,9 @@ cancelled with ``scancel`` behind Hops' back, reported and not restarted;
 a node set DOWN in Slurm, shown dead and its job requeued with its
 progress; the bridge killed with SIGKILL and started again, adopting the
 job Slurm still runs and requeuing the one Slurm no longer runs; slurmctld
-killed with SIGKILL and started again, each job running exactly once.
+killed with SIGKILL and started again, each job running exactly once; the
+placer killed with SIGKILL while it starts a job in Slurm and started
+again, every job finishing and none ever running twice in Slurm.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +42,7 @@ from shared.ids import ServerId
 from shared.slurm import parse_job_name
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
-from tests.slurmcluster import SlurmCluster, slurm_cluster
+from tests.slurmcluster import SlurmCluster, node_python, slurm_cluster
 from world.clusters import cluster_arg
 
 __all__ = ["slurm_cluster"]
@@ -51,18 +52,6 @@ SHORT = 10_000_000  # a few seconds at x600
 CORES_PER_GPU = 2
 HEARTBEAT_TIMEOUT_S = 3.0  # the monitor's
 DOWN_S = 2.0  # the bridge's debounce of a dead node in this test
-
-
-def node_python(user: str) -> tuple[str, str]:
-    """The interpreter the Slurm user can run (this one, or the system's
-    Python of the same version with this one's packages) and the
-    PYTHONPATH it needs."""
-    probe = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c",
-                            "import msgspec"], capture_output=True, check=False)
-    if probe.returncode == 0:
-        return sys.executable, ""
-    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    return system, sysconfig.get_paths()["purelib"]
 
 
 def slurm_jobs_all(cluster: SlurmCluster) -> list[SlurmJob]:
@@ -291,9 +280,63 @@ def test_slurmctld_killed_and_restarted_loses_nothing(
     for job, slurm_id in running.items():
         rec = stack.record(job) or {}
         now = [j.job_id for j in slurm_jobs(slurm_cluster, job) if j.job_state == "RUNNING"]
-        if now == [slurm_id]:  # recovered by slurmctld: adopted as it was
-            assert rec["restarts"] == before[job]["restarts"], (job, rec)
-        else:  # lost with slurmctld: requeued from its progress
+        if rec["restarts"] == before[job]["restarts"]:  # recovered by slurmctld: adopted
+            assert now == [slurm_id], (job, now, slurm_id)
+        else:  # lost with slurmctld: requeued from its progress (its new Slurm job may
+            # even have the lost one's id: a slurmctld that lost jobs counts from its state)
             assert rec["restarts"] == before[job]["restarts"] + 1, (job, rec)
             assert rec["samples_done"] >= before[job]["samples_done"] > 0, (job, rec)
     until(lambda: all(n["alive"] for n in stack.nodes().values()), "every node alive", 15)
+
+
+def running_twice(cluster: SlurmCluster) -> dict[str, list[int]]:
+    """The Hops jobs with more than one RUNNING Slurm job, with their ids."""
+    by_job: dict[str, list[int]] = {}
+    for job in slurm_jobs_all(cluster):
+        parsed = parse_job_name(job.name)
+        if parsed and job.job_state == "RUNNING":
+            by_job.setdefault(parsed[0], []).append(job.job_id)
+    return {job: ids for job, ids in by_job.items() if len(ids) > 1}
+
+
+def test_the_placer_killed_mid_run_loses_nothing_and_runs_no_job_twice(
+        stack: LiveStack, slurm_cluster: SlurmCluster) -> None:
+    """The placer killed with SIGKILL while it starts a job in Slurm (its
+    Slurm job submitted, its ack not yet in), a job submitted while it is
+    away, and a new placer: the running job keeps its Slurm job, nothing
+    starts while no placer runs, every job finishes with every sample, and
+    no Hops job ever has two Slurm jobs running."""
+    stack.submit(catalog_spec("sl-keep", NEVER, requirements=[1]))
+    _, kept = running_in_slurm(stack, slurm_cluster, "sl-keep")
+    keep_restarts = stack.record("sl-keep")["restarts"]  # type: ignore[index]
+    batch = ["sl-p1", "sl-p2"]
+    for job in batch:
+        stack.submit(catalog_spec(job, 3 * SHORT, requirements=[1]))
+    until(lambda: slurm_jobs(slurm_cluster, "sl-p1"), "sl-p1 submitted to Slurm", 60,
+          stack.logs)
+    placer = stack.procs["placer"]
+    placer.proc.send_signal(signal.SIGKILL)  # mid-start: its ack not yet in
+    placer.proc.wait(10)
+    stack.submit(catalog_spec("sl-p3", 3 * SHORT, requirements=[1]))
+    time.sleep(2 * stack.round_s)  # rounds pass with their plans unapplied
+    assert not slurm_jobs(slurm_cluster, "sl-p3"), "started without a placer"
+    assert not running_twice(slurm_cluster)
+    stack.procs["placer"] = stack.launcher.start(placer.component)
+    jobs = [*batch, "sl-p3"]
+
+    def ended() -> dict[str, str] | None:
+        twice = running_twice(slurm_cluster)
+        assert not twice, twice  # at every reading, not only at the end
+        assert all(job_processes(job) <= 1 for job in jobs), "a job runs twice on the host"
+        phases = {job: stack.phase(job) for job in jobs}
+        return phases if all(p in ("finished", "failed") for p in phases.values()) else None
+    phases = until(ended, "the jobs ended", 180, stack.logs)
+    assert phases == dict.fromkeys(jobs, "finished"), (phases, stack.logs())
+    for job in jobs:
+        rec = stack.record(job) or {}
+        assert rec["samples_done"] == rec["spec"]["total_samples"], rec
+        assert not stack.bus_().job_events(job, "job_failed")
+    keep = stack.record("sl-keep") or {}
+    assert (keep["phase"], keep["restarts"]) == ("running", keep_restarts), keep
+    running = [j.job_id for j in slurm_jobs(slurm_cluster, "sl-keep") if j.job_state == "RUNNING"]
+    assert running == [kept.job_id], running  # the same Slurm job throughout

@@ -1,6 +1,6 @@
 """The Slurm bridge's pure parts (no Slurm needed): its settings, the
 cluster Slurm's nodes describe, what ``hops up --backend slurm`` runs, and
-how a start's end in Slurm becomes what Hops publishes. The bridge against
+how a start's end in Slurm becomes what Hops publishes (a real job's too). The bridge against
 a real Slurm is tests/test_live_slurm.py."""
 
 from __future__ import annotations
@@ -8,20 +8,24 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 import structlog
 
 from cli.up.stack import StackConfig, by_name
+from executor.launch import LaunchOptions, job_paths
 from executor.slurm.client import SlurmClient, SlurmSettings
 from executor.slurm.handle import GONE, STOPPED_OUTSIDE, SlurmJobHandle
 from executor.slurm.nodes import cluster_doc, gres_type, slurm_cluster
+from executor.slurm.realjobs import RealJobs, SlurmRealHandle
 from executor.slurm.records import SlurmNode
 from executor.slurm.settings import BridgeSettingsError, bridge_settings
 from executor.slurm.watch import SlurmWatch
 from shared.configuration import Configuration
-from shared.events import JobFailed, StartJob
+from shared.events import JobFailed, JobFinished, Report, SampleReported, StartJob
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
+from shared.jobreport import Checkpointed, Finished, ReportLine, Started
 from shared.slurm import JobVerdict
 from shared.specs import SpecError
 
@@ -102,3 +106,46 @@ def test_a_job_slurm_lost_is_listed_lost_and_a_finished_one_says_nothing(
     assert h._outcome(JobVerdict(kind="requeue", code=GONE)).event is None
     assert lost == ["j"]
     asyncio.run(h.client.aclose())
+
+
+class NoSink:
+    """The runs below report no sample or profile: nothing is published."""
+
+    async def sample(self, msg: SampleReported) -> None:
+        raise AssertionError(msg)
+
+    def event(self, job_id: str, msg: Report, msg_id: str) -> None:
+        raise AssertionError(msg)
+
+
+def real_handle(tmp_path: Path, output: str, report: list[ReportLine]) -> SlurmRealHandle:
+    tmp_path.mkdir()
+    h, _ = handle(tmp_path, "")
+    paths = job_paths(tmp_path, "j", ServerId("n1"))
+    paths.report.parent.mkdir(parents=True)
+    paths.report.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in report))
+    (tmp_path / "output").write_text(output)
+    real = RealJobs(sink=NoSink(), options=LaunchOptions(gpu_type="cpu"), base_env={},
+                    stop_grace_s=1.0)
+    r = SlurmRealHandle(h.cmd, 7, tmp_path / "output", 0.0, h.watch, h.client,
+                        structlog.get_logger(), lambda: None, lambda: None,
+                        paths=paths, offset=0, real=real)
+    asyncio.run(r.take_in())
+    return r
+
+
+def test_a_real_jobs_end_is_judged_from_its_processes_and_reports(tmp_path: Path) -> None:
+    ready = '{"event": "ready", "samples_done": 0}\n'
+    stopped = real_handle(tmp_path / "a", ready + '{"event": "exited", "samples_done": 0, '
+                          '"exits": {"0": 0}}\n', [Started(), Checkpointed(samples_done=40)])
+    stopped.stopping = True  # Hops' stop: the ack carries the checkpoint's progress
+    assert stopped.ready and stopped.samples_done == 40
+    assert stopped._outcome(JobVerdict(kind="stopped", code="slurm_stopped")).event is None
+    failed = real_handle(tmp_path / "b", ready + '{"event": "exited", "samples_done": 0, '
+                         '"exits": {"0": 3}}\n', [Started()])
+    out = failed._outcome(JobVerdict(kind="finished", code="slurm_completed", exit_code=0))
+    assert isinstance(out.event, JobFailed) and out.event.exit_code == 3, out
+    done = real_handle(tmp_path / "c", ready + '{"event": "exited", "samples_done": 0, '
+                       '"exits": {"0": 0}}\n', [Started(), Finished(samples_done=100)])
+    out = done._outcome(JobVerdict(kind="finished", code="slurm_completed", exit_code=0))
+    assert isinstance(out.event, JobFinished) and done.last_event == "finished", out

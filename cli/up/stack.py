@@ -331,8 +331,10 @@ def by_name(config: StackConfig) -> dict[str, Component]:
 
 def modules() -> tuple[str, ...]:
     """Every module the stack runs (``executor.job`` is what the executor
-    starts for each emulated job)."""
-    return (*(c.module for c in components(StackConfig())), "executor.job", "executor.slurm")
+    starts for each emulated job; ``executor.slurm.runner``, what a real job's
+    Slurm batch job runs)."""
+    return (*(c.module for c in components(StackConfig())), "executor.job", "executor.slurm",
+            "executor.slurm.runner")
 
 
 _SECURITY_VARS = ("HOPS_NATS_NKEY", "HOPS_NATS_CREDS", "HOPS_NATS_CREDENTIALS_DIR",

@@ -35,9 +35,10 @@ from structlog.typing import FilteringBoundLogger
 from executor.backend import JobHandle, OnEnding, Refusal
 from executor.emulated import write_count
 from executor.emulator import EmulationError, UnknownModel, check_runnable, role_of
-from executor.launch import cores_of, job_paths
+from executor.launch import cores_of, job_paths, relaxed_refusal
 from executor.slurm.client import JobRequest, SlurmClient
 from executor.slurm.handle import SlurmJobHandle
+from executor.slurm.realjobs import RealJobs, SlurmRealHandle, report_offset, write_launches
 from executor.slurm.settings import BridgeSettings
 from executor.slurm.watch import SlurmWatch
 from shared import jobenv
@@ -59,6 +60,7 @@ class StartRecord(msgspec.Struct, frozen=True):
 
     slurm_id: int
     submitted_at: float
+    report_offset: int = 0  # a real job's: where this start's report lines begin
 
 
 class JobEnv(msgspec.Struct, frozen=True):
@@ -80,7 +82,7 @@ class SlurmBackend:
 
     def __init__(self, server: Server, settings: BridgeSettings, client: SlurmClient,
                  watch: SlurmWatch, job_env: JobEnv, truth: GroundTruth,
-                 log: FilteringBoundLogger) -> None:
+                 log: FilteringBoundLogger, real: RealJobs | None = None) -> None:
         self.server = server
         self.settings = settings
         self.client = client
@@ -88,7 +90,9 @@ class SlurmBackend:
         self.job_env = job_env
         self.truth = truth
         self.log = log
-        self.models = tuple(sorted(builtin_catalog()))
+        # Real jobs (their own command, executor.slurm.realjobs) or emulated ones.
+        self.real = real
+        self.models = () if real else tuple(sorted(builtin_catalog()))
         self._lost: dict[JobId, float] = {}
         self._owner = _owner(settings.slurm.user)
 
@@ -105,6 +109,8 @@ class SlurmBackend:
         if self.watch.node_drained(self.server.id):
             return Refusal(DRAINED, f"Slurm has drained node {self.server.id}: "
                            f"{self.watch.nodes[self.server.id].reason or 'no reason given'}")
+        if self.real is not None:
+            return real_refusal(cmd)
         if cmd.spec.kind == "cpu":
             return None
         try:
@@ -123,33 +129,47 @@ class SlurmBackend:
         folder = self.folder(cmd.job_id)
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True, mode=0o700)
-        logs = job_paths(self.settings.run_dir, cmd.job_id, self.server.id).logs
-        logs.mkdir(parents=True, exist_ok=True)
+        paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
+        # A real job writes its logs, reports and checkpoint (shared by its
+        # starts on every node) in the job's folder.
+        shared = (paths.logs, paths.checkpoint, paths.report.parent) if self.real else \
+            (paths.logs,)
+        for path in shared:
+            path.mkdir(parents=True, exist_ok=True)
+        if self.real is not None:  # its HOME, and its cores file (HOPS_CORES_FILE)
+            write_count(paths.cores, cores_of(cmd))
+            shared = (paths.root, paths.cores, *shared)
         (folder / "start.json").write_bytes(encode(cmd))
-        if self.job_env.seed:  # its name is the identity (and the inbox) it connects as
+        if self.job_env.seed and self.real is None:  # a real job holds no credential;
+            # an emulated one connects as the node (the seed's name is its identity)
             seed = folder / Path(self.job_env.seed).name
             seed.write_bytes(Path(self.job_env.seed).read_bytes())
             seed.chmod(0o600)
         write_count(folder / "cores", cores_of(cmd))
         if self._owner is not None:
-            for path in (folder, logs, *folder.iterdir()):
+            for path in (folder, *shared, *folder.iterdir()):
                 os.chown(path, *self._owner)
         return folder
 
     def _request(self, cmd: StartJob, folder: Path) -> JobRequest:
         role = role_of(cmd.mode, cmd.configuration, self.server.id)
         e = self.job_env
-        log_file = job_paths(self.settings.run_dir, cmd.job_id, self.server.id).log(0)
-        command = [self.settings.python, "-m", "executor.job", "--job-id", cmd.job_id,
-                   "--role", role, "--cluster", e.cluster, "--command-file",
-                   str(folder / "start.json"), "--log-file", str(log_file), *e.job_args]
-        env = {"HOPS_NATS_URL": e.nats_url, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": ":".join(p for p in (_source_root(), self.settings.pythonpath)
-                                      if p),
+        paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
+        if self.real is not None:
+            command = [self.settings.python, "-m", "executor.slurm.runner",
+                       str(write_launches(cmd, paths, folder, self.real))]
+        else:
+            command = [self.settings.python, "-m", "executor.job", "--job-id", cmd.job_id,
+                       "--role", role, "--cluster", e.cluster, "--command-file",
+                       str(folder / "start.json"), "--log-file", str(paths.log(0)),
+                       *e.job_args]
+        env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": jobs_pythonpath(self.settings),
                jobenv.CORES: str(cores_of(cmd)), jobenv.CORES_FILE: str(folder / "cores")}
-        if e.seed:
+        if self.real is None:
+            env["HOPS_NATS_URL"] = e.nats_url
+        if e.seed and self.real is None:
             env["HOPS_NATS_NKEY"] = str(folder / Path(e.seed).name)
-        if e.ca:
+        if e.ca and self.real is None:
             env["HOPS_NATS_CA"] = e.ca
         return JobRequest(job_id=cmd.job_id, attempt=int(time.time() * 1000),
                           node=self.server.id, gpus=len(cmd.gpu_indices),
@@ -159,23 +179,30 @@ class SlurmBackend:
     async def spawn(self, cmd: StartJob, on_ending: OnEnding,
                     cores: tuple[int, ...] = ()) -> JobHandle:
         folder = self._prepare(cmd)
+        offset = report_offset(job_paths(self.settings.run_dir, cmd.job_id, self.server.id))
         submitted = time.time()
         # A SlurmFailure (sbatch refused, slurmctld away) is the start's
         # failure, acknowledged ``internal`` with Slurm's words: never the
         # job's, which may run once Slurm answers again.
         slurm_id = await self.client.submit(self._request(cmd, folder))
-        (folder / _RECORD).write_bytes(msgspec.json.encode(StartRecord(slurm_id, submitted)))
+        (folder / _RECORD).write_bytes(msgspec.json.encode(StartRecord(slurm_id, submitted,
+                                                                           offset)))
         self._lost.pop(cmd.job_id, None)
         log = self.log.bind(job_id=cmd.job_id)
         log.info("Slurm job submitted", slurm_job=slurm_id, mode=cmd.mode,
                  gpus=len(cmd.gpu_indices), cores=max(1, cores_of(cmd)))
-        return self._handle(cmd, slurm_id, submitted, folder, on_ending)
+        return self._handle(cmd, slurm_id, submitted, folder, on_ending, offset)
 
     def _handle(self, cmd: StartJob, slurm_id: int, submitted: float, folder: Path,
-                on_ending: OnEnding) -> SlurmJobHandle:
-        return SlurmJobHandle(cmd, slurm_id, folder / "output", submitted, self.watch,
-                              self.client, self.log.bind(job_id=cmd.job_id), on_ending,
-                              lambda: self._mark_lost(cmd.job_id), folder / "cores")
+                on_ending: OnEnding, offset: int = 0) -> SlurmJobHandle:
+        paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
+        args = (cmd, slurm_id, folder / "output", submitted, self.watch, self.client,
+                self.log.bind(job_id=cmd.job_id), on_ending,
+                lambda: self._mark_lost(cmd.job_id),
+                folder / "cores" if self.real is None else paths.cores)
+        if self.real is None:
+            return SlurmJobHandle(*args)
+        return SlurmRealHandle(*args, paths=paths, real=self.real, offset=offset)
 
     def _mark_lost(self, job: JobId) -> None:
         self._lost[job] = time.monotonic()
@@ -195,17 +222,17 @@ class SlurmBackend:
                 continue
             if not isinstance(cmd, StartJob):
                 continue
-            if rec.slurm_id not in self.watch.jobs:
+            handle = self._handle(cmd, rec.slurm_id, rec.submitted_at, folder,
+                                  on_ending(cmd.job_id), rec.report_offset)
+            if (job := handle.state()) is None:  # unknown, or its id now another's
                 self.log.warning("Slurm no longer knows a job Hops ran here: lost",
                                  job_id=cmd.job_id, slurm_job=rec.slurm_id)
                 self._mark_lost(cmd.job_id)
                 record_file.unlink(missing_ok=True)
                 continue
-            handle = self._handle(cmd, rec.slurm_id, rec.submitted_at, folder,
-                                  on_ending(cmd.job_id))
             handle.read_output()
             self.log.info("Slurm job adopted", job_id=cmd.job_id, slurm_job=rec.slurm_id,
-                          state=self.watch.jobs[rec.slurm_id].job_state,
+                          state=job.job_state,
                           samples_done=handle.samples_done)
             adopted.append(handle)
         return adopted
@@ -234,6 +261,16 @@ class SlurmBackend:
         pass
 
 
+def real_refusal(cmd: StartJob) -> Refusal | None:
+    """Why a real job cannot start at all (as :class:`executor.real.RealBackend`)."""
+    if not cmd.spec.command:
+        return Refusal(INVALID, f"job {cmd.job_id} has no command; the Slurm bridge runs "
+                                "real jobs", fail_job=True)
+    if (why := relaxed_refusal(cmd)) is not None:
+        return Refusal(INVALID, why)
+    return None
+
+
 def _owner(user: str) -> tuple[int, int] | None:
     """(uid, gid) the start folders belong to: the Slurm user when the
     bridge runs as root and submits for it; None otherwise."""
@@ -241,6 +278,11 @@ def _owner(user: str) -> tuple[int, int] | None:
         return None
     entry = pwd.getpwnam(user)
     return entry.pw_uid, entry.pw_gid
+
+
+def jobs_pythonpath(settings: BridgeSettings) -> str:
+    """The jobs' ``PYTHONPATH``: Hops' packages and ``HOPS_SLURM_PYTHONPATH``."""
+    return ":".join(p for p in (_source_root(), settings.pythonpath) if p)
 
 
 def _source_root() -> str:

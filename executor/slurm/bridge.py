@@ -9,7 +9,9 @@ commands and heartbeats; one :class:`SlurmWatch` reads Slurm for all of
 them. Without ``--cluster`` the cluster is Slurm's nodes
 (:func:`executor.slurm.nodes.slurm_cluster`); with it, every server must be
 a node of the partition. The flags are the executor's (``--time-scale``,
-``--stop-grace-s``...); the Slurm settings are :mod:`executor.slurm.settings`'.
+``--stop-grace-s``...; ``--backend real``: each start runs the job's own
+command, :mod:`executor.slurm.realjobs`, rather than the emulated job); the
+Slurm settings are :mod:`executor.slurm.settings`'.
 SIGTERM stops the bridge's jobs, as an executor's; a crash (kill -9) leaves
 them running in Slurm, and the next bridge adopts them.
 """
@@ -32,12 +34,15 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from executor.__main__ import _parser, executor_settings, run_dir_of
+from executor.launch import LaunchOptions
+from executor.publish import NatsSink
 from executor.service import run_node
 from executor.settings import ExecutorSettings
-from executor.slurm.backend import JobEnv, SlurmBackend
+from executor.slurm.backend import JobEnv, SlurmBackend, jobs_pythonpath
 from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.nodes import slurm_cluster
+from executor.slurm.realjobs import RealJobs
 from executor.slurm.settings import BridgeSettings, BridgeSettingsError, from_environ
 from executor.slurm.watch import SlurmWatch
 from executor.supervisor import CREDENTIALS_DIR
@@ -45,7 +50,7 @@ from services.runtime.bus import ErrorReporter, connect
 from services.runtime.logging import configure_logging
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings, parse_args
-from shared.cluster import Cluster
+from shared.cluster import Cluster, Server
 from shared.specs import SpecError
 from world.catalog import builtin_catalog
 from world.clusters import cluster_arg
@@ -84,6 +89,17 @@ async def the_cluster(args: argparse.Namespace, bridge: BridgeSettings,
         raise BridgeError(f"servers {', '.join(strangers)} are no nodes of Slurm partition "
                           f"{bridge.slurm.partition}")
     return cluster
+
+
+def real_jobs(ctx: ServiceContext, settings: ExecutorSettings, server: Server,
+              bridge: BridgeSettings) -> RealJobs:
+    """What a node's real starts need (``--backend real``, as for an executor)."""
+    sink = NatsSink(ctx.nc, ctx.js, server.id, ctx.log, ctx.spawn)
+    options = LaunchOptions(gpu_type=server.gpu_type, sample_s=settings.sample_s,
+                            profile_iters=settings.profile_iters)
+    env = {**os.environ, "PYTHONPATH": jobs_pythonpath(bridge)}
+    return RealJobs(sink=sink, options=options, base_env=env,
+                    stop_grace_s=settings.stop_grace_s)
 
 
 def _node_settings(args: argparse.Namespace, cluster: Cluster, bridge: BridgeSettings,
@@ -137,9 +153,11 @@ async def bridge_main(args: argparse.Namespace, runtime: RuntimeSettings,
         await watch.read()
         truth = GroundTruth(cluster, builtin_catalog())
         contexts = [await _node_context(runtime, s.server_id, stopping, log) for s in nodes]
+        real = args.backend == "real"
         log.info("Slurm bridge serving", nodes=[s.server_id for s in nodes],
-                 partition=bridge.slurm.partition, rest=bool(bridge.slurm.rest_url))
-        return await _serve(contexts, nodes, cluster, watch, truth, path, bridge, log)
+                 partition=bridge.slurm.partition, rest=bool(bridge.slurm.rest_url),
+                 jobs="real" if real else "emulated")
+        return await _serve(contexts, nodes, cluster, watch, truth, path, bridge, log, real)
     except (BridgeError, SpecError, SlurmFailure, ValueError) as e:
         log.error("the Slurm bridge cannot start", error=str(e))
         print(f"hops-slurm-bridge: {e}", file=sys.stderr)
@@ -150,13 +168,14 @@ async def bridge_main(args: argparse.Namespace, runtime: RuntimeSettings,
 
 async def _serve(contexts: list[ServiceContext], nodes: list[ExecutorSettings],
                  cluster: Cluster, watch: SlurmWatch, truth: GroundTruth, path: str,
-                 bridge: BridgeSettings, log: FilteringBoundLogger) -> int:
+                 bridge: BridgeSettings, log: FilteringBoundLogger, real: bool) -> int:
     stopping = contexts[0].stopping
     mains = []
     for ctx, settings in zip(contexts, nodes, strict=True):
         server = cluster.by_id[settings.server_id]
         env = _job_env(ctx.settings, settings, path, ctx.settings.nats_nkey or "")
-        backend = SlurmBackend(server, bridge, watch.client, watch, env, truth, ctx.log)
+        backend = SlurmBackend(server, bridge, watch.client, watch, env, truth, ctx.log,
+                               real_jobs(ctx, settings, server, bridge) if real else None)
         mains.append(asyncio.create_task(run_node(ctx, settings, cluster, backend)))
     poller = asyncio.create_task(watch.run(stopping))
     done, _ = await asyncio.wait([*mains, asyncio.create_task(stopping.wait())],

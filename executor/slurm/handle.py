@@ -1,7 +1,8 @@
 """One start of a Hops job as a Slurm batch job, as the executor service
 sees it (:class:`executor.backend.JobHandle`).
 
-The job inside Slurm is the emulated job (``python -m executor.job``): it
+The job inside Slurm is the emulated job (``python -m executor.job``; a
+real job's start is :class:`executor.slurm.realjobs.SlurmRealHandle`): it
 publishes its own heartbeats, samples, profile and ``job_finished`` with
 its node's identity, and writes its progress lines
 (``{"event": ..., "samples_done": x}``) to standard output, which Slurm
@@ -34,7 +35,7 @@ from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob
 from executor.slurm.watch import SlurmWatch
 from shared.events import JobFailed, StartJob
-from shared.slurm import JobVerdict
+from shared.slurm import JobVerdict, parse_job_name
 
 GONE = "slurm_job_gone"
 # A COMPLETED job whose last line is not "finished" was stopped by a signal
@@ -77,6 +78,11 @@ class SlurmJobHandle:
         if self.cores_file is not None:
             write_count(self.cores_file, count)
 
+    async def take_in(self) -> None:
+        """What the job said since the last look (a real job's handle also
+        publishes its reports here)."""
+        self.read_output()
+
     def read_output(self) -> None:
         """Take in the progress lines written since the last read."""
         try:
@@ -113,7 +119,15 @@ class SlurmJobHandle:
             return ""
 
     def state(self) -> SlurmJob | None:
-        return self.watch.jobs.get(self.slurm_id)
+        """This start's Slurm job in the latest reading. A job with its id
+        that is not this job's on this node is not it: a slurmctld that lost
+        its last jobs gives their ids again (docs/slurm.md, "Quirks")."""
+        job = self.watch.jobs.get(self.slurm_id)
+        parsed = parse_job_name(job.name) if job is not None else None
+        if job is None or parsed is None or parsed[0] != self.cmd.job_id \
+                or job.nodes not in ("", self.cmd.server_id):
+            return None
+        return job
 
     def _verdict(self) -> JobVerdict | None:
         """The job's end, once Slurm shows it (None: it has not ended)."""
@@ -137,7 +151,7 @@ class SlurmJobHandle:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await self.watch.next()
-            self.read_output()
+            await self.take_in()
             if self.ready:
                 job = self.state()
                 # Slurm's GRES chose the indices within the node (docs/slurm.md, "Limits")
@@ -158,7 +172,7 @@ class SlurmJobHandle:
         to do so before it is signalled (the stop that follows a finish
         would otherwise kill it while it closes)."""
         self.stopping = True
-        self.read_output()
+        await self.take_in()
         deadline = time.monotonic() + grace
         while self.last_event == "finished" and time.monotonic() < deadline:
             if self._verdict() is not None:
@@ -166,13 +180,13 @@ class SlurmJobHandle:
             await self.watch.next()
         await self.client.stop(self.slurm_id, grace)
         await self.watch.next(after=time.time())
-        self.read_output()
+        await self.take_in()
 
     async def wait(self) -> Outcome:
         while (verdict := self._verdict()) is None:
             await self.watch.next()
-            self.read_output()
-        self.read_output()
+            await self.take_in()
+        await self.take_in()
         return self._outcome(verdict)
 
     def _outcome(self, verdict: JobVerdict) -> Outcome:
