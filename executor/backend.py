@@ -18,6 +18,7 @@ of with :meth:`JobHandle.retune` and follows to its :class:`Outcome`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +28,8 @@ from structlog.typing import FilteringBoundLogger
 
 from shared.events import JobFailed, JobFinished, StartJob
 from shared.ids import JobId
+
+LOST_LISTED_S = 30.0  # how long node heartbeats list a lost job
 
 
 def profile_msg_id(cmd: StartJob) -> str:
@@ -42,6 +45,29 @@ def with_cap(cmd: StartJob, percent: int) -> StartJob:
     keeps it (a real executor's state file: an adopted job keeps its cap)."""
     config = msgspec.structs.replace(cmd.configuration, mba_percent=percent)
     return msgspec.structs.replace(cmd, configuration=config)
+
+
+class LostJobs:
+    """Jobs a backend found lost (a process or Slurm job that a restarted
+    executor expected and did not find), listed in the node's heartbeats
+    for :data:`LOST_LISTED_S` after: the monitor releases each at once,
+    with no grace (docs/events.md)."""
+
+    def __init__(self) -> None:
+        self._at: dict[JobId, float] = {}  # job -> when it was found lost (monotonic)
+
+    def mark(self, job: JobId) -> None:
+        self._at[job] = time.monotonic()
+
+    def clear(self, job: JobId) -> None:
+        """It runs here again: no longer lost."""
+        self._at.pop(job, None)
+
+    def listed(self) -> tuple[JobId, ...]:
+        now = time.monotonic()
+        for job in [j for j, t in self._at.items() if now - t > LOST_LISTED_S]:
+            del self._at[job]
+        return tuple(sorted(self._at))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ state file.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from executor.adopt import (
     state_path,
     triage,
 )
-from executor.backend import JobHandle, OnEnding, Refusal, StartFailed
+from executor.backend import JobHandle, LostJobs, OnEnding, Refusal, StartFailed
 from executor.isolation import FolderError, prepare_folders, root_refusal
 from executor.launch import cores_of, job_paths, launches, relaxed_refusal
 from executor.mba import MbaControl, MbaError
@@ -66,7 +65,6 @@ from shared.ids import GpuType, JobId
 from shared.wire import FORBIDDEN
 
 Spawner = Callable[[Coroutine[Any, Any, None], str], object]
-LOST_LISTED_S = 30.0  # how long node heartbeats list a lost job
 
 
 class RealBackend:
@@ -89,7 +87,7 @@ class RealBackend:
         self.jobs: dict[JobId, RealJob] = {}
         self.state_file = state_path(settings.run_dir, server.id)
         self._saved: ExecutorState | None = None
-        self._lost: dict[JobId, float] = {}  # job -> when it was found lost (monotonic)
+        self._lost = LostJobs()
 
     def check(self, cmd: StartJob) -> Refusal | None:
         spec = cmd.spec
@@ -115,7 +113,7 @@ class RealBackend:
 
     async def spawn(self, cmd: StartJob, on_ending: OnEnding,
                     cores: tuple[int, ...] = ()) -> JobHandle:
-        self._lost.pop(cmd.job_id, None)  # it runs here again: no longer lost
+        self._lost.clear(cmd.job_id)
         paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
         ident = self.settings.identity
         log = self.log.bind(job_id=cmd.job_id)
@@ -191,13 +189,10 @@ class RealBackend:
     def _settle(self, rec: LaunchRecord) -> None:
         log = self.log.bind(job_id=rec.cmd.job_id, pgid=rec.pgid)
         if not settle(rec, self.gpu_type, self.sink, log):
-            self._lost[rec.cmd.job_id] = time.monotonic()
+            self._lost.mark(rec.cmd.job_id)
 
     def lost(self) -> tuple[JobId, ...]:
-        now = time.monotonic()
-        for job in [j for j, t in self._lost.items() if now - t > LOST_LISTED_S]:
-            del self._lost[job]
-        return tuple(sorted(self._lost))
+        return self._lost.listed()
 
     def forget(self, job: JobHandle) -> None:
         if self.jobs.get(job.cmd.job_id) is job:

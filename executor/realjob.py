@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -31,6 +32,7 @@ from executor.pinning import Pinner
 from executor.ranks import Rank, kill_stragglers, signal_group
 from executor.reports import End, JobReports, ReportTail, log_tail, verdict
 from shared.events import ProfileReported, Report, SampleReported, StartJob
+from shared.jobreport import AnyReport
 
 
 class Sink(Protocol):
@@ -39,6 +41,24 @@ class Sink(Protocol):
     async def sample(self, msg: SampleReported) -> None: ...
 
     def event(self, job_id: str, msg: Report, msg_id: str) -> None: ...
+
+
+async def forward(lines: Iterable[AnyReport], reports: JobReports, cmd: StartJob, sink: Sink,
+                  log: FilteringBoundLogger) -> None:
+    """Apply a job's new report lines (:class:`JobReports`) and pass what they
+    say on: samples to the estimator, a profile once per start. A line that
+    cannot be used is logged and skipped."""
+    for line in lines:
+        try:
+            msg = reports.apply(line)
+        except ValueError as e:
+            log.warning("report line not usable", kind=type(line).__name__, error=str(e))
+            continue
+        if isinstance(msg, SampleReported):
+            await sink.sample(msg)
+        elif isinstance(msg, ProfileReported):
+            sink.event(cmd.job_id, msg, profile_msg_id(cmd))
+            log.info("job profiled", gpu_type=msg.report.gpu_type)
 
 
 @dataclass(frozen=True)
@@ -148,17 +168,7 @@ class RealJob:
     async def _read(self, final: bool = False) -> None:
         """Take in the new report lines."""
         skipped = self.tail.skipped
-        for line in self.tail.read(final):
-            try:
-                msg = self.reports.apply(line)
-            except ValueError as e:
-                self.log.warning("report line not usable", kind=type(line).__name__, error=str(e))
-                continue
-            if isinstance(msg, SampleReported):
-                await self.sink.sample(msg)
-            elif isinstance(msg, ProfileReported):
-                self.sink.event(self.cmd.job_id, msg, profile_msg_id(self.cmd))
-                self.log.info("job profiled", gpu_type=msg.report.gpu_type)
+        await forward(self.tail.read(final), self.reports, self.cmd, self.sink, self.log)
         if self.tail.skipped > skipped:
             self.log.warning("unreadable report lines skipped", count=self.tail.skipped - skipped)
         if self.reports.done and not self._ending_said:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.up.launcher import port_free
 from executor.slurm.client import SlurmSettings
 from tests.engines import require
 
@@ -64,6 +65,15 @@ class SlurmCluster:
         return SlurmSettings(slurm_conf=self.slurm_conf, partition=self.partition,
                              user=self.rest_user, rest_url=self.rest_url if rest else "")
 
+    def bridge_env(self, runs: Path) -> dict[str, str]:
+        """The Slurm bridge's settings for this cluster (executor.slurm.settings),
+        its jobs' files under ``runs``, run by a Python the Slurm user can run."""
+        python, path = node_python(self.rest_user)
+        return {"HOPS_SLURM_CONF": self.slurm_conf, "HOPS_SLURM_PARTITION": self.partition,
+                "HOPS_SLURM_USER": self.rest_user, "HOPS_SLURM_REST_URL": self.rest_url,
+                "HOPS_SLURM_RUN_DIR": str(runs), "HOPS_SLURM_PYTHON": python,
+                "HOPS_SLURM_PYTHONPATH": path}
+
 
 def slurm_missing() -> str:
     """Why the cluster cannot run here ('' when it can)."""
@@ -94,18 +104,9 @@ def free_base_port() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base: int = s.getsockname()[1]
-        if base + PORT_SPAN < 65536 and all(_free(base + i) for i in range(PORT_SPAN)):
+        if base + PORT_SPAN < 65536 and all(port_free(base + i) for i in range(PORT_SPAN)):
             return base
     raise RuntimeError("no run of free ports for the Slurm cluster")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _script(action: str, env: dict[str, str]) -> str:

@@ -42,7 +42,7 @@ from shared.ids import ServerId
 from shared.slurm import parse_job_name
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
-from tests.slurmcluster import SlurmCluster, node_python, slurm_cluster
+from tests.slurmcluster import SlurmCluster, slurm_cluster
 from world.clusters import cluster_arg
 
 __all__ = ["slurm_cluster"]
@@ -72,11 +72,7 @@ def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     nodes = asyncio.run(SlurmClient(slurm_cluster.settings(rest=False)).nodes())
     doc = cluster_doc(nodes, "TitanXP", "slurm-test")
     runs = slurm_cluster.workdir / f"runs-{os.getpid()}"
-    python, path = node_python(slurm_cluster.rest_user)
-    env = {"HOPS_SLURM_CONF": slurm_cluster.slurm_conf, "HOPS_SLURM_PARTITION":
-           slurm_cluster.partition, "HOPS_SLURM_USER": slurm_cluster.rest_user,
-           "HOPS_SLURM_REST_URL": slurm_cluster.rest_url, "HOPS_SLURM_RUN_DIR": str(runs),
-           "HOPS_SLURM_PYTHON": python, "HOPS_SLURM_PYTHONPATH": path,
+    env = {**slurm_cluster.bridge_env(runs),
            "HOPS_SLURM_DOWN_S": str(DOWN_S), "HOPS_TEST_CORES_PER_GPU": str(CORES_PER_GPU)}
     s = LiveStack(tmp_path_factory.mktemp("slurm"), msgspec.json.encode(doc).decode(),
                   schedulers=1, executor="slurm", env=env,

@@ -29,7 +29,7 @@ from executor.slurm.client import SlurmClient
 from executor.slurm.nodes import cluster_doc
 from shared.jobreport import AnyReport, Checkpointed, Finished, Started, decode_line
 from tests.livestack import LiveStack, until
-from tests.slurmcluster import SlurmCluster, node_python, slurm_cluster
+from tests.slurmcluster import SlurmCluster, slurm_cluster
 from tests.test_live_hardening import hops
 from tests.test_live_slurm import planned, running_in_slurm, slurm_jobs
 
@@ -49,11 +49,7 @@ def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     nodes = asyncio.run(SlurmClient(slurm_cluster.settings(rest=False)).nodes())
     doc = cluster_doc(nodes, "cpu", "slurm-real")
     runs = slurm_cluster.workdir / f"real-runs-{os.getpid()}"
-    python, path = node_python(slurm_cluster.rest_user)
-    env = {"HOPS_SLURM_CONF": slurm_cluster.slurm_conf, "HOPS_SLURM_PARTITION":
-           slurm_cluster.partition, "HOPS_SLURM_USER": slurm_cluster.rest_user,
-           "HOPS_SLURM_REST_URL": slurm_cluster.rest_url, "HOPS_SLURM_RUN_DIR": str(runs),
-           "HOPS_SLURM_PYTHON": python, "HOPS_SLURM_PYTHONPATH": path,
+    env = {**slurm_cluster.bridge_env(runs),
            "HOPS_EXECUTOR_BACKEND": "real",
            # torch processes take a second or two to start and exit on 2 busy cores
            "HOPS_PROFILE_ITERS": "5", "HOPS_SAMPLE_S": "0.5", "HOPS_STOP_GRACE_S": "15",

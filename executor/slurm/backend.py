@@ -32,7 +32,7 @@ from pathlib import Path
 import msgspec
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import JobHandle, OnEnding, Refusal
+from executor.backend import JobHandle, LostJobs, OnEnding, Refusal
 from executor.emulated import write_count
 from executor.emulator import EmulationError, UnknownModel, check_runnable, role_of
 from executor.launch import cores_of, job_paths, relaxed_refusal
@@ -50,7 +50,6 @@ from world.truth import GroundTruth
 
 DRAINED = "slurm_node_drained"
 DOWN = "slurm_node_down"
-LOST_LISTED_S = 30.0  # how long node heartbeats list a lost job (as executor.real)
 _RECORD = "record.json"
 
 
@@ -93,7 +92,7 @@ class SlurmBackend:
         # Real jobs (their own command, executor.slurm.realjobs) or emulated ones.
         self.real = real
         self.models = () if real else tuple(sorted(builtin_catalog()))
-        self._lost: dict[JobId, float] = {}
+        self._lost = LostJobs()
         self._owner = _owner(settings.slurm.user)
 
     @property
@@ -187,7 +186,7 @@ class SlurmBackend:
         slurm_id = await self.client.submit(self._request(cmd, folder))
         (folder / _RECORD).write_bytes(msgspec.json.encode(StartRecord(slurm_id, submitted,
                                                                            offset)))
-        self._lost.pop(cmd.job_id, None)
+        self._lost.clear(cmd.job_id)
         log = self.log.bind(job_id=cmd.job_id)
         log.info("Slurm job submitted", slurm_job=slurm_id, mode=cmd.mode,
                  gpus=len(cmd.gpu_indices), cores=max(1, cores_of(cmd)))
@@ -198,14 +197,11 @@ class SlurmBackend:
         paths = job_paths(self.settings.run_dir, cmd.job_id, self.server.id)
         args = (cmd, slurm_id, folder / "output", submitted, self.watch, self.client,
                 self.log.bind(job_id=cmd.job_id), on_ending,
-                lambda: self._mark_lost(cmd.job_id),
+                lambda: self._lost.mark(cmd.job_id),
                 folder / "cores" if self.real is None else paths.cores)
         if self.real is None:
             return SlurmJobHandle(*args)
         return SlurmRealHandle(*args, paths=paths, real=self.real, offset=offset)
-
-    def _mark_lost(self, job: JobId) -> None:
-        self._lost[job] = time.monotonic()
 
     async def recover(self, on_ending: Callable[[JobId], OnEnding]) -> list[JobHandle]:
         """The starts recorded here: adopted where Slurm knows them, lost where not."""
@@ -227,7 +223,7 @@ class SlurmBackend:
             if (job := handle.state()) is None:  # unknown, or its id now another's
                 self.log.warning("Slurm no longer knows a job Hops ran here: lost",
                                  job_id=cmd.job_id, slurm_job=rec.slurm_id)
-                self._mark_lost(cmd.job_id)
+                self._lost.mark(cmd.job_id)
                 record_file.unlink(missing_ok=True)
                 continue
             handle.read_output()
@@ -238,10 +234,7 @@ class SlurmBackend:
         return adopted
 
     def lost(self) -> tuple[JobId, ...]:
-        now = time.monotonic()
-        for job in [j for j, t in self._lost.items() if now - t > LOST_LISTED_S]:
-            del self._lost[job]
-        return tuple(sorted(self._lost))
+        return self._lost.listed()
 
     def forget(self, job: JobHandle) -> None:
         """The start ended or was stopped: its record goes (its output stays),

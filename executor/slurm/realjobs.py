@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from executor.backend import Outcome, profile_msg_id
+from executor.backend import Outcome
 from executor.launch import JobPaths, LaunchOptions, launches, world_of
-from executor.realjob import Sink
+from executor.realjob import Sink, forward
 from executor.reports import End, JobReports, ReportTail, log_tail, verdict
 from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.runner import launch_file
-from shared.events import ProfileReported, SampleReported, StartJob
+from shared.events import StartJob
 from shared.ids import GpuType
 from shared.slurm import JobVerdict
 
@@ -92,17 +92,8 @@ class SlurmRealHandle(SlurmJobHandle):
 
     async def take_in(self) -> None:
         self.read_output()
-        for report in self.tail_of_reports.read(final=bool(self.exits)):
-            try:
-                msg = self.reports.apply(report)
-            except ValueError as e:
-                self.log.warning("report line not usable", error=str(e))
-                continue
-            if isinstance(msg, SampleReported):
-                await self.sink.sample(msg)
-            elif isinstance(msg, ProfileReported):
-                self.sink.event(self.cmd.job_id, msg, profile_msg_id(self.cmd))
-                self.log.info("job profiled", gpu_type=msg.report.gpu_type)
+        await forward(self.tail_of_reports.read(final=bool(self.exits)), self.reports,
+                      self.cmd, self.sink, self.log)
         self.samples_done = self.reports.samples_done
         if self.reports.done and not self._ending_said:
             self._ending_said = True
