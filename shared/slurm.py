@@ -167,6 +167,19 @@ def job_verdict(state: str, status: int | None = None, reason: str = "",
 _GPU_INDICES = re.compile(r"(?:^|,)gpu[^,(]*\(IDX:([^)]*)\)")
 
 
+def gpu_gres(gres: str) -> list[tuple[str, int | None]]:
+    """The ``gpu`` entries of a node's GRES string as (type, count):
+    ``gpu:fake:8,gpu:2(S:0)`` → [("fake", 8), ("", 2)]; a count that is not a
+    number is None."""
+    out: list[tuple[str, int | None]] = []
+    for part in gres.split(","):
+        fields = part.split("(")[0].split(":")
+        if fields[0] == "gpu":
+            out.append((fields[1] if len(fields) == 3 else "",
+                        int(fields[-1]) if fields[-1].isdigit() else None))
+    return out
+
+
 def gres_indices(text: str) -> tuple[int, ...]:
     """The GPU indices a GRES string names (a job's ``gres_detail`` entry,
     a node's ``gres_used``): ``gpu:fake:3(IDX:0-1,4)`` → (0, 1, 4); () where

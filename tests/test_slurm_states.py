@@ -17,6 +17,7 @@ from shared.slurm import (
     JOB_UNKNOWN_STATE,
     NODE_UNKNOWN_STATE,
     VerdictKind,
+    gpu_gres,
     gres_indices,
     job_name,
     job_verdict,
@@ -131,7 +132,13 @@ def test_gres_indices() -> None:
     assert gres_indices("gpu:2") == ()
     assert gres_indices("license:x(IDX:1)") == ()
     assert gres_indices("gpu:a:1(IDX:0),gpu:b:2(IDX:2-3)") == (0, 2, 3)
-    assert gres_indices("gpu:fake:0(IDX:N/A)") == ()
+
+
+def test_gpu_gres() -> None:
+    assert gpu_gres("gpu:fake:8(S:0)") == [("fake", 8)]
+    assert gpu_gres("gpu:fake:8,gpu:2,license:x:1") == [("fake", 8), ("", 2)]
+    assert gpu_gres("gpu:fake:N/A") == [("fake", None)]
+    assert gpu_gres("(null)") == []
 
 
 @given(st.text(min_size=1, max_size=30), st.integers(0, 10_000))

@@ -16,6 +16,7 @@ import msgspec
 
 from executor.slurm.records import SlurmNode
 from shared.cluster import Cluster
+from shared.slurm import gpu_gres
 from shared.specs import SpecError, cluster_from_doc
 from world.clusters import BUILTIN_CLUSTERS, builtin_cluster
 
@@ -27,11 +28,7 @@ _DEFAULT_NET = 1.0e9
 def gres_type(gres: str) -> str:
     """The type of the first ``gpu`` GRES (``gpu:fake:8`` -> ``fake``); ''
     when it names none (``gpu:8``)."""
-    for part in gres.split(","):
-        fields = part.split("(")[0].split(":")
-        if fields[0] == "gpu" and len(fields) == 3:
-            return fields[1]
-    return ""
+    return next((kind for kind, _ in gpu_gres(gres) if kind), "")
 
 
 def _type_spec(name: str) -> dict[str, Any]:

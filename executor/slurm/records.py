@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.slurm import JobVerdict, NodeHealth, gres_indices, job_verdict, node_health
+from shared.slurm import (
+    JobVerdict,
+    NodeHealth,
+    gpu_gres,
+    gres_indices,
+    job_verdict,
+    node_health,
+)
 
 
 class SlurmJob(msgspec.Struct, frozen=True):
@@ -64,12 +71,7 @@ class SlurmNode(msgspec.Struct, frozen=True):
     @property
     def gpus(self) -> int:
         """How many GPUs the node has (the sum of its ``gpu`` GRES counts)."""
-        total = 0
-        for part in self.gres.split(","):
-            fields = part.split("(")[0].split(":")
-            if fields[0] == "gpu" and fields[-1].isdigit():
-                total += int(fields[-1])
-        return total
+        return sum(count or 0 for _, count in gpu_gres(self.gres))
 
     @property
     def gpus_in_use(self) -> tuple[int, ...]:

@@ -109,11 +109,12 @@ async def jobs(request: Request, principal: Principal) -> Response:
 
 
 def _paged(request: Request, principal: Principal, page: tuple[str, str, str],
-              head: Sequence[str], kept: Sequence[T], row: Callable[[T], str], filters: str,
-              *, rows_only: bool = False) -> Response:
-    """A table page of the ``kept`` rows, each drawn by ``row``, ``render.PAGE_ROWS`` at a time: a
-    later page (``?offset=``), or ``rows_only``, answers its rows alone, to
-    be appended where the table is; the first, the table, the "more" link
+           head: Sequence[str], kept: Sequence[T], row: Callable[[T], str], filters: str,
+           *, rows_only: bool = False) -> Response:
+    """A table page of the ``kept`` rows, each drawn by ``row``,
+    ``render.PAGE_ROWS`` at a time: a later page (``?offset=``), or
+    ``rows_only``, answers its rows alone, to be appended where the table
+    is; the first, the table, the "more" link
     and the filters. ``page`` is (title, slug, the events it refreshes on)."""
     start = offset_of(request)
     shown = kept[start:start + render.PAGE_ROWS]

@@ -259,16 +259,14 @@ class Feed:
         job_id = measured_job(event)
         problem = unusable(event, await self.nodes.type_of(measured_on(event)[0]))
         ended = job_id in self.ended
+        if ended:  # a late report: at most a profile's shared part is kept
+            self.ctx.log.debug("measurement of an ended job", job_id=job_id)
         if problem is not None:
-            if ended:  # a late report of an ended job
-                self.ctx.log.debug("measurement of an ended job", job_id=job_id)
-            else:
+            if not ended:
                 live = isinstance(event, ev.SampleReported)
                 await self._reject(msg, problem[1], problem[0], live)
             return
-        if ended:  # a late report: only a profile's shared part is kept
-            self.ctx.log.debug("measurement of an ended job", job_id=job_id)
-        elif isinstance(event, ev.SampleReported):
+        if not ended and isinstance(event, ev.SampleReported):
             await self._check_reuse(event)
         apply_sample_event(self.db, event, ended)
         if not ended:

@@ -135,10 +135,6 @@ class NatsCluster:
         for s in self.servers:
             s.stop()
 
-    def reload(self) -> None:
-        for s in self.servers:
-            s.reload()
-
     def meta_leader(self) -> str:
         """The JetStream meta leader's server name as some running member
         sees it ('' while there is none)."""

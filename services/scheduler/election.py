@@ -29,8 +29,8 @@ from scheduling.live.lease import (
     Wait,
     encode_value,
     lease_stall,
-    lease_ttl,
 )
+from services.runtime.layout import JetStreamLayout
 from services.runtime.retry import kv_write
 from services.runtime.service import ServiceContext
 from services.scheduler.leader import Leader
@@ -49,10 +49,10 @@ class Elector:
         self.ctx = ctx
         self.settings = settings
         self.layers = tuple(layers)
-        replicated = ctx.settings.nats_replicas > 1
+        # The lease's TTL is the leader bucket's (JetStreamLayout.of), one rule.
         self.lease = Lease(settings.replica(socket.gethostname(), os.getpid()),
-                           lease_ttl(ctx.settings.leader_ttl, replicated),
-                           lease_stall(replicated))
+                           JetStreamLayout.of(ctx.settings).leader_ttl,
+                           lease_stall(ctx.settings.nats_replicas > 1))
         self.task: asyncio.Task[None] | None = None
         self.leader: Leader | None = None  # this term's, while it leads
 
