@@ -265,12 +265,14 @@ async def test_a_new_placer_adopts_what_its_predecessor_started(procs: Procs, cl
         failed[0].error)
     placed = await settle(client, {"w": {S0: 2}})
     assert placed["w"].gpu_indices == {S0: (0, 1)}
-    assert [e.job_id for e in stack.of(ev.JobStarted)] == ["w"]
+    await eventually(lambda: [e.job_id for e in stack.of(ev.JobStarted)] == ["w"], 10,
+                     "w started once")
     assert job_pids("w") == pid  # the same process: adopted, not restarted
     await stack.running({S0: {"w"}, S1: set()})  # v stopped on both
     await stack.publish(plan(1, 3, {"w": {S0: 2}, "v": {S0: 1, S1: 1}}))
     booked_once(await settle(client, {"w": {S0: 2}, "v": {S0: 1, S1: 1}}))
     await stack.running({S0: {"w", "v"}, S1: {"v"}})
-    assert sorted(e.job_id for e in stack.of(ev.JobStarted)) == ["v", "w"]
+    await eventually(lambda: sorted(e.job_id for e in stack.of(ev.JobStarted)) == ["v", "w"],
+                     10, "v started")
     assert len([e for e in stack.errors if e.code == "start_failed"]) == 1
     assert job_pids("w") == pid
