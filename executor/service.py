@@ -242,7 +242,7 @@ class NodeExecutor:
         same = self.ledger.same_start(cmd)
         if same is not None:  # a new placer starting what its predecessor started
             running = self.procs.get(cmd.job_id)
-            self.log.info("start of a job already running so", job_id=cmd.job_id, key=cmd.key,
+            self.log.info("the job already runs as asked", job_id=cmd.job_id, key=cmd.key,
                           started_by=same.key)
             return CommandAck(key=cmd.key, ok=True, code=ALREADY_STARTED, started_by=same.key,
                               samples_done=running.samples_done if running else cmd.samples_done,

@@ -319,8 +319,8 @@ class Placer:
                 for launch in start.launches]
         acks = await asyncio.gather(*(self._command(c.server_id, c) for c in cmds))
         answered = [a for a in acks if a is not None and a.ok]
-        split_run = None if len(answered) < len(acks) else adoption_problem(
-            [c.server_id for c in cmds], answered)
+        split_run = adoption_problem([c.server_id for c in cmds], answered) if len(
+            answered) == len(acks) else None
         if len(answered) < len(acks) or split_run is not None:
             await self.executors.undo(start, acks, prefix, split_run)
             return False
