@@ -107,13 +107,14 @@ class NodeLedger:
     def same_start(self, cmd: StartJob) -> Booking | None:
         """The booking of ``cmd``'s job when it already runs here as ``cmd``
         asks (another key: a placer that did not see its predecessor's start
-        acknowledged sends it again): the same mode, configuration, GPU
-        indices and holding on this server. None otherwise, and for a job
-        that said it finished (:meth:`refuse_start` then says why)."""
+        acknowledged sends it again): the same mode, configuration (so as
+        many GPUs) and holding on this server, on the GPU indices the
+        booking names, which a new placer's booking may have numbered
+        otherwise. None otherwise, and for a job that said it finished
+        (:meth:`refuse_start` then says why)."""
         booking = self._jobs.get(cmd.job_id)
         if (booking is None or cmd.job_id in self._ending or cmd.server_id != self.server.id
-                or booking.mode != cmd.mode or booking.configuration != cmd.configuration
-                or booking.gpu_indices != tuple(cmd.gpu_indices)):
+                or booking.mode != cmd.mode or booking.configuration != cmd.configuration):
             return None
         held = self._held.held_by(cmd.job_id).get(self.server.id, NOTHING)
         return booking if held == cmd.configuration.demand_on(self.server.id) else None

@@ -246,7 +246,7 @@ class NodeExecutor:
                           started_by=same.key)
             return CommandAck(key=cmd.key, ok=True, code=ALREADY_STARTED, started_by=same.key,
                               samples_done=running.samples_done if running else cmd.samples_done,
-                              cores=same.cores)
+                              cores=same.cores, gpu_indices=same.gpu_indices)
         if (refusal := self.ledger.refuse_start(cmd)) is not None:
             return refusal
         no = self.backend.check(cmd)

@@ -322,8 +322,9 @@ class CommandAck(Message, frozen=True, tag="command_ack"):
     stopped, ``exit_code`` and ``log_tail`` its process's end (real jobs);
     ``cores`` the core ids a start or ``set_cores`` pinned the job to (empty:
     not pinned by the executor). A start answered :data:`ALREADY_STARTED`
-    names in ``started_by`` the key of the start that runs the job, and
-    carries its progress now in ``samples_done``."""
+    names in ``started_by`` the key of the start that runs the job and in
+    ``gpu_indices`` the GPUs it runs on, and carries its progress now in
+    ``samples_done``."""
 
     key: str
     ok: bool
@@ -334,6 +335,7 @@ class CommandAck(Message, frozen=True, tag="command_ack"):
     log_tail: str = ""
     cores: tuple[int, ...] = ()
     started_by: str = ""
+    gpu_indices: tuple[int, ...] = ()
 
 
 # --- job lifecycle (stream HOPS_JOBS) -------------------------------------------

@@ -251,8 +251,9 @@ async def test_a_new_placer_adopts_what_its_predecessor_started(procs: Procs, cl
     await stack.start(procs)
     for job in ("w", "v"):
         await client.put_job(spec(job))
-    whole = start_cmd("start:t1.r1.p1:w@s0", spec("w"), S0, {S0: 2}, (0, 1))
-    half = start_cmd("start:t1.r1.p1:v@s0", spec("v"), S0, {S0: 1, S1: 1}, (2,))
+    # on GPUs 2 and 3, where the new placer's booking will say 0 and 1
+    whole = start_cmd("start:t1.r1.p1:w@s0", spec("w"), S0, {S0: 2}, (2, 3))
+    half = start_cmd("start:t1.r1.p1:v@s0", spec("v"), S0, {S0: 1, S1: 1}, (1,))
     assert (await client.command(S0, whole)).ok and (await client.command(S0, half)).ok
     await stack.running({S0: {"w", "v"}, S1: set()})
     pid = job_pids("w")
@@ -264,7 +265,7 @@ async def test_a_new_placer_adopts_what_its_predecessor_started(procs: Procs, cl
     assert f"already ran on {S0} from an earlier start and started now on {S1}" in (
         failed[0].error)
     placed = await settle(client, {"w": {S0: 2}})
-    assert placed["w"].gpu_indices == {S0: (0, 1)}
+    assert placed["w"].gpu_indices == {S0: (2, 3)}  # where it runs
     await eventually(lambda: [e.job_id for e in stack.of(ev.JobStarted)] == ["w"], 10,
                      "w started once")
     assert job_pids("w") == pid  # the same process: adopted, not restarted

@@ -7,10 +7,11 @@ that one earlier start (:func:`services.placer.commands.adoption_problem`)."""
 from __future__ import annotations
 
 from executor.ledger import NodeLedger
-from services.placer.commands import adoption_problem
+from services.placer.commands import adopted, adoption_problem
 from shared import events as ev
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
+from shared.records import Placement
 from tests.test_executor_resources import SERVER, S, T, cfg, spec, start
 
 
@@ -27,7 +28,10 @@ def test_a_start_of_a_job_running_exactly_so_is_the_same_start() -> None:
     booking = ledger.same_start(again)
     assert booking is not None and booking.key == first.key
     # anything else is another start, refused as before
-    others = [start("k", "j1", (2, 3), cfg(2, cores=4, other=1)),     # other GPUs
+    # other indices, as many: the same start, on the GPUs it runs on
+    numbered = ledger.same_start(start("k", "j1", (2, 3), cfg(2, cores=4, other=1)))
+    assert numbered is not None and numbered.gpu_indices == (0, 1)
+    others = [start("k", "j1", (0,), cfg(1, cores=4, other=1)),       # fewer GPUs
               start("k", "j1", (0, 1), cfg(2, cores=5, other=1)),     # other cores
               start("k", "j1", (0, 1), cfg(2, cores=4)),              # other servers
               start("k", "j1", (0, 1), cfg(2, cores=4, other=1), mode="profile"),
@@ -75,6 +79,19 @@ def test_a_job_running_from_an_earlier_start_on_some_servers_only_is_not_adopted
     mixed = [ok("start:p9:j@a", "start:p5:j@a"), ok("start:p9:j@b", "start:p7:j@b")]
     assert adoption_problem([a, b], mixed) == (
         "its servers run it from different starts (start:p5:j, start:p7:j)")
+
+
+def test_an_adopted_placement_names_the_gpus_the_job_runs_on() -> None:
+    a, b = ServerId("a"), ServerId("b")
+    placement = Placement(job_id=JobId("j"), configuration=Configuration.of({a: 2, b: 1}),
+                          gpu_indices={a: (0, 1), b: (0,)})
+    fresh = [ok("start:p9:j@a"), ok("start:p9:j@b")]
+    assert adopted(placement, [a, b], fresh) == placement
+    running = [ev.CommandAck(key="start:p9:j@a", ok=True, code=ev.ALREADY_STARTED,
+                             started_by="start:p5:j@a", gpu_indices=(4, 5)),
+               ev.CommandAck(key="start:p9:j@b", ok=True, code=ev.ALREADY_STARTED,
+                             started_by="start:p5:j@b", gpu_indices=(0,))]
+    assert adopted(placement, [a, b], running).gpu_indices == {a: (4, 5), b: (0,)}
 
 
 def test_the_ack_says_which_start_runs_the_job_on_the_wire() -> None:

@@ -161,6 +161,18 @@ def adoption_problem(servers: Sequence[ServerId], acks: Sequence[CommandAck]) ->
     return None
 
 
+def adopted(placement: Placement, servers: Sequence[ServerId],
+            acks: Sequence[CommandAck]) -> Placement:
+    """``placement`` with the GPU indices the job runs on where its server
+    answered :data:`~shared.events.ALREADY_STARTED` (the earlier start's,
+    which this plan may have numbered otherwise)."""
+    held = {s: a.gpu_indices for s, a in zip(servers, acks, strict=True)
+            if a.code == ALREADY_STARTED}
+    if not held:
+        return placement
+    return msgspec.structs.replace(placement, gpu_indices={**placement.gpu_indices, **held})
+
+
 def placement_key(prefix: str, job: JobId) -> str:
     return f"{prefix}:{job}"
 

@@ -73,6 +73,7 @@ from services.placer.commands import (
     Retune,
     Start,
     Stop,
+    adopted,
     adoption_problem,
     command_key,
     plan_prefix,
@@ -324,7 +325,8 @@ class Placer:
         if len(answered) < len(acks) or split_run is not None:
             await self.executors.undo(start, acks, prefix, split_run)
             return False
-        await kv_write(self.ctx.js, subjects.KV_ALLOC, job, msgspec.json.encode(start.placement),
+        placement = adopted(start.placement, [c.server_id for c in cmds], answered)
+        await kv_write(self.ctx.js, subjects.KV_ALLOC, job, msgspec.json.encode(placement),
                        msg_id=f"{job}:alloc:{prefix}")
         now = self.clock()
         if start.resize:
@@ -334,10 +336,10 @@ class Placer:
         elif start.placement.mode == "run":
             await self._publish(job, JobStarted(job_id=job, configuration=config, at=now),
                                 f"{job}:job_started:{prefix}")
-        adopted = sorted({a.started_by for a in answered if a.code == ALREADY_STARTED})
-        self.log.info("job placed", job_id=job, mode=start.placement.mode, adopted=adopted,
+        earlier = sorted({a.started_by for a in answered if a.code == ALREADY_STARTED})
+        self.log.info("job placed", job_id=job, mode=start.placement.mode, adopted=earlier,
                       configuration=str(config), samples_done=samples,
-                      gpu_indices={s: list(i) for s, i in start.placement.gpu_indices.items()})
+                      gpu_indices={s: list(i) for s, i in placement.gpu_indices.items()})
         return True
 
     async def _retune(self, retune: Retune, prefix: str, revision: int) -> bool:
