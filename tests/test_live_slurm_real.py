@@ -42,7 +42,7 @@ CNN_PARAMS = 113_738  # SmallCNN
 LM = ROOT / "examples" / "train_lm.py"
 LM_PARAMS = 338_944  # TinyLM at the script's defaults
 TOTAL = 20_000  # about 40 s of training on the busy CPU: time to preempt it
-LM_TOTAL = 4_000  # train_lm's sequences are slower: about as long
+LM_TOTAL = 12_000  # about 350 sequences a second alone here: some 35 s of training
 
 
 @pytest.fixture(scope="module")
