@@ -66,7 +66,7 @@ def up(
     executor: Annotated[str, typer.Option(
         "--executor", "--backend",
         help="emulated (jobs train nothing), real (each job's command, one process per GPU) "
-        "or slurm (emulated jobs as Slurm batch jobs on the nodes Hops plans; docs/slurm.md)"
+        "or slurm (jobs as Slurm batch jobs on the nodes Hops plans; docs/slurm.md)"
     )] = DEFAULT_EXECUTOR,
     slurm_conf: Annotated[str, typer.Option(
         envvar="HOPS_SLURM_CONF", help="--backend slurm: the cluster's slurm.conf")] = "",
@@ -79,6 +79,9 @@ def up(
     slurm_gpu_type: Annotated[str, typer.Option(
         envvar="HOPS_SLURM_GPU_TYPE",
         help="--backend slurm: the nodes' Hops GPU type (default: the GRES type)")] = "",
+    slurm_jobs: Annotated[str, typer.Option(
+        help="--backend slurm: emulated jobs, or real (each job's own command, one process "
+        "per GPU, in real time; docs/slurm.md)")] = "emulated",
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",
@@ -132,6 +135,7 @@ def up(
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
             nats_cluster=nats_cluster, auth=not no_auth, tenants=tenants,
             tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, slurm=slurm,
+            slurm_jobs=slurm_jobs,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

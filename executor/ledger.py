@@ -12,6 +12,10 @@ answers to ``start_job`` and ``stop_job``.
 * Each job holds its configuration's whole demand on this server
   (:meth:`shared.configuration.Configuration.demand_on`) on a
   :class:`shared.resources.Ledger` of the server's capacity.
+* A start of a job that already runs here exactly as it asks (another
+  key: a new placer starting what its predecessor started) is the same
+  start (:meth:`NodeLedger.same_start`): the executor acknowledges it with
+  ``already_started`` rather than refusing it.
 * A stop of a job that does not run here is refused with ``not_found``.
 * With a core *pool* (a real executor that pins, :mod:`executor.cores`),
   a run holding N cores also gets N concrete core ids no other job here
@@ -41,6 +45,7 @@ import msgspec
 
 from executor.cores import CoreShortage, NoTopology, Topology, choose_cores
 from shared.cluster import Server
+from shared.configuration import Configuration
 from shared.events import INVALID, CommandAck, SetCores, StartJob, StopJob
 from shared.ids import JobId
 from shared.resources import NOTHING, UNITS, Ledger, OverAllocation, Resources
@@ -53,13 +58,15 @@ Take = Callable[[int, tuple[int, ...], int], None]  # count, core ids, mba_perce
 @dataclass(frozen=True)
 class Booking:
     """A job running on this node: its GPUs, the command that started it
-    and the core ids it is pinned to (empty: not pinned)."""
+    (its key and the whole configuration it carried) and the core ids it is
+    pinned to (empty: not pinned)."""
 
     job_id: JobId
     gpu_indices: tuple[int, ...]
     mode: str
     key: str
     cores: tuple[int, ...] = ()
+    configuration: Configuration | None = None
 
 
 def pinned_count(cmd: StartJob) -> int:
@@ -96,6 +103,21 @@ class NodeLedger:
         return ack
 
     # --- decisions --------------------------------------------------------------------
+
+    def same_start(self, cmd: StartJob) -> Booking | None:
+        """The booking of ``cmd``'s job when it already runs here as ``cmd``
+        asks (another key: a placer that did not see its predecessor's start
+        acknowledged sends it again): the same mode, configuration (so as
+        many GPUs) and holding on this server, on the GPU indices the
+        booking names, which a new placer's booking may have numbered
+        otherwise. None otherwise, and for a job that said it finished
+        (:meth:`refuse_start` then says why)."""
+        booking = self._jobs.get(cmd.job_id)
+        if (booking is None or cmd.job_id in self._ending or cmd.server_id != self.server.id
+                or booking.mode != cmd.mode or booking.configuration != cmd.configuration):
+            return None
+        held = self._held.held_by(cmd.job_id).get(self.server.id, NOTHING)
+        return booking if held == cmd.configuration.demand_on(self.server.id) else None
 
     def refuse_start(self, cmd: StartJob) -> CommandAck | None:
         """The refusal of ``cmd``, or None when it may start."""
@@ -205,7 +227,8 @@ class NodeLedger:
             self._held.book(cmd.job_id, {self.server.id: demand.minus(demand.minus(free))})
         if cores is None:
             cores = self._choose(cmd.job_id, pinned_count(cmd), tuple(cmd.gpu_indices))
-        booking = Booking(cmd.job_id, tuple(cmd.gpu_indices), cmd.mode, cmd.key, cores)
+        booking = Booking(cmd.job_id, tuple(cmd.gpu_indices), cmd.mode, cmd.key, cores,
+                          cmd.configuration)
         self._jobs[cmd.job_id] = booking
         return booking
 

@@ -74,6 +74,7 @@ from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.cluster import Cluster
 from shared.events import (
+    ALREADY_STARTED,
     INTERNAL,
     INVALID,
     Command,
@@ -238,6 +239,14 @@ class NodeExecutor:
         return self.ledger.remember(ack)
 
     async def _start(self, cmd: StartJob) -> CommandAck:
+        same = self.ledger.same_start(cmd)
+        if same is not None:  # a new placer starting what its predecessor started
+            running = self.procs.get(cmd.job_id)
+            self.log.info("the job already runs as asked", job_id=cmd.job_id, key=cmd.key,
+                          started_by=same.key)
+            return CommandAck(key=cmd.key, ok=True, code=ALREADY_STARTED, started_by=same.key,
+                              samples_done=running.samples_done if running else cmd.samples_done,
+                              cores=same.cores, gpu_indices=same.gpu_indices)
         if (refusal := self.ledger.refuse_start(cmd)) is not None:
             return refusal
         no = self.backend.check(cmd)

@@ -311,11 +311,20 @@ class SetCores(Message, frozen=True, tag="set_cores"):
             raise ValueError(f"mba_percent must lie in 1..100, got {self.mba_percent}")
 
 
+# The ``code`` of a start acknowledged (``ok``) because its job already runs
+# on that server exactly as the start asks, started by an earlier start
+# (``CommandAck.started_by``): a placer restarted before it saw that ack.
+ALREADY_STARTED = "already_started"
+
+
 class CommandAck(Message, frozen=True, tag="command_ack"):
     """Reply to a command; ``samples_done`` is the job's progress when it
     stopped, ``exit_code`` and ``log_tail`` its process's end (real jobs);
     ``cores`` the core ids a start or ``set_cores`` pinned the job to (empty:
-    not pinned by the executor)."""
+    not pinned by the executor). A start answered :data:`ALREADY_STARTED`
+    names in ``started_by`` the key of the start that runs the job and in
+    ``gpu_indices`` the GPUs it runs on, and carries its progress now in
+    ``samples_done``."""
 
     key: str
     ok: bool
@@ -325,6 +334,8 @@ class CommandAck(Message, frozen=True, tag="command_ack"):
     exit_code: int | None = None
     log_tail: str = ""
     cores: tuple[int, ...] = ()
+    started_by: str = ""
+    gpu_indices: tuple[int, ...] = ()
 
 
 # --- job lifecycle (stream HOPS_JOBS) -------------------------------------------

@@ -257,6 +257,11 @@ async def test_commands_are_idempotent_and_never_double_book(procs: Procs, clien
 
     again = await client.command(S0, start_cmd("k-other", long, S0, {S0: 1}, (3,)))
     assert (again.ok, again.code) == (False, "conflict")
+    # the same start under another key (a new placer's): acknowledged, naming
+    # the start that runs it, and not run again
+    same = await client.command(S0, start_cmd("k-same", long, S0, {S0: 2}, (0, 1)))
+    assert (same.ok, same.code, same.started_by) == (True, "already_started", "k-start")
+    assert len(job_pids("long")) == 1
     taken = await client.command(S0, start_cmd("k-taken", spec("b"), S0, {S0: 2}, (1, 2)))
     assert (taken.ok, taken.code) == (False, "conflict") and "[1]" in taken.error
     verdicts = await client.collect(f"hops.v1.reports.{S0}.*", ev.decode_report)

@@ -32,6 +32,7 @@ from tests.test_live_executor import (
     Procs,
     client,
     eventually,
+    job_pids,
     nats_server,
     nats_url,
     procs,
@@ -239,3 +240,40 @@ async def test_a_start_refused_on_one_server_is_undone(procs: Procs, client: Cli
     assert '"reason": "start failed"' in procs.log(f"executor-{S0}")
     await stack.running({S0: set(), S1: {"squat"}})
     assert await client.placement("g") is None and not stack.of(ev.JobStarted)
+
+
+async def test_a_new_placer_adopts_what_its_predecessor_started(procs: Procs, client: Client,
+                                                                stack: Stack) -> None:
+    """Starts sent by a placer that died before their acks (the test sends
+    them): a job running as the new plan asks is adopted (its placement
+    written, job_started once, no start_failed, one process); a job running
+    on one of its two servers only is stopped and started again on both."""
+    await stack.start(procs)
+    for job in ("w", "v"):
+        await client.put_job(spec(job))
+    # on GPUs 2 and 3, where the new placer's booking will say 0 and 1
+    whole = start_cmd("start:t1.r1.p1:w@s0", spec("w"), S0, {S0: 2}, (2, 3))
+    half = start_cmd("start:t1.r1.p1:v@s0", spec("v"), S0, {S0: 1, S1: 1}, (1,))
+    assert (await client.command(S0, whole)).ok and (await client.command(S0, half)).ok
+    await stack.running({S0: {"w", "v"}, S1: set()})
+    pid = job_pids("w")
+    await stack.publish(plan(1, 2, {"w": {S0: 2}, "v": {S0: 1, S1: 1}}))
+    await eventually(lambda: any(e.code == "start_failed" for e in stack.errors), 20,
+                     "v's start undone")
+    failed = [e for e in stack.errors if e.code == "start_failed"]
+    assert len(failed) == 1 and "job v could not start" in failed[0].error, failed
+    assert f"already ran on {S0} from an earlier start and started now on {S1}" in (
+        failed[0].error)
+    placed = await settle(client, {"w": {S0: 2}})
+    assert placed["w"].gpu_indices == {S0: (2, 3)}  # where it runs
+    await eventually(lambda: [e.job_id for e in stack.of(ev.JobStarted)] == ["w"], 10,
+                     "w started once")
+    assert job_pids("w") == pid  # the same process: adopted, not restarted
+    await stack.running({S0: {"w"}, S1: set()})  # v stopped on both
+    await stack.publish(plan(1, 3, {"w": {S0: 2}, "v": {S0: 1, S1: 1}}))
+    booked_once(await settle(client, {"w": {S0: 2}, "v": {S0: 1, S1: 1}}))
+    await stack.running({S0: {"w", "v"}, S1: {"v"}})
+    await eventually(lambda: sorted(e.job_id for e in stack.of(ev.JobStarted)) == ["v", "w"],
+                     10, "v started")
+    assert len([e for e in stack.errors if e.code == "start_failed"]) == 1
+    assert job_pids("w") == pid

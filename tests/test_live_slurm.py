@@ -14,7 +14,8 @@ progress; the bridge killed with SIGKILL and started again, adopting the
 job Slurm still runs and requeuing the one Slurm no longer runs; slurmctld
 killed with SIGKILL and started again, each job running exactly once; the
 placer killed with SIGKILL while it starts a job in Slurm and started
-again, every job finishing and none ever running twice in Slurm.
+again, the job it started adopted by the new placer, every job finishing and
+none ever running twice in Slurm.
 """
 
 from __future__ import annotations
@@ -317,6 +318,7 @@ def test_the_placer_killed_mid_run_loses_nothing_and_runs_no_job_twice(
     time.sleep(2 * stack.round_s)  # rounds pass with their plans unapplied
     assert not slurm_jobs(slurm_cluster, "sl-p3"), "started without a placer"
     assert not running_twice(slurm_cluster)
+    restarted = time.monotonic()  # the bus's clock
     stack.procs["placer"] = stack.launcher.start(placer.component)
     jobs = [*batch, "sl-p3"]
 
@@ -332,6 +334,12 @@ def test_the_placer_killed_mid_run_loses_nothing_and_runs_no_job_twice(
         rec = stack.record(job) or {}
         assert rec["samples_done"] == rec["spec"]["total_samples"], rec
         assert not stack.bus_().job_events(job, "job_failed")
+    # what the dead placer had started is adopted by the new one, not refused
+    # round after round ("already runs") until the monitor stops it as an orphan
+    refused = [e for e in stack.bus_().errors(since=restarted) if e.get("code") == "start_failed"]
+    assert not refused, refused
+    starts = {job: (stack.record(job) or {}).get("restarts") for job in jobs}
+    assert starts == dict.fromkeys(jobs, 1), starts  # restarts counts the first start
     keep = stack.record("sl-keep") or {}
     assert (keep["phase"], keep["restarts"]) == ("running", keep_restarts), keep
     running = [j.job_id for j in slurm_jobs(slurm_cluster, "sl-keep") if j.job_state == "RUNNING"]

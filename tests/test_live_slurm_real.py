@@ -10,7 +10,8 @@ bridge's stop, SIGTERM through Slurm, the plugin checkpoints), resumes on
 another node from its checkpoint (the run folder is shared: one host here,
 a shared filesystem on a Slurm cluster) and finishes with every sample. Its
 reports reach the estimator through the bridge, with the node's identity.
-``examples/train_lm.py`` is profiled and runs to its last sample the same way.
+``examples/train_lm.py`` goes the same way: profiled, placed, preempted,
+resumed and finished with every sample.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ CNN_PARAMS = 113_738  # SmallCNN
 LM = ROOT / "examples" / "train_lm.py"
 LM_PARAMS = 338_944  # TinyLM at the script's defaults
 TOTAL = 20_000  # about 40 s of training on the busy CPU: time to preempt it
+LM_TOTAL = 12_000  # about 350 sequences a second alone here: some 35 s of training
 
 
 @pytest.fixture(scope="module")
@@ -72,63 +74,64 @@ def reports(stack: LiveStack, job: str, server: str) -> list[AnyReport]:
     return [line for line in lines if line is not None]
 
 
-def test_train_cnn_is_profiled_placed_preempted_resumed_and_finishes_under_slurm(
-        stack: LiveStack, slurm_cluster: SlurmCluster) -> None:
-    python = stack.env["HOPS_SLURM_PYTHON"]
-    spec: dict[str, Any] = {"id": "cnn", "model": "train_cnn", "batch_size": 8,
-                            "params": CNN_PARAMS, "total_samples": TOTAL,
-                            "requirements": [1], "base_lr": 0.05,
-                            "command": [python, str(CNN)], "workdir": str(ROOT)}
+def submit(stack: LiveStack, job: str, script: Path, params: int, total: int,
+           **extra: Any) -> None:
+    spec: dict[str, Any] = {"id": job, "model": script.stem, "batch_size": 8,
+                            "params": params, "total_samples": total, "requirements": [1],
+                            "command": [stack.env["HOPS_SLURM_PYTHON"], str(script)],
+                            "workdir": str(ROOT), **extra}
     assert stack.submit(spec)["ok"] is True
-    rec, job = running_in_slurm(stack, slurm_cluster, "cnn", timeout=120)
+
+
+def preempted_resumed_finished(stack: LiveStack, slurm_cluster: SlurmCluster, job: str,
+                               total: int) -> None:
+    """``job`` profiled as a Slurm job, run on the planned node, preempted
+    with a checkpoint (its node drained with ``--move``), resumed on another
+    node from the checkpoint, finished with every sample, its reports
+    published by the bridge with no report refused."""
+    rec, ran = running_in_slurm(stack, slurm_cluster, job, timeout=120)
     first, _, _ = planned(rec)
-    assert job.nodes == first, (job, first)
-    assert f"NodeList={first}" in slurm_cluster.run("scontrol", "show", "job", str(job.job_id))
-    profiles = stack.bus_().stored("HOPS_SAMPLES", "hops.v1.profiles.cnn")
+    assert ran.nodes == first, (ran, first)
+    assert f"NodeList={first}" in slurm_cluster.run("scontrol", "show", "job", str(ran.job_id))
+    profiles = stack.bus_().stored("HOPS_SAMPLES", f"hops.v1.profiles.{job}")
     assert profiles and profiles[0]["report"]["batch_size"] == 8, profiles  # the plugin's
-    assert len(slurm_jobs(slurm_cluster, "cnn")) >= 2  # the profiling run, then the run
-    until(lambda: (stack.record("cnn") or {}).get("samples_done", 0) > 0, "cnn has progress",
+    assert len(slurm_jobs(slurm_cluster, job)) >= 2  # the profiling run, then the run
+    until(lambda: (stack.record(job) or {}).get("samples_done", 0) > 0, f"{job} has progress",
           90, stack.logs)
     code, out = hops(stack, "nodes", "drain", first, "--move")
     assert code == 0, out
     try:
         def elsewhere() -> dict[str, Any] | None:
-            r = stack.record("cnn") or {}
+            r = stack.record(job) or {}
             return r if r.get("phase") == "running" and planned(r)[0] != first else None
-        moved = until(elsewhere, "cnn running on another node", 120, stack.logs)
+        moved = until(elsewhere, f"{job} running on another node", 120, stack.logs)
     finally:
         hops(stack, "nodes", "undrain", first)
     second = planned(moved)[0]
-    saved = [r for r in reports(stack, "cnn", first) if isinstance(r, Checkpointed)]
-    assert saved and saved[-1].samples_done > 0, reports(stack, "cnn", first)
-    phases = stack.wait_final(["cnn"], 240)
-    assert phases == {"cnn": "finished"}, stack.logs()
-    done = stack.record("cnn") or {}
-    assert done["samples_done"] == TOTAL and done["restarts"] >= 1, done
-    there = reports(stack, "cnn", second)
+    saved = [r for r in reports(stack, job, first) if isinstance(r, Checkpointed)]
+    assert saved and saved[-1].samples_done > 0, reports(stack, job, first)
+    phases = stack.wait_final([job], 240)
+    assert phases == {job: "finished"}, stack.logs()
+    done = stack.record(job) or {}
+    assert done["samples_done"] == total and done["restarts"] >= 1, done
+    there = reports(stack, job, second)
     starts = [r for r in there if isinstance(r, Started)]
     assert starts and starts[0].samples_done == saved[-1].samples_done, there  # resumed
-    assert [r.samples_done for r in there if isinstance(r, Finished)][-1:] == [TOTAL], there
-    assert not stack.bus_().job_events("cnn", "job_failed")
+    assert [r.samples_done for r in there if isinstance(r, Finished)][-1:] == [total], there
+    assert not stack.bus_().job_events(job, "job_failed")
     refused = [e for e in stack.bus_().errors() if e["code"] == "forbidden"]
     assert not refused, refused
     sampled = stack.bus_().messages("hops.v1.samples.", "sample_reported")
-    assert "cnn" in {m.body["sample"]["job_id"] for m in sampled}
+    assert job in {m.body["sample"]["job_id"] for m in sampled}
 
 
-def test_train_lm_is_profiled_and_finishes_under_slurm(stack: LiveStack,
-                                                       slurm_cluster: SlurmCluster) -> None:
-    spec: dict[str, Any] = {"id": "lm", "model": "train_lm", "batch_size": 8,
-                            "params": LM_PARAMS, "total_samples": 600, "requirements": [1],
-                            "base_lr": 0.001, "lr_rule": "sqrt",
-                            "command": [stack.env["HOPS_SLURM_PYTHON"], str(LM)],
-                            "workdir": str(ROOT)}
-    assert stack.submit(spec)["ok"] is True
-    assert stack.wait_final(["lm"], 180) == {"lm": "finished"}, stack.logs()
-    assert (stack.record("lm") or {})["samples_done"] == 600
-    profiles = stack.bus_().stored("HOPS_SAMPLES", "hops.v1.profiles.lm")
-    assert profiles and profiles[0]["report"]["batch_size"] == 8, profiles
-    started = stack.bus_().job_events("lm", "job_started")[-1].body
-    ran = slurm_jobs(slurm_cluster, "lm")
-    assert len(ran) >= 2 and ran[-1].nodes == planned(started)[0], ran  # profiled, then run
-    assert not stack.bus_().job_events("lm", "job_failed")
+def test_train_cnn_is_profiled_placed_preempted_resumed_and_finishes_under_slurm(
+        stack: LiveStack, slurm_cluster: SlurmCluster) -> None:
+    submit(stack, "cnn", CNN, CNN_PARAMS, TOTAL, base_lr=0.05)
+    preempted_resumed_finished(stack, slurm_cluster, "cnn", TOTAL)
+
+
+def test_train_lm_is_profiled_placed_preempted_resumed_and_finishes_under_slurm(
+        stack: LiveStack, slurm_cluster: SlurmCluster) -> None:
+    submit(stack, "lm", LM, LM_PARAMS, LM_TOTAL, base_lr=0.001, lr_rule="sqrt")
+    preempted_resumed_finished(stack, slurm_cluster, "lm", LM_TOTAL)

@@ -21,6 +21,7 @@ from executor.slurm.realjobs import RealJobs, SlurmRealHandle
 from executor.slurm.records import SlurmNode
 from executor.slurm.settings import BridgeSettingsError, bridge_settings
 from executor.slurm.watch import SlurmWatch
+from scheduling.rounds import ROUND_S
 from shared.configuration import Configuration
 from shared.events import JobFailed, JobFinished, Report, SampleReported, StartJob
 from shared.ids import JobId, ServerId
@@ -68,6 +69,18 @@ def test_hops_up_runs_the_bridge_for_the_slurm_backend() -> None:
     assert bridge.env["HOPS_NATS_CREDENTIALS_DIR"].endswith("credentials")
     with pytest.raises(ValueError, match="--backend slurm"):
         StackConfig(slurm={"HOPS_SLURM_CONF": "x"})
+    assert "--backend" not in bridge.args  # emulated jobs, at the stack's time scale
+    assert config.round_wall_s == StackConfig().round_wall_s
+
+
+def test_hops_up_slurm_jobs_real_runs_real_jobs_in_real_time() -> None:
+    config = StackConfig(executor="slurm", slurm_jobs="real")
+    assert by_name(config)["cluster"].args[-2:] == ("--backend", "real")
+    assert config.round_wall_s == StackConfig(executor="real").round_wall_s == ROUND_S
+    with pytest.raises(ValueError, match="--backend slurm"):
+        StackConfig(slurm_jobs="real")
+    with pytest.raises(ValueError, match="emulated or real, got 'fake'"):
+        StackConfig(executor="slurm", slurm_jobs="fake")
 
 
 def handle(tmp_path: Path, lines: str) -> tuple[SlurmJobHandle, list[str]]:
@@ -149,3 +162,14 @@ def test_a_real_jobs_end_is_judged_from_its_processes_and_reports(tmp_path: Path
                        '"exits": {"0": 0}}\n', [Started(), Finished(samples_done=100)])
     out = done._outcome(JobVerdict(kind="finished", code="slurm_completed", exit_code=0))
     assert isinstance(out.event, JobFinished) and done.last_event == "finished", out
+
+
+def test_hops_up_refuses_slurm_jobs_without_the_slurm_backend(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["up", "--data-dir", str(tmp_path), "--slurm-jobs", "real"])
+    assert result.exit_code == 2, result.output
+    assert "Slurm settings are for the Slurm backend (--backend slurm)" in result.output
+    assert not (tmp_path / "logs").exists()  # nothing was started

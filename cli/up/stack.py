@@ -78,13 +78,16 @@ class StackConfig:
     nats_cluster: int = DEFAULT_REPLICAS
     # --executor slurm: the bridge's HOPS_SLURM_* settings (executor/slurm/settings.py)
     slurm: Mapping[str, str] = field(default_factory=dict)
+    slurm_jobs: str = "emulated"  # --executor slurm: "real" runs the jobs' own commands
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, "
                              f"got {self.executor!r}")
-        if self.slurm and self.executor != "slurm":
+        if (self.slurm or self.slurm_jobs != "emulated") and self.executor != "slurm":
             raise ValueError("Slurm settings are for the Slurm backend (--backend slurm)")
+        if self.slurm_jobs not in ("emulated", "real"):
+            raise ValueError(f"Slurm jobs are emulated or real, got {self.slurm_jobs!r}")
         if self.nats_cluster not in (1, 3, 5):  # JetStream's quorum wants an odd size
             raise ValueError(f"--nats-cluster must be 1, 3 or 5, got {self.nats_cluster}")
         if self.cpu_affinity and self.executor != "real":
@@ -113,7 +116,13 @@ class StackConfig:
         emulated executors run ``time_scale`` times faster than real time."""
         if self.round_s is not None:
             return self.round_s
-        return ROUND_S if self.executor == "real" else ROUND_S / self.time_scale
+        return ROUND_S if self.real_jobs else ROUND_S / self.time_scale
+
+    @property
+    def real_jobs(self) -> bool:
+        """Whether jobs run their own commands in real time (real executors,
+        or the Slurm bridge with real jobs)."""
+        return self.executor == "real" or self.slurm_jobs == "real"
 
     @property
     def gateway_url(self) -> str:
@@ -282,11 +291,12 @@ def components(config: StackConfig) -> tuple[Component, ...]:
 def _cluster(config: StackConfig) -> Component:
     """The executors: emulated (jobs advance at the ground truth's rate),
     real (each job's own command, one process per GPU, files in the run
-    folder), or the Slurm bridge (emulated jobs as Slurm batch jobs)."""
+    folder), or the Slurm bridge (emulated or real jobs as Slurm batch jobs)."""
     if config.executor == "slurm":
+        real = ("--backend", "real") if config.slurm_jobs == "real" else ()
         return Component("cluster", "executor.slurm",
                          args=("--cluster", config.cluster, "--time-scale",
-                               _num(config.time_scale)),
+                               _num(config.time_scale), *real),
                          env={"HOPS_RUN_DIR": str(config.runs_dir), **config.slurm,
                               **_security(config, "cluster")},
                          doc="the Slurm bridge: one process answering for every Slurm node")

@@ -256,8 +256,9 @@ def _keep(nats: NatsCluster, say: Say, on_restart: Callable[[], None]
 
 def _executors(config: StackConfig) -> str:
     if config.executor == "slurm":
-        return (f"Slurm partition {config.slurm.get('HOPS_SLURM_PARTITION') or 'hops'}, "
-                f"emulated jobs as Slurm jobs, time x{config.time_scale:g}")
+        jobs = ("real jobs as Slurm jobs, in real time" if config.slurm_jobs == "real"
+                else f"emulated jobs as Slurm jobs, time x{config.time_scale:g}")
+        return f"Slurm partition {config.slurm.get('HOPS_SLURM_PARTITION') or 'hops'}, {jobs}"
     if config.executor == "real":
         who = config.job_user or ("root" if config.allow_root_jobs else "the executors' user")
         return f"real executors, jobs run as {who}, job files in {config.runs_dir}/"

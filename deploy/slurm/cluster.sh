@@ -54,7 +54,9 @@ prepare() {
   # slurmrestd reads slurm.conf as its own user, and jobs run as theirs.
   chmod 755 "$DIR" "$DIR/etc"
   chmod 1777 "$DIR/work"
-  chmod 700 "$DIR/munge"
+  # 0711: users reach the socket by its path (a non-root client, such as the
+  # bridge in deploy/compose.slurm.yaml), never list the folder or read the key
+  chmod 711 "$DIR/munge"
   [[ -s $DIR/munge/munge.key ]] || { head -c 1024 /dev/urandom >"$DIR/munge/munge.key"; }
   [[ -s $DIR/etc/jwt.key ]] || { head -c 32 /dev/urandom >"$DIR/etc/jwt.key"; }
   chmod 400 "$DIR/munge/munge.key"

@@ -179,11 +179,14 @@ class SlurmBackend:
                     cores: tuple[int, ...] = ()) -> JobHandle:
         folder = self._prepare(cmd)
         offset = report_offset(job_paths(self.settings.run_dir, cmd.job_id, self.server.id))
-        submitted = time.time()
         # A SlurmFailure (sbatch refused, slurmctld away) is the start's
         # failure, acknowledged ``internal`` with Slurm's words: never the
         # job's, which may run once Slurm answers again.
         slurm_id = await self.client.submit(self._request(cmd, folder))
+        # Once sbatch has returned, slurmctld holds the job: a reading begun
+        # after this shows it, one begun before may not (one begun while
+        # sbatch ran read it gone, and its job ran twice).
+        submitted = time.time()
         (folder / _RECORD).write_bytes(msgspec.json.encode(StartRecord(slurm_id, submitted,
                                                                            offset)))
         self._lost.clear(cmd.job_id)

@@ -10,12 +10,14 @@ They stand apart from the two steps that produce them, what a plan changes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
 
 from shared.configuration import Configuration
+from shared.events import ALREADY_STARTED, CommandAck
 from shared.ids import JobId, ServerId
 from shared.records import Placement
 
@@ -138,6 +140,37 @@ class Commands:
     starts: tuple[Start, ...] = ()
     problems: tuple[Problem, ...] = ()
     retunes: tuple[Retune, ...] = ()
+
+
+def adoption_problem(servers: Sequence[ServerId], acks: Sequence[CommandAck]) -> str | None:
+    """Why a start every server acknowledged (``acks``, one per server) does
+    not run as one job, or None when it does. A server answers
+    :data:`~shared.events.ALREADY_STARTED` when the job already runs there
+    as asked, started by an earlier placer's start (``started_by``): the
+    job's processes meet only if all its servers run that one start, never
+    when some run an earlier start and others this one."""
+    earlier = {a.started_by.rpartition("@")[0] for a in acks if a.code == ALREADY_STARTED}
+    if not earlier:
+        return None
+    fresh = [s for s, a in zip(servers, acks, strict=True) if a.code != ALREADY_STARTED]
+    if fresh:
+        return (f"it already ran on {', '.join(s for s in servers if s not in fresh)} "
+                f"from an earlier start and started now on {', '.join(fresh)}")
+    if len(earlier) > 1:
+        return f"its servers run it from different starts ({', '.join(sorted(earlier))})"
+    return None
+
+
+def adopted(placement: Placement, servers: Sequence[ServerId],
+            acks: Sequence[CommandAck]) -> Placement:
+    """``placement`` with the GPU indices the job runs on where its server
+    answered :data:`~shared.events.ALREADY_STARTED` (the earlier start's,
+    which this plan may have numbered otherwise)."""
+    held = {s: a.gpu_indices for s, a in zip(servers, acks, strict=True)
+            if a.code == ALREADY_STARTED}
+    if not held:
+        return placement
+    return msgspec.structs.replace(placement, gpu_indices={**placement.gpu_indices, **held})
 
 
 def placement_key(prefix: str, job: JobId) -> str:

@@ -63,8 +63,10 @@ class Executors:
         addr = self.addresses.get(first) or "127.0.0.1"
         return Rendezvous(master_addr=addr, master_port=rendezvous_port(f"{prefix}:{start.job_id}"))
 
-    async def undo(self, start: Start, acks: list[CommandAck | None], prefix: str) -> None:
-        """A start failed somewhere: stop the job where it did start, then say so."""
+    async def undo(self, start: Start, acks: list[CommandAck | None], prefix: str,
+                   why: str | None = None) -> None:
+        """A start failed somewhere (or, ``why``, its servers do not run it
+        as one job): stop the job where it did start, then say so."""
         job = start.job_id
         pairs = list(zip(start.launches, acks, strict=True))
         await asyncio.gather(*(
@@ -73,5 +75,7 @@ class Executors:
             for launch, a in pairs if a is not None and a.ok))
         failed = [f"{launch.server}: {a.code + ' ' + a.error if a else 'no answer'}"
                   for launch, a in pairs if a is None or not a.ok]
+        if why is not None:
+            failed.append(f"{why}: stopped where it ran")
         await self.ctx.reporter.report(subjects.PLANS, f"job {job} could not start "
                                        f"({'; '.join(failed)})", "start_failed")

@@ -30,7 +30,12 @@ plan:
    :mod:`shared.relaxed`), and once every server
    acknowledged writes its ``hops_alloc`` entry and publishes
    ``job_started`` (``job_resized`` for a job that moved). A job whose start
-   fails on some server is stopped again where it started.
+   fails on some server is stopped again where it started. A server may
+   answer ``already_started``: the job runs there as asked, started by a
+   placer that died before it saw the ack; the job is adopted as started
+   when all its servers run that one earlier start, and stopped everywhere
+   (``start_failed``) when some run it and others started it now
+   (:func:`services.placer.commands.adoption_problem`).
 
 Each command is retried on timeout with the same idempotency key, up to
 ``command_attempts`` times; then an ``error_record`` says so
@@ -63,7 +68,16 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from structlog.typing import FilteringBoundLogger
 
 from services.placer.booking import book_all
-from services.placer.commands import Problem, Retune, Start, Stop, command_key, plan_prefix
+from services.placer.commands import (
+    Problem,
+    Retune,
+    Start,
+    Stop,
+    adopted,
+    adoption_problem,
+    command_key,
+    plan_prefix,
+)
 from services.placer.diff import changes
 from services.placer.executors import Executors
 from services.placer.gate import PlanGate, leader_term
@@ -75,6 +89,7 @@ from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.configuration import Configuration
 from shared.events import (
+    ALREADY_STARTED,
     CommandAck,
     JobResized,
     JobStarted,
@@ -304,10 +319,14 @@ class Placer:
                          micro_batches=split)
                 for launch in start.launches]
         acks = await asyncio.gather(*(self._command(c.server_id, c) for c in cmds))
-        if not all(a is not None and a.ok for a in acks):
-            await self.executors.undo(start, acks, prefix)
+        answered = [a for a in acks if a is not None and a.ok]
+        split_run = adoption_problem([c.server_id for c in cmds], answered) if len(
+            answered) == len(acks) else None
+        if len(answered) < len(acks) or split_run is not None:
+            await self.executors.undo(start, acks, prefix, split_run)
             return False
-        await kv_write(self.ctx.js, subjects.KV_ALLOC, job, msgspec.json.encode(start.placement),
+        placement = adopted(start.placement, [c.server_id for c in cmds], answered)
+        await kv_write(self.ctx.js, subjects.KV_ALLOC, job, msgspec.json.encode(placement),
                        msg_id=f"{job}:alloc:{prefix}")
         now = self.clock()
         if start.resize:
@@ -317,9 +336,10 @@ class Placer:
         elif start.placement.mode == "run":
             await self._publish(job, JobStarted(job_id=job, configuration=config, at=now),
                                 f"{job}:job_started:{prefix}")
-        self.log.info("job placed", job_id=job, mode=start.placement.mode,
+        earlier = sorted({a.started_by for a in answered if a.code == ALREADY_STARTED})
+        self.log.info("job placed", job_id=job, mode=start.placement.mode, adopted=earlier,
                       configuration=str(config), samples_done=samples,
-                      gpu_indices={s: list(i) for s, i in start.placement.gpu_indices.items()})
+                      gpu_indices={s: list(i) for s, i in placement.gpu_indices.items()})
         return True
 
     async def _retune(self, retune: Retune, prefix: str, revision: int) -> bool:
