@@ -72,9 +72,15 @@ def test_reload_without_a_running_server_says_so(tmp_path: Path) -> None:
     assert "next start" in reload_nats(tmp_path / "up.json")
 
 
+def _default_hup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_reload_signals_every_server_of_a_cluster(tmp_path: Path) -> None:
     # stand-ins that SIGHUP ends, so that the signal shows in their exit status
-    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    # (its default action restored: under nohup the runner ignores SIGHUP, and
+    # an ignored signal stays ignored across exec)
+    procs = [subprocess.Popen(["sleep", "30"], preexec_fn=_default_hup) for _ in range(3)]
     members = [{"pid": p.pid} for p in procs]
     state = {"nats": members[0], "nats_servers": members}
     (tmp_path / "up.json").write_text(json.dumps(state))
