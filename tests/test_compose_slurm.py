@@ -63,10 +63,16 @@ def test_the_override_is_valid_and_builds_the_bridge_image_from_the_service_imag
 
 def test_the_bridge_runs_what_hops_up_backend_slurm_runs() -> None:
     command = args(bridge())
-    expected = by_name(StackConfig(executor="slurm", cluster=CI_CLUSTER, auth=False))["cluster"]
+    inside = "/etc/hops/slurm-cluster.yaml"
+    expected = by_name(StackConfig(executor="slurm", cluster=inside, auth=False))["cluster"]
     assert tuple(command) == expected.command
-    other = args(bridge(), {"HOPS_SLURM_CLUSTER": "/etc/hops/slurm.json"})
-    assert other[other.index("--cluster") + 1] == "/etc/hops/slurm.json"
+    # the host's cluster file, the CI cluster's unless HOPS_SLURM_CLUSTER
+    # names another, is what the bridge reads (the image holds no deploy/)
+    for env, host in (({}, f"./{CI_CLUSTER}"), ({"HOPS_SLURM_CLUSTER": "/etc/slurm/hops.json"},
+                                                 "/etc/slurm/hops.json")):
+        mounts = [interpolate(v, env).split(":") for v in bridge()["volumes"]]
+        assert [host, inside, "ro"] in mounts, mounts
+    assert not (ROOT / "Dockerfile").read_text().count("COPY deploy")
 
 
 def test_the_ci_cluster_file_is_the_slurm_clusters_nodes() -> None:
