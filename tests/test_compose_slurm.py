@@ -9,6 +9,8 @@ and the shared run folder at their own paths, one seed per node."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,22 @@ def test_hops_credentials_writes_a_seed_for_every_node_the_bridge_serves(tmp_pat
     # the bridge reads each node's seed from compose's secrets folder
     assert compose()["services"]["cluster"]["environment"]["HOPS_NATS_CREDENTIALS_DIR"] == (
         "/run/secrets")
+
+
+def test_the_bridges_health_check_does_not_count_itself(tmp_path: Path) -> None:
+    test = bridge()["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    check = test[3]
+
+    def verdict(cmdlines: str) -> int:
+        """The check's exit status where ``cmdlines`` are the processes:
+        its own cmdline, and a bridge's unless empty."""
+        code = check.replace("glob.glob('/proc/[0-9]*/cmdline')", cmdlines)
+        assert code != check
+        return subprocess.run([sys.executable, "-c", code], check=False).returncode
+
+    bridge_cmdline = tmp_path / "cmdline"
+    bridge_cmdline.write_bytes(b"\0".join(
+        [b"python", b"-m", b"executor.slurm", b"--cluster", b"x", b""]))
+    assert verdict("['/proc/self/cmdline']") == 1  # alone: no bridge runs
+    assert verdict(f"['/proc/self/cmdline', {str(bridge_cmdline)!r}]") == 0
