@@ -49,6 +49,7 @@ REPLICAS = {"scheduler": 2}  # compose.yaml's deploy.replicas
 CI_CLUSTER = ROOT / "deploy" / "slurm" / "cluster-ci.yaml"
 NODES = ["n1", "n2", "n3", "n4"]
 LONG = SHORT * 4  # long enough to be seen running
+SIGTERM_STATUS = 15  # Slurm's exit code is a wait status: killed by signal 15
 
 
 def slurm_env(d: Deployment, cluster: SlurmCluster) -> dict[str, str]:
@@ -128,4 +129,10 @@ def test_a_job_through_the_gateway_runs_as_slurm_jobs_on_the_planned_node(
     ran = until(ended, "cs-run's last Slurm job ended", 15)
     # the profiling run (a short Slurm job of its own), then the run
     assert len(ran) >= 2 and {j.partition for j in ran} == {"hops"}, ran
-    assert (ran[-1].job_state, ran[-1].exit_code, ran[-1].nodes) == ("COMPLETED", 0, server)
+    # The run ends by itself, or by the SIGTERM of the placer's stop that
+    # follows its finish when that reaches it between its last report and
+    # its exit (docs/slurm.md, "Quirks"): never otherwise.
+    assert ran[-1].nodes == server and (ran[-1].job_state, ran[-1].exit_code) in (
+        ("COMPLETED", 0), ("FAILED", SIGTERM_STATUS)), ran
+    print(f"\ncompose over Slurm: cs-run as Slurm jobs "
+          f"{[(j.job_id, j.nodes, j.job_state) for j in ran]}, planned {server}")
