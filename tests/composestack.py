@@ -11,7 +11,10 @@ loopback, its Hops image is ``hops:compose-test-<checkout>`` (:data:`IMAGE`)
 and the build context is this tree. Its secrets are made by ``hops credentials
 --compose``, as compose.yaml's comment says. An ``env_file`` (``docker-compose
 --env-file``, e.g. deploy/nats-cluster.env) sets compose.yaml's variables and
-its profiles (``COMPOSE_PROFILES``).
+its profiles (``COMPOSE_PROFILES``); ``overrides`` are more Compose files
+after compose.yaml (``-f``), such as deploy/compose.slurm.yaml made to build
+from this tree (:func:`slurm_override`), with their variables in
+:attr:`Deployment.env`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,8 @@ STANDINS = ROOT / "deploy" / "images" / "build-standins.sh"
 # build over each other's image (an `up` after `down` starts the tag's image
 # as it is then), and runs from the same checkout reuse it.
 IMAGE = f"hops:compose-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
+# The Slurm bridge's image (Dockerfile.slurm, FROM the image above), tagged alike.
+SLURM_IMAGE = IMAGE.replace("hops:", "hops-slurm:", 1)
 HEALTHY_TIMEOUT_S = 180.0
 SHORT = 3_000_000  # samples: seconds of wall time at the cluster's 60x
 
@@ -76,10 +81,21 @@ def derived_compose(published: dict[int, int]) -> dict[str, Any]:
     return doc
 
 
+def slurm_override() -> dict[str, Any]:
+    """deploy/compose.slurm.yaml with the test's image names and build
+    context: the bridge's image starts FROM :data:`IMAGE`."""
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "deploy" / "compose.slurm.yaml").read_text())
+    bridge = doc["services"]["cluster"]
+    bridge["image"] = SLURM_IMAGE
+    bridge["build"] = {**bridge["build"], "context": str(ROOT), "args": {"HOPS_IMAGE": IMAGE}}
+    return doc
+
+
 class Deployment:
     """One compose project in ``work``: its own name, secrets and ports."""
 
-    def __init__(self, engine: DockerEngine, work: Path, env_file: Path | None = None) -> None:
+    def __init__(self, engine: DockerEngine, work: Path, env_file: Path | None = None,
+                 overrides: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.engine = engine
         self.work = work
         self.env_file = env_file
@@ -87,11 +103,23 @@ class Deployment:
         self.project = f"hopstest{uuid.uuid4().hex[:8]}"
         self.ports: dict[int, int] = {}
         self.doc = derived_compose(self.ports)
-        (work / "compose.yaml").write_text(yaml.safe_dump(self.doc, sort_keys=False))
-        subprocess.run([sys.executable, "-m", "cli.main", "credentials", "--out",
-                        str(work / "secrets"), "--compose"], cwd=ROOT, check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
+        # variables of the Compose files, for every docker-compose command
+        self.env: dict[str, str] = {}
+        self.files = [work / "compose.yaml"]
+        self.files[0].write_text(yaml.safe_dump(self.doc, sort_keys=False))
+        for name, doc in (overrides or {}).items():
+            self.files.append(work / name)
+            self.files[-1].write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.credentials()
         self.token = (work / "secrets" / "admin.token").read_text().strip()
+
+    def credentials(self, cluster: str = "") -> None:
+        """``hops credentials --compose`` into the project's secrets, for
+        ``cluster``'s executors too (kept: what exists stays)."""
+        more = ["--cluster", cluster] if cluster else []
+        subprocess.run([sys.executable, "-m", "cli.main", "credentials", "--out",
+                        str(self.work / "secrets"), "--compose", *more], cwd=ROOT, check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
 
     @property
     def gateway_url(self) -> str:
@@ -104,8 +132,9 @@ class Deployment:
     def compose(self, *args: str, timeout: float = 900) -> str:
         assert self.engine.compose is not None
         env_file = ["--env-file", str(self.env_file)] if self.env_file else []
-        done = subprocess.run([self.engine.compose, *env_file, "-p", self.project, "-f",
-                               str(self.work / "compose.yaml"), *args], cwd=self.work,
+        files = [arg for path in self.files for arg in ("-f", str(path))]
+        done = subprocess.run([self.engine.compose, *env_file, "-p", self.project, *files, *args],
+                              cwd=self.work, env={**os.environ, **self.env},
                               capture_output=True, text=True, timeout=timeout, check=False)
         if done.returncode != 0:
             raise AssertionError(f"docker-compose {' '.join(args)}: {done.returncode}\n"
@@ -196,16 +225,20 @@ class Deployment:
 
 
 @contextmanager
-def deployed(work: Path, counts: dict[str, int],
-             env_file: Path | None = None) -> Iterator[Deployment]:
-    """compose.yaml up (``--build``) on a Docker engine, from the stand-ins,
-    until every service is healthy (``counts`` containers of a service where
-    not one); ``down -v`` at the end, whatever happened."""
+def deployed(work: Path, counts: dict[str, int], env_file: Path | None = None,
+             overrides: Mapping[str, dict[str, Any]] | None = None,
+             prepare: Callable[[Deployment], None] | None = None) -> Iterator[Deployment]:
+    """compose.yaml (and ``overrides``) up (``--build``) on a Docker engine,
+    from the stand-ins, until every service is healthy (``counts``
+    containers of a service where not one); ``prepare`` runs before the
+    ``up``; ``down -v`` at the end, whatever happened."""
     with DockerEngine(work / "dockerd.log") as engine:
         t0 = time.monotonic()
         built = build_standins(engine)
-        d = Deployment(engine, work, env_file)
+        d = Deployment(engine, work, env_file, overrides)
         try:
+            if prepare is not None:
+                prepare(d)
             d.compose("up", "-d", "--build")
             d.wait_healthy(counts)
             print(f"\ncompose: stand-ins {built:.0f} s, up healthy after "

@@ -11,6 +11,7 @@ slurm_cluster``. Without Slurm's programs, or without root (slurmd and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -21,11 +22,17 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from cli.up.launcher import port_free
-from executor.slurm.client import SlurmSettings
+from executor.slurm.client import SlurmClient, SlurmSettings
+from executor.slurm.records import SlurmJob
+from shared.configuration import Configuration
+from shared.ids import ServerId
+from shared.slurm import parse_job_name
 from tests.engines import require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +80,26 @@ class SlurmCluster:
                 "HOPS_SLURM_USER": self.rest_user, "HOPS_SLURM_REST_URL": self.rest_url,
                 "HOPS_SLURM_RUN_DIR": str(runs), "HOPS_SLURM_PYTHON": python,
                 "HOPS_SLURM_PYTHONPATH": path}
+
+
+def slurm_jobs_all(cluster: SlurmCluster) -> list[SlurmJob]:
+    """Every job of the partition Slurm knows (through the CLI)."""
+    return asyncio.run(SlurmClient(cluster.settings(rest=False)).jobs())
+
+
+def slurm_jobs(cluster: SlurmCluster, job_id: str) -> list[SlurmJob]:
+    """The Slurm jobs of Hops job ``job_id``, oldest first."""
+    mine = [j for j in slurm_jobs_all(cluster)
+            if (parsed := parse_job_name(j.name)) and parsed[0] == job_id]
+    return sorted(mine, key=lambda j: j.job_id)
+
+
+def planned(rec: dict[str, Any]) -> tuple[ServerId, int, int]:
+    """The (server, GPUs, cores) of a one-server job's placement."""
+    config = msgspec.convert(rec["configuration"], Configuration)
+    server = config.servers[0]
+    demand = config.demand_on(server)
+    return server, demand.gpus, demand.cores
 
 
 def slurm_missing() -> str:

@@ -9,6 +9,8 @@ and the shared run folder at their own paths, one seed per node."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +65,16 @@ def test_the_override_is_valid_and_builds_the_bridge_image_from_the_service_imag
 
 def test_the_bridge_runs_what_hops_up_backend_slurm_runs() -> None:
     command = args(bridge())
-    expected = by_name(StackConfig(executor="slurm", cluster=CI_CLUSTER, auth=False))["cluster"]
+    inside = "/etc/hops/slurm-cluster.yaml"
+    expected = by_name(StackConfig(executor="slurm", cluster=inside, auth=False))["cluster"]
     assert tuple(command) == expected.command
-    other = args(bridge(), {"HOPS_SLURM_CLUSTER": "/etc/hops/slurm.json"})
-    assert other[other.index("--cluster") + 1] == "/etc/hops/slurm.json"
+    # the host's cluster file, the CI cluster's unless HOPS_SLURM_CLUSTER
+    # names another, is what the bridge reads (the image holds no deploy/)
+    for env, host in (({}, f"./{CI_CLUSTER}"), ({"HOPS_SLURM_CLUSTER": "/etc/slurm/hops.json"},
+                                                 "/etc/slurm/hops.json")):
+        mounts = [interpolate(v, env).split(":") for v in bridge()["volumes"]]
+        assert [host, inside, "ro"] in mounts, mounts
+    assert not (ROOT / "Dockerfile").read_text().count("COPY deploy")
 
 
 def test_the_ci_cluster_file_is_the_slurm_clusters_nodes() -> None:
@@ -127,3 +135,22 @@ def test_hops_credentials_writes_a_seed_for_every_node_the_bridge_serves(tmp_pat
     # the bridge reads each node's seed from compose's secrets folder
     assert compose()["services"]["cluster"]["environment"]["HOPS_NATS_CREDENTIALS_DIR"] == (
         "/run/secrets")
+
+
+def test_the_bridges_health_check_does_not_count_itself(tmp_path: Path) -> None:
+    test = bridge()["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    check = test[3]
+
+    def verdict(cmdlines: str) -> int:
+        """The check's exit status where ``cmdlines`` are the processes:
+        its own cmdline, and a bridge's unless empty."""
+        code = check.replace("glob.glob('/proc/[0-9]*/cmdline')", cmdlines)
+        assert code != check
+        return subprocess.run([sys.executable, "-c", code], check=False).returncode
+
+    bridge_cmdline = tmp_path / "cmdline"
+    bridge_cmdline.write_bytes(b"\0".join(
+        [b"python", b"-m", b"executor.slurm", b"--cluster", b"x", b""]))
+    assert verdict("['/proc/self/cmdline']") == 1  # alone: no bridge runs
+    assert verdict(f"['/proc/self/cmdline', {str(bridge_cmdline)!r}]") == 0

@@ -38,12 +38,16 @@ from cli.up.stack import StackConfig
 from executor.slurm.client import SlurmClient
 from executor.slurm.nodes import cluster_doc
 from executor.slurm.records import SlurmJob
-from shared.configuration import Configuration
-from shared.ids import ServerId
 from shared.slurm import parse_job_name
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
-from tests.slurmcluster import SlurmCluster, slurm_cluster
+from tests.slurmcluster import (
+    SlurmCluster,
+    planned,
+    slurm_cluster,
+    slurm_jobs,
+    slurm_jobs_all,
+)
 from world.clusters import cluster_arg
 
 __all__ = ["slurm_cluster"]
@@ -53,18 +57,6 @@ SHORT = 10_000_000  # a few seconds at x600
 CORES_PER_GPU = 2
 HEARTBEAT_TIMEOUT_S = 3.0  # the monitor's
 DOWN_S = 2.0  # the bridge's debounce of a dead node in this test
-
-
-def slurm_jobs_all(cluster: SlurmCluster) -> list[SlurmJob]:
-    """Every job of the partition Slurm knows (through the CLI)."""
-    return asyncio.run(SlurmClient(cluster.settings(rest=False)).jobs())
-
-
-def slurm_jobs(cluster: SlurmCluster, job_id: str) -> list[SlurmJob]:
-    """The Slurm jobs of Hops job ``job_id``, oldest first."""
-    mine = [j for j in slurm_jobs_all(cluster)
-            if (parsed := parse_job_name(j.name)) and parsed[0] == job_id]
-    return sorted(mine, key=lambda j: j.job_id)
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +91,6 @@ def running_in_slurm(stack: LiveStack, cluster: SlurmCluster, job_id: str,
         runs = [j for j in slurm_jobs(cluster, job_id) if j.job_state == "RUNNING"]
         return (rec, runs[-1]) if runs else None
     return until(probe, f"{job_id} running in Slurm", timeout, stack.logs)
-
-
-def planned(rec: dict[str, Any]) -> tuple[ServerId, int, int]:
-    """The (server, GPUs, cores) of a one-server job's placement."""
-    config = msgspec.convert(rec["configuration"], Configuration)
-    server = config.servers[0]
-    demand = config.demand_on(server)
-    return server, demand.gpus, demand.cores
 
 
 def test_hops_up_describes_the_cluster_from_slurms_nodes(slurm_cluster: SlurmCluster,
