@@ -17,10 +17,11 @@ from structlog.testing import capture_logs
 
 from cli.up.slurm import slurm_flags
 from executor.backend import CommandRefused, Refusal
+from executor.slurm.bridge import node_address
 from executor.slurm.cli import command_env
 from executor.slurm.client import DEFAULT_TIMEOUT_S, SlurmClient, SlurmSettings
 from executor.slurm.handle import SlurmJobHandle
-from executor.slurm.records import SlurmJob, parse_scontrol_job
+from executor.slurm.records import SlurmJob, SlurmNode, decode_nodes, parse_scontrol_job
 from executor.slurm.settings import bridge_settings
 from executor.slurm.strays import Strays
 from executor.slurm.watch import SlurmWatch
@@ -200,3 +201,11 @@ def test_hops_up_honours_a_plain_slurm_conf() -> None:
     assert slurm_flags({"HOPS_SLURM_CONF": "", "HOPS_SLURM_USER": "u"}, {}, slurm=True) == {
         "HOPS_SLURM_USER": "u"}
     assert slurm_flags({"HOPS_SLURM_CONF": "/mine.conf"}, env, slurm=False) == {}
+
+
+def test_a_node_registers_the_address_slurm_reaches_it_at() -> None:
+    [n1], _ = decode_nodes(b'{"nodes": [{"name": "n1", "address": "10.0.0.7", '
+                           b'"hostname": "gpu7", "partitions": ["hops"]}]}')
+    assert node_address(n1, "127.0.0.1") == "10.0.0.7"  # a job's peers meet there
+    assert node_address(SlurmNode(name="n2"), "127.0.0.1") == "127.0.0.1"
+    assert node_address(None, "10.0.0.1") == "10.0.0.1"

@@ -57,6 +57,7 @@ class SlurmNode(msgspec.Struct, frozen=True):
     and those in use (``gres_used``), its CPUs and those allocated."""
 
     name: str
+    address: str = ""  # where slurmctld reaches it (NodeAddr)
     state: str = ""
     state_flags: list[str] = []
     reason: str = ""
