@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from cli.up.launcher import port_free
-from executor.slurm.client import SlurmSettings
+from executor.slurm.client import SlurmClient, SlurmSettings
 from tests.engines import require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +73,17 @@ class SlurmCluster:
                 "HOPS_SLURM_USER": self.rest_user, "HOPS_SLURM_REST_URL": self.rest_url,
                 "HOPS_SLURM_RUN_DIR": str(runs), "HOPS_SLURM_PYTHON": python,
                 "HOPS_SLURM_PYTHONPATH": path}
+
+
+async def cancel_all(client: SlurmClient) -> None:
+    """Cancel every job of the partition still pending or running, then
+    close ``client`` (a test's own client, at its end)."""
+    try:
+        for job in await client.jobs():
+            if job.verdict().kind in ("waiting", "running"):
+                await client.cancel(job.job_id)
+    finally:
+        await client.aclose()
 
 
 def slurm_missing() -> str:
