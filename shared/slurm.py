@@ -170,8 +170,10 @@ def job_verdict(state: str, status: int | None = None, reason: str = "",
 #   be reached: nothing is known to have changed; try again later;
 # refused: Slurm answered and said no (sbatch rejected the job: a bad node,
 #   no such partition, an invalid GRES), with Slurm's words.
+# stop_timeout: the job still held its node the timeout after its SIGKILL.
 SLURM_UNAVAILABLE = "slurm_unavailable"
 SLURM_REFUSED = "slurm_refused"
+SLURM_STOP_TIMEOUT = "slurm_stop_timeout"
 # The client's own codes for a Slurm that did not answer (executor.slurm.cli).
 _NO_ANSWER = frozenset({"slurm_cli_timeout", "slurm_cli_missing", "slurm_rest_timeout",
                         "slurm_rest_unreachable", "slurm_no_reading"})
@@ -188,7 +190,9 @@ def failure_code(code: str, error: str) -> str:
     """The stable code of a start or stop that a Slurm operation failed
     (``code``: the client's, ``slurm_cli_failed``...; ``error``: what Slurm
     said): :data:`SLURM_UNAVAILABLE` when Slurm did not answer, else
-    :data:`SLURM_REFUSED`."""
+    :data:`SLURM_REFUSED` (:data:`SLURM_STOP_TIMEOUT` stays itself)."""
+    if code == SLURM_STOP_TIMEOUT:
+        return code
     said = error.lower()
     if code in _NO_ANSWER or any(words in said for words in _UNREACHABLE):
         return SLURM_UNAVAILABLE

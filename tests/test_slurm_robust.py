@@ -66,6 +66,11 @@ def test_no_answer_at_all_is_slurm_unavailable(code: str) -> None:
     assert failure_code(code, "whatever it said") == SLURM_UNAVAILABLE
 
 
+def test_a_job_slurm_would_not_end_keeps_its_own_code() -> None:
+    said = "Slurm job 5 still RUNNING 10 s after its SIGKILL"
+    assert failure_code("slurm_stop_timeout", said) == "slurm_stop_timeout"
+
+
 # scontrol show job -o 41 on the CI cluster (Slurm 22.05.8), shortened.
 SHOWN = ("JobId=41 JobName=hops:sl-1:1795797296967 UserId=hopsrest(998) GroupId=hopsrest(998) "
          "MCS_label=N/A Priority=4294901720 Nice=0 Account=(null) QOS=(null) "

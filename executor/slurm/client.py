@@ -32,7 +32,7 @@ from executor.slurm.records import (
     parse_scontrol_job,
 )
 from executor.slurm.rest import SlurmRest
-from shared.slurm import job_name
+from shared.slurm import SLURM_STOP_TIMEOUT, job_name
 
 # slurmctld answers in well under a second; a Slurm command retries an
 # unreachable slurmctld for about MessageTimeout (10 s by default) before it
@@ -42,7 +42,6 @@ DEFAULT_TIMEOUT_S = 10.0
 # end within a tenth of a second of their SIGTERM (docs/slurm.md, "Measured").
 STOP_POLL_FIRST_S = 0.02
 STOP_POLL_MAX_S = 0.5
-STOP_TIMEOUT = "slurm_stop_timeout"
 
 
 class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -181,7 +180,8 @@ class SlurmClient:
         job as last read (None: slurmctld no longer knows it). It reads the
         one job, at intervals that double from :data:`STOP_POLL_FIRST_S` to
         :data:`STOP_POLL_MAX_S`; a job that still holds its node
-        ``timeout_s`` after the SIGKILL is :data:`STOP_TIMEOUT`."""
+        ``timeout_s`` after the SIGKILL is
+        :data:`shared.slurm.SLURM_STOP_TIMEOUT`."""
         job = await self.job(job_id)
         if job is None or not _holds(job):
             return job
@@ -193,7 +193,7 @@ class SlurmClient:
         poll = STOP_POLL_FIRST_S
         while (job := await self.job(job_id)) is not None and _holds(job):
             if time.monotonic() >= deadline and killed:
-                raise SlurmFailure(STOP_TIMEOUT, f"Slurm job {job_id} still {job.job_state} "
+                raise SlurmFailure(SLURM_STOP_TIMEOUT, f"Slurm job {job_id} still {job.job_state} "
                                    f"{self.settings.timeout_s:g} s after its SIGKILL")
             if time.monotonic() >= deadline:
                 await self._signal_unless_ended(job_id, "KILL")
@@ -258,8 +258,9 @@ class SlurmClient:
 
 
 def _holds(job: SlurmJob) -> bool:
-    """Whether the job still holds its node (not yet ended)."""
-    return job.verdict().kind in ("waiting", "running")
+    """Whether the job still holds its node (not yet ended); a state Hops
+    does not know counts as running (docs/slurm.md, "Slurm's states")."""
+    return job.verdict().kind in ("waiting", "running", "unknown")
 
 
 def _whoami() -> str:
