@@ -71,14 +71,14 @@ def test_a_job_slurm_would_not_end_keeps_its_own_code() -> None:
     assert failure_code("slurm_stop_timeout", said) == "slurm_stop_timeout"
 
 
-# scontrol show job -o 41 on the CI cluster (Slurm 22.05.8), shortened.
+# scontrol show job -d -o 41 on the CI cluster (Slurm 22.05.8), shortened.
 SHOWN = ("JobId=41 JobName=hops:sl-1:1795797296967 UserId=hopsrest(998) GroupId=hopsrest(998) "
          "MCS_label=N/A Priority=4294901720 Nice=0 Account=(null) QOS=(null) "
          "JobState=COMPLETED Reason=None Dependency=(null) Requeue=0 Restarts=0 BatchFlag=1 "
          "Reboot=0 ExitCode=3:0 RunTime=00:00:01 TimeLimit=UNLIMITED Partition=hops "
          "NodeList=n2 BatchHost=localhost NumNodes=1 NumCPUs=4 NumTasks=1 CPUs/Task=4 "
          "TRES=cpu=4,node=1,billing=4,gres/gpu=2 Command=(null) WorkDir=/tmp/x "
-         "TresPerNode=gres:gpu:2\n")
+         "TresPerNode=gres:gpu:2 Nodes=n2 CPU_IDs=1-4 Mem=0 GRES=gpu:fake:2(IDX:3-4)\n")
 
 
 def test_a_job_read_alone_decodes_as_the_json_would() -> None:
@@ -87,6 +87,7 @@ def test_a_job_read_alone_decodes_as_the_json_would() -> None:
     assert (job.job_id, job.name, job.job_state, job.nodes, job.partition) == (
         41, "hops:sl-1:1795797296967", "COMPLETED", "n2", "hops")
     assert (job.user_name, job.cpus, job.exit_code) == ("hopsrest", 4, 768)
+    assert job.gpu_indices == (3, 4)
     verdict = job.verdict()
     assert (verdict.kind, verdict.exit_code) == ("failed", 3)
     killed = parse_scontrol_job(SHOWN.replace("ExitCode=3:0", "ExitCode=0:9")

@@ -224,14 +224,14 @@ class SlurmClient:
         return [j for j in jobs if j.partition == self.settings.partition]
 
     async def job(self, job_id: int) -> SlurmJob | None:
-        """Slurm job ``job_id``, read alone (``scontrol show job`` or REST's
+        """Slurm job ``job_id``, read alone (``scontrol show job -d`` or REST's
         ``/job/<id>``); None once slurmctld has forgotten it, or when it is
         not in Hops' partition."""
         if self.rest is not None:
             jobs = await self.rest.job(job_id)
         else:
             try:
-                out = await self._cli("scontrol", "show", "job", "-o", str(job_id))
+                out = await self._cli("scontrol", "show", "job", "-d", "-o", str(job_id))
             except SlurmFailure as e:
                 if "invalid job id" in e.error.lower():  # forgotten (MinJobAge), or never
                     return None

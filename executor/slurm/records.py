@@ -115,13 +115,17 @@ _FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)")
 
 
 def parse_scontrol_job(text: str) -> SlurmJob | None:
-    """The job ``scontrol show job -o <id>`` describes (one line of
-    ``Key=value`` fields; 22.05's scontrol has no JSON); None when it names
-    none. ``ExitCode=3:0`` (exit code, signal) becomes the wait status the
-    JSON carries (768)."""
+    """The job ``scontrol show job -d -o <id>`` describes (one line of
+    ``Key=value`` fields; 22.05's scontrol has no JSON; ``-d`` adds each
+    node's ``GRES=gpu:fake:2(IDX:0-1)``); None when it names none.
+    ``ExitCode=3:0`` (exit code, signal) becomes the wait status the JSON
+    carries (768)."""
     fields: dict[str, str] = {}
+    gres: list[str] = []  # with -d: each node's GPUs and their indices
     for key, value in _FIELD.findall(text.strip().splitlines()[0] if text.strip() else ""):
         fields.setdefault(key, value)
+        if key == "GRES":
+            gres.append(value)
     if not fields.get("JobId", "").isdigit():
         return None
     code, _, sig = fields.get("ExitCode", "").partition(":")
@@ -134,4 +138,5 @@ def parse_scontrol_job(text: str) -> SlurmJob | None:
                     nodes="" if nodes == "(null)" else nodes,
                     partition=fields.get("Partition", ""),
                     user_name=fields.get("UserId", "").split("(")[0],
-                    cpus=int(cpus) if cpus.isdigit() else None, exit_code=status)
+                    cpus=int(cpus) if cpus.isdigit() else None, exit_code=status,
+                    gres_detail=gres)
