@@ -56,14 +56,7 @@ import msgspec
 import nats.errors
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import (
-    Backend,
-    CommandRefused,
-    JobHandle,
-    OnEnding,
-    Refusal,
-    StartFailed,
-)
+from executor.backend import Backend, CommandRefused, JobHandle, OnEnding, Refusal, StartFailed
 from executor.cores import core_pool, load_topology
 from executor.emulated import EmulatedBackend
 from executor.launch import LaunchOptions
@@ -382,11 +375,10 @@ class NodeExecutor:
         for job, end in zip(jobs, ended, strict=True):
             if isinstance(end, CommandRefused):  # runs on: the next executor adopts it
                 job.log.warning("job left running", code=end.code, error=end.error)
-            elif not isinstance(end, BaseException):
+            elif isinstance(end, BaseException):
+                raise end
+            else:
                 self._forget(job)
-        if failed := [e for e in ended if isinstance(e, BaseException)
-                      and not isinstance(e, CommandRefused)]:
-            raise failed[0]
         with contextlib.suppress(Exception):  # their last lines, while NATS is still there
             await asyncio.wait_for(self.shipper.ship_all(), self.settings.stop_grace_s)
         await self.backend.close()
