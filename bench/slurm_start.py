@@ -79,7 +79,7 @@ async def measure(client: SlurmClient, work: Path, jobs: int) -> dict[str, list[
         job_id, seconds = await start_one(client, work, f"after{i}", node)
         after.append(seconds)
         began = time.monotonic()
-        await client.stop(job_id, grace_s=30, poll_s=0.01)
+        await client.stop(job_id, grace_s=30)
         stops.append(time.monotonic() - began)
     return {"start, node free": free, "start, after a stop": after, "stop (TERM to ended)": stops}
 

@@ -69,7 +69,8 @@ def up(
         "or slurm (jobs as Slurm batch jobs on the nodes Hops plans; docs/slurm.md)"
     )] = DEFAULT_EXECUTOR,
     slurm_conf: Annotated[str, typer.Option(
-        envvar="HOPS_SLURM_CONF", help="--backend slurm: the cluster's slurm.conf")] = "",
+        envvar="HOPS_SLURM_CONF", help="--backend slurm: the cluster's slurm.conf "
+        "(default: $SLURM_CONF, else Slurm's own, as its commands find it)")] = "",
     slurm_partition: Annotated[str, typer.Option(
         envvar="HOPS_SLURM_PARTITION", help="--backend slurm: the partition Hops owns")] = "",
     slurm_user: Annotated[str, typer.Option(
@@ -112,16 +113,15 @@ def up(
     """Run the live system here, one process each (NATS, services, gateway, and one
     executor per server: EMULATED GPUs, or with --executor real the jobs' own commands;
     with --backend slurm one bridge answers for every node of a Slurm partition)."""
+    from cli.up.slurm import slurm_flags
     from cli.up.stack import StackConfig, default_job_user
     from cli.up.up import stdout_say
     from cli.up.up import up as run_up
 
-    slurm = {k: v for k, v in (("HOPS_SLURM_CONF", slurm_conf),
-                               ("HOPS_SLURM_PARTITION", slurm_partition),
-                               ("HOPS_SLURM_USER", slurm_user),
-                               ("HOPS_SLURM_REST_URL", slurm_rest_url),
-                               ("HOPS_SLURM_GPU_TYPE", slurm_gpu_type))
-             if v and executor == "slurm"}
+    slurm = slurm_flags({"HOPS_SLURM_CONF": slurm_conf, "HOPS_SLURM_PARTITION": slurm_partition,
+                         "HOPS_SLURM_USER": slurm_user, "HOPS_SLURM_REST_URL": slurm_rest_url,
+                         "HOPS_SLURM_GPU_TYPE": slurm_gpu_type}, os.environ,
+                        slurm=executor == "slurm")
     if job_user is None:
         job_user = "" if allow_root_jobs else default_job_user(executor, os.geteuid())
 

@@ -92,6 +92,19 @@ class StartFailed(Exception):
         self.log_tail = log_tail
 
 
+class CommandRefused(Exception):
+    """What runs the jobs could not carry a start or stop out, through no
+    fault of the job: Slurm refused the submission, or did not answer in
+    time. The command is refused with ``code`` (stable) and ``error``
+    (words); the job neither fails nor changes (a refused start books
+    nothing, a refused stop leaves the job as it was)."""
+
+    def __init__(self, code: str, error: str) -> None:
+        super().__init__(f"{code}: {error}")
+        self.code = code
+        self.error = error
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a job's processes on this node ended. ``event`` is what the
@@ -137,11 +150,13 @@ class JobHandle(Protocol):
         :class:`executor.mba.MbaError` when the cap cannot be applied:
         then nothing changed."""
 
-    async def started(self, timeout: float) -> str | None:
-        """None once the job runs; else why it did not start."""
+    async def started(self, timeout: float) -> str | Refusal | None:
+        """None once the job runs; else why it did not start (a
+        :class:`Refusal` names its code; words alone are ``internal``)."""
 
     async def terminate(self, grace: float) -> None:
-        """SIGTERM, SIGKILL after ``grace`` seconds; returns once it ended."""
+        """SIGTERM, SIGKILL after ``grace`` seconds; returns once it ended
+        (:class:`CommandRefused` when it cannot be stopped now)."""
 
     async def wait(self) -> Outcome:
         """The job's end on this node."""
@@ -167,7 +182,8 @@ class Backend(Protocol):
     async def spawn(self, cmd: StartJob, on_ending: OnEnding,
                     cores: tuple[int, ...] = ()) -> JobHandle:
         """Start ``cmd``'s processes, pinned to ``cores`` (empty: not
-        pinned); :class:`StartFailed` when they cannot be."""
+        pinned); :class:`StartFailed` when they cannot be, anywhere;
+        :class:`CommandRefused` when not now, through no fault of the job."""
 
     async def recover(self, on_ending: Callable[[JobId], OnEnding]) -> list[JobHandle]:
         """The jobs still running from before a restart (adopted)."""

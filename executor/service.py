@@ -56,7 +56,7 @@ import msgspec
 import nats.errors
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import Backend, JobHandle, OnEnding, StartFailed
+from executor.backend import Backend, CommandRefused, JobHandle, OnEnding, Refusal, StartFailed
 from executor.cores import core_pool, load_topology
 from executor.emulated import EmulatedBackend
 from executor.launch import LaunchOptions
@@ -257,6 +257,9 @@ class NodeExecutor:
         booking = self.ledger.book(cmd)
         try:
             job = await self.backend.spawn(cmd, self._ending(cmd.job_id), booking.cores)
+        except CommandRefused as e:  # not now (Slurm away or saying no): the job waits
+            self.ledger.release(cmd.job_id)
+            return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.error)
         except StartFailed as e:  # the job's program cannot run: not here, not anywhere
             self.ledger.release(cmd.job_id)
             await self._fail(cmd.job_id, e.error, e.exit_code, e.log_tail)
@@ -269,7 +272,7 @@ class NodeExecutor:
         self.shipper.follow(cmd.job_id)
         acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
-        why: str | None = "the start was interrupted"
+        why: str | Refusal | None = "the start was interrupted"
         try:
             why = await job.started(self.settings.start_timeout_s)
         finally:  # the watcher waits on this, whatever happens here
@@ -277,7 +280,8 @@ class NodeExecutor:
         if why is not None:
             await job.terminate(self.settings.stop_grace_s)
             self._forget(job)
-            return CommandAck(key=cmd.key, ok=False, code=INTERNAL, error=why)
+            code, error = (why.code, why.error) if isinstance(why, Refusal) else (INTERNAL, why)
+            return CommandAck(key=cmd.key, ok=False, code=code, error=error)
         return CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done,
                           cores=booking.cores)
 
@@ -343,7 +347,11 @@ class NodeExecutor:
         job = self.procs.get(cmd.job_id)
         samples, exit_code, tail = 0.0, None, ""
         if job is not None:
-            await job.terminate(self.settings.stop_grace_s)
+            try:
+                await job.terminate(self.settings.stop_grace_s)
+            except CommandRefused as e:  # it runs on, booked: the placer keeps its GPUs
+                job.log.warning("stop refused", code=e.code, error=e.error)
+                return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.error)
             samples = job.samples_done
             exit_code, tail = job.stop_details()
             job.log.info("job stopped", reason=cmd.reason, samples_done=samples,
@@ -362,9 +370,15 @@ class NodeExecutor:
     async def shutdown(self) -> None:
         """Stop every job (the node goes away with its jobs), keep the rest."""
         jobs = list(self.procs.values())
-        await asyncio.gather(*(j.terminate(self.settings.stop_grace_s) for j in jobs))
-        for job in jobs:
-            self._forget(job)
+        ended = await asyncio.gather(*(j.terminate(self.settings.stop_grace_s) for j in jobs),
+                                     return_exceptions=True)
+        for job, end in zip(jobs, ended, strict=True):
+            if isinstance(end, CommandRefused):  # runs on: the next executor adopts it
+                job.log.warning("job left running", code=end.code, error=end.error)
+            elif isinstance(end, BaseException):
+                raise end
+            else:
+                self._forget(job)
         with contextlib.suppress(Exception):  # their last lines, while NATS is still there
             await asyncio.wait_for(self.shipper.ship_all(), self.settings.stop_grace_s)
         await self.backend.close()

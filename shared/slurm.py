@@ -164,6 +164,41 @@ def job_verdict(state: str, status: int | None = None, reason: str = "",
     return verdict("unknown", JOB_UNKNOWN_STATE, f"Slurm state {state!r} not understood")
 
 
+# Why a Slurm operation of a start or stop did not happen, as the command's
+# refusal says it (docs/slurm.md, "What each Hops command becomes"):
+# unavailable: slurmctld (or slurmrestd) did not answer in time, or could not
+#   be reached: nothing is known to have changed; try again later;
+# refused: Slurm answered and said no (sbatch rejected the job: a bad node,
+#   no such partition, an invalid GRES), with Slurm's words.
+# stop_timeout: the job still held its node the timeout after its SIGKILL.
+SLURM_UNAVAILABLE = "slurm_unavailable"
+SLURM_REFUSED = "slurm_refused"
+SLURM_STOP_TIMEOUT = "slurm_stop_timeout"
+# The client's own codes for a Slurm that did not answer (executor.slurm.cli).
+_NO_ANSWER = frozenset({"slurm_cli_timeout", "slurm_cli_missing", "slurm_rest_timeout",
+                        "slurm_rest_unreachable", "slurm_no_reading"})
+# What Slurm's commands say when slurmctld cannot be reached (Slurm 22.05's
+# slurm_strerror texts for the communication errors; sbatch, squeue and
+# scontrol write them after their own retries).
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out",
+                "zero bytes were transmitted", "communication connection failure",
+                "connection refused", "slurmctld not responding",
+                "unable to establish a connection", "could not establish a configuration source")
+
+
+def failure_code(code: str, error: str) -> str:
+    """The stable code of a start or stop that a Slurm operation failed
+    (``code``: the client's, ``slurm_cli_failed``...; ``error``: what Slurm
+    said): :data:`SLURM_UNAVAILABLE` when Slurm did not answer, else
+    :data:`SLURM_REFUSED` (:data:`SLURM_STOP_TIMEOUT` stays itself)."""
+    if code == SLURM_STOP_TIMEOUT:
+        return code
+    said = error.lower()
+    if code in _NO_ANSWER or any(words in said for words in _UNREACHABLE):
+        return SLURM_UNAVAILABLE
+    return SLURM_REFUSED
+
+
 _GPU_INDICES = re.compile(r"(?:^|,)gpu[^,(]*\(IDX:([^)]*)\)")
 
 

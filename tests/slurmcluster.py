@@ -102,6 +102,17 @@ def planned(rec: dict[str, Any]) -> tuple[ServerId, int, int]:
     return server, demand.gpus, demand.cores
 
 
+async def cancel_all(client: SlurmClient) -> None:
+    """Cancel every job of the partition still pending or running, then
+    close ``client`` (a test's own client, at its end)."""
+    try:
+        for job in await client.jobs():
+            if job.verdict().kind in ("waiting", "running"):
+                await client.cancel(job.job_id)
+    finally:
+        await client.aclose()
+
+
 def slurm_missing() -> str:
     """Why the cluster cannot run here ('' when it can)."""
     absent = sorted({pkg for prog, pkg in PROGRAMS.items() if shutil.which(prog) is None})

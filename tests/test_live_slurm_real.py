@@ -45,27 +45,33 @@ TOTAL = 20_000  # about 40 s of training on the busy CPU: time to preempt it
 LM_TOTAL = 12_000  # about 350 sequences a second alone here: some 35 s of training
 
 
-@pytest.fixture(scope="module")
-def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[LiveStack]:
-    nodes = asyncio.run(SlurmClient(slurm_cluster.settings(rest=False)).nodes())
-    doc = cluster_doc(nodes, "cpu", "slurm-real")
-    runs = slurm_cluster.workdir / f"real-runs-{os.getpid()}"
-    env = {**slurm_cluster.bridge_env(runs),
+def real_stack(cluster: SlurmCluster, root: Path, doc: dict[str, Any], runs: str
+               ) -> Iterator[LiveStack]:
+    """The live stack with the bridge running real jobs over ``cluster``
+    described as ``doc``, their files under ``runs`` in its work folder."""
+    env = {**cluster.bridge_env(cluster.workdir / f"{runs}-{os.getpid()}"),
            "HOPS_EXECUTOR_BACKEND": "real",
            # torch processes take a second or two to start and exit on 2 busy cores
            "HOPS_PROFILE_ITERS": "5", "HOPS_SAMPLE_S": "0.5", "HOPS_STOP_GRACE_S": "15",
            "HOPS_START_TIMEOUT_S": "60"}
-    s = LiveStack(tmp_path_factory.mktemp("slurm-real"), msgspec.json.encode(doc).decode(),
-                  schedulers=1, executor="slurm", env=env)
+    s = LiveStack(root, msgspec.json.encode(doc).decode(), schedulers=1, executor="slurm",
+                  env=env)
     s.start(timeout=120)
     try:
         yield s
     finally:
         s.stop()
-        for job in asyncio.run(SlurmClient(slurm_cluster.settings(rest=False)).jobs()):
+        for job in asyncio.run(SlurmClient(cluster.settings(rest=False)).jobs()):
             if job.verdict().kind in ("waiting", "running"):
-                slurm_cluster.run("scancel", str(job.job_id))
+                cluster.run("scancel", str(job.job_id))
+
+
+@pytest.fixture(scope="module")
+def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[LiveStack]:
+    nodes = asyncio.run(SlurmClient(slurm_cluster.settings(rest=False)).nodes())
+    yield from real_stack(slurm_cluster, tmp_path_factory.mktemp("slurm-real"),
+                          cluster_doc(nodes, "cpu", "slurm-real"), "real-runs")
 
 
 def reports(stack: LiveStack, job: str, server: str) -> list[AnyReport]:

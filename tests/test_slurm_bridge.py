@@ -41,8 +41,6 @@ def test_settings_come_from_the_environment_and_bad_ones_are_named() -> None:
     assert (s.slurm.slurm_conf, s.slurm.partition, s.slurm.user) == ("/etc/slurm.conf", "hops",
                                                                      "hopsrest")
     assert (s.run_dir, s.poll_s, s.slurm.rest_url) == (Path("/runs"), 0.25, "")
-    with pytest.raises(BridgeSettingsError, match="HOPS_SLURM_CONF"):
-        bridge_settings({}, Path("/runs"))
     with pytest.raises(BridgeSettingsError, match="HOPS_SLURM_DOWN_S"):
         bridge_settings({"HOPS_SLURM_CONF": "x", "HOPS_SLURM_DOWN_S": "-1"}, Path("/runs"))
 

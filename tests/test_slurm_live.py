@@ -22,7 +22,7 @@ import pytest
 from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import JobRequest, SlurmClient
 from executor.slurm.records import SlurmJob
-from tests.slurmcluster import SlurmCluster, slurm_cluster
+from tests.slurmcluster import SlurmCluster, cancel_all, slurm_cluster
 
 __all__ = ["slurm_cluster"]
 
@@ -39,10 +39,7 @@ async def client(request: pytest.FixtureRequest,
     try:
         yield c
     finally:
-        for job in await c.jobs():
-            if job.verdict().kind in ("waiting", "running"):
-                await c.cancel(job.job_id)
-        await c.aclose()
+        await cancel_all(c)
 
 
 async def until(probe: Callable[[], Awaitable[T | None]], what: str) -> T:

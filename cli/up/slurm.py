@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,21 @@ from executor.slurm.settings import BridgeSettingsError, bridge_settings
 from shared.specs import SpecError, cluster_from_doc
 
 CLUSTER_FILE = "slurm-cluster.json"
+CONF = "HOPS_SLURM_CONF"
+
+
+def slurm_flags(flags: Mapping[str, str], environ: Mapping[str, str], *,
+                slurm: bool) -> dict[str, str]:
+    """The bridge's ``HOPS_SLURM_*`` settings from ``hops up``'s flags
+    (those given; none unless ``slurm``), with Slurm's own ``SLURM_CONF``
+    from ``environ`` when no flag names a slurm.conf, as Slurm's commands
+    read it (with neither, they find theirs themselves)."""
+    if not slurm:
+        return {}
+    out = {k: v for k, v in flags.items() if v}
+    if not out.get(CONF) and environ.get("SLURM_CONF"):
+        out[CONF] = environ["SLURM_CONF"]
+    return out
 
 
 class SlurmUpError(RuntimeError):

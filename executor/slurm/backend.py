@@ -32,10 +32,11 @@ from pathlib import Path
 import msgspec
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import JobHandle, LostJobs, OnEnding, Refusal
+from executor.backend import CommandRefused, JobHandle, LostJobs, OnEnding, Refusal
 from executor.emulated import write_count
 from executor.emulator import EmulationError, UnknownModel, check_runnable, role_of
 from executor.launch import cores_of, job_paths, relaxed_refusal
+from executor.slurm.cli import CLI_TIMEOUT, SlurmFailure
 from executor.slurm.client import JobRequest, SlurmClient
 from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.realjobs import RealJobs, SlurmRealHandle, report_offset, write_launches
@@ -45,6 +46,7 @@ from shared import jobenv
 from shared.cluster import Server
 from shared.events import INVALID, StartJob, decode_command, encode
 from shared.ids import JobId
+from shared.slurm import failure_code, job_name
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth
 
@@ -179,10 +181,7 @@ class SlurmBackend:
                     cores: tuple[int, ...] = ()) -> JobHandle:
         folder = self._prepare(cmd)
         offset = report_offset(job_paths(self.settings.run_dir, cmd.job_id, self.server.id))
-        # A SlurmFailure (sbatch refused, slurmctld away) is the start's
-        # failure, acknowledged ``internal`` with Slurm's words: never the
-        # job's, which may run once Slurm answers again.
-        slurm_id = await self.client.submit(self._request(cmd, folder))
+        slurm_id = await self._submit(self._request(cmd, folder))
         # Once sbatch has returned, slurmctld holds the job: a reading begun
         # after this shows it, one begun before may not (one begun while
         # sbatch ran read it gone, and its job ran twice).
@@ -194,6 +193,23 @@ class SlurmBackend:
         log.info("Slurm job submitted", slurm_job=slurm_id, mode=cmd.mode,
                  gpus=len(cmd.gpu_indices), cores=max(1, cores_of(cmd)))
         return self._handle(cmd, slurm_id, submitted, folder, on_ending, offset)
+
+    async def _submit(self, req: JobRequest) -> int:
+        """``req`` submitted; a Slurm that refuses it or does not answer is
+        the start's refusal (``slurm_refused``, ``slurm_unavailable``, with
+        Slurm's words), never the job's failure: it may run once Slurm
+        answers. An sbatch that timed out may still have submitted the job:
+        the watch cancels any job of its name it finds (:mod:`executor.slurm.strays`)."""
+        try:
+            return await self.client.submit(req)
+        except SlurmFailure as e:
+            code = failure_code(e.code, e.error)
+            if e.code == CLI_TIMEOUT:
+                self.watch.strays.add_name(job_name(req.job_id, req.attempt), time.time())
+            self.log.warning("Slurm did not take the start", job_id=req.job_id, code=code,
+                             error=e.error)
+            raise CommandRefused(code, f"Slurm did not take job {req.job_id} on "
+                                 f"{req.node}: {e.error}") from e
 
     def _handle(self, cmd: StartJob, slurm_id: int, submitted: float, folder: Path,
                 on_ending: OnEnding, offset: int = 0) -> SlurmJobHandle:

@@ -25,7 +25,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +43,7 @@ from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.nodes import slurm_cluster
 from executor.slurm.realjobs import RealJobs
+from executor.slurm.records import SlurmNode
 from executor.slurm.settings import BridgeSettings, BridgeSettingsError, from_environ
 from executor.slurm.watch import SlurmWatch
 from executor.supervisor import CREDENTIALS_DIR
@@ -102,14 +103,24 @@ def real_jobs(ctx: ServiceContext, settings: ExecutorSettings, server: Server,
                     stop_grace_s=settings.stop_grace_s)
 
 
+def node_address(node: SlurmNode | None, default: str) -> str:
+    """Where a node's peers meet (its rendezvous address, the placer's
+    ``MASTER_ADDR`` for a job whose first server it is): the address
+    slurmctld reaches the node at (``NodeAddr``), which the other nodes
+    reach it at too; ``default`` (the bridge's ``--address``) when Slurm
+    names none."""
+    return node.address if node is not None and node.address else default
+
+
 def _node_settings(args: argparse.Namespace, cluster: Cluster, bridge: BridgeSettings,
-                   ) -> list[ExecutorSettings]:
+                   slurm_nodes: Mapping[str, SlurmNode]) -> list[ExecutorSettings]:
     out = []
     for order, server in enumerate(cluster.servers):
         ns = argparse.Namespace(**{**vars(args), "server_id": server.id, "order": order,
                                    "cluster": args.cluster or "slurm"})
         out.append(replace(executor_settings(ns, cluster), backend="slurm",
-                           run_dir=bridge.run_dir))
+                           run_dir=bridge.run_dir,
+                           address=node_address(slurm_nodes.get(server.id), args.address)))
     return out
 
 
@@ -147,10 +158,10 @@ async def bridge_main(args: argparse.Namespace, runtime: RuntimeSettings,
     client = SlurmClient(bridge.slurm)
     try:
         cluster = await the_cluster(args, bridge, client)
-        nodes = _node_settings(args, cluster, bridge)
         path = cluster_file(cluster, bridge.run_dir)
         watch = SlurmWatch(client, bridge.poll_s, bridge.down_s, log)
         await watch.read()
+        nodes = _node_settings(args, cluster, bridge, watch.nodes)
         truth = GroundTruth(cluster, builtin_catalog())
         contexts = [await _node_context(runtime, s.server_id, stopping, log) for s in nodes]
         real = args.backend == "real"

@@ -24,22 +24,41 @@ import msgspec
 
 from executor.slurm import cli
 from executor.slurm.cli import SlurmFailure
-from executor.slurm.records import SlurmJob, SlurmNode, decode_jobs, decode_nodes
+from executor.slurm.records import (
+    SlurmJob,
+    SlurmNode,
+    decode_jobs,
+    decode_nodes,
+    parse_scontrol_job,
+)
 from executor.slurm.rest import SlurmRest
-from shared.slurm import job_name
+from shared.slurm import SLURM_STOP_TIMEOUT, job_name
+
+# slurmctld answers in well under a second; a Slurm command retries an
+# unreachable slurmctld for about MessageTimeout (10 s by default) before it
+# gives up by itself.
+DEFAULT_TIMEOUT_S = 10.0
+# A stop reads its one job at these intervals (seconds), doubling: most jobs
+# end within a tenth of a second of their SIGTERM (docs/slurm.md, "Measured").
+STOP_POLL_FIRST_S = 0.02
+STOP_POLL_MAX_S = 0.5
 
 
 class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How to reach a Slurm cluster. ``user``: the Slurm user Hops acts as
     ('' for this process's own); a root process submits for it with
-    ``--uid``. ``rest_url``: slurmrestd ('' to use the CLI alone)."""
+    ``--uid``. ``rest_url``: slurmrestd ('' to use the CLI alone).
+    ``slurm_conf``: '' for Slurm's own choice, as its commands make it.
+    ``timeout_s``: the most any one Slurm call (a command, a REST request)
+    may take, and the longest a start or stop waits for a reading of
+    Slurm (``HOPS_SLURM_TIMEOUT_S``)."""
 
     slurm_conf: str
     partition: str = "hops"
     user: str = ""
     rest_url: str = ""
     token_lifespan_s: int = 3600
-    cli_timeout_s: float = 30.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +125,8 @@ class SlurmClient:
         self.rest: SlurmRest | None = None
         if settings.rest_url:
             self.rest = SlurmRest(settings.rest_url, settings.user or _whoami(), self.token,
-                                  lifespan_s=settings.token_lifespan_s)
+                                  lifespan_s=settings.token_lifespan_s,
+                                  timeout_s=settings.timeout_s)
 
     async def aclose(self) -> None:
         if self.rest is not None:
@@ -115,7 +135,7 @@ class SlurmClient:
     async def _cli(self, *argv: str, stdin: bytes | None = None, env: dict[str, str] | None = None
                    ) -> bytes:
         return await cli.run(list(argv), env or self._env, stdin=stdin,
-                             timeout_s=self.settings.cli_timeout_s)
+                             timeout_s=self.settings.timeout_s)
 
     async def token(self, lifespan_s: int) -> str:
         """A JWT for the settings' user from slurmctld (``scontrol token``)."""
@@ -154,10 +174,14 @@ class SlurmClient:
         else:
             await self._cli("scancel", str(job_id))
 
-    async def stop(self, job_id: int, grace_s: float, *, poll_s: float = 0.2) -> SlurmJob | None:
+    async def stop(self, job_id: int, grace_s: float) -> SlurmJob | None:
         """A Hops stop: SIGTERM (the job checkpoints), then SIGKILL if it
         still runs ``grace_s`` later; a job still pending is cancelled. The
-        job as last read (None: slurmctld no longer knows it)."""
+        job as last read (None: slurmctld no longer knows it). It reads the
+        one job, at intervals that double from :data:`STOP_POLL_FIRST_S` to
+        :data:`STOP_POLL_MAX_S`; a job that still holds its node
+        ``timeout_s`` after the SIGKILL is
+        :data:`shared.slurm.SLURM_STOP_TIMEOUT`."""
         job = await self.job(job_id)
         if job is None or not _holds(job):
             return job
@@ -165,12 +189,17 @@ class SlurmClient:
             await self.cancel(job_id)
         else:
             await self._signal_unless_ended(job_id, "TERM")
-        deadline = time.monotonic() + grace_s
+        deadline, killed = time.monotonic() + grace_s, False
+        poll = STOP_POLL_FIRST_S
         while (job := await self.job(job_id)) is not None and _holds(job):
+            if time.monotonic() >= deadline and killed:
+                raise SlurmFailure(SLURM_STOP_TIMEOUT, f"Slurm job {job_id} still {job.job_state} "
+                                   f"{self.settings.timeout_s:g} s after its SIGKILL")
             if time.monotonic() >= deadline:
                 await self._signal_unless_ended(job_id, "KILL")
-                deadline = float("inf")
-            await asyncio.sleep(poll_s)
+                deadline, killed = time.monotonic() + self.settings.timeout_s, True
+            await asyncio.sleep(poll)
+            poll = min(2 * poll, STOP_POLL_MAX_S)
         return job
 
     async def _signal_unless_ended(self, job_id: int, signal: str) -> None:
@@ -195,8 +224,27 @@ class SlurmClient:
         return [j for j in jobs if j.partition == self.settings.partition]
 
     async def job(self, job_id: int) -> SlurmJob | None:
-        """Slurm job ``job_id``; None once slurmctld has forgotten it."""
-        return next((j for j in await self.jobs() if j.job_id == job_id), None)
+        """Slurm job ``job_id``, read alone (``scontrol show job -d`` or REST's
+        ``/job/<id>``); None once slurmctld has forgotten it, or when it is
+        not in Hops' partition."""
+        if self.rest is not None:
+            jobs = await self.rest.job(job_id)
+        else:
+            try:
+                out = await self._cli("scontrol", "show", "job", "-d", "-o", str(job_id))
+            except SlurmFailure as e:
+                if "invalid job id" in e.error.lower():  # forgotten (MinJobAge), or never
+                    return None
+                raise
+            one = parse_scontrol_job(out.decode(errors="replace"))
+            jobs = [one] if one is not None else []
+        return next((j for j in jobs if j.job_id == job_id
+                     and j.partition == self.settings.partition), None)
+
+    async def named(self, name: str) -> list[SlurmJob]:
+        """The jobs of Hops' partition named ``name`` (one of
+        :func:`shared.slurm.job_name`'s) that slurmctld knows."""
+        return [j for j in await self.jobs() if j.name == name]
 
     async def nodes(self) -> list[SlurmNode]:
         """The nodes of Hops' partition."""
@@ -210,8 +258,9 @@ class SlurmClient:
 
 
 def _holds(job: SlurmJob) -> bool:
-    """Whether the job still holds its node (not yet ended)."""
-    return job.verdict().kind in ("waiting", "running")
+    """Whether the job still holds its node (not yet ended); a state Hops
+    does not know counts as running (docs/slurm.md, "Slurm's states")."""
+    return job.verdict().kind in ("waiting", "running", "unknown")
 
 
 def _whoami() -> str:

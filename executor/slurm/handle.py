@@ -16,7 +16,14 @@ the job's state; :func:`shared.slurm.job_verdict` says what an end means:
   the job is not restarted;
 * lost by Slurm or its node (``NODE_FAIL``), or forgotten by Slurm while
   Hops thought it ran: the node lists it as lost, and the monitor requeues
-  it from its progress.
+  it from its progress;
+* in a state Hops does not know: it counts as running (logged once per
+  state), see :func:`shared.slurm.job_verdict`.
+
+Every wait on Slurm is bounded by the client's ``timeout_s``: a start that
+Slurm does not answer is refused ``slurm_unavailable`` (its Slurm job, if
+any, is cancelled once Slurm answers, :mod:`executor.slurm.strays`), a stop
+refused the same way leaves the job as it was.
 """
 
 from __future__ import annotations
@@ -28,14 +35,15 @@ from pathlib import Path
 
 from structlog.typing import FilteringBoundLogger
 
-from executor.backend import OnEnding, Outcome, with_cap
+from executor.backend import CommandRefused, OnEnding, Outcome, Refusal, with_cap
 from executor.cores import with_cores
 from executor.emulated import write_count
+from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob
 from executor.slurm.watch import SlurmWatch
 from shared.events import JobFailed, StartJob
-from shared.slurm import JobVerdict, parse_job_name
+from shared.slurm import JobVerdict, failure_code, parse_job_name
 
 GONE = "slurm_job_gone"
 # A COMPLETED job whose last line is not "finished" was stopped by a signal
@@ -70,6 +78,9 @@ class SlurmJobHandle:
         self.last_event = ""
         self._offset = 0
         self._ended: JobVerdict | None = None
+        self.start_failed = False  # started() said why not: nobody runs it for Hops
+        self._unanswered: SlurmFailure | None = None  # what Slurm did not answer in started()
+        self._unknown_said: set[str] = set()
 
     def retune(self, count: int, cores: tuple[int, ...], mba_percent: int = 100) -> None:
         """The job is told its new count (its cores file); Slurm keeps the
@@ -123,11 +134,13 @@ class SlurmJobHandle:
         that is not this job's on this node is not it: a slurmctld that lost
         its last jobs gives their ids again (docs/slurm.md, "Quirks")."""
         job = self.watch.jobs.get(self.slurm_id)
-        parsed = parse_job_name(job.name) if job is not None else None
-        if job is None or parsed is None or parsed[0] != self.cmd.job_id \
-                or job.nodes not in ("", self.cmd.server_id):
-            return None
-        return job
+        return job if job is not None and self._mine(job) else None
+
+    def _mine(self, job: SlurmJob) -> bool:
+        """Whether ``job`` (read by this start's id) is this job's on this node."""
+        parsed = parse_job_name(job.name)
+        return parsed is not None and parsed[0] == self.cmd.job_id \
+            and job.nodes in ("", self.cmd.server_id)
 
     def _verdict(self) -> JobVerdict | None:
         """The job's end, once Slurm shows it (None: it has not ended)."""
@@ -141,16 +154,36 @@ class SlurmJobHandle:
                                      reason=f"Slurm no longer knows job {self.slurm_id}")
             return self._ended
         verdict = job.verdict(stopping=self.stopping)
+        if verdict.kind == "unknown" and job.job_state not in self._unknown_said:
+            self._unknown_said.add(job.job_state)
+            self.log.warning("Slurm job state not understood: counted as running",
+                             state=job.job_state, code=verdict.code, reason=verdict.reason)
         if verdict.kind in ("waiting", "running", "unknown"):
             return None
         self._ended = verdict
         return verdict
 
-    async def started(self, timeout: float) -> str | None:
-        """None once the job's first heartbeat is out; else why not."""
+    async def _next(self, after: float = 0.0) -> None:
+        """The next reading of Slurm, within the client's time limit."""
+        await self.watch.next_within(self.client.settings.timeout_s, after)
+
+    async def started(self, timeout: float) -> str | Refusal | None:
+        """None once the job's first heartbeat is out; else why not (a
+        :class:`Refusal` ``slurm_unavailable`` when Slurm stops answering)."""
+        why: str | Refusal | None
+        try:
+            why = await self._started(timeout)
+        except SlurmFailure as e:
+            self._unanswered = e
+            why = Refusal(failure_code(e.code, e.error), f"Slurm job {self.slurm_id} on "
+                          f"{self.cmd.server_id}: {e.error}")
+        self.start_failed = why is not None
+        return why
+
+    async def _started(self, timeout: float) -> str | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            await self.watch.next()
+            await self._next()
             await self.take_in()
             if self.ready:
                 job = self.state()
@@ -170,16 +203,40 @@ class SlurmJobHandle:
         """Hops' stop: SIGTERM, a kill after ``grace``; returns once it ended.
         A job that said it finished is exiting by itself: it gets ``grace``
         to do so before it is signalled (the stop that follows a finish
-        would otherwise kill it while it closes)."""
+        would otherwise kill it while it closes). When Slurm does not answer
+        in time: :class:`CommandRefused`, unless the start failed (then
+        nobody runs the job for Hops, and its Slurm job is left to the
+        watch, which cancels it once Slurm answers)."""
         self.stopping = True
+        try:
+            if self._unanswered is not None:  # the start failed on it: no use asking again
+                raise self._unanswered
+            await self._terminate(grace)
+        except SlurmFailure as e:
+            code = failure_code(e.code, e.error)
+            if not self.start_failed:
+                raise CommandRefused(code, f"Slurm job {self.slurm_id} on "
+                                     f"{self.cmd.server_id} could not be stopped: "
+                                     f"{e.error}") from e
+            self.watch.strays.add_id(self.slurm_id, self.cmd.job_id, time.time())
+            self._ended = JobVerdict(kind="stopped", code=code, reason=e.error)
+            self.log.warning("Slurm job of a failed start left to cancel once Slurm "
+                             "answers", code=code, error=e.error)
+
+    async def _terminate(self, grace: float) -> None:
         await self.take_in()
         deadline = time.monotonic() + grace
         while self.last_event == "finished" and time.monotonic() < deadline:
             if self._verdict() is not None:
                 return
-            await self.watch.next()
-        await self.client.stop(self.slurm_id, grace)
-        await self.watch.next(after=time.time())
+            await self._next()
+        job = await self.client.stop(self.slurm_id, grace)
+        verdict = job.verdict(stopping=True) if job is not None else None
+        if job is not None and self._mine(job) and verdict is not None \
+                and verdict.kind not in ("waiting", "running", "unknown"):
+            self._ended = verdict  # the stop read its end: no wait for the next reading
+        else:
+            await self._next(after=time.time())
         await self.take_in()
 
     async def wait(self) -> Outcome:

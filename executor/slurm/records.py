@@ -8,6 +8,8 @@ are named; the rest are ignored.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from shared.slurm import (
@@ -55,6 +57,7 @@ class SlurmNode(msgspec.Struct, frozen=True):
     and those in use (``gres_used``), its CPUs and those allocated."""
 
     name: str
+    address: str = ""  # where slurmctld reaches it (NodeAddr)
     state: str = ""
     state_flags: list[str] = []
     reason: str = ""
@@ -106,3 +109,34 @@ def decode_nodes(raw: bytes) -> tuple[list[SlurmNode], list[SlurmError]]:
     """The nodes (and errors) of a v0.0.38 answer."""
     answer = msgspec.json.decode(raw, type=_Nodes)
     return answer.nodes, answer.errors
+
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)")
+
+
+def parse_scontrol_job(text: str) -> SlurmJob | None:
+    """The job ``scontrol show job -d -o <id>`` describes (one line of
+    ``Key=value`` fields; 22.05's scontrol has no JSON; ``-d`` adds each
+    node's ``GRES=gpu:fake:2(IDX:0-1)``); None when it names none.
+    ``ExitCode=3:0`` (exit code, signal) becomes the wait status the JSON
+    carries (768)."""
+    fields: dict[str, str] = {}
+    gres: list[str] = []  # with -d: each node's GPUs and their indices
+    for key, value in _FIELD.findall(text.strip().splitlines()[0] if text.strip() else ""):
+        fields.setdefault(key, value)
+        if key == "GRES":
+            gres.append(value)
+    if not fields.get("JobId", "").isdigit():
+        return None
+    code, _, sig = fields.get("ExitCode", "").partition(":")
+    status = (int(code) << 8) | int(sig) if code.isdigit() and sig.isdigit() else None
+    nodes = fields.get("NodeList", "")
+    cpus = fields.get("NumCPUs", "")
+    return SlurmJob(job_id=int(fields["JobId"]), name=fields.get("JobName", ""),
+                    job_state=fields.get("JobState", ""),
+                    state_reason=fields.get("Reason", ""),
+                    nodes="" if nodes == "(null)" else nodes,
+                    partition=fields.get("Partition", ""),
+                    user_name=fields.get("UserId", "").split("(")[0],
+                    cpus=int(cpus) if cpus.isdigit() else None, exit_code=status,
+                    gres_detail=gres)

@@ -66,6 +66,12 @@ class SlurmRest:
         try:
             return await self._http.request(method, API + path, params=params,
                                             headers=await self._headers(renew=renew))
+        except httpx.TimeoutException as e:  # slurmrestd waits on a slurmctld that is away
+            raise SlurmFailure("slurm_rest_timeout", f"slurmrestd {method} {path} did not "
+                               f"answer in time: {e!r}") from e
+        except httpx.TransportError as e:
+            raise SlurmFailure("slurm_rest_unreachable",
+                               f"slurmrestd {method} {path}: {e!r}") from e
         except httpx.HTTPError as e:
             raise SlurmFailure("slurm_rest_failed", f"slurmrestd {method} {path}: {e!r}") from e
 
@@ -77,6 +83,23 @@ class SlurmRest:
         jobs, errors = decode_jobs(await self._call("GET", "/jobs"))
         if errors and not jobs:
             raise SlurmFailure("slurm_rest_failed", f"slurmrestd /jobs: {errors[0].error}")
+        return jobs
+
+    async def job(self, job_id: int) -> list[SlurmJob]:
+        """Job ``job_id`` alone (``GET /job/<id>``); [] once slurmctld has
+        forgotten it."""
+        try:
+            raw = await self._call("GET", f"/job/{job_id}")
+        except SlurmFailure as e:
+            if "invalid job id" in e.error.lower():
+                return []
+            raise
+        jobs, errors = decode_jobs(raw)
+        if errors and not jobs:
+            if any("invalid job id" in err.error.lower() for err in errors):
+                return []
+            raise SlurmFailure("slurm_rest_failed", f"slurmrestd /job/{job_id}: "
+                               f"{errors[0].error}")
         return jobs
 
     async def nodes(self) -> list[SlurmNode]:

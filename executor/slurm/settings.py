@@ -7,7 +7,8 @@ describe the cluster:
 ==========================  ============================  ===========================
 variable                    default                       meaning
 ==========================  ============================  ===========================
-``HOPS_SLURM_CONF``         ``$SLURM_CONF``               the cluster's slurm.conf
+``HOPS_SLURM_CONF``         ``$SLURM_CONF``, else         the cluster's slurm.conf
+                            Slurm's own default
 ``HOPS_SLURM_PARTITION``    ``hops``                      the partition Hops owns
 ``HOPS_SLURM_USER``         the bridge's own user         the Slurm user jobs run as
 ``HOPS_SLURM_REST_URL``     none (the CLI alone)          slurmrestd's URL
@@ -20,7 +21,15 @@ variable                    default                       meaning
                                                           Slurm's jobs and nodes
 ``HOPS_SLURM_DOWN_S``       ``3``                         a node reads dead this long
                                                           before Hops calls it dead
+``HOPS_SLURM_TIMEOUT_S``    ``10``                        the most a Slurm call, or a
+                                                          start's or stop's wait for
+                                                          a reading of Slurm, takes
 ==========================  ============================  ===========================
+
+Without ``HOPS_SLURM_CONF`` or ``SLURM_CONF`` the Slurm commands find their
+configuration as they do by themselves (the path Slurm was built with,
+``/etc/slurm/slurm.conf`` on Debian, or slurmctld's in a configless
+cluster).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.slurm.client import SlurmSettings
+from executor.slurm.client import DEFAULT_TIMEOUT_S, SlurmSettings
 
 DEFAULT_POLL_S = 0.5
 # A resumed node reads not-responding for about a second (docs/slurm.md,
@@ -69,16 +78,20 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def slurm_conf(env: Mapping[str, str]) -> str:
+    """The slurm.conf ``env`` names: ``HOPS_SLURM_CONF``, else Slurm's own
+    ``SLURM_CONF``; '' for none (Slurm's commands then find theirs)."""
+    return env.get("HOPS_SLURM_CONF") or env.get("SLURM_CONF") or ""
+
+
 def bridge_settings(env: Mapping[str, str], run_dir: Path) -> BridgeSettings:
     """The settings ``env`` gives (``run_dir``: the executor's run folder,
     used unless ``HOPS_SLURM_RUN_DIR`` names another)."""
-    conf = env.get("HOPS_SLURM_CONF") or env.get("SLURM_CONF") or ""
-    if not conf:
-        raise BridgeSettingsError("HOPS_SLURM_CONF (or SLURM_CONF) must name the cluster's "
-                                  "slurm.conf")
-    slurm = SlurmSettings(slurm_conf=conf, partition=env.get("HOPS_SLURM_PARTITION") or "hops",
+    slurm = SlurmSettings(slurm_conf=slurm_conf(env),
+                          partition=env.get("HOPS_SLURM_PARTITION") or "hops",
                           user=env.get("HOPS_SLURM_USER", ""),
-                          rest_url=env.get("HOPS_SLURM_REST_URL", ""))
+                          rest_url=env.get("HOPS_SLURM_REST_URL", ""),
+                          timeout_s=_number(env, "HOPS_SLURM_TIMEOUT_S", DEFAULT_TIMEOUT_S))
     shared = env.get("HOPS_SLURM_RUN_DIR", "")
     return BridgeSettings(slurm=slurm, gpu_type=env.get("HOPS_SLURM_GPU_TYPE", ""),
                           run_dir=Path(shared).resolve() if shared else run_dir,

@@ -6,7 +6,8 @@ next reading.
 A reading that fails keeps the last one and is retried: Hops decides
 nothing on a Slurm it cannot read. A node is dead for Hops only after it
 has read dead for ``down_s`` on end (a resumed node reads not responding
-for about a second, docs/slurm.md).
+for about a second, docs/slurm.md). Each reading also cancels the Slurm
+jobs Hops disowned that it shows (:mod:`executor.slurm.strays`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from structlog.typing import FilteringBoundLogger
 from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob, SlurmNode
+from executor.slurm.strays import Strays
 
 
 class SlurmWatch:
@@ -39,6 +41,7 @@ class SlurmWatch:
         self._dead_since: dict[str, float] = {}
         self._fresh = asyncio.Event()
         self._failing = False
+        self.strays = Strays()
 
     async def read(self) -> None:
         """Read Slurm once (:class:`SlurmFailure` when it cannot be read)."""
@@ -55,6 +58,29 @@ class SlurmWatch:
                 self._dead_since.setdefault(node.name, began)
         fresh, self._fresh = self._fresh, asyncio.Event()
         fresh.set()
+        if self.strays:
+            await self._cancel_strays()
+
+    async def _cancel_strays(self) -> None:
+        for job in self.strays.due(self.jobs.values(), time.time()):
+            try:
+                await self.client.cancel(job.job_id)
+            except SlurmFailure as e:  # tried again at the next reading
+                self.log.warning("a Slurm job Hops disowned could not be cancelled",
+                                 slurm_job=job.job_id, name=job.name, error=e.error)
+                continue
+            self.strays.cancelled(job)
+            self.log.warning("Slurm job Hops disowned cancelled", slurm_job=job.job_id,
+                             name=job.name, state=job.job_state, node=job.nodes)
+
+    async def next_within(self, timeout_s: float, after: float = 0.0) -> None:
+        """:meth:`next`, or :class:`SlurmFailure` (``slurm_no_reading``) when
+        no reading comes within ``timeout_s``: Slurm does not answer."""
+        try:
+            await asyncio.wait_for(self.next(after), timeout_s)
+        except TimeoutError:
+            raise SlurmFailure("slurm_no_reading", f"Slurm could not be read for "
+                               f"{timeout_s:g} s") from None
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
