@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from experiments.tables.define import POLICIES as TABLE_POLICIES
+from experiments.tables.define import define, with_variants
 from scheduling.policies.rigid import Avail, give, place, take
 from scheduling.policies.slurm.backfill import Running, Waiting, easy_backfill
 from scheduling.policies.slurm.policy import (
@@ -215,3 +217,17 @@ def test_backfilled_jobs_never_take_the_heads_reserved_gpus(
     # Every job that started ahead of the head fitted in priority order; the
     # head itself did not fit now.
     assert res.job_id not in out.started
+
+
+# --- selectable in the experiments -------------------------------------------------
+
+
+def test_traces_and_table4_take_both_baselines_by_policy_and_by_variant() -> None:
+    exp = define("traces", trace="elasticflow-cluster01", first_n=50,
+                 policies=("hops", "slurm", "tiresias"))
+    assert [label for label, _ in exp.runs] == [
+        "cluster01/hops", "cluster01/slurm", "cluster01/tiresias"]
+    t4 = define("table4", policies=with_variants(TABLE_POLICIES, ("slurm", "tiresias")))
+    assert [label for label, _ in t4.runs][-2:] == ["slurm", "tiresias"]
+    with pytest.raises(ValueError, match="takes no setting"):
+        define("table4", policies=("slurm:lam=2",))

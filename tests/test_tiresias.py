@@ -182,3 +182,18 @@ def test_a_job_left_waiting_did_not_fit_what_its_betters_left(
         assert gpus[jid] > idle  # work-conserving
         worse = [k for k in given_gpus if prios[k] < prios[jid]]
         assert gpus[jid] > idle + sum(given_gpus[k] for k in worse), (jid, given_gpus)
+
+
+def test_a_job_fragmentation_leaves_out_gives_its_turn_to_the_next() -> None:
+    # w's count fits the 4 free GPUs, but only over two servers, and w has no
+    # distributed curve: it cannot run there, so x takes its turn.
+    jobs = [job("r1", 2, service=10.0, running_on={"A-0": 2}),
+            job("r2", 2, service=10.0, running_on={"A-1": 2}),
+            job("w", 4, submit=1.0), job("x", 2, submit=2.0)]
+    s = snap([("A", 2, 4)], jobs, now=10.0,
+             marks={"r1": Marks(0.0, 0.0, 0.0), "r2": Marks(0.0, 0.0, 1.0)})
+    est = s.estimates[JobId("w")]
+    local = {t: msgspec.structs.replace(c, dist=()) for t, c in est.by_type.items()}
+    s = msgspec.structs.replace(s, estimates={
+        **s.estimates, JobId("w"): msgspec.structs.replace(est, by_type=local)})
+    assert configs(s) == {"r1": "{A-0:2}", "r2": "{A-1:2}", "x": "{A-0:2}"}

@@ -70,8 +70,12 @@ def reserve(job: Waiting, avail: Avail, running: Sequence[Running], now: float,
     of their ends), its GPUs then, and the free GPUs at that time; None if
     it fits not even once every running job ended."""
     future = dict(avail)
+    free = sum(future.values())
     for r in sorted(running, key=lambda r: (r.end, r.job_id)):
         give(future, r.config)
+        free += r.config.total_gpus
+        if free < job.gpus:
+            continue  # no placement before this many GPUs are free
         config = placer(job, future)
         if config is not None:
             return Reservation(job.job_id, max(now, r.end), config), future
