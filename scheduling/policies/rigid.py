@@ -16,18 +16,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
+
 from scheduling.policies.gavel.lp import rigid_requirement, type_throughput
 from scheduling.policies.gavel.rounds import pack
+from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import R_NUM
+from shared.reuse import BASELINE_PROFILE_REUSE
 from shared.snapshot import JobState
 
-__all__ = ["Avail", "fits", "give", "place", "plannable", "rigid_requirement", "runnable_types",
-           "take", "type_curves"]
+__all__ = ["Avail", "RigidSettings", "fits", "give", "place", "plannable", "rigid_requirement",
+           "runnable_types", "take", "type_curves"]
 
 Avail = dict[ServerId, int]  # free GPUs per server
+
+
+class RigidSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The settings every rigid baseline takes besides its own: R_num for
+    jobs given as bounds (§2.2), and the profiling-first layer's knobs
+    (layers/profiling_first.py), the same for every policy, which the
+    policy itself does not read."""
+
+    r_num: int = R_NUM
+    profile_gpus: int = 1
+    profile_share: float = PROFILE_SHARE  # of each GPU type, at once (profiling.py)
+    profile_preempt: bool = PROFILE_PREEMPT  # at round boundaries (profiling.py)
+    # Jobs of one profile signature share profiles (shared.reuse): not
+    # these baselines', whose papers know no such thing.
+    profile_reuse: bool = BASELINE_PROFILE_REUSE
 
 
 def type_curves(est: JobEstimate) -> JobEstimate:

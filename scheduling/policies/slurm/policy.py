@@ -33,12 +33,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import msgspec
-
 from scheduling.layers.base import LayeredPolicy
 from scheduling.policies.gavel.lp import type_throughput
 from scheduling.policies.rigid import (
     Avail,
+    RigidSettings,
     fits,
     place,
     plannable,
@@ -49,19 +48,16 @@ from scheduling.policies.rigid import (
 )
 from scheduling.policies.slurm.backfill import Outcome, Running, Waiting, easy_backfill
 from scheduling.priorities import latency_ratios
-from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId
-from shared.job import R_NUM
-from shared.reuse import BASELINE_PROFILE_REUSE
 from shared.snapshot import Assignment, JobState, PassStats, Plan, PlanReasons, Snapshot
 
 DAY_S = 86400.0
 
 
-class SlurmSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class SlurmSettings(RigidSettings, frozen=True, forbid_unknown_fields=True):
     """The site's ``slurm.conf``, as far as it decides this scheduler's
     order. The weights and the maximum age are the values of the
     configuration example in Slurm's multifactor documentation
@@ -77,13 +73,6 @@ class SlurmSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # A job's time limit without its own: this times its predicted run time.
     limit_factor: float = 1.0
     backfill: bool = True  # false: sched/builtin, strict priority order
-    r_num: int = R_NUM
-    # The profiling-first layer's knobs (layers/profiling_first.py), the same
-    # for every policy; this policy does not read them.
-    profile_gpus: int = 1
-    profile_share: float = PROFILE_SHARE
-    profile_preempt: bool = PROFILE_PREEMPT
-    profile_reuse: bool = BASELINE_PROFILE_REUSE
 
     def __post_init__(self) -> None:
         for name in ("weight_age", "weight_size"):

@@ -24,19 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import msgspec
-
 from scheduling.layers.base import LayeredPolicy
-from scheduling.policies.rigid import (
-    Avail,
-    fits,
-    place,
-    plannable,
-    rigid_requirement,
-    runnable_types,
-    take,
-    type_curves,
-)
+from scheduling.policies import rigid
+from scheduling.policies.rigid import Avail, RigidSettings
 from scheduling.policies.tiresias.queues import (
     STATE,
     QueueState,
@@ -47,24 +37,13 @@ from scheduling.policies.tiresias.queues import (
     started,
 )
 from scheduling.priorities import latency_ratios
-from scheduling.profiling import PROFILE_PREEMPT, PROFILE_SHARE
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId
-from shared.job import R_NUM
-from shared.reuse import BASELINE_PROFILE_REUSE
-from shared.snapshot import (
-    Assignment,
-    JobState,
-    LayerRecord,
-    PassStats,
-    Plan,
-    PlanReasons,
-    Snapshot,
-)
+from shared.snapshot import Assignment, LayerRecord, PassStats, Plan, PlanReasons, Snapshot
 
 
-class TiresiasSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TiresiasSettings(RigidSettings, frozen=True, forbid_unknown_fields=True):
     """Tiresias' knobs, at the paper's defaults: K = 2 queues, the threshold
     between them in GPU-seconds (the artifact's first ``queue_limit``, 3250),
     and PROMOTEKNOB (8, the artifact's ``dlas-gpu-8``; 0 turns promotion off,
@@ -72,13 +51,6 @@ class TiresiasSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     threshold_gpu_s: float = 3250.0
     promote_knob: float = 8.0
-    r_num: int = R_NUM
-    # The profiling-first layer's knobs (layers/profiling_first.py), the same
-    # for every policy; this policy does not read them.
-    profile_gpus: int = 1
-    profile_share: float = PROFILE_SHARE
-    profile_preempt: bool = PROFILE_PREEMPT
-    profile_reuse: bool = BASELINE_PROFILE_REUSE
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold_gpu_s) and self.threshold_gpu_s > 0):
@@ -97,12 +69,12 @@ class _Jobs:
 
     def __init__(self, snapshot: Snapshot, r_num: int) -> None:
         cluster = snapshot.cluster
-        self.jobs = {j.id: j for j in snapshot.jobs if plannable(j, snapshot.estimates)}
+        self.jobs = {j.id: j for j in snapshot.jobs if rigid.plannable(j, snapshot.estimates)}
         self.ests: dict[JobId, JobEstimate] = {
-            jid: type_curves(snapshot.estimates[jid]) for jid in self.jobs}
-        self.gpus = {jid: rigid_requirement(j.spec, r_num) for jid, j in self.jobs.items()}
+            jid: rigid.type_curves(snapshot.estimates[jid]) for jid in self.jobs}
+        self.gpus = {jid: rigid.rigid_requirement(j.spec, r_num) for jid, j in self.jobs.items()}
         self.types: dict[JobId, tuple[GpuType, ...]] = {
-            jid: runnable_types(cluster, self.ests[jid], self.gpus[jid]) for jid in self.jobs}
+            jid: rigid.runnable_types(cluster, self.ests[jid], self.gpus[jid]) for jid in self.jobs}
 
 
 class TiresiasPolicy(LayeredPolicy):
@@ -135,7 +107,7 @@ class TiresiasPolicy(LayeredPolicy):
             policy=self.name,
             priorities={jid: -float(q) for jid, q in queues.items()},
             latency_ratios=latency_ratios(snapshot, known.jobs, s.r_num),
-            passes=(_stats(snapshot.first_plan, known.jobs, queues, configs),),
+            passes=(_stats(snapshot.first_plan, known, queues, configs),),
             layers=(record,))
         return Plan(assignments, (), reasons)
 
@@ -154,8 +126,8 @@ def _first(snapshot: Snapshot, known: _Jobs, ranked: Sequence[JobId],
     configs: dict[JobId, Configuration] = {}
     for jid in taken:
         cur = known.jobs[jid].current
-        if cur is not None and known.jobs[jid].phase == "running" and fits(cur, avail):
-            take(avail, cur)
+        if cur is not None and known.jobs[jid].phase == "running" and rigid.fits(cur, avail):
+            rigid.take(avail, cur)
             configs[jid] = cur
     _fill(snapshot, known, [j for j in taken if j not in configs], avail, configs)
     return _fill(snapshot, known, [j for j in ranked if j not in configs], avail, configs)
@@ -167,25 +139,26 @@ def _fill(snapshot: Snapshot, known: _Jobs, ranked: Sequence[JobId], avail: Avai
     plan's) where it runs if still free, else consolidated; ``configs`` and
     ``avail`` are filled in place."""
     for jid in ranked:
-        job: JobState = known.jobs[jid]
+        job = known.jobs[jid]
         cur = job.current
-        if cur is not None and job.phase == "running" and fits(cur, avail):
+        if cur is not None and job.phase == "running" and rigid.fits(cur, avail):
             config: Configuration | None = cur
         else:
-            config = place(snapshot.cluster, known.gpus[jid], avail, known.types[jid],
+            config = rigid.place(snapshot.cluster, known.gpus[jid], avail, known.types[jid],
                            known.ests[jid])
         if config is not None:
-            take(avail, config)
+            rigid.take(avail, config)
             configs[jid] = config
     return configs
 
 
-def _stats(first: bool, jobs: Mapping[JobId, JobState], queues: Mapping[JobId, int],
+def _stats(first: bool, known: _Jobs, queues: Mapping[JobId, int],
            configs: Mapping[JobId, Configuration]) -> PassStats:
     """No solver: ``formulation`` gives the jobs per queue and the running
     jobs preempted (a first plan's)."""
     sizes = [sum(1 for q in queues.values() if q == k) for k in range(max(queues.values(),
                                                                            default=0) + 1)]
+    jobs = known.jobs
     preempted = sum(1 for jid, j in jobs.items() if j.phase == "running" and jid not in configs)
     label = (f"tiresias-2d-las, queues={'/'.join(map(str, sizes))}, "
              f"preempted={preempted if first else 0}")
