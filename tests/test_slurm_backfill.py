@@ -162,6 +162,15 @@ def test_one_gpu_type_per_job_any_type_and_no_setting_it_does_not_take() -> None
     assert SlurmPolicy(SlurmSettings(limit_factor=2.0)).settings.limit_factor == 2.0
 
 
+def test_placement_is_best_fit_across_types_never_by_speed() -> None:
+    # B-0 has one GPU left: a one-GPU job fills it rather than open A-0,
+    # whatever the types' speeds; a two-GPU job goes to A-0.
+    jobs = [job("r", 3, limit=100.0, running_on={"B-0": 3}),
+            job("one", 1, limit=10.0, submit=1.0), job("two", 2, limit=10.0, submit=2.0)]
+    got = configs(snap([("A", 1, 4), ("B", 1, 4)], jobs))
+    assert got == {"r": "{B-0:3}", "two": "{A-0:2}", "one": "{B-0:1}"}
+
+
 # --- the EASY invariant ------------------------------------------------------------
 
 
@@ -231,3 +240,12 @@ def test_traces_and_table4_take_both_baselines_by_policy_and_by_variant() -> Non
     assert [label for label, _ in t4.runs][-2:] == ["slurm", "tiresias"]
     with pytest.raises(ValueError, match="takes no setting"):
         define("table4", policies=("slurm:lam=2",))
+
+
+def test_traces_and_table4_compare_them_by_default_the_rest_do_not() -> None:
+    exp = define("traces", trace="elasticflow-cluster01", first_n=50)
+    assert [label for label, _ in exp.runs] == [
+        f"cluster01/{p}" for p in ("hops", "sia", "gavel", "slurm", "tiresias")]
+    assert [label for label, _ in define("table4").runs] == [
+        "hops", "sia", "gavel", "slurm", "tiresias"]
+    assert [label for label, _ in define("table3").runs] == ["hops", "sia", "gavel"]

@@ -8,8 +8,9 @@ one GPU type, any type its model runs on: a site partitions its nodes by GPU
 type and a job submitted to several partitions starts in one of them.
 Within a type the placement is consolidated: the one server that fits most
 tightly, else the fewest servers (:func:`~.gavel.rounds.pack`). Among types
-the fewest servers wins, then the cluster's type order (the order a job
-lists its partitions in); the speed of a type is never consulted.
+the best fit wins, as ``select/cons_tres`` picks among every node a job may
+use: the fewest servers, then the fewest GPUs left free on the one server,
+then the cluster's type order; the speed of a type is never consulted.
 """
 
 from __future__ import annotations
@@ -73,18 +74,24 @@ def place(
     est: JobEstimate,
 ) -> Configuration | None:
     """Consolidated ``gpus`` GPUs of one of ``types`` among ``avail``: the
-    placement on the fewest servers, the earlier type on a tie; None when
+    best fit over the types (module docstring); None when
     no type has room (or only a placement the job cannot run on, e.g. over
     servers without a distributed curve)."""
-    best: Configuration | None = None
-    for t in types:
+    best: tuple[int, int, int] | None = None
+    chosen: Configuration | None = None
+    for rank, t in enumerate(types):
         servers = [s.id for s in cluster.servers_of_type(t)]
         config = pack(gpus, servers, avail, cluster.server_index)
         if config is None or config_throughput(est, cluster, config) <= 0:
             continue
-        if best is None or config.num_nodes < best.num_nodes:
-            best = config
-    return best
+        # Best fit across the types, as cons_tres picks among all the nodes
+        # a job may use: fewest servers, then the fewest GPUs left free on
+        # a single server, then the type's place in the cluster.
+        left = avail.get(config.parts[0][0], 0) - gpus if config.num_nodes == 1 else 0
+        key = (config.num_nodes, left, rank)
+        if best is None or key < best:
+            best, chosen = key, config
+    return chosen
 
 
 def fits(config: Configuration, avail: Mapping[ServerId, int]) -> bool:
