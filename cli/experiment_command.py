@@ -33,8 +33,9 @@ def experiment(
         "30,60,120,300,600,1200"
     ),
     policy: Annotated[list[str] | None, typer.Option(
-        help="a policy spec to compare, repeatable (default: hops, sia and gavel; "
-        "for hare: its six task policies and hops)")] = None,
+        help="a policy spec to compare, repeatable (default: hops, sia and gavel, and "
+        "for traces and table4 slurm and tiresias too; for hare: its six task policies "
+        "and hops)")] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     traces: Annotated[str | None, typer.Option(
         help="'sharing': traces, comma-separated, one tenant each or with a tenant column "

@@ -23,7 +23,7 @@ from experiments.common.suite import run_experiment
 from experiments.hare.run import HareExperiment
 from experiments.hare.run import run as run_hare
 from experiments.sharing.run import DEFAULT_TRACES, run_sharing
-from experiments.tables.define import POLICIES, define, with_variants
+from experiments.tables.define import default_policies, define, with_variants
 
 
 class Options(msgspec.Struct, frozen=True):
@@ -58,7 +58,7 @@ class Entry(msgspec.Struct, frozen=True):
 
 def _tables(name: str, out: Path, o: Options) -> None:
     per_hour = tuple(float(r) for r in o.rates.split(","))
-    compared = with_variants(o.policies or POLICIES, o.variants)
+    compared = with_variants(o.policies or default_policies(name), o.variants)
     exp = define(name, seed=o.seed, trace=o.trace, first_n=o.first_n, compress=o.compress,
                  rates=per_hour, policies=compared, generator=o.generator)
     run_experiment(exp, out, rich_progress if o.progress else None)

@@ -23,6 +23,9 @@ from scheduling.policies.gavel.policy import GavelPolicy
 from scheduling.policies.hops.policy import HopsPolicy
 from scheduling.policies.sia.bootstrap import STATE as SIA_STATE
 from scheduling.policies.sia.policy import SiaPolicy
+from scheduling.policies.slurm.policy import SlurmPolicy
+from scheduling.policies.tiresias.policy import TiresiasPolicy
+from scheduling.policies.tiresias.queues import STATE as TIRESIAS_STATE
 from scheduling.policy import Policy
 from scheduling.profiling import profile_first
 from scheduling.registry import POLICIES, make_policy
@@ -38,7 +41,8 @@ from tests.helpers import cluster, flat_estimate, state, untimed
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth
 
-BARE: dict[str, type[LayeredPolicy]] = {"hops": HopsPolicy, "sia": SiaPolicy, "gavel": GavelPolicy}
+BARE: dict[str, type[LayeredPolicy]] = {"hops": HopsPolicy, "sia": SiaPolicy, "gavel": GavelPolicy,
+                                        "slurm": SlurmPolicy, "tiresias": TiresiasPolicy}
 
 
 def servers_used(plan: Plan) -> set[ServerId]:
@@ -57,7 +61,7 @@ def small_cluster() -> Cluster:
     )
 
 
-@pytest.mark.parametrize("name", ["hops", "sia", "gavel"])
+@pytest.mark.parametrize("name", ["hops", "sia", "gavel", "slurm", "tiresias"])
 def test_a_layer_from_a_test_runs_unchanged_in_the_simulator(name: str) -> None:
     c = small_cluster()
     jobs = [
@@ -84,7 +88,7 @@ def test_a_layer_from_a_test_runs_unchanged_in_the_simulator(name: str) -> None:
 
 
 # Policies that keep state between plans in a record of their own.
-OWN_STATE = {"sia": (SIA_STATE,)}
+OWN_STATE = {"sia": (SIA_STATE,), "tiresias": (TIRESIAS_STATE,)}
 
 
 def mixed_snapshot(first_plan: bool = True) -> Snapshot:
@@ -105,7 +109,7 @@ def mixed_snapshot(first_plan: bool = True) -> Snapshot:
 
 
 @pytest.mark.parametrize("first_plan", [True, False])
-@pytest.mark.parametrize("name", ["hops", "sia", "gavel"])
+@pytest.mark.parametrize("name", ["hops", "sia", "gavel", "slurm", "tiresias"])
 def test_profiling_first_serves_the_queue_then_the_policy_on_the_rest(
     name: str, first_plan: bool
 ) -> None:

@@ -58,6 +58,8 @@ BY_NAME: dict[str, tuple[bool, bool, TenantAdmission]] = {
     "sia-lp-start": (False, False, NO),
     "sia-estimator": (False, False, NO),
     "gavel": (False, False, NO),
+    "slurm": (False, False, NO),
+    "tiresias": (False, False, NO),
     "hived": (True, False, TenantAdmission(beyond=True)),
     "hived:opportunistic=false": (True, False, TenantAdmission(beyond=False)),
     "quota": (True, False, TenantAdmission(beyond=False, quota=True)),

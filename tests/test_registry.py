@@ -16,6 +16,8 @@ from cli.policies import make_policy, resolve
 from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
+from scheduling.policies.slurm.policy import SlurmPolicy, SlurmSettings
+from scheduling.policies.tiresias.policy import TiresiasPolicy, TiresiasSettings
 from scheduling.registry import (
     POLICIES,
     SPECS,
@@ -28,6 +30,8 @@ from scheduling.registry import (
     SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
+    SlurmSpec,
+    TiresiasSpec,
     make_task_policy,
     parse_policy,
     policy_name,
@@ -44,8 +48,10 @@ SAMPLES: dict[type, object] = {str: "ftf", float: 0.37, int: 3, bool: True}
 
 def test_every_policy_has_a_spec_and_its_policys_defaults() -> None:
     assert POLICIES == ("hops", "hops-profile-preempt", "hops-paper", "sia", "sia-lp-start",
-                        "sia-estimator", "gavel")
+                        "sia-estimator", "gavel", "slurm", "tiresias")
     assert msgspec.structs.asdict(HopsSpec()) == msgspec.structs.asdict(HopsSettings())
+    assert msgspec.structs.asdict(SlurmSpec()) == msgspec.structs.asdict(SlurmSettings())
+    assert msgspec.structs.asdict(TiresiasSpec()) == msgspec.structs.asdict(TiresiasSettings())
     assert msgspec.structs.asdict(SiaSpec()) == msgspec.structs.asdict(SiaSettings())
     assert msgspec.structs.asdict(GavelSpec()) == msgspec.structs.asdict(GavelSettings())
     assert HopsProfilePreemptSpec().profile_preempt and not HopsSpec().profile_preempt
@@ -77,6 +83,10 @@ def test_the_mechanism_gets_the_policy_with_its_settings() -> None:
     assert isinstance(core_make("sia-lp-start:lam=2"), SiaPolicy)
     gavel = core_make("gavel:lam=0")
     assert isinstance(gavel, GavelPolicy) and gavel.settings.lam == 0.0
+    slurm = core_make("slurm:favor_small=true")
+    assert isinstance(slurm, SlurmPolicy) and slurm.settings.favor_small
+    tiresias = core_make("tiresias:promote_knob=2")
+    assert isinstance(tiresias, TiresiasPolicy) and tiresias.settings.promote_knob == 2.0
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -30,6 +30,11 @@ PAPER: dict[str, dict[str, PaperRow]] = {
     },
 }
 POLICIES = ("hops", "sia", "gavel")
+# The baselines operators run (docs/baselines.md), compared by default on the
+# traces and Table 4: a 1,000-job trace run of each takes under two minutes.
+OPERATORS = ("slurm", "tiresias")
+DEFAULT_POLICIES: dict[str, tuple[str, ...]] = {
+    "traces": (*POLICIES, *OPERATORS), "table4": (*POLICIES, *OPERATORS)}
 PRIORITIES = ("lr", "las", "sjf", "srtf", "ftf", "fifo")
 RATES = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 # Requirement-set generators: the project's rule (an assumption) or §4.2 read
@@ -55,12 +60,18 @@ def with_variants(policies: tuple[str, ...], variants: tuple[str, ...]) -> tuple
 WORKLOAD_SUFFIX = {"project": "", "literal": "-literal"}
 
 
+def default_policies(name: str) -> tuple[str, ...]:
+    """The policies experiment ``name`` compares when none are named."""
+    return DEFAULT_POLICIES.get(name, POLICIES)
+
+
 def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
            compress: float = 1.0, rates: tuple[float, ...] = RATES,
-           policies: tuple[str, ...] = POLICIES, generator: str = "project") -> Experiment:
+           policies: tuple[str, ...] | None = None, generator: str = "project") -> Experiment:
     """The runs of experiment ``name``; ``first_n`` and ``compress`` apply to
     every run's workload. ``policies`` are the specs compared (each run's
-    label is its spec); ``priorities`` varies the queue priority of the first.
+    label is its spec; none: :func:`default_policies`); ``priorities``
+    varies the queue priority of the first.
     ``generator`` picks the requirement sets of the paper's workloads:
     ``project`` (paper-physical, paper-sim) or ``literal`` (their
     ``-literal`` twins); it does not apply to a trace (``elasticflow``)."""
@@ -73,6 +84,7 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
     if name == "traces" and generator != "project":
         raise ValueError(f"generator {generator!r} does not apply to 'traces': "
                          "their requirement sets come from the traces")
+    policies = policies or default_policies(name)
     for p in policies:
         parse_policy(p)  # a bad spec fails before the first run
     if name == "traces":

@@ -5,7 +5,8 @@ A policy is named by a *spec*: its name plus typed settings. Each spec is a
 msgspec struct tagged with the policy's name that extends the policy's own
 settings (:class:`~scheduling.policies.hops.policy.HopsSettings`,
 :class:`~scheduling.policies.sia.policy.SiaSettings`,
-:class:`~scheduling.policies.gavel.policy.GavelSettings`), so every setting keeps the one
+:class:`~scheduling.policies.gavel.policy.GavelSettings`, and the Slurm-style
+and Tiresias baselines' ``SlurmSettings``, ``TiresiasSettings``), so every setting keeps the one
 definition and default of its policy, and a spec is itself the settings its
 policy is built with. Variants (``hops-profile-preempt``, ``sia-lp-start``)
 are specs whose defaults differ in one field.
@@ -121,8 +122,10 @@ from scheduling.registry.specs import (
     SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
+    SlurmSpec,
     SrtfSpec,
     TaskSpec,
+    TiresiasSpec,
 )
 from scheduling.registry.traits import policy_traits, schedules_cores, tenant_admission
 
@@ -165,10 +168,12 @@ __all__ = [
     "SiaEstimatorSpec",
     "SiaLpStartSpec",
     "SiaSpec",
+    "SlurmSpec",
     "SrtfSpec",
     "TaskSpec",
     "TenantAdmission",
     "TenantSpec",
+    "TiresiasSpec",
     "check",
     "core_inner",
     "make_policy",

@@ -16,13 +16,15 @@ from scheduling.layers.base import LayeredPolicy
 from scheduling.layers.hived import HivedLayer
 from scheduling.layers.profiling_first import ProfilingFirst, ProfilingSettings
 from scheduling.layers.quota import QuotaLayer, quotas_of
-from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
+from scheduling.policies.gavel.policy import GavelPolicy
 from scheduling.policies.hare.baselines import GavelFifo, Homo, Srtf
 from scheduling.policies.hare.baselines_allox import Allox
 from scheduling.policies.hare.model import TaskPolicy
 from scheduling.policies.hare.policy import HarePolicy, HareSettings
-from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
-from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
+from scheduling.policies.hops.policy import HopsPolicy
+from scheduling.policies.sia.policy import SiaPolicy
+from scheduling.policies.slurm.policy import SlurmPolicy
+from scheduling.policies.tiresias.policy import TiresiasPolicy
 from scheduling.policy import Policy
 from scheduling.registry.grammar import (
     CORE_TYPES,
@@ -44,6 +46,7 @@ from scheduling.registry.grammar import (
 )
 from scheduling.registry.specs import (
     AlloxSpec,
+    ClusterSettings,
     ClusterSpec,
     ExtensionSpec,
     GavelFifoSpec,
@@ -58,8 +61,10 @@ from scheduling.registry.specs import (
     SiaEstimatorSpec,
     SiaLpStartSpec,
     SiaSpec,
+    SlurmSpec,
     SrtfSpec,
     TaskSpec,
+    TiresiasSpec,
 )
 
 
@@ -120,7 +125,7 @@ def _cores(spec: CoreSpec) -> Policy:
     return _inner(inner).wrapped(layer, ProfilingFirst(profiling_settings(inner)))
 
 
-def profiling_settings(spec: HopsSettings | SiaSettings | GavelSettings) -> ProfilingSettings:
+def profiling_settings(spec: ClusterSettings) -> ProfilingSettings:
     """The profiling-first layer's settings in ``spec`` (every policy takes
     the same three, with the same defaults)."""
     return ProfilingSettings(spec.profile_gpus, spec.profile_share, spec.profile_preempt)
@@ -149,6 +154,10 @@ def _inner(spec: ClusterSpec) -> LayeredPolicy:
             return SiaPolicy(spec)
         case GavelSpec():
             return GavelPolicy(spec)
+        case SlurmSpec():
+            return SlurmPolicy(spec)
+        case TiresiasSpec():
+            return TiresiasPolicy(spec)
         case _:
             assert_never(spec)
 

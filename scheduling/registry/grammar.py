@@ -20,6 +20,7 @@ from scheduling.priorities import priority_fn
 from scheduling.registry.specs import (
     CLUSTER_TYPES,
     DEFAULT_INNER,
+    ORDERED_OWN_WAY,
     POLICIES,
     TASK_POLICIES,
     TASK_SPECS,
@@ -309,7 +310,7 @@ def check(spec: msgspec.Struct) -> None:
             core_inner(spec)
         except PolicyError as e:
             raise PolicyError(f"policy {policy_name(spec)}: inner: {e}") from None
-    elif isinstance(spec, CLUSTER_TYPES):
+    elif isinstance(spec, CLUSTER_TYPES) and not isinstance(spec, ORDERED_OWN_WAY):
         try:
             priority_fn(spec.priority)
         except ValueError as e:

@@ -27,6 +27,8 @@ from scheduling.policies.gavel.policy import GavelSettings
 from scheduling.policies.hare.policy import HareSettings
 from scheduling.policies.hops.policy import HopsSettings
 from scheduling.policies.sia.policy import SiaSettings
+from scheduling.policies.slurm.policy import SlurmSettings
+from scheduling.policies.tiresias.policy import TiresiasSettings
 from scheduling.policy import Policy
 from shared.job import R_NUM
 
@@ -82,16 +84,31 @@ class GavelSpec(GavelSettings, tag="gavel", tag_field="name", frozen=True):
     """The Gavel baseline (:class:`scheduling.policies.gavel.policy.GavelPolicy`)."""
 
 
+class SlurmSpec(SlurmSettings, tag="slurm", tag_field="name", frozen=True):
+    """The Slurm-style baseline: multifactor priority with EASY backfill
+    (:class:`scheduling.policies.slurm.policy.SlurmPolicy`)."""
+
+
+class TiresiasSpec(TiresiasSettings, tag="tiresias", tag_field="name", frozen=True):
+    """The Tiresias baseline: discretised 2D-LAS
+    (:class:`scheduling.policies.tiresias.policy.TiresiasPolicy`)."""
+
+
 ClusterSpec = (HopsSpec | HopsProfilePreemptSpec | HopsPaperSpec | SiaSpec | SiaLpStartSpec
-               | SiaEstimatorSpec | GavelSpec)
+               | SiaEstimatorSpec | GavelSpec | SlurmSpec | TiresiasSpec)
 CLUSTER_TYPES = (HopsSpec, HopsProfilePreemptSpec, HopsPaperSpec, SiaSpec, SiaLpStartSpec,
-                 SiaEstimatorSpec, GavelSpec)
+                 SiaEstimatorSpec, GavelSpec, SlurmSpec, TiresiasSpec)
+# The cluster policies that order their queue by their own rule, with no
+# ``priority`` setting (Slurm's multifactor priority, Tiresias' queues).
+ORDERED_OWN_WAY = (SlurmSpec, TiresiasSpec)
+# Every cluster policy's settings (what the profiling-first layer reads).
+ClusterSettings = HopsSettings | SiaSettings | GavelSettings | SlurmSettings | TiresiasSettings
 
 
 # The cluster policies (every one runs without tenants' cells); the tenant
 # policies need cells.
 POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "hops-paper", "sia",
-                             "sia-lp-start", "sia-estimator", "gavel")
+                             "sia-lp-start", "sia-estimator", "gavel", "slurm", "tiresias")
 TENANT_POLICIES: tuple[str, ...] = ("hived", "quota", "quota-borrow")
 # The core policies: CPU cores scheduled beside the GPUs (issue 21).
 CORE_POLICIES: tuple[str, ...] = ("coda", "fifo", "drf", "fixed-cores")

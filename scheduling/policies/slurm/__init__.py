@@ -1,0 +1,1 @@
+"""A Slurm-style baseline: multifactor priority with EASY backfill."""
