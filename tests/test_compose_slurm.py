@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from cli.up.credentials import prepare
@@ -137,20 +139,28 @@ def test_hops_credentials_writes_a_seed_for_every_node_the_bridge_serves(tmp_pat
         "/run/secrets")
 
 
-def test_the_bridges_health_check_does_not_count_itself(tmp_path: Path) -> None:
-    test = bridge()["healthcheck"]["test"]
+@pytest.mark.parametrize(("service", "argv"), [
+    (bridge, [b"python", b"-m", b"executor.slurm", b"--cluster", b"x"]),
+    (lambda: compose()["services"]["cluster"],
+     [b"python", b"-m", b"executor", b"--server-id", b"rtx3090-tiger-0", b"--order", b"0"]),
+], ids=["slurm-bridge", "emulated-cluster"])
+def test_a_process_health_check_does_not_count_itself(
+        service: Callable[[], dict[str, Any]], argv: list[bytes], tmp_path: Path) -> None:
+    """The services with no health endpoint are healthy while their process
+    runs, read from /proc: the check's own cmdline (holding the text it looks
+    for) must not count."""
+    test = service()["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
     check = test[3]
 
     def verdict(cmdlines: str) -> int:
         """The check's exit status where ``cmdlines`` are the processes:
-        its own cmdline, and a bridge's unless empty."""
+        its own cmdline, and the service's unless empty."""
         code = check.replace("glob.glob('/proc/[0-9]*/cmdline')", cmdlines)
         assert code != check
         return subprocess.run([sys.executable, "-c", code], check=False).returncode
 
-    bridge_cmdline = tmp_path / "cmdline"
-    bridge_cmdline.write_bytes(b"\0".join(
-        [b"python", b"-m", b"executor.slurm", b"--cluster", b"x", b""]))
-    assert verdict("['/proc/self/cmdline']") == 1  # alone: no bridge runs
-    assert verdict(f"['/proc/self/cmdline', {str(bridge_cmdline)!r}]") == 0
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_bytes(b"\0".join([*argv, b""]))
+    assert verdict("['/proc/self/cmdline']") == 1  # alone: the service's process is gone
+    assert verdict(f"['/proc/self/cmdline', {str(cmdline)!r}]") == 0
