@@ -117,6 +117,23 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # queue's head, below the 5% speed-up a job alone may move for
     # (tests/test_planner.py); docs/results.md measures 0 to 0.1. 0: the paper.
     preempt_margin: float = 0.02
+    # Issue 38's departures from Eq. (11) (docs/results.md, "Issue 38"), each
+    # off by default until measured:
+    # - gain_per_gpu: an option's speed-up (G_ij - 1) counts once per GPU of
+    #   the job's smallest request R_1, so the ILP weighs speed-ups across
+    #   jobs by the GPUs they make faster (Eq. 11 counts G_ij once per job:
+    #   a 64-GPU job 11% faster weighs as one 1-GPU job 11% faster);
+    # - move_min_gain: a running job is moved to another configuration of
+    #   its GPU count for its own sake only when the move is estimated this
+    #   share faster (Eq. 11 moves it for any gain above its switch factor);
+    #   such a move weighs at most 1 - move_min_gain of staying;
+    # - keep_in_place_partial: a job the ILP keeps at its server class and
+    #   shape keeps its exact servers, taken before the other jobs of the
+    #   class are placed (the class formulation's realisation, §3.6, may
+    #   otherwise put it on a twin server: a restart for nothing).
+    gain_per_gpu: bool = False
+    move_min_gain: float = 0.0
+    keep_in_place_partial: bool = False
 
     def __post_init__(self) -> None:
         if self.reconfig_horizon not in HORIZONS:
@@ -126,6 +143,8 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
         if self.preempt_exempt < 0:
             raise ValueError(f"preempt_exempt must be >= 0, got {self.preempt_exempt}")
+        if not 0.0 <= self.move_min_gain < 1.0:
+            raise ValueError(f"move_min_gain must lie in [0, 1), got {self.move_min_gain}")
         if self.reconfig_cost is not None and not 0.0 <= self.reconfig_cost <= 1.0:
             raise ValueError(f"reconfig_cost must lie in [0, 1], got {self.reconfig_cost}")
 
@@ -138,6 +157,9 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             threads=self.threads,
             direct_max_columns=self.direct_max_columns,
             greedy=math.isinf(self.lam),
+            gain_per_gpu=self.gain_per_gpu,
+            move_min_gain=self.move_min_gain,
+            keep_in_place_partial=self.keep_in_place_partial,
         )
 
 
