@@ -1,6 +1,7 @@
-"""Issue 38's departures from Eq. (11), each a ``HopsSettings`` knob that is
-off by default: ``gain_per_gpu``, ``move_min_gain``,
-``keep_in_place_partial``. Each test shows the plan the paper's objective
+"""Issue 38's departures from the paper's planner (Eq. 11 and the fill
+plans of §3.6), each a ``HopsSettings`` knob that is off by default:
+``gain_per_gpu``, ``move_min_gain``, ``keep_in_place_partial``,
+``reserve_head``. Each test shows the plan the paper's objective
 gives and the one the setting gives instead."""
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import pytest
 from scheduling.policies.hops.classes import pin_kept
 from scheduling.policies.hops.formulation import class_space, decode
 from scheduling.policies.hops.passes import PassJob, SolverSettings, solve_pass
-from scheduling.policies.hops.policy import HopsSettings
+from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
+from scheduling.policies.hops.reserve import reserve
 from scheduling.registry.grammar import parse_policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
 from shared.estimate import sensitivity
 from shared.ids import GpuType, JobId, ServerId
-from tests.helpers import cluster, flat_estimate
+from shared.snapshot import JobState, Snapshot
+from tests.helpers import cluster, flat_estimate, state
 
 EXACT = SolverSettings(mip_rel_gap=0.0, accept_gap=0.0)
 
@@ -128,7 +131,51 @@ def test_the_settings_are_policy_specs_and_off_by_default() -> None:
     assert (solver.gain_per_gpu, solver.move_min_gain, solver.keep_in_place_partial) == (
         True, 0.05, True)
     default = HopsSettings()
-    assert (default.gain_per_gpu, default.move_min_gain, default.keep_in_place_partial) == (
-        False, 0.0, False)
+    assert (default.gain_per_gpu, default.move_min_gain, default.keep_in_place_partial,
+            default.reserve_head) == (False, 0.0, False, False)
+    assert parse_policy("hops:reserve_head=true").reserve_head  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="move_min_gain"):
         HopsSettings(move_min_gain=1.0)
+
+
+# --- reserve_head -----------------------------------------------------------------
+
+
+def later_in_the_round(other: JobState) -> Snapshot:
+    """Two 4-GPU servers; "run" holds A-0 for about 100 s more, A-1 is idle.
+    The head of the queue needs all 8 GPUs; ``other`` (4 GPUs) fits now."""
+    c = cluster([("A", 2, 4)])
+    run = msgspec.structs.replace(state("run", [4], samples=36_100), phase="running",
+                                  current=Configuration.of({"A-0": 4}))
+    wide = state("wide", [8], wait_s=5000.0)
+    jobs = (run, wide, other)
+    return Snapshot(now=1000.0, cluster=c, jobs=jobs, first_plan=False,
+                    held={ServerId("A-0"): 4},
+                    estimates={j.id: flat_estimate(j.id, {"A": 100.0}) for j in jobs})
+
+
+@pytest.mark.parametrize(("samples", "reserved_starts"), [
+    (3_610_000, False),  # ~10,000 s: it would hold A-1 past the head's shadow time
+    (18_000, True),      # ~50 s: it ends before "run" does, and is backfilled
+])
+def test_reserve_head_backfills_only_jobs_that_end_before_the_head_can_start(
+    samples: int, reserved_starts: bool
+) -> None:
+    snap = later_in_the_round(state("other", [4], wait_s=10.0, samples=samples))
+    other = JobId("other")
+    assert HopsPolicy().plan(snap).config_of(other) is not None  # §3.6: whatever fits now
+    reserved = HopsPolicy(HopsSettings(reserve_head=True)).plan(snap)
+    assert (reserved.config_of(other) is not None) == reserved_starts
+    assert reserved.config_of(JobId("wide")) is None
+
+
+def test_no_reservation_when_the_head_fits_or_never_can() -> None:
+    c = cluster([("A", 2, 4)])
+    free = {ServerId("A-0"): 4, ServerId("A-1"): 0}
+    head = state("wide", [8])
+    est = flat_estimate("wide", {"A": 100.0})
+    ends = [(1100.0, Configuration.of({"A-1": 4}))]
+    got = reserve(head, est, 8, c, free, ends, now=1000.0)
+    assert got is not None and (got.gpu_type, got.until) == (GpuType("A"), 1100.0)
+    assert reserve(head, est, 8, c, free, [], now=1000.0) is None  # never 8 free
+    assert reserve(head, est, 4, c, free, ends, now=1000.0) is None  # 4 idle now
