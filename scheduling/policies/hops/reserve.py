@@ -147,13 +147,16 @@ def backfill(
     estimates: Mapping[JobId, JobEstimate],
     r_num: int,
 ) -> dict[JobId, JobEstimate]:
-    """``estimates`` with the reserved type removed from every job but the
-    head whose estimated run there would end after the shadow time."""
+    """``estimates`` with the reserved type removed from every waiting job
+    but the head whose estimated run there would end after the shadow time.
+    A running job that a first plan left without GPUs keeps its options:
+    its restart cost is read off its speed where it runs (reconfig.py)."""
     servers = {s.id for s in cluster.servers if s.gpu_type == r.gpu_type}
     out = dict(estimates)
     for jid, job in jobs.items():
         est = estimates.get(jid)
-        if jid == r.job_id or est is None or r.gpu_type not in est.by_type:
+        if (jid == r.job_id or est is None or job.current is not None
+                or r.gpu_type not in est.by_type):
             continue
         speed = _fastest_on(est, r.gpu_type, job.spec.requirement_set(r_num))
         if end_time(now, job, speed) <= r.until:
