@@ -289,4 +289,72 @@ def keep_servers(
     ]
 
 
+def _same_shape(klass: ServerClass, opt: ClassOption, want: Configuration) -> bool:
+    members = set(klass.servers)
+    sizes = sorted((g for _, g in want.parts), reverse=True)
+    return set(want.servers) <= members and sizes == [g for g, _ in opt.items(klass.free)]
+
+
+def _first_fit(
+    klass: ServerClass, opt: ClassOption, room: dict[ServerId, int], tails: set[ServerId]
+) -> Configuration | None:
+    """``opt`` on the first servers with room, in class order: its whole
+    nodes on empty servers, its tail on a server without another tail."""
+    parts: dict[ServerId, int] = {}
+    whole = [s for s in klass.servers if room[s] == klass.free][: opt.full]
+    if len(whole) < opt.full:
+        return None
+    parts.update(dict.fromkeys(whole, klass.free))
+    if opt.part:
+        tail = opt.distributed
+        spot = next((s for s in klass.servers if s not in parts and room[s] >= opt.part
+                     and not (tail and s in tails)), None)
+        if spot is None:
+            return None
+        parts[spot] = opt.part
+        if tail:
+            tails.add(spot)
+    for s, g in parts.items():
+        room[s] -= g
+    return Configuration.of(parts)
+
+
+def pin_kept(
+    klass: ServerClass,
+    demands: Sequence[ClassOption],
+    wanted: Sequence[Configuration | None],
+) -> list[Configuration | None] | None:
+    """Place chosen options of one class with every job whose option has its
+    current shape in this class on exactly its current servers, the other
+    options first-fit around them (distributed and larger first); ``None``
+    when they do not all fit that way (``HopsSettings.keep_in_place_partial``).
+
+    :func:`keep_servers` relabels one realisation, so two jobs that the
+    patterns put on one server cannot both go back to theirs; here each
+    kept job's GPUs are taken first (the running jobs' configurations are
+    disjoint, so they fit together) and only the others are packed anew.
+    """
+    room = dict.fromkeys(klass.servers, klass.free)
+    tails: set[ServerId] = set()
+    out: list[Configuration | None] = [None] * len(demands)
+    for d, (opt, want) in enumerate(zip(demands, wanted, strict=True)):
+        if want is None or not _same_shape(klass, opt, want):
+            continue
+        if any(room[s] < g for s, g in want.parts):
+            continue
+        for s, g in want.parts:
+            room[s] -= g
+        if opt.distributed and opt.part:
+            tails.add(min(want.parts, key=lambda p: (p[1], p[0]))[0])
+        out[d] = want
+    rest = sorted((d for d in range(len(demands)) if out[d] is None),
+                  key=lambda d: (not demands[d].distributed, -demands[d].gpus, d))
+    for d in rest:
+        config = _first_fit(klass, demands[d], room, tails)
+        if config is None:
+            return None
+        out[d] = config
+    return out
+
+
 _EMPTY = Configuration(((ServerId("-"), 1),))

@@ -26,6 +26,7 @@ from scheduling.policies.hops.classes import (
     complete_pattern,
     keep_servers,
     maximal_patterns,
+    pin_kept,
     realise_patterns,
     server_classes,
     undominated,
@@ -216,10 +217,15 @@ def decode(
     space: OptionSpace,
     x: Sequence[float] | npt.NDArray[np.float64],
     current: Mapping[int, Configuration] | None = None,
+    *,
+    pin: bool = False,
 ) -> Assignment:
     """Chosen options as configurations; class solutions are realised on the
     class's servers (:func:`~scheduling.policies.hops.classes.realise_patterns`)
-    and then relabelled so jobs keep their ``current`` servers where they can."""
+    and then relabelled so jobs keep their ``current`` servers where they can.
+    With ``pin``, jobs kept at their class and shape take their current
+    servers before the others are placed, where the others still fit
+    (:func:`~scheduling.policies.hops.classes.pin_kept`)."""
     chosen = [o for o in range(len(space.options)) if x[o] > 0.5]
     out: Assignment = {}
     for o in chosen:
@@ -232,7 +238,8 @@ def decode(
         configs = realise_patterns(klass, space.patterns[c], counts, [k for _, k in demands])
         if current:
             wanted = [current.get(space.options[o].job) for o, _ in demands]
-            configs = keep_servers(klass.servers, configs, wanted)
+            kept = pin_kept(klass, [k for _, k in demands], wanted) if pin else None
+            configs = kept or keep_servers(klass.servers, configs, wanted)
         for (o, _), config in zip(demands, configs, strict=True):
             if config is not None:
                 out[space.options[o].job] = (o, config)

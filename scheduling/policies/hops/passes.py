@@ -59,6 +59,7 @@ from scheduling.ilp import MipModel, MipOptions, solve_mip, solve_relaxation
 from scheduling.policies.hops.formulation import (
     Assignment,
     OptionSpace,
+    PassOption,
     build_model,
     decode,
     incumbent_values,
@@ -150,26 +151,58 @@ def _space(
     )
 
 
+def _gain(option: PassOption, job: PassJob, per_gpu: bool) -> float:
+    """G_ij of Eq. (11); with ``per_gpu`` its speed-up over the job's
+    slowest option counted once per GPU of the job's smallest request R_1
+    (``1 + (G_ij - 1) * R_1``): the same order among the job's own options,
+    but across jobs a speed-up weighs by the GPUs it makes faster
+    (``HopsSettings.gain_per_gpu``)."""
+    scale = job.requirements[0] if per_gpu and job.requirements else 1
+    return option.gain if scale == 1 else 1.0 + (option.gain - 1.0) * scale
+
+
 def _coefficients(
-    space: OptionSpace, jobs: Sequence[PassJob], weights: Sequence[float]
+    space: OptionSpace, jobs: Sequence[PassJob], weights: Sequence[float],
+    settings: SolverSettings | None = None,
 ) -> list[float]:
     """w_i * G_ij of Eq. (11), with the switch factor on every option that
     would restart the job (all options of a job that does not run), plus
     the job's keep bonus, rescaled as the weights are, on the option that
-    keeps it where it runs."""
-    coeffs = [weights[o.job] * o.gain for o in space.options]
+    keeps it where it runs; then the moves below ``move_min_gain`` damped."""
+    settings = settings or SolverSettings()
+    per_gpu, floor = settings.gain_per_gpu, settings.move_min_gain
+    coeffs = [weights[o.job] * _gain(o, jobs[o.job], per_gpu) for o in space.options]
     top = max((job.weight for job in jobs), default=0.0)
     for i, job in enumerate(jobs):
-        if job.switch_factor == 1.0 and not job.keep_bonus:
+        damp = floor > 0 and job.current is not None
+        if job.switch_factor == 1.0 and not job.keep_bonus and not damp:
             continue
         keep = current_option(space, i, job.current) if job.current is not None else None
+        stay = coeffs[keep] if keep is not None else 0.0
         bonus = job.keep_bonus / top if top > 0 else 0.0
         for o in space.per_job[i]:
             if o != keep:
                 coeffs[o] *= job.switch_factor
             else:
                 coeffs[o] += bonus
+        if damp and keep is not None:
+            _damp_moves(space, coeffs, i, keep, stay, floor)
     return coeffs
+
+
+def _damp_moves(
+    space: OptionSpace, coeffs: list[float], i: int, keep: int, stay: float, floor: float
+) -> None:
+    """``HopsSettings.move_min_gain``: an option of running job i with its
+    current GPU count elsewhere, estimated less than ``1 + floor`` times as
+    fast as where it runs, weighs at most ``1 - floor`` of staying: the job
+    moves for its own sake only for a gain of ``floor``, and for others'
+    only when its GPUs are worth that much more to them."""
+    here = space.options[keep]
+    for o in space.per_job[i]:
+        opt = space.options[o]
+        if o != keep and opt.gpus == here.gpus and opt.throughput < here.throughput * (1 + floor):
+            coeffs[o] = min(coeffs[o], stay) * (1.0 - floor)
 
 
 def _check(jobs: Sequence[PassJob]) -> list[float]:
@@ -239,7 +272,8 @@ def _solve(
         if not sol.has_solution:
             values = np.asarray(incumbent, dtype=np.float64)
     current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
-    assignment = fill_leftovers(space, free, len(jobs), decode(space, values, current))
+    chosen = decode(space, values, current, pin=settings.keep_in_place_partial)
+    assignment = fill_leftovers(space, free, len(jobs), chosen)
     return _result(space, jobs, coeffs, assignment, bound=bound, solve_s=lp_s, status=status,
                    formulation=space.formulation, columns=model.num_cols)
 
@@ -258,7 +292,7 @@ def solve_pass(
     space = _space(cluster, free, jobs, settings)
     if not space.options:
         return _empty()
-    coeffs = _coefficients(space, jobs, weights)
+    coeffs = _coefficients(space, jobs, weights, settings)
     current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
     # Where the running jobs keep their places and every other job still gets
     # one of its best options, that plan is the optimum: most rounds of a

@@ -42,6 +42,7 @@ from scheduling.policies.hops.passes import (
     solve_pass,
 )
 from scheduling.policies.hops.reconfig import HORIZONS, horizon, reconfig_cost
+from scheduling.policies.hops.reserve import backfill, head_reservation
 from scheduling.policies.hops.steady import Room, keep_in_place, unplaceable, without
 from scheduling.policies.hops.window import (
     QueueEntry,
@@ -117,6 +118,29 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # queue's head, below the 5% speed-up a job alone may move for
     # (tests/test_planner.py); docs/results.md measures 0 to 0.1. 0: the paper.
     preempt_margin: float = 0.02
+    # Issue 38's departures from Eq. (11) (docs/results.md, "Issue 38"), each
+    # off by default until measured:
+    # - gain_per_gpu: an option's speed-up (G_ij - 1) counts once per GPU of
+    #   the job's smallest request R_1, so the ILP weighs speed-ups across
+    #   jobs by the GPUs they make faster (Eq. 11 counts G_ij once per job:
+    #   a 64-GPU job 11% faster weighs as one 1-GPU job 11% faster);
+    # - move_min_gain: a running job is moved to another configuration of
+    #   its GPU count for its own sake only when the move is estimated this
+    #   share faster (Eq. 11 moves it for any gain above its switch factor);
+    #   such a move weighs at most 1 - move_min_gain of staying;
+    # - keep_in_place_partial: a job the ILP keeps at its server class and
+    #   shape keeps its exact servers, taken before the other jobs of the
+    #   class are placed (the class formulation's realisation, §3.6, may
+    #   otherwise put it on a twin server: a restart for nothing).
+    # - reserve_head: EASY backfill in the fill passes (§3.6 gives freed
+    #   GPUs to whatever fits now): the highest-priority waiting job that
+    #   does not fit reserves the GPU type that frees enough GPUs soonest,
+    #   and other jobs may start there only if estimated to end by then
+    #   (scheduling.policies.hops.reserve).
+    gain_per_gpu: bool = False
+    move_min_gain: float = 0.0
+    keep_in_place_partial: bool = False
+    reserve_head: bool = False
 
     def __post_init__(self) -> None:
         if self.reconfig_horizon not in HORIZONS:
@@ -126,6 +150,8 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
         if self.preempt_exempt < 0:
             raise ValueError(f"preempt_exempt must be >= 0, got {self.preempt_exempt}")
+        if not 0.0 <= self.move_min_gain < 1.0:
+            raise ValueError(f"move_min_gain must lie in [0, 1), got {self.move_min_gain}")
         if self.reconfig_cost is not None and not 0.0 <= self.reconfig_cost <= 1.0:
             raise ValueError(f"reconfig_cost must lie in [0, 1], got {self.reconfig_cost}")
 
@@ -138,6 +164,9 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             threads=self.threads,
             direct_max_columns=self.direct_max_columns,
             greedy=math.isinf(self.lam),
+            gain_per_gpu=self.gain_per_gpu,
+            move_min_gain=self.move_min_gain,
+            keep_in_place_partial=self.keep_in_place_partial,
         )
 
 
@@ -160,12 +189,13 @@ class HopsPolicy(LayeredPolicy):
         self._priority = priority_fn(self.settings.priority)
 
     def plan_inner(self, snapshot: Snapshot) -> Plan:
+        everyone = {j.id: j for j in snapshot.jobs}
         staying = exempt(snapshot, self.settings.preempt_exempt)
         stays = kept(snapshot, staying)
         snapshot = without_exempt(snapshot, staying)
         free = snapshot.free_gpus()
         left_out = unplaceable(snapshot, free, self.settings.r_num, self.settings.sigma)
-        snapshot = without(snapshot, left_out)
+        full, snapshot = snapshot, without(snapshot, left_out)
         queue = self._queue(snapshot)
         pool = dict(free)  # what the passes share
         assignments: list[Assignment] = []
@@ -174,14 +204,19 @@ class HopsPolicy(LayeredPolicy):
         first_window: tuple[JobId, ...] = ()
         pending = list(queue.order)
         kind: Literal["first", "fill"] = "first" if snapshot.first_plan else "fill"
+        view: Snapshot | None = None  # the fill passes' view (reserve_head)
         for _ in range(1 + self.settings.max_fill_passes):
             if not pending or sum(free.values()) == 0:
                 break
-            window, extra = self._members(snapshot, queue, pending, free, kind)
+            if kind == "fill" and view is None:
+                view = self._backfill(full, snapshot, queue, everyone, pending, free,
+                                      [*stays, *assignments])
+            seen = view if view is not None else snapshot
+            window, extra = self._members(seen, queue, pending, free, kind)
             window = self._running_too(queue, pending, window, extra, snapshot.first_plan)
             first_window = first_window or tuple(e.job_id for e in window)
             admitted.extend(e.job_id for e in extra)
-            result = self._solve(snapshot, queue, [*window, *extra], free)
+            result = self._solve(seen, queue, [*window, *extra], free)
             passes.append(_stats(kind, len(window) + len(extra), result))
             if not result.choices:
                 break
@@ -207,6 +242,35 @@ class HopsPolicy(LayeredPolicy):
             passes=tuple(passes),
         )
         return Plan(tuple(assignments), (), reasons)
+
+    def _backfill(
+        self, full: Snapshot, snapshot: Snapshot, queue: _Queue,
+        everyone: Mapping[JobId, JobState], pending: Sequence[JobId],
+        free: Mapping[ServerId, int], placed: Sequence[Assignment],
+    ) -> Snapshot:
+        """The snapshot the fill passes see: with ``reserve_head``, the
+        head's reserved type gone from the estimates of the jobs that would
+        not end there before it is free (scheduling.policies.hops.reserve).
+        ``full``: the call's snapshot with the jobs that fit nowhere now,
+        which is what a wide head usually is; ``everyone``: every job of the
+        call, the exempt ones too."""
+        s = self.settings
+        if not s.reserve_head:
+            return snapshot
+        out = {j.id: j for j in full.jobs if j.id in full.estimates and j.id not in queue.jobs
+               and j.phase == "queued"}
+        prios = {**queue_priorities(full, out, self._priority, s.r_num)} if out else {}
+        if pending:
+            prios[pending[0]] = queue.priorities[pending[0]]
+        if not prios:
+            return snapshot
+        head = order_queue(prios, {j.id: j.spec.submit_time for j in full.jobs})[0]
+        r = head_reservation(full, everyone, head, free, placed, s.r_num, s.sigma)
+        if r is None:
+            return snapshot
+        estimates = backfill(r, snapshot.now, snapshot.cluster, queue.jobs,
+                             snapshot.estimates, s.r_num)
+        return msgspec.structs.replace(snapshot, estimates=estimates)
 
     def _queue(self, snapshot: Snapshot) -> _Queue:
         """Jobs this call may plan: with an estimate, and either waiting or —

@@ -1,0 +1,181 @@
+"""Issue 38's departures from the paper's planner (Eq. 11 and the fill
+plans of §3.6), each a ``HopsSettings`` knob that is off by default:
+``gain_per_gpu``, ``move_min_gain``, ``keep_in_place_partial``,
+``reserve_head``. Each test shows the plan the paper's objective
+gives and the one the setting gives instead."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgspec
+import pytest
+
+from scheduling.policies.hops.classes import pin_kept
+from scheduling.policies.hops.formulation import class_space, decode
+from scheduling.policies.hops.passes import PassJob, SolverSettings, solve_pass
+from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
+from scheduling.policies.hops.reserve import reserve
+from scheduling.registry.grammar import parse_policy
+from shared.cluster import Cluster
+from shared.configuration import Configuration
+from shared.estimate import sensitivity
+from shared.ids import GpuType, JobId, ServerId
+from shared.snapshot import JobState, Snapshot
+from tests.helpers import cluster, flat_estimate, state
+
+EXACT = SolverSettings(mip_rel_gap=0.0, accept_gap=0.0)
+
+
+def pass_job(name: str, reqs: tuple[int, ...], per_gpu: dict[str, float],
+             current: dict[str, int] | None = None) -> PassJob:
+    est = flat_estimate(name, per_gpu)
+    return PassJob(JobId(name), 1.0, reqs, {GpuType(t): sensitivity(est, GpuType(t))
+                                            for t in per_gpu}, est,
+                   current=Configuration.of(current) if current else None)
+
+
+def types_of(c: Cluster, config: Configuration | None) -> set[str]:
+    assert config is not None
+    return {str(c.by_id[s].gpu_type) for s in config.servers}
+
+
+# --- gain_per_gpu -----------------------------------------------------------------
+
+
+def test_gain_per_gpu_weighs_a_speed_up_by_the_gpus_it_makes_faster() -> None:
+    # One fast (F) and one slow (S) 8-GPU server. The 8-GPU job runs 1.5x
+    # as fast on F, each 1-GPU job 1.1x. Eq. (11) counts G once per job:
+    # F to the eight 1-GPU jobs (8 * 1.1 + 1 = 9.8 against 1.5 + 8 = 9.5).
+    # Per GPU the wide job's speed-up is 0.5 against 0.1: F to the wide job.
+    c = cluster([("F", 1, 8), ("S", 1, 8)])
+    free = {s.id: 8 for s in c.servers}
+    jobs = [pass_job("wide", (8,), {"F": 150.0, "S": 100.0})]
+    jobs += [pass_job(f"one{i}", (1,), {"F": 110.0, "S": 100.0}) for i in range(8)]
+    paper = solve_pass(c, free, jobs, EXACT)
+    per_gpu = solve_pass(c, free, jobs, msgspec.structs.replace(EXACT, gain_per_gpu=True))
+    assert len(paper.choices) == len(per_gpu.choices) == 9
+    assert types_of(c, paper.choices[0].config) == {"S"}
+    assert types_of(c, per_gpu.choices[0].config) == {"F"}
+
+
+# --- move_min_gain ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("faster", "floor", "moves"), [
+    (102.0, 0.0, True),    # Eq. (11): any gain moves it
+    (102.0, 0.05, False),  # 2% is below the 5% floor: it stays
+    (110.0, 0.05, True),   # 10% clears it
+])
+def test_move_min_gain_moves_a_running_job_only_for_that_gain(
+    faster: float, floor: float, moves: bool
+) -> None:
+    c = cluster([("A", 1, 8), ("B", 1, 8)])
+    free = {s.id: 8 for s in c.servers}
+    job = pass_job("run", (4,), {"A": 100.0, "B": faster}, current={"A-0": 4})
+    result = solve_pass(c, free, [job], msgspec.structs.replace(EXACT, move_min_gain=floor))
+    assert types_of(c, result.choices[0].config) == ({"B"} if moves else {"A"})
+
+
+# --- keep_in_place_partial --------------------------------------------------------
+
+
+def three_fours() -> tuple[Cluster, dict[ServerId, int], list[PassJob]]:
+    c = cluster([("A", 2, 8)])
+    jobs = [pass_job("a", (4,), {"A": 100.0}, current={"A-0": 4}),
+            pass_job("b", (4,), {"A": 100.0}, current={"A-1": 4}),
+            pass_job("c", (4,), {"A": 100.0})]
+    return c, {s.id: 8 for s in c.servers}, jobs
+
+
+def test_keep_in_place_partial_keeps_both_running_jobs_on_their_servers() -> None:
+    # The class solution packs "a" and "b" onto one pattern instance; the
+    # relabelling can send only one of them back: "b" lands on A-0 beside
+    # "a", a restart for nothing. Pinned, both stay and "c" takes the rest.
+    c, free, jobs = three_fours()
+    space = class_space(c, free, jobs, 1.4, 1000)
+    assert space is not None
+    x = [1.0] * len(space.options) + [0.0] * len(space.pattern_col)
+    for (_, pattern), col in space.pattern_col.items():
+        x[col] = 2.0 if pattern == ((4, False), (4, False)) else 0.0
+    current = {i: j.current for i, j in enumerate(jobs) if j.current is not None}
+    relabelled = decode(space, x, current)
+    pinned = decode(space, x, current, pin=True)
+    assert relabelled[1][1] != jobs[1].current  # the twin-server move
+    assert pinned[0][1] == jobs[0].current and pinned[1][1] == jobs[1].current
+    used: Counter[ServerId] = Counter()
+    for _, config in pinned.values():
+        used.update(config.as_dict())
+    assert all(used[s] <= free[s] for s in used) and sum(used.values()) == 12
+
+
+def test_pin_kept_gives_way_when_the_others_no_longer_fit() -> None:
+    # "c" needs a whole server: with "a" and "b" on their own servers there
+    # is none, so the class keeps the pattern realisation (None here).
+    c, free, jobs = three_fours()
+    jobs[2] = pass_job("c", (8,), {"A": 100.0})
+    space = class_space(c, free, jobs, 1.4, 1000)
+    assert space is not None
+    demands = [o.klass for o in space.options if o.klass is not None and o.gpus in (4, 8)]
+    wanted = [jobs[0].current, jobs[1].current, None]
+    assert pin_kept(space.classes[0], demands, wanted) is None
+
+
+# --- the specs --------------------------------------------------------------------
+
+
+def test_the_settings_are_policy_specs_and_off_by_default() -> None:
+    spec = parse_policy("hops:gain_per_gpu=true,move_min_gain=0.05,keep_in_place_partial=true")
+    assert isinstance(spec, HopsSettings)
+    solver = spec.solver()
+    assert (solver.gain_per_gpu, solver.move_min_gain, solver.keep_in_place_partial) == (
+        True, 0.05, True)
+    default = HopsSettings()
+    assert (default.gain_per_gpu, default.move_min_gain, default.keep_in_place_partial,
+            default.reserve_head) == (False, 0.0, False, False)
+    assert parse_policy("hops:reserve_head=true").reserve_head  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="move_min_gain"):
+        HopsSettings(move_min_gain=1.0)
+
+
+# --- reserve_head -----------------------------------------------------------------
+
+
+def later_in_the_round(other: JobState) -> Snapshot:
+    """Two 4-GPU servers; "run" holds A-0 for about 100 s more, A-1 is idle.
+    The head of the queue needs all 8 GPUs; ``other`` (4 GPUs) fits now."""
+    c = cluster([("A", 2, 4)])
+    run = msgspec.structs.replace(state("run", [4], samples=36_100), phase="running",
+                                  current=Configuration.of({"A-0": 4}))
+    wide = state("wide", [8], wait_s=5000.0)
+    jobs = (run, wide, other)
+    return Snapshot(now=1000.0, cluster=c, jobs=jobs, first_plan=False,
+                    held={ServerId("A-0"): 4},
+                    estimates={j.id: flat_estimate(j.id, {"A": 100.0}) for j in jobs})
+
+
+@pytest.mark.parametrize(("samples", "reserved_starts"), [
+    (3_610_000, False),  # ~10,000 s: it would hold A-1 past the head's shadow time
+    (18_000, True),      # ~50 s: it ends before "run" does, and is backfilled
+])
+def test_reserve_head_backfills_only_jobs_that_end_before_the_head_can_start(
+    samples: int, reserved_starts: bool
+) -> None:
+    snap = later_in_the_round(state("other", [4], wait_s=10.0, samples=samples))
+    other = JobId("other")
+    assert HopsPolicy().plan(snap).config_of(other) is not None  # §3.6: whatever fits now
+    reserved = HopsPolicy(HopsSettings(reserve_head=True)).plan(snap)
+    assert (reserved.config_of(other) is not None) == reserved_starts
+    assert reserved.config_of(JobId("wide")) is None
+
+
+def test_no_reservation_when_the_head_fits_or_never_can() -> None:
+    c = cluster([("A", 2, 4)])
+    free = {ServerId("A-0"): 4, ServerId("A-1"): 0}
+    head = state("wide", [8])
+    est = flat_estimate("wide", {"A": 100.0})
+    ends = [(1100.0, Configuration.of({"A-1": 4}))]
+    got = reserve(head, est, 8, c, free, ends, now=1000.0)
+    assert got is not None and (got.gpu_type, got.until) == (GpuType("A"), 1100.0)
+    assert reserve(head, est, 8, c, free, [], now=1000.0) is None  # never 8 free
+    assert reserve(head, est, 4, c, free, ends, now=1000.0) is None  # 4 idle now
