@@ -11,6 +11,7 @@ and the writes that ride out its leader elections (services/runtime/retry.py).
   conflict with itself; a real conflict raises as ``KeyValue.update`` does.
 * The leader's large state (object store ``hops_state``, R3) is written
   through a kill -9 of its stream's leader and read back whole.
+* A service at R1 leaves the R3 layout at R3.
 """
 
 from __future__ import annotations
@@ -128,3 +129,14 @@ async def test_the_leaders_state_rides_out_a_killed_object_store_leader(
     assert await stream_leader(js, stream) not in ("", victim.server_name)
     assert await get_object(js, subjects.OBJ_STATE, "layer.hived") == new
     await asyncio.to_thread(victim.start)
+
+
+async def test_a_service_at_r1_does_not_lower_an_r3_layout(nc: NATS) -> None:
+    """A service started without HOPS_NATS_REPLICAS (R1) against the R3
+    layout: every stream, bucket and the object store stay at R3."""
+    js = nc.jetstream()
+    await ensure_jetstream(js, JetStreamLayout(replicas=1))
+    counts = {str(i.config.name): i.config.num_replicas for i in await js.streams_info()}
+    assert {"HOPS_JOBS", "KV_hops_leader", "OBJ_hops_state"} <= set(counts)
+    assert set(counts.values()) == {3}, counts
+

@@ -57,9 +57,9 @@ def incompressible(size: int, seed: int) -> bytes:
 
 async def test_the_bucket_is_made_with_the_layout_replicas_and_limits(nc: NATS) -> None:
     js = nc.jetstream()
-    await ensure_jetstream(js, JetStreamLayout(state_max_bytes=2**28))  # again: updated
+    await ensure_jetstream(js, JetStreamLayout(state_max_bytes=2**31))  # again: updated
     info = await js.stream_info(stream_of(BUCKET))
-    assert info.config.num_replicas == 1 and info.config.max_bytes == 2**28
+    assert info.config.num_replicas == 1 and info.config.max_bytes == 2**31
     assert info.config.subjects == [f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"]
 
 

@@ -111,9 +111,9 @@ async def test_streams_and_buckets_are_created_idempotently(nc: NATS) -> None:
         await (await js.key_value(bucket)).put("k", b"v")
     leader = await js.stream_info(f"KV_{subjects.KV_LEADER}")
     assert leader.config.max_age == JetStreamLayout().leader_ttl == 5.0
-    await ensure_jetstream(js, JetStreamLayout(leader_ttl=3.0, samples_max_age=3600.0))
+    await ensure_jetstream(js, JetStreamLayout(leader_ttl=3.0, samples_max_age=30 * 86400.0))
     assert (await js.stream_info(f"KV_{subjects.KV_LEADER}")).config.max_age == 3.0
-    assert (await js.stream_info("HOPS_SAMPLES")).config.max_age == 3600.0
+    assert (await js.stream_info("HOPS_SAMPLES")).config.max_age == 30 * 86400.0
 
 
 async def test_publish_with_msg_id_is_deduplicated(nc: NATS) -> None:

@@ -4,6 +4,7 @@ at start (re-exported by :mod:`services.runtime.bus`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
@@ -13,6 +14,8 @@ from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamCo
 from nats.js.errors import BadRequestError
 
 from scheduling.live.lease import lease_ttl
+from services.runtime.durability import DURABLE, never_weaker
+from services.runtime.logging import get_logger
 from services.runtime.retry import transient_retried
 from services.runtime.settings import DEFAULT_REPLICAS, RuntimeSettings
 from shared import subjects
@@ -124,14 +127,21 @@ class JetStreamLayout:
 async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None = None) -> None:
     """Create the streams, KV buckets and object stores, or update them to ``layout``;
     calling it again (from any number of services) changes nothing. On a
-    cluster that is still electing its meta leader, each is retried."""
+    cluster that is still electing its meta leader, each is retried. An
+    update never lowers what exists (replicas, limits:
+    :func:`services.runtime.durability.never_weaker`); what it kept higher
+    than ``layout`` asks is logged, once."""
     layout = layout or JetStreamLayout()
+    kept: list[str] = []
     for config in layout.streams():
-        await transient_retried(partial(_ensure_stream, js, config), ENSURE_RETRY_S)
+        kept += await transient_retried(partial(_ensure_stream, js, config), ENSURE_RETRY_S)
     for kv in layout.buckets():
-        await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
+        kept += await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
     for obj in layout.object_stores():
-        await transient_retried(partial(_ensure_objects, js, obj), ENSURE_RETRY_S)
+        kept += await transient_retried(partial(_ensure_objects, js, obj), ENSURE_RETRY_S)
+    if kept:
+        get_logger().warning("the configured JetStream layout is weaker than the existing one; "
+                             "kept the existing", replicas=layout.replicas, kept=kept)
 
 
 class PeersPending(nats.errors.TimeoutError):
@@ -145,27 +155,29 @@ def _placed(e: BadRequestError) -> None:
         raise PeersPending() from e
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> list[str]:
     try:
         await js.add_stream(config)
     except BadRequestError as e:
         _placed(e)
         if e.err_code != _STREAM_IN_USE:
             raise
-        await js.update_stream(config)
+        return await _update(js, config)
+    return []
 
 
-async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> list[str]:
     try:
         await js.create_key_value(kv)
     except BadRequestError as e:
         _placed(e)
         if e.err_code != _STREAM_IN_USE:
             raise
-        await _update_bucket(js, kv)
+        return await _update_bucket(js, kv)
+    return []
 
 
-async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig) -> None:
+async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig) -> list[str]:
     try:
         # nats-py sets config.bucket to its first argument: name it again
         await js.create_object_store(config.bucket or "", config=config)
@@ -174,20 +186,35 @@ async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig) -> No
         if e.err_code != _STREAM_IN_USE:
             raise
         info = await js.stream_info(f"OBJ_{config.bucket}")
-        info.config.num_replicas = config.replicas
-        info.config.max_bytes = config.max_bytes
-        await js.update_stream(info.config)
+        wanted = dataclasses.replace(info.config, num_replicas=config.replicas,
+                                     max_bytes=config.max_bytes)
+        return await _update(js, wanted, info.config)
+    return []
 
 
-async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+async def _update_bucket(js: JetStreamContext, kv: KeyValueConfig) -> list[str]:
     """Apply a changed TTL, history or size limit to an existing bucket."""
     info = await js.stream_info(f"KV_{kv.bucket}")
-    config = info.config
-    config.max_age = kv.ttl
-    config.max_msgs_per_subject = kv.history
-    config.max_msg_size = kv.max_value_size
-    config.allow_direct = kv.direct
-    config.num_replicas = kv.replicas
-    if kv.ttl:
-        config.duplicate_window = min(kv.ttl, 120.0)
+    wanted = dataclasses.replace(
+        info.config, max_age=kv.ttl, max_msgs_per_subject=kv.history,
+        max_msg_size=kv.max_value_size, allow_direct=kv.direct, num_replicas=kv.replicas)
+    if not kv.ttl:
+        return await _update(js, wanted, info.config)
+    # a TTL is a lease's (hops_leader): it follows the setting, up or down
+    wanted.duplicate_window = min(kv.ttl, 120.0)
+    lease = tuple(f for f in DURABLE if f != "max_age")
+    return await _update(js, wanted, info.config, lease)
+
+
+async def _update(js: JetStreamContext, wanted: StreamConfig,
+                  existing: StreamConfig | None = None,
+                  limits: tuple[str, ...] = DURABLE) -> list[str]:
+    """Update the stream to ``wanted``, but none of ``limits`` below
+    ``existing``'s (read when not given); the notes of the limits kept."""
+    if existing is None:
+        existing = (await js.stream_info(wanted.name or "")).config
+    config, notes = never_weaker(existing, wanted, limits)
+    if config.max_age and config.duplicate_window > config.max_age:
+        config.duplicate_window = config.max_age  # JetStream: at most the age limit
     await js.update_stream(config)
+    return [f"{config.name}: {note}" for note in notes]
