@@ -18,7 +18,13 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from scheduling.live.cells import TenantRecord
-from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure_jetstream
+from services.runtime.bus import (
+    ErrorReporter,
+    JetStreamLayout,
+    LayoutError,
+    connect,
+    ensure_jetstream,
+)
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
@@ -91,7 +97,12 @@ class GatewayBus:
         streams and buckets exist, as every service does at start."""
         nc = await connect(settings, "gateway")
         bus = cls(nc, timeout, ErrorReporter(nc, "gateway"))
-        await ensure_jetstream(bus.js, JetStreamLayout.of(settings))
+        try:
+            await ensure_jetstream(bus.js, JetStreamLayout.of(settings))
+        except LayoutError as e:  # the reason in words, before uvicorn says startup failed
+            bus.log.error("gateway failed", code=e.code, reason=str(e))
+            await nc.close()
+            raise
         return bus
 
     async def close(self) -> None:

@@ -7,11 +7,14 @@ with what exists and with a deployment too small for it.
   an ensure with smaller limits keeps the streams' and the object store's
   and logs once which it kept; the leader bucket's TTL (a lease) still
   follows the setting.
-* The cluster case, R1 against R3: tests/test_nats_cluster.py.
+* ``HOPS_NATS_REPLICAS`` above the number of servers fails at once, with
+  the code ``nats_replicas_exceed_cluster`` and the numbers in words (the
+  cluster case: tests/test_nats_cluster.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,8 +22,9 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
-from services.runtime.bus import JetStreamLayout, connect, ensure_jetstream
+from services.runtime.bus import JetStreamLayout, LayoutError, connect, ensure_jetstream
 from services.runtime.durability import never_weaker
+from services.runtime.layout import REPLICAS_EXCEED_CLUSTER
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
 from tests.engines_nats import require_nats_server
@@ -92,3 +96,13 @@ async def test_an_ensure_with_smaller_limits_keeps_the_existing_and_says_so(nc: 
     assert (await js.stream_info(subjects.STREAM_JOBS.name)).config.max_bytes == 8 * GIB
     assert not [e for e in logs if e["log_level"] == "warning"]
 
+
+async def test_replicas_above_a_single_server_fail_at_once_saying_why(nc: NATS) -> None:
+    began = time.monotonic()
+    with pytest.raises(LayoutError) as refused:
+        await ensure_jetstream(nc.jetstream(), JetStreamLayout(replicas=3))
+    assert time.monotonic() - began < 5.0  # not the 60 s of a JetStream that does not answer
+    assert refused.value.code == REPLICAS_EXCEED_CLUSTER
+    assert str(refused.value).startswith(
+        "HOPS_NATS_REPLICAS=3 but the NATS cluster has 1 JetStream server:"), refused.value
+    await ensure_jetstream(nc.jetstream(), JetStreamLayout(replicas=1))  # R1 still goes

@@ -11,7 +11,8 @@ and the writes that ride out its leader elections (services/runtime/retry.py).
   conflict with itself; a real conflict raises as ``KeyValue.update`` does.
 * The leader's large state (object store ``hops_state``, R3) is written
   through a kill -9 of its stream's leader and read back whole.
-* A service at R1 leaves the R3 layout at R3.
+* A service at R1 leaves the R3 layout at R3; one at R5 fails within
+  seconds with ``nats_replicas_exceed_cluster``, the sizes in words.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.js.errors import KeyWrongLastSequenceError
 
-from services.runtime.bus import JetStreamLayout, ensure_jetstream
+from services.runtime.bus import JetStreamLayout, LayoutError, ensure_jetstream
+from services.runtime.layout import PLACEMENT_WAIT_S, REPLICAS_EXCEED_CLUSTER
 from services.runtime.natscluster import NatsCluster, stream_leader
 from services.runtime.objects import get_object, put_object, stream_of
 from services.runtime.retry import kv_write, publish_retried
@@ -140,3 +142,19 @@ async def test_a_service_at_r1_does_not_lower_an_r3_layout(nc: NATS) -> None:
     assert {"HOPS_JOBS", "KV_hops_leader", "OBJ_hops_state"} <= set(counts)
     assert set(counts.values()) == {3}, counts
 
+
+async def test_replicas_above_the_clusters_size_fail_fast_saying_why(
+        cluster: NatsCluster) -> None:
+    """HOPS_NATS_REPLICAS=5 on a cluster of three: a coded reason within
+    the placement wait, not a bare timeout after a minute."""
+    client = await nats.connect(servers=list(cluster.urls))
+    try:
+        began = time.monotonic()
+        with pytest.raises(LayoutError) as refused:
+            await ensure_jetstream(client.jetstream(), JetStreamLayout(replicas=5))
+        assert time.monotonic() - began < PLACEMENT_WAIT_S + 10.0
+        assert refused.value.code == REPLICAS_EXCEED_CLUSTER
+        assert str(refused.value).startswith(
+            "HOPS_NATS_REPLICAS=5 but the NATS cluster has 3 JetStream servers:"), refused.value
+    finally:
+        await client.close()

@@ -32,6 +32,7 @@ from nats.js.api import PubAck
 from structlog.typing import FilteringBoundLogger
 
 from services.runtime.layout import JetStreamLayout as JetStreamLayout
+from services.runtime.layout import LayoutError as LayoutError
 from services.runtime.layout import ensure_jetstream as ensure_jetstream
 from services.runtime.logging import get_logger
 from services.runtime.retry import PUBLISH_RETRY_S, publish_retried

@@ -4,11 +4,13 @@ at start (re-exported by :mod:`services.runtime.bus`)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
@@ -23,11 +25,19 @@ from shared.events import MAX_PAYLOAD
 
 _STREAM_IN_USE = 10058  # JetStream: stream name already in use with a different configuration
 _NO_PEERS = 10005  # JetStream: no suitable peers for placement (servers not all met yet)
+_INSUFFICIENT = 10023  # JetStream: insufficient resources
+_NOT_CLUSTERED = 10074  # JetStream: replicas > 1 not supported in non-clustered mode
+# How long a replicated stream may find too few servers to keep its copies
+# before the service gives up: a cluster's members meet within seconds of
+# a start; past this, HOPS_NATS_REPLICAS is above the cluster's size.
+PLACEMENT_WAIT_S = 15.0
+REPLICAS_EXCEED_CLUSTER = "nats_replicas_exceed_cluster"
 _GIB = 1024**3
 _DAY = 86400.0
 # How long a service's start waits for JetStream to answer (a cluster whose
 # members are starting too, or electing a meta leader).
 ENSURE_RETRY_S = 60.0
+_PLACEMENT_PAUSE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -132,27 +142,83 @@ async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None 
     :func:`services.runtime.durability.never_weaker`); what it kept higher
     than ``layout`` asks is logged, once."""
     layout = layout or JetStreamLayout()
+    calls = [*(partial(_ensure_stream, js, c) for c in layout.streams()),
+             *(partial(_ensure_bucket, js, kv) for kv in layout.buckets()),
+             *(partial(_ensure_objects, js, obj) for obj in layout.object_stores())]
     kept: list[str] = []
-    for config in layout.streams():
-        kept += await transient_retried(partial(_ensure_stream, js, config), ENSURE_RETRY_S)
-    for kv in layout.buckets():
-        kept += await transient_retried(partial(_ensure_bucket, js, kv), ENSURE_RETRY_S)
-    for obj in layout.object_stores():
-        kept += await transient_retried(partial(_ensure_objects, js, obj), ENSURE_RETRY_S)
+    for call in calls:
+        kept += await _placed_within(js, call, layout.replicas)
     if kept:
         get_logger().warning("the configured JetStream layout is weaker than the existing one; "
                              "kept the existing", replicas=layout.replicas, kept=kept)
 
 
-class PeersPending(nats.errors.TimeoutError):
-    """A replicated stream asked for before the cluster's servers have all
-    met (JetStream's 10005, "no suitable peers for placement"): it passes
-    within seconds of a start, so it is retried as a timeout is."""
+class LayoutError(RuntimeError):
+    """The layout cannot be made on this NATS deployment: a stable ``code``
+    and the reason, in words, for the operator."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PeersPending(Exception):
+    """A replicated stream asked for while too few servers are there to keep
+    its copies (JetStream's 10005, "no suitable peers for placement", or
+    10023, "insufficient resources"): the cluster's servers have not all
+    met yet, which passes within seconds of a start, or there are fewer of
+    them than ``HOPS_NATS_REPLICAS``, which does not."""
+
+    def __init__(self, error: BadRequestError) -> None:
+        super().__init__(error.description)
+        self.error = error
 
 
 def _placed(e: BadRequestError) -> None:
-    if e.err_code == _NO_PEERS:
-        raise PeersPending() from e
+    if e.err_code in (_NO_PEERS, _INSUFFICIENT, _NOT_CLUSTERED):
+        raise PeersPending(e) from e
+
+
+async def _placed_within(js: JetStreamContext, call: Callable[[], Awaitable[list[str]]],
+                         replicas: int) -> list[str]:
+    """``call()``, retried while JetStream elects its meta leader and, for
+    up to :data:`PLACEMENT_WAIT_S`, while it finds too few servers for
+    ``replicas`` copies; then :class:`LayoutError` with
+    :data:`REPLICAS_EXCEED_CLUSTER` (at once from a server not clustered)."""
+    deadline = time.monotonic() + PLACEMENT_WAIT_S
+    while True:
+        try:
+            return await transient_retried(call, ENSURE_RETRY_S)
+        except PeersPending as e:
+            if replicas <= 1 and e.error.err_code != _NO_PEERS:
+                raise e.error from None  # short of storage, not of servers
+            if e.error.err_code == _NOT_CLUSTERED or time.monotonic() >= deadline:
+                raise replicas_exceed_cluster(replicas, _cluster_size(js), e.error) from e
+            await asyncio.sleep(_PLACEMENT_PAUSE_S)
+
+
+def replicas_exceed_cluster(replicas: int, servers: int | None,
+                            error: BadRequestError) -> LayoutError:
+    """The refusal of ``HOPS_NATS_REPLICAS=replicas`` on a deployment of
+    ``servers`` JetStream servers (None: not known), JetStream's ``error``."""
+    have = ("fewer JetStream servers than that" if servers is None
+            else f"{servers} JetStream server{'s' if servers != 1 else ''}")
+    return LayoutError(REPLICAS_EXCEED_CLUSTER, (
+        f"HOPS_NATS_REPLICAS={replicas} but the NATS cluster has {have}: each stream "
+        f"would keep a copy on {replicas} servers. Set HOPS_NATS_REPLICAS to at most the "
+        f"number of servers (compose: --env-file deploy/nats-cluster.env for three) "
+        f"(JetStream: {error.description} [{error.err_code}])"))
+
+
+def _cluster_size(js: JetStreamContext) -> int | None:
+    """How many servers the connected server says its cluster has (the
+    client URLs it gossips, itself included); 1 for a server with no
+    cluster, None when its INFO says nothing of either."""
+    info: dict[str, object] = getattr(getattr(js, "_nc", None), "_server_info", None) or {}
+    urls = info.get("connect_urls")
+    if isinstance(urls, list) and urls:
+        return len(urls)
+    return None if info.get("cluster") else (1 if info else None)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> list[str]:

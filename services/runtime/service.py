@@ -28,6 +28,7 @@ from structlog.typing import FilteringBoundLogger
 from services.runtime.bus import (
     ErrorReporter,
     JetStreamLayout,
+    LayoutError,
     connect,
     ensure_jetstream,
     nats_status,
@@ -148,6 +149,9 @@ def run_service(name: str, main: ServiceMain, settings: RuntimeSettings | None =
         return asyncio.run(serve(name, main, settings))
     except KeyboardInterrupt:
         return 130
+    except LayoutError as e:  # a deployment the layout cannot be made on: said in words
+        log.error("service failed", code=e.code, reason=str(e))
+        return 1
     except Exception:
         log.exception("service failed")
         return 1
