@@ -6,7 +6,9 @@ admission and ``hops submit``'s file check share: ``total_samples`` above
 is no set written in order (repeated or unsorted entries), or longer than
 :data:`~scheduling.live.admission.MAX_REQUIREMENTS`; a ``command`` for a
 cluster whose nodes are all emulated; an empty jobs file. ``JobSpec`` itself
-stays lenient: the simulator builds specs with lists in any order.
+stays lenient: the simulator builds specs with lists in any order. A
+resubmission of the very spec a tenant's job was accepted with is that
+acceptance, not a conflict; another spec under the id, or another tenant's, is.
 """
 
 from __future__ import annotations
@@ -99,3 +101,14 @@ def test_a_jobs_file_lists_every_bad_requirement_list_and_bound(tmp_path: Path) 
     assert [s.id for s in checked.valid] == ["ok"]
     assert [(b.index, b.job_id, b.field) for b in checked.invalid] == [
         (1, "big", "total_samples"), (2, "twice", "requirements"), (3, "unsorted", "requirements")]
+
+
+def test_an_identical_resubmission_is_the_acceptance_another_spec_a_conflict() -> None:
+    asked = gpu(tenant="t1")
+    stored = adm.accepted_spec(adm.keyed_spec(asked), 1234.5)
+    assert stored.id == "t1/g1" and stored != asked
+    assert adm.resubmission(asked, stored)
+    assert not adm.resubmission(gpu(tenant="t1", batch_size=16), stored)
+    assert not adm.resubmission(gpu(tenant="t2"), adm.accepted_spec(adm.keyed_spec(
+        gpu(tenant="t1")), 1.0))  # another tenant's job under the same id
+    assert not adm.resubmission(asked, None)

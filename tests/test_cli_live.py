@@ -218,8 +218,12 @@ def test_submit_list_queue_and_cancel(stack: UpProcess, tmp_path: Path) -> None:
     result = hops("submit", str(jobs), up=stack)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == ["big-a: accepted", "big-b: accepted"]
-    again = hops("submit", str(jobs), up=stack)
-    assert again.exit_code == 1 and "big-a: rejected (409 conflict)" in again.output
+    again = hops("submit", str(jobs), up=stack)  # the same file again: nothing new
+    assert again.exit_code == 0, again.output
+    assert again.output.splitlines() == ["big-a: accepted", "big-b: accepted"]
+    jobs.write_text(jobs.read_text().replace("batch_size: 128", "batch_size: 64"))
+    changed = hops("submit", str(jobs), up=stack)
+    assert changed.exit_code == 1 and "big-a: rejected (409 conflict)" in changed.output
 
     listed = hops("jobs", up=stack)
     assert listed.exit_code == 0 and "big-a" in listed.output and "big-b" in listed.output

@@ -359,7 +359,9 @@ def test_submit_and_cancel_through_the_real_scheduler(
     tagged = {"type": "submit_job", "spec": spec_json("j2", requirements=[], min_gpus=1,
                                                       max_gpus=4)}
     assert client.post("/jobs", json=tagged).status_code == 201
-    assert client.post("/jobs", json=spec_json("j1")).status_code == 409
+    again = client.post("/jobs", json=spec_json("j1"))  # the very spec: its acceptance
+    assert again.status_code == 201 and again.headers["location"] == "/jobs/j1", again.text
+    assert client.post("/jobs", json=spec_json("j1", batch_size=64)).status_code == 409
     assert client.post("/jobs", json=spec_json("j3", batch_size=0)).status_code == 422
     assert client.post("/jobs", json=spec_json("a.b")).status_code == 422
     assert client.post("/jobs", json={"type": "nope"}).status_code == 400

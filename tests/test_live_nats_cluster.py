@@ -78,8 +78,9 @@ class Load:
                 self.failures.append(f"{spec.id}: {e}")
                 time.sleep(0.5)
                 continue
-            # a 409 to the very id: an earlier attempt of ours was stored
-            if answer.ok or answer.status == 409:
+            # a retry after an earlier attempt of ours was stored is answered
+            # as its acceptance (201), never 409 for our own job
+            if answer.ok:
                 return time.monotonic() - began
             if answer.status != 503:
                 self.failures.append(f"{spec.id}: {answer.status} {answer.body}")

@@ -176,6 +176,19 @@ def accepted_spec(spec: JobSpec, now: float) -> JobSpec:
     return msgspec.structs.replace(spec, submit_time=now)
 
 
+def resubmission(spec: JobSpec, stored: JobSpec | None) -> bool:
+    """Whether ``spec`` (as the tenant rules left it, not yet keyed) is the
+    very submission that ``stored`` (as admission stored it) records: the
+    same tenant and the same spec but for the key and the acceptance time.
+    Such a resubmission is answered as that acceptance, not as a conflict,
+    as Kubernetes takes an identical re-apply: a client that was answered
+    503 while a NATS cluster elected a leader, and tries again, gets its own
+    job back rather than a 409 (docs/live.md, *A NATS cluster*)."""
+    if stored is None or stored.tenant != spec.tenant:
+        return False
+    return msgspec.structs.replace(keyed_spec(spec), submit_time=stored.submit_time) == stored
+
+
 def duplicate(job_id: str, tenant: str, existing: JobRecord | None) -> Refusal | None:
     """A ``conflict`` when ``tenant``'s job ``job_id`` exists already. Under
     the key of a default tenant's job, a record of another tenant can only

@@ -113,23 +113,28 @@ class Admission:
         spec, denied = tn.submit_refusal(self.tenants, req.spec, scope)
         if denied is not None:
             await self._refuse(denied, subject, scope, ev.encode(req))
+        shown = JobId(spec.id if scope is not None else keys.job_key(spec.tenant, spec.id))
+        existing = await self._existing(spec)
+        if existing is not None and adm.resubmission(spec, existing.spec):
+            return self._accepted_again(shown)
         refusal = (
             adm.policy_refusal(spec, self.checks.cores, self.checks.policy)
             or adm.fit_refusal(spec, await self.nodes(), self.r_num)
             or self._cells_refusal(spec)
-            or await self._duplicate(spec)
+            or adm.duplicate(spec.id, spec.tenant, existing)
         )
         if refusal is not None:
             if refusal.code != adm.CONFLICT:
                 await self.ctx.reporter.report(subject, refusal.message, refusal.code)
             raise Rejected(refusal.code, refusal.message)
         now = time.time()
-        shown = spec.id if scope is not None else keys.job_key(spec.tenant, spec.id)
-        spec = adm.accepted_spec(adm.keyed_spec(spec), now)
+        asked_for, spec = spec, adm.accepted_spec(adm.keyed_spec(spec), now)
         event = ev.JobSubmitted(job_id=spec.id, spec=spec, at=now,
                                 admission_s=time.perf_counter() - asked)
         ack = await publish_event(self.ctx.js, subjects.job_events(spec.id), event, msg_id=spec.id)
-        if ack.duplicate:
+        if ack.duplicate:  # an attempt before this one is on the stream: the same job?
+            if adm.resubmission(asked_for, await self._submitted(ack.seq)):
+                return self._accepted_again(shown)
             raise Rejected(adm.CONFLICT, f"job {keys.local_id(spec.id)} was submitted already")
         try:  # retried through an election; the leader was quicker: a conflict
             await kv_write(self.ctx.js, subjects.KV_JOBS, spec.id,
@@ -143,16 +148,33 @@ class Admission:
         self.ctx.log.info("job accepted", stream_seq=ack.seq, tenant=spec.tenant, key=spec.id,
                           kind=spec.kind, cores=spec.cores)
         # a tenant's client names its jobs by their ids, a trusted caller by their keys
-        return ev.Reply(ok=True, job_id=JobId(shown))
+        return ev.Reply(ok=True, job_id=shown)
 
-    async def _duplicate(self, spec: JobSpec) -> adm.Refusal | None:
-        """A conflict when ``spec``'s tenant has a job of its id already,
-        under its key or (written before keys were qualified) its bare id."""
+    def _accepted_again(self, shown: JobId) -> ev.Message:
+        """The answer to a resubmission of an accepted job
+        (:func:`scheduling.live.admission.resubmission`): its acceptance."""
+        self.ctx.log.info("job submitted again; answered as accepted")
+        return ev.Reply(ok=True, job_id=shown)
+
+    async def _existing(self, spec: JobSpec) -> st.LiveJobRecord | None:
+        """The record of ``spec``'s tenant's job of its id, under its key or
+        (written before keys were qualified) its bare id; None: none."""
         for key in keys.candidates(spec.tenant, spec.id):
             record = (await get_record(self.kv, key))[0]
             if record is not None and (key == spec.id or record.spec.tenant == spec.tenant):
-                return adm.duplicate(spec.id, spec.tenant, record)
+                return record
         return None
+
+    async def _submitted(self, seq: int) -> JobSpec | None:
+        """The spec of the ``job_submitted`` at ``seq`` on ``HOPS_JOBS`` (None:
+        unreadable now, so the answer stays a conflict)."""
+        try:
+            msg = await self.ctx.js.get_msg(subjects.STREAM_JOBS.name, seq)
+            event = ev.decode_job_event(msg.data or b"")
+        except (nats.errors.Error, TimeoutError, ev.WireError) as e:
+            self.ctx.log.warning("stored submission not read", stream_seq=seq, error=repr(e))
+            return None
+        return event.spec if isinstance(event, ev.JobSubmitted) else None
 
     def _cells_refusal(self, spec: JobSpec) -> adm.Refusal | None:
         cells = self.checks.cells
