@@ -25,6 +25,7 @@ from services.runtime.bus import (
     connect,
     ensure_jetstream,
 )
+from services.runtime.identity import GATEWAY
 from services.runtime.kv import read_bucket
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
@@ -98,7 +99,7 @@ class GatewayBus:
         nc = await connect(settings, "gateway")
         bus = cls(nc, timeout, ErrorReporter(nc, "gateway"))
         try:
-            await ensure_jetstream(bus.js, JetStreamLayout.of(settings))
+            await ensure_jetstream(bus.js, JetStreamLayout.of(settings, GATEWAY))
         except LayoutError as e:  # the reason in words, before uvicorn says startup failed
             bus.log.error("gateway failed", code=e.code, reason=str(e))
             await nc.close()

@@ -4,6 +4,7 @@ authorization block, and its enforcement by a real nats-server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from nats.aio.msg import Msg
 
 from cli.up.credentials import Credentials, enrol, ensure_credentials, write_auth
 from services.monitor.natsaudit import auth_error_record, watch_auth_errors
-from services.runtime.bus import ErrorReporter, connect, ensure_jetstream
+from services.runtime.bus import ErrorReporter, JetStreamLayout, connect, ensure_jetstream
 from services.runtime.identity import (
     ADMIN,
     AUDIT,
@@ -341,13 +342,42 @@ def test_only_the_scheduler_reads_or_writes_the_leaders_state() -> None:
                  "$JS.API.CONSUMER.CREATE.OBJ_hops_state.c.$O.hops_state.C.n",
                  "$JS.API.CONSUMER.DURABLE.CREATE.OBJ_hops_state.c"]
         expected = service != "scheduler"
+        reads.append("$JS.API.STREAM.UPDATE.OBJ_hops_state")  # its limits are its owner's
         assert all(any(matches(p, r) for p in denied) == expected for r in reads), service
         # the layout stays every service's to ensure
         assert not any(matches(p, "$JS.API.STREAM.CREATE.OBJ_hops_state") for p in denied)
         assert not any(matches(p, "$JS.API.STREAM.INFO.OBJ_hops_state") for p in denied)
+        assert not any(matches(p, "$JS.API.STREAM.UPDATE.HOPS_JOBS") for p in denied)
+        # no service deletes or purges a stream of the layout
+        for stream in ("HOPS_JOBS", "KV_hops_jobs", "KV_hops_leader", "OBJ_hops_state"):
+            assert any(matches(p, f"$JS.API.STREAM.DELETE.{stream}") for p in denied), stream
+        for stream in ("HOPS_JOBS", "HOPS_LOGS", "KV_hops_jobs", "KV_hops_explain"):
+            assert any(matches(p, f"$JS.API.STREAM.PURGE.{stream}") for p in denied), stream
     assert '"deny": ' not in render_authorization({KEY_A: "scheduler"})
     assert ', deny: ["$JS.API.STREAM.MSG.GET.OBJ_hops_state"' in render_authorization(
         {KEY_A: "gateway"})
+
+
+async def _only_the_scheduler_changes_the_states_limits(gateway: NATS, scheduler: NATS) -> None:
+    """A gateway's ``STREAM.UPDATE`` of hops_state (its limits shrunk) is
+    refused, its ensure of a smaller layout leaves the stream alone, and the
+    scheduler still updates it and writes to it."""
+    other, js = gateway.jetstream(timeout=1), scheduler.jetstream()
+    info = await js.stream_info("OBJ_hops_state")
+    shrunk = dataclasses.replace(info.config, max_bytes=1024)
+    with pytest.raises(nats.errors.TimeoutError):
+        await other.update_stream(shrunk)
+    with pytest.raises(nats.errors.TimeoutError):
+        await other.delete_stream("HOPS_JOBS")
+    layout = JetStreamLayout(state_max_bytes=2**31, owns_state=False)
+    await ensure_jetstream(gateway.jetstream(), layout)  # the state's limits not its to change
+    assert (await js.stream_info("OBJ_hops_state")).config.max_bytes == info.config.max_bytes
+    await ensure_jetstream(js, dataclasses.replace(layout, owns_state=True))
+    assert (await js.stream_info("OBJ_hops_state")).config.max_bytes == 2**31
+    for n in range(3):  # a write purges the chunks of the version two before
+        await put_object(js, "hops_state", "layer.hived", b'{"cells": %d}' % n)
+    assert await get_object(js, "hops_state", "layer.hived") == b'{"cells": 2}'
+    assert (await js.stream_info("HOPS_JOBS")).config.name == "HOPS_JOBS"
 
 
 async def test_nats_server_keeps_the_leaders_state_from_other_identities(
@@ -377,5 +407,6 @@ async def test_nats_server_keeps_the_leaders_state_from_other_identities(
                 await put_object(other, "hops_state", "layer.hived", b"{}", within=1)
         assert await get_object(js, "hops_state", "layer.hived") == b'{"cells": "bound"}'
         assert any("permissions violation" in e for e in errors), errors
+        await _only_the_scheduler_changes_the_states_limits(gateway, scheduler)
         for nc in (gateway, monitor, scheduler):
             await nc.close()

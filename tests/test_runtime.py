@@ -524,8 +524,9 @@ def test_settings_from_environment_and_flags(tmp_path: Path) -> None:
     assert settings.log_level == "debug"  # from the environment
     assert RuntimeSettings().nats_replicas == JetStreamLayout().replicas == 1
     replicated = from_env({"HOPS_NATS_REPLICAS": "3"})
-    layout = JetStreamLayout.of(replicated)
+    layout = JetStreamLayout.of(replicated, "scheduler")
     assert (replicated.nats_replicas, layout.replicas, layout.leader_ttl) == (3, 3, 12.5)
+    assert layout.owns_state and not JetStreamLayout.of(replicated, "gateway").owns_state
     assert {s.num_replicas for s in layout.streams()} == {3}
     assert {b.replicas for b in layout.buckets()} == {3}
     assert {o.replicas for o in layout.object_stores()} == {3}

@@ -54,16 +54,25 @@ AUTH_ERRORS = "$SYS.SERVER.*.CLIENT.AUTH.ERR"
 _JS_CLIENT = ("$JS.API.>", "$JS.ACK.>", "$JS.FC.>")
 # The leader's state (object store hops_state) is the scheduler's alone: for
 # every other identity with the JetStream API, the API requests that read,
-# purge or delete its stream (messages, direct gets, consumers) are denied;
-# its info, creation and update stay allowed, so that any service can
-# ensure the layout (services.runtime.layout).
+# change the limits of, purge or delete its stream (messages, direct gets,
+# consumers, updates) are denied; its info and creation stay allowed, so
+# that any service can ensure the layout (services.runtime.layout; only the
+# scheduler updates this stream, JetStreamLayout.owns_state).
 _STATE_STREAM = f"OBJ_{subjects.OBJ_STATE}"
 _STATE_DENIED = tuple(
     f"$JS.API.{api}.{_STATE_STREAM}{rest}"
     for api in ("STREAM.MSG.GET", "STREAM.MSG.DELETE", "STREAM.PURGE", "STREAM.DELETE",
-                "STREAM.SNAPSHOT", "STREAM.RESTORE", "DIRECT.GET", "CONSUMER.*",
-                "CONSUMER.*.*")
+                "STREAM.UPDATE", "STREAM.SNAPSHOT", "STREAM.RESTORE", "DIRECT.GET",
+                "CONSUMER.*", "CONSUMER.*.*")
     for rest in ("", ".>"))
+# No service deletes a stream, and only the scheduler purges one (the state's
+# stale chunks, services.runtime.objects): a purge or a delete of any other
+# stream by a service is denied (KV deletes are publishes, not these).
+_DELETE_ANY = "$JS.API.STREAM.DELETE.>"
+_PURGE_ANY = "$JS.API.STREAM.PURGE.>"
+_PURGE_BUT_STATE = tuple(
+    f"$JS.API.STREAM.PURGE.{name}"
+    for name in (*(s.name for s in subjects.STREAMS), *(f"KV_{b}" for b in subjects.KV_BUCKETS)))
 _ALL = ">"
 
 
@@ -129,7 +138,8 @@ def _service(identity: str, publish: Iterable[str], subscribe: Iterable[str] = (
         publish=(*_JS_CLIENT, subjects.ERRORS, *writes, *publish),
         subscribe=(f"{inbox_prefix(identity)}.>", *subscribe),
         allow_responses=responds,
-        publish_deny=() if state else _STATE_DENIED,
+        publish_deny=((_DELETE_ANY, *_PURGE_BUT_STATE) if state
+                      else (*_STATE_DENIED, _DELETE_ANY, _PURGE_ANY)),
     )
 
 

@@ -17,6 +17,7 @@ from nats.js.errors import BadRequestError
 
 from scheduling.live.lease import lease_ttl
 from services.runtime.durability import DURABLE, never_weaker
+from services.runtime.identity import SCHEDULER
 from services.runtime.logging import get_logger
 from services.runtime.retry import transient_retried
 from services.runtime.settings import DEFAULT_REPLICAS, RuntimeSettings
@@ -70,13 +71,17 @@ class JetStreamLayout:
     kv_history: int = 5
     # The leader's large state (hops_state): a few versions of a few objects.
     state_max_bytes: int = _GIB
+    # Whether this ensure may update hops_state's stream: only its owner's
+    # (the scheduler's; nats-server denies it to every other service,
+    # services.runtime.identity), the others create it if it is missing.
+    owns_state: bool = True
 
     @classmethod
-    def of(cls, settings: RuntimeSettings) -> JetStreamLayout:
-        """The layout a service with ``settings`` ensures."""
+    def of(cls, settings: RuntimeSettings, service: str) -> JetStreamLayout:
+        """The layout service ``service`` (its identity's name) with ``settings`` ensures."""
         replicated = settings.nats_replicas > 1
         return cls(leader_ttl=lease_ttl(settings.leader_ttl, replicated),
-                   replicas=settings.nats_replicas)
+                   replicas=settings.nats_replicas, owns_state=service == SCHEDULER)
 
     def streams(self) -> tuple[StreamConfig, ...]:
         limits = {
@@ -144,7 +149,8 @@ async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None 
     layout = layout or JetStreamLayout()
     calls = [*(partial(_ensure_stream, js, c) for c in layout.streams()),
              *(partial(_ensure_bucket, js, kv) for kv in layout.buckets()),
-             *(partial(_ensure_objects, js, obj) for obj in layout.object_stores())]
+             *(partial(_ensure_objects, js, obj, layout.owns_state)
+               for obj in layout.object_stores())]
     kept: list[str] = []
     for call in calls:
         kept += await _placed_within(js, call, layout.replicas)
@@ -243,7 +249,8 @@ async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> list[str]:
     return []
 
 
-async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig) -> list[str]:
+async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig,
+                          owner: bool) -> list[str]:
     try:
         # nats-py sets config.bucket to its first argument: name it again
         await js.create_object_store(config.bucket or "", config=config)
@@ -251,6 +258,8 @@ async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig) -> li
         _placed(e)
         if e.err_code != _STREAM_IN_USE:
             raise
+        if not owner:  # it exists: its limits are its owner's to change
+            return []
         info = await js.stream_info(f"OBJ_{config.bucket}")
         wanted = dataclasses.replace(info.config, num_replicas=config.replicas,
                                      max_bytes=config.max_bytes)
@@ -282,5 +291,6 @@ async def _update(js: JetStreamContext, wanted: StreamConfig,
     config, notes = never_weaker(existing, wanted, limits)
     if config.max_age and config.duplicate_window > config.max_age:
         config.duplicate_window = config.max_age  # JetStream: at most the age limit
-    await js.update_stream(config)
+    if config != existing:
+        await js.update_stream(config)
     return [f"{config.name}: {note}" for note in notes]

@@ -103,7 +103,7 @@ async def serve(
         nc = await _unless_stopped(connect(settings, name), stopping)
         if nc is None:
             return 0
-        layout = (layout or JetStreamLayout.of(settings)
+        layout = (layout or JetStreamLayout.of(settings, name)
                   if ensure_streams else None)
         return await _serve_connected(name, main, settings, nc, stopping, layout, grace)
     finally:

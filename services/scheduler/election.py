@@ -51,7 +51,7 @@ class Elector:
         self.layers = tuple(layers)
         # The lease's TTL is the leader bucket's (JetStreamLayout.of), one rule.
         self.lease = Lease(settings.replica(socket.gethostname(), os.getpid()),
-                           JetStreamLayout.of(ctx.settings).leader_ttl,
+                           JetStreamLayout.of(ctx.settings, ctx.name).leader_ttl,
                            lease_stall(ctx.settings.nats_replicas > 1))
         self.task: asyncio.Task[None] | None = None
         self.leader: Leader | None = None  # this term's, while it leads
