@@ -21,10 +21,11 @@ import pytest
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
+from nats.js.errors import BadRequestError
 
 from services.runtime.bus import JetStreamLayout, LayoutError, connect, ensure_jetstream
 from services.runtime.durability import never_weaker
-from services.runtime.layout import REPLICAS_EXCEED_CLUSTER
+from services.runtime.layout import REPLICAS_EXCEED_CLUSTER, replicas_exceed_cluster
 from services.runtime.settings import RuntimeSettings
 from shared import subjects
 from tests.engines_nats import require_nats_server
@@ -65,6 +66,17 @@ def test_limits_left_out_follow_the_setting() -> None:
     assert (config.max_age, config.num_replicas) == (5.0, 3) and len(notes) == 1
 
 
+def test_the_refusal_of_too_many_replicas_names_both_numbers() -> None:
+    error = BadRequestError(code=500, err_code=10005,
+                            description="no suitable peers for placement")
+    refused = replicas_exceed_cluster(5, 3, error)
+    assert refused.code == REPLICAS_EXCEED_CLUSTER == "nats_replicas_exceed_cluster"
+    assert str(refused).startswith("HOPS_NATS_REPLICAS=5 but the NATS cluster has 3 JetStream "
+                                   "servers: each stream would keep a copy on 5 servers.")
+    assert str(refused).endswith("(JetStream: no suitable peers for placement [10005])")
+    assert "has fewer JetStream servers than that:" in str(replicas_exceed_cluster(5, None, error))
+
+
 @pytest.fixture
 def needs_nats() -> None:
     require_nats_server()  # before the server fixture starts one
@@ -92,7 +104,8 @@ async def test_an_ensure_with_smaller_limits_keeps_the_existing_and_says_so(nc: 
     assert f"HOPS_JOBS: max_bytes {4 * GIB} kept (configured {GIB})" in warned[0]["kept"]
     assert any(k.startswith("OBJ_hops_state: max_bytes") for k in warned[0]["kept"])
     with structlog.testing.capture_logs() as logs:  # a larger one is applied, silently
-        await ensure_jetstream(js, JetStreamLayout(jobs_max_bytes=8 * GIB))
+        await ensure_jetstream(js, JetStreamLayout(jobs_max_bytes=8 * GIB,
+                                                   state_max_bytes=2 * GIB))
     assert (await js.stream_info(subjects.STREAM_JOBS.name)).config.max_bytes == 8 * GIB
     assert not [e for e in logs if e["log_level"] == "warning"]
 

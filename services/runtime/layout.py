@@ -13,7 +13,7 @@ from functools import partial
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError
 
 from scheduling.live.lease import lease_ttl
 from services.runtime.durability import DURABLE, never_weaker
@@ -175,12 +175,14 @@ class PeersPending(Exception):
     met yet, which passes within seconds of a start, or there are fewer of
     them than ``HOPS_NATS_REPLICAS``, which does not."""
 
-    def __init__(self, error: BadRequestError) -> None:
+    def __init__(self, error: APIError) -> None:
         super().__init__(error.description)
         self.error = error
 
 
-def _placed(e: BadRequestError) -> None:
+def _placed(e: APIError) -> None:
+    """:class:`PeersPending` for JetStream's answers that say too few servers
+    are there for the replicas (10074 comes as a server error, 500)."""
     if e.err_code in (_NO_PEERS, _INSUFFICIENT, _NOT_CLUSTERED):
         raise PeersPending(e) from e
 
@@ -204,7 +206,7 @@ async def _placed_within(js: JetStreamContext, call: Callable[[], Awaitable[list
 
 
 def replicas_exceed_cluster(replicas: int, servers: int | None,
-                            error: BadRequestError) -> LayoutError:
+                            error: APIError) -> LayoutError:
     """The refusal of ``HOPS_NATS_REPLICAS=replicas`` on a deployment of
     ``servers`` JetStream servers (None: not known), JetStream's ``error``."""
     have = ("fewer JetStream servers than that" if servers is None
@@ -230,9 +232,9 @@ def _cluster_size(js: JetStreamContext) -> int | None:
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> list[str]:
     try:
         await js.add_stream(config)
-    except BadRequestError as e:
+    except APIError as e:
         _placed(e)
-        if e.err_code != _STREAM_IN_USE:
+        if not isinstance(e, BadRequestError) or e.err_code != _STREAM_IN_USE:
             raise
         return await _update(js, config)
     return []
@@ -241,9 +243,9 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> list[str
 async def _ensure_bucket(js: JetStreamContext, kv: KeyValueConfig) -> list[str]:
     try:
         await js.create_key_value(kv)
-    except BadRequestError as e:
+    except APIError as e:
         _placed(e)
-        if e.err_code != _STREAM_IN_USE:
+        if not isinstance(e, BadRequestError) or e.err_code != _STREAM_IN_USE:
             raise
         return await _update_bucket(js, kv)
     return []
@@ -254,9 +256,9 @@ async def _ensure_objects(js: JetStreamContext, config: ObjectStoreConfig,
     try:
         # nats-py sets config.bucket to its first argument: name it again
         await js.create_object_store(config.bucket or "", config=config)
-    except BadRequestError as e:
+    except APIError as e:
         _placed(e)
-        if e.err_code != _STREAM_IN_USE:
+        if not isinstance(e, BadRequestError) or e.err_code != _STREAM_IN_USE:
             raise
         if not owner:  # it exists: its limits are its owner's to change
             return []
