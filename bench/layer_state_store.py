@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import nats
 from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
 
 from services.runtime.bus import JetStreamLayout, ensure_jetstream
 from services.runtime.kv import is_part, pack, parts_of, read_bucket, unpack
@@ -110,6 +111,9 @@ async def _bench(urls: list[str], replicas: int, states: list[bytes], label: str
     nc = await nats.connect(servers=urls, max_reconnect_attempts=-1)
     js = nc.jetstream(timeout=30.0)
     await ensure_jetstream(js, JetStreamLayout(replicas=replicas))
+    # the earlier versions' bucket, which the layout no longer makes
+    await js.create_key_value(KeyValueConfig(bucket=subjects.KV_LAYERS, history=1,
+                                             storage=StorageType.FILE, replicas=replicas))
     for way, make in WAYS.items():
         write, read = await make(js)
         writes, reads = [], []

@@ -74,8 +74,9 @@ KV_JOBS = "hops_jobs"
 KV_ALLOC = "hops_alloc"
 KV_NODES = "hops_nodes"
 KV_LEADER = "hops_leader"
-# Each stateful layer's state after the last plan (key: the layer's name;
-# HiveD's cell bindings), written by the leader, read by the next one.
+# Where earlier versions kept each stateful layer's state (key: the layer's
+# name; HiveD's cell bindings): read by a new leader if it exists, no longer
+# made nor written (OBJ_STATE replaced it).
 KV_LAYERS = "hops_layers"
 # Each tenant's virtual cluster as the leader's cells state shows it (key:
 # the tenant), for GET /tenants and ``hops tenants``.
@@ -111,7 +112,9 @@ STREAM_TIMELINE = StreamDef("HOPS_TIMELINE", (TIMELINE_ALL,))
 STREAM_LOGS = StreamDef("HOPS_LOGS", (LOGS_ALL,))
 STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS, STREAM_TIMELINE,
            STREAM_LOGS)
-KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_LAYERS, KV_TENANTS, KV_EXPLAIN)
+KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_TENANTS, KV_EXPLAIN)
+# Buckets of earlier versions: read where they exist, no longer made.
+LEGACY_KV_BUCKETS = (KV_LAYERS,)
 
 
 def check_token(value: str, what: str = "id") -> str:

@@ -12,6 +12,7 @@ import msgspec
 import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
 from nats.js.errors import Error as JetStreamError
 
 from services.runtime.bus import connect, ensure_jetstream
@@ -61,7 +62,8 @@ async def nc(nats_url: str) -> AsyncIterator[NATS]:  # noqa: F811
 async def test_a_state_over_the_payload_limit_round_trips_through_kv(nc: NATS) -> None:
     js = nc.jetstream()
     await ensure_jetstream(js)
-    kv = await js.key_value(subjects.KV_LAYERS)
+    # the bucket as an earlier version made it (the layout makes it no more)
+    kv = await js.create_key_value(KeyValueConfig(bucket=subjects.KV_LAYERS, history=1))
     state = big_state(60_000)
     with pytest.raises((JetStreamError, nats.errors.Error)):
         await kv.put("hived", state)  # one message: refused

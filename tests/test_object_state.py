@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.api import KeyValueConfig
 
 from services.runtime.bus import ErrorReporter, connect, ensure_jetstream
 from services.runtime.kv import pack
@@ -155,7 +156,8 @@ async def test_a_new_leader_reloads_the_layer_state_after_a_server_restart(
 async def test_a_state_left_in_kv_parts_by_an_earlier_version_is_read_until_replaced(
         nc: NATS) -> None:
     js = nc.jetstream()
-    kv = await js.key_value(subjects.KV_LAYERS)
+    # the bucket as an earlier version made it (the layout makes it no more)
+    kv = await js.create_key_value(KeyValueConfig(bucket=subjects.KV_LAYERS, history=1))
     old, new = big_state(60_000), big_state(61_000)
     for key, value in [*pack("hived", old), *pack("coda", b'{"climbs": {}}')]:
         await kv.put(key, value)

@@ -20,6 +20,7 @@ import pytest
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js.api import StorageType
+from nats.js.errors import NotFoundError
 
 from services.runtime.bus import (
     ErrorReporter,
@@ -109,6 +110,8 @@ async def test_streams_and_buckets_are_created_idempotently(nc: NATS) -> None:
         assert info.config.storage == StorageType.FILE
     for bucket in subjects.KV_BUCKETS:
         await (await js.key_value(bucket)).put("k", b"v")
+    with pytest.raises(NotFoundError):  # an earlier version's bucket: not made any more
+        await js.stream_info(f"KV_{subjects.KV_LAYERS}")
     leader = await js.stream_info(f"KV_{subjects.KV_LEADER}")
     assert leader.config.max_age == JetStreamLayout().leader_ttl == 5.0
     await ensure_jetstream(js, JetStreamLayout(leader_ttl=3.0, samples_max_age=30 * 86400.0))

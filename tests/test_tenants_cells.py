@@ -271,7 +271,7 @@ def test_a_dead_node_reaches_the_layer_and_becomes_a_doomed_cell_in_the_views() 
     cell server it does not list bad (§4 "Handling faulty hardware"), and
     with one healthy node for two reserved ones a tenant gets a doomed cell,
     which its view (GET /tenants) shows; the state the leader keeps in
-    hops_layers carries it to the next snapshot."""
+    hops_state carries it to the next snapshot."""
     file = load_tenants(FILE.replace("[{cell_type: K80-PAIR}]", "[{cell_type: K80-NODE}]"))
     model = tenant_cells(file)
     assert model is not None

@@ -32,7 +32,7 @@ The leader builds a snapshot the way the simulator does
 - ``held_extras`` has the cores and memory (``Configuration.extras``) of
   the same configurations whose GPUs ``held`` has;
 - ``layer_state`` is each stateful layer's state after the last published
-  plan (HiveD's bindings), which the leader keeps in KV ``hops_layers``.
+  plan (HiveD's bindings), which the leader keeps in object store ``hops_state``.
 
 A running job without an estimate (the estimator lost its data or did not
 answer) cannot be planned; rather than letting the first plan stop it, its
@@ -317,7 +317,7 @@ def with_sticky(plan: Plan, sticky: Mapping[JobId, Configuration]) -> Plan:
 
 
 def without_layer_state(plan: Plan) -> Plan:
-    """``plan`` as published: the layers' states stay in KV ``hops_layers``
+    """``plan`` as published: the layers' states stay in ``hops_state``
     (they may be large, and no consumer of the plan reads them)."""
     layers = plan.reasons.layers
     if not any(r.state for r in layers):

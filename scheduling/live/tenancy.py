@@ -123,7 +123,7 @@ def stranded_problem(tenants: TenantsFile | None, tenant: str) -> str | None:
 def reload_refusal(old: TenantsFile, new: TenantsFile, needs_cells: bool) -> str | None:
     """Why a reload may not swap ``new`` in for ``old`` (None: it may). A
     policy that plans with the cells keeps bindings to them in its layer
-    state (HiveD's, hops_layers); changing the cells under them is not safe
+    state (HiveD's, hops_state); changing the cells under them is not safe
     in place, so a cells change needs a restart. Tenants, tokens and
     ``run_commands`` apply at once."""
     if needs_cells and new.cells != old.cells:

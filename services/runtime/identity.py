@@ -72,7 +72,8 @@ _DELETE_ANY = "$JS.API.STREAM.DELETE.>"
 _PURGE_ANY = "$JS.API.STREAM.PURGE.>"
 _PURGE_BUT_STATE = tuple(
     f"$JS.API.STREAM.PURGE.{name}"
-    for name in (*(s.name for s in subjects.STREAMS), *(f"KV_{b}" for b in subjects.KV_BUCKETS)))
+    for name in (*(s.name for s in subjects.STREAMS),
+                 *(f"KV_{b}" for b in (*subjects.KV_BUCKETS, *subjects.LEGACY_KV_BUCKETS))))
 _ALL = ">"
 
 

@@ -128,7 +128,6 @@ class JetStreamLayout:
             bucket(subjects.KV_ALLOC, self.kv_history),
             bucket(subjects.KV_NODES, 1),
             bucket(subjects.KV_LEADER, 1, self.leader_ttl),
-            bucket(subjects.KV_LAYERS, 1),
             bucket(subjects.KV_TENANTS, 1),
             bucket(subjects.KV_EXPLAIN, 1),
         )

@@ -13,7 +13,7 @@ waiting job's reason (:func:`scheduling.explain.with_reasons`); it publishes
 a ``plan_issued`` with its lease term, then receipts, forecasts and timelines
 (:mod:`.explainer`). It answers ``hops.v1.queue`` by its last plan's ranking
 with reasons, positions and forecasts, ends jobs at their time limit
-(:mod:`.timelimits`), and keeps stateful layers' state in ``hops_layers`` and
+(:mod:`.timelimits`), and keeps stateful layers' state in ``hops_state`` and
 the tenants' views in ``hops_tenants`` (:mod:`.layer_store`);
 :mod:`.settings` lists the settings.
 """
@@ -94,7 +94,7 @@ class Leader:
         self.allocs: dict[JobId, Placement] | None = None  # None: nothing planned yet
         # The configured policy inside any layers a launcher adds (__main__.main).
         self.policy = stack(build_policy(settings), *layers)
-        # the layers' state (hops_layers) and the tenants' views (hops_tenants)
+        # the layers' state (hops_state) and the tenants' views (hops_tenants)
         self.store = LayerStore(ctx, settings, lease.term, lease.holder)
         # The last plan's reasons and time, whichever policy made it: the queue view.
         self.ranked: tuple[PlanReasons, float] = (PlanReasons(self.policy.name), 0.0)
