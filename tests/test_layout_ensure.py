@@ -73,7 +73,7 @@ def test_the_refusal_of_too_many_replicas_names_both_numbers() -> None:
     assert refused.code == REPLICAS_EXCEED_CLUSTER == "nats_replicas_exceed_cluster"
     assert str(refused).startswith("HOPS_NATS_REPLICAS=5 but the NATS cluster has 3 JetStream "
                                    "servers: each stream would keep a copy on 5 servers.")
-    assert str(refused).endswith("(JetStream: no suitable peers for placement [10005])")
+    assert str(refused).endswith("JetStream said: no suitable peers for placement [10005]")
     assert "has fewer JetStream servers than that:" in str(replicas_exceed_cluster(5, None, error))
 
 

@@ -213,8 +213,8 @@ def replicas_exceed_cluster(replicas: int, servers: int | None,
     return LayoutError(REPLICAS_EXCEED_CLUSTER, (
         f"HOPS_NATS_REPLICAS={replicas} but the NATS cluster has {have}: each stream "
         f"would keep a copy on {replicas} servers. Set HOPS_NATS_REPLICAS to at most the "
-        f"number of servers (compose: --env-file deploy/nats-cluster.env for three) "
-        f"(JetStream: {error.description} [{error.err_code}])"))
+        f"number of servers (compose runs three with --env-file deploy/nats-cluster.env). "
+        f"JetStream said: {error.description} [{error.err_code}]"))
 
 
 def _cluster_size(js: JetStreamContext) -> int | None:
