@@ -18,14 +18,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from scheduling.live import admission as adm
-from services.runtime.bus import (
-    ErrorReporter,
-    JetStreamLayout,
-    Rejected,
-    connect,
-    ensure_jetstream,
-    publish_event,
-)
+from services.runtime.bus import ErrorReporter, Rejected, connect, ensure_jetstream, publish_event
 from services.runtime.logging import get_logger
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
@@ -52,7 +45,7 @@ def needs_nats() -> None:
 @pytest.fixture
 async def nc(needs_nats: None, nats_url: str) -> AsyncIterator[NATS]:  # noqa: F811
     client = await connect(RuntimeSettings(nats_servers=(nats_url,)), "test")
-    await ensure_jetstream(client.jetstream(), JetStreamLayout())
+    await ensure_jetstream(client.jetstream())
     yield client
     await client.close()
 
