@@ -15,7 +15,7 @@ import structlog
 from cli.up.stack import StackConfig, by_name
 from executor.launch import LaunchOptions, job_paths
 from executor.slurm.client import SlurmClient, SlurmSettings
-from executor.slurm.handle import GONE, STOPPED_OUTSIDE, SlurmJobHandle
+from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.nodes import cluster_doc, gres_type, slurm_cluster
 from executor.slurm.realjobs import RealJobs, SlurmRealHandle
 from executor.slurm.records import SlurmNode
@@ -27,7 +27,7 @@ from shared.events import JobFailed, JobFinished, Report, SampleReported, StartJ
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
 from shared.jobreport import Checkpointed, Finished, ReportLine, Started
-from shared.slurm import JobVerdict
+from shared.slurm import JOB_GONE, STOPPED_OUTSIDE, JobVerdict
 from shared.specs import SpecError
 
 
@@ -114,7 +114,7 @@ def test_a_job_slurm_lost_is_listed_lost_and_a_finished_one_says_nothing(
     h, lost = handle(tmp_path, '{"event": "ready", "samples_done": 5}\n'
                                '{"event": "finished", "samples_done": 100}\n')
     assert h._outcome(JobVerdict(kind="finished", code="slurm_completed")).event is None
-    assert h._outcome(JobVerdict(kind="requeue", code=GONE)).event is None
+    assert h._outcome(JobVerdict(kind="requeue", code=JOB_GONE)).event is None
     assert lost == ["j"]
     asyncio.run(h.client.aclose())
 

@@ -32,7 +32,7 @@ from executor.slurm.records import (
     parse_scontrol_job,
 )
 from executor.slurm.rest import SlurmRest
-from shared.slurm import SLURM_STOP_TIMEOUT, job_name
+from shared.slurm import SLURM_STOP_TIMEOUT, holds_node, job_name
 
 # slurmctld answers in well under a second; a Slurm command retries an
 # unreachable slurmctld for about MessageTimeout (10 s by default) before it
@@ -258,9 +258,8 @@ class SlurmClient:
 
 
 def _holds(job: SlurmJob) -> bool:
-    """Whether the job still holds its node (not yet ended); a state Hops
-    does not know counts as running (docs/slurm.md, "Slurm's states")."""
-    return job.verdict().kind in ("waiting", "running", "unknown")
+    """Whether the job still holds its node (:func:`shared.slurm.holds_node`)."""
+    return holds_node(job.verdict())
 
 
 def _whoami() -> str:
