@@ -256,6 +256,7 @@ JOB_GONE = "slurm_job_gone"
 # A COMPLETED job whose last line is not "finished" was stopped by a signal
 # Hops did not send (scancel --signal=TERM behind its back).
 STOPPED_OUTSIDE = "slurm_stopped_outside"
+NO_NODE = "slurm_no_node"
 NODE_DOWN = "slurm_node_down"
 NODE_DRAINED = "slurm_node_drained"
 _HOLDING: frozenset[VerdictKind] = frozenset({"waiting", "running", "unknown"})
@@ -362,11 +363,18 @@ def node_counted_alive(listed: bool, read_at: float, dead_since: float | None,
     return dead_since is None or read_at - dead_since < down_s
 
 
-def node_refusal(server: str, health: NodeHealth | None) -> tuple[str, str] | None:
+def node_refusal(server: str, partition: str, read_at: float,
+                 health: NodeHealth | None) -> tuple[str, str] | None:
     """Why a start on ``server`` is refused before any sbatch, as (code,
-    words), from the node's ``health`` in the latest reading (None: not
-    read); None when Slurm has nothing against it. A node read dead is
-    refused at once (no debounce for new work), a drained one too."""
+    words), from the latest reading of ``partition``'s nodes (begun at
+    ``read_at``; 0: none yet, so nothing is known) and the node's
+    ``health`` in it (None: not listed); None when Slurm has nothing against
+    it. A node the reading does not list is :data:`NO_NODE` (sbatch would
+    be refused, or the job would wait for a node that never comes); one
+    read dead is refused at once (no debounce for new work); a drained one
+    too."""
+    if health is None and read_at:
+        return NO_NODE, f"{server} is not a node of partition {partition}"
     if health is None:
         return None
     if not health.alive:

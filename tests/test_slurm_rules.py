@@ -100,14 +100,16 @@ def test_a_node_is_dead_once_its_dead_readings_outlast_the_debounce() -> None:
     assert not node_counted_alive(True, 13.0, 10.0, 3.0)
 
 
-def test_a_start_on_a_dead_or_drained_node_is_refused_with_slurms_reason() -> None:
-    assert node_refusal("n1", None) is None
-    assert node_refusal("n1", node_health("mixed")) is None
-    assert node_refusal("n1", node_health("down*", reason="boom")) == (
+def test_a_start_on_a_dead_drained_or_unlisted_node_is_refused_with_slurms_reason() -> None:
+    assert node_refusal("n1", "hops", 0.0, None) is None  # nothing read yet: nothing known
+    assert node_refusal("n7", "hops", 5.0, None) == (
+        "slurm_no_node", "n7 is not a node of partition hops")
+    assert node_refusal("n1", "hops", 5.0, node_health("mixed")) is None
+    assert node_refusal("n1", "hops", 5.0, node_health("down*", reason="boom")) == (
         "slurm_node_down", "Slurm reads node n1 as down: boom")
-    assert node_refusal("n1", node_health("idle*")) == (
+    assert node_refusal("n1", "hops", 5.0, node_health("idle*")) == (
         "slurm_node_down", "Slurm reads node n1 as not_responding: no reason given")
-    assert node_refusal("n1", node_health("idle", ("DRAIN",), "maint")) == (
+    assert node_refusal("n1", "hops", 5.0, node_health("idle", ("DRAIN",), "maint")) == (
         "slurm_node_drained", "Slurm has drained node n1: maint")
 
 

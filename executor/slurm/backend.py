@@ -17,7 +17,8 @@ its jobs again (:meth:`SlurmBackend.recover`):
   the monitor requeues the job from its progress.
 
 A start on a node Slurm has drained is refused (``slurm_node_drained``), as
-is one on a node Slurm reads dead (``slurm_node_down``):
+is one on a node Slurm reads dead (``slurm_node_down``) or does not list in
+the partition (``slurm_no_node``), before any sbatch:
 :func:`shared.slurm.node_refusal`. The
 node's heartbeats stop while Slurm says it is dead (:attr:`alive`).
 """
@@ -104,7 +105,8 @@ class SlurmBackend:
 
     def check(self, cmd: StartJob) -> Refusal | None:
         node = self.watch.nodes.get(self.server.id)
-        why = node_refusal(self.server.id, node.health if node is not None else None)
+        why = node_refusal(self.server.id, self.settings.slurm.partition, self.watch.read_at,
+                           node.health if node is not None else None)
         if why is not None:
             return Refusal(*why)
         if self.real is not None:
