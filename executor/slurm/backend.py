@@ -18,9 +18,9 @@ its jobs again (:meth:`SlurmBackend.recover`):
 
 A start on a node Slurm has drained is refused (``slurm_node_drained``), as
 is one on a node Slurm reads dead (``slurm_node_down``) or does not list in
-the partition (``slurm_no_node``), before any sbatch:
-:func:`shared.slurm.node_refusal`. The
-node's heartbeats stop while Slurm says it is dead (:attr:`alive`).
+the partition (``slurm_no_node``), before any sbatch
+(:func:`shared.slurm.node_refusal`). The node's heartbeats stop while Slurm
+says it is dead (:attr:`alive`).
 """
 
 from __future__ import annotations
