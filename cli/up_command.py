@@ -81,8 +81,10 @@ def up(
         envvar="HOPS_SLURM_GPU_TYPE",
         help="--backend slurm: the nodes' Hops GPU type (default: the GRES type)")] = "",
     slurm_jobs: Annotated[str, typer.Option(
-        help="--backend slurm: emulated jobs, or real (each job's own command, one process "
-        "per GPU, in real time; docs/slurm.md)")] = "emulated",
+        help="--backend slurm: emulated jobs (train nothing, at --time-scale), or real (each "
+        "job's own command, one process per GPU, in real time; docs/slurm.md); without "
+        "the flag, $HOPS_EXECUTOR_BACKEND as the bridge reads it, else emulated",
+        show_default=False)] = "",
     cpu_affinity: Annotated[str, typer.Option(
         help='real executors on CPU devices: cores per device, e.g. "a=0|1;b=1"'
     )] = "",
@@ -112,8 +114,10 @@ def up(
 ) -> None:
     """Run the live system here, one process each (NATS, services, gateway, and one
     executor per server: EMULATED GPUs, or with --executor real the jobs' own commands;
-    with --backend slurm one bridge answers for every node of a Slurm partition)."""
-    from cli.up.slurm import slurm_flags
+    with --backend slurm one bridge answers for every node of a Slurm partition and runs
+    each job as Slurm batch jobs, emulated or, with --slurm-jobs real, its own command).
+    The banner says which."""
+    from cli.up.slurm import slurm_flags, slurm_jobs_of
     from cli.up.stack import StackConfig, default_job_user
     from cli.up.up import stdout_say
     from cli.up.up import up as run_up
@@ -135,7 +139,7 @@ def up(
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
             nats_cluster=nats_cluster, auth=not no_auth, tenants=tenants,
             tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, slurm=slurm,
-            slurm_jobs=slurm_jobs,
+            slurm_jobs=slurm_jobs_of(slurm_jobs, os.environ, slurm=executor == "slurm"),
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

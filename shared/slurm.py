@@ -11,7 +11,7 @@ raises: it gets a safe reading and a code saying it was not understood.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -245,3 +245,142 @@ def parse_job_name(name: str) -> tuple[str, int] | None:
     if prefix != _NAME_PREFIX or not job_id or not attempt.isdigit():
         return None
     return job_id, int(attempt)
+
+
+# The rules the bridge judges its readings of Slurm by (docs/slurm.md,
+# "Slurm's states become Hops' records and events"). Pure: the shell
+# (executor.slurm) reads Slurm and the clock and hands both in; times are
+# seconds of one clock (time.time() in the bridge).
+
+JOB_GONE = "slurm_job_gone"
+# A COMPLETED job whose last line is not "finished" was stopped by a signal
+# Hops did not send (scancel --signal=TERM behind its back).
+STOPPED_OUTSIDE = "slurm_stopped_outside"
+NO_NODE = "slurm_no_node"
+NODE_DOWN = "slurm_node_down"
+NODE_DRAINED = "slurm_node_drained"
+_HOLDING: frozenset[VerdictKind] = frozenset({"waiting", "running", "unknown"})
+
+
+class JobReading(Protocol):
+    """One Slurm job as a reading shows it (``executor.slurm.records.SlurmJob``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def nodes(self) -> str: ...
+    @property
+    def job_state(self) -> str: ...
+    @property
+    def state_reason(self) -> str: ...
+    @property
+    def exit_code(self) -> int | None: ...
+
+
+class StartOf(msgspec.Struct, frozen=True):
+    """One start as its readings are judged: Hops job ``job_id`` on node
+    ``server``, Slurm job ``slurm_id``, whose sbatch returned at
+    ``submitted_at`` (from then on slurmctld holds the job: a reading begun
+    later shows it)."""
+
+    job_id: str
+    server: str
+    slurm_id: int
+    submitted_at: float
+
+
+def holds_node(verdict: JobVerdict) -> bool:
+    """Whether a job with ``verdict`` has not ended: waiting, running, or in
+    a state Hops does not know (which counts as running, see
+    :func:`job_verdict`)."""
+    return verdict.kind in _HOLDING
+
+
+def names_job(name: str, job_id: str) -> bool:
+    """Whether a Slurm job named ``name`` is a start of Hops job ``job_id``."""
+    parsed = parse_job_name(name)
+    return parsed is not None and parsed[0] == job_id
+
+
+def is_this_start(start: StartOf, job: JobReading) -> bool:
+    """Whether ``job``, read by ``start``'s Slurm id, is that start's: a
+    start of the same Hops job on the same node (or on none yet). A
+    slurmctld restarted without its last jobs gives their ids again
+    (docs/slurm.md, "Quirks"): an id alone never says whose job it is."""
+    return names_job(job.name, start.job_id) and job.nodes in ("", start.server)
+
+
+def start_verdict(start: StartOf, job: JobReading | None, read_at: float, *,
+                  stopping: bool) -> JobVerdict | None:
+    """What a reading of Slurm that began at ``read_at`` says of ``start``,
+    ``job`` being the job it lists under the start's Slurm id (None: none).
+    None: nothing yet (the reading began no later than the submission, and
+    may predate the job). Gone (:data:`JOB_GONE`, requeued from its
+    progress) when the reading lists no job of this start under its id:
+    Slurm forgot it, or gave its id to another job. Else the job's own
+    :func:`job_verdict` (``stopping``: Hops asked it to stop)."""
+    if job is None or not is_this_start(start, job):
+        if read_at <= start.submitted_at:
+            return None
+        return JobVerdict(kind="requeue", code=JOB_GONE,
+                          reason=f"Slurm no longer knows job {start.slurm_id}")
+    return job_verdict(job.job_state, job.exit_code, job.state_reason, stopping=stopping)
+
+
+def stop_read_end(start: StartOf, job: JobReading | None) -> JobVerdict | None:
+    """The end a stop's own reading of its one job shows (the stop asked for
+    it, so any end is ``stopped``); None when that reading shows no end of
+    this start (not ended, forgotten, or its id another job's): the stop
+    then waits for the next reading of the whole queue."""
+    if job is None or not is_this_start(start, job):
+        return None
+    verdict = job_verdict(job.job_state, job.exit_code, job.state_reason, stopping=True)
+    return None if holds_node(verdict) else verdict
+
+
+def end_verdict(verdict: JobVerdict, last_event: str) -> JobVerdict:
+    """A start's end, given the last progress line its job wrote
+    (``last_event``; '' when it wrote none): a job Slurm reads finished
+    (COMPLETED, exit 0) whose last line is neither ``finished`` nor absent
+    was ended by a signal Hops did not send (:data:`STOPPED_OUTSIDE`,
+    reported, never restarted blindly); any other end is Slurm's verdict."""
+    if verdict.kind == "finished" and last_event not in ("finished", ""):
+        return JobVerdict(kind="outside", code=STOPPED_OUTSIDE,
+                          reason=f"the job ended ({last_event}) without Hops asking it to",
+                          exit_code=verdict.exit_code)
+    return verdict
+
+
+def node_counted_alive(listed: bool, read_at: float, dead_since: float | None,
+                       down_s: float) -> bool:
+    """Whether Hops counts a node alive after a reading begun at ``read_at``
+    (0: none yet): not when the reading no longer lists it in the partition,
+    nor once Slurm has read it dead since ``dead_since`` (None: it reads
+    alive) for ``down_s`` on end. A resumed node reads not responding for
+    about a second (docs/slurm.md, "Quirks"): shorter deaths are not deaths."""
+    if read_at and not listed:
+        return False
+    return dead_since is None or read_at - dead_since < down_s
+
+
+def node_refusal(server: str, partition: str, read_at: float,
+                 health: NodeHealth | None) -> tuple[str, str] | None:
+    """Why a start on ``server`` is refused before any sbatch, as (code,
+    words), from the latest reading of ``partition``'s nodes (begun at
+    ``read_at``; 0: none yet, so nothing is known) and the node's
+    ``health`` in it (None: not listed); None when Slurm has nothing against
+    it. A node the reading does not list is :data:`NO_NODE` (sbatch would
+    be refused, or the job would wait for a node that never comes); one
+    read dead is refused at once (no debounce for new work); a drained one
+    too."""
+    if health is None and read_at:
+        return NO_NODE, f"{server} is not a node of partition {partition}"
+    if health is None:
+        return None
+    if not health.alive:
+        return NODE_DOWN, (f"Slurm reads node {server} as {health.code}: "
+                            f"{health.reason or 'no reason given'}")
+    if health.drained:
+        return NODE_DRAINED, (f"Slurm has drained node {server}: "
+                               f"{health.reason or 'no reason given'}")
+    return None

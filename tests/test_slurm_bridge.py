@@ -15,7 +15,7 @@ import structlog
 from cli.up.stack import StackConfig, by_name
 from executor.launch import LaunchOptions, job_paths
 from executor.slurm.client import SlurmClient, SlurmSettings
-from executor.slurm.handle import GONE, STOPPED_OUTSIDE, SlurmJobHandle
+from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.nodes import cluster_doc, gres_type, slurm_cluster
 from executor.slurm.realjobs import RealJobs, SlurmRealHandle
 from executor.slurm.records import SlurmNode
@@ -27,7 +27,7 @@ from shared.events import JobFailed, JobFinished, Report, SampleReported, StartJ
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
 from shared.jobreport import Checkpointed, Finished, ReportLine, Started
-from shared.slurm import JobVerdict
+from shared.slurm import JOB_GONE, STOPPED_OUTSIDE, JobVerdict
 from shared.specs import SpecError
 
 
@@ -114,7 +114,7 @@ def test_a_job_slurm_lost_is_listed_lost_and_a_finished_one_says_nothing(
     h, lost = handle(tmp_path, '{"event": "ready", "samples_done": 5}\n'
                                '{"event": "finished", "samples_done": 100}\n')
     assert h._outcome(JobVerdict(kind="finished", code="slurm_completed")).event is None
-    assert h._outcome(JobVerdict(kind="requeue", code=GONE)).event is None
+    assert h._outcome(JobVerdict(kind="requeue", code=JOB_GONE)).event is None
     assert lost == ["j"]
     asyncio.run(h.client.aclose())
 
@@ -171,3 +171,38 @@ def test_hops_up_refuses_slurm_jobs_without_the_slurm_backend(tmp_path: Path) ->
     assert result.exit_code == 2, result.output
     assert "Slurm settings are for the Slurm backend (--backend slurm)" in result.output
     assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_hops_up_says_which_jobs_the_bridge_runs_and_runs_those() -> None:
+    from cli.up.slurm import slurm_jobs_of
+    from cli.up.stack import environment
+    from cli.up.up import banner
+
+    real_env = {"HOPS_EXECUTOR_BACKEND": "real"}
+    assert slurm_jobs_of("", {}, slurm=True) == "emulated"
+    assert slurm_jobs_of("", real_env, slurm=True) == "real"  # as the bridge would read it
+    assert slurm_jobs_of("emulated", real_env, slurm=True) == "emulated"  # the flag wins
+    assert slurm_jobs_of("", real_env, slurm=False) == "emulated"  # the executors' variable
+    real = StackConfig(executor="slurm", slurm_jobs=slurm_jobs_of("", real_env, slurm=True))
+    assert "real jobs as Slurm jobs, in real time" in banner(real, "nats://x")
+    assert "emulated" not in banner(real, "nats://x")
+    assert real.round_wall_s == ROUND_S
+    emulated = StackConfig(executor="slurm")
+    assert "emulated jobs as Slurm jobs, time x60" in banner(emulated, "nats://x")
+    # the bridge runs what the banner says, whatever hops up inherited
+    bridge = by_name(emulated)["cluster"]
+    assert environment(emulated, bridge, real_env)["HOPS_EXECUTOR_BACKEND"] == "emulated"
+    bridge = by_name(real)["cluster"]
+    assert environment(real, bridge, {})["HOPS_EXECUTOR_BACKEND"] == "real"
+
+
+def test_hops_up_help_names_both_kinds_of_slurm_jobs() -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "emulated or, with --slurm-jobs real, its own command" in text, text
+    assert "without the flag, $HOPS_EXECUTOR_BACKEND as the bridge reads it" in text, text

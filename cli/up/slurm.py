@@ -20,6 +20,8 @@ from shared.specs import SpecError, cluster_from_doc
 
 CLUSTER_FILE = "slurm-cluster.json"
 CONF = "HOPS_SLURM_CONF"
+# What the bridge reads for its --backend when none is given (executor.__main__).
+BACKEND = "HOPS_EXECUTOR_BACKEND"
 
 
 def slurm_flags(flags: Mapping[str, str], environ: Mapping[str, str], *,
@@ -34,6 +36,18 @@ def slurm_flags(flags: Mapping[str, str], environ: Mapping[str, str], *,
     if not out.get(CONF) and environ.get("SLURM_CONF"):
         out[CONF] = environ["SLURM_CONF"]
     return out
+
+
+def slurm_jobs_of(flag: str, environ: Mapping[str, str], *, slurm: bool) -> str:
+    """Which jobs the bridge runs, ``emulated`` or ``real``: ``--slurm-jobs``
+    when given, else (with the Slurm backend) ``HOPS_EXECUTOR_BACKEND`` from
+    ``environ``, as the bridge itself would read it, else ``emulated``. ``hops
+    up`` then says which, and runs the bridge with that, whatever it
+    inherits. Without the Slurm backend only the flag counts (the variable
+    is the executors' own)."""
+    if flag or not slurm:
+        return flag or "emulated"
+    return environ.get(BACKEND) or "emulated"
 
 
 class SlurmUpError(RuntimeError):

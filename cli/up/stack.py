@@ -297,7 +297,9 @@ def _cluster(config: StackConfig) -> Component:
         return Component("cluster", "executor.slurm",
                          args=("--cluster", config.cluster, "--time-scale",
                                _num(config.time_scale), *real),
+                         # the jobs hops up says it runs, whatever it inherits
                          env={"HOPS_RUN_DIR": str(config.runs_dir), **config.slurm,
+                              "HOPS_EXECUTOR_BACKEND": config.slurm_jobs,
                               **_security(config, "cluster")},
                          doc="the Slurm bridge: one process answering for every Slurm node")
     if config.executor == "real":

@@ -16,8 +16,11 @@ its jobs again (:meth:`SlurmBackend.recover`):
 * a record whose job Slurm no longer knows is lost: the node lists it and
   the monitor requeues the job from its progress.
 
-A start on a node Slurm has drained is refused (``slurm_node_drained``);
-the node's heartbeats stop while Slurm says it is dead (:attr:`alive`).
+A start on a node Slurm has drained is refused (``slurm_node_drained``), as
+is one on a node Slurm reads dead (``slurm_node_down``) or does not list in
+the partition (``slurm_no_node``), before any sbatch
+(:func:`shared.slurm.node_refusal`). The node's heartbeats stop while Slurm
+says it is dead (:attr:`alive`).
 """
 
 from __future__ import annotations
@@ -46,12 +49,10 @@ from shared import jobenv
 from shared.cluster import Server
 from shared.events import INVALID, StartJob, decode_command, encode
 from shared.ids import JobId
-from shared.slurm import failure_code, job_name
+from shared.slurm import failure_code, job_name, node_refusal
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth
 
-DRAINED = "slurm_node_drained"
-DOWN = "slurm_node_down"
 _RECORD = "record.json"
 
 
@@ -104,12 +105,10 @@ class SlurmBackend:
 
     def check(self, cmd: StartJob) -> Refusal | None:
         node = self.watch.nodes.get(self.server.id)
-        if node is not None and not node.health.alive:  # no debounce for new work
-            return Refusal(DOWN, f"Slurm reads node {self.server.id} as {node.health.code}: "
-                           f"{node.reason or 'no reason given'}")
-        if self.watch.node_drained(self.server.id):
-            return Refusal(DRAINED, f"Slurm has drained node {self.server.id}: "
-                           f"{self.watch.nodes[self.server.id].reason or 'no reason given'}")
+        why = node_refusal(self.server.id, self.settings.slurm.partition, self.watch.read_at,
+                           node.health if node is not None else None)
+        if why is not None:
+            return Refusal(*why)
         if self.real is not None:
             return real_refusal(cmd)
         if cmd.spec.kind == "cpu":

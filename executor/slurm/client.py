@@ -32,7 +32,7 @@ from executor.slurm.records import (
     parse_scontrol_job,
 )
 from executor.slurm.rest import SlurmRest
-from shared.slurm import SLURM_STOP_TIMEOUT, job_name
+from shared.slurm import SLURM_STOP_TIMEOUT, holds_node, job_name
 
 # slurmctld answers in well under a second; a Slurm command retries an
 # unreachable slurmctld for about MessageTimeout (10 s by default) before it
@@ -65,8 +65,10 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One start of a Hops job on one node: ``command`` runs (exec'd by the
     batch script, so Slurm's signals reach it directly) in ``workdir`` with
     ``env`` (and Slurm's own variables, ``CUDA_VISIBLE_DEVICES`` among
-    them), its output to ``output``. ``time_limit_min``: a Slurm time limit,
-    with SIGTERM ``grace_s`` before it (None: none)."""
+    them), its output to ``output``. No Slurm time limit: a job's
+    ``time_limit`` is Hops' own (:mod:`scheduling.live.timelimit`), which
+    stops it with a checkpoint; Slurm's would end it ``TIMEOUT``, a failure
+    outside Hops."""
 
     job_id: str
     attempt: int
@@ -77,8 +79,6 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     workdir: str
     env: dict[str, str] = {}
     output: str = "/dev/null"
-    time_limit_min: int | None = None
-    grace_s: int = 30
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -107,8 +107,6 @@ def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool,
     ]
     if req.gpus:
         argv.append(f"--gres=gpu:{req.gpus}")
-    if req.time_limit_min is not None:
-        argv += [f"--time={req.time_limit_min}", f"--signal=B:TERM@{req.grace_s}"]
     if as_uid and settings.user:
         argv.append(f"--uid={settings.user}")
         if gid is not None:  # else the job's group is root's
@@ -241,11 +239,6 @@ class SlurmClient:
         return next((j for j in jobs if j.job_id == job_id
                      and j.partition == self.settings.partition), None)
 
-    async def named(self, name: str) -> list[SlurmJob]:
-        """The jobs of Hops' partition named ``name`` (one of
-        :func:`shared.slurm.job_name`'s) that slurmctld knows."""
-        return [j for j in await self.jobs() if j.name == name]
-
     async def nodes(self) -> list[SlurmNode]:
         """The nodes of Hops' partition."""
         if self.rest is not None:
@@ -258,9 +251,8 @@ class SlurmClient:
 
 
 def _holds(job: SlurmJob) -> bool:
-    """Whether the job still holds its node (not yet ended); a state Hops
-    does not know counts as running (docs/slurm.md, "Slurm's states")."""
-    return job.verdict().kind in ("waiting", "running", "unknown")
+    """Whether the job still holds its node (:func:`shared.slurm.holds_node`)."""
+    return holds_node(job.verdict())
 
 
 def _whoami() -> str:

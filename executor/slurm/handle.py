@@ -43,12 +43,16 @@ from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob
 from executor.slurm.watch import SlurmWatch
 from shared.events import JobFailed, StartJob
-from shared.slurm import JobVerdict, failure_code, parse_job_name
-
-GONE = "slurm_job_gone"
-# A COMPLETED job whose last line is not "finished" was stopped by a signal
-# Hops did not send (scancel --signal=TERM behind its back).
-STOPPED_OUTSIDE = "slurm_stopped_outside"
+from shared.slurm import (
+    JobVerdict,
+    StartOf,
+    end_verdict,
+    failure_code,
+    holds_node,
+    is_this_start,
+    start_verdict,
+    stop_read_end,
+)
 
 
 class SlurmJobHandle:
@@ -71,6 +75,8 @@ class SlurmJobHandle:
         self.on_ending = on_ending
         self.on_lost = on_lost
         self.cores_file = cores_file
+        self.start = StartOf(job_id=cmd.job_id, server=cmd.server_id, slurm_id=slurm_id,
+                             submitted_at=submitted_at)
         self.samples_done = cmd.samples_done
         self.stopping = False
         self.cores: tuple[int, ...] = ()  # Slurm places the job's threads
@@ -130,35 +136,26 @@ class SlurmJobHandle:
             return ""
 
     def state(self) -> SlurmJob | None:
-        """This start's Slurm job in the latest reading. A job with its id
-        that is not this job's on this node is not it: a slurmctld that lost
-        its last jobs gives their ids again (docs/slurm.md, "Quirks")."""
+        """This start's Slurm job in the latest reading (a job listed under
+        its id that is not this start's is not it: :func:`shared.slurm.is_this_start`)."""
         job = self.watch.jobs.get(self.slurm_id)
-        return job if job is not None and self._mine(job) else None
-
-    def _mine(self, job: SlurmJob) -> bool:
-        """Whether ``job`` (read by this start's id) is this job's on this node."""
-        parsed = parse_job_name(job.name)
-        return parsed is not None and parsed[0] == self.cmd.job_id \
-            and job.nodes in ("", self.cmd.server_id)
+        return job if job is not None and is_this_start(self.start, job) else None
 
     def _verdict(self) -> JobVerdict | None:
-        """The job's end, once Slurm shows it (None: it has not ended)."""
+        """The job's end, once Slurm shows it (None: it has not ended), as
+        :func:`shared.slurm.start_verdict` judges the latest reading."""
         if self._ended is not None:
             return self._ended
-        job = self.state()
-        if job is None:
-            if self.watch.read_at <= self.submitted_at:
-                return None  # the reading is older than the submission
-            self._ended = JobVerdict(kind="requeue", code=GONE,
-                                     reason=f"Slurm no longer knows job {self.slurm_id}")
-            return self._ended
-        verdict = job.verdict(stopping=self.stopping)
-        if verdict.kind == "unknown" and job.job_state not in self._unknown_said:
-            self._unknown_said.add(job.job_state)
+        listed = self.watch.jobs.get(self.slurm_id)
+        verdict = start_verdict(self.start, listed, self.watch.read_at, stopping=self.stopping)
+        if verdict is None:
+            return None
+        if verdict.kind == "unknown" and listed is not None \
+                and listed.job_state not in self._unknown_said:
+            self._unknown_said.add(listed.job_state)
             self.log.warning("Slurm job state not understood: counted as running",
-                             state=job.job_state, code=verdict.code, reason=verdict.reason)
-        if verdict.kind in ("waiting", "running", "unknown"):
+                             state=listed.job_state, code=verdict.code, reason=verdict.reason)
+        if holds_node(verdict):
             return None
         self._ended = verdict
         return verdict
@@ -230,11 +227,9 @@ class SlurmJobHandle:
             if self._verdict() is not None:
                 return
             await self._next()
-        job = await self.client.stop(self.slurm_id, grace)
-        verdict = job.verdict(stopping=True) if job is not None else None
-        if job is not None and self._mine(job) and verdict is not None \
-                and verdict.kind not in ("waiting", "running", "unknown"):
-            self._ended = verdict  # the stop read its end: no wait for the next reading
+        ended = stop_read_end(self.start, await self.client.stop(self.slurm_id, grace))
+        if ended is not None:
+            self._ended = ended  # the stop read its end: no wait for the next reading
         else:
             await self._next(after=time.time())
         await self.take_in()
@@ -248,10 +243,7 @@ class SlurmJobHandle:
 
     def _outcome(self, verdict: JobVerdict) -> Outcome:
         code = verdict.exit_code
-        if verdict.kind == "finished" and self.last_event not in ("finished", ""):
-            verdict = JobVerdict(kind="outside", code=STOPPED_OUTSIDE,
-                                 reason=f"the job ended ({self.last_event}) without Hops "
-                                        "asking it to", exit_code=code)
+        verdict = end_verdict(verdict, self.last_event)
         if verdict.kind in ("finished", "stopped"):
             return Outcome(exit_code=code)
         self.log.warning("Slurm job ended", kind=verdict.kind, code=verdict.code,

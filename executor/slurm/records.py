@@ -32,8 +32,6 @@ class SlurmJob(msgspec.Struct, frozen=True):
     name: str = ""
     job_state: str = ""
     state_reason: str = ""
-    # Slurm's words for the reason (``ReqNodeNotAvail, UnavailableNodes:n1``).
-    state_description: str = ""
     nodes: str = ""
     partition: str = ""
     user_name: str = ""
@@ -54,7 +52,7 @@ class SlurmJob(msgspec.Struct, frozen=True):
 class SlurmNode(msgspec.Struct, frozen=True):
     """One Slurm node: its state (``idle``) and flags (``["DRAIN"]``), the
     reason an operator or Slurm gave, its GPUs (``gres``: ``gpu:fake:8``)
-    and those in use (``gres_used``), its CPUs and those allocated."""
+    and those in use (``gres_used``), its CPUs."""
 
     name: str
     address: str = ""  # where slurmctld reaches it (NodeAddr)
@@ -64,7 +62,6 @@ class SlurmNode(msgspec.Struct, frozen=True):
     gres: str = ""
     gres_used: str = ""
     cpus: int = 0
-    alloc_cpus: int = 0
     partitions: list[str] = []
 
     @property
@@ -86,7 +83,6 @@ class SlurmError(msgspec.Struct, frozen=True):
     """One entry of the ``errors`` list Slurm's JSON carries."""
 
     error: str = ""
-    error_number: int = 0
 
 
 class _Jobs(msgspec.Struct):

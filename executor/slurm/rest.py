@@ -75,10 +75,6 @@ class SlurmRest:
         except httpx.HTTPError as e:
             raise SlurmFailure("slurm_rest_failed", f"slurmrestd {method} {path}: {e!r}") from e
 
-    async def ping(self) -> bool:
-        """Whether slurmctld answers through slurmrestd."""
-        return b'"UP"' in await self._call("GET", "/ping")
-
     async def jobs(self) -> list[SlurmJob]:
         jobs, errors = decode_jobs(await self._call("GET", "/jobs"))
         if errors and not jobs:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from executor.slurm.records import SlurmJob
-from shared.slurm import parse_job_name
+from shared.slurm import holds_node, names_job
 
 # Longer than Slurm's MessageTimeout (10 s by default) many times over, and
 # than slurmctld's own retries; shorter than MinJobAge (300 s).
@@ -56,12 +56,10 @@ class Strays:
         self._ids = {i: e for i, e in self._ids.items() if e[1] > now}
         out = []
         for job in jobs:
-            if job.verdict().kind not in ("waiting", "running", "unknown"):
+            if not holds_node(job.verdict()):
                 continue
-            parsed = parse_job_name(job.name)
             owned = self._ids.get(job.job_id)
-            if job.name in self._names or (
-                    owned is not None and parsed is not None and parsed[0] == owned[0]):
+            if job.name in self._names or (owned is not None and names_job(job.name, owned[0])):
                 out.append(job)
         return out
 

@@ -22,6 +22,7 @@ from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob, SlurmNode
 from executor.slurm.strays import Strays
+from shared.slurm import node_counted_alive
 
 
 class SlurmWatch:
@@ -107,12 +108,8 @@ class SlurmWatch:
 
     def node_alive(self, name: str) -> bool:
         """False once Slurm has said the node is dead for ``down_s`` on end
-        (or no longer lists it in the partition)."""
-        if self.read_at and name not in self.nodes:
-            return False
-        since = self._dead_since.get(name)
-        return since is None or self.read_at - since < self.down_s
+        (or no longer lists it in the partition):
+        :func:`shared.slurm.node_counted_alive`."""
+        return node_counted_alive(name in self.nodes, self.read_at,
+                                  self._dead_since.get(name), self.down_s)
 
-    def node_drained(self, name: str) -> bool:
-        node = self.nodes.get(name)
-        return node is not None and node.health.drained
