@@ -37,7 +37,6 @@ one.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Set
 
 import msgspec
@@ -178,16 +177,17 @@ def plan(problem: TaskProblem, policy: TaskPolicy, kept: Sequences, *,
     return Sequences(kept.revision + 1, problem.now, policy.name, gpus, lower, solve)
 
 
-def planned_free(kept: Sequences, now: float) -> dict[GpuId, float]:
-    """When each GPU is free of its kept entries, by the plan: the end of
-    its last one, at least ``now``."""
-    return {g: max([now, *(e.end_s for e in entries)]) for g, entries in kept.gpus.items()}
-
-
-def planned_ready(kept: Sequences, now: float) -> dict[JobId, float]:
-    """When each job with kept entries may start its next round, by the
-    plan: the last of their ``done_s`` (the barrier, (7)), where after ``now``."""
-    ready: dict[JobId, float] = {}
-    for _, e in kept.entries():
-        ready[e.job] = max(ready.get(e.job, -math.inf), e.done_s)
-    return {j: t for j, t in ready.items() if t > now}
+def coalesce(entries: Iterable[Entry]) -> tuple[Entry, ...]:
+    """Consecutive entries of one GPU for the same rounds of the same job
+    with adjacent micro-batches (and the same ``hold``) as one entry over
+    their union: what an executor runs without a switch, one report."""
+    out: list[Entry] = []
+    for e in entries:
+        last = out[-1] if out else None
+        if (last is not None and last.unit == e.unit and last.rounds == e.rounds
+                and last.hi == e.lo and last.hold == e.hold):
+            out[-1] = msgspec.structs.replace(last, hi=e.hi, end_s=e.end_s,
+                                              done_s=max(last.done_s, e.done_s))
+        else:
+            out.append(e)
+    return tuple(out)

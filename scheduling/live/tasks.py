@@ -1,0 +1,156 @@
+"""Live task sequences: what the leader asks of the sequences core
+(:mod:`scheduling.policies.hare.sequences`) when the live policy is a task
+policy (``hare``, ``hare-eft`` or a baseline of ``hops experiment hare``).
+
+Pure: the caller passes the time (``TaskSnapshot.now``) and what the
+servers reported; nothing here reads a clock or the bus.
+
+The snapshot
+------------
+A :class:`TaskSnapshot` has the arrived, unfinished relaxed jobs as
+:class:`~scheduling.policies.hare.model.TaskJob` (``done_rounds``: the
+rounds whose S micro-batches the job's aggregator has applied; T^c and T^s
+per GPU type from the estimates), the GPUs (id ``<server>:<index>``,
+:func:`gpu_id`) and the entries the servers reported done (``task_done``:
+computed, gradients sent).
+
+Replanning (:func:`replan`)
+---------------------------
+1. *Started* (:func:`assumed_started`): every entry reported done, and on
+   each GPU the first entry not done, which may be running (a GPU runs its
+   entries in order, one at a time, and reports each as it ends).
+2. *Kept* (:func:`~scheduling.policies.hare.sequences.keep`): every unit
+   (a job's round) under way stays whole and in place; then the rounds the
+   aggregator applied and the jobs no longer in the snapshot are pruned.
+3. *Planned*: each job from its first round not kept, for at most
+   ``horizon_rounds`` rounds (the planning horizon: a live job has
+   10^3-10^6 rounds, and a server's sequence must fit a message), each
+   entry one real round; each GPU free when its last kept entry not done
+   ends by the plan (at least ``now``), each job's next round ready when its
+   kept entries are done (synchronised) by the plan. Within the horizon the
+   policy sees the job as that long: a departure from the simulator, whose
+   policy sees every round (docs/hare.md, "Live mechanism").
+4. The new entries of each GPU are coalesced (consecutive micro-batches of
+   one round of one job become one entry: one run, one report) after the
+   kept ones, under the next revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+
+import msgspec
+
+from scheduling.policies.hare.model import Gpu, GpuId, TaskJob, TaskPolicy, TaskProblem
+from scheduling.policies.hare.sequences import (
+    Entry,
+    EntryKey,
+    Sequences,
+    coalesce,
+    empty,
+    fronts,
+    keep,
+    plan,
+)
+from shared.ids import JobId, ServerId
+
+
+class TaskSnapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the leader knows at ``now`` (module docstring)."""
+
+    now: float
+    jobs: tuple[TaskJob, ...]
+    gpus: tuple[Gpu, ...]
+    done: frozenset[EntryKey] = frozenset()
+
+
+class LiveTaskSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``horizon_rounds``: the most rounds of a job one revision sequences;
+    ``check``: refuse an infeasible schedule (a policy's bug) before it is
+    sent."""
+
+    horizon_rounds: int = 4
+    check: bool = True
+
+    def __post_init__(self) -> None:
+        if self.horizon_rounds < 1:
+            raise ValueError(f"horizon_rounds must be >= 1, got {self.horizon_rounds}")
+
+
+def gpu_id(server: ServerId, index: int) -> GpuId:
+    """The task model's id of GPU ``index`` of ``server``."""
+    if index < 0:
+        raise ValueError(f"GPU index must be >= 0, got {index}")
+    return GpuId(f"{server}:{index}")
+
+
+def split_gpu_id(gpu: GpuId) -> tuple[ServerId, int]:
+    """``(server, index)`` of a :func:`gpu_id` (a server id may hold ``:``)."""
+    server, sep, index = gpu.rpartition(":")
+    if not (sep and server and index.isdigit()):
+        raise ValueError(f"not a live GPU id (<server>:<index>): {gpu!r}")
+    return ServerId(server), int(index)
+
+
+def assumed_started(seqs: Sequences, done: Set[EntryKey]) -> set[EntryKey]:
+    """The entries of ``seqs`` that may have started: those in ``done``,
+    and on each GPU the first entry not in ``done`` (it may be running)."""
+    started = {e.key for _, e in seqs.entries() if e.key in done}
+    for entries in seqs.gpus.values():
+        head = next((e for e in entries if e.key not in done), None)
+        if head is not None:
+            started.add(head.key)
+    return started
+
+
+def _prune(kept: Sequences, jobs: Iterable[TaskJob]) -> Sequences:
+    """``kept`` less the rounds already applied and the jobs that left."""
+    applied = {j.id: j.done_rounds for j in jobs}
+    gpus = {g: tuple(e for e in entries if e.job in applied and e.next_round > applied[e.job])
+            for g, entries in kept.gpus.items()}
+    return msgspec.structs.replace(kept, gpus=gpus)
+
+
+def live_problem(snap: TaskSnapshot, kept: Sequences, horizon_rounds: int) -> TaskProblem:
+    """The problem of step 3 of the module docstring."""
+    front = fronts(kept, snap.jobs)
+    jobs = tuple(
+        msgspec.structs.replace(j, done_rounds=front[j.id],
+                                rounds=min(j.rounds, front[j.id] + horizon_rounds))
+        for j in snap.jobs if front[j.id] < j.rounds)
+    busy: dict[GpuId, float] = {}
+    ready: dict[JobId, float] = {}
+    for gpu, e in kept.entries():
+        if e.key not in snap.done:
+            busy[gpu] = max(busy.get(gpu, snap.now), e.end_s)
+        ready[e.job] = max(ready.get(e.job, snap.now), e.done_s)
+    gpus = tuple(msgspec.structs.replace(g, free_s=max(g.free_s, snap.now, busy.get(g.id, 0.0)))
+                 for g in snap.gpus)
+    planned = {j.id for j in jobs}
+    return TaskProblem(jobs, gpus, snap.now,
+                       {j: t for j, t in ready.items() if j in planned and t > snap.now})
+
+
+def replan(snap: TaskSnapshot, policy: TaskPolicy, previous: Sequences | None = None,
+           settings: LiveTaskSettings | None = None) -> Sequences:
+    """The next revision of every GPU's sequence (module docstring);
+    ``previous`` None: the first (revision 1). ValueError when a kept entry
+    is on a GPU the snapshot lacks (a lost GPU's started round: not handled
+    yet) or the policy's schedule is infeasible."""
+    cfg = settings or LiveTaskSettings()
+    before = previous if previous is not None else empty((g.id for g in snap.gpus), snap.now)
+    kept = _prune(keep(before, assumed_started(before, snap.done)), snap.jobs)
+    problem = live_problem(snap, kept, cfg.horizon_rounds)
+    # Q = budget // Σ S_n macro-rounds per job (scheduling.policies.hare.macro)
+    # covers every job's rounds, so each entry is one real round.
+    longest = max((j.remaining_rounds for j in problem.jobs), default=1)
+    budget = max(1, longest * sum(j.tasks_per_round for j in problem.jobs))
+    seqs = plan(problem, policy, kept, budget=budget, check=cfg.check)
+    gpus = {g: kept.gpus.get(g, ()) + coalesce(entries[len(kept.gpus.get(g, ())):])
+            for g, entries in seqs.gpus.items()}
+    return msgspec.structs.replace(seqs, gpus=gpus)
+
+
+def remaining(seqs: Sequences, done: Set[EntryKey]) -> dict[GpuId, tuple[Entry, ...]]:
+    """Each GPU's entries not reported done: what its server still runs."""
+    return {g: tuple(e for e in entries if e.key not in done) for g, entries in seqs.gpus.items()}
