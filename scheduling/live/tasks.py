@@ -33,6 +33,10 @@ Replanning (:func:`replan`)
 4. The new entries of each GPU are coalesced (consecutive micro-batches of
    one round of one job become one entry: one run, one report) after the
    kept ones, under the next revision.
+
+On the wire (:func:`sequence_messages`, :func:`done_key`) a revision is one
+``task_sequence`` per server, with its GPUs' entries not reported done; a
+``task_done`` names the entry it reports by its key.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ from scheduling.policies.hare.sequences import (
     keep,
     plan,
 )
+from shared.events import TaskDone, TaskSequence
 from shared.ids import JobId, ServerId
+from shared.sequence import GpuTasks, TaskEntry
 
 
 class TaskSnapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -154,3 +160,44 @@ def replan(snap: TaskSnapshot, policy: TaskPolicy, previous: Sequences | None = 
 def remaining(seqs: Sequences, done: Set[EntryKey]) -> dict[GpuId, tuple[Entry, ...]]:
     """Each GPU's entries not reported done: what its server still runs."""
     return {g: tuple(e for e in entries if e.key not in done) for g, entries in seqs.gpus.items()}
+
+
+def sequence_messages(seqs: Sequences, done: Set[EntryKey], term: int, at: float
+                      ) -> tuple[TaskSequence, ...]:
+    """Revision ``seqs`` as one ``task_sequence`` per server, each GPU with
+    its entries not in ``done``; servers and GPUs in id order. ValueError
+    for an entry of several rounds (a simulator's macro-task)."""
+    servers: dict[ServerId, list[GpuTasks]] = {}
+    for gpu, entries in remaining(seqs, done).items():
+        server, index = split_gpu_id(gpu)
+        wire = []
+        for e in entries:
+            if e.rounds != 1:
+                raise ValueError(f"entry {e.key} covers {e.rounds} rounds; live entries cover one")
+            wire.append(TaskEntry(e.job, e.round, e.lo, e.hi, e.start_s, e.end_s, e.hold))
+        servers.setdefault(server, []).append(GpuTasks(index, tuple(wire)))
+    return tuple(
+        TaskSequence(term=term, revision=seqs.revision, server_id=server, at=at,
+                     gpus=tuple(sorted(gpus, key=lambda g: g.gpu_index)), policy=seqs.policy)
+        for server, gpus in sorted(servers.items()))
+
+
+def done_key(msg: TaskDone) -> EntryKey:
+    """The entry a ``task_done`` reports."""
+    return (msg.job_id, msg.round, msg.lo)
+
+
+def done_problem(seqs: Sequences, msg: TaskDone) -> str | None:
+    """Why the leader must not count ``msg`` against revision ``seqs``;
+    None when it may: the entry it names must be in the sequence of the GPU
+    it names, with the same micro-batches (a report of another server's,
+    another GPU's or an invented task is refused)."""
+    gpu = gpu_id(msg.server_id, msg.gpu_index)
+    key = done_key(msg)
+    mine = next((e for e in seqs.gpus.get(gpu, ()) if e.key == key), None)
+    if mine is None:
+        return f"GPU {gpu} has no entry {key} in revision {seqs.revision}"
+    if mine.hi != msg.hi:
+        return (f"entry {key} on GPU {gpu} is micro-batches {mine.lo}..{mine.hi - 1}, "
+                f"not {msg.lo}..{msg.hi - 1}")
+    return None
