@@ -10,7 +10,8 @@ simulator
 2. keeps the macro-rounds already under way (at least one task started) as
    they were planned, drops every other planned task
    (:func:`scheduling.policies.hare.sequences.keep`), and works out when the
-   kept tasks run (nothing they wait for can change any more);
+   kept tasks run (nothing they wait for can change any more): their rounds
+   are then done for the planner (``fronts``, ``forget``);
 3. builds a :class:`~scheduling.policies.hare.model.TaskProblem` of the
    arrived, unfinished jobs, from the first round not under way
    (``done_rounds``), with ``ready_s`` where that round waits for a barrier
@@ -59,6 +60,7 @@ from scheduling.policies.hare.sequences import (
     EntryKey,
     Sequences,
     empty,
+    forget,
     fronts,
     keep,
     plan,
@@ -130,6 +132,7 @@ class TaskSimulation:
         self.gpus = {g.id: _GpuState(g, i, g.free_s) for i, g in enumerate(gpus)}
         self.seqs: Sequences = empty(self.gpus, policy=policy.name)
         self.started: set[EntryKey] = set()
+        self.front: dict[JobId, int] = dict.fromkeys(self.jobs, 0)  # first round not done
         self.barrier: dict[tuple[JobId, int], float] = {}  # (job, hi) -> done
         self.waiting: dict[tuple[JobId, int], list[GpuId]] = {}
         self.heap: list[tuple[float, int, int]] = []  # (start, GPU order, version)
@@ -145,6 +148,7 @@ class TaskSimulation:
             self._advance(t)
             self._drop_unstarted()
             self._advance(math.inf)  # what is kept is settled: nothing can move it
+            self._settle()
             self._replan(t)
         self._advance(math.inf)
         outcomes = tuple(self._outcome(j) for j in self.jobs.values())
@@ -160,9 +164,9 @@ class TaskSimulation:
         """Forget the planned macro-rounds with no task started: the core's
         :func:`~scheduling.policies.hare.sequences.keep`."""
         self.seqs = keep(self.seqs, self.started)
-        kept = {e.unit for _, e in self.seqs.entries()}
+        kept = {(e.job, e.round) for _, e in self.seqs.entries()}
         for gs in self.gpus.values():
-            gs.queue = [q for q in gs.queue[gs.head:] if q.entry.unit in kept]
+            gs.queue = [q for q in gs.queue[gs.head:] if (q.entry.job, q.entry.round) in kept]
             gs.head = 0
             gs.version += 1
         self.waiting.clear()
@@ -170,13 +174,22 @@ class TaskSimulation:
         for gs in self.gpus.values():
             self._refresh(gs)
 
+    def _settle(self) -> None:
+        """Every kept entry has run: its rounds are done for the planner
+        (the core's ``fronts``, then ``forget``), so the sequences and the
+        started set stay the size of one plan."""
+        at = [msgspec.structs.replace(j, done_rounds=self.front[j.id])
+              for j in self.jobs.values()]
+        self.front = fronts(self.seqs, at)
+        self.seqs = forget(self.seqs, self.front)
+        self.started.clear()
+
     def problem(self, now: float) -> TaskProblem:
         """The arrived jobs' rounds not under way, as a (real-round) problem."""
         jobs: list[TaskJob] = []
         ready: dict[JobId, float] = {}
-        first = fronts(self.seqs, self.jobs.values())
         for job in self.jobs.values():
-            front = first[job.id]
+            front = self.front[job.id]
             if job.arrival_s > now or front == job.rounds:
                 continue
             jobs.append(msgspec.structs.replace(job, done_rounds=front))
@@ -199,10 +212,11 @@ class TaskSimulation:
         for gpu, entries in self.seqs.gpus.items():
             gs = self.gpus[gpu]
             for e in entries[len(kept.gpus[gpu]):]:
-                unit = units.get(e.unit)
+                unit = units.get((e.job, e.round))
                 if unit is None:
                     job = self.jobs[e.job]
-                    unit = units[e.unit] = _Unit(job, e.round, e.next_round, job.tasks_per_round)
+                    unit = units[(e.job, e.round)] = _Unit(job, e.round, e.round + e.rounds,
+                                                           job.tasks_per_round)
                 # Only a job's first round in a plan keeps its planned start
                 # (``hold``): the policy's decision to start it (a FIFO's
                 # head-of-line wait); later rounds follow their barriers,

@@ -268,10 +268,16 @@ def test_live_gpu_ids_and_refusals() -> None:
         LiveTaskSettings(horizon_rounds=0)
     with pytest.raises(ValueError, match="lo < hi"):
         Entry(JobId("a"), 0, 1, 1, 0.0, 1.0, 1.0)
-    # A started round on a GPU that left the snapshot is refused, not replanned.
+    # A started round on a GPU that left the snapshot is refused, not replanned;
+    # a GPU that leaves with nothing started is simply no longer planned on.
     first = replan(TaskSnapshot(0.0, FIG1_JOBS, FIG1_GPUS), task_policy("hare-eft"))
     with pytest.raises(ValueError, match="GPUs the problem lacks"):
         replan(TaskSnapshot(0.5, FIG1_JOBS, FIG1_GPUS[:2]), task_policy("hare-eft"), first)
+    idle = Gpu(gpu_id(ServerId("t"), 0), K80)
+    with_idle = replan(TaskSnapshot(0.0, FIG1_JOBS, (*FIG1_GPUS, idle)), task_policy("hare-eft"))
+    assert with_idle.gpus[idle.id] == ()
+    after = replan(TaskSnapshot(0.5, FIG1_JOBS, FIG1_GPUS), task_policy("hare-eft"), with_idle)
+    assert idle.id not in after.gpus and after.revision == 2
 
 
 def test_a_replan_keeps_the_running_entries_and_resequences_the_rest() -> None:

@@ -41,7 +41,7 @@ On the wire (:func:`sequence_messages`, :func:`done_key`) a revision is one
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Set
 
 import msgspec
 
@@ -52,6 +52,7 @@ from scheduling.policies.hare.sequences import (
     Sequences,
     coalesce,
     empty,
+    forget,
     fronts,
     keep,
     plan,
@@ -109,14 +110,6 @@ def assumed_started(seqs: Sequences, done: Set[EntryKey]) -> set[EntryKey]:
     return started
 
 
-def _prune(kept: Sequences, jobs: Iterable[TaskJob]) -> Sequences:
-    """``kept`` less the rounds already applied and the jobs that left."""
-    applied = {j.id: j.done_rounds for j in jobs}
-    gpus = {g: tuple(e for e in entries if e.job in applied and e.next_round > applied[e.job])
-            for g, entries in kept.gpus.items()}
-    return msgspec.structs.replace(kept, gpus=gpus)
-
-
 def live_problem(snap: TaskSnapshot, kept: Sequences, horizon_rounds: int) -> TaskProblem:
     """The problem of step 3 of the module docstring."""
     front = fronts(kept, snap.jobs)
@@ -145,7 +138,8 @@ def replan(snap: TaskSnapshot, policy: TaskPolicy, previous: Sequences | None = 
     yet) or the policy's schedule is infeasible."""
     cfg = settings or LiveTaskSettings()
     before = previous if previous is not None else empty((g.id for g in snap.gpus), snap.now)
-    kept = _prune(keep(before, assumed_started(before, snap.done)), snap.jobs)
+    kept = forget(keep(before, assumed_started(before, snap.done)),
+                  {j.id: j.done_rounds for j in snap.jobs})
     problem = live_problem(snap, kept, cfg.horizon_rounds)
     # Q = budget // Σ S_n macro-rounds per job (scheduling.policies.hare.macro)
     # covers every job's rounds, so each entry is one real round.

@@ -37,7 +37,7 @@ one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 
 import msgspec
 
@@ -114,10 +114,21 @@ def keep(seqs: Sequences, started: Set[EntryKey]) -> Sequences:
     """The entries of ``seqs`` a replan keeps: those of every unit under way
     (one of its entries in ``started``), in their order (module docstring).
     Same revision: nothing is planned yet."""
-    under_way = {e.unit for _, e in seqs.entries() if e.key in started}
-    kept = {g: tuple(e for e in entries if e.unit in under_way)
+    # Attributes, not the properties: this runs at every replan of a simulation.
+    under_way = {(e.job, e.round) for entries in seqs.gpus.values() for e in entries
+                 if (e.job, e.round, e.lo) in started}
+    kept = {g: tuple(e for e in entries if (e.job, e.round) in under_way)
             for g, entries in seqs.gpus.items()}
     return msgspec.structs.replace(seqs, gpus=kept)
+
+
+def forget(kept: Sequences, applied: Mapping[JobId, int]) -> Sequences:
+    """``kept`` less the entries of rounds before ``applied[job]`` (done:
+    the job's ``done_rounds`` covers them from now on) and of jobs not in
+    ``applied`` (they left)."""
+    gpus = {g: tuple(e for e in entries if e.job in applied and e.next_round > applied[e.job])
+            for g, entries in kept.gpus.items()}
+    return msgspec.structs.replace(kept, gpus=gpus)
 
 
 def fronts(kept: Sequences, jobs: Iterable[TaskJob]) -> dict[JobId, int]:
@@ -134,12 +145,15 @@ def _entries(schedule: TaskSchedule, macros: tuple[MacroJob, ...]) -> dict[GpuId
     """The schedule's tasks (on the macro problem) as real-round entries,
     by GPU in order of planned start, ties by (job, round, slot)."""
     by_job = {m.job.id: m for m in macros}
+    real: dict[tuple[JobId, int], range] = {}  # a macro-round's real rounds
     out: dict[GpuId, list[Entry]] = {}
     for t in sorted(schedule.tasks, key=lambda t: (t.start_s, t.job, t.round, t.index)):
-        real = by_job[t.job].real_rounds_of(t.round)
+        rounds = real.get((t.job, t.round))
+        if rounds is None:
+            rounds = real[(t.job, t.round)] = by_job[t.job].real_rounds_of(t.round)
         out.setdefault(t.gpu, []).append(Entry(
-            t.job, real.start, t.index, t.index + 1, t.start_s, t.end_s, t.done_s,
-            rounds=len(real), hold=t.round == 0))
+            t.job, rounds.start, t.index, t.index + 1, t.start_s, t.end_s, t.done_s,
+            rounds=len(rounds), hold=t.round == 0))
     return out
 
 
@@ -150,11 +164,11 @@ def plan(problem: TaskProblem, policy: TaskPolicy, kept: Sequences, *,
     each GPU the tasks ``policy`` places for ``problem``, grouped into
     macro-tasks of at most ``budget`` (:mod:`.macro`; every job fits when
     Σ remaining rounds × S ≤ budget, and each entry is one round). The
-    problem's jobs must start at ``fronts(kept, ...)``; its GPUs must include
-    every GPU of ``kept``. ``check``: refuse an infeasible schedule
-    (:func:`~.checks.check_schedule`, ValueError). ``timer`` times the
-    policy's call alone."""
-    missing = set(kept.gpus) - {g.id for g in problem.gpus}
+    problem's jobs must start at ``fronts(kept, ...)``; its GPUs must
+    include every GPU with a kept entry (a GPU without one may have left).
+    ``check``: refuse an infeasible schedule (:func:`~.checks.check_schedule`,
+    ValueError). ``timer`` times the policy's call alone."""
+    missing = {g for g, entries in kept.gpus.items() if entries} - {g.id for g in problem.gpus}
     if missing:
         raise ValueError(f"sequences: kept entries on GPUs the problem lacks: {sorted(missing)}")
     front = fronts(kept, problem.jobs)
