@@ -21,7 +21,8 @@ Replanning (:func:`replan`)
    entries in order, one at a time, and reports each as it ends).
 2. *Kept* (:func:`~scheduling.policies.hare.sequences.keep`): every unit
    (a job's round) under way stays whole and in place; then the rounds the
-   aggregator applied and the jobs no longer in the snapshot are pruned.
+   aggregator applied and the jobs no longer in the snapshot are dropped
+   (:func:`~scheduling.policies.hare.sequences.forget`).
 3. *Planned*: each job from its first round not kept, for at most
    ``horizon_rounds`` rounds (the planning horizon: a live job has
    10^3-10^6 rounds, and a server's sequence must fit a message), each

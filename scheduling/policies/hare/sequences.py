@@ -32,7 +32,8 @@ stay where they were planned, in order. Every other entry is dropped and
 planned again from the job's :func:`fronts` (its first round not under
 way). :func:`plan` appends the new entries after the kept ones on each GPU,
 so a started entry keeps its GPU and its place, and the revision grows by
-one.
+one. :func:`forget` drops the entries of rounds the caller counts as done
+(the job's ``done_rounds`` says so from then on) and of jobs that left.
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ def plan(problem: TaskProblem, policy: TaskPolicy, kept: Sequences, *,
          timer: Callable[[], float] | None = None) -> Sequences:
     """Revision ``kept.revision + 1``: ``kept`` (from :func:`keep`), then on
     each GPU the tasks ``policy`` places for ``problem``, grouped into
-    macro-tasks of at most ``budget`` (:mod:`.macro`; every job fits when
-    Σ remaining rounds × S ≤ budget, and each entry is one round). The
+    macro-tasks of at most ``budget`` (:mod:`.macro`; each entry is one
+    round when ``budget >= Σ_n S_n × max_n R_n``). The
     problem's jobs must start at ``fronts(kept, ...)``; its GPUs must
     include every GPU with a kept entry (a GPU without one may have left).
     ``check``: refuse an infeasible schedule (:func:`~.checks.check_schedule`,
