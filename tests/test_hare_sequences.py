@@ -199,7 +199,7 @@ def run_online(jobs: tuple[TaskJob, ...], pool: tuple[Gpu, ...], policy: TaskPol
     raise AssertionError("the run did not finish in 500 replans")
 
 
-PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPS
@@ -254,6 +254,22 @@ def test_keep_holds_whole_rounds_under_way_and_drops_the_rest() -> None:
     assert kept.revision == 3
     assert assumed_started(seqs, {A00}) == {("a", 0, 0), ("b", 0, 0), ("b", 0, 1)}
     assert remaining(seqs, {A00})[g0] == seqs.gpus[g0][1:]
+
+
+def test_a_head_waiting_on_an_earlier_round_is_not_started() -> None:
+    """Found by the property: GPU k's next entry is round 2 of c while c's
+    round 1 waits on GPU v behind another job. Round 2 cannot have started,
+    so it is not kept; had it been, round 1 (not started) would have been
+    dropped and never planned again. ``keep`` itself also keeps every
+    earlier round of a round it keeps."""
+    v, k = GpuId("v"), GpuId("k")
+    seqs = Sequences(2, 0.9, "x", {
+        v: (_entry("a", 0, 0, 1, 0.8, 1.2), _entry("c", 1, 0, 1, 1.2, 1.6)),
+        k: (_entry("c", 0, 0, 1, 0.0, 0.9), _entry("c", 2, 0, 1, 1.8, 2.7))})
+    done = {(JobId("c"), 0, 0)}
+    assert assumed_started(seqs, done) == {(JobId("c"), 0, 0), (JobId("a"), 0, 0)}
+    kept = keep(seqs, {(JobId("c"), 2, 0)})
+    assert kept.gpus == {v: (seqs.gpus[v][1],), k: seqs.gpus[k]}
 
 
 def test_coalesce_merges_adjacent_micro_batches_of_one_round_only() -> None:

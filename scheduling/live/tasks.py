@@ -17,8 +17,9 @@ computed, gradients sent).
 Replanning (:func:`replan`)
 ---------------------------
 1. *Started* (:func:`assumed_started`): every entry reported done, and on
-   each GPU the first entry not done, which may be running (a GPU runs its
-   entries in order, one at a time, and reports each as it ends).
+   each GPU the first entry not done whose job's earlier rounds are done,
+   which may be running (a GPU runs its entries in order, one at a time,
+   and reports each as it ends; a round waits for the one before it).
 2. *Kept* (:func:`~scheduling.policies.hare.sequences.keep`): every unit
    (a job's round) under way stays whole and in place; then the rounds the
    aggregator applied and the jobs no longer in the snapshot are dropped
@@ -102,11 +103,17 @@ def split_gpu_id(gpu: GpuId) -> tuple[ServerId, int]:
 
 def assumed_started(seqs: Sequences, done: Set[EntryKey]) -> set[EntryKey]:
     """The entries of ``seqs`` that may have started: those in ``done``,
-    and on each GPU the first entry not in ``done`` (it may be running)."""
+    and on each GPU the first entry not in ``done`` where every entry of an
+    earlier round of its job is done (it may be running; one whose earlier
+    round still has work waits for that round's barrier)."""
     started = {e.key for _, e in seqs.entries() if e.key in done}
+    open_round: dict[JobId, int] = {}  # each job's first round with work not done
+    for _, e in seqs.entries():
+        if e.key not in done and e.round < open_round.get(e.job, e.round + 1):
+            open_round[e.job] = e.round
     for entries in seqs.gpus.values():
         head = next((e for e in entries if e.key not in done), None)
-        if head is not None:
+        if head is not None and head.round == open_round[head.job]:
             started.add(head.key)
     return started
 

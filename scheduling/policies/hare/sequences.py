@@ -113,12 +113,18 @@ def empty(gpus: Iterable[GpuId], now: float = 0.0, policy: str = "") -> Sequence
 
 def keep(seqs: Sequences, started: Set[EntryKey]) -> Sequences:
     """The entries of ``seqs`` a replan keeps: those of every unit under way
-    (one of its entries in ``started``), in their order (module docstring).
-    Same revision: nothing is planned yet."""
+    (one of its entries in ``started``) and of every earlier unit of its job,
+    in their order (module docstring). A job's round cannot start before the
+    one before it is done, so the earlier units are under way too; keeping
+    them whatever ``started`` says means the kept rounds of a job never have
+    a hole the replan could not fill. Same revision: nothing is planned yet."""
     # Attributes, not the properties: this runs at every replan of a simulation.
-    under_way = {(e.job, e.round) for entries in seqs.gpus.values() for e in entries
-                 if (e.job, e.round, e.lo) in started}
-    kept = {g: tuple(e for e in entries if (e.job, e.round) in under_way)
+    last: dict[JobId, int] = {}  # each job's last unit under way
+    for entries in seqs.gpus.values():
+        for e in entries:
+            if (e.job, e.round, e.lo) in started and e.round > last.get(e.job, -1):
+                last[e.job] = e.round
+    kept = {g: tuple(e for e in entries if e.round <= last.get(e.job, -1))
             for g, entries in seqs.gpus.items()}
     return msgspec.structs.replace(seqs, gpus=kept)
 
