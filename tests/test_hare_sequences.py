@@ -23,11 +23,13 @@ from scheduling.live.tasks import (
     gpu_id,
     remaining,
     replan,
+    sequence_messages,
     split_gpu_id,
 )
 from scheduling.policies.hare.model import Gpu, GpuId, TaskJob, TaskPolicy
 from scheduling.policies.hare.names import TASK_POLICIES, task_policy
 from scheduling.policies.hare.sequences import Entry, EntryKey, Sequences, coalesce, empty, keep
+from shared import events as ev
 from shared.ids import GpuType, JobId, ServerId
 from simulator.tasks import TaskSimSettings, simulate
 from world.hare import cluster_shape, task_models
@@ -192,6 +194,9 @@ def run_online(jobs: tuple[TaskJob, ...], pool: tuple[Gpu, ...], policy: TaskPol
         check_rounds_and_gpus(seqs)
         check_started_kept(prev, seqs, assumed_started(prev, done),
                            {j.id: j.done_rounds for j in live})
+        # What the servers would get passes the wire's own checks.
+        for msg in sequence_messages(seqs, done, term=1, at=now):
+            assert ev.decode_task_event(ev.encode(msg)) == msg
         events = [j.arrival_s for j in jobs if j.arrival_s > now]
         events += [e.end_s for _, e in seqs.entries() if e.key not in done and e.end_s > now]
         events += [e.done_s for _, e in seqs.entries() if e.done_s > now]
