@@ -35,6 +35,7 @@ from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample
 from shared.node import Device, Rendezvous
 from shared.relaxed import split_problem
+from shared.sequence import GpuTasks, sequence_problem, span_problem, times_problem
 from shared.snapshot import Plan
 from shared.subjects import check_token
 from shared.wire import FORBIDDEN as FORBIDDEN
@@ -521,6 +522,63 @@ class PlanEntrySkipped(Message, frozen=True, tag="plan_entry_skipped"):
     at: float
 
 
+# --- Hare's task sequences (docs/hare.md, "Live mechanism") ----------------------
+
+
+class TaskSequence(Message, frozen=True, tag="task_sequence"):
+    """Revision ``revision`` of the sequences of server ``server_id``'s
+    GPUs, from the scheduler leader of lease ``term`` (``policy``: the task
+    policy that planned it). A server runs revisions of the newest term
+    only, each newer than the last it took, and keeps every entry it has
+    started (shared.sequence)."""
+
+    term: int
+    revision: int
+    server_id: ServerId
+    at: float
+    gpus: tuple[GpuTasks, ...] = ()
+    policy: str = ""
+
+    def __post_init__(self) -> None:
+        check_token(self.server_id, "server id")
+        if self.term < 1 or self.revision < 1:
+            raise ValueError(f"term and revision must be >= 1, got {self.term} and "
+                             f"{self.revision}")
+        if (why := sequence_problem(self.gpus)) is not None:
+            raise ValueError(why)
+
+
+class TaskDone(Message, frozen=True, tag="task_done"):
+    """Server ``server_id``'s report that GPU ``gpu_index`` computed
+    micro-batches ``lo .. hi - 1`` of round ``round`` of ``job_id`` over
+    ``[started_at, ended_at]`` and sent their gradients to the job's
+    aggregator, under revision ``revision`` of term ``term``."""
+
+    term: int
+    revision: int
+    job_id: JobId
+    round: int
+    lo: int
+    hi: int
+    server_id: ServerId
+    gpu_index: int
+    started_at: float
+    ended_at: float
+    at: float
+
+    def __post_init__(self) -> None:
+        check_token(self.server_id, "server id")
+        if self.term < 1 or self.revision < 1:
+            raise ValueError(f"term and revision must be >= 1, got {self.term} and "
+                             f"{self.revision}")
+        if self.gpu_index < 0:
+            raise ValueError(f"gpu_index must be >= 0, got {self.gpu_index}")
+        why = span_problem(self.job_id, self.round, self.lo, self.hi) or times_problem(
+            f"task of job {self.job_id} round {self.round}", self.started_at, self.ended_at)
+        if why is not None:
+            raise ValueError(why)
+
+
 JobEvent: TypeAlias = (
     JobSubmitted
     | JobProfiled
@@ -539,6 +597,7 @@ SampleEvent: TypeAlias = SampleReported | ProfileReported | ProfileStale
 Report: TypeAlias = SampleReported | ProfileReported | JobFinished | JobFailed
 Command: TypeAlias = StartJob | StopJob | SetCores
 PlanEvent: TypeAlias = PlanIssued | ResourcesReleased
+TaskEvent: TypeAlias = TaskSequence | TaskDone
 AnyMessage: TypeAlias = (
     SubmitJob
     | CancelJob
@@ -560,6 +619,7 @@ AnyMessage: TypeAlias = (
     | NodeHeartbeat
     | JobHeartbeat
     | PlanEvent
+    | TaskEvent
     | ErrorRecord
     | PlanEntrySkipped
 )
@@ -607,6 +667,7 @@ decode_report = Codec[Report](Report, "report").decode
 decode_node_heartbeat = Codec[NodeHeartbeat](NodeHeartbeat, "node_heartbeat").decode
 decode_job_heartbeat = Codec[JobHeartbeat](JobHeartbeat, "job_heartbeat").decode
 decode_plan_event = Codec[PlanEvent](PlanEvent, "plan event").decode
+decode_task_event = Codec[TaskEvent](TaskEvent, "task event").decode
 decode_error_record = Codec[ErrorRecord](ErrorRecord, "error_record").decode
 decode_plan_entry_skipped = Codec[PlanEntrySkipped](PlanEntrySkipped,
                                                     "plan_entry_skipped").decode

@@ -8,17 +8,20 @@ simulator
 
 1. runs the current plan up to t: every task that starts before t starts;
 2. keeps the macro-rounds already under way (at least one task started) as
-   they were planned, drops every other planned task, and works out when the
-   kept tasks run (nothing they wait for can change any more);
+   they were planned, drops every other planned task
+   (:func:`scheduling.policies.hare.sequences.keep`), and works out when the
+   kept tasks run (nothing they wait for can change any more): their rounds
+   are then done for the planner (``fronts``, ``forget``);
 3. builds a :class:`~scheduling.policies.hare.model.TaskProblem` of the
    arrived, unfinished jobs, from the first round not under way
    (``done_rounds``), with ``ready_s`` where that round waits for a barrier
    after t and each GPU's ``free_s`` when its last kept task has computed;
-4. groups it into macro-tasks (:func:`scheduling.policies.hare.macro.
-   macro_problem`, ``budget`` tasks at most, since real jobs have 10^4-10^6
-   rounds), asks the policy for a schedule, checks it
-   (:func:`~scheduling.policies.hare.checks.check_schedule`) and queues its
-   tasks on their GPUs in order of planned start.
+4. asks the sequences core (:func:`scheduling.policies.hare.sequences.plan`,
+   the live leader's too) for the next revision: it groups the problem into
+   macro-tasks (``budget`` tasks at most, since real jobs have 10^4-10^6
+   rounds), asks the policy for a schedule, checks it and appends each GPU's
+   tasks, in order of planned start, after its kept ones; the simulator
+   queues them.
 
 Execution
 ---------
@@ -50,15 +53,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from scheduling.policies.hare.checks import check_schedule
-from scheduling.policies.hare.macro import DEFAULT_BUDGET, MacroJob, macro_problem
-from scheduling.policies.hare.model import (
-    Gpu,
-    GpuId,
-    TaskJob,
-    TaskPolicy,
-    TaskProblem,
-    TaskSchedule,
+from scheduling.policies.hare.macro import DEFAULT_BUDGET
+from scheduling.policies.hare.model import Gpu, GpuId, TaskJob, TaskPolicy, TaskProblem
+from scheduling.policies.hare.sequences import (
+    Entry,
+    EntryKey,
+    Sequences,
+    empty,
+    forget,
+    fronts,
+    keep,
+    plan,
 )
 from shared.ids import JobId
 from simulator.tasks_result import JobOutcome, RunTask, TaskSimResult, summarise
@@ -96,7 +101,7 @@ class _Unit:
 @dataclass
 class _Queued:
     unit: _Unit
-    index: int
+    entry: Entry
     not_before: float
 
 
@@ -125,7 +130,9 @@ class TaskSimulation:
         self.settings = settings or TaskSimSettings()
         self.timer = timer
         self.gpus = {g.id: _GpuState(g, i, g.free_s) for i, g in enumerate(gpus)}
-        self.units: dict[JobId, list[_Unit]] = {j.id: [] for j in jobs}
+        self.seqs: Sequences = empty(self.gpus, policy=policy.name)
+        self.started: set[EntryKey] = set()
+        self.front: dict[JobId, int] = dict.fromkeys(self.jobs, 0)  # first round not done
         self.barrier: dict[tuple[JobId, int], float] = {}  # (job, hi) -> done
         self.waiting: dict[tuple[JobId, int], list[GpuId]] = {}
         self.heap: list[tuple[float, int, int]] = []  # (start, GPU order, version)
@@ -141,6 +148,7 @@ class TaskSimulation:
             self._advance(t)
             self._drop_unstarted()
             self._advance(math.inf)  # what is kept is settled: nothing can move it
+            self._settle()
             self._replan(t)
         self._advance(math.inf)
         outcomes = tuple(self._outcome(j) for j in self.jobs.values())
@@ -153,27 +161,35 @@ class TaskSimulation:
         return JobOutcome(job.id, job.arrival_s, finish, job.weight, self.tasks_run[job.id])
 
     def _drop_unstarted(self) -> None:
-        """Forget the planned macro-rounds with no task started (a job's
-        started ones are a prefix of its macro-rounds)."""
+        """Forget the planned macro-rounds with no task started: the core's
+        :func:`~scheduling.policies.hare.sequences.keep`."""
+        self.seqs = keep(self.seqs, self.started)
+        kept = {(e.job, e.round) for _, e in self.seqs.entries()}
         for gs in self.gpus.values():
-            gs.queue = [q for q in gs.queue[gs.head:] if q.unit.unstarted < len_of(q.unit)]
+            gs.queue = [q for q in gs.queue[gs.head:] if (q.entry.job, q.entry.round) in kept]
             gs.head = 0
             gs.version += 1
-        for units in self.units.values():
-            while units and units[-1].unstarted == len_of(units[-1]):
-                units.pop()
         self.waiting.clear()
         self.heap.clear()
         for gs in self.gpus.values():
             self._refresh(gs)
+
+    def _settle(self) -> None:
+        """Every kept entry has run: its rounds are done for the planner
+        (the core's ``fronts``, then ``forget``), so the sequences and the
+        started set stay the size of one plan."""
+        at = [msgspec.structs.replace(j, done_rounds=self.front[j.id])
+              for j in self.jobs.values()]
+        self.front = fronts(self.seqs, at)
+        self.seqs = forget(self.seqs, self.front)
+        self.started.clear()
 
     def problem(self, now: float) -> TaskProblem:
         """The arrived jobs' rounds not under way, as a (real-round) problem."""
         jobs: list[TaskJob] = []
         ready: dict[JobId, float] = {}
         for job in self.jobs.values():
-            units = self.units[job.id]
-            front = units[-1].hi if units else 0
+            front = self.front[job.id]
             if job.arrival_s > now or front == job.rounds:
                 continue
             jobs.append(msgspec.structs.replace(job, done_rounds=front))
@@ -188,30 +204,24 @@ class TaskSimulation:
         real = self.problem(now)
         if not real.jobs:
             return
-        grouped, macros = macro_problem(real, self.settings.budget)
-        start = self.timer() if self.timer else 0.0
-        schedule = self.policy.schedule(grouped)
-        self.plan_s.append((self.timer() - start) if self.timer else 0.0)
-        if self.settings.check:
-            check_schedule(grouped, schedule)
-        self._install(schedule, macros)
-
-    def _install(self, schedule: TaskSchedule, macros: tuple[MacroJob, ...]) -> None:
+        kept = self.seqs
+        self.seqs = plan(real, self.policy, kept, budget=self.settings.budget,
+                         check=self.settings.check, timer=self.timer)
+        self.plan_s.append(self.seqs.solve_s)
         units: dict[tuple[JobId, int], _Unit] = {}
-        for m in macros:
-            real = self.jobs[m.job.id]
-            for q in range(m.job.rounds):
-                rounds = m.real_rounds_of(q)
-                unit = _Unit(real, rounds.start, rounds.stop, real.tasks_per_round)
-                units[(real.id, q)] = unit
-                self.units[real.id].append(unit)
-        for task in sorted(schedule.tasks, key=lambda t: (t.start_s, t.job, t.round, t.index)):
-            gs = self.gpus[task.gpu]
-            # Only a job's first round in a plan keeps its planned start: that is
-            # the policy's decision to start it (a FIFO's head-of-line wait); later
-            # rounds follow their barriers, which the truth may release earlier.
-            not_before = task.start_s if task.round == 0 else -math.inf
-            gs.queue.append(_Queued(units[(task.job, task.round)], task.index, not_before))
+        for gpu, entries in self.seqs.gpus.items():
+            gs = self.gpus[gpu]
+            for e in entries[len(kept.gpus[gpu]):]:
+                unit = units.get((e.job, e.round))
+                if unit is None:
+                    job = self.jobs[e.job]
+                    unit = units[(e.job, e.round)] = _Unit(job, e.round, e.round + e.rounds,
+                                                           job.tasks_per_round)
+                # Only a job's first round in a plan keeps its planned start
+                # (``hold``): the policy's decision to start it (a FIFO's
+                # head-of-line wait); later rounds follow their barriers,
+                # which the truth may release earlier.
+                gs.queue.append(_Queued(unit, e, e.start_s if e.hold else -math.inf))
         for gs in self.gpus.values():
             self._refresh(gs)
 
@@ -261,20 +271,16 @@ class TaskSimulation:
         gs.free_s, gs.last_job = end, job.id
         unit.unstarted -= 1
         unit.done_s = max(unit.done_s, done)
+        self.started.add(q.entry.key)
         self.tasks_run[job.id] += n
         if self.settings.record:
-            self.record.append(RunTask(job.id, unit.lo, n, q.index, gs.gpu.id, start, end, done,
-                                       switch))
+            self.record.append(RunTask(job.id, unit.lo, n, q.entry.lo, gs.gpu.id, start, end,
+                                       done, switch))
         if unit.unstarted == 0:
             self.barrier[(job.id, unit.hi)] = unit.done_s
             for gpu in self.waiting.pop((job.id, unit.hi), []):
                 self._refresh(self.gpus[gpu])
         self._refresh(gs)
-
-
-def len_of(unit: _Unit) -> int:
-    """How many tasks a macro-round has (its job's sync scale)."""
-    return unit.job.tasks_per_round
 
 
 def simulate(jobs: Sequence[TaskJob], gpus: Sequence[Gpu], policy: TaskPolicy,

@@ -16,6 +16,7 @@ from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample, TimeModules
+from shared.sequence import GpuTasks, TaskEntry
 from shared.snapshot import Assignment, PassStats, Plan, PlanReasons, ProfilingTask
 from tests.helpers import cluster, flat_estimate
 
@@ -87,6 +88,12 @@ MESSAGES: list[ev.Message] = [
     ev.ResourcesReleased(job_id=J1, server_ids=(S0,), at=13.0, reason="finished"),
     ev.ErrorRecord(service="scheduler", subject="s", error="e", at=14.0, code="invalid"),
     ev.PlanEntrySkipped(job_id=J1, reason="job_ended", detail="job j1 is finished", at=15.0),
+    ev.TaskSequence(term=3, revision=2, server_id=S0, at=16.0, policy="hare-eft", gpus=(
+        GpuTasks(0, (TaskEntry(J1, 4, 0, 2, 16.0, 17.5, hold=True),
+                     TaskEntry(JobId("j2"), 0, 0, 1, 17.5, 18.0))),
+        GpuTasks(1, (TaskEntry(J1, 4, 2, 4, 16.0, 16.5),)))),
+    ev.TaskDone(term=3, revision=2, job_id=J1, round=4, lo=0, hi=2, server_id=S0, gpu_index=0,
+                started_at=16.1, ended_at=17.4, at=17.4),
 ]
 
 DECODERS = {
@@ -116,6 +123,8 @@ DECODERS = {
     ev.ResourcesReleased: ev.decode_plan_event,
     ev.ErrorRecord: ev.decode_error_record,
     ev.PlanEntrySkipped: ev.decode_plan_entry_skipped,
+    ev.TaskSequence: ev.decode_task_event,
+    ev.TaskDone: ev.decode_task_event,
 }
 
 
