@@ -242,9 +242,19 @@ def test_slurmctld_killed_and_restarted_loses_nothing(
     slurmctld recovers the jobs its state saved, and Hops goes on with the
     same Slurm jobs; a job submitted just before the kill may not have been
     saved: Slurm then no longer knows it, and Hops requeues it with its
-    progress. Either way every job runs once."""
-    running = {job: running_in_slurm(stack, slurm_cluster, job)[1].job_id
-               for job in ("sl-long", "sl-lost")}
+    progress. Either way every job runs once.
+
+    The kill waits until slurmctld saved the running jobs: one killed before
+    that forgets a job whose slurmd still runs it, hands its id to the next
+    sbatch, and drains the node when the slurmd reports the two as one id
+    ("Duplicate jobid"), which is Slurm's loss, not one Hops can mend."""
+    slurm = {job: running_in_slurm(stack, slurm_cluster, job)[1]
+             for job in ("sl-long", "sl-lost")}
+    running = {job: s.job_id for job, s in slurm.items()}
+    state = slurm_cluster.directory / "state" / "job_state"
+    until(lambda: state.exists()
+          and all(s.name.encode() in state.read_bytes() for s in slurm.values()),
+          "slurmctld saved the running jobs", 30, stack.logs)
     before = {job: stack.record(job) or {} for job in running}
     pid_file = slurm_cluster.directory / "run" / "slurmctld.pid"
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
