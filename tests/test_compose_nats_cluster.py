@@ -35,7 +35,10 @@ from tests.livestack import until
 ENV_FILE = ROOT / "deploy" / "nats-cluster.env"
 COUNTS = {"scheduler": 2}  # compose.yaml's deploy.replicas
 MEMBERS = ("nats", "nats-2", "nats-3")  # the services, and the servers' names
-REFUSED_MAX_S = 10.0  # issue 36: no submission refused for longer
+# No submission refused for longer: whole attempts of the client's about 5 s,
+# and an election's stall of up to 8 s spans three when it begins late in
+# the first (as tests/test_live_nats_cluster.py).
+REFUSED_MAX_S = 15.0
 EXPECTED = {s.name for s in subjects.STREAMS} | {f"KV_{b}" for b in subjects.KV_BUCKETS}
 
 
