@@ -83,7 +83,9 @@ async def test_a_large_state_round_trips_and_nats_py_reads_it(nc: NATS) -> None:
 
 async def test_a_reader_never_sees_a_half_written_state(nc: NATS) -> None:
     js = nc.jetstream()
-    old, new = incompressible(12 * CHUNK_BYTES, 1), incompressible(12 * CHUNK_BYTES, 2)
+    # enough chunks that the writer is still writing when the first one's copy
+    # reaches the test (under load, 12 were all acknowledged before it did)
+    old, new = incompressible(64 * CHUNK_BYTES, 1), incompressible(64 * CHUNK_BYTES, 2)
     await put_object(js, BUCKET, "layer.hived", old)
     # a writer killed after its first chunk: the readers read the old version
     first = asyncio.Event()

@@ -120,10 +120,17 @@ async def get_object(js: JetStreamContext, bucket: str, name: str,
     chunks do not match its meta."""
     deadline = time.monotonic() + timeout
     while True:
-        info = await read_info(js, bucket, name)
-        if info is None:
-            return None
-        packed = await _read_chunks(js, bucket, info, deadline)
+        try:
+            info = await read_info(js, bucket, name)
+            if info is None:
+                return None
+            packed = await _read_chunks(js, bucket, info, deadline)
+        except nats.errors.TimeoutError:
+            # a request lost while the client reconnects (its server was
+            # killed in an election): asked again, within the same deadline
+            if time.monotonic() >= deadline:
+                raise
+            continue
         if packed is not None and _header(info, ENCODING) == _ZLIB:
             return await asyncio.to_thread(zlib.decompress, packed)
         if packed is not None:
