@@ -60,11 +60,20 @@ REPORTS_ALL = f"{PREFIX}.reports.*.*"
 # Each rank's output (shared.logs.LogChunk), ``hops.v1.logs.<server_id>.<job key>``:
 # published by the executor of that server, read by the gateway (docs/logs.md).
 LOGS_ALL = f"{PREFIX}.logs.*.*"
+# Hare's task reports (shared.events.TaskDone), ``hops.v1.tasks.done.<server_id>.<job_id>``:
+# published by the executor of that server only, read by the scheduler leader;
+# kept so that a new leader replays the reports its predecessor had not stored
+# (message id ``<job>:<round>:<lo>``: a report sent twice is stored once).
+TASK_DONE_ALL = f"{PREFIX}.tasks.done.*.*"
 
 # Core NATS (not persisted): heartbeats, executor commands, error records.
 NODE_HEARTBEATS_ALL = f"{PREFIX}.nodes.heartbeat.*"
 JOB_HEARTBEATS_ALL = f"{PREFIX}.jobs.heartbeat.*.*"  # <server_id>.<job_id>
 EXEC_ALL = f"{PREFIX}.exec.*"
+# Hare's task sequences (shared.events.TaskSequence), ``hops.v1.tasks.seq.<server_id>``:
+# published by the scheduler leader only, under its lease term, and sent again
+# until superseded (the leader's state holds them: docs/hare.md, "Live mechanism").
+TASK_SEQ_ALL = f"{PREFIX}.tasks.seq.*"
 ERRORS = f"{PREFIX}.errors"
 # Plan entries the placer skipped as overtaken by events (benign races).
 PLACER_SKIPPED = f"{PREFIX}.placer.skipped"
@@ -110,8 +119,9 @@ STREAM_PLANS = StreamDef("HOPS_PLANS", (PLANS, RELEASED))
 STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
 STREAM_TIMELINE = StreamDef("HOPS_TIMELINE", (TIMELINE_ALL,))
 STREAM_LOGS = StreamDef("HOPS_LOGS", (LOGS_ALL,))
+STREAM_TASK_DONE = StreamDef("HOPS_TASK_DONE", (TASK_DONE_ALL,))
 STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS, STREAM_TIMELINE,
-           STREAM_LOGS)
+           STREAM_LOGS, STREAM_TASK_DONE)
 KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_TENANTS, KV_EXPLAIN)
 # Buckets of earlier versions: read where they exist, no longer made.
 LEGACY_KV_BUCKETS = (KV_LAYERS,)
@@ -176,6 +186,15 @@ def node_heartbeat(server_id: str) -> str:
 
 def exec_commands(server_id: str) -> str:
     return f"{PREFIX}.exec.{check_token(server_id, 'server id')}"
+
+
+def task_sequence(server_id: str) -> str:
+    return f"{PREFIX}.tasks.seq.{check_token(server_id, 'server id')}"
+
+
+def task_done(server_id: str, job_id: str) -> str:
+    sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
+    return f"{PREFIX}.tasks.done.{sid}.{job}"
 
 
 def tenant_submit(tenant: str) -> str:

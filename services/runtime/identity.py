@@ -166,7 +166,7 @@ def _scheduler() -> Permissions:
     return _service(
         SCHEDULER,
         publish=(_EVENTS, subjects.PLANS, subjects.ESTIMATE, _TENANT_FEEDS,
-                 subjects.TIMELINE_ALL),
+                 subjects.TIMELINE_ALL, subjects.TASK_SEQ_ALL),
         subscribe=(subjects.JOBS_SUBMIT, subjects.JOBS_SUBMIT_TENANT_ALL, subjects.JOBS_CANCEL,
                    subjects.JOBS_CANCEL_TENANT_ALL, subjects.JOBS_HOLD,
                    subjects.JOBS_HOLD_TENANT_ALL, subjects.QUEUE, subjects.RELEASED,
@@ -213,8 +213,9 @@ def executor_permissions(server_id: str) -> Permissions:
     return Permissions(
         publish=(subjects.nodes_register(sid), subjects.node_heartbeat(sid),
                  f"{PREFIX}.jobs.heartbeat.{sid}.*", f"{PREFIX}.reports.{sid}.*",
-                 f"{PREFIX}.logs.{sid}.*", subjects.ERRORS),
-        subscribe=(subjects.exec_commands(sid), f"{inbox_prefix(executor_identity(sid))}.>"),
+                 f"{PREFIX}.logs.{sid}.*", f"{PREFIX}.tasks.done.{sid}.*", subjects.ERRORS),
+        subscribe=(subjects.exec_commands(sid), subjects.task_sequence(sid),
+                   f"{inbox_prefix(executor_identity(sid))}.>"),
         allow_responses=True,
     )
 

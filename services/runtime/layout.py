@@ -65,6 +65,11 @@ class JetStreamLayout:
     logs_per_job: int = 10_000
     logs_max_bytes: int = 4 * _GIB
     logs_max_age: float = 7 * _DAY
+    # Hare's task reports: a leader replays those its state does not hold
+    # yet, so they outlive any failover; the rounds they complete are
+    # recorded in the leader's state long before this.
+    task_done_max_age: float = 7 * _DAY
+    task_done_max_bytes: int = _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -91,6 +96,7 @@ class JetStreamLayout:
             subjects.STREAM_REPORTS: (self.reports_max_age, self.reports_max_bytes),
             subjects.STREAM_TIMELINE: (None, self.timeline_max_bytes),
             subjects.STREAM_LOGS: (self.logs_max_age, self.logs_max_bytes),
+            subjects.STREAM_TASK_DONE: (self.task_done_max_age, self.task_done_max_bytes),
         }
         per_subject = {subjects.STREAM_TIMELINE: self.timeline_per_job,
                        subjects.STREAM_LOGS: self.logs_per_job}
