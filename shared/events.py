@@ -35,7 +35,13 @@ from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample
 from shared.node import Device, Rendezvous
 from shared.relaxed import split_problem
-from shared.sequence import GpuTasks, sequence_problem, span_problem, times_problem
+from shared.sequence import (
+    GpuTasks,
+    sequence_problem,
+    span_problem,
+    specs_problem,
+    times_problem,
+)
 from shared.snapshot import Plan
 from shared.subjects import check_token
 from shared.wire import FORBIDDEN as FORBIDDEN
@@ -538,13 +544,16 @@ class TaskSequence(Message, frozen=True, tag="task_sequence"):
     at: float
     gpus: tuple[GpuTasks, ...] = ()
     policy: str = ""
+    # The spec of every job with an entry here: what a server needs to run
+    # the job's tasks (its model, batch size and S; a real executor's command).
+    specs: tuple[JobSpec, ...] = ()
 
     def __post_init__(self) -> None:
         check_token(self.server_id, "server id")
         if self.term < 1 or self.revision < 1:
             raise ValueError(f"term and revision must be >= 1, got {self.term} and "
                              f"{self.revision}")
-        if (why := sequence_problem(self.gpus)) is not None:
+        if (why := sequence_problem(self.gpus) or specs_problem(self.gpus, self.specs)):
             raise ValueError(why)
 
 

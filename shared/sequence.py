@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from shared.ids import JobId
+from shared.job import JobSpec
 from shared.subjects import SubjectError, check_token
 
 # Planned times are sums of floats made on the leader; a tolerance this small
@@ -111,6 +112,26 @@ def sequence_problem(gpus: Sequence[GpuTasks]) -> str | None:
     for gpu in gpus:
         if (why := _gpu_problem(gpu, seen)) is not None:
             return why
+    return None
+
+
+def specs_problem(gpus: Sequence[GpuTasks], specs: Sequence[JobSpec]) -> str | None:
+    """Why ``specs`` cannot go with these sequences; None when they can: one
+    spec per job, every job with an entry has its spec, a relaxed-sync one
+    (S > 0), and no entry names a micro-batch at or past its S."""
+    by_id = {spec.id: spec for spec in specs}
+    if len(by_id) != len(specs):
+        return "a job has two specs"
+    for gpu in gpus:
+        for e in gpu.entries:
+            spec = by_id.get(e.job_id)
+            if spec is None:
+                return f"job {e.job_id} has entries but no spec"
+            if spec.sync_scale < 1:
+                return f"job {e.job_id} is not relaxed-sync (sync_scale 0): it has no tasks"
+            if e.hi > spec.sync_scale:
+                return (f"job {e.job_id} round {e.round}: micro-batches {e.lo}..{e.hi - 1}, "
+                        f"but the job has S = {spec.sync_scale} per round")
     return None
 
 

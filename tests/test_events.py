@@ -91,7 +91,9 @@ MESSAGES: list[ev.Message] = [
     ev.TaskSequence(term=3, revision=2, server_id=S0, at=16.0, policy="hare-eft", gpus=(
         GpuTasks(0, (TaskEntry(J1, 4, 0, 2, 16.0, 17.5, hold=True),
                      TaskEntry(JobId("j2"), 0, 0, 1, 17.5, 18.0))),
-        GpuTasks(1, (TaskEntry(J1, 4, 2, 4, 16.0, 16.5),)))),
+        GpuTasks(1, (TaskEntry(J1, 4, 2, 4, 16.0, 16.5),))),
+        specs=(msgspec.structs.replace(SPEC, sync_scale=4),
+               msgspec.structs.replace(SPEC, id=JobId("j2"), requirements=(1,), sync_scale=1))),
     ev.TaskDone(term=3, revision=2, job_id=J1, round=4, lo=0, hi=2, server_id=S0, gpu_index=0,
                 started_at=16.1, ended_at=17.4, at=17.4),
 ]

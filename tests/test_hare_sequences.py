@@ -31,6 +31,7 @@ from scheduling.policies.hare.names import TASK_POLICIES, task_policy
 from scheduling.policies.hare.sequences import Entry, EntryKey, Sequences, coalesce, empty, keep
 from shared import events as ev
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
 from simulator.tasks import TaskSimSettings, simulate
 from world.hare import cluster_shape, task_models
 
@@ -169,6 +170,8 @@ def run_online(jobs: tuple[TaskJob, ...], pool: tuple[Gpu, ...], policy: TaskPol
     run, in order."""
     cfg = LiveTaskSettings(horizon_rounds=horizon)
     by_id = {j.id: j for j in jobs}
+    specs = {j.id: JobSpec(j.id, j.model or "m", 32, 1, j.rounds, requirements=(1,),
+                           sync_scale=j.tasks_per_round) for j in jobs}
     applied = dict.fromkeys(by_id, 0)
     seqs: Sequences | None = None
     done: set[EntryKey] = set()
@@ -195,7 +198,7 @@ def run_online(jobs: tuple[TaskJob, ...], pool: tuple[Gpu, ...], policy: TaskPol
         check_started_kept(prev, seqs, assumed_started(prev, done),
                            {j.id: j.done_rounds for j in live})
         # What the servers would get passes the wire's own checks.
-        for msg in sequence_messages(seqs, done, term=1, at=now):
+        for msg in sequence_messages(seqs, done, term=1, at=now, specs=specs):
             assert ev.decode_task_event(ev.encode(msg)) == msg
         events = [j.arrival_s for j in jobs if j.arrival_s > now]
         events += [e.end_s for _, e in seqs.entries() if e.key not in done and e.end_s > now]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from scheduling.live.tasks import (
@@ -22,6 +23,7 @@ from scheduling.policies.hare.model import Gpu, TaskJob
 from scheduling.policies.hare.names import task_policy
 from shared import events as ev
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
 from shared.sequence import GpuTasks, TaskEntry, TaskKey, follow_problem
 
 V100 = GpuType("V100")
@@ -31,12 +33,22 @@ JOBS = (TaskJob(JobId("j1"), 0.0, 3, 3, {V100: 1.0}, {V100: 0.1}),
 GPUS = (Gpu(gpu_id(A, 0), V100), Gpu(gpu_id(A, 1), V100), Gpu(gpu_id(B, 0), V100))
 
 
+def spec(job: str, s: int) -> JobSpec:
+    return JobSpec(JobId(job), "resnet50", 32, 25_557_032, 1_000, requirements=(1,),
+                   sync_scale=s)
+
+
+SPECS = {JobId("j1"): spec("j1", 3), JobId("j2"): spec("j2", 1)}
+
+
 def sequence(**over: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": "task_sequence", "term": 2, "revision": 5, "server_id": "a", "at": 1.0,
         "gpus": [{"gpu_index": 0, "entries": [
             {"job_id": "j1", "round": 0, "lo": 0, "hi": 2, "start_s": 0.0, "end_s": 2.0},
             {"job_id": "j2", "round": 0, "lo": 0, "hi": 1, "start_s": 2.0, "end_s": 2.5}]}],
+        "specs": [msgspec.to_builtins(SPECS[JobId("j1")]),
+                  msgspec.to_builtins(SPECS[JobId("j2")])],
     }
     body.update(over)
     return body
@@ -53,7 +65,7 @@ def entry(job: str = "j1", rnd: int = 0, lo: int = 0, hi: int = 1, start: float 
 
 def test_a_revision_travels_per_server_and_comes_back() -> None:
     seqs = replan(TaskSnapshot(0.0, JOBS, GPUS), task_policy("hare-eft"))
-    msgs = sequence_messages(seqs, frozenset(), term=7, at=3.0)
+    msgs = sequence_messages(seqs, frozenset(), term=7, at=3.0, specs=SPECS)
     assert [m.server_id for m in msgs] == ["a", "b"]
     assert all(m.term == 7 and m.revision == 1 and m.policy == "hare-eft" for m in msgs)
     for m in msgs:
@@ -64,7 +76,8 @@ def test_a_revision_travels_per_server_and_comes_back() -> None:
                     [(e.job, e.round, e.lo, e.hi) for e in es] for gpu, es in seqs.gpus.items()}
     # Entries reported done are not sent again.
     first = seqs.gpus[gpu_id(A, 0)][0]
-    again = sequence_messages(seqs, frozenset({first.key}), term=7, at=4.0)
+    again = sequence_messages(seqs, frozenset({first.key}), term=7, at=4.0,
+                              specs=SPECS)
     assert first.key not in {(e.job_id, e.round, e.lo) for g in again[0].gpus if g.gpu_index == 0
                              for e in g.entries}
 
@@ -78,6 +91,12 @@ def test_a_revision_travels_per_server_and_comes_back() -> None:
     (sequence(gpus=entries(entry(lo=1, hi=1))), "need 0 <= lo < hi"),
     (sequence(gpus=entries(entry(rnd=-1))), "round -1 < 0"),
     (sequence(gpus=entries(entry(job="j*"))), "job id"),
+    (sequence(gpus=entries(entry(job="j3"))), "job j3 has entries but no spec"),
+    (sequence(gpus=entries(entry(job="j2", hi=2))), "but the job has S = 1 per round"),
+    (sequence(specs=[msgspec.to_builtins(SPECS[JobId("j1")])] * 2), "a job has two specs"),
+    (sequence(specs=[msgspec.to_builtins(spec("j1", 3)),
+                     msgspec.to_builtins(JobSpec(JobId("j2"), "m", 1, 1, 1, requirements=(1,)))]),
+     "is not relaxed-sync"),
     (sequence(gpus=entries(entry(start=2.0, end=1.0))), "before it starts"),
     (sequence(gpus=entries(entry(start="inf", end="inf"))), "finite"),
     (sequence(gpus=entries(entry(), entry(lo=1, hi=2, start=0.5, end=1.5))), "one at a time"),

@@ -43,7 +43,7 @@ On the wire (:func:`sequence_messages`, :func:`done_key`) a revision is one
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Set
 
 import msgspec
 
@@ -61,6 +61,7 @@ from scheduling.policies.hare.sequences import (
 )
 from shared.events import TaskDone, TaskSequence
 from shared.ids import JobId, ServerId
+from shared.job import JobSpec
 from shared.sequence import GpuTasks, TaskEntry
 
 
@@ -164,11 +165,12 @@ def remaining(seqs: Sequences, done: Set[EntryKey]) -> dict[GpuId, tuple[Entry, 
     return {g: tuple(e for e in entries if e.key not in done) for g, entries in seqs.gpus.items()}
 
 
-def sequence_messages(seqs: Sequences, done: Set[EntryKey], term: int, at: float
-                      ) -> tuple[TaskSequence, ...]:
+def sequence_messages(seqs: Sequences, done: Set[EntryKey], term: int, at: float,
+                      specs: Mapping[JobId, JobSpec]) -> tuple[TaskSequence, ...]:
     """Revision ``seqs`` as one ``task_sequence`` per server, each GPU with
-    its entries not in ``done``; servers and GPUs in id order. ValueError
-    for an entry of several rounds (a simulator's macro-task)."""
+    its entries not in ``done`` and the ``specs`` of their jobs; servers and
+    GPUs in id order. ValueError for an entry of several rounds (a
+    simulator's macro-task); KeyError for a job without a spec."""
     servers: dict[ServerId, list[GpuTasks]] = {}
     for gpu, entries in remaining(seqs, done).items():
         server, index = split_gpu_id(gpu)
@@ -180,7 +182,9 @@ def sequence_messages(seqs: Sequences, done: Set[EntryKey], term: int, at: float
         servers.setdefault(server, []).append(GpuTasks(index, tuple(wire)))
     return tuple(
         TaskSequence(term=term, revision=seqs.revision, server_id=server, at=at,
-                     gpus=tuple(sorted(gpus, key=lambda g: g.gpu_index)), policy=seqs.policy)
+                     gpus=tuple(sorted(gpus, key=lambda g: g.gpu_index)), policy=seqs.policy,
+                     specs=tuple(specs[j] for j in sorted({e.job_id for g in gpus
+                                                           for e in g.entries})))
         for server, gpus in sorted(servers.items()))
 
 
