@@ -47,7 +47,7 @@ from nats.aio.client import Client as NATS
 
 from bench.live_stack import client_settings, config_in, start_stack
 from bench.slurm_start import pct
-from executor.slurm.client import SlurmClient, SlurmSettings
+from executor.slurm.client import SlurmClient, SlurmClusterSettings
 from executor.slurm.nodes import cluster_doc
 from services.runtime.bus import connect, request
 from shared import subjects
@@ -172,7 +172,8 @@ def main() -> None:
         values = dict(line.split("=", 1) for line in subprocess.run(
             [str(SCRIPT), "env"], env=env, capture_output=True, text=True, check=True
         ).stdout.splitlines())
-        nodes = asyncio.run(SlurmClient(SlurmSettings(slurm_conf=values["SLURM_CONF"])).nodes())
+        settings = SlurmClusterSettings(slurm_conf=values["SLURM_CONF"])
+        nodes = asyncio.run(SlurmClient(settings).nodes())
         cluster = directory / "cluster.json"
         cluster.write_bytes(msgspec.json.encode(cluster_doc(nodes, "TitanXP", "slurm-bench")))
         backends = ("emulated", "slurm") if args.backend == "both" else (args.backend,)

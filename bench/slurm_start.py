@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor.slurm.client import JobRequest, SlurmClient, SlurmSettings
+from executor.slurm.client import JobRequest, SlurmClient, SlurmClusterSettings
 from tests.slurmcluster import SCRIPT, free_base_port, slurm_missing
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -88,7 +88,7 @@ async def run(jobs: int, rest: bool, env: dict[str, str]) -> None:
     values = dict(line.split("=", 1) for line in subprocess.run(
         [str(SCRIPT), "env"], env=env, capture_output=True, text=True, check=True
     ).stdout.splitlines())
-    client = SlurmClient(SlurmSettings(
+    client = SlurmClient(SlurmClusterSettings(
         slurm_conf=values["SLURM_CONF"], user=values["HOPS_SLURM_REST_USER"],
         rest_url=values["HOPS_SLURM_REST_URL"] if rest else ""))
     try:

@@ -28,7 +28,7 @@ import msgspec
 import pytest
 
 from cli.up.launcher import port_free
-from executor.slurm.client import SlurmClient, SlurmSettings
+from executor.slurm.client import SlurmClient, SlurmClusterSettings
 from executor.slurm.records import SlurmJob
 from shared.configuration import Configuration
 from shared.ids import ServerId
@@ -66,10 +66,10 @@ class SlurmCluster:
         assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr or done.stdout}"
         return done.stdout
 
-    def settings(self, *, rest: bool) -> SlurmSettings:
+    def settings(self, *, rest: bool) -> SlurmClusterSettings:
         """The client's settings: acting as the REST user, through slurmrestd
         or through the CLI alone."""
-        return SlurmSettings(slurm_conf=self.slurm_conf, partition=self.partition,
+        return SlurmClusterSettings(slurm_conf=self.slurm_conf, partition=self.partition,
                              user=self.rest_user, rest_url=self.rest_url if rest else "")
 
     def bridge_env(self, runs: Path) -> dict[str, str]:
@@ -84,7 +84,14 @@ class SlurmCluster:
 
 def slurm_jobs_all(cluster: SlurmCluster) -> list[SlurmJob]:
     """Every job of the partition Slurm knows (through the CLI)."""
-    return asyncio.run(SlurmClient(cluster.settings(rest=False)).jobs())
+    async def read() -> list[SlurmJob]:
+        client = SlurmClient(cluster.settings(rest=False))
+        try:
+            return await client.jobs()
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
 
 
 def slurm_jobs(cluster: SlurmCluster, job_id: str) -> list[SlurmJob]:

@@ -93,8 +93,8 @@ def test_commands_are_python_dash_m_with_config_in_flags_only_for_the_cluster() 
     for comp in table.values():
         assert comp.command[:3] == (PYTHON, "-m", comp.module)
     assert table["cluster"].command == (
-        "python", "-m", "executor", "--cluster", "gavel", "--all", "--time-scale", "0.5"
-    )
+        "python", "-m", "executor", "--cluster", "gavel", "--all", "--backend", "emulated",
+        "--time-scale", "0.5")
     assert table["gateway"].command == ("python", "-m", "gateway")
     assert table["scheduler"].env == {"HOPS_ROUND_S": "7"}
     assert table["gateway"].env["HOPS_GATEWAY_PORT"] == "9000"

@@ -15,7 +15,7 @@ from scheduling.policies.hops.classes import pin_kept
 from scheduling.policies.hops.formulation import class_space, decode
 from scheduling.policies.hops.passes import PassJob, SolverSettings, solve_pass
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
-from scheduling.policies.hops.reserve import reserve
+from scheduling.policies.hops.reserve import Reservation, backfill, reserve
 from scheduling.registry.grammar import parse_policy
 from shared.cluster import Cluster
 from shared.configuration import Configuration
@@ -179,3 +179,23 @@ def test_no_reservation_when_the_head_fits_or_never_can() -> None:
     assert got is not None and (got.gpu_type, got.until) == (GpuType("A"), 1100.0)
     assert reserve(head, est, 8, c, free, [], now=1000.0) is None  # never 8 free
     assert reserve(head, est, 4, c, free, ends, now=1000.0) is None  # 4 idle now
+
+
+def test_backfill_strips_the_reserved_type_only_from_waiting_jobs_that_would_overrun() -> None:
+    """A waiting job whose run on the reserved type would end after the
+    head's shadow time loses that type; a short one keeps it; so does a
+    running job a first plan left without GPUs, however long (its restart
+    cost is read off its speed where it runs: stripping that type crashed
+    the reconfiguration cost)."""
+    c = cluster([("A", 2, 4), ("B", 1, 4)])
+    long_wait = state("long", [4], samples=3_610_000)
+    short_wait = state("short", [4], samples=18_000)
+    running = msgspec.structs.replace(state("run", [4], samples=3_610_000), phase="running",
+                                      current=Configuration.of({"A-0": 4}))
+    jobs = {j.id: j for j in (long_wait, short_wait, running)}
+    ests = {j: flat_estimate(j, {"A": 100.0, "B": 50.0}) for j in jobs}
+    got = backfill(Reservation(JobId("wide"), GpuType("A"), 1100.0), 1000.0, c, jobs, ests, 4)
+    assert set(got[JobId("long")].by_type) == {GpuType("B")}
+    assert not any(s.startswith("A-") for s in got[JobId("long")].by_server)
+    assert got[JobId("short")] == ests[JobId("short")]
+    assert got[JobId("run")] == ests[JobId("run")]

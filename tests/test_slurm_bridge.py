@@ -14,7 +14,7 @@ import structlog
 
 from cli.up.stack import StackConfig, by_name
 from executor.launch import LaunchOptions, job_paths
-from executor.slurm.client import SlurmClient, SlurmSettings
+from executor.slurm.client import SlurmClient, SlurmClusterSettings
 from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.nodes import cluster_doc, gres_type, slurm_cluster
 from executor.slurm.realjobs import RealJobs, SlurmRealHandle
@@ -88,7 +88,7 @@ def handle(tmp_path: Path, lines: str) -> tuple[SlurmJobHandle, list[str]]:
                    configuration=Configuration.of({ServerId("n1"): 1}), gpu_indices=(0,))
     (tmp_path / "output").write_text(lines)
     lost: list[str] = []
-    client = SlurmClient(SlurmSettings(slurm_conf="/nowhere"))
+    client = SlurmClient(SlurmClusterSettings(slurm_conf="/nowhere"))
     watch = SlurmWatch(client, 1.0, 1.0, structlog.get_logger())
     h = SlurmJobHandle(cmd, 7, tmp_path / "output", 0.0, watch, client, structlog.get_logger(),
                        lambda: None, lambda: lost.append("j"))

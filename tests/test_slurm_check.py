@@ -14,7 +14,7 @@ import structlog
 
 from executor.launch import LaunchOptions
 from executor.slurm.backend import JobEnv, SlurmBackend
-from executor.slurm.client import SlurmClient, SlurmSettings
+from executor.slurm.client import SlurmClient, SlurmClusterSettings
 from executor.slurm.nodes import slurm_cluster
 from executor.slurm.realjobs import RealJobs
 from executor.slurm.records import SlurmNode
@@ -39,7 +39,7 @@ def node(name: str, state: str = "idle", flags: tuple[str, ...] = (),
 @pytest.fixture
 def watch() -> Iterator[SlurmWatch]:
     """A watch whose latest reading lists n1 and n2 idle (set by hand)."""
-    client = SlurmClient(SlurmSettings(slurm_conf="/nowhere"))
+    client = SlurmClient(SlurmClusterSettings(slurm_conf="/nowhere"))
     w = SlurmWatch(client, 1.0, 3.0, structlog.get_logger())
     w.nodes = {n.name: n for n in (node("n1"), node("n2"))}
     w.read_at = time.time()

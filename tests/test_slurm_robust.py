@@ -19,7 +19,7 @@ from cli.up.slurm import slurm_flags
 from executor.backend import CommandRefused, Refusal
 from executor.slurm.bridge import node_address
 from executor.slurm.cli import command_env
-from executor.slurm.client import DEFAULT_TIMEOUT_S, SlurmClient, SlurmSettings
+from executor.slurm.client import DEFAULT_TIMEOUT_S, SlurmClient, SlurmClusterSettings
 from executor.slurm.handle import SlurmJobHandle
 from executor.slurm.records import SlurmJob, SlurmNode, decode_nodes, parse_scontrol_job
 from executor.slurm.settings import bridge_settings
@@ -132,7 +132,7 @@ def handle(tmp_path: Path, timeout_s: float) -> SlurmJobHandle:
                    total_samples=100, requirements=(1,))
     cmd = StartJob(key="k", job_id=JobId("j"), server_id=ServerId("n1"), spec=spec,
                    configuration=Configuration.of({ServerId("n1"): 1}), gpu_indices=(0,))
-    client = SlurmClient(SlurmSettings(slurm_conf=str(tmp_path / "nowhere.conf"),
+    client = SlurmClient(SlurmClusterSettings(slurm_conf=str(tmp_path / "nowhere.conf"),
                                        timeout_s=timeout_s))
     watch = SlurmWatch(client, 0.1, 1.0, structlog.get_logger())
     return SlurmJobHandle(cmd, 7, tmp_path / "output", 0.0, watch, client,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from executor.slurm.client import JobRequest, SlurmSettings, batch_script, sbatch_argv
+from executor.slurm.client import JobRequest, SlurmClusterSettings, batch_script, sbatch_argv
 from executor.slurm.records import decode_jobs, decode_nodes
 from shared.slurm import (
     JOB_UNKNOWN_STATE,
@@ -181,7 +181,7 @@ def test_other_jobs_names_are_not_hops() -> None:
 
 
 def test_sbatch_pins_the_planned_node_gpus_and_cores() -> None:
-    settings = SlurmSettings(slurm_conf="/x/slurm.conf", partition="hops", user="hopsrest")
+    settings = SlurmClusterSettings(slurm_conf="/x/slurm.conf", partition="hops", user="hopsrest")
     req = JobRequest(job_id="j1", attempt=2, node="n3", gpus=2, cores=3,
                      command=["python", "train.py", "--name", "a b"], workdir="/w")
     argv = sbatch_argv(req, settings, as_uid=True, gid=995)

@@ -317,7 +317,10 @@ def _cluster(config: StackConfig) -> Component:
     return Component(
         "cluster",
         "executor",
-        args=("--cluster", config.cluster, "--all", "--time-scale", _num(config.time_scale)),
+        # The backend named, so that a HOPS_EXECUTOR_BACKEND=real inherited
+        # from the shell cannot make the cluster hops up calls emulated real.
+        args=("--cluster", config.cluster, "--all", "--backend", "emulated", "--time-scale",
+              _num(config.time_scale)),
         # Emulated jobs write their training log there too (docs/logs.md).
         env={"HOPS_RUN_DIR": str(config.runs_dir), **_security(config, "cluster")},
         doc="the EMULATED GPU cluster: one emulated executor per server",

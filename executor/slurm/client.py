@@ -44,7 +44,7 @@ STOP_POLL_FIRST_S = 0.02
 STOP_POLL_MAX_S = 0.5
 
 
-class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
+class SlurmClusterSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How to reach a Slurm cluster. ``user``: the Slurm user Hops acts as
     ('' for this process's own); a root process submits for it with
     ``--uid``. ``rest_url``: slurmrestd ('' to use the CLI alone).
@@ -93,7 +93,7 @@ def batch_script(command: list[str]) -> bytes:
     return f"#!/bin/sh\nexec {shlex.join(command)}\n".encode()
 
 
-def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool,
+def sbatch_argv(req: JobRequest, settings: SlurmClusterSettings, *, as_uid: bool,
                 gid: int | None = None) -> list[str]:
     """``sbatch``'s arguments for ``req``: the one planned node, its GPUs and
     cores, Hops' partition, a name Hops finds again, and no requeue by Slurm
@@ -115,9 +115,9 @@ def sbatch_argv(req: JobRequest, settings: SlurmSettings, *, as_uid: bool,
 
 
 class SlurmClient:
-    """One Slurm cluster, as :class:`SlurmSettings` names it."""
+    """One Slurm cluster, as :class:`SlurmClusterSettings` names it."""
 
-    def __init__(self, settings: SlurmSettings) -> None:
+    def __init__(self, settings: SlurmClusterSettings) -> None:
         self.settings = settings
         self._env = cli.command_env(settings.slurm_conf)
         self.rest: SlurmRest | None = None

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.slurm.client import DEFAULT_TIMEOUT_S, SlurmSettings
+from executor.slurm.client import DEFAULT_TIMEOUT_S, SlurmClusterSettings
 
 DEFAULT_POLL_S = 0.5
 # A resumed node reads not-responding for about a second (docs/slurm.md,
@@ -56,7 +56,7 @@ class BridgeSettingsError(ValueError):
 class BridgeSettings:
     """See the module docstring."""
 
-    slurm: SlurmSettings
+    slurm: SlurmClusterSettings
     gpu_type: str = ""
     run_dir: Path = Path(".hops/runs")
     python: str = sys.executable
@@ -87,7 +87,7 @@ def slurm_conf(env: Mapping[str, str]) -> str:
 def bridge_settings(env: Mapping[str, str], run_dir: Path) -> BridgeSettings:
     """The settings ``env`` gives (``run_dir``: the executor's run folder,
     used unless ``HOPS_SLURM_RUN_DIR`` names another)."""
-    slurm = SlurmSettings(slurm_conf=slurm_conf(env),
+    slurm = SlurmClusterSettings(slurm_conf=slurm_conf(env),
                           partition=env.get("HOPS_SLURM_PARTITION") or "hops",
                           user=env.get("HOPS_SLURM_USER", ""),
                           rest_url=env.get("HOPS_SLURM_REST_URL", ""),
