@@ -349,7 +349,10 @@ def test_hops_up_runs_real_executors_on_request(tmp_path: Path) -> None:
                                "--cpu-affinity", "local-a=0|1;local-b=1")
     assert cluster.env == {"HOPS_RUN_DIR": str(tmp_path / "runs"),
                            "HOPS_NATS_CREDENTIALS_DIR": str(tmp_path / "credentials")}
-    assert "--backend" not in by_name(StackConfig())["cluster"].command  # emulated by default
+    # Emulated by default, and said so: a HOPS_EXECUTOR_BACKEND=real in the
+    # shell hops up runs in does not reach the executors it starts.
+    emulated = by_name(StackConfig())["cluster"].command
+    assert emulated[emulated.index("--backend") + 1] == "emulated"
     with pytest.raises(ValueError, match="executor must be"):
         StackConfig(executor="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="real executors"):
