@@ -56,6 +56,7 @@ from world.hare import SWITCH_S
 from world.truth import GroundTruth
 
 Clock = Callable[[], float]
+SAID_MAX = 256  # refusals remembered, so that resends are not recorded again
 
 
 class TaskRunner:
@@ -75,12 +76,14 @@ class TaskRunner:
         self.follower = Follower(server.id, server.gpus)
         self.times: dict[JobId, TaskTimes] = {}
         self.wake = {i: asyncio.Event() for i in range(server.gpus)}
-        self._said: tuple[int, int, str] | None = None  # the last refusal recorded
+        self._said: set[tuple[int, int, str]] = set()  # the refusals recorded
 
     async def start(self) -> None:
         """Subscribe, and start one runner per GPU."""
         await self.ctx.nc.subscribe(self.subject, cb=self.on_message)
         await self.ctx.nc.flush()
+        self.log.info("following task sequences", subject=self.subject,
+                      runs=self.truth is not None, gpus=self.server.gpus)
         if self.truth is not None:
             for index in range(self.server.gpus):
                 self.ctx.spawn(self._gpu(index), name=f"tasks-gpu-{index}")
@@ -119,9 +122,11 @@ class TaskRunner:
 
     async def _refuse(self, seq: TaskSequence, why: Refused) -> None:
         said = (seq.term, seq.revision, why.code)
-        if said == self._said:  # the leader's resend of what was refused
+        if said in self._said:  # a resend of what was refused
             return
-        self._said = said
+        if len(self._said) >= SAID_MAX:  # bounded: a refusal may be recorded again
+            self._said.clear()
+        self._said.add(said)
         self.log.warning("task sequence refused", term=seq.term, revision=seq.revision,
                          code=why.code, reason=why.reason)
         await self.ctx.reporter.publish(self.subject, why.reason, why.code)
