@@ -24,14 +24,14 @@ from structlog.typing import FilteringBoundLogger
 
 from services.runtime.bus import publish_event
 from shared import subjects
-from shared.events import Report, SampleReported, encode
+from shared.events import Report, SampleReported, TaskDone, encode
 
 TRIES = 20
 RETRY_S = 0.5
 
 
-async def publish_retrying(js: JetStreamContext, subject: str, msg: Report, msg_id: str,
-                           log: FilteringBoundLogger, tries: int = TRIES) -> bool:
+async def publish_retrying(js: JetStreamContext, subject: str, msg: Report | TaskDone,
+                           msg_id: str, log: FilteringBoundLogger, tries: int = TRIES) -> bool:
     """Publish ``msg`` to a stream, retrying; False (and a warning) if it never went."""
     for attempt in range(1, tries + 1):
         try:

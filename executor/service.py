@@ -41,6 +41,9 @@ backend refuses as impossible anywhere (an unknown model, no command, a
 missing working folder, a program that cannot be run) is refused with
 ``invalid`` and fails the job: it would otherwise wait for ever.
 
+It follows the Hare task sequences the scheduler leader sends its server
+(:mod:`executor.taskrun`: run on the emulated backend, refused on the real one).
+
 The backends are :mod:`executor.emulated` and :mod:`executor.real`; the
 settings, :mod:`executor.settings`.
 """
@@ -69,6 +72,7 @@ from executor.real import RealBackend
 from executor.realjob import RealSettings
 from executor.serving import serve_commands
 from executor.settings import ExecutorSettings, advertised, job_identity
+from executor.taskrun import start_tasks
 from services.runtime.bus import request
 from services.runtime.service import ServiceContext
 from shared import subjects
@@ -395,6 +399,7 @@ async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clu
     # Serve first: once the monitor lists the node, it takes commands.
     await serve_commands(ctx.nc, subjects.exec_commands(node.server.id), node.handle,
                          ctx.reporter)
+    await start_tasks(ctx, node.server, node.backend, settings.time_scale)  # Hare's sequences
     await node.register()
     if ctx.stopping.is_set():
         return
