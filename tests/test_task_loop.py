@@ -11,8 +11,8 @@ import pytest
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.state import LiveJobRecord
-from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan
-from scheduling.policies.hare.model import GpuId
+from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan, split_gpu_id
+from scheduling.policies.hare.model import GpuId, TaskJob
 from scheduling.policies.hare.sequences import Sequences
 from scheduling.registry import make_task_policy, policy_name
 from services.runtime.settings import SettingsError
@@ -62,7 +62,7 @@ def report(e: tuple[str, int, int, int], server: str = "s", gpu: int = 0) -> ev.
 def test_a_relaxed_job_becomes_a_task_job_from_its_estimates() -> None:
     rec = record("j", s=4, total=1000)
     job = tr.task_job(rec, estimate("j", agg=100.0, dist=80.0), {A, B}, applied=3)
-    assert isinstance(job, tr.TaskJob)
+    assert isinstance(job, TaskJob)
     # 1000 samples in steps of S * batch = 4 * 32 = 128: 8 rounds (the last one short)
     assert (job.rounds, job.tasks_per_round, job.done_rounds) == (8, 4, 3)
     # T^c = batch / one GPU's throughput; T^s = batch / two nodes' - T^c
@@ -70,7 +70,11 @@ def test_a_relaxed_job_becomes_a_task_job_from_its_estimates() -> None:
     assert job.sync_s == {A: pytest.approx(0.4 - 0.32)}
     assert job.arrival_s == 1.0
     no_dist = tr.task_job(rec, JobEstimate(JobId("j"), {A: ThroughputCurve((64.0,))}), {A}, 0)
-    assert isinstance(no_dist, tr.TaskJob) and no_dist.sync_s == {A: 0.0}
+    assert isinstance(no_dist, TaskJob) and no_dist.sync_s == {A: 0.0}
+    # two GPUs of one server, where the estimator has them, before two nodes
+    local = tr.task_job(rec, JobEstimate(JobId("j"), {A: ThroughputCurve((100.0, 64.0),
+                                                                          (80.0,))}), {A}, 0)
+    assert isinstance(local, TaskJob) and local.sync_s == {A: pytest.approx(0.5 - 0.32)}
 
 
 def test_a_job_the_task_policy_cannot_sequence_waits_with_a_coded_reason() -> None:
@@ -215,11 +219,13 @@ def test_replans_on_arrivals_ends_gpus_rounds_and_a_new_term_only() -> None:
 def test_a_job_starts_on_the_gpus_of_its_entries_and_finishes_at_its_last_round() -> None:
     progress, seqs = planned(jobs=("j1",), gpus=2)
     records = {JobId("j1"): record("j1", total=64)}  # one round of 2 x 32
-    servers = {tr.split_gpu_id(g)[1] for g, e in seqs.entries() if e.job == "j1"}
+    servers = {split_gpu_id(g)[1] for g, e in seqs.entries() if e.job == "j1"}
     assert tr.to_start(seqs, records, ()) == {"j1": Configuration.of({"s": len(servers)})}
     assert tr.to_start(seqs, records, {JobId("j1")}) == {}
     running = {JobId("j1"): msgspec.structs.replace(records[JobId("j1")], phase="running")}
     assert tr.to_start(seqs, running, ()) == {}  # it had its job_started
+    profiling = {JobId("j1"): msgspec.structs.replace(records[JobId("j1")], phase="submitted")}
+    assert tr.to_start(seqs, profiling, ()) == {}  # queued first, by the next pass
     assert tr.to_finish(records, progress) == []
     for g, e in keys_of(seqs, "j1", 0):
         send(progress, g, e)

@@ -16,9 +16,10 @@ Every arrived, unfinished GPU job that is not held, as a
 * ``done_rounds``: the rounds applied (see counting below);
 * T^c on type t (hare.md Table 1, one micro-batch) = batch_size /
   per-GPU throughput on one GPU of t (the estimator's ``agg[0]``, samples/s);
-* T^s on type t = batch_size / (per-GPU throughput on t over two nodes,
-  ``dist[0]``) − T^c, at least 0: what a synchronised step costs a GPU
-  beyond its compute (0 where the estimator has no distributed figure);
+* T^s on type t = batch_size / (per-GPU throughput on t with two GPUs:
+  ``agg[1]`` on one server, else ``dist[0]`` over two nodes) − T^c, at
+  least 0: what a synchronised step costs a GPU beyond its compute (0 where
+  the estimator has neither figure);
 * arrival: the job's submission; weight 1 (a JobSpec has none).
 
 A job that cannot be sequenced waits with a reason and a stable code:
@@ -217,7 +218,9 @@ def task_times(est: JobEstimate, batch_size: int, types: Iterable[GpuType]
         if curve is None or not (math.isfinite(one) and one > 0):
             continue
         compute[t] = batch_size / one
-        two = curve.dist_per_gpu(2)
+        # the smallest placement that synchronises: two GPUs of one server,
+        # else one GPU on each of two nodes
+        two = curve.agg[1] if len(curve.agg) > 1 else curve.dist_per_gpu(2)
         sync[t] = max(0.0, batch_size / two - compute[t]) if two > 0 else 0.0
     return compute, sync
 
@@ -309,12 +312,13 @@ def placements(seqs: Sequences) -> dict[JobId, Configuration]:
 def to_start(seqs: Sequences | None, records: Mapping[JobId, LiveJobRecord],
              started: Iterable[JobId]) -> dict[JobId, Configuration]:
     """The jobs whose first entry is sequenced and whose ``job_started`` is
-    not out yet (a running record has had one), with their placements."""
+    not out yet, with their placements: queued jobs only (a running record
+    has had one; a job still in profiling is queued by the next pass)."""
     if seqs is None:
         return {}
     done = set(started)
     return {j: c for j, c in sorted(placements(seqs).items())
-            if j not in done and j in records and records[j].phase != "running"}
+            if j not in done and j in records and records[j].phase == "queued"}
 
 
 def to_finish(snap_records: Mapping[JobId, LiveJobRecord], progress: Progress

@@ -24,7 +24,8 @@ the resend interval:
 
 The state is written before a revision is sent, and after the reports of a
 pass are counted, each time with the last stream sequence counted: a new
-leader loads it, replays the stream from there, and sends its first
+leader loads it, replays the stream from there (up to the last report
+stored when its term began, before its first pass), and sends its first
 revision under its own term, so a report is counted once and a started
 entry keeps its place.
 """
@@ -63,6 +64,7 @@ from shared.records import NodeRecord
 from shared.wire import INTERNAL, TASK_REFUSED
 
 ESTIMATE_CHUNK = 32  # jobs per estimate request, as the plan loop asks
+CATCH_UP_S = 10.0  # the most a new leader waits for the stored reports before its first pass
 
 
 class TaskLoop:
@@ -83,6 +85,8 @@ class TaskLoop:
         self.applied = False  # a round was applied since the last replan
         self.dirty = False  # the state changed since it was written
         self.sent_at = 0.0
+        self.replay_to = 0  # the stream's last sequence when the term began
+        self.failed: tuple[frozenset[str], frozenset[str]] | None = None  # the last failed replan
 
     async def load(self) -> None:
         """The state the last leader left, if any (unreadable: none)."""
@@ -94,6 +98,8 @@ class TaskLoop:
             await self.ctx.reporter.report("scheduler.tasks", f"task state: {e}", INTERNAL)
             state = tr.TaskState()
         self.progress = tr.Progress(state)
+        info = await self.ctx.js.stream_info(subjects.STREAM_TASK_DONE.name)
+        self.replay_to = info.state.last_seq  # counted before the first revision of the term
         seqs = state.seqs
         self.log.info("task state loaded", from_term=state.term, stream_seq=state.stream_seq,
                       revision=seqs.revision if seqs else 0, applied=state.applied)
@@ -105,6 +111,7 @@ class TaskLoop:
             (subjects.TASK_DONE_ALL,), self._on_report, lambda: self.progress.stream_seq + 1,
             self.ctx.stopping, self.log))
         try:
+            await self._catch_up()
             while not any(t.done() for t in (*others, follow)):
                 self.wake.clear()
                 try:
@@ -123,6 +130,19 @@ class TaskLoop:
                 task.result()
         raise RuntimeError("a leader task stopped")
 
+    async def _catch_up(self) -> None:
+        """Wait for the reports stored before this term (up to ``CATCH_UP_S``):
+        the term's first revision then starts from every entry reported done."""
+        deadline = time.monotonic() + CATCH_UP_S
+        while time.monotonic() < deadline:
+            seen = max([self.progress.stream_seq,
+                        *(m.metadata.sequence.stream for m in self.inbox)])
+            if seen >= self.replay_to:
+                return
+            await asyncio.sleep(0.05)
+        self.log.warning("task reports not all replayed in time", replay_to=self.replay_to,
+                         counted=self.progress.stream_seq)
+
     async def _on_report(self, msg: Msg) -> None:
         self.inbox.append(msg)
         self.wake.set()
@@ -137,10 +157,11 @@ class TaskLoop:
         await self._finish(now)
         self.progress.forget_jobs(r.job_id for r in tr.candidates(self.book.current()))
         reasons = tr.replan_reasons(self.progress.seqs, snapshot, self.applied, self.new_term)
-        if reasons and self.lease.is_leader(time.time()):
+        if reasons and self.lease.is_leader(time.time()) and self._fresh(snapshot):
             await self._replan(snapshot, reasons, now)
         elif self.dirty:
             await self._save()
+        await self._start(now)
         if time.time() - self.sent_at >= self.settings.task_resend_s:
             await self._send(now)
 
@@ -216,14 +237,22 @@ class TaskLoop:
 
     # --- sequences ---------------------------------------------------------------------
 
+    def _fresh(self, snapshot: TaskSnapshot) -> bool:
+        """Whether a replan may succeed: not the jobs and GPUs of the last
+        failed one again, with no round applied since."""
+        return self.applied or self.failed != _problem_key(snapshot)
+
     async def _replan(self, snapshot: TaskSnapshot, reasons: list[str], now: float) -> None:
         previous = self.progress.seqs
         try:
             seqs = await asyncio.to_thread(replan, snapshot, self.policy, previous, self.live)
         except Exception as e:  # a policy's failure skips this revision, not the service
-            self.log.exception("task replan failed", reasons=reasons)
-            await self.ctx.reporter.report("scheduler.tasks", repr(e), INTERNAL)
+            self.failed = _problem_key(snapshot)  # tried again once the jobs or GPUs change
+            self.log.warning("task replan failed", reasons=reasons, error=repr(e))
+            await self.ctx.reporter.report("scheduler.tasks", f"task replan failed: {e}",
+                                           INTERNAL)
             return
+        self.failed = None
         self.progress.seqs = seqs
         self.new_term = self.applied = False
         await self._save()  # the state first: a new leader resumes from what was sent or later
@@ -257,6 +286,12 @@ class TaskLoop:
             await self.ctx.nc.publish(subjects.task_sequence(msg.server_id), ev.encode(msg))
 
     async def _save(self) -> None:
+        if not self.lease.is_leader(time.time()):  # a deposed leader must not overwrite it
+            return
         state = self.progress.state(self.lease.term)
         await put_object(self.ctx.js, subjects.OBJ_STATE, tr.TASK_STATE, tr.encode_state(state))
         self.dirty = False
+
+
+def _problem_key(snapshot: TaskSnapshot) -> tuple[frozenset[str], frozenset[str]]:
+    return (frozenset(j.id for j in snapshot.jobs), frozenset(g.id for g in snapshot.gpus))
