@@ -23,15 +23,10 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 from nats.aio.msg import Msg
 
 from scheduling.live.taskrun import rounds_of
-from services.runtime.bus import connect
-from services.runtime.settings import RuntimeSettings
 from shared import events as ev
 from shared import subjects
 from shared.cluster import GpuTypeSpec
@@ -39,15 +34,16 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.sequence import TaskEntry, TaskKey, follow_problem
 from tests.natsfix import nats_server, nats_url
-from tests.test_live_scheduler import TTL, Bus, Service, Stack
+from tests.test_live_scheduler import TTL, Bus, Service, Stack, _async, bus, eventually, stack
 
-__all__ = ["nats_server", "nats_url"]  # fixtures
+__all__ = ["bus", "nats_server", "nats_url", "stack"]  # fixtures
 
 SLOW = GpuTypeSpec(GpuType("A"), 1e8, 1e9)  # a slow link: long synchronisation
 S = 2  # micro-batches per round
-ROUNDS = 4
+ROUNDS = 6  # more than a revision holds (horizon 2): the leader replans as rounds end
 TASK_S = 0.3  # the stand-in's time per entry (the leader replans well within it)
-ENV = {"HOPS_POLICY": "hare", "HOPS_TASK_RESEND_S": "1", "HOPS_ESTIMATE_TIMEOUT_S": "2"}
+ENV = {"HOPS_POLICY": "hare", "HOPS_TASK_RESEND_S": "1", "HOPS_TASK_HORIZON": "2",
+       "HOPS_ESTIMATE_TIMEOUT_S": "2"}
 
 
 def relaxed(job: str, params: int) -> JobSpec:
@@ -65,6 +61,7 @@ class ExecutorStandIn:
         self.bus, self.server = bus, ServerId(server)
         self.held: ev.TaskSequence | None = None
         self.done: dict[TaskKey, int] = {}  # entry -> the GPU it ran on
+        self.entries: dict[TaskKey, TaskEntry] = {}  # each entry done, as it ran
         self.ran: dict[int, list[TaskKey]] = {}  # per GPU, in order
         self.reported_at: dict[TaskKey, float] = {}
         self.refused: list[str] = []
@@ -120,10 +117,13 @@ class ExecutorStandIn:
             self.running[gpu] = key
             started = time.time()
             await asyncio.sleep(TASK_S)
-            await self.report(entry, gpu, started)
+            # done here before it is reported: a revision the report leads to
+            # no longer holds the entry
             del self.running[gpu]
             self.done[key] = gpu
+            self.entries[key] = entry
             self.ran.setdefault(gpu, []).append(key)
+            await self.report(entry, gpu, started)
             self.changed.set()
 
     async def report(self, entry: TaskEntry, gpu: int, started: float,
@@ -140,26 +140,14 @@ class ExecutorStandIn:
                                   headers={"Nats-Msg-Id": msg_id or key})
 
 
-@pytest.fixture
-async def stack(nats_url: str, tmp_path: Path) -> AsyncIterator[Stack]:
-    s = Stack(nats_url, tmp_path)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    nc = await connect(RuntimeSettings(nats_servers=(nats_url,), reconnect_wait=0.1), "test")
-    yield await Bus(nc).start()
-    await nc.close()
-
-
 async def setup(stack: Stack, bus: Bus, replicas: int) -> tuple[list[Service], ExecutorStandIn]:
     await bus.put_nodes((("s", SLOW, 2),))
     await stack.start("services.estimator")
     leaders = [await stack.start("services.scheduler", HOPS_REPLICA_ID=f"r{i}", **ENV)
                for i in range(replicas)]
-    await leaders[0].wait_log("elected leader")
+    await eventually(lambda: _async(any(r.find("elected leader") for r in leaders)), 15,
+                     "a leader elected")
+    leaders.sort(key=lambda r: r.find("elected leader") is None)  # the leader first
     executor = await ExecutorStandIn(bus).start()
     for spec in JOBS:
         assert (await bus.submit(spec)).ok
@@ -232,20 +220,18 @@ async def test_a_new_leader_resumes_the_sequences(stack: Stack, bus: Bus) -> Non
         assert elected["term"] > old_term
         # the executor re-sends every report it made so far under new message ids
         # (stored again): the leader counts each entry once
-        assert executor.held is not None
-        for key, gpu in list(executor.done.items()):
-            entry = TaskEntry(key[0], key[1], key[2], key[2] + 1, 0.0, 0.0)
-            hi = next((e.hi for g in executor.held.gpus for e in g.entries
-                       if (e.job_id, e.round, e.lo) == key), None)
-            if hi is not None:
-                entry = TaskEntry(key[0], key[1], key[2], hi, 0.0, 0.0)
-                await executor.report(entry, gpu, 0.0, msg_id=f"{key[0]}:{key[1]}:{key[2]}:again")
+        again = list(executor.done.items())
+        assert again
+        for key, gpu in again:
+            await executor.report(executor.entries[key], gpu, 0.0,
+                                  msg_id=f"{key[0]}:{key[1]}:{key[2]}:again")
         await both_finish(bus, timeout=60)
     finally:
         for task in gpus:
             task.cancel()
-    assert elected["term"] in executor.terms  # the new leader's revisions were followed
-    assert executor.refused == [], executor.refused  # no started entry ever moved
+    # the new leader's revisions were followed: no started entry ever moved
+    assert elected["term"] in executor.terms, (executor.terms, executor.refused)
+    assert executor.refused == [], executor.refused
     ran = [k for keys in executor.ran.values() for k in keys]
     assert len(ran) == len(set(ran))
     for spec in JOBS:

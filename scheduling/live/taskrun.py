@@ -155,23 +155,33 @@ class Progress:
         if why is not None:
             return Counted("refused", why)
         key = done_key(msg)
-        if msg.round < self.applied.get(msg.job_id, 0):
-            return Counted("duplicate", f"round {msg.round} of {msg.job_id} is applied already")
         if key in self.done:
             return Counted("duplicate", f"entry {key} was counted already")
+        if msg.round < self.applied.get(msg.job_id, 0):
+            return Counted("duplicate", f"round {msg.round} of {msg.job_id} is applied already")
         self.done[key] = DoneEntry(msg.job_id, msg.round, msg.lo, msg.hi,
                                    gpu_id(msg.server_id, msg.gpu_index))
         applied = self._apply(msg.job_id)
         return Counted("applied", applied=applied) if applied else Counted("counted")
 
     def _problem(self, msg: TaskDone, subject_ids: tuple[str, str]) -> str | None:
+        """Why ``msg`` is refused; None when it may count (or counted already:
+        a report of an entry counted on the same GPU, or of a round applied,
+        which the revision may no longer hold)."""
         sid, job = subject_ids
         if (msg.server_id, msg.job_id) != (sid, job):
             return (f"report names server {msg.server_id} and job {msg.job_id}, "
                     f"its subject server {sid} and job {job}")
+        counted = self.done.get(done_key(msg))
+        if counted is not None and counted.gpu == gpu_id(msg.server_id, msg.gpu_index) \
+                and counted.hi == msg.hi:
+            return None
         if self.seqs is None:
             return "no sequence was sent yet"
-        return done_problem(self.seqs, msg)
+        why = done_problem(self.seqs, msg)
+        if why is not None and msg.round < self.applied.get(msg.job_id, 0):
+            return None  # its round is applied: counted already, and dropped since
+        return why
 
     def _apply(self, job: JobId) -> int:
         """Apply the job's complete rounds, in order; how many."""
