@@ -8,13 +8,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from cli.up.stack import StackConfig
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.state import LiveJobRecord
 from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan, split_gpu_id
 from scheduling.policies.hare.model import GpuId, TaskJob
 from scheduling.policies.hare.sequences import Sequences
-from scheduling.registry import make_task_policy, policy_name
+from scheduling.registry import PolicyError, make_task_policy, policy_name
 from services.runtime.settings import SettingsError
 from services.scheduler.settings import scheduler_settings
 from shared import events as ev
@@ -148,6 +149,15 @@ def test_a_report_counted_twice_is_counted_once() -> None:
     assert progress.applied == {"j1": 1}
     assert send(progress, g, e, seq=4).outcome == "duplicate"  # its round is applied
     assert progress.applied == {"j1": 1} and progress.stream_seq == 4
+    # the next revision drops the applied round; a resend of it still counts once
+    records = {JobId("j1"): record("j1")}
+    snap, _ = tr.task_snapshot(1.0, records, {JobId("j1"): estimate("j1")},
+                               [node("s", A, 2)], progress)
+    progress.seqs = replan(snap, make_task_policy("hare"), progress.seqs)
+    assert all(x.round >= 1 for _, x in progress.seqs.entries())
+    assert send(progress, g, e, seq=5).outcome == "duplicate"
+    forged = send(progress, GpuId("t:0"), ("j1", 1, 0, 1), seq=6)
+    assert forged.outcome == "refused"
 
 
 def test_reports_out_of_order_apply_rounds_in_order() -> None:
@@ -249,6 +259,12 @@ def test_records_queue_and_carry_the_task_loops_reasons() -> None:
     assert tr.wait_reason(queued, None) is None
     held = msgspec.structs.replace(queued, held=True, reason="held")
     assert tr.wait_reason(held, f"{NO_ESTIMATE}: none") is None
+
+
+def test_hops_up_takes_a_task_policy() -> None:
+    assert StackConfig(policy="hare-eft").policy == "hare-eft"
+    with pytest.raises(PolicyError):
+        StackConfig(policy="hare:nope=1")
 
 
 def test_hops_policy_names_a_task_policy() -> None:
