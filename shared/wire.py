@@ -39,6 +39,11 @@ UNKNOWN_TENANT = "unknown_tenant"
 # The reason of a job the leader ended at its time limit (Slurm's TimeLimit):
 # its phase is ``cancelled`` (scheduling.live.timelimit).
 TIME_LIMIT = "TimeLimit"
+# Under a task policy (hare.md, "Live mechanism"): the reasons a job waits
+# unsequenced, and the error record of a task report the leader refused.
+NOT_RELAXED = "not_relaxed"
+NO_ESTIMATE = "no_estimate"
+TASK_REFUSED = "task_refused"
 
 
 class WireError(ValueError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from scheduling.registry import DEFAULT_POLICY, parse_policy
+from scheduling.registry import DEFAULT_POLICY, parse_any
 from scheduling.rounds import ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.runtime.settings import DEFAULT_REPLICAS
@@ -100,7 +100,8 @@ class StackConfig:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
         if self.round_s is not None and self.round_s <= 0:
             raise ValueError(f"round length must be > 0 s, got {self.round_s:g}")
-        parse_policy(self.policy)  # a bad spec fails here, not in every replica
+        parse_any(self.policy)  # a bad spec fails here, not in every replica (a task
+        # policy too: the leader runs its task loop, services/scheduler/tasks.py)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_ca is not None and self.tls_cert is None:

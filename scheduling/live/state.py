@@ -270,6 +270,15 @@ def promote(rec: LiveJobRecord, required: frozenset[GpuType], now: float) -> Liv
     return None if queued is None else msgspec.structs.replace(queued, since=max(now, rec.since))
 
 
+def queue_now(rec: LiveJobRecord, now: float) -> LiveJobRecord | None:
+    """A job still being profiled → queued without waiting for more profiles
+    (a task policy sequences it once it has an estimate on one alive type)."""
+    if rec.phase not in PROFILING_PHASES:
+        return None
+    queued = _decide(rec, lc.Queue(job_id=rec.job_id, at=now))
+    return None if queued is None else msgspec.structs.replace(queued, since=max(now, rec.since))
+
+
 def hold(rec: LiveJobRecord, problem: str | None) -> LiveJobRecord | None:
     """A waiting job that fits no alive GPU type (``problem`` says why) is
     held with the reason ``unschedulable: ...``, and released when it fits

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None, layers: Sequence[Layer] = ()) -> int
     parser.add_argument("--replica-id", metavar="ID", help="overrides $HOPS_REPLICA_ID")
     parser.add_argument("--tenants", metavar="FILE", help="overrides $HOPS_TENANTS")
     parser.add_argument("--policy", metavar="SPEC", help="overrides $HOPS_POLICY (hops, sia, "
-                        "gavel; with settings: sia:lam=1.2)")
+                        "gavel; with settings: sia:lam=1.2; a task policy: hare, hare-eft)")
     try:
         runtime, args = parse_args(argv, parser=parser)
         settings = scheduler_settings(os.environ, vars(args))

@@ -11,7 +11,8 @@ alive servers (:mod:`scheduling.live.clock`), from a snapshot of
 and the estimators' answers, with the policy ``HOPS_POLICY`` names and each
 waiting job's reason (:func:`scheduling.explain.with_reasons`); it publishes
 a ``plan_issued`` with its lease term, then receipts, forecasts and timelines
-(:mod:`.explainer`). It answers ``hops.v1.queue`` by its last plan's ranking
+(:mod:`.explainer`); under a task policy it runs the task loop of
+:mod:`.tasks` instead. It answers ``hops.v1.queue`` by its last plan's ranking
 with reasons, positions and forecasts, ends jobs at their time limit
 (:mod:`.timelimits`), and keeps stateful layers' state in ``hops_state`` and
 the tenants' views in ``hops_tenants`` (:mod:`.layer_store`);
@@ -55,6 +56,7 @@ from services.scheduler.jobbook import JobBook
 from services.scheduler.kv import catch_up, decode_all, unacked, watch_topology
 from services.scheduler.layer_store import LayerStore, build_policy
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.tasks import TaskLoop
 from services.scheduler.timelimits import TimeLimits
 from shared import events as ev
 from shared import subjects
@@ -106,6 +108,9 @@ class Leader:
                                    r_num=settings.policy.r_num, cells=self.store.tenant_servers)
         self.book.on_applied = self.explainer.on_event
         self.wake = asyncio.Event()
+        # A task policy runs the task loop instead of the plan loop (:mod:`.tasks`).
+        self.tasks = (TaskLoop(ctx, settings, lease, self.book, self.log, self.wake)
+                      if settings.task_policy is not None else None)
 
     async def run(self) -> None:
         js = self.ctx.js
@@ -136,7 +141,7 @@ class Leader:
         ]
         try:
             await catch_up(js, JOBS_CONSUMER, held, self.log)
-            await self._loop(tasks)
+            await (self._loop(tasks) if self.tasks is None else self.tasks.run(tasks))
         finally:
             self.explainer.close()
             for task in tasks:
@@ -156,6 +161,9 @@ class Leader:
                 plan = ev.decode_plan_event(msg.data or b"")
                 last_round = plan.round if isinstance(plan, ev.PlanIssued) else 0
         await self.store.load()
+        if self.tasks is not None:
+            await self.tasks.load()
+            self.allocs = {}  # no plans: the queue view answers from the records
         await self.explainer.load()  # the queue view answers as the last leader's did
         await self.store.check_nodes(self.nodes)
         now = time.time()

@@ -17,8 +17,20 @@ variable                        flag                     default
                                                          file, shared.tenants)
 ``HOPS_POLICY``                 ``--policy``             ``hops`` (a policy spec,
                                                          e.g. ``sia:lam=1.2``;
-                                                         :mod:`.registry`)
+                                                         :mod:`.registry`), or a
+                                                         task policy (``hare``,
+                                                         ``hare-eft``, ...)
+``HOPS_TASK_RESEND_S``          ``--task-resend-s``      3 (a task policy: each
+                                                         server's revision sent
+                                                         again this often)
+``HOPS_TASK_HORIZON``           (none)                   4 (a task policy: the
+                                                         most rounds of a job one
+                                                         revision sequences)
 ==============================  =======================  =========================
+
+A task policy (hare.md, "Live mechanism") replaces the round-based plan
+loop with the task loop (:mod:`.tasks`); ``policy`` then keeps its default
+for what the leader still builds from it (the queue view, the explainer).
 
 A tenants file with a ``cells`` section (HiveD's cells, docs/tenancy.md) is
 checked here as far as it can be without the registered nodes
@@ -36,9 +48,19 @@ from dataclasses import dataclass, field
 
 from scheduling.cells import CellModel
 from scheduling.live.cells import tenant_cells
-from scheduling.registry import DEFAULT_POLICY, PolicyError, PolicySpec, parse_policy, policy_traits
+from scheduling.registry import (
+    DEFAULT_POLICY,
+    TASK_POLICIES,
+    PolicyError,
+    PolicySpec,
+    TaskSpec,
+    parse_policy,
+    parse_task,
+    policy_traits,
+    spec_name,
+)
 from scheduling.rounds import ROUND_S
-from services.runtime.settings import SettingsError, env_float
+from services.runtime.settings import SettingsError, env_float, env_int
 from shared.tenants import DEFAULT_TENANTS, TENANTS_ENV, TenantsFile, read_tenants
 
 
@@ -58,9 +80,16 @@ class SchedulerSettings:
     # the tenants file's path (for messages), and its cells (None: none)
     tenants_source: str = "tenants file"
     cells: CellModel | None = None
+    # A task policy's spec (None: the round-based ``policy`` plans), its
+    # resend interval and horizon (scheduling.live.tasks.LiveTaskSettings).
+    task_policy: TaskSpec | None = None
+    task_resend_s: float = 3.0
+    task_horizon: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("round_s", "refresh_s", "estimate_timeout_s"):
+        if self.task_horizon < 1:
+            raise ValueError("task_horizon must be >= 1")
+        for name in ("round_s", "refresh_s", "estimate_timeout_s", "task_resend_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
 
@@ -76,6 +105,7 @@ FIELDS = (
     ("estimate_timeout_s", "HOPS_ESTIMATE_TIMEOUT_S", "--estimate-timeout-s"),
     ("replan_delay_s", "HOPS_REPLAN_DELAY_S", "--replan-delay-s"),
     ("grace_s", "HOPS_PLACEMENT_GRACE_S", "--placement-grace-s"),
+    ("task_resend_s", "HOPS_TASK_RESEND_S", "--task-resend-s"),
 )
 
 
@@ -94,12 +124,16 @@ def scheduler_settings(
         given = flags.get(name)
         if given is not None:
             values[name] = env_float(flag, 0.0, env={flag: str(given)}, minimum=minimum)
+    values["task_horizon"] = env_int("HOPS_TASK_HORIZON", 4, env=env, minimum=1)
     values["replica_id"] = str(flags.get("replica_id") or env.get("HOPS_REPLICA_ID", "")).strip()
     policy = str(flags.get("policy") or env.get("HOPS_POLICY", "")).strip()
     if policy:
         source = "--policy" if flags.get("policy") else "HOPS_POLICY"
         try:
-            values["policy"] = parse_policy(policy)
+            if spec_name(policy) in TASK_POLICIES:
+                values["task_policy"] = parse_task(policy)
+            else:
+                values["policy"] = parse_policy(policy)
         except PolicyError as e:
             raise SettingsError(f"{source}: {e}") from None
     tenants = str(flags.get("tenants") or env.get(TENANTS_ENV, "")).strip()
