@@ -44,6 +44,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from cli.up.launcher import Child, Launcher
+from cli.up.slurm import slurm_jobs_of
 from cli.up.stack import Component, ExecutorKind, StackConfig, components
 from cli.up.up import secure, stack_nats, wait_healthy
 from services.runtime.bus import auth_options
@@ -267,7 +268,10 @@ class LiveStack:
                                   policy=self.policy,
                                   executor=self.executor, cpu_affinity=self.cpu_affinity,
                                   auth=self.auth, tenants=self.tenants,
-                                  nats_cluster=self.nats_cluster)
+                                  nats_cluster=self.nats_cluster,
+                                  # what hops up makes of $HOPS_EXECUTOR_BACKEND
+                                  slurm_jobs=slurm_jobs_of("", {**os.environ, **self.env},
+                                                           slurm=self.executor == "slurm"))
         # a cluster's members on free ports of their own (0), one server on a port known now
         self.nats = stack_nats(self.config, free_port() if self.nats_cluster == 1 else 0)
         self.launcher = Launcher(self.config, self.said.append, grace=10.0)
