@@ -11,7 +11,8 @@ the resend interval:
    reached); a refused one is logged and reported as an error record with
    the code ``task_refused``, and changes nothing;
 2. builds the task snapshot from the job records, the alive nodes and the
-   estimators' answers (asked for the jobs without one); queues a job it
+   estimators' answers (asked for the jobs without one; a job with none
+   gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
    can sequence and notes why the others wait (``not_relaxed``,
    ``no_estimate``);
 3. publishes ``job_finished`` for a job whose last round is applied;
@@ -46,6 +47,7 @@ from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.lease import Lease
+from scheduling.live.taskprofile import profiling_tasks
 from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan, sequence_messages
 from scheduling.registry import make_task_policy, spec_text
 from services.runtime.bus import publish_event
@@ -61,6 +63,7 @@ from shared import subjects
 from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.records import NodeRecord
+from shared.snapshot import Plan
 from shared.wire import INTERNAL, TASK_REFUSED
 
 ESTIMATE_CHUNK = 32  # jobs per estimate request, as the plan loop asks
@@ -87,6 +90,8 @@ class TaskLoop:
         self.sent_at = 0.0
         self.replay_to = 0  # the stream's last sequence when the term began
         self.failed: tuple[frozenset[str], frozenset[str]] | None = None  # the last failed replan
+        self.profiled_at: dict[JobId, float] = {}  # when each job's profiling runs were asked
+        self.plans = 0  # the profiling plans this term published
 
     async def load(self) -> None:
         """The state the last leader left, if any (unreadable: none)."""
@@ -151,8 +156,10 @@ class TaskLoop:
         await self._count()
         nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.log)
         await self._estimate(nodes, now)
+        await self._profile(nodes, now)
         records = self.book.current()
-        snapshot, waits = tr.task_snapshot(now, records, self.estimates, nodes, self.progress)
+        snapshot, waits = tr.task_snapshot(now, records, self.estimates, nodes, self.progress,
+                                           self.settings.task_time_scale)
         await self._note_waits(snapshot, waits, now)
         await self._finish(now)
         self.progress.forget_jobs(r.job_id for r in tr.candidates(self.book.current()))
@@ -216,6 +223,24 @@ class TaskLoop:
         self.estimates.update(got)
         if got:
             self.wake.set()  # a job may be sequenced now
+
+    async def _profile(self, nodes: list[NodeRecord], now: float) -> None:
+        """Ask for the profiling runs of the jobs with no estimate, in a plan
+        of profiling tasks alone (:mod:`scheduling.live.taskprofile`)."""
+        tasks = profiling_tasks(tr.candidates(self.book.current()), self.estimates, nodes,
+                                self.profiled_at, now)
+        if not tasks or not self.lease.is_leader(time.time()):
+            return
+        self.plans += 1
+        issued = ev.PlanIssued(round=self.plans, term=self.lease.term,
+                               plan=Plan(profiling=tasks), at=now, first_plan=False)
+        await publish_event(self.ctx.js, subjects.PLANS, issued,
+                            msg_id=f"tasks-profile:{self.lease.term}:{self.plans}:{now:.6f}")
+        for job in sorted({t.job_id for t in tasks}):
+            self.profiled_at[job] = now
+            await self.book.update(job, st.mark_profiling)
+        self.log.info("profiling runs asked", profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}"
+                                                         for t in tasks])
 
     async def _note_waits(self, snapshot: TaskSnapshot, waits: dict[JobId, str],
                           now: float) -> None:

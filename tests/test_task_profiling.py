@@ -1,0 +1,62 @@
+"""Step 2c of the live Hare mechanism, pure parts: the profiling runs the
+task loop asks for (scheduling/live/taskprofile.py), its times on the wall
+clock of emulated executors (``HOPS_TASK_TIME_SCALE``), and what ``hops
+up`` passes to the scheduler (docs/hare.md §7)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from cli.up.stack import StackConfig, components
+from scheduling.live import taskrun as tr
+from scheduling.live.taskprofile import profiling_servers, profiling_tasks
+from scheduling.policies.hare.model import TaskJob
+from services.scheduler.settings import scheduler_settings
+from shared.ids import JobId, ServerId
+from shared.snapshot import ProfilingTask
+from tests.test_task_loop import A, B, estimate, node, record
+
+
+def test_each_job_without_an_estimate_is_profiled_once_per_alive_type() -> None:
+    nodes = [node("a1", A, 2), node("a2", A, 4), node("b1", B, 1), node("b2", B, 8, alive=False)]
+    assert profiling_servers(nodes) == {A: ServerId("a2"), B: ServerId("b1")}
+    plain = record("p", s=0)
+    profiled = msgspec.structs.replace(record("q"), profiled=(A,))
+    recs = [record("j"), record("k"), plain, profiled]
+    tasks = profiling_tasks(recs, [JobId("k")], nodes, {}, now=10.0)
+    assert tasks == (ProfilingTask(JobId("j"), A, ServerId("a2"), 1),
+                     ProfilingTask(JobId("j"), B, ServerId("b1"), 1),
+                     ProfilingTask(JobId("q"), B, ServerId("b1"), 1))
+    # asked for at 10 s: not again before the retry interval, then again
+    asked = {JobId("j"): 10.0, JobId("q"): 10.0}
+    assert profiling_tasks(recs, [JobId("k")], nodes, asked, 69.0, retry_s=60.0) == ()
+    assert len(profiling_tasks(recs, [JobId("k")], nodes, asked, 70.0, retry_s=60.0)) == 3
+    assert profiling_tasks(recs, [], [node("a1", A, 2, alive=False)], {}, 10.0) == ()
+
+
+def test_task_times_are_wall_seconds_of_the_emulated_executors() -> None:
+    rec = record("j", s=4, total=1000)
+    job = tr.task_job(rec, estimate("j", agg=100.0, dist=80.0), {A}, 0, time_scale=60.0)
+    assert isinstance(job, TaskJob)
+    # T^c = 32 / 100 s of the jobs' time, T^s = 32 / 80 - T^c; 60 times faster
+    assert job.compute_s == {A: pytest.approx(0.32 / 60)}
+    assert job.sync_s == {A: pytest.approx((0.4 - 0.32) / 60)}
+    snap, _ = tr.task_snapshot(1.0, {rec.job_id: rec}, {rec.job_id: estimate("j")},
+                               [node("s", A, 1)], tr.Progress(tr.TaskState()), 60.0)
+    assert snap.jobs[0].compute_s == job.compute_s
+
+
+def test_hops_up_tells_a_task_policy_the_executors_time_scale() -> None:
+    assert scheduler_settings({}).task_time_scale == 1.0
+    assert scheduler_settings({"HOPS_TASK_TIME_SCALE": "60"}).task_time_scale == 60.0
+
+    def env(config: StackConfig) -> dict[str, str]:
+        (sched,) = [c for c in components(config) if c.name == "scheduler"]
+        return dict(sched.env)
+
+    emulated = env(StackConfig(policy="hare-eft", time_scale=30.0))
+    assert (emulated["HOPS_POLICY"], emulated["HOPS_TASK_TIME_SCALE"]) == ("hare-eft", "30")
+    assert "HOPS_TASK_TIME_SCALE" not in env(StackConfig(policy="hare-eft", executor="real"))
+    assert "HOPS_POLICY" not in env(StackConfig())
+
