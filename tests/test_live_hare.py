@@ -30,17 +30,20 @@ from scheduling.live.taskrun import rounds_of
 from tests.helpers import catalog_spec
 from tests.livestack import LiveStack, until
 
-# One server of two GPUs on a slow link: the estimator's T^s of a round
-# (0.17-0.19 s of the jobs' time) is longer than a resnet18 micro-batch
-# (0.028 s), so hare-eft runs the other job's tasks inside a round.
+# Two servers of two GPUs, of two types (T^c differs between them), on slow
+# links: the estimator's T^s of a round (0.08-0.19 s of the jobs' time) is
+# longer than a resnet18 micro-batch (0.03-0.05 s), so hare-eft runs one
+# job's tasks inside the other's rounds; a round spans both servers.
 CLUSTER = """\
 name: hare-live
 gpu_types:
   - {name: RTX3090, link_bandwidth: 3.0e7, net_bandwidth: 1.0e9}
+  - {name: TitanXP, link_bandwidth: 3.0e7, net_bandwidth: 1.0e9}
 servers:
   - {id: rtx-0, gpu_type: RTX3090, gpus: 2}
+  - {id: titan-0, gpu_type: TitanXP, gpus: 2}
 """
-S = 2  # micro-batches per round
+S = 4  # micro-batches per round: one per GPU at most
 TIME_SCALE = 4.0  # a micro-batch of 0.03-0.36 s of the jobs' time: 7-90 ms of wall time
 # Rounds of each model's job, more than a revision holds (horizon 4): the
 # jobs need the leader to the end. resnet50's profiling run is 1.6 s (wall)
@@ -98,6 +101,8 @@ def check_each_micro_batch_once(stack: LiveStack, spec: dict[str, Any]) -> list[
     ran = [(x["round"], x["lo"]) for x in log_lines(stack, "cluster", "task done")
            if x.get("job_id") == job]
     assert len(ran) == len(set(ran)) == len(done), ran
+    # the executors followed every revision: none moved an entry they had started
+    assert log_lines(stack, "cluster", "task sequence refused") == []
     return done
 
 

@@ -1,7 +1,8 @@
 """Step 2c of the live Hare mechanism, pure parts: the profiling runs the
 task loop asks for (scheduling/live/taskprofile.py), its times on the wall
-clock of emulated executors (``HOPS_TASK_TIME_SCALE``), and what ``hops
-up`` passes to the scheduler (docs/hare.md §7)."""
+clock of emulated executors (``HOPS_TASK_TIME_SCALE``), what ``hops up``
+passes to the scheduler, and the entries the leader holds back until their
+job's earlier rounds are applied (docs/hare.md §7)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import pytest
 from cli.up.stack import StackConfig, components
 from scheduling.live import taskrun as tr
 from scheduling.live.taskprofile import profiling_servers, profiling_tasks
+from scheduling.live.tasks import TaskSnapshot, replan, sequence_messages
 from scheduling.policies.hare.model import TaskJob
+from scheduling.policies.hare.names import task_policy
 from services.scheduler.settings import scheduler_settings
+from shared import events as ev
 from shared.ids import JobId, ServerId
 from shared.snapshot import ProfilingTask
 from tests.test_task_loop import A, B, estimate, node, record
+from tests.test_task_wire import GPUS, JOBS, SPECS
 
 
 def test_each_job_without_an_estimate_is_profiled_once_per_alive_type() -> None:
@@ -60,3 +65,23 @@ def test_hops_up_tells_a_task_policy_the_executors_time_scale() -> None:
     assert "HOPS_TASK_TIME_SCALE" not in env(StackConfig(policy="hare-eft", executor="real"))
     assert "HOPS_POLICY" not in env(StackConfig())
 
+
+
+def test_a_gpus_entries_are_sent_up_to_a_round_whose_job_has_one_not_applied() -> None:
+    seqs = replan(TaskSnapshot(0.0, JOBS, GPUS), task_policy("hare-eft"))
+    everything = sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS)
+    held = sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS, applied={})
+    later = sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS,
+                              applied={JobId(j.id): 1 for j in JOBS})
+    def sent(msgs: tuple[ev.TaskSequence, ...]) -> dict[tuple[str, int], list[tuple[str, int]]]:
+        return {(m.server_id, g.gpu_index): [(e.job_id, e.round) for e in g.entries]
+                for m in msgs for g in m.gpus}
+
+    full, first = sent(everything), sent(held)
+    assert any(r > 0 for es in full.values() for _, r in es)  # the plan holds later rounds
+    for gpu, es in full.items():
+        # each GPU's prefix up to its first entry of a round after round 0
+        cut = next((i for i, (_, r) in enumerate(es) if r > 0), len(es))
+        assert first.get(gpu, []) == es[:cut]
+    assert any(r == 1 for es in sent(later).values() for _, r in es)
+    assert all(r <= 1 for es in sent(later).values() for _, r in es)

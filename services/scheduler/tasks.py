@@ -303,7 +303,7 @@ class TaskLoop:
         specs = {k: r.spec for k, r in self.book.current().items()}
         try:
             messages = sequence_messages(seqs, self.progress.done_keys(), self.lease.term, now,
-                                         specs)
+                                         specs, self.progress.applied)
         except (KeyError, ValueError) as e:
             await self.ctx.reporter.report("scheduler.tasks", repr(e), INTERNAL)
             return
