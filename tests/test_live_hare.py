@@ -174,3 +174,22 @@ def test_a_killed_leader_is_resumed_and_nothing_counts_twice(stack: LiveStack) -
         rec = stack.record(spec["id"])
         assert rec is not None and rec["samples_done"] == spec["total_samples"]
     assert log_lines(stack, successor, "task state loaded")
+
+
+def test_a_job_cancelled_mid_sequence_leaves_the_other_to_finish(stack: LiveStack) -> None:
+    keep, cancel = submit_two(stack, "c")
+    until(lambda: any(x.get("job_id") == cancel["id"] for x in log_lines(
+        stack, str(stack.leader()["holder"]), "round applied")),  # type: ignore[index]
+          "a round of the job to cancel applied", 40, stack.logs)
+    body = json.dumps({"type": "cancel_job", "job_id": cancel["id"]}).encode()
+    assert stack.bus_().request("hops.v1.jobs.cancel", body)["ok"]
+    phases = stack.wait_final([keep["id"], cancel["id"]], timeout=60)
+    assert phases == {keep["id"]: "finished", cancel["id"]: "cancelled"}, stack.logs()
+    check_each_micro_batch_once(stack, keep)
+    # the revisions that dropped the cancelled job were taken (an entry of it
+    # running then was abandoned), and nothing was refused on either side
+    assert log_lines(stack, "cluster", "task sequence refused") == []
+    errors = [e for e in stack.bus_().errors() if e.get("code") == "task_refused"]
+    assert errors == [], errors
+    rec = stack.record(cancel["id"])
+    assert rec is not None and rec["samples_done"] < cancel["total_samples"]

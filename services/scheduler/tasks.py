@@ -9,7 +9,8 @@ the resend interval:
 1. counts the ``task_done`` reports that arrived (``HOPS_TASK_DONE``, an
    ordered consumer from the stream sequence the leader's state has
    reached); a refused one is logged and reported as an error record with
-   the code ``task_refused``, and changes nothing;
+   the code ``task_refused``, and changes nothing; one of a job that
+   ended (cancelled while its entry ran, say) is logged and ignored;
 2. builds the task snapshot from the job records, the alive nodes and the
    estimators' answers (asked for the jobs without one; a job with none
    gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
@@ -186,6 +187,12 @@ class TaskLoop:
             except (ev.WireError, subjects.SubjectError) as e:
                 self.progress.stream_seq = max(self.progress.stream_seq, seq)
                 await self.ctx.reporter.report(msg.subject, str(e), TASK_REFUSED, msg.data)
+                continue
+            rec = self.book.current().get(report.job_id)
+            if rec is not None and rec.final:  # computed before its job was dropped: no news
+                self.progress.stream_seq = max(self.progress.stream_seq, seq)
+                self.log.info("task report of an ended job", job_id=report.job_id,
+                              phase=rec.phase, round=report.round, lo=report.lo)
                 continue
             counted = self.progress.count(report, ids, seq)
             self.dirty = True
