@@ -10,7 +10,9 @@ and publishes.
   refuses is logged and recorded once with its code; a resend of the held
   revision is a no-op.
 * One asyncio task per GPU index runs the GPU's entries in order: it waits
-  for the entry's begin (a new revision wakes it to look again), then
+  for the entry's begin and for its job's earlier rounds on this server
+  (a new revision, or another GPU's compute ending, wakes it to look
+  again), then
   emulates the switch and the compute with the world model's times and,
   ``T^s`` later, publishes the ``task_done`` (a JetStream publish, retried;
   the executor's identity has no JetStream API, the stream captures it).
@@ -21,7 +23,8 @@ and publishes.
 
 A restarted executor holds nothing: it takes the leader's next resend, and
 the entry it was running (not reported) is again the head of its GPU's
-sequence, so it runs again.
+sequence, so it runs again. A revision that drops the job of a running
+entry abandons it: its GPU stops at once and reports nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from executor.tasks import (
     Refused,
     TaskTimes,
     entry_run,
+    key_of,
     sequence_times,
 )
 from services.runtime.service import ServiceContext
@@ -50,7 +54,7 @@ from shared import subjects
 from shared.cluster import Server
 from shared.events import TaskDone, TaskSequence, WireError, decode_task_event
 from shared.ids import JobId
-from shared.sequence import TaskEntry
+from shared.sequence import TaskEntry, TaskKey
 from shared.wire import INVALID
 from world.hare import SWITCH_S
 from world.truth import GroundTruth
@@ -76,6 +80,7 @@ class TaskRunner:
         self.follower = Follower(server.id, server.gpus)
         self.times: dict[JobId, TaskTimes] = {}
         self.wake = {i: asyncio.Event() for i in range(server.gpus)}
+        self.synced: dict[TaskKey, float] = {}  # entries computed here: their gradients sent
         self._said: set[tuple[int, int, str]] = set()  # the refusals recorded
 
     async def start(self) -> None:
@@ -114,6 +119,8 @@ class TaskRunner:
         elif verdict == "taken":
             assert not isinstance(times, Refused)
             self.times = {**self.times, **times}
+            listed = {key_of(e) for es in self.follower.entries.values() for e in es}
+            self.synced = {k: t for k, t in self.synced.items() if k in listed}
             self.log.info("task sequence taken", term=seq.term, revision=seq.revision,
                           policy=seq.policy, entries={g.gpu_index: len(g.entries)
                                                       for g in seq.gpus})
@@ -137,25 +144,53 @@ class TaskRunner:
         while not self.ctx.stopping.is_set():
             wake.clear()
             entry = self.follower.head(index)
-            if entry is None:
+            synced = None if entry is None else self._synced(entry)
+            if entry is None or synced is None:  # nothing to run, or an earlier round runs
                 await wake.wait()
                 continue
             times = self.times[entry.job_id]
-            run = entry_run(entry, times, self.clock(), last_job, self.switch_s)
+            run = entry_run(entry, times, max(self.clock(), synced), last_job, self.switch_s)
             if run.begin > self.clock():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), run.begin - self.clock())
                 continue  # a new revision, or the begin came: look again
+            key = key_of(entry)
             term, revision = self.follower.start(index, entry)
-            await self._until(self.clock() + run.switch_s)
-            started = self.clock()
-            await self._until(started + (entry.hi - entry.lo) * times.compute_s)
-            ended = self.clock()
+            last_job = entry.job_id  # the GPU switched to it, even if it is abandoned
+            started = self.clock() + run.switch_s
+            ended = started + (entry.hi - entry.lo) * times.compute_s
+            if not await self._compute(index, key, ended):
+                self.log.info("task abandoned", job_id=entry.job_id, round=entry.round,
+                              lo=entry.lo, gpu_index=index)
+                continue
             self.follower.finish(index)
-            last_job = entry.job_id
+            self.synced[key] = ended + times.sync_s
+            for event in self.wake.values():  # a round's barrier may have lifted
+                event.set()
             self.ctx.spawn(self._report(index, entry, (term, revision), (started, ended),
                                         ended + times.sync_s),
                            name=f"task-done-{entry.job_id}-{entry.round}-{entry.lo}")
+
+    def _synced(self, entry: TaskEntry) -> float | None:
+        """When the gradients of ``entry``'s job's earlier rounds on this
+        server are sent (0: none listed); None while one is not computed."""
+        keys = self.follower.barrier(entry)
+        if any(k not in self.synced for k in keys):
+            return None
+        return max((self.synced[k] for k in keys), default=0.0)
+
+    async def _compute(self, index: int, key: TaskKey, until: float) -> bool:
+        """Emulate GPU ``index``'s switch and compute of ``key`` until
+        ``until``; False when a revision abandoned it first."""
+        wake = self.wake[index]
+        while self.follower.runs(index, key):
+            left = until - self.clock()
+            if left <= 0:
+                return True
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), left)
+        return False
 
     async def _until(self, at: float) -> None:
         """Sleep until ``at`` on the clock (not a duration: no drift)."""

@@ -13,7 +13,10 @@ only the scheduler publish there, so a lower term is a deposed leader's):
 * the (term, revision) it holds again: the leader's resend, a no-op;
 * a lower term: refused, :data:`STALE_TERM`;
 * a revision of its term not newer than the held one: :data:`STALE_REVISION`;
-* a sequence that moves an entry it runs or ran: :data:`MOVES_STARTED`;
+* a sequence that moves an entry it runs or ran: :data:`MOVES_STARTED`,
+  but for an entry of a job absent from the sequence's specs (the leader
+  dropped the job: cancelled, or ended): that running entry is abandoned
+  (its GPU stops it and reports nothing) and the sequence is taken;
 * another server's, or a GPU index the server lacks: ``invalid``.
 
 A refusal changes nothing. An entry is named by its key ``(job, round,
@@ -32,7 +35,11 @@ its compute and ``start_s`` the planned start on the leader's clock (it
 carries the round's barrier and ``hold``: the executor sees no other
 GPU); it pays the switch cost ``switch_s`` (:data:`world.hare.SWITCH_S`,
 Table 3's 3.1 ms) when the GPU's previous entry was another job's (a GPU's
-first entry pays none), then computes ``(hi - lo) · T^c``. Its
+first entry pays none), then computes ``(hi - lo) · T^c``. It also
+waits for the gradients of its job's earlier rounds that the held revision
+lists on this server (:meth:`Follower.barrier`): if the emulation runs
+behind the leader's plan, a round does not start before the one before it
+ended on another GPU of the server. Its
 gradients are sent ``T^s`` later, while the GPU already runs its next
 entry (the model's "sync overlaps the next task"; micro-batches of one
 round run back to back, so an entry of k of them is synchronised k · T^c +
@@ -176,8 +183,8 @@ class Follower:
         if self.held == (msg.term, msg.revision):
             return "resend"
         lease = max(self.term, msg.term)
-        why = follow_problem(lease, self.held, msg.term, msg.revision, msg.gpus, self.running,
-                             self._done_under(msg))
+        why = follow_problem(lease, self.held, msg.term, msg.revision, msg.gpus,
+                             self._kept_running(msg), self._done_under(msg))
         if why is None:
             return "taken"
         if msg.term < lease:
@@ -185,6 +192,21 @@ class Follower:
         if self.held is not None and (msg.term, msg.revision) <= self.held:
             return Refused(STALE_REVISION, why)
         return Refused(MOVES_STARTED, why)
+
+    def _kept_running(self, msg: TaskSequence) -> dict[int, TaskKey]:
+        """The running entries ``msg`` must keep: those of the jobs it still
+        names (a job absent from its specs was dropped, cancelled say: its
+        running entry is abandoned, never reported)."""
+        jobs = {s.id for s in msg.specs}
+        return {g: k for g, k in self.running.items() if k[0] in jobs}
+
+    def barrier(self, entry: TaskEntry) -> list[TaskKey]:
+        """The entries of ``entry``'s job in an earlier round that this
+        server's held revision lists, on any of its GPUs: ``entry`` waits
+        for their gradients (the round's barrier as far as this server
+        sees it; the leader's ``start_s`` carries the rest)."""
+        return [key_of(e) for es in self.entries.values() for e in es
+                if e.job_id == entry.job_id and e.round < entry.round]
 
     def offer(self, msg: TaskSequence) -> Verdict:
         """Judge ``msg`` and take it if it may be taken. A valid message of a
@@ -194,6 +216,7 @@ class Follower:
         if not (isinstance(verdict, Refused) and verdict.code == INVALID):
             self.term = max(self.term, msg.term)
         if verdict == "taken":
+            self.running = self._kept_running(msg)
             self.done = {k: g for k, g in self._done_under(msg).items()
                          if self._where(msg).get(k) == g}
             self.held = (msg.term, msg.revision)
@@ -221,3 +244,7 @@ class Follower:
         key = self.running.pop(gpu)
         self.done[key] = gpu
         return key
+
+    def runs(self, gpu: int, key: TaskKey) -> bool:
+        """Whether GPU ``gpu`` still runs ``key`` (not abandoned)."""
+        return self.running.get(gpu) == key

@@ -385,6 +385,7 @@ def test_the_round_is_the_papers_in_the_jobs_time_unless_given() -> None:
         "HOPS_ROUND_S": "5"}
     compose = (ROOT / "compose.yaml").read_text()
     assert 'HOPS_ROUND_S: "5"' in compose and '"--time-scale", "60"' in compose
+    assert 'HOPS_TASK_TIME_SCALE: "60"' in compose  # a task policy's times, the same scale
 
 
 # --- images ------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ E1 = entry(J1, 0, 0, 2, 0.0, 1.0)
 E2 = entry(J2, 0, 0, 1, 1.0, 1.5)
 E3 = entry(J1, 0, 2, 4, 1.5, 2.5)
 E4 = entry(J1, 1, 0, 4, 3.0, 5.0)
+LATE_E1 = entry(J1, 0, 0, 2, 1.5, 2.5)  # E1 behind E2
 REV1 = seq(2, 1, (0, (E1, E2, E3, E4)), (1, (entry(J2, 0, 1, 4, 0.0, 1.5),)))
 
 
@@ -215,11 +216,37 @@ def test_a_higher_term_raises_the_term_seen_even_when_refused() -> None:
     f = follower()
     f.offer(REV1)
     f.start(0, E1)
-    refused = f.offer(seq(3, 1, (0, (E2,))))  # moves the running entry
+    refused = f.offer(seq(3, 1, (0, (E2, LATE_E1))))  # moves the running entry
     assert isinstance(refused, Refused) and refused.code == MOVES_STARTED
     assert f.term == 3 and f.held == (2, 1)
     old = f.offer(seq(2, 2, (0, (E1, E2))))
     assert isinstance(old, Refused) and old.code == STALE_TERM
+
+
+def test_a_revision_dropping_the_running_entrys_job_abandons_the_entry() -> None:
+    f = follower()
+    f.offer(REV1)
+    f.start(0, E1)
+    # j1 is cancelled: the leader's next revision names j2 alone
+    assert f.offer(seq(2, 2, (0, (E2,)), (1, (entry(J2, 0, 1, 4, 0.0, 1.5),)))) == "taken"
+    assert not f.runs(0, key_of(E1)) and f.running == {}
+    assert key_of(E1) not in f.done  # abandoned, not done: never reported
+    assert f.head(0) == E2
+    # while its job is still named, moving the running entry is refused
+    g = follower()
+    g.offer(REV1)
+    g.start(0, E1)
+    moved = g.offer(seq(2, 2, (0, (E2, LATE_E1))))
+    assert isinstance(moved, Refused) and moved.code == MOVES_STARTED
+    assert g.runs(0, key_of(E1))
+
+
+def test_an_entry_waits_for_its_jobs_earlier_rounds_on_the_server() -> None:
+    f = follower()
+    f.offer(REV1)
+    # E4 (j1's round 1) waits for j1's round 0 on both GPUs, not for j2's
+    assert sorted(f.barrier(E4)) == [key_of(E1), key_of(E3)]
+    assert f.barrier(E1) == [] and f.barrier(E2) == []
 
 
 def test_another_servers_sequence_or_a_gpu_it_lacks_is_invalid() -> None:

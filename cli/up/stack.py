@@ -216,8 +216,13 @@ def _num(x: float) -> str:
 
 
 def _policy(config: StackConfig) -> dict[str, str]:
-    """``HOPS_POLICY`` when another policy than the scheduler's default is asked for."""
-    return {} if config.policy == DEFAULT_POLICY else {"HOPS_POLICY": config.policy}
+    """``HOPS_POLICY`` when another policy than the scheduler's default is
+    asked for; with emulated jobs, ``HOPS_TASK_TIME_SCALE`` too: a task
+    policy plans on the wall clock, and the estimates are in the jobs' time."""
+    if config.policy == DEFAULT_POLICY:
+        return {}
+    scale = {} if config.real_jobs else {"HOPS_TASK_TIME_SCALE": _num(config.time_scale)}
+    return {"HOPS_POLICY": config.policy, **scale}
 
 
 def _security(config: StackConfig, identity: str, *, tenants: bool = False

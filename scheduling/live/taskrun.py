@@ -20,7 +20,11 @@ Every arrived, unfinished GPU job that is not held, as a
   ``agg[1]`` on one server, else ``dist[0]`` over two nodes) − T^c, at
   least 0: what a synchronised step costs a GPU beyond its compute (0 where
   the estimator has neither figure);
-* arrival: the job's submission; weight 1 (a JobSpec has none).
+* arrival: the job's submission; weight 1 (a JobSpec has none);
+* the estimates are in the jobs' time, the plan on the wall clock the
+  executors wait on: T^c and T^s are divided by the time scale
+  (``HOPS_TASK_TIME_SCALE``, the emulated executors' ``--time-scale``;
+  1 for real jobs), as the executors divide the world model's times.
 
 A job that cannot be sequenced waits with a reason and a stable code:
 ``not_relaxed`` (S = 0: a task policy sequences relaxed-sync jobs only) or
@@ -217,9 +221,11 @@ def rounds_of(total_samples: int, sync_scale: int, batch_size: int) -> int:
     return max(1, math.ceil(total_samples / (sync_scale * batch_size)))
 
 
-def task_times(est: JobEstimate, batch_size: int, types: Iterable[GpuType]
-               ) -> tuple[dict[GpuType, float], dict[GpuType, float]]:
-    """(T^c, T^s) per type of ``types`` the estimate covers (module docstring)."""
+def task_times(est: JobEstimate, batch_size: int, types: Iterable[GpuType],
+               time_scale: float = 1.0) -> tuple[dict[GpuType, float], dict[GpuType, float]]:
+    """(T^c, T^s) per type of ``types`` the estimate covers (module
+    docstring), in wall seconds: the estimate's seconds of the jobs' time
+    over ``time_scale``, the executors' jobs' seconds per wall second."""
     compute: dict[GpuType, float] = {}
     sync: dict[GpuType, float] = {}
     for t in sorted(set(types)):
@@ -227,22 +233,24 @@ def task_times(est: JobEstimate, batch_size: int, types: Iterable[GpuType]
         one = curve.agg_per_gpu(1) if curve is not None and curve.agg else 0.0
         if curve is None or not (math.isfinite(one) and one > 0):
             continue
-        compute[t] = batch_size / one
+        step = batch_size / one
         # the smallest placement that synchronises: two GPUs of one server,
         # else one GPU on each of two nodes
         two = curve.agg[1] if len(curve.agg) > 1 else curve.dist_per_gpu(2)
-        sync[t] = max(0.0, batch_size / two - compute[t]) if two > 0 else 0.0
+        compute[t] = step / time_scale
+        sync[t] = max(0.0, batch_size / two - step) / time_scale if two > 0 else 0.0
     return compute, sync
 
 
 def task_job(rec: LiveJobRecord, est: JobEstimate | None, types: Iterable[GpuType],
-             applied: int) -> TaskJob | str:
-    """``rec``'s job as the task policy sees it, or why it waits (``code: words``)."""
+             applied: int, time_scale: float = 1.0) -> TaskJob | str:
+    """``rec``'s job as the task policy sees it, or why it waits (``code:
+    words``); its times in wall seconds (:func:`task_times`)."""
     spec = rec.spec
     if spec.sync_scale < 1:
         return (f"{NOT_RELAXED}: a task policy sequences relaxed-sync jobs only (sync_scale "
                 "S > 0); this job has none")
-    compute, sync = task_times(est, spec.batch_size, types) if est else ({}, {})
+    compute, sync = task_times(est, spec.batch_size, types, time_scale) if est else ({}, {})
     if not compute:
         return (f"{NO_ESTIMATE}: no throughput estimate on an alive GPU type yet (the job "
                 "needs a profile)")
@@ -267,15 +275,18 @@ def candidates(records: Mapping[JobId, LiveJobRecord]) -> list[LiveJobRecord]:
 
 def task_snapshot(now: float, records: Mapping[JobId, LiveJobRecord],
                   estimates: Mapping[JobId, JobEstimate], nodes: Iterable[NodeRecord],
-                  progress: Progress) -> tuple[TaskSnapshot, dict[JobId, str]]:
+                  progress: Progress, time_scale: float = 1.0
+                  ) -> tuple[TaskSnapshot, dict[JobId, str]]:
     """The snapshot (module docstring) and each waiting job's reason. A job
-    whose rounds are all applied is left out (it ends)."""
+    whose rounds are all applied is left out (it ends). The times are wall
+    seconds: ``time_scale`` as :func:`task_times`."""
     gpus = gpus_of(nodes)
     types = {g.type for g in gpus}
     jobs: list[TaskJob] = []
     waits: dict[JobId, str] = {}
     for rec in candidates(records):
-        job = task_job(rec, estimates.get(rec.job_id), types, progress.applied.get(rec.job_id, 0))
+        job = task_job(rec, estimates.get(rec.job_id), types, progress.applied.get(rec.job_id, 0),
+                       time_scale)
         if isinstance(job, str):
             waits[rec.job_id] = job
         elif job.done_rounds < job.rounds:

@@ -165,14 +165,31 @@ def remaining(seqs: Sequences, done: Set[EntryKey]) -> dict[GpuId, tuple[Entry, 
     return {g: tuple(e for e in entries if e.key not in done) for g, entries in seqs.gpus.items()}
 
 
+def released(entries: tuple[Entry, ...], applied: Mapping[JobId, int]) -> tuple[Entry, ...]:
+    """A GPU's entries up to (without) the first of a round whose job has an
+    earlier round not applied: the leader holds the rest back until that
+    round is applied (then it replans and sends them)."""
+    for i, e in enumerate(entries):
+        if e.round > applied.get(e.job, 0):
+            return entries[:i]
+    return entries
+
+
 def sequence_messages(seqs: Sequences, done: Set[EntryKey], term: int, at: float,
-                      specs: Mapping[JobId, JobSpec]) -> tuple[TaskSequence, ...]:
+                      specs: Mapping[JobId, JobSpec],
+                      applied: Mapping[JobId, int] | None = None) -> tuple[TaskSequence, ...]:
     """Revision ``seqs`` as one ``task_sequence`` per server, each GPU with
     its entries not in ``done`` and the ``specs`` of their jobs; servers and
-    GPUs in id order. ValueError for an entry of several rounds (a
-    simulator's macro-task); KeyError for a job without a spec."""
+    GPUs in id order. With ``applied`` (each job's rounds applied), each
+    GPU's entries only up to its first held one (:func:`released`): a
+    server then never starts a round before the job's earlier rounds are
+    applied, on whichever servers they ran, and every entry it may run is
+    one the leader counts as possibly started when it replans. ValueError
+    for an entry of several rounds (a simulator's macro-task); KeyError for
+    a job without a spec."""
     servers: dict[ServerId, list[GpuTasks]] = {}
-    for gpu, entries in remaining(seqs, done).items():
+    for gpu, left in remaining(seqs, done).items():
+        entries = left if applied is None else released(left, applied)
         server, index = split_gpu_id(gpu)
         wire = []
         for e in entries:

@@ -26,6 +26,12 @@ variable                        flag                     default
 ``HOPS_TASK_HORIZON``           (none)                   4 (a task policy: the
                                                          most rounds of a job one
                                                          revision sequences)
+``HOPS_TASK_TIME_SCALE``        (none)                   1 (a task policy: the
+                                                         executors' seconds of
+                                                         the jobs' time per wall
+                                                         second; ``hops up`` sets
+                                                         its ``--time-scale`` for
+                                                         emulated executors)
 ==============================  =======================  =========================
 
 A task policy (hare.md, "Live mechanism") replaces the round-based plan
@@ -85,11 +91,15 @@ class SchedulerSettings:
     task_policy: TaskSpec | None = None
     task_resend_s: float = 3.0
     task_horizon: int = 4
+    # The estimates are in the jobs' time; emulated executors run it this
+    # many times faster than the wall clock the sequences are planned on.
+    task_time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.task_horizon < 1:
             raise ValueError("task_horizon must be >= 1")
-        for name in ("round_s", "refresh_s", "estimate_timeout_s", "task_resend_s"):
+        for name in ("round_s", "refresh_s", "estimate_timeout_s", "task_resend_s",
+                     "task_time_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
 
@@ -125,6 +135,7 @@ def scheduler_settings(
         if given is not None:
             values[name] = env_float(flag, 0.0, env={flag: str(given)}, minimum=minimum)
     values["task_horizon"] = env_int("HOPS_TASK_HORIZON", 4, env=env, minimum=1)
+    values["task_time_scale"] = env_float("HOPS_TASK_TIME_SCALE", 1.0, env=env, minimum=1e-6)
     values["replica_id"] = str(flags.get("replica_id") or env.get("HOPS_REPLICA_ID", "")).strip()
     policy = str(flags.get("policy") or env.get("HOPS_POLICY", "")).strip()
     if policy:

@@ -9,9 +9,11 @@ the resend interval:
 1. counts the ``task_done`` reports that arrived (``HOPS_TASK_DONE``, an
    ordered consumer from the stream sequence the leader's state has
    reached); a refused one is logged and reported as an error record with
-   the code ``task_refused``, and changes nothing;
+   the code ``task_refused``, and changes nothing; one of a job that
+   ended (cancelled while its entry ran, say) is logged and ignored;
 2. builds the task snapshot from the job records, the alive nodes and the
-   estimators' answers (asked for the jobs without one); queues a job it
+   estimators' answers (asked for the jobs without one; a job with none
+   gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
    can sequence and notes why the others wait (``not_relaxed``,
    ``no_estimate``);
 3. publishes ``job_finished`` for a job whose last round is applied;
@@ -46,6 +48,7 @@ from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.lease import Lease
+from scheduling.live.taskprofile import profiling_tasks
 from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan, sequence_messages
 from scheduling.registry import make_task_policy, spec_text
 from services.runtime.bus import publish_event
@@ -61,6 +64,7 @@ from shared import subjects
 from shared.estimate import JobEstimate
 from shared.ids import JobId
 from shared.records import NodeRecord
+from shared.snapshot import Plan
 from shared.wire import INTERNAL, TASK_REFUSED
 
 ESTIMATE_CHUNK = 32  # jobs per estimate request, as the plan loop asks
@@ -87,6 +91,8 @@ class TaskLoop:
         self.sent_at = 0.0
         self.replay_to = 0  # the stream's last sequence when the term began
         self.failed: tuple[frozenset[str], frozenset[str]] | None = None  # the last failed replan
+        self.profiled_at: dict[JobId, float] = {}  # when each job's profiling runs were asked
+        self.plans = 0  # the profiling plans this term published
 
     async def load(self) -> None:
         """The state the last leader left, if any (unreadable: none)."""
@@ -151,8 +157,10 @@ class TaskLoop:
         await self._count()
         nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.log)
         await self._estimate(nodes, now)
+        await self._profile(nodes, now)
         records = self.book.current()
-        snapshot, waits = tr.task_snapshot(now, records, self.estimates, nodes, self.progress)
+        snapshot, waits = tr.task_snapshot(now, records, self.estimates, nodes, self.progress,
+                                           self.settings.task_time_scale)
         await self._note_waits(snapshot, waits, now)
         await self._finish(now)
         self.progress.forget_jobs(r.job_id for r in tr.candidates(self.book.current()))
@@ -179,6 +187,12 @@ class TaskLoop:
             except (ev.WireError, subjects.SubjectError) as e:
                 self.progress.stream_seq = max(self.progress.stream_seq, seq)
                 await self.ctx.reporter.report(msg.subject, str(e), TASK_REFUSED, msg.data)
+                continue
+            rec = self.book.current().get(report.job_id)
+            if rec is not None and rec.final:  # computed before its job was dropped: no news
+                self.progress.stream_seq = max(self.progress.stream_seq, seq)
+                self.log.info("task report of an ended job", job_id=report.job_id,
+                              phase=rec.phase, round=report.round, lo=report.lo)
                 continue
             counted = self.progress.count(report, ids, seq)
             self.dirty = True
@@ -216,6 +230,24 @@ class TaskLoop:
         self.estimates.update(got)
         if got:
             self.wake.set()  # a job may be sequenced now
+
+    async def _profile(self, nodes: list[NodeRecord], now: float) -> None:
+        """Ask for the profiling runs of the jobs with no estimate, in a plan
+        of profiling tasks alone (:mod:`scheduling.live.taskprofile`)."""
+        tasks = profiling_tasks(tr.candidates(self.book.current()), self.estimates, nodes,
+                                self.profiled_at, now)
+        if not tasks or not self.lease.is_leader(time.time()):
+            return
+        self.plans += 1
+        issued = ev.PlanIssued(round=self.plans, term=self.lease.term,
+                               plan=Plan(profiling=tasks), at=now, first_plan=False)
+        await publish_event(self.ctx.js, subjects.PLANS, issued,
+                            msg_id=f"tasks-profile:{self.lease.term}:{self.plans}:{now:.6f}")
+        for job in sorted({t.job_id for t in tasks}):
+            self.profiled_at[job] = now
+            await self.book.update(job, st.mark_profiling)
+        self.log.info("profiling runs asked", profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}"
+                                                         for t in tasks])
 
     async def _note_waits(self, snapshot: TaskSnapshot, waits: dict[JobId, str],
                           now: float) -> None:
@@ -278,7 +310,7 @@ class TaskLoop:
         specs = {k: r.spec for k, r in self.book.current().items()}
         try:
             messages = sequence_messages(seqs, self.progress.done_keys(), self.lease.term, now,
-                                         specs)
+                                         specs, self.progress.applied)
         except (KeyError, ValueError) as e:
             await self.ctx.reporter.report("scheduler.tasks", repr(e), INTERNAL)
             return

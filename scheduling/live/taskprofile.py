@@ -1,0 +1,59 @@
+"""Profiling runs under a task policy (docs/hare.md §7, step 2c).
+
+The task loop needs a job's throughput on a GPU type (T^c, T^s) before it
+can sequence it, and the estimator has one only from a profile: the job's
+own, or its signature's shared one. The round-based leader gets profiles
+by putting ``ProfilingTask``\\ s in its plans (§3.2); the task loop does the
+same, in a plan of profiling tasks alone (no assignments, not a round's
+first plan, so the placer stops nothing), which the placer starts as
+``start_job`` with mode ``profile`` and the executors answer with
+``profile_reported``, as for any plan.
+
+:func:`profiling_tasks` asks for one run of each relaxed job without an
+estimate on each alive GPU type it has no profile on, on one GPU of the
+type's alive server with the most GPUs (a task sequence keeps that GPU
+busy too: the profiling run is short, a few of the job's iterations, and
+the emulated executors run both; real trainers would have to yield the GPU
+for it, which is not built). A job asked for is not asked again before
+``retry_s`` (a run lost with its server is asked for again then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from scheduling.live.state import LiveJobRecord
+from shared.ids import GpuType, JobId, ServerId
+from shared.records import NodeRecord
+from shared.snapshot import ProfilingTask
+
+PROFILE_RETRY_S = 60.0  # a job's profiling runs asked for again after this long
+
+
+def profiling_servers(nodes: Iterable[NodeRecord]) -> dict[GpuType, ServerId]:
+    """Each alive GPU type's server a profiling run goes to: the one with the
+    most GPUs, then the first by id."""
+    best: dict[GpuType, NodeRecord] = {}
+    for n in sorted(nodes, key=lambda n: n.server.id):
+        cur = best.get(n.server.gpu_type)
+        if n.alive and (cur is None or n.server.gpus > cur.server.gpus):
+            best[n.server.gpu_type] = n
+    return {t: n.server.id for t, n in sorted(best.items())}
+
+
+def profiling_tasks(candidates: Iterable[LiveJobRecord], estimated: Iterable[JobId],
+                    nodes: Iterable[NodeRecord], asked: Mapping[JobId, float], now: float,
+                    retry_s: float = PROFILE_RETRY_S) -> tuple[ProfilingTask, ...]:
+    """The runs to ask for now (module docstring): ``candidates`` the jobs the
+    task loop considers, ``estimated`` those with an estimate, ``asked``
+    when each job's runs were last asked for."""
+    servers = profiling_servers(nodes)
+    have = set(estimated)
+    tasks: list[ProfilingTask] = []
+    for rec in candidates:
+        job = rec.job_id
+        if rec.spec.sync_scale < 1 or job in have or now - asked.get(job, now - retry_s) < retry_s:
+            continue
+        tasks.extend(ProfilingTask(job, t, s, 1) for t, s in servers.items()
+                     if t not in rec.profiled)
+    return tuple(tasks)
