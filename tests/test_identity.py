@@ -35,6 +35,7 @@ from services.runtime.natsd import EmbeddedNats
 from services.runtime.objects import get_object, put_object
 from services.runtime.service import ServiceContext
 from services.runtime.settings import RuntimeSettings
+from shared import subjects
 
 T = TypeVar("T")
 
@@ -111,6 +112,22 @@ def test_only_the_scheduler_publishes_plans_and_only_admin_everything() -> None:
     # each job's timeline is the leader's word alone
     assert [i for i in others if may_publish(i, "hops.v1.timeline.alice/j1")] == ["scheduler"]
     assert may_publish(ADMIN, "anything.at.all") and may_subscribe(ADMIN, "x")
+
+
+def test_skipped_plan_entries_go_from_the_placer_to_the_monitor_alone() -> None:
+    """The placer's skipped entries are counted by the monitor (hops_plan_skipped_total):
+    both ends must be allowed, by nats-server as much as by the code."""
+    others = [*SERVICES, executor_identity("a"), tenant_identity("t")]
+    assert [i for i in others if may_publish(i, subjects.PLACER_SKIPPED)] == ["placer"]
+    assert [i for i in others if may_subscribe(i, subjects.PLACER_SKIPPED)] == ["monitor"]
+
+
+def test_hares_sequences_come_from_the_scheduler_and_reports_from_their_server() -> None:
+    others = [*SERVICES, executor_identity("a"), executor_identity("b"), tenant_identity("t")]
+    seq_a, done_a = subjects.task_sequence("a"), subjects.task_done("a", "j1")
+    assert [i for i in others if may_publish(i, seq_a)] == ["scheduler"]
+    assert [i for i in others if may_subscribe(i, seq_a)] == [executor_identity("a")]
+    assert [i for i in others if may_publish(i, done_a)] == [executor_identity("a")]
 
 
 def test_services_write_only_their_own_buckets_and_use_their_own_inbox() -> None:

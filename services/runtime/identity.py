@@ -156,7 +156,8 @@ def _monitor() -> Permissions:
         publish=(_EVENTS, subjects.SAMPLES_ALL, subjects.PROFILES_ALL, subjects.RELEASED,
                  subjects.EXEC_ALL, subjects.QUEUE),
         subscribe=(subjects.NODES_REGISTER_ALL, subjects.NODES_REMOVE, subjects.NODES_DRAIN,
-                   subjects.NODE_HEARTBEATS_ALL, subjects.JOB_HEARTBEATS_ALL, subjects.ERRORS),
+                   subjects.NODE_HEARTBEATS_ALL, subjects.JOB_HEARTBEATS_ALL, subjects.ERRORS,
+                   subjects.PLACER_SKIPPED),
         kv=(subjects.KV_NODES, subjects.KV_ALLOC),
         responds=True,
     )
@@ -197,7 +198,9 @@ _SERVICE_TABLE = {
                                 responds=True),
     PROFILER: lambda: _service(PROFILER, publish=(_EVENTS,)),
     SCHEDULER: _scheduler,
-    PLACER: lambda: _service(PLACER, publish=(_EVENTS, subjects.EXEC_ALL),
+    # It reports the plan entries it skipped (subjects.PLACER_SKIPPED) to the monitor.
+    PLACER: lambda: _service(PLACER, publish=(_EVENTS, subjects.EXEC_ALL,
+                                              subjects.PLACER_SKIPPED),
                              kv=(subjects.KV_ALLOC,)),
     GATEWAY: _gateway,
 }
