@@ -115,7 +115,7 @@ def test_only_the_scheduler_publishes_plans_and_only_admin_everything() -> None:
 
 
 def test_skipped_plan_entries_go_from_the_placer_to_the_monitor_alone() -> None:
-    """The placer's skipped entries are counted by the monitor (hops_plan_skipped_total):
+    """The placer's skipped entries are counted by the monitor (hops_placer_skipped_total):
     both ends must be allowed, by nats-server as much as by the code."""
     others = [*SERVICES, executor_identity("a"), tenant_identity("t")]
     assert [i for i in others if may_publish(i, subjects.PLACER_SKIPPED)] == ["placer"]
