@@ -21,25 +21,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from hops import plugin
-from hops.aggregator import (
-    BAD_GRADIENTS,
-    BAD_SPAN,
-    OTHER_JOB,
-    OUT_OF_RANGE,
-    REFUSAL_CODES,
-    ROUND_AHEAD,
-    ROUND_APPLIED,
-    Aggregator,
-    GradientReport,
-    Gradients,
-    sum_in_order,
-)
+from hops.aggregator import Aggregator, GradientReport, Gradients, core, sum_in_order
 from hops.plugin.config import Settings
 from hops.plugin.micro import MicroBatch, loss_factor
+from tests.test_relaxed_sync import BATCH, make_model, micro_data  # the plugin's own test's
 
 S = 6  # micro-batches a round
-BATCH = 4
-FEATURES = 8
 ROUNDS = 4
 JOB = "job-a"
 GPUS = 3  # the "GPUs" the tasks of a round are spread over
@@ -52,18 +39,6 @@ OPTIMISERS: dict[str, Optimiser] = {
 # What a task scales its micro-batch's loss by: the plugin's factor for one
 # process running all S (k = 1).
 FACTOR = loss_factor(Settings(batch_size=BATCH, sync_scale=S, micro_batches=(S,)))
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
-
-
-def micro_data(round_: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Micro-batch ``index`` of round ``round_``: the same in every process."""
-    g = torch.Generator().manual_seed(1000 * round_ + index)
-    x = torch.randn(BATCH, FEATURES, generator=g)
-    return x, x.sum(1, keepdim=True) + 0.1 * torch.randn(BATCH, 1, generator=g)
 
 
 def micro_loss(model: nn.Module, round_: int, micro: MicroBatch) -> torch.Tensor:
@@ -206,10 +181,10 @@ def test_any_arrival_order_split_and_duplication_gives_the_same_parameters(
             break
         r, lo, hi = queue.popleft()
         got = agg.receive(report(kind, r, lo, hi))
-        if got.code == ROUND_AHEAD:
+        if got.code == core.ROUND_AHEAD:
             queue.append((r, lo, hi))  # its sender tries again later
             continue
-        if got.code == ROUND_APPLIED:
+        if got.code == core.ROUND_APPLIED:
             continue  # a late copy: its round was complete without it
         assert got.outcome != "refused", got
         assert sorted(got.counted + got.ignored) == list(range(lo, hi))
@@ -252,23 +227,24 @@ def refusals(model: nn.Module) -> dict[str, tuple[str, GradientReport]]:
         return ({**junk, **change},)
 
     return {
-        "another job's": (OTHER_JOB, GradientReport("job-b", 1, 2, 3, (junk,))),
-        "no micro-batch": (BAD_SPAN, GradientReport(JOB, 1, 3, 3, ())),
-        "a gradient short": (BAD_SPAN, GradientReport(JOB, 1, 2, 4, (junk,))),
-        "round below 0": (BAD_SPAN, GradientReport(JOB, -1, 0, 1, (junk,))),
-        "beyond S - 1": (OUT_OF_RANGE, GradientReport(JOB, 1, S - 1, S + 1, (junk, junk))),
-        "below 0": (OUT_OF_RANGE, GradientReport(JOB, 1, -1, 1, (junk, junk))),
-        "round applied": (ROUND_APPLIED, GradientReport(JOB, 0, 0, 1, (junk,))),
-        "two rounds ahead": (ROUND_AHEAD, GradientReport(JOB, 3, 0, 1, (junk,))),
-        "unknown parameter": (BAD_GRADIENTS, GradientReport(
+        "another job's": (core.OTHER_JOB, GradientReport("job-b", 1, 2, 3, (junk,))),
+        "no micro-batch": (core.BAD_SPAN, GradientReport(JOB, 1, 3, 3, ())),
+        "a gradient short": (core.BAD_SPAN, GradientReport(JOB, 1, 2, 4, (junk,))),
+        "round below 0": (core.BAD_SPAN, GradientReport(JOB, -1, 0, 1, (junk,))),
+        "beyond S - 1": (core.OUT_OF_RANGE, GradientReport(JOB, 1, S - 1, S + 1, (junk, junk))),
+        "below 0": (core.OUT_OF_RANGE, GradientReport(JOB, 1, -1, 1, (junk, junk))),
+        "round applied": (core.ROUND_APPLIED, GradientReport(JOB, 0, 0, 1, (junk,))),
+        "two rounds ahead": (core.ROUND_AHEAD, GradientReport(JOB, 3, 0, 1, (junk,))),
+        "unknown parameter": (core.BAD_GRADIENTS, GradientReport(
             JOB, 1, 2, 3, one(nope=torch.zeros(1)))),
-        "another shape": (BAD_GRADIENTS, GradientReport(
+        "another shape": (core.BAD_GRADIENTS, GradientReport(
             JOB, 1, 2, 3, one(**{weight: torch.zeros(1)}))),
-        "another dtype": (BAD_GRADIENTS, GradientReport(
+        "another dtype": (core.BAD_GRADIENTS, GradientReport(
             JOB, 1, 2, 3, one(**{weight: junk[weight].double()}))),
-        "not a tensor": (BAD_GRADIENTS, GradientReport(JOB, 1, 2, 3, one(**{weight: [[0.0]]}))),
+        "not a tensor": (core.BAD_GRADIENTS, GradientReport(
+            JOB, 1, 2, 3, one(**{weight: [[0.0]]}))),
         # Atomic: the good first micro-batch is not counted either.
-        "second gradient bad": (BAD_GRADIENTS, GradientReport(
+        "second gradient bad": (core.BAD_GRADIENTS, GradientReport(
             JOB, 1, 2, 4, (junk, {"nope": torch.zeros(1)}))),
     }
 
@@ -300,7 +276,7 @@ def test_a_refused_report_changes_nothing(case: str) -> None:
     before = snapshot(model, agg)
     got = agg.receive(bad)
     assert (got.outcome, got.code, got.counted, got.applied) == ("refused", code, (), ())
-    assert code in REFUSAL_CODES and got.reason
+    assert code in core.REFUSAL_CODES and got.reason
     assert same(snapshot(model, agg), before)
     agg.receive(report("adam", 1, 2, S))
     for r in range(2, ROUNDS):
@@ -310,7 +286,7 @@ def test_a_refused_report_changes_nothing(case: str) -> None:
 
 
 def test_the_refusal_cases_cover_every_code() -> None:
-    assert {code for code, _ in refusals(make_model()).values()} == REFUSAL_CODES
+    assert {code for code, _ in refusals(make_model()).values()} == core.REFUSAL_CODES
 
 
 def test_a_restarted_aggregator_goes_on_from_its_applied_round() -> None:
@@ -326,9 +302,9 @@ def test_a_restarted_aggregator_goes_on_from_its_applied_round() -> None:
     opt = OPTIMISERS[kind](model.parameters())
     opt.load_state_dict(saved[1])
     agg = Aggregator(JOB, S, dict(model.named_parameters()), opt, applied=2)
-    assert agg.receive(report(kind, 1, 0, 1)).code == ROUND_APPLIED
+    assert agg.receive(report(kind, 1, 0, 1)).code == core.ROUND_APPLIED
     ahead = GradientReport(JOB, 4, 0, 1, tables(kind)[0][:1])
-    assert agg.receive(ahead).code == ROUND_AHEAD
+    assert agg.receive(ahead).code == core.ROUND_AHEAD
     assert agg.receive(report(kind, 3, 0, S)).outcome == "counted"  # one ahead: it waits
     assert agg.receive(report(kind, 2, 0, S)).applied == (2, 3)
     assert agg.applied == ROUNDS
