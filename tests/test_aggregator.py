@@ -243,6 +243,7 @@ def refusals(model: nn.Module) -> dict[str, tuple[str, GradientReport]]:
             JOB, 1, 2, 3, one(**{weight: junk[weight].double()}))),
         "not a tensor": (core.BAD_GRADIENTS, GradientReport(
             JOB, 1, 2, 3, one(**{weight: [[0.0]]}))),
+        "not a mapping": (core.BAD_GRADIENTS, GradientReport(JOB, 1, 2, 3, ([junk],))),  # type: ignore[arg-type]
         # Atomic: the good first micro-batch is not counted either.
         "second gradient bad": (core.BAD_GRADIENTS, GradientReport(
             JOB, 1, 2, 4, (junk, {"nope": torch.zeros(1)}))),

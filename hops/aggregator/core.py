@@ -30,8 +30,8 @@ accepted; a report is refused, changing nothing, with a reason and one of
 the stable codes below, when it is another job's, names no micro-batch or a
 round below 0 or not one gradient per micro-batch (``bad_span``), names a
 micro-batch outside 0..S-1, a round applied already, a round more than one
-ahead, or gradients that are not the parameters' (an unknown name, another
-shape, dtype or device). A gradient may leave a parameter out (it had none
+ahead, or gradients that are not the parameters' (not a mapping, an
+unknown name, another shape, dtype or device). A gradient may leave a parameter out (it had none
 in that micro-batch, as autograd leaves ``.grad`` alone).
 """
 
@@ -95,7 +95,7 @@ def _fold(total: dict[str, torch.Tensor], grads: Gradients) -> None:
     later backward pass's to ``.grad`` (the first one is taken as it is)."""
     for name, grad in grads.items():
         if name in total:
-            total[name].add_(grad)
+            total[name].add_(grad.detach())  # the sum keeps no autograd graph
         else:
             total[name] = grad.detach().clone()
 
@@ -215,6 +215,8 @@ class Aggregator:
         return None
 
     def _gradients_problem(self, grads: Gradients) -> str | None:
+        if not isinstance(grads, Mapping):
+            return "not a mapping of parameter names to gradients"
         for name, grad in grads.items():
             param = self.parameters.get(name)
             if param is None:
