@@ -16,8 +16,9 @@ gradients of a round in micro-batch order, 0 first, exactly as autograd
 accumulates them in one process that runs the S micro-batches in turn
 (each later gradient added in place to ``.grad``), then gives the sum to the
 job's optimiser. Floating-point addition is not associative, so a sum in
-arrival order would depend on the schedule; in micro-batch order the
-parameters are bitwise those of the one process, for any optimiser.
+arrival order would depend on the schedule; in micro-batch order, given
+the micro-batch gradients that process computes, the parameters are bitwise
+its own, for any deterministic optimiser.
 Micro-batches that arrive before their predecessors wait; those that
 extend the summed prefix are folded in at once, so a round in order holds
 one running sum.
