@@ -81,6 +81,9 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
         # The in-job plugin: a scheduler and a shared module outside the job contract.
         "hops/plugin/probe_scheduler.py": "from scheduling import registry\n",
         "hops/plugin/probe_specs.py": "from shared import specs\n",
+        # The job's aggregator: a clock, and the script's plugin.
+        "hops/aggregator/probe_clock.py": "import time\n",
+        "hops/aggregator/probe_plugin.py": "from hops.plugin import micro\n",
     }
     for path, text in bad.items():
         (tmp_path / path).write_text(text)
@@ -98,6 +101,8 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
                    "world is not allowed to import simulator",
                    "hops is not allowed to import scheduling",
                    "hops is not allowed to import shared.specs",
+                   "hops.aggregator is not allowed to import time",
+                   "hops.aggregator is not allowed to import hops.plugin",
                    "experiments.sharing.cluster is not allowed to import "
                    "experiments.sharing.run"):
         assert broken in out, out
