@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -99,6 +100,7 @@ class LiveRun(NamedTuple):
     submitted: dict[str, float]
     first: dict[str, float]
     finished: dict[str, float]
+    gap: dict[str, float]
     leader_jobs: tuple[TaskJob, ...]
     gpus: tuple[Gpu, ...]
 
@@ -130,10 +132,9 @@ def _collect(stack: LiveStack, ids: list[str], scale: float) -> LiveRun:
     t0 = min(r.submitted_at for r in records.values())  # the first submission
     submitted = {j: (r.submitted_at - t0) * scale for j, r in records.items()}
     finished = {j: (bus.job_events(j, "job_finished")[0].body["at"] - t0) * scale for j in ids}
-    first = {}
-    for j in ids:
-        done = bus.stored("HOPS_TASK_DONE", f"hops.v1.tasks.done.*.{j}")
-        first[j] = (min(d["started_at"] for d in done) - t0) * scale
+    done = [d for j in ids for d in bus.stored("HOPS_TASK_DONE", f"hops.v1.tasks.done.*.{j}")]
+    runs = [Ran(d["job_id"], d["round"], (d["started_at"] - t0) * scale, (d["at"] - t0) * scale)
+            for d in done]
     nodes = [msgspec.json.decode(json.dumps(v).encode(), type=NodeRecord)
              for v in stack.nodes().values()]
     gpus = tr.gpus_of(nodes)
@@ -147,7 +148,7 @@ def _collect(stack: LiveStack, ids: list[str], scale: float) -> LiveRun:
         if isinstance(job, str):
             raise SystemExit(f"{j}: the leader's times are not known: {job}")
         jobs.append(msgspec.structs.replace(job, arrival_s=submitted[j]))
-    return LiveRun(submitted, first, finished, tuple(jobs), gpus)
+    return LiveRun(submitted, first_starts(runs), finished, round_gaps(runs), tuple(jobs), gpus)
 
 
 def with_executor_times(jobs: tuple[TaskJob, ...]) -> tuple[TaskJob, ...]:
@@ -164,17 +165,52 @@ def with_executor_times(jobs: tuple[TaskJob, ...]) -> tuple[TaskJob, ...]:
     return tuple(out)
 
 
+class Ran(NamedTuple):
+    """A task (an entry) that ran: its compute start and when its round's
+    part was synchronised (gradients sent)."""
+
+    job: str
+    round: int
+    start: float
+    done: float
+
+
+def first_starts(runs: list[Ran]) -> dict[str, float]:
+    first: dict[str, float] = {}
+    for r in runs:
+        first[r.job] = min(first.get(r.job, r.start), r.start)
+    return first
+
+
+def round_gaps(runs: list[Ran]) -> dict[str, float]:
+    """Per job, the median of round r's first compute start less round
+    r - 1's synchronisation (its last task's): the barrier's cost, where
+    the live loop's release of a round and a GPU busy with others show."""
+    start: dict[tuple[str, int], float] = {}
+    done: dict[tuple[str, int], float] = {}
+    for r in runs:
+        key = (r.job, r.round)
+        start[key] = min(start.get(key, r.start), r.start)
+        done[key] = max(done.get(key, r.done), r.done)
+    gaps: dict[str, list[float]] = {}
+    for (job, rnd), at in start.items():
+        if (job, rnd - 1) in done:
+            gaps.setdefault(job, []).append(at - done[(job, rnd - 1)])
+    return {job: statistics.median(g) for job, g in gaps.items()}
+
+
 class SimRun(NamedTuple):
     jct: dict[str, float]
     first: dict[str, float]
+    gap: dict[str, float]
 
 
 def run_sim(jobs: tuple[TaskJob, ...], gpus: tuple[Gpu, ...]) -> SimRun:
+    """The workload in the task simulator: every task a single round here
+    (a small workload fits the macro-task budget)."""
     result = simulate(jobs, gpus, make_task_policy(POLICY), TaskSimSettings(record=True))
-    first: dict[str, float] = {}
-    for task in result.tasks:
-        first[task.job] = min(first.get(task.job, task.start_s), task.start_s)
-    return SimRun({o.id: o.jct_s for o in result.jobs}, first)
+    runs = [Ran(t.job, t.first_round, t.start_s + t.switch_s, t.done_s) for t in result.tasks]
+    return SimRun({o.id: o.jct_s for o in result.jobs}, first_starts(runs), round_gaps(runs))
 
 
 def pct(live: float, sim: float) -> str:
@@ -192,12 +228,14 @@ def report(live: LiveRun, sim: SimRun, sim_ex: SimRun, scale: float, cold: bool)
         cs = ", ".join(f"{tj.compute_s[t]:.3f}/{tj.sync(t):.3f}" for t in sorted(tj.compute_s))
         print(f"  {tj.id} {tj.model} S={tj.tasks_per_round} rounds={tj.rounds}: {cs}")
     print(f"{'job':4} {'w':>3} {'arrival':>8} {'sim JCT':>8} {'live JCT':>9} {'diff':>7}"
-          f" {'sim(ex)':>8} {'diff':>7} {'sim wait':>9} {'live wait':>10}")
+          f" {'sim(ex)':>8} {'diff':>7} {'wait sim':>8} {'live':>6} {'gap sim':>8} {'live':>6}")
     for j in sorted(jct):
         print(f"{j:4} {1:>3} {live.submitted[j]:8.2f} {sim.jct[j]:8.2f} {jct[j]:9.2f} "
               f"{pct(jct[j], sim.jct[j])} {sim_ex.jct[j]:8.2f} {pct(jct[j], sim_ex.jct[j])} "
-              f"{sim.first[j] - live.submitted[j]:9.2f} "
-              f"{live.first[j] - live.submitted[j]:10.2f}")
+              f"{sim.first[j] - live.submitted[j]:8.2f} {live.first[j] - live.submitted[j]:6.2f} "
+              f"{sim.gap.get(j, 0.0):8.3f} {live.gap.get(j, 0.0):6.3f}")
+    print("wait: first compute start less arrival; gap: median of a round's first compute "
+          "start less the previous round's synchronisation")
     w_sim, w_live, w_ex = sum(sim.jct.values()), sum(jct.values()), sum(sim_ex.jct.values())
     print(f"weighted JCT (sum of w x JCT): sim {w_sim:.2f}, live {w_live:.2f} "
           f"({pct(w_live, w_sim).strip()}); sim with the executor's times {w_ex:.2f} "

@@ -60,9 +60,20 @@ def test_the_report_states_the_target(factor: float, verdict: str,
     sim = hp.run_sim(jobs, GPUS)
     arrivals = {str(j.id): j.arrival_s for j in jobs}
     live = hp.LiveRun(arrivals, dict(sim.first),
-                      {j: arrivals[j] + sim.jct[j] * factor for j in arrivals}, jobs, GPUS)
+                      {j: arrivals[j] + sim.jct[j] * factor for j in arrivals}, dict(sim.gap),
+                      jobs, GPUS)
     hp.report(live, sim, sim, 2.0, cold=False)
     out = capsys.readouterr().out
     assert verdict in out
     assert f"{100 * (factor - 1):+.1f}%" in out
     assert "known causes of difference" in out
+
+
+def test_round_gaps_are_the_median_wait_after_each_barrier() -> None:
+    runs = [hp.Ran("a", 0, 0.0, 1.0), hp.Ran("a", 0, 0.5, 1.5),  # round 0 synced at 1.5
+            hp.Ran("a", 1, 1.7, 2.0), hp.Ran("a", 1, 2.5, 3.0),  # starts 0.2 after
+            hp.Ran("a", 2, 3.6, 4.0),                            # 0.6 after
+            hp.Ran("a", 3, 4.1, 4.5),                            # 0.1 after
+            hp.Ran("b", 0, 0.0, 1.0)]                            # one round: no gap
+    assert hp.round_gaps(runs) == {"a": pytest.approx(0.2)}
+    assert hp.first_starts(runs) == {"a": 0.0, "b": 0.0}
