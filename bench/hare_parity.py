@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -105,9 +106,9 @@ class LiveRun(NamedTuple):
     gpus: tuple[Gpu, ...]
 
 
-def run_live(time_scale: float, cold: bool, root: Path) -> LiveRun:
+def run_live(time_scale: float, cold: bool, resend_s: float, root: Path) -> LiveRun:
     with LiveStack(root, CLUSTER.read_text(), schedulers=1, policy=POLICY,
-                   time_scale=time_scale, env={"HOPS_TASK_RESEND_S": "1"}) as stack:
+                   time_scale=time_scale, env={"HOPS_TASK_RESEND_S": str(resend_s)}) as stack:
         if not cold:  # one job per model profiles its signature
             warm = [spec_of(Job(f"warm-{i}", m, 4, 1, 0.0))
                     for i, m in enumerate(sorted({j.model for j in WORKLOAD}))]
@@ -258,8 +259,11 @@ CAUSES = """known causes of difference:
 - horizon: the live policy sees at most 4 rounds of a job per replan, the
   sim's every round (macro-tasks), and the live leader replans at rounds
   applied, not at every task's end.
-- profiling: a job with no profile of its signature is profiled before it
-  is sequenced (live wait column; --cold shows it); the sim starts at arrival.
+- profiling and estimates: a job with no profile of its signature is
+  profiled before it is sequenced (--cold shows it), and the leader asks
+  the estimator at most once per HOPS_TASK_RESEND_S (--resend-s): a job
+  arriving in between waits for the next request (wait column); the sim
+  starts a job at its arrival.
 - timing: planned starts on the wall clock, the executor's timers and the
   submission's trip, on a machine shared with the whole stack."""
 
@@ -268,14 +272,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--time-scale", type=float, default=2.0,
                         help="the emulated cluster's time scale (default 2)")
+    parser.add_argument("--resend-s", type=float, default=0.25,
+                        help="HOPS_TASK_RESEND_S, which also spaces the leader's estimate "
+                             "requests (default 0.25 wall seconds)")
     parser.add_argument("--cold", action="store_true",
                         help="no warm-up jobs: every job is profiled before it runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hops-hare-parity-") as tmp:
-        live = run_live(args.time_scale, args.cold, Path(tmp))
+        live = run_live(args.time_scale, args.cold, args.resend_s, Path(tmp))
     sim = run_sim(live.leader_jobs, live.gpus)
     sim_ex = run_sim(with_executor_times(live.leader_jobs), live.gpus)
     report(live, sim, sim_ex, args.time_scale, args.cold)
+    print(f"HOPS_TASK_RESEND_S {args.resend_s:g} s; load average (1 min) at the end: "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":
