@@ -264,6 +264,9 @@ CAUSES = """known causes of difference:
   the estimator at most once per HOPS_TASK_RESEND_S (--resend-s): a job
   arriving in between waits for the next request (wait column); the sim
   starts a job at its arrival.
+- one GPU type: a job with an estimate on one type only is sequenced there
+  and never profiled on the others (a warm-up job may end before its other
+  type's profiling run reports); the leader's T^c above shows it.
 - timing: planned starts on the wall clock, the executor's timers and the
   submission's trip, on a machine shared with the whole stack."""
 
