@@ -280,9 +280,11 @@ def main() -> None:
                              "requests (default 0.25 wall seconds)")
     parser.add_argument("--cold", action="store_true",
                         help="no warm-up jobs: every job is profiled before it runs")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the stack's data (logs) in this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hops-hare-parity-") as tmp:
-        live = run_live(args.time_scale, args.cold, args.resend_s, Path(tmp))
+        live = run_live(args.time_scale, args.cold, args.resend_s, args.keep or Path(tmp))
     sim = run_sim(live.leader_jobs, live.gpus)
     sim_ex = run_sim(with_executor_times(live.leader_jobs), live.gpus)
     report(live, sim, sim_ex, args.time_scale, args.cold)
