@@ -43,11 +43,12 @@ def experiment(
     inner: Annotated[str, typer.Option(
         help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
     workers: Annotated[int, typer.Option(
-        help="'sharing', 'coda', 'hare': simulations run at once, in local processes")] = 1,
+        help="the experiment's independent simulations run at once, in this many local "
+        "processes (1: one after another; the results are the same)")] = 1,
     ray: Annotated[str | None, typer.Option(
-        help="'sharing', 'coda', 'hare': run the simulations as Ray tasks on an existing "
-        "Ray cluster: 'auto' (the one this machine is in) or its HOST:PORT "
-        "(needs hops-scheduler[ray])")] = None,
+        help="run the simulations as Ray tasks: 'local' (a private Ray on loopback, of "
+        "--workers CPUs, else all), 'auto' (the cluster this machine is in) or a "
+        "cluster's HOST:PORT (needs hops-scheduler[ray])")] = None,
     mba: Annotated[bool, typer.Option(
         help="'coda': the servers have MBA (the eliminator caps bandwidth, not cores)")] = False,
     generator: Annotated[str, typer.Option(
@@ -73,15 +74,15 @@ def experiment(
                    "hops-scheduler[experiments] from a checkout", err=True)
         raise typer.Exit(2) from None
     entry = _experiment_entry(name, generator)
-    pool = Pool(workers=workers, ray=ray)
-    options = Options(
-        seed=seed, trace=trace, first_n=first_n, compress=compress,
-        rates=rates, policies=tuple(policy or ()),
-        progress=progress, traces=traces, inner=inner, pool=pool, mba=mba,
-        generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
-        clusters=clusters)
     try:
+        pool = Pool(workers=workers, ray=ray)
         check(pool)  # a missing Ray fails before any work
+        options = Options(
+            seed=seed, trace=trace, first_n=first_n, compress=compress,
+            rates=rates, policies=tuple(policy or ()),
+            progress=progress, traces=traces, inner=inner, pool=pool, mba=mba,
+            generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
+            clusters=clusters)
         entry.run(name, out, options)
     except PoolError as exc:
         typer.echo(f"error ({exc.code}): {exc.error}", err=True)

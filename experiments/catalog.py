@@ -61,7 +61,7 @@ def _tables(name: str, out: Path, o: Options) -> None:
     compared = with_variants(o.policies or default_policies(name), o.variants)
     exp = define(name, seed=o.seed, trace=o.trace, first_n=o.first_n, compress=o.compress,
                  rates=per_hour, policies=compared, generator=o.generator)
-    run_experiment(exp, out, rich_progress if o.progress else None)
+    run_experiment(exp, out, rich_progress if o.progress else None, pool=o.pool)
 
 
 def _sharing(name: str, out: Path, o: Options) -> None:
@@ -91,7 +91,7 @@ def _echo(line: str) -> None:
 
 
 def _cell_fragmentation(name: str, out: Path, o: Options) -> None:
-    run_cell_fragmentation(out, StressSettings(seed=o.seed))
+    run_cell_fragmentation(out, StressSettings(seed=o.seed), pool=o.pool)
 
 
 EXPERIMENTS: Mapping[str, Entry] = {

@@ -35,7 +35,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from experiments.common.pool import HERE, Pool, run_keyed
+from experiments.common.pool import HERE, Pool, run_all
 from experiments.common.suite import markdown_table
 from experiments.hare.sync import SyncRun, is_sync_policy, run_jobs
 from experiments.hare.workload import HareWorkload, cluster_gpus, generate
@@ -111,19 +111,13 @@ def run(out: Path, exp: HareExperiment, pool: Pool = HERE,
     from experiments.common.provenance import provenance
 
     pairs = [(c, p) for c in exp.clusters for p in exp.policies]
-    runs: dict[tuple[str, str], TaskSimResult] = {}
     started = time.perf_counter()
 
     def done(pair: tuple[str, str]) -> None:
         if progress:
             progress(f"{pair[0]}/{pair[1]}: {time.perf_counter() - started:.0f} s")
 
-    if not pool.parallel:
-        for pair in pairs:
-            runs[pair] = simulate_one(exp, *pair)
-            done(pair)
-    else:
-        runs = run_keyed(pool, simulate_one, {pair: (exp, *pair) for pair in pairs}, done)
+    runs = run_all(pool, simulate_one, {pair: (exp, *pair) for pair in pairs}, done)
     results = {c: {p: runs[(c, p)].metrics() for p in exp.policies} for c in exp.clusters}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
