@@ -60,7 +60,9 @@ def experiment(
         "paper's rules), sia-estimator (Sia given Hops' estimator), ...")] = None,
     jobs: Annotated[int, typer.Option(help="'hare': jobs per 160 GPUs")] = 200,
     load: Annotated[float | None, typer.Option(
-        help="'hare': offered load of the arrivals (default: the experiment's, 1.0)")] = None,
+        help="offered load of the arrivals, in units of the cluster's GPUs: 'traces' "
+        "compresses each trace to it (default 1.35), 'hare' draws them at it "
+        "(default 1.0)")] = None,
     clusters: Annotated[str | None, typer.Option(
         help="'hare': clusters, comma-separated (default: testbed, mixed-160, v100-160; "
         "also v100-k80-160)")] = None,

@@ -60,7 +60,7 @@ def _tables(name: str, out: Path, o: Options) -> None:
     per_hour = tuple(float(r) for r in o.rates.split(","))
     compared = with_variants(o.policies or default_policies(name), o.variants)
     exp = define(name, seed=o.seed, trace=o.trace, first_n=o.first_n, compress=o.compress,
-                 rates=per_hour, policies=compared, generator=o.generator)
+                 rates=per_hour, policies=compared, generator=o.generator, load=o.load)
     run_experiment(exp, out, rich_progress if o.progress else None, pool=o.pool)
 
 
