@@ -66,6 +66,10 @@ def experiment(
     clusters: Annotated[str | None, typer.Option(
         help="'hare': clusters, comma-separated (default: testbed, mixed-160, v100-160; "
         "also v100-k80-160)")] = None,
+    horizon: Annotated[int | None, typer.Option(
+        help="'hare': the task policies plan at most H rounds of each job and replan at "
+        "every round's barrier, as the live leader does (default: the paper's offline "
+        "plan of every round)")] = None,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     try:  # the experiments are an extra (matplotlib): only this command needs them
@@ -84,7 +88,7 @@ def experiment(
             rates=rates, policies=tuple(policy or ()),
             progress=progress, traces=traces, inner=inner, pool=pool, mba=mba,
             generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
-            clusters=clusters)
+            clusters=clusters, horizon=horizon)
         entry.run(name, out, options)
     except PoolError as exc:
         typer.echo(f"error ({exc.code}): {exc.error}", err=True)

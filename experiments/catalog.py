@@ -45,6 +45,7 @@ class Options(msgspec.Struct, frozen=True):
     jobs: int
     load: float | None
     clusters: str | None
+    horizon: int | None = None
 
 
 class Entry(msgspec.Struct, frozen=True):
@@ -77,7 +78,7 @@ def _coda(name: str, out: Path, o: Options) -> None:
 
 
 def _hare(name: str, out: Path, o: Options) -> None:
-    hare = HareExperiment(jobs=o.jobs, seed=o.seed,
+    hare = HareExperiment(jobs=o.jobs, seed=o.seed, horizon=o.horizon,
                           policies=o.policies or HareExperiment().policies)
     if o.load is not None:
         hare = msgspec.structs.replace(hare, load=o.load)

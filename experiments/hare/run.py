@@ -61,10 +61,13 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     budget: int = DEFAULT_BUDGET
     load: float = 1.0
     switch_s: float = SWITCH_S
+    horizon: int | None = None  # the task policies' rounds per revision (None: all)
 
     def __post_init__(self) -> None:
         if self.jobs < 1:
             raise ValueError("jobs must be >= 1")
+        if self.horizon is not None and self.horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
         for name in self.clusters:
             cluster_shape(name)  # an unknown cluster fails before the first run
         for name in self.policies:
@@ -101,7 +104,8 @@ def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResul
     if is_sync_policy(policy):
         return simulate_sync(exp, cluster, policy).result
     jobs, gpus = workload(exp, cluster)
-    settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s)
+    settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s,
+                               horizon_rounds=exp.horizon)
     return simulate(jobs, gpus, make_task_policy(policy), settings, timer=time.perf_counter)
 
 
