@@ -22,7 +22,15 @@ from experiments.hare.workload import HareWorkload, cluster_gpus, generate
 from scheduling.policies.hare.model import Gpu, TaskJob, TaskPolicy
 from scheduling.policies.hare.names import TASK_POLICIES, task_policy
 from simulator.tasks import TaskSimSettings, simulate
-from tests.test_hare_sim import V100, Spy, _check_execution, gpus, job, workloads
+from tests.test_hare_sim import (
+    V100,
+    Spy,
+    _check_execution,
+    check_each_task_once,
+    gpus,
+    job,
+    workloads,
+)
 from world.hare import cluster_shape, task_models
 
 # What the offline simulator wrote for this workload before the horizon
@@ -51,14 +59,7 @@ def test_with_a_horizon_every_micro_batch_runs_exactly_once(
     sim = Spy(jobs, pool, policy, TaskSimSettings(switch_s=0.1, record=True,
                                                   horizon_rounds=horizon))
     r = sim.run()
-    ran: dict[tuple[str, int, int], int] = {}
-    for t in r.tasks:
-        for rnd in range(t.first_round, t.first_round + t.rounds):
-            key = (t.job, rnd, t.index)
-            ran[key] = ran.get(key, 0) + 1
-    want = {(j.id, rnd, k) for j in jobs for rnd in range(j.rounds)
-            for k in range(j.tasks_per_round)}
-    assert set(ran) == want and set(ran.values()) == {1}
+    check_each_task_once(r.tasks, jobs)
     # No revision sees more than the horizon of any job.
     assert all(j.remaining_rounds <= horizon for p in sim.seen for j in p.jobs)
     _check_execution(r.tasks, jobs)
