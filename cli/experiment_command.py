@@ -43,11 +43,12 @@ def experiment(
     inner: Annotated[str, typer.Option(
         help="'sharing', 'coda': the inner policy")] = "hops:lam=inf",
     workers: Annotated[int, typer.Option(
-        help="'sharing', 'coda', 'hare': simulations run at once, in local processes")] = 1,
+        help="the experiment's independent simulations run at once, in this many local "
+        "processes (1: one after another; the results are the same)")] = 1,
     ray: Annotated[str | None, typer.Option(
-        help="'sharing', 'coda', 'hare': run the simulations as Ray tasks on an existing "
-        "Ray cluster: 'auto' (the one this machine is in) or its HOST:PORT "
-        "(needs hops-scheduler[ray])")] = None,
+        help="run the simulations as Ray tasks: 'local' (a private Ray on loopback, of "
+        "--workers CPUs, else all), 'auto' (the cluster this machine is in) or a "
+        "cluster's HOST:PORT (needs hops-scheduler[ray])")] = None,
     mba: Annotated[bool, typer.Option(
         help="'coda': the servers have MBA (the eliminator caps bandwidth, not cores)")] = False,
     generator: Annotated[str, typer.Option(
@@ -59,10 +60,16 @@ def experiment(
         "paper's rules), sia-estimator (Sia given Hops' estimator), ...")] = None,
     jobs: Annotated[int, typer.Option(help="'hare': jobs per 160 GPUs")] = 200,
     load: Annotated[float | None, typer.Option(
-        help="'hare': offered load of the arrivals (default: the experiment's, 1.0)")] = None,
+        help="offered load of the arrivals, in units of the cluster's GPUs: 'traces' "
+        "compresses each trace to it (default 1.35), 'hare' draws them at it "
+        "(default 1.0)")] = None,
     clusters: Annotated[str | None, typer.Option(
         help="'hare': clusters, comma-separated (default: testbed, mixed-160, v100-160; "
         "also v100-k80-160)")] = None,
+    horizon: Annotated[int | None, typer.Option(
+        help="'hare': the task policies plan at most H rounds of each job and replan at "
+        "every round's barrier, as the live leader does (default: the paper's offline "
+        "plan of every round)")] = None,
 ) -> None:
     """Run a whole comparison; writes OUT/results.json, results.md and PNG plots."""
     try:  # the experiments are an extra (matplotlib): only this command needs them
@@ -73,15 +80,15 @@ def experiment(
                    "hops-scheduler[experiments] from a checkout", err=True)
         raise typer.Exit(2) from None
     entry = _experiment_entry(name, generator)
-    pool = Pool(workers=workers, ray=ray)
-    options = Options(
-        seed=seed, trace=trace, first_n=first_n, compress=compress,
-        rates=rates, policies=tuple(policy or ()),
-        progress=progress, traces=traces, inner=inner, pool=pool, mba=mba,
-        generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
-        clusters=clusters)
     try:
+        pool = Pool(workers=workers, ray=ray)
         check(pool)  # a missing Ray fails before any work
+        options = Options(
+            seed=seed, trace=trace, first_n=first_n, compress=compress,
+            rates=rates, policies=tuple(policy or ()),
+            progress=progress, traces=traces, inner=inner, pool=pool, mba=mba,
+            generator=generator, variants=tuple(variant or ()), jobs=jobs, load=load,
+            clusters=clusters, horizon=horizon)
         entry.run(name, out, options)
     except PoolError as exc:
         typer.echo(f"error ({exc.code}): {exc.error}", err=True)

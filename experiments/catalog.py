@@ -45,6 +45,7 @@ class Options(msgspec.Struct, frozen=True):
     jobs: int
     load: float | None
     clusters: str | None
+    horizon: int | None = None
 
 
 class Entry(msgspec.Struct, frozen=True):
@@ -60,8 +61,8 @@ def _tables(name: str, out: Path, o: Options) -> None:
     per_hour = tuple(float(r) for r in o.rates.split(","))
     compared = with_variants(o.policies or default_policies(name), o.variants)
     exp = define(name, seed=o.seed, trace=o.trace, first_n=o.first_n, compress=o.compress,
-                 rates=per_hour, policies=compared, generator=o.generator)
-    run_experiment(exp, out, rich_progress if o.progress else None)
+                 rates=per_hour, policies=compared, generator=o.generator, load=o.load)
+    run_experiment(exp, out, rich_progress if o.progress else None, pool=o.pool)
 
 
 def _sharing(name: str, out: Path, o: Options) -> None:
@@ -77,7 +78,7 @@ def _coda(name: str, out: Path, o: Options) -> None:
 
 
 def _hare(name: str, out: Path, o: Options) -> None:
-    hare = HareExperiment(jobs=o.jobs, seed=o.seed,
+    hare = HareExperiment(jobs=o.jobs, seed=o.seed, horizon=o.horizon,
                           policies=o.policies or HareExperiment().policies)
     if o.load is not None:
         hare = msgspec.structs.replace(hare, load=o.load)
@@ -91,7 +92,7 @@ def _echo(line: str) -> None:
 
 
 def _cell_fragmentation(name: str, out: Path, o: Options) -> None:
-    run_cell_fragmentation(out, StressSettings(seed=o.seed))
+    run_cell_fragmentation(out, StressSettings(seed=o.seed), pool=o.pool)
 
 
 EXPERIMENTS: Mapping[str, Entry] = {

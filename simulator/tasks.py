@@ -39,6 +39,16 @@ A GPU whose previous task was another job's pays the switch cost
 Truth and plan differ only by the switch cost and by a macro-round's whole
 rounds against the macro job's mean.
 
+Horizon
+-------
+``horizon_rounds`` None (the default) is the paper's offline plan above:
+each revision sequences every remaining round of every job. A number H is
+the live leader's way (:mod:`scheduling.live.tasks`): a revision sequences
+at most H rounds of each job from its first round not under way, and the
+simulator also replans at every macro-round's barrier (when the live
+aggregator would apply a round and the leader replan), not only at
+arrivals. The policy then sees each job as H rounds long.
+
 A job finishes when its last round's barrier passes; JCT is finish minus
 arrival. Time is the simulated clock; the planning time is measured with the
 injected ``timer`` (none: zero).
@@ -75,16 +85,22 @@ Timer = Callable[[], float]
 class TaskSimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``budget``: most macro-tasks per problem; ``switch_s``: the cost of a
     GPU switching jobs; ``check``: test every schedule against the
-    constraints; ``record``: keep every executed macro-task in the result."""
+    constraints; ``record``: keep every executed macro-task in the result;
+    ``horizon_rounds``: the most rounds of a job one revision sequences,
+    replanning at every barrier (None: all of them, at arrivals only; the
+    module docstring's "Horizon")."""
 
     budget: int = DEFAULT_BUDGET
     switch_s: float = SWITCH_S
     check: bool = True
     record: bool = False
+    horizon_rounds: int | None = None
 
     def __post_init__(self) -> None:
         if self.budget < 1 or self.switch_s < 0:
             raise ValueError("need budget >= 1 and switch_s >= 0")
+        if self.horizon_rounds is not None and self.horizon_rounds < 1:
+            raise ValueError(f"horizon_rounds must be >= 1, got {self.horizon_rounds}")
 
 
 @dataclass
@@ -140,19 +156,61 @@ class TaskSimulation:
         self.tasks_run: dict[JobId, int] = dict.fromkeys(self.jobs, 0)
         self.record: list[RunTask] = []
         self.plan_s: list[float] = []
+        self.due: list[float] = []  # barriers to replan at (a heap; with a horizon only)
 
     # --- the online loop ---------------------------------------------------------
 
     def run(self) -> TaskSimResult:
-        for t in sorted({j.arrival_s for j in self.jobs.values()}):
-            self._advance(t)
-            self._drop_unstarted()
-            self._advance(math.inf)  # what is kept is settled: nothing can move it
-            self._settle()
-            self._replan(t)
+        arrivals = sorted({j.arrival_s for j in self.jobs.values()})
+        if self.settings.horizon_rounds is None:
+            for t in arrivals:
+                self._revise(t)
+        else:
+            self._run_to_barriers(arrivals)
         self._advance(math.inf)
         outcomes = tuple(self._outcome(j) for j in self.jobs.values())
         return summarise(self.policy.name, outcomes, tuple(self.plan_s), tuple(self.record))
+
+    def _revise(self, t: float) -> None:
+        """Replan at ``t``: keep what is under way, plan the rest anew."""
+        self._advance(t)
+        self._drop_unstarted()
+        self._advance(math.inf)  # what is kept is settled: nothing can move it
+        self._settle()
+        self._replan(t)
+
+    def _run_to_barriers(self, arrivals: Sequence[float]) -> None:
+        """With a horizon: replan at every arrival and every barrier, in time order."""
+        later = iter(arrivals)
+        t: float | None = next(later, None)
+        upcoming = next(later, math.inf)
+        while t is not None and t < math.inf:
+            self._revise(t)
+            while upcoming <= t:
+                upcoming = next(later, math.inf)
+            t = self._next_barrier(t, upcoming)
+
+    def _next_barrier(self, now: float, limit: float) -> float:
+        """Start, in time order, the queued tasks before the first barrier
+        after ``now`` or ``limit``, whichever is first; that time."""
+        while True:
+            while self.due and self.due[0] <= now:
+                heapq.heappop(self.due)
+            until = min(limit, self.due[0]) if self.due else limit
+            start = self._first_start()
+            if start >= until:
+                return until
+            _, order, _ = heapq.heappop(self.heap)
+            self._start(self.gpus[self.order[order]], start)
+
+    def _first_start(self) -> float:
+        """The start of the first live task on the heap (stale ones dropped)."""
+        while self.heap:
+            start, order, version = self.heap[0]
+            if version == self.gpus[self.order[order]].version:
+                return start
+            heapq.heappop(self.heap)
+        return math.inf
 
     def _outcome(self, job: TaskJob) -> JobOutcome:
         finish = self.barrier.get((job.id, job.rounds))
@@ -192,7 +250,10 @@ class TaskSimulation:
             front = self.front[job.id]
             if job.arrival_s > now or front == job.rounds:
                 continue
-            jobs.append(msgspec.structs.replace(job, done_rounds=front))
+            h = self.settings.horizon_rounds
+            jobs.append(msgspec.structs.replace(
+                job, done_rounds=front, rounds=job.rounds if h is None else min(job.rounds,
+                                                                                 front + h)))
             barrier = self.barrier.get((job.id, front), -math.inf)
             if front > 0 and barrier > now:
                 ready[job.id] = barrier
@@ -278,6 +339,8 @@ class TaskSimulation:
                                        done, switch))
         if unit.unstarted == 0:
             self.barrier[(job.id, unit.hi)] = unit.done_s
+            if self.settings.horizon_rounds is not None:
+                heapq.heappush(self.due, unit.done_s)
             for gpu in self.waiting.pop((job.id, unit.hi), []):
                 self._refresh(self.gpus[gpu])
         self._refresh(gs)

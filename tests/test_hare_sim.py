@@ -272,15 +272,7 @@ def test_online_runs_conserve_tasks_and_never_move_started_ones(
     jobs, pool = w
     sim = Spy(jobs, pool, policy, TaskSimSettings(budget=budget, switch_s=0.1, record=True))
     r = sim.run()
-    # Conservation: every real task of every job ran exactly once.
-    ran: dict[tuple[str, int, int], int] = {}
-    for t in r.tasks:
-        for rnd in range(t.first_round, t.first_round + t.rounds):
-            key = (t.job, rnd, t.index)
-            ran[key] = ran.get(key, 0) + 1
-    want = {(j.id, rnd, k) for j in jobs for rnd in range(j.rounds)
-            for k in range(j.tasks_per_round)}
-    assert set(ran) == want and set(ran.values()) == {1}
+    check_each_task_once(r.tasks, jobs)  # conservation
     # A replan at t only sees rounds that no task started before t.
     for p in sim.seen:
         front = {j.id: j.done_rounds for j in p.jobs}
@@ -290,6 +282,18 @@ def test_online_runs_conserve_tasks_and_never_move_started_ones(
     _check_execution(r.tasks, jobs)
     assert r == Spy(jobs, pool, policy, TaskSimSettings(budget=budget, switch_s=0.1,
                                                         record=True)).run()
+
+
+def check_each_task_once(tasks: tuple[RunTask, ...], jobs: tuple[TaskJob, ...]) -> None:
+    """Every real task (micro-batch) of every job ran exactly once."""
+    ran: dict[tuple[str, int, int], int] = {}
+    for t in tasks:
+        for rnd in range(t.first_round, t.first_round + t.rounds):
+            key = (t.job, rnd, t.index)
+            ran[key] = ran.get(key, 0) + 1
+    want = {(j.id, rnd, k) for j in jobs for rnd in range(j.rounds)
+            for k in range(j.tasks_per_round)}
+    assert set(ran) == want and set(ran.values()) == {1}
 
 
 def _check_execution(tasks: tuple[RunTask, ...], jobs: tuple[TaskJob, ...]) -> None:

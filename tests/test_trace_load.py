@@ -5,8 +5,13 @@ trace out."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
 from experiments.tables.define import define
 from experiments.traces.load import TARGET, compression, demand_gpu_s, offered_load
 from shared.ids import JobId
@@ -55,3 +60,41 @@ def test_the_traces_experiment_runs_every_trace_at_the_target_load() -> None:
         assert spec.first_n == 200 and spec.compress >= 1.0
     with pytest.raises(ValueError, match="does not apply to 'traces'"):
         define("traces", generator="literal")
+
+
+def test_a_lower_load_compresses_less_and_offers_that_load() -> None:
+    jobs = [job(i, 2, 1.0, 4.0 * i) for i in range(10)]  # light: well under 1.35
+    factors = [compression(jobs, TRUTH, CLUSTER, REF, target) for target in (0.8, 1.0, TARGET)]
+    assert 1.0 < factors[0] < factors[1] < factors[2]
+    for target, factor in zip((0.8, 1.0, TARGET), factors, strict=True):
+        squeezed = trim(jobs, compress=factor)
+        assert offered_load(squeezed, TRUTH, CLUSTER, REF) == pytest.approx(target, rel=1e-4)
+
+
+def test_the_traces_experiment_takes_its_load() -> None:
+    default = define("traces", policies=("hops",), first_n=200, trace="elasticflow-cluster01")
+    lighter = define("traces", policies=("hops",), first_n=200, trace="elasticflow-cluster01",
+                     load=1.0)
+    assert "1.35x" in default.title and "1x" in lighter.title
+    (_, heavy), = default.runs
+    (_, light), = lighter.runs
+    assert 1.0 <= light.compress < heavy.compress
+    with pytest.raises(ValueError, match="load must be above 0"):
+        define("traces", policies=("hops",), first_n=200, load=0.0)
+    with pytest.raises(ValueError, match="a load does not apply to 'table3'"):
+        define("table3", load=1.0)
+
+
+def test_the_command_runs_the_traces_at_the_load_given(tmp_path: Path) -> None:
+    args = ["experiment", "traces", "--trace", "elasticflow-cluster01", "--first-n", "20",
+            "--policy", "hops", "--no-progress", "--load", "1.1", "--out", str(tmp_path)]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "compressed to 1.1x the cluster's GPUs" in done.output
+    ran = json.loads((tmp_path / "cluster01_hops" / "summary.json").read_text())["run"]
+    (_, spec), = define("traces", policies=("hops",), first_n=20,
+                        trace="elasticflow-cluster01", load=1.1).runs
+    assert ran["compress"] == spec.compress
+    (_, default), = define("traces", policies=("hops",), first_n=20,
+                           trace="elasticflow-cluster01").runs
+    assert spec.compress < default.compress

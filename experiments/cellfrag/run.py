@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from experiments.cellfrag.stress import StressSettings, figure8
+from experiments.cellfrag.stress import StressSettings, joined, step
+from experiments.common.pool import HERE, Pool, run_all
 
 TENANT = "res-f"
 
@@ -30,10 +31,13 @@ def normalised(step: dict[str, Any], tenant: str = TENANT) -> dict[str, float]:
     return out
 
 
-def run_cell_fragmentation(out: Path, settings: StressSettings | None = None
-                           ) -> list[dict[str, Any]]:
+def run_cell_fragmentation(out: Path, settings: StressSettings | None = None,
+                           pool: Pool = HERE) -> list[dict[str, Any]]:
+    """Figure 8's steps (independent: at once where ``pool`` says), written under ``out``."""
     s = settings or StressSettings()
-    steps = figure8(s)
+    groups = joined(s)
+    steps: list[dict[str, Any]] = list(
+        run_all(pool, step, {k: (s, wide) for k, wide in enumerate(groups)}).values())
     for st in steps:
         st["normalised_wait"] = normalised(st)
     out.mkdir(parents=True, exist_ok=True)

@@ -246,4 +246,9 @@ def figure8(settings: StressSettings | None = None) -> list[dict[str, object]]:
     """The steps of Figure 8: tenants of ``settings.steps`` join the 8-GPU
     group one by one."""
     s = settings or StressSettings()
-    return [step(s, set(s.steps[: k + 1])) for k in range(len(s.steps))]
+    return [step(s, wide) for wide in joined(s)]
+
+
+def joined(settings: StressSettings) -> list[set[str]]:
+    """Each step's 8-GPU group: the first k tenants of ``settings.steps``."""
+    return [set(settings.steps[: k + 1]) for k in range(len(settings.steps))]

@@ -12,6 +12,7 @@ policy. Writes ``results.json`` ({policy: {"gpu_util",
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ import msgspec
 
 from experiments.coda.metrics import PAPER, coda_metrics, table
 from experiments.coda.workload import CpuMix, add_cpu_jobs, with_core_requests
-from experiments.common.pool import HERE, Pool, run_keyed
+from experiments.common.pool import HERE, Pool, run_all
 from scheduling.registry import DEFAULT_INNER, make_policy
 from shared.cluster import Cluster, GpuTypeSpec, Server
 from shared.ids import GpuType, ServerId
@@ -97,10 +98,8 @@ def run(out: Path, inner: str = DEFAULT_INNER, trace: str = "elasticflow-cluster
     truth = GroundTruth(cluster, builtin_catalog())
     jobs = workload(trace, cluster, truth, seed, first_n, compress)
     args = (inner, trace, first_n, compress, seed, mba)
-    if not pool.parallel:
-        runs = {n: simulate_one(n, *args, progress=progress) for n in policies}
-    else:
-        runs = run_keyed(pool, simulate_one, {n: (n, *args) for n in policies})
+    runs = run_all(pool, simulate_one, {n: (n, *args) for n in policies},
+                   here=functools.partial(simulate_one, progress=progress))
     results = {n: coda_metrics(r, cluster) for n, r in runs.items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

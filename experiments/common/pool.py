@@ -1,9 +1,11 @@
 """Where an experiment's independent simulations run (``hops experiment``'s
 ``--workers`` and ``--ray``): one after another in this process, in
-``workers`` local processes, or as Ray tasks on an existing Ray cluster.
+``workers`` local processes, or as Ray tasks: on an existing Ray cluster,
+or on a private one started for the experiment on loopback (``--ray local``).
 
-Both parallel ways are a :class:`concurrent.futures.Executor`, so the
-experiments submit their runs the same way whichever it is. Ray is an
+Both parallel ways are a :class:`concurrent.futures.Executor`, and every
+experiment hands its runs to :func:`run_all`, so each of them runs the same
+way whichever it is. Ray is an
 optional extra (``hops-scheduler[ray]``), imported only when ``--ray`` is
 given. Every run is a pure function of its arguments (the seeds are among
 them), so where it runs does not change a digit of its result.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -31,24 +34,12 @@ R = TypeVar("R")
 SHIPPED = ("estimation", "experiments", "scheduling", "shared", "simulator", "world")
 RAY_MISSING = "ray_missing"
 RAY_UNREACHABLE = "ray_unreachable"
+BAD_WORKERS = "bad_workers"
 PROBE_S = 5.0  # seconds an explicit address has to accept a connection
-
-
-class Pool(msgspec.Struct, frozen=True):
-    """``workers``: local processes at once (1: one run after another, here);
-    ``ray``: the Ray cluster to run on instead, ``auto`` (the one this
-    machine belongs to) or its ``host:port``."""
-
-    workers: int = 1
-    ray: str | None = None
-
-    @property
-    def parallel(self) -> bool:
-        """Whether the runs go to an executor (not one after another, here)."""
-        return self.ray is not None or self.workers > 1
-
-
-HERE = Pool()  # one run after another, in this process
+LOCAL = "local"  # --ray local: a private Ray started here, on loopback, for the runs
+# Ray advertises the machine's external address unless this is 0 (issue 36);
+# a private Ray then stays on loopback, reachable from this machine alone.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 class PoolError(Exception):
@@ -60,18 +51,47 @@ class PoolError(Exception):
         self.error = error
 
 
+class Pool(msgspec.Struct, frozen=True):
+    """``workers``: local processes at once (1: one run after another, here);
+    ``ray``: the Ray cluster to run on instead, ``auto`` (the one this
+    machine belongs to), its ``host:port``, or ``local`` (a private one,
+    started on loopback and stopped at the end, of ``workers`` CPUs, or of
+    all this machine's when ``workers`` is 1)."""
+
+    workers: int = 1
+    ray: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise PoolError(BAD_WORKERS, f"--workers must be at least 1, not {self.workers}")
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the runs go to an executor (not one after another, here)."""
+        return self.ray is not None or self.workers > 1
+
+
+HERE = Pool()  # one run after another, in this process
+
+
 class RayExecutor(Executor):
     """Each submitted call is one Ray task on the cluster at ``address``; the
-    driver connects once and disconnects at shutdown (the cluster stays)."""
+    driver connects once and disconnects at shutdown (the cluster stays,
+    unless it is the private one of ``local``, which stops with it)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, cpus: int | None = None) -> None:
         self._ray = _import_ray()
         _probe(address)
+        local: dict[str, Any] = {}
+        if address == LOCAL:
+            os.environ.update(LOOPBACK_ENV)  # read by the Ray processes started below
+            local = {"num_cpus": cpus, "_node_ip_address": "127.0.0.1",
+                     "include_dashboard": False}
         try:
             self._ray.init(address=address, runtime_env={"py_modules": _shipped(),
                                                         "excludes": ["__pycache__"]},
                            logging_level=logging.WARNING, log_to_driver=False,
-                           configure_logging=False)
+                           configure_logging=False, **local)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise PoolError(RAY_UNREACHABLE,
                             f"no Ray cluster at {address!r} answered ({exc})") from None
@@ -91,12 +111,13 @@ class RayExecutor(Executor):
 def _probe(address: str, timeout_s: float = PROBE_S) -> None:
     """Refuse at once an explicit address where nothing listens: ``ray.init``
     would wait there for minutes (``auto`` looks up a local cluster and
-    fails fast by itself)."""
-    if address == "auto":
+    fails fast by itself; ``local`` starts one)."""
+    if address in ("auto", LOCAL):
         return
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
-        raise PoolError(RAY_UNREACHABLE, f"--ray takes auto or HOST:PORT, not {address!r}")
+        raise PoolError(RAY_UNREACHABLE,
+                        f"--ray takes auto, local or HOST:PORT, not {address!r}")
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout_s).close()
     except OSError as exc:
@@ -127,8 +148,9 @@ def check(pool: Pool) -> None:
 @contextmanager
 def executor(pool: Pool) -> Iterator[Executor]:
     """The executor of a parallel ``pool``, shut down on leaving."""
-    ex: Executor = RayExecutor(pool.ray) if pool.ray is not None else ProcessPoolExecutor(
-        max_workers=pool.workers)
+    cpus = pool.workers if pool.workers > 1 else None
+    ex: Executor = (RayExecutor(pool.ray, cpus) if pool.ray is not None
+                    else ProcessPoolExecutor(max_workers=pool.workers))
     with ex:
         yield ex
 
@@ -146,3 +168,20 @@ def run_keyed(pool: Pool, fn: Callable[..., R], calls: Mapping[K, tuple[Any, ...
             if done is not None:
                 done(key)
         return results
+
+
+def run_all(pool: Pool, fn: Callable[..., R], calls: Mapping[K, tuple[Any, ...]],
+            done: Callable[[K], None] | None = None,
+            here: Callable[..., R] | None = None) -> dict[K, R]:
+    """``fn(*args)`` for each key's arguments, where ``pool`` says: one after
+    another in this process (by ``here`` when given: ``fn`` with what only
+    this process can do, such as progress bars), else :func:`run_keyed`.
+    The results by key, in ``calls``' order, the same whichever way."""
+    if pool.parallel:
+        return run_keyed(pool, fn, calls, done)
+    results: dict[K, R] = {}
+    for key, args in calls.items():
+        results[key] = (here or fn)(*args)
+        if done is not None:
+            done(key)
+    return results

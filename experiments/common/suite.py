@@ -1,6 +1,7 @@
 """A named list of simulation runs and its outputs (Hops §4.2-4.6).
 
-``run_experiment`` executes the runs, then writes ``results.json`` (one
+``run_experiment`` executes the runs (one after another, or at once where
+its pool says: ``hops experiment --workers``, ``--ray``), then writes ``results.json`` (one
 summary per run), ``results.md`` (a table, beside the paper's numbers when
 the experiment has them) and PNG plots (CDF of JCT and of latency ratio,
 cluster throughput over time).
@@ -15,7 +16,10 @@ from typing import Any
 
 import msgspec
 
+from experiments.common.pool import HERE, Pool, run_all
 from experiments.common.simrun import RunSpec, simulate, write_outputs
+from shared.cluster import Cluster
+from simulator.engine import Progress
 from simulator.metrics import SimResult
 
 # The paper's numbers for a run label: makespan h, avg JCT h, avg wait h,
@@ -30,22 +34,29 @@ class Experiment(msgspec.Struct, frozen=True):
     paper: tuple[tuple[str, PaperRow], ...] = ()  # (policy, the paper's numbers)
 
 
-def run_experiment(
-    exp: Experiment,
-    out: Path,
-    progress: Callable[[str], tuple[Callable[[float, int, int], None] | None, Callable[[], None]]]
-    | None = None,
-) -> dict[str, dict[str, object]]:
+ProgressFactory = Callable[[str], tuple[Progress | None, Callable[[], None]]]
+
+
+def run_experiment(exp: Experiment, out: Path, progress: ProgressFactory | None = None,
+                   pool: Pool = HERE) -> dict[str, dict[str, object]]:
+    """Every run of ``exp``, where ``pool`` says (progress bars only one
+    after another, here); the summaries by label, also written under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    summaries: dict[str, dict[str, object]] = {}
-    results: dict[str, SimResult] = {}
-    for label, spec in exp.runs:
+    specs = dict(exp.runs)
+
+    def here(label: str, spec: RunSpec) -> tuple[Cluster, SimResult]:
         update, close = progress(label) if progress else (None, lambda: None)
         try:
-            cluster, result = simulate(spec, update)
+            return simulate(spec, update)
         finally:
             close()
-        summaries[label] = write_outputs(out / _slug(label), spec, cluster, result)
+
+    runs = run_all(pool, _simulate, {label: (label, spec) for label, spec in exp.runs},
+                   here=here)
+    summaries: dict[str, dict[str, object]] = {}
+    results: dict[str, SimResult] = {}
+    for label, (cluster, result) in runs.items():
+        summaries[label] = write_outputs(out / _slug(label), specs[label], cluster, result)
         results[label] = result
     (out / "results.json").write_text(json.dumps(summaries, indent=2) + "\n")
     (out / "results.md").write_text(render_markdown(exp, summaries))
@@ -53,6 +64,11 @@ def run_experiment(
 
     plot_results(exp.name, results, out)
     return summaries
+
+
+def _simulate(label: str, spec: RunSpec) -> tuple[Cluster, SimResult]:
+    """One run, without progress (a worker's whole task; ``label``: the key)."""
+    return simulate(spec)
 
 
 def _slug(label: str) -> str:

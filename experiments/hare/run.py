@@ -35,7 +35,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from experiments.common.pool import HERE, Pool, run_keyed
+from experiments.common.pool import HERE, Pool, run_all
 from experiments.common.suite import markdown_table
 from experiments.hare.sync import SyncRun, is_sync_policy, run_jobs
 from experiments.hare.workload import HareWorkload, cluster_gpus, generate
@@ -61,10 +61,13 @@ class HareExperiment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     budget: int = DEFAULT_BUDGET
     load: float = 1.0
     switch_s: float = SWITCH_S
+    horizon: int | None = None  # the task policies' rounds per revision (None: all)
 
     def __post_init__(self) -> None:
         if self.jobs < 1:
             raise ValueError("jobs must be >= 1")
+        if self.horizon is not None and self.horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
         for name in self.clusters:
             cluster_shape(name)  # an unknown cluster fails before the first run
         for name in self.policies:
@@ -101,7 +104,8 @@ def simulate_one(exp: HareExperiment, cluster: str, policy: str) -> TaskSimResul
     if is_sync_policy(policy):
         return simulate_sync(exp, cluster, policy).result
     jobs, gpus = workload(exp, cluster)
-    settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s)
+    settings = TaskSimSettings(budget=exp.budget, switch_s=exp.switch_s,
+                               horizon_rounds=exp.horizon)
     return simulate(jobs, gpus, make_task_policy(policy), settings, timer=time.perf_counter)
 
 
@@ -111,19 +115,13 @@ def run(out: Path, exp: HareExperiment, pool: Pool = HERE,
     from experiments.common.provenance import provenance
 
     pairs = [(c, p) for c in exp.clusters for p in exp.policies]
-    runs: dict[tuple[str, str], TaskSimResult] = {}
     started = time.perf_counter()
 
     def done(pair: tuple[str, str]) -> None:
         if progress:
             progress(f"{pair[0]}/{pair[1]}: {time.perf_counter() - started:.0f} s")
 
-    if not pool.parallel:
-        for pair in pairs:
-            runs[pair] = simulate_one(exp, *pair)
-            done(pair)
-    else:
-        runs = run_keyed(pool, simulate_one, {pair: (exp, *pair) for pair in pairs}, done)
+    runs = run_all(pool, simulate_one, {pair: (exp, *pair) for pair in pairs}, done)
     results = {c: {p: runs[(c, p)].metrics() for p in exp.policies} for c in exp.clusters}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -13,6 +13,7 @@ run's ``jobs.csv`` and the plots.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from experiments.common.pool import HERE, Pool, run_keyed
+from experiments.common.pool import HERE, Pool, run_all
 from experiments.sharing.cluster import cluster_doc, sharing_cluster
 from experiments.sharing.metrics import FragmentedSimulation, TenantMetrics, tenant_metrics
 from experiments.sharing.metrics import utilisation as cluster_utilisation
@@ -187,9 +188,8 @@ def run_sharing(out: Path, traces: Sequence[str] = DEFAULT_TRACES, first_n: int 
 def _run_all(labels: Sequence[str], traces: Sequence[str], first_n: int | None, inner: str,
              progress: ProgressFactory | None, pool: Pool
              ) -> dict[str, RunOutcome | dict[str, RunOutcome]]:
-    if not pool.parallel:
-        return {k: _run_one(k, traces, first_n, inner, progress) for k in labels}
-    return run_keyed(pool, _run_one, {k: (k, list(traces), first_n, inner) for k in labels})
+    return run_all(pool, _run_one, {k: (k, list(traces), first_n, inner) for k in labels},
+                   here=functools.partial(_run_one, progress=progress))
 
 
 def _results(runs: dict[str, RunOutcome], private: dict[str, RunOutcome],

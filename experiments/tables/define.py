@@ -12,6 +12,7 @@ import msgspec
 from experiments.common.simrun import RunSpec
 from experiments.common.suite import Experiment, PaperRow
 from experiments.traces.define import TRACE_JOBS, define_traces
+from experiments.traces.load import TARGET
 from scheduling.registry import POLICIES as REGISTERED
 from scheduling.registry import parse_policy
 
@@ -67,14 +68,17 @@ def default_policies(name: str) -> tuple[str, ...]:
 
 def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | None = None,
            compress: float = 1.0, rates: tuple[float, ...] = RATES,
-           policies: tuple[str, ...] | None = None, generator: str = "project") -> Experiment:
+           policies: tuple[str, ...] | None = None, generator: str = "project",
+           load: float | None = None) -> Experiment:
     """The runs of experiment ``name``; ``first_n`` and ``compress`` apply to
     every run's workload. ``policies`` are the specs compared (each run's
     label is its spec; none: :func:`default_policies`); ``priorities``
     varies the queue priority of the first.
     ``generator`` picks the requirement sets of the paper's workloads:
     ``project`` (paper-physical, paper-sim) or ``literal`` (their
-    ``-literal`` twins); it does not apply to a trace (``elasticflow``)."""
+    ``-literal`` twins); it does not apply to a trace (``elasticflow``).
+    ``load``: the offered load ``traces`` compresses to (none: the rule's
+    :data:`experiments.traces.load.TARGET`); the others refuse it."""
     if generator not in GENERATOR_CHOICES:
         raise ValueError(f"unknown generator {generator!r}; known: "
                          f"{', '.join(GENERATOR_CHOICES)}")
@@ -84,11 +88,15 @@ def define(name: str, seed: int = 0, trace: str | None = None, first_n: int | No
     if name == "traces" and generator != "project":
         raise ValueError(f"generator {generator!r} does not apply to 'traces': "
                          "their requirement sets come from the traces")
+    if load is not None and name != "traces":
+        raise ValueError(f"a load does not apply to {name!r}: its arrivals are its "
+                         "workload's (--compress, --rates)")
     policies = policies or default_policies(name)
     for p in policies:
         parse_policy(p)  # a bad spec fails before the first run
     if name == "traces":
-        return define_traces(seed, trace, first_n or TRACE_JOBS, policies)
+        return define_traces(seed, trace, first_n or TRACE_JOBS, policies,
+                             TARGET if load is None else load)
     exp = _define(name, seed, trace, rates, policies, WORKLOAD_SUFFIX[generator])
     if generator == "literal":
         exp = msgspec.structs.replace(exp, title=f"{exp.title}, §4.2's literal requirement sets")

@@ -16,18 +16,21 @@ TRACE_JOBS = 1000  # the first N jobs of each trace (the rule of experiments/tra
 
 
 def define_traces(seed: int, traces: str | None, first_n: int,
-                  policies: tuple[str, ...]) -> Experiment:
+                  policies: tuple[str, ...], load: float = TARGET) -> Experiment:
     """Every policy on the first ``first_n`` jobs of each trace, arrivals
-    compressed to the offered load of :mod:`experiments.traces.load` (its rule)."""
+    compressed to offer ``load`` x the cluster's GPUs by the rule of
+    :mod:`experiments.traces.load` (its ``TARGET`` unless told otherwise)."""
+    if not load > 0:
+        raise ValueError(f"the traces' load must be above 0, not {load:g}")
     names = tuple(t for t in (traces or ",".join(TRACES)).split(",") if t)
     runs: list[tuple[str, RunSpec]] = []
     for trace in names:
         base = RunSpec(cluster="paper-sim-512", workload=trace, seed=seed, first_n=first_n)
         cluster, truth, jobs = prepare(base)
-        factor = compression(jobs, truth, cluster, trace_reference(cluster, truth))
+        factor = compression(jobs, truth, cluster, trace_reference(cluster, truth), load)
         short = trace.removeprefix("elasticflow-")
         runs += [(f"{short}/{p}", msgspec.structs.replace(base, policy=p, compress=factor))
                  for p in policies]
     title = (f"ElasticFlow traces, first {first_n} jobs each, arrivals compressed to "
-             f"{TARGET:g}x the cluster's GPUs")
+             f"{load:g}x the cluster's GPUs")
     return Experiment("traces", title, tuple(runs))
