@@ -20,10 +20,10 @@ from scheduling.policies.themis.auction import Bid, kept, partial_shares, propor
 from scheduling.policies.themis.leases import STATE, Leases, decode, encode
 from scheduling.registry import make_policy, parse_policy
 from shared.configuration import Configuration
-from shared.ids import GpuType, JobId, ServerId
+from shared.ids import GpuType, JobId
 from shared.snapshot import JobState, Plan, Snapshot
 from simulator.metrics import summarize
-from tests.helpers import assert_feasible, cluster, flat_estimate, state
+from tests.helpers import assert_feasible, cluster, flat_estimate, held_by, state
 
 A = GpuType("A")
 
@@ -40,11 +40,7 @@ def snap(layout: list[tuple[str, int, int]], jobs: Sequence[JobState], now: floa
          leases: dict[str, float] | None = None, first: bool = True,
          speed: dict[str, float] | None = None) -> Snapshot:
     c = cluster(layout)
-    held: dict[ServerId, int] = {}
-    if not first:
-        for j in jobs:
-            for s, g in (j.current.parts if j.current is not None else ()):
-                held[s] = held.get(s, 0) + g
+    held = {} if first else held_by(jobs)
     per_gpu = speed or {t.name: 100.0 for t in c.gpu_types}
     ests = {j.id: flat_estimate(j.id, per_gpu) for j in jobs}
     blob = encode(Leases({JobId(k): v for k, v in (leases or {}).items()}))

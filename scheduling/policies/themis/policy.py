@@ -40,7 +40,7 @@ from scheduling.priorities import latency_ratios
 from scheduling.rounds import restart_cost
 from shared.cluster import Cluster
 from shared.configuration import Configuration
-from shared.estimate import JobEstimate, config_throughput
+from shared.estimate import config_throughput
 from shared.ids import GpuType, JobId
 from shared.snapshot import (
     Assignment,
@@ -73,17 +73,12 @@ class ThemisSettings(RigidSettings, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"lease_s must be finite and > 0, got {self.lease_s}")
 
 
-class _Jobs:
+class _Jobs(rigid.Known):
     """What one plan knows of each plannable job, and its rho."""
 
     def __init__(self, snapshot: Snapshot, r_num: int) -> None:
+        super().__init__(snapshot, r_num)
         cluster, now = snapshot.cluster, snapshot.now
-        self.jobs = {j.id: j for j in snapshot.jobs if rigid.plannable(j, snapshot.estimates)}
-        self.ests: dict[JobId, JobEstimate] = {
-            jid: rigid.type_curves(snapshot.estimates[jid]) for jid in self.jobs}
-        self.gpus = {jid: rigid.rigid_requirement(j.spec, r_num) for jid, j in self.jobs.items()}
-        self.types: dict[JobId, tuple[GpuType, ...]] = {
-            jid: rigid.runnable_types(cluster, self.ests[jid], self.gpus[jid]) for jid in self.jobs}
         self.standing: dict[JobId, fairness.Standing] = {}
         self.rho: dict[JobId, float] = {}
         for jid, job in self.jobs.items():
