@@ -34,7 +34,7 @@ def experiment(
     ),
     policy: Annotated[list[str] | None, typer.Option(
         help="a policy spec to compare, repeatable (default: hops, sia and gavel, and "
-        "for traces and table4 slurm and tiresias too; for hare: its six task policies "
+        "for traces and table4 slurm, tiresias and themis too; for hare: its six task policies "
         "and hops)")] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     traces: Annotated[str | None, typer.Option(

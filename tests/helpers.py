@@ -89,6 +89,15 @@ def state(
     )
 
 
+def held_by(jobs: Sequence[JobState]) -> dict[ServerId, int]:
+    """The GPUs the jobs' current configurations hold (a later plan's ``held``)."""
+    held: dict[ServerId, int] = {}
+    for j in jobs:
+        for s, g in (j.current.parts if j.current is not None else ()):
+            held[s] = held.get(s, 0) + g
+    return held
+
+
 def used(plan: Plan) -> Counter[str]:
     """GPUs a plan takes per server, profiling runs included."""
     total: Counter[str] = Counter()

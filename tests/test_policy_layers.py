@@ -24,6 +24,8 @@ from scheduling.policies.hops.policy import HopsPolicy
 from scheduling.policies.sia.bootstrap import STATE as SIA_STATE
 from scheduling.policies.sia.policy import SiaPolicy
 from scheduling.policies.slurm.policy import SlurmPolicy
+from scheduling.policies.themis.leases import STATE as THEMIS_STATE
+from scheduling.policies.themis.policy import ThemisPolicy
 from scheduling.policies.tiresias.policy import TiresiasPolicy
 from scheduling.policies.tiresias.queues import STATE as TIRESIAS_STATE
 from scheduling.policy import Policy
@@ -42,7 +44,8 @@ from world.catalog import builtin_catalog
 from world.truth import GroundTruth
 
 BARE: dict[str, type[LayeredPolicy]] = {"hops": HopsPolicy, "sia": SiaPolicy, "gavel": GavelPolicy,
-                                        "slurm": SlurmPolicy, "tiresias": TiresiasPolicy}
+                                        "slurm": SlurmPolicy, "tiresias": TiresiasPolicy,
+                                        "themis": ThemisPolicy}
 
 
 def servers_used(plan: Plan) -> set[ServerId]:
@@ -61,7 +64,7 @@ def small_cluster() -> Cluster:
     )
 
 
-@pytest.mark.parametrize("name", ["hops", "sia", "gavel", "slurm", "tiresias"])
+@pytest.mark.parametrize("name", ["hops", "sia", "gavel", "slurm", "tiresias", "themis"])
 def test_a_layer_from_a_test_runs_unchanged_in_the_simulator(name: str) -> None:
     c = small_cluster()
     jobs = [
@@ -88,7 +91,7 @@ def test_a_layer_from_a_test_runs_unchanged_in_the_simulator(name: str) -> None:
 
 
 # Policies that keep state between plans in a record of their own.
-OWN_STATE = {"sia": (SIA_STATE,), "tiresias": (TIRESIAS_STATE,)}
+OWN_STATE = {"sia": (SIA_STATE,), "tiresias": (TIRESIAS_STATE,), "themis": (THEMIS_STATE,)}
 
 
 def mixed_snapshot(first_plan: bool = True) -> Snapshot:
@@ -109,7 +112,7 @@ def mixed_snapshot(first_plan: bool = True) -> Snapshot:
 
 
 @pytest.mark.parametrize("first_plan", [True, False])
-@pytest.mark.parametrize("name", ["hops", "sia", "gavel", "slurm", "tiresias"])
+@pytest.mark.parametrize("name", ["hops", "sia", "gavel", "slurm", "tiresias", "themis"])
 def test_profiling_first_serves_the_queue_then_the_policy_on_the_rest(
     name: str, first_plan: bool
 ) -> None:

@@ -60,6 +60,7 @@ BY_NAME: dict[str, tuple[bool, bool, TenantAdmission]] = {
     "gavel": (False, False, NO),
     "slurm": (False, False, NO),
     "tiresias": (False, False, NO),
+    "themis": (False, False, NO),
     "hived": (True, False, TenantAdmission(beyond=True)),
     "hived:opportunistic=false": (True, False, TenantAdmission(beyond=False)),
     "quota": (True, False, TenantAdmission(beyond=False, quota=True)),

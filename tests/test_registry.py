@@ -17,6 +17,7 @@ from scheduling.policies.gavel.policy import GavelPolicy, GavelSettings
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
 from scheduling.policies.sia.policy import SiaPolicy, SiaSettings
 from scheduling.policies.slurm.policy import SlurmPolicy, SlurmSettings
+from scheduling.policies.themis.policy import ThemisPolicy, ThemisSettings
 from scheduling.policies.tiresias.policy import TiresiasPolicy, TiresiasSettings
 from scheduling.registry import (
     POLICIES,
@@ -31,6 +32,7 @@ from scheduling.registry import (
     SiaLpStartSpec,
     SiaSpec,
     SlurmSpec,
+    ThemisSpec,
     TiresiasSpec,
     make_task_policy,
     parse_policy,
@@ -48,10 +50,11 @@ SAMPLES: dict[type, object] = {str: "ftf", float: 0.37, int: 3, bool: True}
 
 def test_every_policy_has_a_spec_and_its_policys_defaults() -> None:
     assert POLICIES == ("hops", "hops-profile-preempt", "hops-paper", "sia", "sia-lp-start",
-                        "sia-estimator", "gavel", "slurm", "tiresias")
+                        "sia-estimator", "gavel", "slurm", "tiresias", "themis")
     assert msgspec.structs.asdict(HopsSpec()) == msgspec.structs.asdict(HopsSettings())
     assert msgspec.structs.asdict(SlurmSpec()) == msgspec.structs.asdict(SlurmSettings())
     assert msgspec.structs.asdict(TiresiasSpec()) == msgspec.structs.asdict(TiresiasSettings())
+    assert msgspec.structs.asdict(ThemisSpec()) == msgspec.structs.asdict(ThemisSettings())
     assert msgspec.structs.asdict(SiaSpec()) == msgspec.structs.asdict(SiaSettings())
     assert msgspec.structs.asdict(GavelSpec()) == msgspec.structs.asdict(GavelSettings())
     assert HopsProfilePreemptSpec().profile_preempt and not HopsSpec().profile_preempt
@@ -87,6 +90,8 @@ def test_the_mechanism_gets_the_policy_with_its_settings() -> None:
     assert isinstance(slurm, SlurmPolicy) and slurm.settings.favor_small
     tiresias = core_make("tiresias:promote_knob=2")
     assert isinstance(tiresias, TiresiasPolicy) and tiresias.settings.promote_knob == 2.0
+    themis = core_make("themis:fairness_knob=0.5")
+    assert isinstance(themis, ThemisPolicy) and themis.settings.fairness_knob == 0.5
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -245,7 +245,7 @@ def test_traces_and_table4_take_both_baselines_by_policy_and_by_variant() -> Non
 def test_traces_and_table4_compare_them_by_default_the_rest_do_not() -> None:
     exp = define("traces", trace="elasticflow-cluster01", first_n=50)
     assert [label for label, _ in exp.runs] == [
-        f"cluster01/{p}" for p in ("hops", "sia", "gavel", "slurm", "tiresias")]
+        f"cluster01/{p}" for p in ("hops", "sia", "gavel", "slurm", "tiresias", "themis")]
     assert [label for label, _ in define("table4").runs] == [
-        "hops", "sia", "gavel", "slurm", "tiresias"]
+        "hops", "sia", "gavel", "slurm", "tiresias", "themis"]
     assert [label for label, _ in define("table3").runs] == ["hops", "sia", "gavel"]

@@ -22,9 +22,9 @@ from scheduling.policies.tiresias.queues import (
 )
 from scheduling.registry import make_policy, parse_policy
 from shared.configuration import Configuration
-from shared.ids import JobId, ServerId
+from shared.ids import JobId
 from shared.snapshot import JobState, Plan, Snapshot
-from tests.helpers import assert_feasible, cluster, flat_estimate, state
+from tests.helpers import assert_feasible, cluster, flat_estimate, held_by, state
 
 
 def job(jid: str, gpus: int, *, submit: float = 0.0, wait_s: float = 0.0,
@@ -39,11 +39,7 @@ def job(jid: str, gpus: int, *, submit: float = 0.0, wait_s: float = 0.0,
 def snap(layout: list[tuple[str, int, int]], jobs: Sequence[JobState], now: float = 0.0,
          marks: Mapping[str, Marks] | None = None, first: bool = True) -> Snapshot:
     c = cluster(layout)
-    held: dict[ServerId, int] = {}
-    if not first:
-        for j in jobs:
-            for s, g in (j.current.parts if j.current is not None else ()):
-                held[s] = held.get(s, 0) + g
+    held = {} if first else held_by(jobs)
     ests = {j.id: flat_estimate(j.id, {t.name: 100.0 for t in c.gpu_types}) for j in jobs}
     state_blob = encode(QueueState({JobId(k): m for k, m in (marks or {}).items()}))
     return Snapshot(now=now, cluster=c, jobs=tuple(jobs), estimates=ests, held=held,

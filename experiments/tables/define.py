@@ -33,7 +33,7 @@ PAPER: dict[str, dict[str, PaperRow]] = {
 POLICIES = ("hops", "sia", "gavel")
 # The baselines operators run (docs/baselines.md), compared by default on the
 # traces and Table 4: a 1,000-job trace run of each takes under two minutes.
-OPERATORS = ("slurm", "tiresias")
+OPERATORS = ("slurm", "tiresias", "themis")
 DEFAULT_POLICIES: dict[str, tuple[str, ...]] = {
     "traces": (*POLICIES, *OPERATORS), "table4": (*POLICIES, *OPERATORS)}
 PRIORITIES = ("lr", "las", "sjf", "srtf", "ftf", "fifo")

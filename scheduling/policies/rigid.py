@@ -28,10 +28,10 @@ from shared.estimate import JobEstimate, config_throughput
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import R_NUM
 from shared.reuse import BASELINE_PROFILE_REUSE
-from shared.snapshot import JobState
+from shared.snapshot import JobState, Snapshot
 
-__all__ = ["Avail", "RigidSettings", "fits", "give", "place", "plannable", "rigid_requirement",
-           "runnable_types", "take", "type_curves"]
+__all__ = ["Avail", "Known", "RigidSettings", "fits", "give", "place", "plannable",
+           "rigid_requirement", "runnable_types", "take", "type_curves"]
 
 Avail = dict[ServerId, int]  # free GPUs per server
 
@@ -92,6 +92,20 @@ def place(
         if best is None or key < best:
             best, chosen = key, config
     return chosen
+
+
+class Known:
+    """What one plan of a rigid baseline knows of each plannable job: its
+    type-level estimate, its request and the types it may run on."""
+
+    def __init__(self, snapshot: Snapshot, r_num: int) -> None:
+        cluster = snapshot.cluster
+        self.jobs = {j.id: j for j in snapshot.jobs if plannable(j, snapshot.estimates)}
+        self.ests: dict[JobId, JobEstimate] = {
+            jid: type_curves(snapshot.estimates[jid]) for jid in self.jobs}
+        self.gpus = {jid: rigid_requirement(j.spec, r_num) for jid, j in self.jobs.items()}
+        self.types: dict[JobId, tuple[GpuType, ...]] = {
+            jid: runnable_types(cluster, self.ests[jid], self.gpus[jid]) for jid in self.jobs}
 
 
 def fits(config: Configuration, avail: Mapping[ServerId, int]) -> bool:

@@ -5,8 +5,9 @@ A policy is named by a *spec*: its name plus typed settings. Each spec is a
 msgspec struct tagged with the policy's name that extends the policy's own
 settings (:class:`~scheduling.policies.hops.policy.HopsSettings`,
 :class:`~scheduling.policies.sia.policy.SiaSettings`,
-:class:`~scheduling.policies.gavel.policy.GavelSettings`, and the Slurm-style
-and Tiresias baselines' ``SlurmSettings``, ``TiresiasSettings``), so every setting keeps the one
+:class:`~scheduling.policies.gavel.policy.GavelSettings`, and the Slurm-style,
+Tiresias and Themis baselines' ``SlurmSettings``, ``TiresiasSettings``,
+``ThemisSettings``), so every setting keeps the one
 definition and default of its policy, and a spec is itself the settings its
 policy is built with. Variants (``hops-profile-preempt``, ``sia-lp-start``)
 are specs whose defaults differ in one field.
@@ -125,6 +126,7 @@ from scheduling.registry.specs import (
     SlurmSpec,
     SrtfSpec,
     TaskSpec,
+    ThemisSpec,
     TiresiasSpec,
 )
 from scheduling.registry.traits import policy_traits, schedules_cores, tenant_admission
@@ -173,6 +175,7 @@ __all__ = [
     "TaskSpec",
     "TenantAdmission",
     "TenantSpec",
+    "ThemisSpec",
     "TiresiasSpec",
     "check",
     "core_inner",

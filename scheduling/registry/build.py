@@ -24,6 +24,7 @@ from scheduling.policies.hare.policy import HarePolicy, HareSettings
 from scheduling.policies.hops.policy import HopsPolicy
 from scheduling.policies.sia.policy import SiaPolicy
 from scheduling.policies.slurm.policy import SlurmPolicy
+from scheduling.policies.themis.policy import ThemisPolicy
 from scheduling.policies.tiresias.policy import TiresiasPolicy
 from scheduling.policy import Policy
 from scheduling.registry.grammar import (
@@ -64,6 +65,7 @@ from scheduling.registry.specs import (
     SlurmSpec,
     SrtfSpec,
     TaskSpec,
+    ThemisSpec,
     TiresiasSpec,
 )
 
@@ -158,6 +160,8 @@ def _inner(spec: ClusterSpec) -> LayeredPolicy:
             return SlurmPolicy(spec)
         case TiresiasSpec():
             return TiresiasPolicy(spec)
+        case ThemisSpec():
+            return ThemisPolicy(spec)
         case _:
             assert_never(spec)
 

@@ -28,6 +28,7 @@ from scheduling.policies.hare.policy import HareSettings
 from scheduling.policies.hops.policy import HopsSettings
 from scheduling.policies.sia.policy import SiaSettings
 from scheduling.policies.slurm.policy import SlurmSettings
+from scheduling.policies.themis.policy import ThemisSettings
 from scheduling.policies.tiresias.policy import TiresiasSettings
 from scheduling.policy import Policy
 from shared.job import R_NUM
@@ -94,21 +95,29 @@ class TiresiasSpec(TiresiasSettings, tag="tiresias", tag_field="name", frozen=Tr
     (:class:`scheduling.policies.tiresias.policy.TiresiasPolicy`)."""
 
 
+class ThemisSpec(ThemisSettings, tag="themis", tag_field="name", frozen=True):
+    """The Themis baseline: finish-time fairness by partial-allocation auction
+    (:class:`scheduling.policies.themis.policy.ThemisPolicy`)."""
+
+
 ClusterSpec = (HopsSpec | HopsProfilePreemptSpec | HopsPaperSpec | SiaSpec | SiaLpStartSpec
-               | SiaEstimatorSpec | GavelSpec | SlurmSpec | TiresiasSpec)
+               | SiaEstimatorSpec | GavelSpec | SlurmSpec | TiresiasSpec | ThemisSpec)
 CLUSTER_TYPES = (HopsSpec, HopsProfilePreemptSpec, HopsPaperSpec, SiaSpec, SiaLpStartSpec,
-                 SiaEstimatorSpec, GavelSpec, SlurmSpec, TiresiasSpec)
+                 SiaEstimatorSpec, GavelSpec, SlurmSpec, TiresiasSpec, ThemisSpec)
 # The cluster policies that order their queue by their own rule, with no
-# ``priority`` setting (Slurm's multifactor priority, Tiresias' queues).
-ORDERED_OWN_WAY = (SlurmSpec, TiresiasSpec)
+# ``priority`` setting (Slurm's multifactor priority, Tiresias' queues,
+# Themis' finish-time fairness).
+ORDERED_OWN_WAY = (SlurmSpec, TiresiasSpec, ThemisSpec)
 # Every cluster policy's settings (what the profiling-first layer reads).
-ClusterSettings = HopsSettings | SiaSettings | GavelSettings | SlurmSettings | TiresiasSettings
+ClusterSettings = (HopsSettings | SiaSettings | GavelSettings | SlurmSettings | TiresiasSettings
+                   | ThemisSettings)
 
 
 # The cluster policies (every one runs without tenants' cells); the tenant
 # policies need cells.
 POLICIES: tuple[str, ...] = ("hops", "hops-profile-preempt", "hops-paper", "sia",
-                             "sia-lp-start", "sia-estimator", "gavel", "slurm", "tiresias")
+                             "sia-lp-start", "sia-estimator", "gavel", "slurm", "tiresias",
+                             "themis")
 TENANT_POLICIES: tuple[str, ...] = ("hived", "quota", "quota-borrow")
 # The core policies: CPU cores scheduled beside the GPUs (issue 21).
 CORE_POLICIES: tuple[str, ...] = ("coda", "fifo", "drf", "fixed-cores")

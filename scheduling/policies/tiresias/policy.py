@@ -38,8 +38,8 @@ from scheduling.policies.tiresias.queues import (
 )
 from scheduling.priorities import latency_ratios
 from shared.configuration import Configuration
-from shared.estimate import JobEstimate, config_throughput
-from shared.ids import GpuType, JobId
+from shared.estimate import config_throughput
+from shared.ids import JobId
 from shared.snapshot import Assignment, LayerRecord, PassStats, Plan, PlanReasons, Snapshot
 
 
@@ -64,17 +64,7 @@ class TiresiasSettings(RigidSettings, frozen=True, forbid_unknown_fields=True):
         return (self.threshold_gpu_s,)
 
 
-class _Jobs:
-    """What one plan knows of each plannable job."""
-
-    def __init__(self, snapshot: Snapshot, r_num: int) -> None:
-        cluster = snapshot.cluster
-        self.jobs = {j.id: j for j in snapshot.jobs if rigid.plannable(j, snapshot.estimates)}
-        self.ests: dict[JobId, JobEstimate] = {
-            jid: rigid.type_curves(snapshot.estimates[jid]) for jid in self.jobs}
-        self.gpus = {jid: rigid.rigid_requirement(j.spec, r_num) for jid, j in self.jobs.items()}
-        self.types: dict[JobId, tuple[GpuType, ...]] = {
-            jid: rigid.runnable_types(cluster, self.ests[jid], self.gpus[jid]) for jid in self.jobs}
+_Jobs = rigid.Known  # what one plan knows of each plannable job
 
 
 class TiresiasPolicy(LayeredPolicy):
