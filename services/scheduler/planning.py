@@ -91,7 +91,6 @@ class Planning:
         given_up = self.inflight.given_up(job_id)
         return snap.facts(self.nodes, self.progress.get(job_id, 0.0), given_up)
 
-
     async def _work(self, due: Due, now: float) -> None:
         self.nodes = await self._nodes()
         await self.store.check_nodes(self.nodes)
