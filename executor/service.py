@@ -35,8 +35,9 @@ ensure_streams=False)``): its identity has no JetStream API.
 The decisions (idempotency by key, conflicts, unknown jobs) are
 :class:`executor.ledger.NodeLedger`'s. A job whose processes end without
 being asked to stop gets the event its backend's outcome names
-(``job_failed`` with msg_id ``<job>:job_failed``, the monitor's id for the
-same verdict, so a failure is recorded once; ``job_finished``). A start the
+(:mod:`executor.ends`: ``job_failed`` with msg_id ``<job>:job_failed``, the
+monitor's id for the same verdict, so a failure is recorded once;
+``job_finished``). A start the
 backend refuses as impossible anywhere (an unknown model, no command, a
 missing working folder, a program that cannot be run) is refused with
 ``invalid`` and fails the job: it would otherwise wait for ever.
@@ -57,17 +58,17 @@ import time
 
 import msgspec
 import nats.errors
-from structlog.typing import FilteringBoundLogger
 
 from executor.backend import Backend, CommandRefused, JobHandle, OnEnding, Refusal, StartFailed
 from executor.cores import core_pool, load_topology
 from executor.emulated import EmulatedBackend
+from executor.ends import JobEnds
 from executor.launch import LaunchOptions
 from executor.ledger import NodeLedger
 from executor.logship import LogShipper
 from executor.mba import MbaError
 from executor.membw import NodeMemory
-from executor.publish import NatsSink, publish_retrying
+from executor.publish import NatsSink
 from executor.real import RealBackend
 from executor.realjob import RealSettings
 from executor.serving import serve_commands
@@ -83,7 +84,6 @@ from shared.events import (
     INVALID,
     Command,
     CommandAck,
-    JobFailed,
     JobFinished,
     JobHeartbeat,
     NodeHeartbeat,
@@ -149,6 +149,8 @@ class NodeExecutor:
         self._job_locks: dict[JobId, asyncio.Lock] = {}
         self.shipper = LogShipper(ctx.js, self.server.id, settings.run_dir, self.log,
                                   settings.log_cap_bytes_s, settings.log_cap_burst_bytes)
+        self.ends = JobEnds(ctx.js, self.server.id, self.procs, self.ledger, self.shipper,
+                            backend, self.log)
 
     async def register(self) -> None:
         req = RegisterNode(server=self.server, gpu_type=self.cluster.type_by_name[
@@ -178,11 +180,10 @@ class NodeExecutor:
             self.ledger.book(cmd, cores=job.cores)
             # A retried start of the adopted run is answered, not refused as a conflict.
             self.ledger.remember(CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done))
-            self.procs[cmd.job_id] = job
-            self.shipper.follow(cmd.job_id)
+            self.ends.follow(job)
             acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             acked.set_result(True)
-            self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
+            self.ctx.spawn(self.ends.watch(job, acked), name=f"watch-{cmd.job_id}")
 
     def _ending(self, job_id: JobId) -> OnEnding:
         return lambda: self.ledger.ending(job_id)
@@ -256,7 +257,7 @@ class NodeExecutor:
         no = self.backend.check(cmd)
         if no is not None:
             if no.fail_job:
-                await self._fail(cmd.job_id, no.error)
+                await self.ends.fail(cmd.job_id, no.error)
             return CommandAck(key=cmd.key, ok=False, code=no.code, error=no.error)
         booking = self.ledger.book(cmd)
         try:
@@ -266,16 +267,15 @@ class NodeExecutor:
             return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.error)
         except StartFailed as e:  # the job's program cannot run: not here, not anywhere
             self.ledger.release(cmd.job_id)
-            await self._fail(cmd.job_id, e.error, e.exit_code, e.log_tail)
+            await self.ends.fail(cmd.job_id, e.error, e.exit_code, e.log_tail)
             return CommandAck(key=cmd.key, ok=False, code=INVALID, error=e.error,
                               exit_code=e.exit_code, log_tail=e.log_tail)
         except Exception:  # e.g. no more processes: nothing runs, nothing stays booked
             self.ledger.release(cmd.job_id)
             raise
-        self.procs[cmd.job_id] = job
-        self.shipper.follow(cmd.job_id)
+        self.ends.follow(job)
         acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.ctx.spawn(self._watch(job, acked), name=f"watch-{cmd.job_id}")
+        self.ctx.spawn(self.ends.watch(job, acked), name=f"watch-{cmd.job_id}")
         why: str | Refusal | None = "the start was interrupted"
         try:
             why = await job.started(self.settings.start_timeout_s)
@@ -283,7 +283,7 @@ class NodeExecutor:
             acked.set_result(why is None)
         if why is not None:
             await job.terminate(self.settings.stop_grace_s)
-            self._forget(job)
+            self.ends.forget(job)
             code, error = (why.code, why.error) if isinstance(why, Refusal) else (INTERNAL, why)
             return CommandAck(key=cmd.key, ok=False, code=code, error=error)
         return CommandAck(key=cmd.key, ok=True, samples_done=cmd.samples_done,
@@ -301,49 +301,6 @@ class NodeExecutor:
             return CommandAck(key=cmd.key, ok=False, code=INTERNAL, error=f"{self.server.id}: {e}")
         return CommandAck(key=cmd.key, ok=True, cores=booking.cores,
                           samples_done=job.samples_done if job is not None else 0.0)
-
-    def _forget(self, job: JobHandle) -> None:
-        """The job's processes are gone: free its GPUs, ship the rest of its output."""
-        if self.procs.get(job.cmd.job_id) is job:
-            del self.procs[job.cmd.job_id]
-            self.ledger.release(job.cmd.job_id)
-            self.shipper.finish(job.cmd.job_id)
-        self.backend.forget(job)
-
-    async def _watch(self, job: JobHandle, acked: asyncio.Future[bool]) -> None:
-        """Follow a job to its end; publish what its outcome calls for."""
-        outcome = await job.wait()
-        self._forget(job)
-        if job.stopping or not await acked:
-            return  # a stop is acknowledged by the stop; a failed start by the start
-        event = outcome.event
-        if event is None:
-            job.log.info("job processes ended", samples_done=job.samples_done,
-                         exit_code=outcome.exit_code)
-        elif isinstance(event, JobFinished):
-            job.log.info("job finished", samples_done=job.samples_done,
-                         exit_code=outcome.exit_code)
-            await self._report(event, f"{event.job_id}:job_finished", job.log)
-        else:
-            job.log.warning("job process failed", exit_code=event.exit_code,
-                            reason=event.reason)
-            await self._publish_failed(event)
-
-    async def _fail(self, job_id: JobId, reason: str, exit_code: int | None = None,
-                    log_tail: str = "") -> None:
-        await self._publish_failed(JobFailed(job_id=job_id, at=time.time(), reason=reason,
-                                             exit_code=exit_code, log_tail=log_tail))
-
-    async def _publish_failed(self, event: JobFailed) -> None:
-        """``job_failed`` (msg_id shared with the monitor: recorded once). A
-        failure not published is still caught by the monitor's deadlines."""
-        await self._report(event, f"{event.job_id}:job_failed", self.log.bind(job_id=event.job_id))
-
-    async def _report(self, event: JobFinished | JobFailed, msg_id: str,
-                      log: FilteringBoundLogger) -> None:
-        """Publish a job's verdict for the monitor to check and relay."""
-        await publish_retrying(self.ctx.js, subjects.reports(self.server.id, event.job_id), event,
-                               msg_id, log)
 
     async def _stop(self, cmd: StopJob) -> CommandAck:
         if (refusal := self.ledger.refuse_stop(cmd)) is not None:
@@ -365,8 +322,8 @@ class NodeExecutor:
                 # It had done its work and was exiting: said before the ack, as a
                 # job that ends by itself says it, so the job is not run again.
                 job.log.info("job finished before the stop", samples_done=samples)
-                await self._report(finished, f"{cmd.job_id}:job_finished", job.log)
-            self._forget(job)
+                await self.ends.report(finished, f"{cmd.job_id}:job_finished", job.log)
+            self.ends.forget(job)
         self.ledger.release(cmd.job_id)
         return CommandAck(key=cmd.key, ok=True, samples_done=samples, exit_code=exit_code,
                           log_tail=tail)
@@ -382,7 +339,7 @@ class NodeExecutor:
             elif isinstance(end, BaseException):
                 raise end
             else:
-                self._forget(job)
+                self.ends.forget(job)
         with contextlib.suppress(Exception):  # their last lines, while NATS is still there
             await asyncio.wait_for(self.shipper.ship_all(), self.settings.stop_grace_s)
         await self.backend.close()

@@ -1,5 +1,5 @@
 """What the leader changes in job records before each plan (pure): the
-steps of :meth:`services.scheduler.leader.Leader._refresh_records`.
+steps of :meth:`services.scheduler.planning.Planning._refresh_records`.
 
 For every job, in this order: back to profiling for GPU types it lacks
 that are no longer busy, queued once its profiles cover the alive types

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from scheduling.backfill import ends_by, shadow
 from scheduling.policies.hops.steady import Room
 from shared.cluster import Cluster
 from shared.configuration import Configuration
@@ -64,19 +65,15 @@ def shadow_times(
     for sid, gpus in free.items():
         if sid in type_of:
             now_free[type_of[sid]] = now_free.get(type_of[sid], 0) + gpus
-    freed: dict[GpuType, list[tuple[float, int]]] = {}
-    for end, config in ends:
-        for sid, gpus in config.parts:
-            if sid in type_of:
-                freed.setdefault(type_of[sid], []).append((end, gpus))
+    releases = [(end, [(type_of[sid], gpus) for sid, gpus in config.parts if sid in type_of])
+                for end, config in ends]
     out: dict[GpuType, float] = {}
     for t in {s.gpu_type for s in cluster.servers}:
-        have, at = now_free.get(t, 0), -math.inf
-        for end, gpus in sorted(freed.get(t, [])):
-            if have >= need:
-                break
-            have, at = have + gpus, end
-        out[t] = at if have >= need else math.inf
+        def fit(have: Mapping[GpuType, int], t: GpuType = t) -> GpuType | None:
+            return t if have.get(t, 0) >= need else None
+
+        found = shadow(now_free, releases, -math.inf, fit)
+        out[t] = found.start if found is not None else math.inf
     return out
 
 
@@ -159,7 +156,7 @@ def backfill(
                 or r.gpu_type not in est.by_type):
             continue
         speed = _fastest_on(est, r.gpu_type, job.spec.requirement_set(r_num))
-        if end_time(now, job, speed) <= r.until:
+        if speed > 0 and ends_by(now, job.remaining_samples / speed, r.until):
             continue
         out[jid] = msgspec.structs.replace(
             est,

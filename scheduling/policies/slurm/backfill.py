@@ -10,16 +10,20 @@ start now only if it fits now and does not delay that reservation: it ends
 by ``shadow`` (by its own time limit), or it uses only GPUs the
 reservation leaves over at ``shadow`` (the "extra" GPUs). Only the head
 holds a reservation (EASY; conservative backfill reserves for every job).
+The rule itself (the shadow time, what may start before it) is
+:mod:`scheduling.backfill`, which Hops' ``reserve_head`` applies too.
 
 Pure: times are numbers the caller gives, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduling.policies.rigid import Avail, give, take
+from scheduling.backfill import ends_by, shadow
+from scheduling.backfill import spare as backfill_spare
+from scheduling.policies.rigid import Avail, take
 from shared.configuration import Configuration
 from shared.ids import JobId, ServerId
 
@@ -67,19 +71,18 @@ class Outcome:
 def reserve(job: Waiting, avail: Avail, running: Sequence[Running], now: float,
             placer: Placer) -> tuple[Reservation, Avail] | None:
     """The earliest time ``job`` fits as the running jobs end (in the order
-    of their ends), its GPUs then, and the free GPUs at that time; None if
-    it fits not even once every running job ended."""
-    future = dict(avail)
-    free = sum(future.values())
-    for r in sorted(running, key=lambda r: (r.end, r.job_id)):
-        give(future, r.config)
-        free += r.config.total_gpus
-        if free < job.gpus:
-            continue  # no placement before this many GPUs are free
-        config = placer(job, future)
-        if config is not None:
-            return Reservation(job.job_id, max(now, r.end), config), future
-    return None
+    of their ends, then of their ids), its GPUs then, and the free GPUs at
+    that time; None if it fits not even once every running job ended."""
+    def fit(free: Mapping[ServerId, int]) -> Configuration | None:
+        if sum(free.values()) < job.gpus:
+            return None  # no placement before this many GPUs are free
+        return placer(job, dict(free))
+
+    ordered = sorted(running, key=lambda r: (r.end, r.job_id))
+    found = shadow(avail, [(r.end, r.config.parts) for r in ordered], now, fit)
+    if found is None:
+        return None
+    return Reservation(job.job_id, found.start, found.fit), found.free
 
 
 def easy_backfill(queue: Sequence[Waiting], avail: Avail, running: Sequence[Running],
@@ -106,9 +109,9 @@ def easy_backfill(queue: Sequence[Waiting], avail: Avail, running: Sequence[Runn
             if not backfill:
                 break
             out.reservation, future = made
-            spare = _spare(avail, future, out.reservation.config)
+            spare = backfill_spare(avail, future, out.reservation.config.parts)
             continue
-        short = now + job.limit_s <= res.start
+        short = ends_by(now, job.limit_s, res.start)
         config = placer(job, avail if short else spare)
         if config is None:
             continue
@@ -116,7 +119,7 @@ def easy_backfill(queue: Sequence[Waiting], avail: Avail, running: Sequence[Runn
         out.backfilled.append(job.job_id)
         if not short:
             take(future, config)  # it still holds them at the shadow time
-        spare = _spare(avail, future, res.config)
+        spare = backfill_spare(avail, future, res.config.parts)
     return out
 
 
@@ -126,11 +129,3 @@ def _start(out: Outcome, job: Waiting, config: Configuration, avail: Avail,
     take(avail, config)
     ends.append(Running(job.job_id, config, now + job.limit_s))
 
-
-def _spare(avail: Avail, future: Avail, reserved: Configuration) -> Avail:
-    """Per server, the GPUs free now that the reservation will not need:
-    free at the shadow time less the head's share, and free now."""
-    need = dict(reserved.parts)
-    servers: set[ServerId] = set(avail) | set(future)
-    return {s: max(0, min(avail.get(s, 0), future.get(s, 0) - need.get(s, 0)))
-            for s in servers}
