@@ -222,6 +222,9 @@ class AggregatorService:
             await self._refuse(subject, received.code, received.reason, server_id=server)
         elif received.outcome == "duplicate":
             self.log.info("duplicate gradients", job_id=head.job_id, reason=received.reason)
+        else:
+            self.log.info("gradients counted", job_id=head.job_id, round=head.round,
+                          lo=head.lo, hi=head.hi, server_id=server, counted=received.counted)
         if received.applied:
             await self._applied(hosted, received.applied)
         return True
