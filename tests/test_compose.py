@@ -76,6 +76,16 @@ def test_table_names_every_component_once_gateway_last() -> None:
     assert stop_order(StackConfig())[0] == "gateway"
 
 
+def test_the_aggregator_runs_when_the_policys_traits_say_it_sequences_tasks() -> None:
+    for policy in ("hare", "hare-eft:ties=order", "srtf", "gavel-fifo"):
+        names = [c.name for c in components(StackConfig(policy=policy))]
+        assert names[names.index("placer") + 1] == "aggregator", policy
+        assert by_name(StackConfig(policy=policy))["aggregator"].command == (
+            "python", "-m", "services.aggregator")
+    for policy in ("hops", "sia", "gavel"):
+        assert "aggregator" not in by_name(StackConfig(policy=policy)), policy
+
+
 def test_processes_run_each_replica_under_its_own_name() -> None:
     names = [c.name for c in processes(StackConfig())]
     assert names == ["monitor", "estimator", "profiler", "scheduler-1", "scheduler-2",
@@ -182,8 +192,9 @@ def test_the_schema_check_rejects_a_broken_file() -> None:
 
 
 def test_every_component_runs_in_compose_with_the_command_hops_up_runs() -> None:
+    """compose always runs the aggregator; hops up under a task policy only."""
     services = compose()["services"]
-    table = by_name(StackConfig())
+    table = by_name(StackConfig(policy="hare"))
     assert set(services) - INFRA == set(table)
     for name, comp in table.items():
         assert services[name]["command"] == list(comp.command), name
@@ -191,7 +202,7 @@ def test_every_component_runs_in_compose_with_the_command_hops_up_runs() -> None
 
 def test_compose_sets_every_variable_the_stack_sets() -> None:
     services = compose()["services"]
-    for name, comp in by_name(StackConfig()).items():
+    for name, comp in by_name(StackConfig(policy="hare")).items():
         env = services[name]["environment"]
         # one server unless deploy/nats-cluster.env says otherwise
         assert interpolate(env["HOPS_NATS_URL"], {}) == "nats://nats:4222", name

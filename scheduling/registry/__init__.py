@@ -127,7 +127,12 @@ from scheduling.registry.specs import (
     TaskSpec,
     TiresiasSpec,
 )
-from scheduling.registry.traits import policy_traits, schedules_cores, tenant_admission
+from scheduling.registry.traits import (
+    any_traits,
+    policy_traits,
+    schedules_cores,
+    tenant_admission,
+)
 
 __all__ = [
     "CLUSTER_TYPES",
@@ -174,6 +179,7 @@ __all__ = [
     "TenantAdmission",
     "TenantSpec",
     "TiresiasSpec",
+    "any_traits",
     "check",
     "core_inner",
     "make_policy",
