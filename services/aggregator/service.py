@@ -161,6 +161,10 @@ class AggregatorService:
             if job in self.ended or job in self.unloadable or job not in relaxed_specs(seq):
                 continue
             hosted = self.jobs.get(job)
+            if hosted is None and not specs[job].command:  # emulated: no model to aggregate
+                self.unloadable.add(job)
+                self.log.info("job not aggregated: it has no command", job_id=job)
+                continue
             if hosted is None:
                 try:
                     hosted = await asyncio.to_thread(host, specs[job], self.settings.root)
