@@ -6,6 +6,8 @@ service's grant rules."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 import torch
@@ -30,6 +32,8 @@ from services.aggregator.rules import (
     header_problem,
     kept,
 )
+from services.aggregator.settings import AggregatorSettings, aggregator_settings
+from services.runtime.settings import SettingsError
 from shared import subjects
 from shared.events import TaskSequence
 from shared.gradients import (
@@ -212,3 +216,15 @@ def test_grants_are_the_sequences_entries_and_the_subject_must_match_the_body() 
     for bad in ("hops.v1.grads.a.j1", "hops.v1.grads.a.j1.x", "hops.v1.tasks.done.a.j1"):
         with pytest.raises(subjects.SubjectError):
             subjects.grads_tokens(bad)
+
+
+def test_the_settings_have_one_default_each_and_name_a_bad_variable(tmp_path: Path) -> None:
+    assert aggregator_settings({}) == AggregatorSettings(Path("."), 10.0)
+    got = aggregator_settings({"HOPS_AGGREGATOR_ROOT": str(tmp_path),
+                               "HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S": "2.5"})
+    assert got == AggregatorSettings(tmp_path, 2.5)
+    with pytest.raises(SettingsError, match="HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S"):
+        aggregator_settings({"HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S": "-1"})
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SettingsError, match="HOPS_AGGREGATOR_ROOT"):
+        aggregator_settings({"HOPS_AGGREGATOR_ROOT": str(tmp_path / "f")})
