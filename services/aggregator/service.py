@@ -146,9 +146,8 @@ class AggregatorService:
     async def on_sequence(self, msg: Msg) -> None:
         try:
             seq = decode_task_event(msg.data)
-        except WireError as e:
-            await self.ctx.reporter.report(msg.subject, str(e), e.code, msg.data)
-            return
+        except WireError:
+            return  # refused and recorded by the executor it is for, once is enough
         if not isinstance(seq, TaskSequence):
             return
         async with self.lock:
