@@ -15,6 +15,7 @@ micro-batches is two chunks) and send them with
   (NATS refuses it: nothing stored), a report of an entry sequenced to
   another server (``not_sequenced``), a body naming another job
   (``other_job``), lying tensors (``bad_tensor``), a resend (counted once).
+  A report of round 2 sent before round 0 is applied waits for round 1.
 - kill -9 mid-round, after one server's task of the round was counted, and
   the leader's next revision no longer lists that task: the restarted
   service restores the checkpoint, replays the stream, keeps the grant,
@@ -227,6 +228,13 @@ async def test_two_servers_tasks_reach_one_process_bitwise_and_forgeries_change_
     await c.sequence(B, 1, range(ROUNDS))
     await c.services[0].wait_log("job hosted", job_id=J)
     await forge(c)
+    # a's task of round 2, from a trainer two rounds ahead, before round 0
+    # is applied: it waits for round 1 (not refused round_ahead)
+    ahead = load()
+    reference_rounds(ahead, S, 2)
+    await send_gradients(c.executors[A].jetstream(), A, J, round_=2, lo=0,
+                         gradients=task_gradients(ahead, 2, 0, 2, S), gpu_index=0, term=1,
+                         revision=1)
     for round_ in range(ROUNDS):
         await c.run(A, round_)
         if round_ == 1:
@@ -236,6 +244,7 @@ async def test_two_servers_tasks_reach_one_process_bitwise_and_forgeries_change_
     assert_bitwise({n: p.detach() for n, p in c.trainers[A].model.named_parameters()}, want)
     assert_bitwise(await c.final(), want)
     assert await c.applied() == list(range(ROUNDS))
+    assert not c.services[0].find("refused", code="round_ahead")
     await c.admin.jetstream().publish(subjects.job_events(J), ev.encode(
         ev.JobFinished(job_id=J, at=0.0)))
     await c.services[0].wait_log("job dropped", job_id=J)

@@ -8,7 +8,9 @@ sequence names, the thin shell of :mod:`.rules` and :mod:`.jobs`.
 * **Gradients** (stream ``HOPS_GRADS``, followed from its start): chunks put
   back together; a report no grant admits waits
   ``HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S``, then is refused ``not_sequenced``;
-  one a grant admits is decoded (``bad_tensor``) and counted by the core,
+  one a grant admits whose round is more than one ahead of the next to
+  apply waits as long for it (then ``round_ahead``); the others are decoded
+  (``bad_tensor``) and counted by the core,
   which applies each round once complete. A refusal is logged and recorded
   (``hops.v1.errors``) with its code, and changes nothing.
 * **After each round applied**: a checkpoint (object ``<job>/checkpoint`` of
@@ -39,12 +41,11 @@ from collections.abc import Callable
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from hops.aggregator import GradientReport
+from hops.aggregator import ROUND_AHEAD, GradientReport
 from hops.aggregator.codec import BadCheckpoint, decode_report
 from hops.trainer.wire import BAD_TENSOR, BadTensor
 from services.aggregator.jobs import Hosted, checkpoint_name, final_name, host, rehost
 from services.aggregator.rules import (
-    NOT_SEQUENCED,
     PARAMS_MOVED,
     UNKNOWN_JOB,
     grant_problem,
@@ -211,6 +212,8 @@ class AggregatorService:
         hosted = self.jobs.get(head.job_id)
         if hosted is None or grant_problem(hosted.grants, server, head) is not None:
             return False
+        if head.round > hosted.aggregator.applied + 1:  # an earlier round's report waits
+            return False
         subject = subjects.grads(server, head.job_id, head.round)
         if hosted.unsaved((server, head.round, head.lo, head.hi)):
             await self._checkpoint(hosted)  # the grant, kept before what it admits counts
@@ -249,11 +252,19 @@ class AggregatorService:
                 late = [p for p in self.pending if now - p[0] >= wait]
                 self.pending = [p for p in self.pending if now - p[0] < wait]
             for _, report in late:
-                head = report.header
-                why = grant_problem(set(), report.server_id, head)
-                assert why is not None
-                await self._refuse(subjects.grads(report.server_id, head.job_id, head.round),
-                                   NOT_SEQUENCED, why[1], server_id=report.server_id)
+                await self._refuse_late(report)
+
+    async def _refuse_late(self, report: Assembled) -> None:
+        """A report that waited too long: for a grant, or for its round."""
+        head, server = report.header, report.server_id
+        hosted = self.jobs.get(head.job_id)
+        why = grant_problem(set() if hosted is None else hosted.grants, server, head)
+        if why is None:
+            assert hosted is not None
+            why = (ROUND_AHEAD, f"round {head.round} waited for round "
+                   f"{hosted.aggregator.applied} to be applied")
+        await self._refuse(subjects.grads(server, head.job_id, head.round), *why,
+                           server_id=server)
 
     # --- rounds applied, checkpoints, the end -----------------------------
 
@@ -276,6 +287,7 @@ class AggregatorService:
             self.log.info("final parameters saved", job_id=job, rounds=hosted.rounds)
             if hosted.finished:
                 self._drop(job, "finished")
+        await self._retry_pending()  # reports of the rounds now next
 
     def _drop(self, job: JobId, why: str) -> None:
         self.jobs.pop(job, None)
