@@ -192,17 +192,36 @@ def test_the_schema_check_rejects_a_broken_file() -> None:
 
 
 def test_every_component_runs_in_compose_with_the_command_hops_up_runs() -> None:
-    """compose always runs the aggregator; hops up under a task policy only."""
     services = compose()["services"]
-    table = by_name(StackConfig(policy="hare"))
+    table = by_name(StackConfig())
     assert set(services) - INFRA == set(table)
     for name, comp in table.items():
         assert services[name]["command"] == list(comp.command), name
 
 
+def test_the_real_jobs_override_runs_the_aggregator_as_hops_up_does() -> None:
+    """compose.yaml's jobs are emulated (no model to aggregate); the real-jobs
+    override adds the aggregator, on the executor image (torch), configured
+    as compose.yaml's services are and as `hops up` runs it."""
+    assert "aggregator" not in compose()["services"]
+    doc: dict[str, Any] = yaml.safe_load(REAL_JOBS.read_text())
+    svc, base = doc["services"]["aggregator"], compose()["services"]["placer"]
+    comp = by_name(StackConfig(policy="hare"))["aggregator"]
+    assert svc["command"] == list(comp.command)
+    assert (svc["image"], svc["build"]["dockerfile"]) == ("hops-executor:latest",
+                                                          "Dockerfile.executor")
+    for key in ("restart", "init", "depends_on", "healthcheck"):
+        assert svc[key] == base[key], key
+    shared = {k: v for k, v in base["environment"].items() if k != "HOPS_NATS_NKEY"}
+    assert shared.items() <= svc["environment"].items()
+    assert set(comp.env) <= set(svc["environment"])
+    assert svc["environment"]["HOPS_NATS_NKEY"] == "/run/secrets/aggregator.nk"
+    assert svc["secrets"] == ["aggregator.nk"]
+
+
 def test_compose_sets_every_variable_the_stack_sets() -> None:
     services = compose()["services"]
-    for name, comp in by_name(StackConfig(policy="hare")).items():
+    for name, comp in by_name(StackConfig()).items():
         env = services[name]["environment"]
         # one server unless deploy/nats-cluster.env says otherwise
         assert interpolate(env["HOPS_NATS_URL"], {}) == "nats://nats:4222", name

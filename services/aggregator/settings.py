@@ -3,10 +3,10 @@
 =======================================  ===============================
 variable                                 default
 =======================================  ===============================
-``HOPS_AGGREGATOR_ROOT``                 ``.`` (the working directory): a
-                                         local folder for scratch; a
-                                         job's script given by a relative
-                                         path is found under it
+``HOPS_AGGREGATOR_ROOT``                 ``.`` (the working directory):
+                                         the folder under which a job's
+                                         script given by a relative path
+                                         is found
 ``HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S``   10: how long gradients that
                                          arrive before the sequence that
                                          admits them wait before they are
