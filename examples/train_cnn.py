@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -47,12 +49,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hops import plugin
+from hops.trainer import TaskJob, micro_batch_seed, script_options, sync_scale_of
 
 CLASSES = 10
 SIZE = 32
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--batch-size", type=int, default=int(env.get("HOPS_BATCH_SIZE") or 32),
@@ -68,7 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset-size", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="report file when standalone")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
@@ -120,6 +127,34 @@ class SmallCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.head(self.features(x).flatten(1))
         return logits
+
+
+def hops_task(config: Mapping[str, object]) -> TaskJob:
+    """This script as Hare's tasks (hops.trainer, docs/hare.md §7): main()'s
+    model, optimiser and loss, with global micro-batch k drawn from the
+    dataset by a generator seeded with (seed, k)."""
+    args = script_options(build_parser(), config)
+    scale = sync_scale_of(config)
+    torch.manual_seed(args.seed)  # the same initial weights in every trainer
+    model = SmallCNN()
+    lr = (float(str(config["learning_rate"])) if "learning_rate" in config
+          else plugin.scaled_lr(scale, args.lr, args.base_gpus, args.lr_rule))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    data = SyntheticImages(args.dataset_size, args.seed)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def batch(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(micro_batch_seed(args.seed, k))
+        picks = torch.randint(len(data), (args.batch_size,), generator=g).tolist()
+        samples = [data[i] for i in picks]
+        return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+    def loss(net: nn.Module, drawn: object) -> torch.Tensor:
+        images, labels = cast(tuple[torch.Tensor, torch.Tensor], drawn)
+        out: torch.Tensor = loss_fn(net(images), labels)
+        return out
+
+    return TaskJob(model, optimizer, batch, loss)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,15 +34,17 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import cast
 
 import torch
 from torch import nn
 
 from hops import plugin
+from hops.trainer import TaskJob, micro_batch_seed, script_options, sync_scale_of
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--batch-size", type=int, default=int(env.get("HOPS_BATCH_SIZE") or 16),
@@ -59,7 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-rule", choices=("linear", "sqrt"), default="sqrt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="report file when standalone")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def sequences(batch: int, length: int, vocab: int, seed: int) -> Iterator[torch.Tensor]:
@@ -92,6 +98,32 @@ class TinyLM(nn.Module):
         n = tokens.shape[1]
         logits: torch.Tensor = self.out(self.encoder(h, mask=self.mask[:n, :n], is_causal=True))
         return logits
+
+
+def hops_task(config: Mapping[str, object]) -> TaskJob:
+    """This script as Hare's tasks (hops.trainer, docs/hare.md §7): main()'s
+    model, optimiser and loss, with global micro-batch k the first batch of
+    a stream of sequences seeded with (seed, k)."""
+    args = script_options(build_parser(), config)
+    scale = sync_scale_of(config)
+    torch.manual_seed(args.seed)  # the same initial weights in every trainer
+    model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len)
+    lr = (float(str(config["learning_rate"])) if "learning_rate" in config
+          else plugin.scaled_lr(scale, args.lr, args.base_gpus, args.lr_rule))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def batch(k: int) -> torch.Tensor:
+        seed = micro_batch_seed(args.seed, k)
+        return next(sequences(args.batch_size, args.seq_len, args.vocab, seed))
+
+    def loss(net: nn.Module, drawn: object) -> torch.Tensor:
+        tokens = cast(torch.Tensor, drawn)
+        logits = net(tokens[:, :-1])
+        out: torch.Tensor = loss_fn(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        return out
+
+    return TaskJob(model, optimizer, batch, loss)
 
 
 def main(argv: list[str] | None = None) -> int:

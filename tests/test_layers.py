@@ -84,6 +84,9 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
         # The job's aggregator: a clock, and the script's plugin.
         "hops/aggregator/probe_clock.py": "import time\n",
         "hops/aggregator/probe_plugin.py": "from hops.plugin import micro\n",
+        # The task trainer's library: the environment, and the script's plugin.
+        "hops/trainer/probe_env.py": "import os\n",
+        "hops/trainer/probe_plugin.py": "from hops.plugin import micro\n",
     }
     for path, text in bad.items():
         (tmp_path / path).write_text(text)
@@ -103,6 +106,8 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
                    "hops is not allowed to import shared.specs",
                    "hops.aggregator is not allowed to import time",
                    "hops.aggregator is not allowed to import hops.plugin",
+                   "hops.trainer is not allowed to import os",
+                   "hops.trainer is not allowed to import hops.plugin",
                    "experiments.sharing.cluster is not allowed to import "
                    "experiments.sharing.run"):
         assert broken in out, out
