@@ -28,6 +28,7 @@ real executor's task path.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import subprocess
@@ -41,7 +42,6 @@ from typing import IO, Any, Final
 import torch
 
 import hops
-
 from executor.settings import ExecutorSettings
 from executor.trainer_choice import place
 from hops.trainer import protocol as p
@@ -229,10 +229,8 @@ class TrainerPool:
     def close(self, timeout_s: float = 5.0) -> None:
         """Quit every trainer (killed after ``timeout_s``)."""
         for proc in self._procs:
-            try:
+            with contextlib.suppress(TrainerDied, TrainerRefused):
                 self._ask(proc, p.Quit())
-            except (TrainerDied, TrainerRefused):
-                pass
         for proc in self._procs:
             try:
                 proc.popen.wait(timeout_s)

@@ -22,6 +22,7 @@ from hops.trainer.api import load_task, task_gradients
 from hops.trainer.params import state_of
 from hops.trainer.resident import Trainer
 from hops.trainer.wire import decode_tensors, encode_tensors
+from tests.trainer_task import same_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "trainer_task.py")
@@ -82,12 +83,6 @@ def _grads(reply: p.Reply) -> list[dict[str, torch.Tensor]]:
     return [decode_tensors(g) for g in reply.gradients]
 
 
-def _same(a: list[dict[str, torch.Tensor]] | tuple[dict[str, torch.Tensor], ...],
-          b: list[dict[str, torch.Tensor]] | tuple[dict[str, torch.Tensor], ...]) -> bool:
-    return len(a) == len(b) and all(
-        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
-
-
 def _refused(reply: p.Reply, code: str) -> None:
     assert isinstance(reply, p.Refused), reply
     assert reply.code == code and reply.words, reply
@@ -101,10 +96,10 @@ def test_ready_and_several_jobs_resident_bitwise(trainer: Client) -> None:
     a = _grads(trainer.ask(p.Run("tiny", 0, 0, 2, 3, encode_tensors(tiny))))
     b = _grads(trainer.ask(p.Run("lm", 0, 1, 3, 3, encode_tensors(lm))))
     c = _grads(trainer.ask(p.Run("tiny", 0, 2, 3, 3)))  # round 0's held: none sent again
-    assert _same(a + c, _local(TINY, {}, tiny, 0, 0, 3, 3))
-    assert _same(b, _local(LM, LM_CONFIG, lm, 0, 1, 3, 3))
+    assert same_gradients(a + c, _local(TINY, {}, tiny, 0, 0, 3, 3))
+    assert same_gradients(b, _local(LM, LM_CONFIG, lm, 0, 1, 3, 3))
     # The given round-0 parameters (shifted) count, not the seeded ones.
-    assert not _same(a, _local(TINY, {}, _params(TINY, {}), 0, 0, 2, 3))
+    assert not same_gradients(a, _local(TINY, {}, _params(TINY, {}), 0, 0, 2, 3))
     for job in ("tiny", "lm"):
         assert isinstance(trainer.ask(p.Forget(job)), p.Forgot)
 
@@ -118,8 +113,8 @@ def test_evict_and_reload_bitwise(trainer: Client, tmp_path: Path) -> None:
     assert Path(evicted.path).parent == tmp_path and Path(evicted.path).exists()
     again = trainer.ask(p.Run("e", 4, 0, 1, 2))  # no parameters: reloaded from the file
     assert isinstance(again, p.Ran) and again.reload_s > 0
-    assert _same(before, _grads(again)) and not Path(evicted.path).exists()
-    assert _same(before + _grads(trainer.ask(p.Run("e", 4, 1, 2, 2))),
+    assert same_gradients(before, _grads(again)) and not Path(evicted.path).exists()
+    assert same_gradients(before + _grads(trainer.ask(p.Run("e", 4, 1, 2, 2))),
                  _local(TINY, {"seed": 3}, params, 4, 0, 2, 2))
     shm = trainer.ask(p.Evict("e"))  # by default to shared memory
     assert isinstance(shm, p.Evicted) and shm.path.startswith("/dev/shm/")
@@ -167,11 +162,13 @@ def test_refusals_change_nothing(trainer: Client, tmp_path: Path) -> None:
     missing = {n: t for n, t in params.items() if n != "2.bias"}
     extra = {**params, "ghost": torch.zeros(1)}
     lying = encode_tensors(params)
-    lying[0]["data"] = lying[0]["data"][:-4]
+    data = lying[0]["data"]
+    assert isinstance(data, bytes)
+    lying[0]["data"] = data[:-4]  # a byte count that is not the shape's
     for bad in (encode_tensors(wrong), encode_tensors(missing), encode_tensors(extra), lying):
         _refused(trainer.ask(p.Run("r", 1, 0, 1, 2, bad)), p.BAD_PARAMS)
     # Round 0's parameters still held, untouched by the refusals.
-    assert _same(first, _grads(trainer.ask(p.Run("r", 0, 0, 1, 2))))
+    assert same_gradients(first, _grads(trainer.ask(p.Run("r", 0, 0, 1, 2))))
     _refused(trainer.ask(p.Run("r", 1, 0, 1, 2)), p.STALE_PARAMS)
     plain = tmp_path / "plain.py"
     plain.write_text("X = 1\n")
@@ -185,8 +182,9 @@ def test_refusals_change_nothing(trainer: Client, tmp_path: Path) -> None:
     for job in ("r", "f"):
         assert isinstance(trainer.ask(p.Forget(job)), p.Forgot)
     _refused(trainer.ask(p.Run("r", 0, 0, 1, 2)), p.UNKNOWN_JOB)
-    assert p.REFUSAL_CODES == {p.BAD_COMMAND, p.NOT_TASK_READY, p.UNKNOWN_JOB, p.JOB_EXISTS,
-                               p.BAD_SPAN, p.BAD_PARAMS, p.STALE_PARAMS, p.TASK_FAILED}
+    every = {p.BAD_COMMAND, p.NOT_TASK_READY, p.UNKNOWN_JOB, p.JOB_EXISTS, p.BAD_SPAN,
+             p.BAD_PARAMS, p.STALE_PARAMS, p.TASK_FAILED}
+    assert every == p.REFUSAL_CODES
 
 
 def test_a_script_printing_leaves_the_frames_alone(trainer: Client, tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
-"""A tiny task script for the resident trainer's tests: a linear model on
-seeded data, and switches that make a task fail or its trainer die."""
+"""A tiny task script for the resident trainer's tests (a linear model on
+seeded data, and switches that make a task fail or its trainer die), and
+the tests' comparison of gradients."""
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -38,3 +39,11 @@ def hops_task(config: Mapping[str, object]) -> TaskJob:
         return out
 
     return TaskJob(model, optimizer, batch, loss)
+
+
+def same_gradients(a: Sequence[Mapping[str, torch.Tensor]],
+                   b: Sequence[Mapping[str, torch.Tensor]]) -> bool:
+    """Per micro-batch, the same parameters' gradients, bitwise."""
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True))

@@ -19,7 +19,6 @@ layers compute while the later ones still travel.
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -111,10 +110,9 @@ def save_state(path: Path, state: Mapping[str, torch.Tensor], round_: int | None
     state) to ``path`` whole (a temporary file renamed); its bytes."""
     body = msgspec.msgpack.encode({"round": round_, "tensors": encode_tensors(state)})
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".evict-")
-    with os.fdopen(fd, "wb") as f:
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".evict-", delete=False) as f:
         f.write(body)
-    os.replace(tmp, path)
+    Path(f.name).replace(path)  # a reader sees the old file or the whole new one
     return len(body)
 
 
@@ -142,7 +140,7 @@ def pipelined_reload(model: nn.Module, pinned: Mapping[str, torch.Tensor],
                                    *module.named_buffers(recurse=False)]]
         if not own:
             continue
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         with torch.cuda.stream(stream):
             for name, tensor in own:
                 full = f"{prefix}.{name}" if prefix else name

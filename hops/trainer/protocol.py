@@ -150,11 +150,13 @@ def frame(message: Command | Reply) -> bytes:
 
 def decode_command(body: bytes) -> Command:
     """A command (msgspec.ValidationError or DecodeError when it is none)."""
-    return _commands.decode(body)
+    command: Command = _commands.decode(body)
+    return command
 
 
 def decode_reply(body: bytes) -> Reply:
-    return _replies.decode(body)
+    reply: Reply = _replies.decode(body)
+    return reply
 
 
 def read_frame(stream: IO[bytes]) -> bytes | None:

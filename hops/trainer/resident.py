@@ -87,7 +87,8 @@ class Trainer:
         self.device = device
         self.pid = pid
         self.jobs: dict[str, Resident] = {}
-        self.stream: Any = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream: Any = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+                            if device.type == "cuda" else None)
 
     def handle(self, command: p.Command) -> p.Reply:
         try:
@@ -152,13 +153,11 @@ class Trainer:
             held = "the script's seeded ones" if res.round is None else f"round {res.round}'s"
             raise Refusal(p.STALE_PARAMS, f"job {cmd.job!r}: round {cmd.round} without its "
                           f"parameters, and those held are {held}")
-        reload_s = 0.0
+        # Reloaded whole even when parameters are given: its buffers are not.
+        reload_s = 0.0 if res.evicted is None else self._reload(res)
         if given is not None:
             state.assign(res.task.model, given, self.device)
-            self._drop_evicted(res)
             res.round = cmd.round
-        elif res.evicted is not None:
-            reload_s = self._reload(res)
         start = time.monotonic()
         try:
             grads = task_gradients(res.task, cmd.round, cmd.lo, cmd.hi, cmd.sync_scale)
@@ -232,6 +231,13 @@ def serve(trainer: Trainer, inp: IO[bytes], out: IO[bytes]) -> None:
     trainer.close()
 
 
+def pin(cores: tuple[int, ...]) -> None:
+    """Pin every thread of this process to ``cores`` (torch made some as it
+    was imported); threads made later inherit it from their maker."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
 def _cores(text: str) -> tuple[int, ...]:
     return tuple(int(c) for c in text.split(",") if c.strip())
 
@@ -242,17 +248,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cores", type=_cores, default=())
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.cores:
-        os.sched_setaffinity(0, args.cores)  # threads made from now on inherit it
     threads = args.threads or len(args.cores)
     if threads:
         torch.set_num_threads(threads)
+    if args.cores:
+        pin(args.cores)
     out = os.fdopen(os.dup(1), "wb")  # the frames' own descriptor
     os.dup2(2, 1)  # a script's prints go to stderr, never into a frame
     device = torch.device(args.device)
     start = time.monotonic()
     if device.type == "cuda":  # the context made now, not at the first task
-        torch.cuda.init()
+        torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
     trainer = Trainer(device, os.getpid())
