@@ -31,14 +31,17 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
 
+import msgspec
 import torch
 
 import hops
@@ -93,12 +96,41 @@ class TaskResult:
     attempts: int
 
 
+@dataclass(frozen=True)
+class _Task:
+    job: str
+    round: int
+    lo: int
+    hi: int
+    sync_scale: int
+    params: Mapping[str, torch.Tensor]
+    upcoming: tuple[str, ...]
+
+
 @dataclass
 class _Proc:
     popen: subprocess.Popen[bytes]
+    replies: queue.SimpleQueue[p.Reply | None]  # its reader thread's; None: it ended
     held: set[str] = field(default_factory=set)  # models in memory
     evicted: set[str] = field(default_factory=set)  # models moved out (state in shm)
     given: dict[str, int] = field(default_factory=dict)  # job -> round whose params it has
+    pending: Pending | None = None  # its task whose gradients are still to read
+
+
+@dataclass
+class Pending:
+    """A task whose compute ended, its gradients on their way
+    (:meth:`TrainerPool.finish`). ``reply`` holds them once read."""
+
+    task: _Task
+    trainer: int
+    proc: _Proc
+    sent: float
+    computed: p.Computed
+    loaded: bool
+    params_sent: bool
+    attempts: int
+    reply: p.Ran | p.Refused | None = None
 
 
 class TrainerPool:
@@ -125,7 +157,10 @@ class TrainerPool:
             argv += ["--threads", str(self.threads)]
         popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=self.stderr, env=_child_env())
-        proc = _Proc(popen)
+        proc = _Proc(popen, queue.SimpleQueue())
+        assert popen.stdout is not None
+        threading.Thread(target=_reader, args=(popen.stdout, proc.replies), daemon=True,
+                         name=f"trainer-{popen.pid}").start()
         ready = self._read(proc)
         if not isinstance(ready, p.Ready):
             raise TrainerDied(f"trainer {popen.pid} said {ready!r} instead of ready")
@@ -144,28 +179,36 @@ class TrainerPool:
 
     def run(self, job: str, round_: int, lo: int, hi: int, sync_scale: int,
             params: Mapping[str, torch.Tensor], upcoming: Sequence[str] = ()) -> TaskResult:
-        """Micro-batches ``lo .. hi - 1`` of ``job``'s round ``round_`` from
-        the round's ``params``; ``upcoming``: the jobs of the GPU's later
-        tasks, in order (for the choice of models to keep)."""
+        """:meth:`start` then :meth:`finish`."""
+        return self.finish(self.start(job, round_, lo, hi, sync_scale, params, upcoming))
+
+    def start(self, job: str, round_: int, lo: int, hi: int, sync_scale: int,
+              params: Mapping[str, torch.Tensor], upcoming: Sequence[str] = ()) -> Pending:
+        """Run micro-batches ``lo .. hi - 1`` of ``job``'s round ``round_``
+        from the round's ``params``, and return once its compute ended, so
+        that the GPU's next task can start while its gradients travel;
+        ``upcoming``: the jobs of the GPU's later tasks, in order (for the
+        choice of models to keep)."""
         if job not in self.jobs:
             raise TrainerRefused(p.UNKNOWN_JOB, f"job {job!r} was not added to the pool")
-        for attempt in range(1, RETRIES + 2):
+        return self._start_task(_Task(job, round_, lo, hi, sync_scale, params,
+                                      tuple(upcoming)), 1)
+
+    def _start_task(self, task: _Task, first: int) -> Pending:
+        for attempt in range(first, RETRIES + 2):
             # A model moved out counts where it is: it comes back there, not twice.
-            holding = [proc.held | ({job} & proc.evicted) for proc in self._procs]
-            where = place(holding, [job, *upcoming], self.capacity)
+            holding = [proc.held | ({task.job} & proc.evicted) for proc in self._procs]
+            where = place(holding, [task.job, *task.upcoming], self.capacity)
             try:
-                return self._run_on(where.trainer, where.evict, job, round_, lo, hi,
-                                    sync_scale, params, attempt)
+                return self._start_on(where.trainer, where.evict, task, attempt)
             except TrainerDied:
                 if attempt > RETRIES:
                     raise
                 self._replace(where.trainer)
         raise AssertionError("unreachable")
 
-    def _run_on(self, i: int, evict: Sequence[str], job: str, round_: int, lo: int, hi: int,
-                sync_scale: int, params: Mapping[str, torch.Tensor],
-                attempt: int) -> TaskResult:
-        proc = self._procs[i]
+    def _start_on(self, i: int, evict: Sequence[str], task: _Task, attempt: int) -> Pending:
+        proc, job = self._procs[i], task.job
         for victim in evict:
             self._ask(proc, p.Evict(victim, self.folder))
             proc.held.discard(victim)
@@ -176,14 +219,35 @@ class TrainerPool:
             self._ask(proc, p.Load(job, source.script, dict(source.config)))
         proc.held.add(job)
         proc.evicted.discard(job)
-        wire = None if proc.given.get(job) == round_ else encode_tensors(params)
+        wire = None if proc.given.get(job) == task.round else encode_tensors(task.params)
         sent = time.monotonic()
-        ran = self._ask(proc, p.Run(job, round_, lo, hi, sync_scale, wire))
-        assert isinstance(ran, p.Ran)
-        proc.given[job] = round_
-        grads = tuple(decode_tensors(g) for g in ran.gradients)
-        return TaskResult(grads, i, sent, ran.received, ran.compute_start, ran.compute_end,
-                          ran.reload_s, loaded, wire is not None, attempt)
+        computed = self._ask(proc, p.Run(job, task.round, task.lo, task.hi, task.sync_scale,
+                                         wire))
+        assert isinstance(computed, p.Computed)
+        proc.given[job] = task.round
+        proc.pending = Pending(task, i, proc, sent, computed, loaded, wire is not None, attempt)
+        return proc.pending
+
+    def finish(self, pending: Pending) -> TaskResult:
+        """``pending``'s gradients; the task runs again, from the same
+        parameters, when its trainer died before they came."""
+        if pending.proc.pending is pending:
+            with contextlib.suppress(TrainerDied):
+                self._collect(pending.proc)
+        reply = pending.reply
+        if reply is None:  # its trainer died: a new one, and the task again
+            if self._procs[pending.trainer] is pending.proc:
+                self._replace(pending.trainer)
+            if pending.attempts > RETRIES:
+                raise TrainerDied(f"task {pending.task.job} round {pending.task.round} lost "
+                                  f"{pending.attempts} trainers")
+            return self.finish(self._start_task(pending.task, pending.attempts + 1))
+        if isinstance(reply, p.Refused):
+            raise TrainerRefused(reply.code, reply.words)
+        c = pending.computed
+        return TaskResult(tuple(decode_tensors(g) for g in reply.gradients), pending.trainer,
+                          pending.sent, c.received, c.compute_start, c.compute_end, c.reload_s,
+                          pending.loaded, pending.params_sent, pending.attempts)
 
     def forget(self, job: str) -> None:
         """Drop ``job``'s model from every trainer (its job ended)."""
@@ -195,7 +259,17 @@ class TrainerPool:
             proc.given.pop(job, None)
         self.jobs.pop(job, None)
 
+    def _collect(self, proc: _Proc) -> None:
+        """Read the gradients of ``proc``'s pending task into it (they come
+        before any later reply); TrainerDied when it ended first."""
+        pending, proc.pending = proc.pending, None
+        if pending is not None:
+            reply = self._read(proc)
+            assert isinstance(reply, p.Ran | p.Refused), reply
+            pending.reply = reply
+
     def _ask(self, proc: _Proc, command: p.Command) -> p.Reply:
+        self._collect(proc)
         try:
             assert proc.popen.stdin is not None
             proc.popen.stdin.write(p.frame(command))
@@ -208,12 +282,12 @@ class TrainerPool:
         return reply
 
     def _read(self, proc: _Proc) -> p.Reply:
-        assert proc.popen.stdout is not None
-        body = p.read_frame(proc.popen.stdout)
-        if body is None:
+        reply = proc.replies.get()
+        if reply is None:
+            proc.replies.put(None)  # for whoever reads next
             code = proc.popen.wait()
             raise TrainerDied(f"trainer {proc.popen.pid} ended (exit status {code})")
-        return p.decode_reply(body)
+        return reply
 
     def _replace(self, i: int) -> None:
         """A new trainer in place of trainer ``i``, which died: its files go."""
@@ -246,6 +320,15 @@ class TrainerPool:
         self.close()
 
 
+def _reader(stdout: IO[bytes], replies: queue.SimpleQueue[p.Reply | None]) -> None:
+    """A trainer's replies, decoded as they come (a run's gradients while
+    the GPU's next task computes); None once it ends or breaks its pipe."""
+    with contextlib.suppress(ValueError, OSError, msgspec.DecodeError, msgspec.ValidationError):
+        while (body := p.read_frame(stdout)) is not None:
+            replies.put(p.decode_reply(body))
+    replies.put(None)
+
+
 def _child_env() -> dict[str, str]:
     """The environment of a trainer: this one, with the folder this
     process's ``hops`` comes from first on the path, so that the trainer
@@ -258,4 +341,5 @@ def _child_env() -> dict[str, str]:
 def _close_pipes(popen: subprocess.Popen[bytes]) -> None:
     for pipe in (popen.stdin, popen.stdout):
         if pipe is not None:
-            pipe.close()
+            with contextlib.suppress(OSError):  # a dead trainer's unsent bytes
+                pipe.close()

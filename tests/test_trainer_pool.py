@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from executor.trainers import TrainerPool, TrainerRefused
+import executor.__main__ as executor_main
+from executor.trainers import DEFAULT_TRAINERS, TrainerPool, TrainerRefused
 from hops.aggregator import Aggregator, GradientReport
 from hops.trainer.api import load_task, reference_rounds, task_gradients
+from services.runtime.settings import parse_args
 from tests.trainer_task import same_gradients
+from world.clusters import cluster_arg
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = str(ROOT / "examples" / "train_cnn.py")
@@ -161,3 +164,38 @@ def test_a_refusal_is_raised_with_its_code(tiny_pool: TrainerPool) -> None:
     with pytest.raises(TrainerRefused) as refused:
         tiny_pool.run("f", 0, 0, 5, 4, _params({}))
     assert refused.value.code == "bad_span"
+
+
+def test_the_next_task_starts_while_the_gradients_travel(tiny_pool: TrainerPool) -> None:
+    pa, pb = _params({"seed": 7}), _params({"seed": 8})
+    tiny_pool.add_job("a", TINY, {"seed": 7})
+    tiny_pool.add_job("b", TINY, {"seed": 8})
+    first = tiny_pool.start("a", 0, 0, 1, 4, pa, ["b", "a"])
+    other = tiny_pool.start("b", 0, 0, 2, 4, pb, ["a"])
+    again = tiny_pool.start("a", 0, 1, 4, 4, pa)  # same trainer: a's first gradients read first
+    assert first.trainer == again.trainer != other.trainer
+    assert other.computed.compute_start >= first.computed.compute_end
+    results = [tiny_pool.finish(t) for t in (again, other, first)]
+    assert same_gradients(results[2].gradients + results[0].gradients,
+                          _local({"seed": 7}, pa, 0, 0, 4))
+    assert same_gradients(results[1].gradients, _local({"seed": 8}, pb, 0, 0, 2))
+    # Killed once its compute ended: the gradients come once, from it or from a rerun.
+    late = tiny_pool.start("b", 1, 0, 3, 4, pb)
+    os.kill(tiny_pool.pids[late.trainer], signal.SIGKILL)
+    out = tiny_pool.finish(late)
+    assert out.attempts in (1, 2)
+    assert same_gradients(out.gradients, _local({"seed": 8}, pb, 1, 0, 3))
+
+
+def test_trainers_per_gpu_is_an_executor_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = cluster_arg("paper-physical")
+    argv = ["--cluster", "paper-physical", "--server-id", cluster.servers[0].id]
+
+    def settings(*extra: str) -> int:
+        _, args = parse_args([*argv, *extra], service="executor", parser=executor_main._parser())
+        return executor_main.executor_settings(args, cluster).trainers_per_gpu
+
+    assert settings() == DEFAULT_TRAINERS == 2
+    monkeypatch.setenv("HOPS_TRAINERS_PER_GPU", "3")
+    assert settings() == 3
+    assert settings("--trainers-per-gpu", "4") == 4

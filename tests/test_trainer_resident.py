@@ -41,10 +41,17 @@ class Client:
         self.ready = self.read()
 
     def send(self, raw: bytes) -> p.Reply:
+        """The reply to ``raw``: to a run, its gradients (``Ran``), after
+        its ``Computed``, kept in ``computed``."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(raw)
         self.proc.stdin.flush()
-        return self.read()
+        reply = self.read()
+        if isinstance(reply, p.Computed):
+            self.computed = reply
+            reply = self.read()
+            assert isinstance(reply, p.Ran) and reply.job == self.computed.job, reply
+        return reply
 
     def ask(self, command: p.Command) -> p.Reply:
         return self.send(p.frame(command))
@@ -112,7 +119,7 @@ def test_evict_and_reload_bitwise(trainer: Client, tmp_path: Path) -> None:
     assert isinstance(evicted, p.Evicted) and evicted.nbytes > 0
     assert Path(evicted.path).parent == tmp_path and Path(evicted.path).exists()
     again = trainer.ask(p.Run("e", 4, 0, 1, 2))  # no parameters: reloaded from the file
-    assert isinstance(again, p.Ran) and again.reload_s > 0
+    assert isinstance(again, p.Ran) and trainer.computed.reload_s > 0
     assert same_gradients(before, _grads(again)) and not Path(evicted.path).exists()
     assert same_gradients(before + _grads(trainer.ask(p.Run("e", 4, 1, 2, 2))),
                  _local(TINY, {"seed": 3}, params, 4, 0, 2, 2))
@@ -135,9 +142,11 @@ def test_evicted_model_holds_no_memory_and_comes_back_whole() -> None:
     # Evicted, the model's shapes still judge the parameters given.
     trainer.evict(p.Evict("m"))
     wrong = {n: torch.zeros(2) for n, _ in model.named_parameters()}
-    reply = trainer.handle(p.Run("m", 1, 0, 1, 3, encode_tensors(wrong)))
+    (reply,) = trainer.replies(p.Run("m", 1, 0, 1, 3, encode_tensors(wrong)))
     assert isinstance(reply, p.Refused) and reply.code == p.BAD_PARAMS
-    assert isinstance(trainer.handle(p.Run("m", 1, 0, 1, 3, encode_tensors(held))), p.Ran)
+    computed, ran = trainer.replies(p.Run("m", 1, 0, 1, 3, encode_tensors(held)))
+    assert isinstance(computed, p.Computed) and isinstance(ran, p.Ran)
+    assert computed.compute_start <= computed.compute_end and len(ran.gradients) == 1
     assert all(torch.equal(held[n], t) for n, t in state_of(model).items())
     trainer.close()
 

@@ -11,8 +11,11 @@ or none: the script's seeded ones), :class:`Run` (micro-batches ``lo ..
 hi - 1`` of a round; the round's parameters given once per round to each
 trainer that runs it), :class:`Evict` (the model's state to shared memory
 or a folder, its memory freed), :class:`Forget`, :class:`Quit`. The
-trainer answers each with one reply; :class:`Ready` comes first, unasked.
-A refusal carries one of the stable codes below and words.
+trainer answers each with one reply, but a run with two: :class:`Computed`
+as soon as its compute ends, then :class:`Ran` with the gradients, so that
+the GPU's next task can start while they travel (Hare's sync overlapping
+the next task); :class:`Ready` comes first, unasked. A refusal carries one
+of the stable codes below and words.
 """
 
 from __future__ import annotations
@@ -95,21 +98,31 @@ class Loaded(msgspec.Struct, tag="loaded", frozen=True):
     load_s: float
 
 
+class Computed(msgspec.Struct, tag="computed", frozen=True):
+    """A run's compute ended. ``received``, ``compute_start`` and
+    ``compute_end`` are the trainer's ``time.monotonic()`` (system-wide on
+    Linux, comparable across processes); ``reload_s`` the evicted state's
+    reload, 0 when resident."""
+
+    job: str
+    round: int
+    lo: int
+    hi: int
+    received: float
+    compute_start: float
+    compute_end: float
+    reload_s: float = 0.0
+
+
 class Ran(msgspec.Struct, tag="ran", frozen=True):
-    """One gradient per micro-batch (``gradients[i]`` is ``lo + i``'s).
-    ``received``, ``compute_start`` and ``compute_end`` are the trainer's
-    ``time.monotonic()`` (system-wide on Linux, comparable across
-    processes); ``reload_s`` the evicted state's reload, 0 when resident."""
+    """A run's gradients, after its :class:`Computed`: one per micro-batch
+    (``gradients[i]`` is ``lo + i``'s)."""
 
     job: str
     round: int
     lo: int
     hi: int
     gradients: list[Tensors]
-    received: float
-    compute_start: float
-    compute_end: float
-    reload_s: float = 0.0
 
 
 class Evicted(msgspec.Struct, tag="evicted", frozen=True):
@@ -135,7 +148,7 @@ class Refused(msgspec.Struct, tag="refused", frozen=True):
     job: str = ""
 
 
-Reply = Ready | Loaded | Ran | Evicted | Forgot | Bye | Refused
+Reply = Ready | Loaded | Computed | Ran | Evicted | Forgot | Bye | Refused
 
 _encoder = msgspec.msgpack.Encoder()
 _commands = msgspec.msgpack.Decoder(Command)

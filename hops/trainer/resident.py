@@ -27,7 +27,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -90,19 +90,25 @@ class Trainer:
         self.stream: Any = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
                             if device.type == "cuda" else None)
 
-    def handle(self, command: p.Command) -> p.Reply:
+    def replies(self, command: p.Command) -> Iterator[p.Reply]:
+        """The replies to ``command``, each made when the one before is
+        sent: a run's gradients are encoded after its :class:`Computed`."""
         try:
-            if isinstance(command, p.Load):
-                return self.load(command)
             if isinstance(command, p.Run):
-                return self.run(command)
-            if isinstance(command, p.Evict):
-                return self.evict(command)
-            if isinstance(command, p.Forget):
-                return self.forget(command)
-            return p.Bye()
+                computed, grads = self.run(command)
+                yield computed
+                yield p.Ran(command.job, command.round, command.lo, command.hi,
+                            [encode_tensors(g) for g in grads])
+            elif isinstance(command, p.Load):
+                yield self.load(command)
+            elif isinstance(command, p.Evict):
+                yield self.evict(command)
+            elif isinstance(command, p.Forget):
+                yield self.forget(command)
+            else:
+                yield p.Bye()
         except Refusal as r:
-            return p.Refused(r.code, r.words, getattr(command, "job", ""))
+            yield p.Refused(r.code, r.words, getattr(command, "job", ""))
 
     def _resident(self, job: str) -> Resident:
         found = self.jobs.get(job)
@@ -144,7 +150,7 @@ class Trainer:
         self.jobs[cmd.job] = Resident(task, None if given is None else cmd.round)
         return p.Loaded(cmd.job, time.monotonic() - start)
 
-    def run(self, cmd: p.Run) -> p.Ran:
+    def run(self, cmd: p.Run) -> tuple[p.Computed, tuple[dict[str, torch.Tensor], ...]]:
         received = time.monotonic()
         check_span(cmd)
         res = self._resident(cmd.job)
@@ -171,8 +177,8 @@ class Trainer:
         if res.unhook is not None:  # every layer is in: its waits are done with
             res.unhook()
             res.unhook = None
-        wire = [encode_tensors(g) for g in grads]
-        return p.Ran(cmd.job, cmd.round, cmd.lo, cmd.hi, wire, received, start, end, reload_s)
+        return p.Computed(cmd.job, cmd.round, cmd.lo, cmd.hi, received, start, end,
+                          reload_s), grads
 
     def _reload(self, res: Resident) -> float:
         start = time.monotonic()
@@ -224,8 +230,9 @@ def serve(trainer: Trainer, inp: IO[bytes], out: IO[bytes]) -> None:
             out.write(p.frame(p.Refused(p.BAD_COMMAND, f"not a command: {e}")))
             out.flush()
             continue
-        out.write(p.frame(trainer.handle(command)))
-        out.flush()
+        for reply in trainer.replies(command):
+            out.write(p.frame(reply))
+            out.flush()
         if isinstance(command, p.Quit):
             break
     trainer.close()
