@@ -260,9 +260,30 @@ def test_events_that_change_nothing() -> None:
     assert probe.record.phase == "submitted" and probe.record.last_seq == 2
     done = run(rec, ev.JobCancelled(job_id=j, at=3.0), start=3)
     assert (done.phase, done.reason, done.finished_at) == ("cancelled", "cancelled", 3.0)
+    assert apply_event(done, ev.JobCancelled(job_id=j, at=3.0), 3, facts_()) == (
+        None, "already applied")
     late = apply_event(done, ev.JobStarted(job_id=j, configuration=cfg(a0=1), at=4.0), 4, facts_())
     assert late.note == "job is cancelled" and late.record is not None
     assert late.record.phase == "cancelled"
+
+
+def test_an_end_redelivered_after_a_later_event_is_still_applied() -> None:
+    # JetStream redelivers a message whose handler failed after later ones:
+    # the cancel (seq 3) comes after the profile (seq 4) was applied. A
+    # high-water mark alone would drop it, losing an acknowledged cancel.
+    j = JobId("j")
+    rec = run(None, ev.JobSubmitted(job_id=j, spec=spec("j"), at=1.0))
+    profiled = apply_event(rec, ev.JobStarted(job_id=j, configuration=cfg(a0=1), at=2.0), 4,
+                           facts_()).record
+    assert profiled is not None and profiled.last_seq == 4
+    late = apply_event(profiled, ev.JobCancelled(job_id=j, at=3.0), 3, facts_()).record
+    assert late is not None and (late.phase, late.last_seq) == ("cancelled", 4)
+    # ... once: the same cancel again, or a later end, changes nothing more
+    assert apply_event(late, ev.JobCancelled(job_id=j, at=3.0), 3, facts_()).record is None
+    assert apply_event(late, ev.JobFinished(job_id=j, at=5.0), 2, facts_()).record is None
+    # other events below the mark are still repeats
+    assert apply_event(profiled, ev.JobHeld(job_id=j, at=3.0), 3, facts_()) == (
+        None, "already applied")
 
 
 def test_promotion_needs_every_alive_type_and_some_type() -> None:

@@ -123,7 +123,13 @@ def preempted_resumed_finished(stack: LiveStack, slurm_cluster: SlurmCluster, jo
     there = reports(stack, job, second)
     starts = [r for r in there if isinstance(r, Started)]
     assert starts and starts[0].samples_done == saved[-1].samples_done, there  # resumed
-    assert [r.samples_done for r in there if isinstance(r, Finished)][-1:] == [total], there
+    # Under load the job may be moved once more before it ends (a node judged
+    # lost): its one Finished report, with every sample, is on the node it
+    # ended on, whichever that is.
+    ends = {s: [r.samples_done for r in reports(stack, job, s) if isinstance(r, Finished)]
+            for s in stack.nodes()
+            if job_paths(Path(stack.env["HOPS_SLURM_RUN_DIR"]), job, s).report.exists()}
+    assert [n for done in ends.values() for n in done] == [total], (ends, there)
     assert not stack.bus_().job_events(job, "job_failed")
     refused = [e for e in stack.bus_().errors() if e["code"] == "forbidden"]
     assert not refused, refused

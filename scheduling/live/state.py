@@ -160,19 +160,32 @@ def close_phase(rec: LiveJobRecord, at: float, facts: Facts) -> LiveJobRecord:
 def apply_event(rec: LiveJobRecord | None, event: ev.JobEvent, seq: int, facts: Facts) -> Applied:
     """The record after ``event`` (stream sequence ``seq``): the phase from
     the lifecycle (:func:`.lifecycle.step`), the bookkeeping here."""
-    if rec is not None and seq <= rec.last_seq:
+    if rec is not None and seq <= rec.last_seq and not _late_end(rec, event):
         return Applied(None, "already applied")
     outcome = lc.step(None if rec is None else life_of(rec), event)
     match outcome:
         case lc.Refused(reason=why):
-            return Applied(None if rec is None else msgspec.structs.replace(rec, last_seq=seq), why)
+            return Applied(None if rec is None else msgspec.structs.replace(
+                rec, last_seq=max(rec.last_seq, seq)), why)
         case lc.Life():
             if rec is None:
                 assert isinstance(event, ev.JobSubmitted)  # the only event that creates a job
                 return Applied(new_record(event.spec, event.at, seq))
-            return Applied(msgspec.structs.replace(_book(rec, outcome, event, facts), last_seq=seq))
+            return Applied(msgspec.structs.replace(_book(rec, outcome, event, facts),
+                                                   last_seq=max(rec.last_seq, seq)))
         case _:
             assert_never(outcome)
+
+
+def _late_end(rec: LiveJobRecord, event: ev.JobEvent) -> bool:
+    """Whether ``event`` ends a job that has not ended, although a later
+    event was applied first. ``last_seq`` is a high-water mark: it takes a
+    redelivery for a repeat, and JetStream redelivers out of order (a
+    message whose handler failed, or whose ack wait passed, comes again
+    after later ones). An end event cannot have been applied to a record
+    that is not final (applying it makes the record final), so it is not a
+    repeat: dropping it would lose an acknowledged cancel."""
+    return not rec.final and isinstance(event, ev.JobFinished | ev.JobFailed | ev.JobCancelled)
 
 
 def life_of(rec: JobRecord) -> lc.Life:
