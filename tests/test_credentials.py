@@ -24,7 +24,7 @@ def test_prepare_generates_once_and_reuses(tmp_path: Path) -> None:
     creds = prepare(tmp_path / "c", ["rtx-0", "rtx-1"], None)
     names = sorted(p.name for p in creds.dir.iterdir())
     assert names == sorted([
-        "admin.nk", "admin.token", "audit.nk", "estimator.nk", "executor-rtx-0.nk",
+        "admin.nk", "admin.token", "aggregator.nk", "audit.nk", "estimator.nk", "executor-rtx-0.nk",
         "executor-rtx-1.nk", "gateway.nk", "monitor.nk", "nats-auth.conf", "placer.nk",
         "profiler.nk", "scheduler.nk", "tenant-default.nk", "tenant-default.token",
         "tenants.yaml"])
