@@ -1,7 +1,8 @@
 """The executor's task runner: it follows the Hare task sequences the
 scheduler leader sends this server (``hops.v1.tasks.seq.<server_id>``)
 and reports each entry it ran (``hops.v1.tasks.done.<server_id>.<job_id>``,
-captured by stream ``HOPS_TASK_DONE``, message id ``<job>:<round>:<lo>``).
+captured by stream ``HOPS_TASK_DONE``, message id
+``<server>:<job>:<round>:<lo>``).
 The rules are :mod:`executor.tasks`'; this shell decodes, keeps the time
 and publishes.
 
@@ -205,7 +206,7 @@ class TaskRunner:
                           round=entry.round, lo=entry.lo, hi=entry.hi, server_id=self.server.id,
                           gpu_index=index, started_at=span[0], ended_at=span[1],
                           at=self.clock())
-        msg_id = f"{entry.job_id}:{entry.round}:{entry.lo}"
+        msg_id = subjects.task_done_id(self.server.id, entry.job_id, entry.round, entry.lo)
         log = self.log.bind(job_id=entry.job_id)
         subject = subjects.task_done(self.server.id, entry.job_id)
         if await publish_retrying(self.ctx.js, subject, report, msg_id, log):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.ids import JobId, ServerId
+
 PREFIX = "hops.v1"
 
 # Request/reply, JSON (external clients speak these).
@@ -63,8 +65,25 @@ LOGS_ALL = f"{PREFIX}.logs.*.*"
 # Hare's task reports (shared.events.TaskDone), ``hops.v1.tasks.done.<server_id>.<job_id>``:
 # published by the executor of that server only, read by the scheduler leader;
 # kept so that a new leader replays the reports its predecessor had not stored
-# (message id ``<job>:<round>:<lo>``: a report sent twice is stored once).
+# (message id ``<server>:<job>:<round>:<lo>``, :func:`task_done_id`: a report
+# sent twice is stored once, and no server's report can make JetStream drop
+# another server's as a repeat).
 TASK_DONE_ALL = f"{PREFIX}.tasks.done.*.*"
+# A task's gradients (shared.gradients.GradientChunk), chunked,
+# ``hops.v1.grads.<server_id>.<job_id>.<round>``: published by the executor of
+# that server only, read by the aggregator service; kept so that a restarted
+# aggregator replays the rounds it had not applied (message id
+# ``<server>:<job>:<round>:<lo>:<chunk>``: the server in it, so that no
+# server's chunk can make JetStream drop another's as a repeat).
+GRADS_ALL = f"{PREFIX}.grads.*.*.*"
+# The rounds an aggregator applied (shared.gradients.RoundApplied),
+# ``hops.v1.agg.applied.<job_id>``: published by the aggregator service only.
+AGG_APPLIED_ALL = f"{PREFIX}.agg.applied.*"
+
+# A job's parameters after the last round applied, request/reply
+# (shared.gradients.ParamsRequest), ``hops.v1.agg.params.<job_id>``: answered
+# by the aggregator service.
+AGG_PARAMS_ALL = f"{PREFIX}.agg.params.*"
 
 # Core NATS (not persisted): heartbeats, executor commands, error records.
 NODE_HEARTBEATS_ALL = f"{PREFIX}.nodes.heartbeat.*"
@@ -98,6 +117,10 @@ KV_EXPLAIN = "hops_explain"
 # Before it, the layers' state was kept in KV_LAYERS (read once, if the
 # object is absent: services/scheduler/layer_store.py).
 OBJ_STATE = "hops_state"
+# Object store: each relaxed job's aggregator checkpoint (object
+# ``<job>/checkpoint``: parameters, optimiser state, rounds applied, the
+# grants it saw) and its final parameters (``<job>/final``).
+OBJ_AGGREGATOR = "hops_aggregator"
 
 _FORBIDDEN = frozenset(".*>")
 
@@ -120,8 +143,10 @@ STREAM_REPORTS = StreamDef("HOPS_REPORTS", (REPORTS_ALL,))
 STREAM_TIMELINE = StreamDef("HOPS_TIMELINE", (TIMELINE_ALL,))
 STREAM_LOGS = StreamDef("HOPS_LOGS", (LOGS_ALL,))
 STREAM_TASK_DONE = StreamDef("HOPS_TASK_DONE", (TASK_DONE_ALL,))
+STREAM_GRADS = StreamDef("HOPS_GRADS", (GRADS_ALL,))
+STREAM_AGG_APPLIED = StreamDef("HOPS_AGG_APPLIED", (AGG_APPLIED_ALL,))
 STREAMS = (STREAM_JOBS, STREAM_SAMPLES, STREAM_PLANS, STREAM_REPORTS, STREAM_TIMELINE,
-           STREAM_LOGS, STREAM_TASK_DONE)
+           STREAM_LOGS, STREAM_TASK_DONE, STREAM_GRADS, STREAM_AGG_APPLIED)
 KV_BUCKETS = (KV_JOBS, KV_ALLOC, KV_NODES, KV_LEADER, KV_TENANTS, KV_EXPLAIN)
 # Buckets of earlier versions: read where they exist, no longer made.
 LEGACY_KV_BUCKETS = (KV_LAYERS,)
@@ -195,6 +220,46 @@ def task_sequence(server_id: str) -> str:
 def task_done(server_id: str, job_id: str) -> str:
     sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
     return f"{PREFIX}.tasks.done.{sid}.{job}"
+
+
+def task_done_id(server_id: str, job_id: str, round_: int, lo: int) -> str:
+    """The message id of a ``task_done`` (``TASK_DONE_ALL``'s comment)."""
+    return f"{server_id}:{job_id}:{round_}:{lo}"
+
+
+def grads_id(server_id: str, job_id: str, round_: int, lo: int, chunk: int) -> str:
+    """The message id of a gradients chunk (``GRADS_ALL``'s comment)."""
+    return f"{server_id}:{job_id}:{round_}:{lo}:{chunk}"
+
+
+def grads(server_id: str, job_id: str, round_: int) -> str:
+    sid, job = check_token(server_id, "server id"), check_token(job_id, "job id")
+    if round_ < 0:
+        raise SubjectError(f"round must be >= 0, got {round_}")
+    return f"{PREFIX}.grads.{sid}.{job}.{round_}"
+
+
+def job_grads_all(job_id: str) -> str:
+    """Every server's gradients of ``job_id`` (a consumer's filter)."""
+    return f"{PREFIX}.grads.*.{check_token(job_id, 'job id')}.*"
+
+
+def grads_tokens(subject: str) -> tuple[ServerId, JobId, int]:
+    """(server id, job id, round) of a gradients subject; SubjectError for
+    another subject."""
+    head = f"{PREFIX}.grads."
+    parts = subject[len(head):].split(".") if subject.startswith(head) else []
+    if len(parts) != 3 or not all(parts) or not parts[2].isdigit():
+        raise SubjectError(f"subject {subject!r} does not match {GRADS_ALL!r}")
+    return ServerId(parts[0]), JobId(parts[1]), int(parts[2])
+
+
+def agg_params(job_id: str) -> str:
+    return f"{PREFIX}.agg.params.{check_token(job_id, 'job id')}"
+
+
+def agg_applied(job_id: str) -> str:
+    return f"{PREFIX}.agg.applied.{check_token(job_id, 'job id')}"
 
 
 def tenant_submit(tenant: str) -> str:

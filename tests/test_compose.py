@@ -76,6 +76,16 @@ def test_table_names_every_component_once_gateway_last() -> None:
     assert stop_order(StackConfig())[0] == "gateway"
 
 
+def test_the_aggregator_runs_when_the_policys_traits_say_it_sequences_tasks() -> None:
+    for policy in ("hare", "hare-eft:ties=order", "srtf", "gavel-fifo"):
+        names = [c.name for c in components(StackConfig(policy=policy))]
+        assert names[names.index("placer") + 1] == "aggregator", policy
+        assert by_name(StackConfig(policy=policy))["aggregator"].command == (
+            "python", "-m", "services.aggregator")
+    for policy in ("hops", "sia", "gavel"):
+        assert "aggregator" not in by_name(StackConfig(policy=policy)), policy
+
+
 def test_processes_run_each_replica_under_its_own_name() -> None:
     names = [c.name for c in processes(StackConfig())]
     assert names == ["monitor", "estimator", "profiler", "scheduler-1", "scheduler-2",
@@ -187,6 +197,26 @@ def test_every_component_runs_in_compose_with_the_command_hops_up_runs() -> None
     assert set(services) - INFRA == set(table)
     for name, comp in table.items():
         assert services[name]["command"] == list(comp.command), name
+
+
+def test_the_real_jobs_override_runs_the_aggregator_as_hops_up_does() -> None:
+    """compose.yaml's jobs are emulated (no model to aggregate); the real-jobs
+    override adds the aggregator, on the executor image (torch), configured
+    as compose.yaml's services are and as `hops up` runs it."""
+    assert "aggregator" not in compose()["services"]
+    doc: dict[str, Any] = yaml.safe_load(REAL_JOBS.read_text())
+    svc, base = doc["services"]["aggregator"], compose()["services"]["placer"]
+    comp = by_name(StackConfig(policy="hare"))["aggregator"]
+    assert svc["command"] == list(comp.command)
+    assert (svc["image"], svc["build"]["dockerfile"]) == ("hops-executor:latest",
+                                                          "Dockerfile.executor")
+    for key in ("restart", "init", "depends_on", "healthcheck"):
+        assert svc[key] == base[key], key
+    shared = {k: v for k, v in base["environment"].items() if k != "HOPS_NATS_NKEY"}
+    assert shared.items() <= svc["environment"].items()
+    assert set(comp.env) <= set(svc["environment"])
+    assert svc["environment"]["HOPS_NATS_NKEY"] == "/run/secrets/aggregator.nk"
+    assert svc["secrets"] == ["aggregator.nk"]
 
 
 def test_compose_sets_every_variable_the_stack_sets() -> None:

@@ -126,8 +126,41 @@ def test_hares_sequences_come_from_the_scheduler_and_reports_from_their_server()
     others = [*SERVICES, executor_identity("a"), executor_identity("b"), tenant_identity("t")]
     seq_a, done_a = subjects.task_sequence("a"), subjects.task_done("a", "j1")
     assert [i for i in others if may_publish(i, seq_a)] == ["scheduler"]
-    assert [i for i in others if may_subscribe(i, seq_a)] == [executor_identity("a")]
+    # the aggregator reads them too: its grants (docs/hare.md §7, step 3b)
+    assert [i for i in others if may_subscribe(i, seq_a)] == ["aggregator",
+                                                              executor_identity("a")]
     assert [i for i in others if may_publish(i, done_a)] == [executor_identity("a")]
+
+
+def test_gradients_come_from_their_server_and_the_aggregator_alone_applies() -> None:
+    """Hare's aggregator (docs/hare.md §7, step 3b): executor-a alone
+    publishes a's gradients, any executor may ask for a job's parameters,
+    only the aggregator answers them, publishes the rounds applied, reads
+    the sequences and writes (and purges) its own object store."""
+    others = [*SERVICES, executor_identity("a"), executor_identity("b"), tenant_identity("t")]
+    grads_a = subjects.grads("a", "j1", 3)
+    assert [i for i in others if may_publish(i, grads_a)] == [executor_identity("a")]
+    assert [i for i in others if may_subscribe(i, grads_a)] == []  # read through JetStream
+    params = subjects.agg_params("j1")
+    assert [i for i in others if may_publish(i, params)] == [
+        executor_identity("a"), executor_identity("b")]
+    assert [i for i in others if may_subscribe(i, params)] == ["aggregator"]
+    assert permissions("aggregator").allow_responses
+    applied = subjects.agg_applied("j1")
+    assert [i for i in others if may_publish(i, applied)] == ["aggregator"]
+    assert sorted(i for i in others if may_subscribe(i, subjects.task_sequence("a"))) == [
+        "aggregator", executor_identity("a")]
+    store = "$O.hops_aggregator.M.ajEvY2hlY2twb2ludA=="
+    assert [i for i in others if may_publish(i, store)] == ["aggregator"]
+    denied = permissions("aggregator").publish_deny
+    assert not any(matches(p, "$JS.API.STREAM.PURGE.OBJ_hops_aggregator") for p in denied)
+    for stream in ("HOPS_GRADS", "HOPS_JOBS", "OBJ_hops_state", "KV_hops_jobs"):
+        assert any(matches(p, f"$JS.API.STREAM.PURGE.{stream}") for p in denied), stream
+    assert any(matches(p, "$JS.API.DIRECT.GET.OBJ_hops_state.x") for p in denied)
+    for service in SERVICES:
+        if service != "scheduler":
+            assert any(matches(p, "$JS.API.STREAM.PURGE.HOPS_GRADS")
+                       for p in permissions(service).publish_deny), service
 
 
 def test_services_write_only_their_own_buckets_and_use_their_own_inbox() -> None:

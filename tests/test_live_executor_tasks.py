@@ -189,7 +189,7 @@ async def test_each_gpu_runs_its_sequence_in_order_with_the_world_models_times(
     await asyncio.sleep(3 * RESEND_S)  # resends go on: nothing more runs
 
     assert len(leader.reports) == len(every)  # each once
-    assert sorted(await stored_ids(leader)) == sorted(f"{j}:{r}:{lo}" for j, r, lo in every)
+    assert sorted(await stored_ids(leader)) == sorted(f"{S}:{j}:{r}:{lo}" for j, r, lo in every)
     done = leader.done()
     for gpu, entries in ((0, gpu0), (1, gpu1)):
         ran = sorted((r for r in leader.reports if r.gpu_index == gpu), key=lambda r: r.started_at)
@@ -241,7 +241,7 @@ async def test_a_killed_executor_resumes_from_the_leaders_resend(leader: Leader)
     assert done[keys[1]].started_at > killed  # run again, from its start
     assert done[keys[1]].revision == rev and done[keys[0]].revision == 1
     assert done[keys[2]].started_at >= done[keys[1]].ended_at + SWITCH_S - 0.001
-    assert sorted(await stored_ids(leader)) == sorted(f"{j}:{r}:{lo}" for j, r, lo in keys)
+    assert sorted(await stored_ids(leader)) == sorted(f"{S}:{j}:{r}:{lo}" for j, r, lo in keys)
     assert leader.codes() == []
 
 

@@ -10,7 +10,7 @@ it holds (refusing, by :func:`shared.sequence.follow_problem`, one that
 moves an entry it started), runs each GPU's entries in order, one at a
 time, each after the job's earlier rounds are done on every GPU, and
 publishes one ``task_done`` per entry on ``hops.v1.tasks.done.s.<job>``
-with ``Nats-Msg-Id`` ``<job>:<round>:<lo>``, as ``executor-s`` would.
+with ``Nats-Msg-Id`` ``<server>:<job>:<round>:<lo>``, as ``executor-s`` would.
 
 The GPUs' link is slow (0.1 GB/s), so a round of the large model
 synchronises for longer than a micro-batch computes, and Hare runs the
@@ -133,7 +133,7 @@ class ExecutorStandIn:
                            round=entry.round, lo=entry.lo, hi=entry.hi, server_id=self.server,
                            gpu_index=gpu, started_at=started, ended_at=time.time(),
                            at=time.time())
-        key = f"{entry.job_id}:{entry.round}:{entry.lo}"
+        key = subjects.task_done_id(self.server, entry.job_id, entry.round, entry.lo)
         if msg_id is None:  # a first report (not a resend): when it went out
             self.reported_at[(entry.job_id, entry.round, entry.lo)] = time.time()
         await self.bus.js.publish(subjects.task_done(self.server, entry.job_id), ev.encode(done),
@@ -224,7 +224,7 @@ async def test_a_new_leader_resumes_the_sequences(stack: Stack, bus: Bus) -> Non
         assert again
         for key, gpu in again:
             await executor.report(executor.entries[key], gpu, 0.0,
-                                  msg_id=f"{key[0]}:{key[1]}:{key[2]}:again")
+                                  msg_id=f"{executor.server}:{key[0]}:{key[1]}:{key[2]}:again")
         await both_finish(bus, timeout=60)
     finally:
         for task in gpus:

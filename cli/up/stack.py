@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from scheduling.registry import DEFAULT_POLICY, parse_any
+from scheduling.registry import DEFAULT_POLICY, any_traits, parse_any
 from scheduling.rounds import ROUND_S
 from services.monitor.endpoint import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from services.runtime.settings import DEFAULT_REPLICAS
@@ -279,6 +279,7 @@ def components(config: StackConfig) -> tuple[Component, ...]:
         ),
         Component("placer", "services.placer", env=_security(config, "placer"),
                   doc="applies plans on the executors"),
+        *_aggregator(config),
         _cluster(config),
         Component(
             "gateway",
@@ -292,6 +293,16 @@ def components(config: StackConfig) -> tuple[Component, ...]:
             doc="the HTTP API",
         ),
     )
+
+
+def _aggregator(config: StackConfig) -> tuple[Component, ...]:
+    """The relaxed jobs' aggregator service, under a policy that sequences
+    tasks (its traits say so; docs/hare.md §7, step 3b); none otherwise."""
+    if not any_traits(config.policy).sequences_tasks:
+        return ()
+    return (Component("aggregator", "services.aggregator",
+                      env=_security(config, "aggregator"),
+                      doc="each relaxed job's gradient aggregator (Hare's parameter server)"),)
 
 
 def _cluster(config: StackConfig) -> Component:

@@ -56,6 +56,9 @@ class PolicyTraits:
     schedules_cores: bool = False
     admission: TenantAdmission = field(default_factory=TenantAdmission)
     views: TenantViews | None = None
+    # A task-level policy (Hare's, docs/hare.md §7): the leader sequences
+    # tasks, and each relaxed job's gradients go to an aggregator service.
+    sequences_tasks: bool = False
 
     def tenant_views(self, model: CellModel, layer_state: Mapping[str, bytes],
                      alive: Collection[ServerId] | None = None) -> tuple[TenantView, ...]:

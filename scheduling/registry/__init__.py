@@ -129,7 +129,12 @@ from scheduling.registry.specs import (
     ThemisSpec,
     TiresiasSpec,
 )
-from scheduling.registry.traits import policy_traits, schedules_cores, tenant_admission
+from scheduling.registry.traits import (
+    any_traits,
+    policy_traits,
+    schedules_cores,
+    tenant_admission,
+)
 
 __all__ = [
     "CLUSTER_TYPES",
@@ -177,6 +182,7 @@ __all__ = [
     "TenantSpec",
     "ThemisSpec",
     "TiresiasSpec",
+    "any_traits",
     "check",
     "core_inner",
     "make_policy",

@@ -13,15 +13,18 @@ from scheduling.layers.quota import QuotaLayer
 from scheduling.layers.traits import PolicyTraits, TenantAdmission, combine
 from scheduling.registry.grammar import (
     CORE_TYPES,
+    AnySpec,
     HivedSpec,
     PolicySpec,
     QuotaBorrowSpec,
     QuotaSpec,
+    parse_any,
     parse_policy,
     policy_name,
 )
 from scheduling.registry.specs import (
     CLUSTER_TYPES,
+    TASK_TYPES,
     ExtensionSpec,
 )
 
@@ -32,6 +35,16 @@ def policy_traits(spec: PolicySpec | str) -> PolicyTraits:
     if isinstance(spec, str):
         spec = parse_policy(spec)
     return combine(policy_name(spec), *_layer_traits(spec))
+
+
+def any_traits(spec: AnySpec | str) -> PolicyTraits:
+    """The traits of any spec, a task-level one's included: those sequence
+    tasks (:attr:`PolicyTraits.sequences_tasks`) and have no layers."""
+    if isinstance(spec, str):
+        spec = parse_any(spec)
+    if isinstance(spec, TASK_TYPES):
+        return PolicyTraits(policy=str(spec.__struct_config__.tag), sequences_tasks=True)
+    return policy_traits(spec)
 
 
 def _layer_traits(spec: PolicySpec) -> tuple[PolicyTraits, ...]:

@@ -5,8 +5,9 @@ Every process of the live system connects to nats-server as an nkey user
 (``<dir>/<identity>.nk``):
 
 * the services ``monitor``, ``estimator``, ``profiler``, ``scheduler``
-  (shared by its replicas: the leader lease tells them apart), ``placer``
-  and ``gateway``: system code, each allowed the subjects of its role;
+  (shared by its replicas: the leader lease tells them apart), ``placer``,
+  ``gateway`` and ``aggregator``: system code, each allowed the subjects of
+  its role;
 * ``admin``: the operator and the test harness, allowed everything;
 * ``executor-<server id>``: one server's executor, allowed only that
   server's subjects (node-scoped, the server id taken from the subject);
@@ -38,9 +39,10 @@ PROFILER = "profiler"
 SCHEDULER = "scheduler"
 PLACER = "placer"
 GATEWAY = "gateway"
+AGGREGATOR = "aggregator"
 ADMIN = "admin"
 AUDIT = "audit"
-SERVICES = (MONITOR, ESTIMATOR, PROFILER, SCHEDULER, PLACER, GATEWAY)
+SERVICES = (MONITOR, ESTIMATOR, PROFILER, SCHEDULER, PLACER, GATEWAY, AGGREGATOR)
 EXECUTOR_PREFIX = "executor-"
 TENANT_PREFIX = "tenant-"
 # nats-server's system account, where its advisories are published.
@@ -178,6 +180,19 @@ def _scheduler() -> Permissions:
     )
 
 
+def _aggregator() -> Permissions:
+    # It reads the task sequences (its grants) and the gradients (HOPS_GRADS,
+    # through the JetStream API), answers parameter requests, publishes the
+    # rounds it applied and writes its own object store, whose stale chunks
+    # it purges (every other stream's purge stays denied).
+    base = _service(AGGREGATOR,
+                    publish=(subjects.AGG_APPLIED_ALL, f"$O.{subjects.OBJ_AGGREGATOR}.>"),
+                    subscribe=(subjects.TASK_SEQ_ALL, subjects.AGG_PARAMS_ALL),
+                    responds=True)
+    return Permissions(base.publish, base.subscribe, base.allow_responses,
+                       (*_STATE_DENIED, _DELETE_ANY, *_PURGE_BUT_STATE))
+
+
 def _gateway() -> Permissions:
     # A trusted caller: the bare subjects, with the tenant it authenticated.
     # It reads the buckets (hops_jobs, hops_explain, ...) and each job's
@@ -203,6 +218,7 @@ _SERVICE_TABLE = {
                                               subjects.PLACER_SKIPPED),
                              kv=(subjects.KV_ALLOC,)),
     GATEWAY: _gateway,
+    AGGREGATOR: _aggregator,
 }
 
 
@@ -212,11 +228,14 @@ def executor_permissions(server_id: str) -> Permissions:
     sid = check_token(server_id, "server id")
     # No $JS.API: its reports are plain publishes captured by HOPS_REPORTS
     # (the stream's ack comes to its inbox), relayed by the monitor; its
-    # jobs' output goes the same way to HOPS_LOGS.
+    # jobs' output goes the same way to HOPS_LOGS, its tasks' gradients to
+    # HOPS_GRADS (its own subjects only); it may ask any job's aggregator for
+    # the parameters (read-only).
     return Permissions(
         publish=(subjects.nodes_register(sid), subjects.node_heartbeat(sid),
                  f"{PREFIX}.jobs.heartbeat.{sid}.*", f"{PREFIX}.reports.{sid}.*",
-                 f"{PREFIX}.logs.{sid}.*", f"{PREFIX}.tasks.done.{sid}.*", subjects.ERRORS),
+                 f"{PREFIX}.logs.{sid}.*", f"{PREFIX}.tasks.done.{sid}.*",
+                 f"{PREFIX}.grads.{sid}.*.*", subjects.AGG_PARAMS_ALL, subjects.ERRORS),
         subscribe=(subjects.exec_commands(sid), subjects.task_sequence(sid),
                    f"{inbox_prefix(executor_identity(sid))}.>"),
         allow_responses=True,

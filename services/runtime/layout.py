@@ -17,7 +17,7 @@ from nats.js.errors import APIError, BadRequestError
 
 from scheduling.live.lease import lease_ttl
 from services.runtime.durability import DURABLE, never_weaker
-from services.runtime.identity import SCHEDULER
+from services.runtime.identity import AGGREGATOR, SCHEDULER
 from services.runtime.logging import get_logger
 from services.runtime.retry import transient_retried
 from services.runtime.settings import DEFAULT_REPLICAS, RuntimeSettings
@@ -70,6 +70,14 @@ class JetStreamLayout:
     # recorded in the leader's state long before this.
     task_done_max_age: float = 7 * _DAY
     task_done_max_bytes: int = _GIB
+    # Hare's gradients: kept until a restarted aggregator has replayed the
+    # rounds it had not applied (a day is far beyond any restart); a chunk
+    # is 512 KiB (shared.gradients), under nats-server's 1 MiB message.
+    grads_max_age: float = _DAY
+    grads_max_bytes: int = 4 * _GIB
+    grads_max_msg_size: int = 1024 * 1024
+    # The aggregators' checkpoints and final parameters (hops_aggregator).
+    checkpoints_max_bytes: int = 2 * _GIB
     duplicate_window: float = 120.0
     max_msg_size: int = MAX_PAYLOAD
     leader_ttl: float = 5.0
@@ -80,13 +88,16 @@ class JetStreamLayout:
     # (the scheduler's; nats-server denies it to every other service,
     # services.runtime.identity), the others create it if it is missing.
     owns_state: bool = True
+    # Whether this ensure may update hops_aggregator's stream: the aggregator's.
+    owns_checkpoints: bool = True
 
     @classmethod
     def of(cls, settings: RuntimeSettings, service: str) -> JetStreamLayout:
         """The layout service ``service`` (its identity's name) with ``settings`` ensures."""
         replicated = settings.nats_replicas > 1
         return cls(leader_ttl=lease_ttl(settings.leader_ttl, replicated),
-                   replicas=settings.nats_replicas, owns_state=service == SCHEDULER)
+                   replicas=settings.nats_replicas, owns_state=service == SCHEDULER,
+                   owns_checkpoints=service == AGGREGATOR)
 
     def streams(self) -> tuple[StreamConfig, ...]:
         limits = {
@@ -97,6 +108,8 @@ class JetStreamLayout:
             subjects.STREAM_TIMELINE: (None, self.timeline_max_bytes),
             subjects.STREAM_LOGS: (self.logs_max_age, self.logs_max_bytes),
             subjects.STREAM_TASK_DONE: (self.task_done_max_age, self.task_done_max_bytes),
+            subjects.STREAM_GRADS: (self.grads_max_age, self.grads_max_bytes),
+            subjects.STREAM_AGG_APPLIED: (self.task_done_max_age, self.task_done_max_bytes),
         }
         per_subject = {subjects.STREAM_TIMELINE: self.timeline_per_job,
                        subjects.STREAM_LOGS: self.logs_per_job}
@@ -107,7 +120,8 @@ class JetStreamLayout:
                 storage=StorageType.FILE,
                 max_age=max_age,
                 max_bytes=max_bytes,
-                max_msg_size=self.max_msg_size,
+                max_msg_size=(self.grads_max_msg_size if s == subjects.STREAM_GRADS
+                              else self.max_msg_size),
                 max_msgs_per_subject=per_subject.get(s, -1),
                 num_replicas=self.replicas,
                 duplicate_window=self.duplicate_window,
@@ -141,7 +155,15 @@ class JetStreamLayout:
     def object_stores(self) -> tuple[ObjectStoreConfig, ...]:
         return (ObjectStoreConfig(bucket=subjects.OBJ_STATE, storage=StorageType.FILE,
                                   replicas=self.replicas, max_bytes=self.state_max_bytes,
-                                  description="the scheduler leader's large state"),)
+                                  description="the scheduler leader's large state"),
+                ObjectStoreConfig(bucket=subjects.OBJ_AGGREGATOR, storage=StorageType.FILE,
+                                  replicas=self.replicas, max_bytes=self.checkpoints_max_bytes,
+                                  description="the aggregators' checkpoints and final "
+                                              "parameters"))
+
+    def owns(self, bucket: str) -> bool:
+        """Whether this ensure may update object store ``bucket``'s limits."""
+        return self.owns_checkpoints if bucket == subjects.OBJ_AGGREGATOR else self.owns_state
 
 
 async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None = None) -> None:
@@ -154,7 +176,7 @@ async def ensure_jetstream(js: JetStreamContext, layout: JetStreamLayout | None 
     layout = layout or JetStreamLayout()
     calls = [*(partial(_ensure_stream, js, c) for c in layout.streams()),
              *(partial(_ensure_bucket, js, kv) for kv in layout.buckets()),
-             *(partial(_ensure_objects, js, obj, layout.owns_state)
+             *(partial(_ensure_objects, js, obj, layout.owns(obj.bucket or ""))
                for obj in layout.object_stores())]
     kept: list[str] = []
     for call in calls:
