@@ -32,6 +32,7 @@ variable                   flag                    default     meaning
 ``HOPS_THREADS``           ``--threads-per-gpu``   see below   real jobs: threads per process
 ``HOPS_JOB_USER``          ``--job-user``          none        real jobs run as this user
 ``HOPS_ALLOW_ROOT_JOBS``   ``--allow-root-jobs``   off (0)     root executor may run jobs as root
+``HOPS_TRAINERS_PER_GPU``  ``--trainers-per-gpu``  2           resident trainers per GPU (tasks)
 =========================  ======================  ==========  ==============================
 
 The run folder defaults to ``<HOPS_DATA_DIR or ./.hops>/runs``. The CPU
@@ -110,6 +111,7 @@ _NUMBERS = (
     ("profile_iters", jobenv.PROFILE_ITERS, int),
     ("log_cap_bytes_s", "HOPS_LOG_CAP_BYTES_S", float),
     ("log_cap_burst_bytes", "HOPS_LOG_CAP_BURST_BYTES", float),
+    ("trainers_per_gpu", "HOPS_TRAINERS_PER_GPU", int),
 )
 # Beyond the stop grace, for the executor to stop its jobs when it is stopped.
 _SHUTDOWN_MARGIN_S = 3.0

@@ -50,6 +50,8 @@ class ExecutorSettings:
     job_identity: JobIdentity | None = None  # resolved from the two above (real)
     server: Server | None = None  # as advertised (real: host cores, memory); None: the file's
     resctrl: Path = RESCTRL  # real: where memory bandwidth is read and capped (executor.mba)
+    # Resident trainer processes per GPU for Hare's tasks (executor.trainers).
+    trainers_per_gpu: int = 2
 
 
 def job_identity(settings: ExecutorSettings) -> JobIdentity:

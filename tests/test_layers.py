@@ -93,6 +93,9 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
     # An experiment's pure rule reaching its run (a shell that writes files).
     with (tmp_path / "experiments/sharing/cluster.py").open("a") as rule:
         rule.write("from experiments.sharing import run as _run\n")
+    # The trainers' choice rule reaching the pool that runs the processes.
+    with (tmp_path / "executor/trainer_choice.py").open("a") as rule:
+        rule.write("from executor import trainers as _pool\n")
     rc, out = _lint(tmp_path)
     assert rc != 0, out
     for broken in ("shared is not allowed to import time",
@@ -108,6 +111,7 @@ def test_the_contract_fails_on_bad_imports_in_temporary_modules(tmp_path: Path) 
                    "hops.aggregator is not allowed to import hops.plugin",
                    "hops.trainer is not allowed to import os",
                    "hops.trainer is not allowed to import hops.plugin",
+                   "executor.trainer_choice is not allowed to import executor.trainers",
                    "experiments.sharing.cluster is not allowed to import "
                    "experiments.sharing.run"):
         assert broken in out, out

@@ -1,0 +1,134 @@
+"""Hare's task switching time with REAL resident trainers (hare.md §4,
+Table 3; docs/hare.md §7, step 4): from the end of one job's task to the
+start of another's compute on the same GPU, against the task time.
+
+For each example (``examples/train_cnn.py``, ``examples/train_lm.py``, at
+their default sizes unless told), two jobs of it (seeds 0 and 1) are
+interleaved on one GPU's :class:`executor.trainers.TrainerPool`
+(``--trainers`` processes, one thread each on the CPU: one core stands in
+for a GPU), ``--micro`` micro-batches per task, A and B in turn, for
+``--rounds`` rounds of S = ``--sync-scale``. Each round's parameters go
+with its first task on a trainer (as the pool sends them), so some
+switches carry a parameter transfer: they are shown apart. The first
+round (model loads) is left out. The pool starts each task as soon as
+the previous one's compute ended (:meth:`TrainerPool.start`) and reads the
+previous gradients while it computes (:meth:`TrainerPool.finish`), as
+Hare's sync overlaps the next task. Times are the trainers' own
+``time.monotonic()``: the switch is the next task's ``compute_start`` less
+the previous one's ``compute_end``, and so holds the ``computed`` message,
+the pool's bookkeeping, the command's pipe and the next task's parameters
+when they come (encoded, sent, decoded and put in place); the share is of
+the task it starts. ``--serial`` reads each task's gradients before the
+next task starts, for comparison.
+
+    PYTHONPATH=. .venv/bin/python bench/trainer_switch.py [--device cpu|cuda]
+        [--rounds 4] [--sync-scale 4] [--micro 1] [--trainers 2] [--serial]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from executor.trainers import Pending, TaskResult, TrainerPool
+from hops.trainer.api import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = {"train_cnn": ROOT / "examples" / "train_cnn.py",
+            "train_lm": ROOT / "examples" / "train_lm.py"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def sequence(rounds: int, s: int, micro: int) -> list[tuple[str, int, int, int]]:
+    """(job, round, lo, hi) of the GPU's tasks: A's and B's in turn."""
+    out = []
+    for r in range(rounds):
+        for lo in range(0, s, micro):
+            hi = min(s, lo + micro)
+            out += [("A", r, lo, hi), ("B", r, lo, hi)]
+    return out
+
+
+def measure(script: Path, config: dict[str, Any], args: argparse.Namespace,
+            folder: str) -> list[TaskResult]:
+    params = {}
+    for job, seed in (("A", 0), ("B", 1)):
+        model = load_task(script, {**config, "seed": seed}).model
+        params[job] = {n: t.detach().clone() for n, t in model.named_parameters()}
+    tasks = sequence(args.rounds, args.sync_scale, args.micro)
+    results = []
+    with TrainerPool(args.trainers, device=args.device, threads=1, folder=folder) as pool:
+        for job, seed in (("A", 0), ("B", 1)):
+            pool.add_job(job, str(script), {**config, "seed": seed})
+        previous: Pending | None = None
+        for i, (job, r, lo, hi) in enumerate(tasks):
+            upcoming = [t[0] for t in tasks[i + 1:]]
+            # Started once the previous compute ended; its gradients read meanwhile.
+            started = pool.start(job, r, lo, hi, args.sync_scale, params[job], upcoming)
+            if args.serial:  # the gradients read before the next task starts
+                results.append(pool.finish(started))
+                continue
+            if previous is not None:
+                results.append(pool.finish(previous))
+            previous = started
+        if previous is not None:
+            results.append(pool.finish(previous))
+    return results
+
+
+def switches(results: list[TaskResult], skip: int) -> list[tuple[float, float, bool]]:
+    """(switch s, task s, parameters sent) of each pair of consecutive
+    tasks of different jobs, from task ``skip`` on."""
+    out = []
+    for prev, nxt in zip(results[skip:], results[skip + 1:], strict=False):
+        out.append((nxt.compute_start - prev.compute_end, nxt.compute_end - nxt.compute_start,
+                    nxt.params_sent))
+    return out
+
+
+def row(name: str, device: str, pairs: list[tuple[float, float, bool]]) -> str:
+    sw = [s for s, _, _ in pairs]
+    share = [s / t for s, t, _ in pairs]
+    plain = [s / t for s, t, sent in pairs if not sent] or [float("nan")]
+    task = statistics.median(t for _, t, _ in pairs)
+    return (f"{name:10} {device:5} {len(pairs):5} {task * 1e3:9.1f} "
+            f"{percentile(sw, 0.5) * 1e3:9.2f} {percentile(sw, 0.95) * 1e3:9.2f} "
+            f"{100 * percentile(share, 0.5):7.2f}% {100 * percentile(share, 0.95):7.2f}% "
+            f"{100 * percentile(plain, 0.95):9.2f}%")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per job (default 4)")
+    parser.add_argument("--sync-scale", type=int, default=4, help="S (default 4)")
+    parser.add_argument("--micro", type=int, default=1, help="micro-batches a task (default 1)")
+    parser.add_argument("--trainers", type=int, default=2, help="trainers (default 2)")
+    parser.add_argument("--serial", action="store_true",
+                        help="read each task's gradients before the next starts")
+    parser.add_argument("--examples", nargs="+", default=sorted(EXAMPLES), choices=EXAMPLES)
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("need 2 rounds or more: the first is left out")
+    print(f"{'example':10} {'dev':5} {'n':>5} {'task ms':>9} {'p50 ms':>9} {'p95 ms':>9} "
+          f"{'p50 %':>8} {'p95 %':>8} {'p95 %, no params':>10}")
+    config = {"sync_scale": args.sync_scale}
+    for name in args.examples:
+        with tempfile.TemporaryDirectory(prefix="hops-trainer-switch-") as folder:
+            results = measure(EXAMPLES[name], config, args, folder)
+        skip = 2 * len(range(0, args.sync_scale, args.micro))  # round 0: loads
+        print(row(name, args.device.split(":")[0], switches(results, skip)))
+    print("target (Hare, Table 3): <= 5% of the task time at p95")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
