@@ -199,3 +199,20 @@ def test_trainers_per_gpu_is_an_executor_setting(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("HOPS_TRAINERS_PER_GPU", "3")
     assert settings() == 3
     assert settings("--trainers-per-gpu", "4") == 4
+
+
+def test_tenants_never_share_a_trainer_process(tiny_pool: TrainerPool) -> None:
+    """Two trainers, three tenants: a job goes to a free trainer or its
+    tenant's; with none left, a trainer is replaced by a fresh process."""
+    for job, tenant in (("a", "t1"), ("a2", "t1"), ("b", "t2"), ("c", "t3")):
+        tiny_pool.add_job(job, TINY, {"seed": 3}, tenant)
+    params = _params({"seed": 3})
+    ran: dict[int, set[str]] = {}  # pid -> tenants whose tasks it ran
+    for job in ("a", "b", "a2", "c", "a", "b"):
+        out = tiny_pool.run(job, 0, 0, 1, 4, params)
+        pid = tiny_pool.pids[out.trainer]
+        ran.setdefault(pid, set()).add(tiny_pool.jobs[job].tenant)
+        assert tiny_pool.owners()[out.trainer] == tiny_pool.jobs[job].tenant
+        assert same_gradients(out.gradients, _local({"seed": 3}, params, 0, 0, 1))
+    assert all(len(tenants) == 1 for tenants in ran.values()), ran
+    assert len(ran) > 2  # resets happened: more processes than trainers

@@ -137,6 +137,12 @@ class AggregatorService:
             self.jobs[job] = hosted
             self.log.info("job restored", job_id=job, applied=hosted.aggregator.applied,
                           grants=len(hosted.grants))
+            # Killed between the checkpoint and the publish (or the final):
+            # the last round applied again (its message id makes a repeat
+            # count once; the leader takes a round once whatever comes twice).
+            if hosted.aggregator.applied:
+                await self._publish_applied(hosted, (hosted.aggregator.applied - 1,),
+                                            "round applied published again")
 
     async def _refuse(self, subject: str, code: str, reason: str, **kw: object) -> None:
         self.log.warning("refused", subject=subject, code=code, reason=reason, **kw)
@@ -276,18 +282,26 @@ class AggregatorService:
         job = hosted.job_id
         self.chunks.drop(job, hosted.aggregator.applied)
         await self._checkpoint(hosted)
-        for r in rounds:
-            await publish_retried(self.ctx.js, subjects.agg_applied(job),
-                                  encode(RoundApplied(job_id=job, round=r, at=self.clock())),
-                                  msg_id=f"{job}:{r}")
-            self.log.info("round applied", job_id=job, round=r)
+        await self._publish_applied(hosted, rounds)
+        await self._retry_pending()  # reports of the rounds now next
+
+    async def _publish_applied(self, hosted: Hosted, rounds: tuple[int, ...],
+                               event: str = "round applied") -> None:
+        """Publish ``rounds`` applied; the job's final parameters are saved
+        before its last round is published: the leader ends a real job on
+        that round, so a job that ended has its final parameters."""
+        job = hosted.job_id
         if hosted.done:
             data = await asyncio.to_thread(hosted.final)
             await put_object(self.ctx.js, BUCKET, final_name(job), data)
             self.log.info("final parameters saved", job_id=job, rounds=hosted.rounds)
-            if hosted.finished:
-                self._drop(job, "finished")
-        await self._retry_pending()  # reports of the rounds now next
+        for r in rounds:
+            await publish_retried(self.ctx.js, subjects.agg_applied(job),
+                                  encode(RoundApplied(job_id=job, round=r, at=self.clock())),
+                                  msg_id=f"{job}:{r}")
+            self.log.info(event, job_id=job, round=r)
+        if hosted.done and hosted.finished:
+            self._drop(job, "finished")
 
     def _drop(self, job: JobId, why: str) -> None:
         self.jobs.pop(job, None)
