@@ -27,6 +27,12 @@ that is free or that tenant's, and when there is none, a trainer is
 replaced by a fresh process for it (:func:`executor.trainer_choice.place`). A refusal is raised
 (:class:`TrainerRefused`, with the trainer's code), never retried.
 
+**The next task starts while the gradients travel.** :meth:`TrainerPool.
+start` returns as soon as a task's compute ended (the trainer says so
+before it sends the gradients); :meth:`TrainerPool.finish` returns the
+gradients, which a reader thread per trainer takes off its pipe meanwhile;
+:meth:`TrainerPool.run` is both.
+
 Blocking calls: an asyncio shell runs them in a thread. Not yet in the
 real executor's task path.
 """
