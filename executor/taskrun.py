@@ -3,29 +3,41 @@ scheduler leader sends this server (``hops.v1.tasks.seq.<server_id>``)
 and reports each entry it ran (``hops.v1.tasks.done.<server_id>.<job_id>``,
 captured by stream ``HOPS_TASK_DONE``, message id
 ``<server>:<job>:<round>:<lo>``).
-The rules are :mod:`executor.tasks`'; this shell decodes, keeps the time
-and publishes.
+The rules are :mod:`executor.tasks`'; the work of an entry is the
+backend's (:mod:`executor.taskwork`); this shell decodes, keeps the time
+and publishes. It is one for both backends.
 
 * A message that does not decode is refused with the decoder's code and
   reason (an error record); a revision :class:`~executor.tasks.Follower`
-  refuses is logged and recorded once with its code; a resend of the held
-  revision is a no-op.
+  or the work refuses is logged and recorded once with its code; a resend
+  of the held revision is a no-op.
 * One asyncio task per GPU index runs the GPU's entries in order: it waits
   for the entry's begin and for its job's earlier rounds on this server
-  (a new revision, or another GPU's compute ending, wakes it to look
-  again), then
-  emulates the switch and the compute with the world model's times and,
-  ``T^s`` later, publishes the ``task_done`` (a JetStream publish, retried;
-  the executor's identity has no JetStream API, the stream captures it).
+  (a new revision, or another GPU's entry ending, wakes it to look
+  again), then has the backend's work run it: the world model's switch
+  and compute times on the emulated backend (:class:`~executor.taskwork.
+  EmulatedWork`), the round's parameters from the job's aggregator and a
+  resident trainer on the real one (:mod:`executor.realwork`). Once the
+  work has sent the gradients (emulated: ``T^s`` after the compute) it
+  publishes the ``task_done`` (a JetStream publish, retried; the
+  executor's identity has no JetStream API, the stream captures it).
   ``started_at`` and ``ended_at`` are the compute's span on the wall clock
   the leader plans on (``time.time``); ``at`` is when the report was sent.
-* The real backend has no resident trainers yet: every revision is refused
-  with ``tasks_not_supported``, once per revision, and nothing runs.
+* An entry whose work fails is recorded (an error record with the code,
+  on the subject of its ``task_done``) and: skipped when the job's script
+  raised (``task_failed``: the GPU goes on, and skips the job's later
+  entries; its round cannot complete, so the job waits for an operator),
+  tried again when its
+  parameters did not come in time (``no_params``: it stays its GPU's head).
+* A backend with neither the world model nor trainers refuses every
+  revision with ``tasks_not_supported``, once per revision, and nothing
+  runs.
 
 A restarted executor holds nothing: it takes the leader's next resend, and
 the entry it was running (not reported) is again the head of its GPU's
 sequence, so it runs again. A revision that drops the job of a running
-entry abandons it: its GPU stops at once and reports nothing.
+entry abandons it: its GPU stops (the emulated one at once, a trainer
+when its task ends) and reports nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +86,7 @@ class TaskRunner:
         self.wake = {i: asyncio.Event() for i in range(server.gpus)}
         self.synced: dict[TaskKey, float] = {}  # entries computed here: their gradients sent
         self._said: set[tuple[int, int, str]] = set()  # the refusals recorded
+        self.failed: set[JobId] = set()  # jobs whose script raised: their entries are skipped
 
     async def start(self) -> None:
         """Subscribe, and start one runner per GPU."""
@@ -140,6 +153,10 @@ class TaskRunner:
         while not self.ctx.stopping.is_set():
             wake.clear()
             entry = self.follower.head(index)
+            if entry is not None and entry.job_id in self.failed:  # its rounds cannot end
+                self.follower.start(index, entry)
+                self.follower.finish(index)
+                continue
             synced = None if entry is None else self._synced(entry)
             if entry is None or synced is None:  # nothing to run, or an earlier round runs
                 await wake.wait()
@@ -180,8 +197,11 @@ class TaskRunner:
         GPU's head) or skipped, recorded either way."""
         if e.code == NO_PARAMS:
             self.follower.release(index)
-        elif self.follower.runs(index, key_of(entry)):
-            self.follower.finish(index)
+        else:  # the job's later entries here are skipped, not waited on
+            self.failed.add(entry.job_id)
+            if self.follower.runs(index, key_of(entry)):
+                self.follower.finish(index)
+            self._wake_all()
         self.log.warning("task failed", job_id=entry.job_id, round=entry.round, lo=entry.lo,
                          gpu_index=index, code=e.code, reason=e.reason)
         await self.ctx.reporter.publish(subjects.task_done(self.server.id, entry.job_id),
@@ -230,9 +250,11 @@ def task_work(ctx: ServiceContext, server: Server, backend: Backend,
         from executor.trainers import TrainerPool
 
         def pool(gpu: int) -> TrainerPool:
+            # threads as a real job's: one on a declared (CPU) device, the GPU's own else
             cores = settings.affinity[gpu] if gpu < len(settings.affinity) else ()
-            return TrainerPool(settings.trainers_per_gpu, device=_device(gpu), cores=cores,
-                               threads=settings.threads or (1 if cores else 0))
+            device = _device(gpu)
+            return TrainerPool(settings.trainers_per_gpu, device=device, cores=cores,
+                               threads=settings.threads or (1 if device == "cpu" else 0))
         return RealWork(ctx.nc, ctx.js, server.id, pool, settings.task_params_wait_s)
     return None
 

@@ -67,7 +67,7 @@ from world.hare import ps_sync_time
 from world.truth import GroundTruth
 
 # Codes of a refused task_sequence (error records; docs/events.md).
-TASKS_NOT_SUPPORTED = "tasks_not_supported"  # the Slurm bridge: it has no resident trainers
+TASKS_NOT_SUPPORTED = "tasks_not_supported"  # a backend with no world model and no trainers
 STALE_TERM = "stale_term"  # a term below the highest seen: a deposed leader's
 STALE_REVISION = "stale_revision"  # not newer than the revision held
 MOVES_STARTED = "moves_started"  # moves an entry this server runs or ran

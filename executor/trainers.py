@@ -33,8 +33,8 @@ before it sends the gradients); :meth:`TrainerPool.finish` returns the
 gradients, which a reader thread per trainer takes off its pipe meanwhile;
 :meth:`TrainerPool.run` is both.
 
-Blocking calls: an asyncio shell runs them in a thread. Not yet in the
-real executor's task path.
+Blocking calls: an asyncio shell runs them in a thread (the real
+executor's task work, :mod:`executor.realwork`, one pool per GPU).
 """
 
 from __future__ import annotations

@@ -440,6 +440,19 @@ class LiveStack:
         return until(phases, f"jobs {job_ids} ended", timeout,
                      lambda: f"{ {j: self.phase(j) for j in job_ids} }\n{self.logs()}")
 
+    def log_events(self, name: str, event: str) -> list[dict[str, Any]]:
+        """The JSON lines of ``name``'s log whose ``event`` is ``event``."""
+        out = []
+        for line in (self.data_dir / "logs" / f"{name}.log").read_text(
+                errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and entry.get("event") == event:
+                out.append(entry)
+        return out
+
     def logs(self, tail: int = 2500) -> str:
         parts = [f"launcher said: {self.said}"]
         for log in sorted((self.data_dir / "logs").glob("*.log")):

@@ -23,7 +23,6 @@ takes a job's applied rounds from the aggregator (``HOPS_AGG_APPLIED``).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -99,16 +98,7 @@ def reference(spec: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def log_lines(stack: LiveStack, name: str, msg: str) -> list[dict[str, Any]]:
-    out = []
-    for line in (stack.data_dir / "logs" / f"{name}.log").read_text(
-            errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(entry, dict) and entry.get("event") == msg:
-            out.append(entry)
-    return out
+    return stack.log_events(name, msg)
 
 
 def check_job(stack: LiveStack, spec: dict[str, Any]) -> list[dict[str, Any]]:
