@@ -17,8 +17,10 @@ sequence names, the thin shell of :mod:`.rules` and :mod:`.jobs`.
   ``hops_aggregator``: parameters, optimiser state, rounds applied, the
   grants and the spec), then ``round_applied`` on ``hops.v1.agg.applied.<job>``
   (message id ``<job>:<round>``); once the job's last round is applied, its
-  parameters as object ``<job>/final``. A checkpoint is also written before
-  a report that a grant not yet in it admits is counted.
+  parameters as object ``<job>/final``, saved before that round's
+  ``round_applied`` (the leader ends a real job on it). A checkpoint is also
+  written when a sequence brings new grants, and before a report that a
+  grant not yet in it admits is counted.
 * **Parameters**: ``hops.v1.agg.params.<job>`` answers, chunk by chunk, the
   parameters after the last round applied and that round count.
 * **Job events** (``HOPS_JOBS``, each job's last event first): a
@@ -28,7 +30,9 @@ sequence names, the thin shell of :mod:`.rules` and :mod:`.jobs`.
 **Restart** (kill -9): the jobs come back from their checkpoints, the
 stream is read again from its start, and the chunks of rounds applied are
 skipped: rounds after the checkpoint are applied again from the same
-state with the same gradients, so nothing is applied twice.
+state with the same gradients, so nothing is applied twice. The last
+round applied is published again (the kill may have come between the
+checkpoint and the publish).
 """
 
 from __future__ import annotations
@@ -182,7 +186,11 @@ class AggregatorService:
                 self.jobs[job] = hosted
                 self.log.info("job hosted", job_id=job, sync_scale=hosted.spec.sync_scale,
                               rounds=hosted.rounds)
-            hosted.grant(grants)
+            if hosted.grant(grants):
+                # Saved at once: the leader stops listing an entry once it is
+                # reported, so a grant seen only before a restart is lost with
+                # it when no report of it came before the kill.
+                await self._checkpoint(hosted)
 
     # --- gradients -----------------------------------------------------------
 
