@@ -72,6 +72,8 @@ class RealWork:
             except NotTaskReady as e:
                 return Refused(NOT_TASK_READY, str(e))
         self.specs.update({s.id: s for s in specs})
+        named = {s.id for s in specs}  # a job's parameters are kept while revisions name it
+        self.params = {j: p for j, p in self.params.items() if j in named}
         return None
 
     async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
@@ -140,12 +142,3 @@ class RealWork:
             await send_gradients(self.js, self.server_id, entry.job_id, round_=entry.round,
                                  lo=entry.lo, gradients=done.gradients, gpu_index=done.gpu,
                                  term=held[0], revision=held[1])
-
-    def forget(self, jobs: set[JobId]) -> None:
-        for job in jobs:
-            self.params.pop(job, None)
-            self.specs.pop(job, None)
-
-    def close(self) -> None:
-        for pool in self.pools.values():
-            pool.close()

@@ -80,9 +80,6 @@ class TaskWork(Protocol):
                       done: Computed) -> None:
         """Send ``done``'s gradients (the ``task_done`` follows)."""
 
-    def forget(self, jobs: set[JobId]) -> None:
-        """Drop what is kept for the jobs no revision names any more."""
-
 
 class EmulatedWork:
     """The emulated backend's work: the world model's times (T^c, T^s and
@@ -123,6 +120,3 @@ class EmulatedWork:
     async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
         assert done.synced is not None
         await asyncio.sleep(max(0.0, done.synced - self.clock()))
-
-    def forget(self, jobs: set[JobId]) -> None:
-        self.times = {j: t for j, t in self.times.items() if j not in jobs}

@@ -5,8 +5,7 @@ the work delivered the gradients; a job whose script raised
 (``task_failed``) is recorded once, skipped, and does not hold the GPU; an
 entry whose parameters did not come (``no_params``) is tried again; a
 revision the work refuses (``not_task_ready``) changes nothing. Also:
-``HOPS_TASK_PARAMS_WAIT_S`` is an executor setting, and the real Hare
-example's jobs load as tasks."""
+the real Hare example's jobs load as tasks."""
 
 from __future__ import annotations
 
@@ -17,24 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import structlog
 
-import executor.__main__ as executor_main
 from executor.taskrun import TaskRunner
 from executor.tasks import Refused
 from executor.taskwork import NO_PARAMS, Computed, Running, TaskFailed
 from hops.trainer.api import load_task
 from hops.trainer.protocol import TASK_FAILED
 from hops.trainer.spec import NOT_TASK_READY, task_config, task_script
-from services.runtime.settings import parse_args
 from shared import events as ev
 from shared.cluster import Server
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.sequence import GpuTasks, TaskEntry
 from shared.specs import load_jobs
-from world.clusters import cluster_arg
 
 SID = ServerId("s")
 GOOD, BAD, LATE, NOPE = JobId("good"), JobId("bad"), JobId("late"), JobId("nope")
@@ -74,9 +69,6 @@ class Work:
     async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
         await asyncio.sleep(0.02)
         self.log.append(f"sent {entry.job_id} {entry.round} {entry.lo}")
-
-    def forget(self, jobs: set[JobId]) -> None:
-        pass
 
 
 @dataclass
@@ -164,20 +156,6 @@ def test_an_entry_without_its_parameters_is_tried_again_not_lost() -> None:
     assert ctx.reports == ["done late 0 0", "done good 0 0"]  # in the GPU's order
     assert work.log.count("compute late 0 0") == 3
     assert [code for _, code in ctx.published] == [NO_PARAMS, NO_PARAMS]
-
-
-def test_the_parameters_wait_is_an_executor_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = cluster_arg("paper-physical")
-    argv = ["--cluster", "paper-physical", "--server-id", cluster.servers[0].id]
-
-    def wait_s(*extra: str) -> float:
-        _, args = parse_args([*argv, *extra], service="executor", parser=executor_main._parser())
-        return executor_main.executor_settings(args, cluster).task_params_wait_s
-
-    assert wait_s() == 120.0
-    monkeypatch.setenv("HOPS_TASK_PARAMS_WAIT_S", "7.5")
-    assert wait_s() == 7.5
-    assert wait_s("--task-params-wait-s", "3") == 3.0
 
 
 def test_the_real_hare_example_runs_as_tasks() -> None:
