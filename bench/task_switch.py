@@ -16,7 +16,7 @@ start. Task time: an entry's compute span.
 The switch here is the emulated one (Table 3's 3.1 ms, :data:`world.hare.
 SWITCH_S`, slept) plus what the executor adds: its event loop, timers and
 bookkeeping. A real trainer's figure (resident processes, models kept in
-memory) is a later step: the real executor refuses task sequences today.
+memory) is bench/trainer_switch.py's: this bench measures the emulated executor.
 
     PYTHONPATH=. .venv/bin/python bench/task_switch.py [--rounds 2] [--sync-scale 16]
 """
@@ -171,8 +171,7 @@ def main() -> None:
         print(f"switching time {name}: {percentile(switches, q) * 1e3:6.2f} ms, "
               f"{100 * percentile(shares, q):5.2f}% of the task it starts")
     print("target (Hare, Table 3): <= 5% of the task time at p95")
-    print("real trainers (resident processes): not measured; a later step "
-          "(the real executor refuses task sequences today)")
+    print("real trainers (resident processes): bench/trainer_switch.py")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ variable                   flag                    default     meaning
 ``HOPS_JOB_USER``          ``--job-user``          none        real jobs run as this user
 ``HOPS_ALLOW_ROOT_JOBS``   ``--allow-root-jobs``   off (0)     root executor may run jobs as root
 ``HOPS_TRAINERS_PER_GPU``  ``--trainers-per-gpu``  2           resident trainers per GPU (tasks)
+``HOPS_TASK_PARAMS_...``   ``--task-params-...``   120         a task's wait for its params (s)
 =========================  ======================  ==========  ==============================
 
 The run folder defaults to ``<HOPS_DATA_DIR or ./.hops>/runs``. The CPU
@@ -112,6 +113,7 @@ _NUMBERS = (
     ("log_cap_bytes_s", "HOPS_LOG_CAP_BYTES_S", float),
     ("log_cap_burst_bytes", "HOPS_LOG_CAP_BURST_BYTES", float),
     ("trainers_per_gpu", "HOPS_TRAINERS_PER_GPU", int),
+    ("task_params_wait_s", "HOPS_TASK_PARAMS_WAIT_S", float),
 )
 # Beyond the stop grace, for the executor to stop its jobs when it is stopped.
 _SHUTDOWN_MARGIN_S = 3.0

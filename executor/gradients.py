@@ -3,8 +3,8 @@
 server's subject (captured by ``HOPS_GRADS``; the executor's identity has
 no JetStream API, so each chunk is a publish the stream acknowledges),
 and :func:`fetch_params` asks the aggregator for the job's parameters
-after the last round applied. Not wired to the task runner yet: the
-trainers that compute real gradients are a later step."""
+after the last round applied. The real executor's task work
+(:mod:`executor.realwork`) uses both."""
 
 from __future__ import annotations
 

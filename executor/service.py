@@ -356,7 +356,7 @@ async def run_node(ctx: ServiceContext, settings: ExecutorSettings, cluster: Clu
     # Serve first: once the monitor lists the node, it takes commands.
     await serve_commands(ctx.nc, subjects.exec_commands(node.server.id), node.handle,
                          ctx.reporter)
-    await start_tasks(ctx, node.server, node.backend, settings.time_scale)  # Hare's sequences
+    await start_tasks(ctx, node.server, node.backend, settings)  # Hare's sequences
     await node.register()
     if ctx.stopping.is_set():
         return

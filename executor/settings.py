@@ -52,6 +52,8 @@ class ExecutorSettings:
     resctrl: Path = RESCTRL  # real: where memory bandwidth is read and capped (executor.mba)
     # Resident trainer processes per GPU for Hare's tasks (executor.trainers).
     trainers_per_gpu: int = 2
+    # The longest a task waits for its round's parameters from the job's aggregator.
+    task_params_wait_s: float = 120.0
 
 
 def job_identity(settings: ExecutorSettings) -> JobIdentity:

@@ -3,35 +3,48 @@ scheduler leader sends this server (``hops.v1.tasks.seq.<server_id>``)
 and reports each entry it ran (``hops.v1.tasks.done.<server_id>.<job_id>``,
 captured by stream ``HOPS_TASK_DONE``, message id
 ``<server>:<job>:<round>:<lo>``).
-The rules are :mod:`executor.tasks`'; this shell decodes, keeps the time
-and publishes.
+The rules are :mod:`executor.tasks`'; the work of an entry is the
+backend's (:mod:`executor.taskwork`); this shell decodes, keeps the time
+and publishes. It is one for both backends.
 
 * A message that does not decode is refused with the decoder's code and
   reason (an error record); a revision :class:`~executor.tasks.Follower`
-  refuses is logged and recorded once with its code; a resend of the held
-  revision is a no-op.
+  or the work refuses is logged and recorded once with its code; a resend
+  of the held revision is a no-op.
 * One asyncio task per GPU index runs the GPU's entries in order: it waits
   for the entry's begin and for its job's earlier rounds on this server
-  (a new revision, or another GPU's compute ending, wakes it to look
-  again), then
-  emulates the switch and the compute with the world model's times and,
-  ``T^s`` later, publishes the ``task_done`` (a JetStream publish, retried;
-  the executor's identity has no JetStream API, the stream captures it).
+  (a new revision, or another GPU's entry ending, wakes it to look
+  again), then has the backend's work run it: the world model's switch
+  and compute times on the emulated backend (:class:`~executor.taskwork.
+  EmulatedWork`), the round's parameters from the job's aggregator and a
+  resident trainer on the real one (:mod:`executor.realwork`). Once the
+  work has sent the gradients (emulated: ``T^s`` after the compute) it
+  publishes the ``task_done`` (a JetStream publish, retried; the
+  executor's identity has no JetStream API, the stream captures it).
   ``started_at`` and ``ended_at`` are the compute's span on the wall clock
   the leader plans on (``time.time``); ``at`` is when the report was sent.
-* The real backend has no resident trainers yet: every revision is refused
-  with ``tasks_not_supported``, once per revision, and nothing runs.
+* An entry whose work fails is recorded (an error record with the code,
+  on the subject of its ``task_done``) and: skipped when the job's script
+  raised (``task_failed``: the GPU goes on, and skips the job's later
+  entries; its round cannot complete, so the job waits for an operator),
+  tried again when its
+  parameters did not come in time (``no_params``: it stays its GPU's head).
+* A backend with neither the world model nor trainers refuses every
+  revision with ``tasks_not_supported``, once per revision, and nothing
+  runs.
 
 A restarted executor holds nothing: it takes the leader's next resend, and
 the entry it was running (not reported) is again the head of its GPU's
 sequence, so it runs again. A revision that drops the job of a running
-entry abandons it: its GPU stops at once and reports nothing.
+entry abandons it: its GPU stops (the emulated one at once, a trainer
+when its task ends) and reports nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 
@@ -41,15 +54,10 @@ from structlog.typing import FilteringBoundLogger
 from executor.backend import Backend
 from executor.emulated import EmulatedBackend
 from executor.publish import publish_retrying
-from executor.tasks import (
-    TASKS_NOT_SUPPORTED,
-    Follower,
-    Refused,
-    TaskTimes,
-    entry_run,
-    key_of,
-    sequence_times,
-)
+from executor.real import RealBackend
+from executor.settings import ExecutorSettings
+from executor.tasks import TASKS_NOT_SUPPORTED, Follower, Refused, key_of
+from executor.taskwork import NO_PARAMS, Computed, EmulatedWork, TaskFailed, TaskWork
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.cluster import Server
@@ -57,40 +65,36 @@ from shared.events import TaskDone, TaskSequence, WireError, decode_task_event
 from shared.ids import JobId
 from shared.sequence import TaskEntry, TaskKey
 from shared.wire import INVALID
-from world.hare import SWITCH_S
-from world.truth import GroundTruth
 
 Clock = Callable[[], float]
 SAID_MAX = 256  # refusals remembered, so that resends are not recorded again
 
 
 class TaskRunner:
-    """Follows this server's task sequences (module docstring); ``truth``
+    """Follows this server's task sequences (module docstring); ``work``
     None: the backend cannot run tasks."""
 
-    def __init__(self, ctx: ServiceContext, server: Server, truth: GroundTruth | None,
-                 time_scale: float, switch_s: float = SWITCH_S, clock: Clock = time.time) -> None:
+    def __init__(self, ctx: ServiceContext, server: Server, work: TaskWork | None,
+                 clock: Clock = time.time) -> None:
         self.ctx = ctx
         self.server = server
-        self.truth = truth
-        self.time_scale = time_scale
-        self.switch_s = switch_s / time_scale
+        self.work = work
         self.clock = clock
         self.log: FilteringBoundLogger = ctx.log.bind(server_id=server.id, part="tasks")
         self.subject = subjects.task_sequence(server.id)
         self.follower = Follower(server.id, server.gpus)
-        self.times: dict[JobId, TaskTimes] = {}
         self.wake = {i: asyncio.Event() for i in range(server.gpus)}
         self.synced: dict[TaskKey, float] = {}  # entries computed here: their gradients sent
         self._said: set[tuple[int, int, str]] = set()  # the refusals recorded
+        self.failed: set[JobId] = set()  # jobs whose script raised: their entries are skipped
 
     async def start(self) -> None:
         """Subscribe, and start one runner per GPU."""
         await self.ctx.nc.subscribe(self.subject, cb=self.on_message)
         await self.ctx.nc.flush()
         self.log.info("following task sequences", subject=self.subject,
-                      runs=self.truth is not None, gpus=self.server.gpus)
-        if self.truth is not None:
+                      runs=self.work is not None, gpus=self.server.gpus)
+        if self.work is not None:
             for index in range(self.server.gpus):
                 self.ctx.spawn(self._gpu(index), name=f"tasks-gpu-{index}")
 
@@ -108,25 +112,28 @@ class TaskRunner:
 
     async def offer(self, seq: TaskSequence) -> None:
         """Take ``seq``, or refuse it (module docstring)."""
-        if self.truth is None:
+        if self.work is None:
             await self._refuse(seq, Refused(TASKS_NOT_SUPPORTED, (
-                f"the {self.server.id} executor's backend cannot run Hare's tasks yet "
-                "(resident trainers are a later step)")))
+                f"the {self.server.id} executor's backend cannot run Hare's tasks "
+                "(it has no resident trainers)")))
             return
-        times = sequence_times(self.truth, seq.specs, self.server.gpu_type, self.time_scale)
-        verdict = times if isinstance(times, Refused) else self.follower.offer(seq)
+        if self.follower.held == (seq.term, seq.revision):  # the leader's resend
+            return
+        checked = self.work.take(seq.specs)
+        verdict = checked if checked is not None else self.follower.offer(seq)
         if isinstance(verdict, Refused):
             await self._refuse(seq, verdict)
         elif verdict == "taken":
-            assert not isinstance(times, Refused)
-            self.times = {**self.times, **times}
             listed = {key_of(e) for es in self.follower.entries.values() for e in es}
             self.synced = {k: t for k, t in self.synced.items() if k in listed}
             self.log.info("task sequence taken", term=seq.term, revision=seq.revision,
                           policy=seq.policy, entries={g.gpu_index: len(g.entries)
                                                       for g in seq.gpus})
-            for event in self.wake.values():
-                event.set()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for event in self.wake.values():
+            event.set()
 
     async def _refuse(self, seq: TaskSequence, why: Refused) -> None:
         said = (seq.term, seq.revision, why.code)
@@ -141,84 +148,129 @@ class TaskRunner:
 
     async def _gpu(self, index: int) -> None:
         """Run GPU ``index``'s entries in order, one at a time."""
+        assert self.work is not None
         wake, last_job = self.wake[index], None
         while not self.ctx.stopping.is_set():
             wake.clear()
             entry = self.follower.head(index)
+            if entry is not None and entry.job_id in self.failed:  # its rounds cannot end
+                self.follower.start(index, entry)
+                self.follower.finish(index)
+                continue
             synced = None if entry is None else self._synced(entry)
             if entry is None or synced is None:  # nothing to run, or an earlier round runs
                 await wake.wait()
                 continue
-            times = self.times[entry.job_id]
-            run = entry_run(entry, times, max(self.clock(), synced), last_job, self.switch_s)
-            if run.begin > self.clock():
+            begin = max(self.clock(), synced, entry.start_s)
+            if begin > self.clock():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), run.begin - self.clock())
+                    await asyncio.wait_for(wake.wait(), begin - self.clock())
                 continue  # a new revision, or the begin came: look again
             key = key_of(entry)
-            term, revision = self.follower.start(index, entry)
-            last_job = entry.job_id  # the GPU switched to it, even if it is abandoned
-            started = self.clock() + run.switch_s
-            ended = started + (entry.hi - entry.lo) * times.compute_s
-            if not await self._compute(index, key, ended):
+            held = self.follower.start(index, entry)
+            last, last_job = last_job, entry.job_id  # switched, even if it is abandoned
+            try:
+                done = await self.work.compute(index, entry, held, last, self._upcoming(index),
+                                               functools.partial(self.follower.runs, index, key))
+            except TaskFailed as e:
+                await self._failed(index, entry, e)
+                continue
+            if done is None:
                 self.log.info("task abandoned", job_id=entry.job_id, round=entry.round,
                               lo=entry.lo, gpu_index=index)
                 continue
             self.follower.finish(index)
-            self.synced[key] = ended + times.sync_s
-            for event in self.wake.values():  # a round's barrier may have lifted
-                event.set()
-            self.ctx.spawn(self._report(index, entry, (term, revision), (started, ended),
-                                        ended + times.sync_s),
+            if done.synced is not None:
+                self.synced[key] = done.synced
+            self._wake_all()  # a round's barrier may have lifted
+            self.ctx.spawn(self._report(index, entry, held, done),
                            name=f"task-done-{entry.job_id}-{entry.round}-{entry.lo}")
+
+    def _upcoming(self, index: int) -> tuple[JobId, ...]:
+        """The jobs of GPU ``index``'s entries after its running one."""
+        return tuple(e.job_id for e in self.follower.entries.get(index, ())
+                     if key_of(e) not in self.follower.done
+                     and self.follower.running.get(index) != key_of(e))
+
+    async def _failed(self, index: int, entry: TaskEntry, e: TaskFailed) -> None:
+        """An entry whose work failed: tried again (``no_params``: it stays the
+        GPU's head) or skipped, recorded either way."""
+        if e.code == NO_PARAMS:
+            self.follower.release(index)
+        else:  # the job's later entries here are skipped, not waited on
+            self.failed.add(entry.job_id)
+            if self.follower.runs(index, key_of(entry)):
+                self.follower.finish(index)
+            self._wake_all()
+        self.log.warning("task failed", job_id=entry.job_id, round=entry.round, lo=entry.lo,
+                         gpu_index=index, code=e.code, reason=e.reason)
+        await self.ctx.reporter.publish(subjects.task_done(self.server.id, entry.job_id),
+                                        e.reason, e.code)
 
     def _synced(self, entry: TaskEntry) -> float | None:
         """When the gradients of ``entry``'s job's earlier rounds on this
-        server are sent (0: none listed); None while one is not computed."""
+        server are sent (0: none listed); None while one is not sent (or,
+        emulated, not computed)."""
         keys = self.follower.barrier(entry)
         if any(k not in self.synced for k in keys):
             return None
         return max((self.synced[k] for k in keys), default=0.0)
 
-    async def _compute(self, index: int, key: TaskKey, until: float) -> bool:
-        """Emulate GPU ``index``'s switch and compute of ``key`` until
-        ``until``; False when a revision abandoned it first."""
-        wake = self.wake[index]
-        while self.follower.runs(index, key):
-            left = until - self.clock()
-            if left <= 0:
-                return True
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), left)
-        return False
-
-    async def _until(self, at: float) -> None:
-        """Sleep until ``at`` on the clock (not a duration: no drift)."""
-        await asyncio.sleep(max(0.0, at - self.clock()))
-
     async def _report(self, index: int, entry: TaskEntry, held: tuple[int, int],
-                      span: tuple[float, float], sent: float) -> None:
-        """Once the gradients are sent (at ``sent``), publish the entry's
-        ``task_done``: computed over ``span`` under revision ``held``."""
-        await self._until(sent)
+                      done: Computed) -> None:
+        """Once the work has sent the gradients, publish the entry's
+        ``task_done``: computed over ``done``'s span under revision ``held``."""
+        assert self.work is not None
+        log = self.log.bind(job_id=entry.job_id)
+        # Gradients that cannot be sent stop the executor (ctx.spawn): a
+        # restarted one runs the unreported entry again, nothing is lost.
+        await self.work.deliver(entry, held, done)
+        self.synced[key_of(entry)] = self.synced.get(key_of(entry), self.clock())
+        self._wake_all()
         report = TaskDone(term=held[0], revision=held[1], job_id=entry.job_id,
                           round=entry.round, lo=entry.lo, hi=entry.hi, server_id=self.server.id,
-                          gpu_index=index, started_at=span[0], ended_at=span[1],
+                          gpu_index=index, started_at=done.started, ended_at=done.ended,
                           at=self.clock())
         msg_id = subjects.task_done_id(self.server.id, entry.job_id, entry.round, entry.lo)
-        log = self.log.bind(job_id=entry.job_id)
         subject = subjects.task_done(self.server.id, entry.job_id)
         if await publish_retrying(self.ctx.js, subject, report, msg_id, log):
             log.info("task done", round=entry.round, lo=entry.lo, hi=entry.hi, gpu_index=index,
-                     started_at=span[0], ended_at=span[1], term=held[0], revision=held[1])
+                     started_at=done.started, ended_at=done.ended, term=held[0],
+                     revision=held[1])
+
+
+def task_work(ctx: ServiceContext, server: Server, backend: Backend,
+              settings: ExecutorSettings) -> TaskWork | None:
+    """The backend's work of an entry; None for a backend without trainers."""
+    if isinstance(backend, EmulatedBackend):
+        return EmulatedWork(backend.truth, server.gpu_type, settings.time_scale, time.time)
+    if isinstance(backend, RealBackend):
+        # torch comes with the real backend only: the emulated executor's image has none
+        from executor.realwork import RealWork
+        from executor.trainers import TrainerPool
+
+        def pool(gpu: int) -> TrainerPool:
+            # threads as a real job's: one on a declared (CPU) device, the GPU's own else
+            cores = settings.affinity[gpu] if gpu < len(settings.affinity) else ()
+            device = _device(gpu)
+            return TrainerPool(settings.trainers_per_gpu, device=device, cores=cores,
+                               threads=settings.threads or (1 if device == "cpu" else 0))
+        return RealWork(ctx.nc, ctx.js, server.id, pool, settings.task_params_wait_s)
+    return None
+
+
+def _device(gpu: int) -> str:
+    """A GPU's torch device: ``cuda:<gpu>`` where CUDA is, else the CPU (a
+    declared device: one core stands in for a GPU)."""
+    import torch  # the emulated executor needs none of it
+
+    return f"cuda:{gpu}" if torch.cuda.is_available() else "cpu"
 
 
 async def start_tasks(ctx: ServiceContext, server: Server, backend: Backend,
-                      time_scale: float) -> TaskRunner:
-    """The executor's hook: follow this server's task sequences, run on the
-    emulated backend's world model, refused on any other backend."""
-    truth = backend.truth if isinstance(backend, EmulatedBackend) else None
-    runner = TaskRunner(ctx, server, truth, time_scale)
+                      settings: ExecutorSettings) -> TaskRunner:
+    """The executor's hook: follow this server's task sequences with the
+    backend's work (refused on a backend without trainers)."""
+    runner = TaskRunner(ctx, server, task_work(ctx, server, backend, settings))
     await runner.start()
     return runner

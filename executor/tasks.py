@@ -67,7 +67,7 @@ from world.hare import ps_sync_time
 from world.truth import GroundTruth
 
 # Codes of a refused task_sequence (error records; docs/events.md).
-TASKS_NOT_SUPPORTED = "tasks_not_supported"  # the real backend: its trainers are a later step
+TASKS_NOT_SUPPORTED = "tasks_not_supported"  # a backend with no world model and no trainers
 STALE_TERM = "stale_term"  # a term below the highest seen: a deposed leader's
 STALE_REVISION = "stale_revision"  # not newer than the revision held
 MOVES_STARTED = "moves_started"  # moves an entry this server runs or ran
@@ -238,6 +238,10 @@ class Follower:
             raise ValueError(f"GPU {gpu}: entry {key_of(entry)} is not its head")
         self.running[gpu] = key_of(entry)
         return self.held
+
+    def release(self, gpu: int) -> TaskKey:
+        """GPU ``gpu`` gives its running entry back, not run: its head again."""
+        return self.running.pop(gpu)
 
     def finish(self, gpu: int) -> TaskKey:
         """GPU ``gpu`` computed its running entry: done, never run again."""

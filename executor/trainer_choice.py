@@ -15,6 +15,15 @@ the executor see.
 The next task runs on the trainer that holds its model; when none does, on
 the trainer where loading it moves out the model needed latest (a free
 place first; ties the lowest trainer index).
+
+**Tenants never share a process** (Hare's isolation of jobs, docs/hare.md
+§7): a trainer runs the scripts of one tenant until it is reset (a fresh
+process: nothing of the last tenant's code, models or memory survives). A
+task goes only to a trainer that is free (no tenant yet) or its own
+tenant's; when every trainer is another tenant's, the one whose models are
+needed latest is reset for it. A plain ``kept`` by models alone could give
+a trainer that ran tenant A's script, with whatever that script left in
+the process, to tenant B.
 """
 
 from __future__ import annotations
@@ -52,25 +61,36 @@ class Placement:
     trainer: int
     evict: tuple[str, ...]
     load: bool
+    reset: bool = False  # another tenant's trainer: a fresh process first
 
 
-def place(holding: Sequence[Iterable[str]], upcoming: Sequence[str],
-          capacity: int) -> Placement:
+def place(holding: Sequence[Iterable[str]], upcoming: Sequence[str], capacity: int,
+          owners: Sequence[str | None] = (), tenant: str | None = None) -> Placement:
     """Where the next task, ``upcoming[0]``'s, runs, given the models each
     trainer holds (``holding[i]``: trainer i's), and what that trainer
-    moves out to keep at most ``capacity`` (module doc)."""
+    moves out to keep at most ``capacity`` (module doc). ``owners[i]``:
+    the tenant trainer i serves (None: none yet; ``()``: no tenants at
+    all), ``tenant`` the task's."""
     if not holding:
         raise ValueError("need at least one trainer")
     held = [frozenset(h) for h in holding]
+    owner = list(owners) or [None] * len(held)
+    if len(owner) != len(held):
+        raise ValueError(f"{len(owner)} owners for {len(held)} trainers")
+    mine = [i for i in range(len(held)) if owner[i] in (None, tenant)]
+    if not mine:  # every trainer is another tenant's: reset the one needed latest
+        latest = max(range(len(held)), key=lambda i: (min(
+            (next_use(j, upcoming) for j in held[i]), default=len(upcoming)), -i))
+        return Placement(latest, (), load=True, reset=True)
     job = upcoming[0] if upcoming else ""
-    for i, jobs in enumerate(held):
-        if job in jobs:
-            victims = jobs - kept(jobs, upcoming, capacity)
+    for i in mine:
+        if job in held[i]:
+            victims = held[i] - kept(held[i], upcoming, capacity)
             return Placement(i, tuple(sorted(victims)), load=False)
     best: tuple[int, int] | None = None
-    choice = Placement(0, (), load=True)
-    for i, jobs in enumerate(held):
-        victims = jobs - kept(jobs, upcoming, capacity)
+    choice = Placement(mine[0], (), load=True)
+    for i in mine:
+        victims = held[i] - kept(held[i], upcoming, capacity)
         # A free place beats any move; else the move whose model is needed latest.
         score = min((next_use(v, upcoming) for v in victims), default=len(upcoming) + 1)
         if best is None or score > best[0]:

@@ -19,7 +19,12 @@ model holds the script's seeded weights, which are no round's, so round
 
 **A trainer that dies** (SIGKILL mid-task, say) is replaced by a new
 process on the same cores, and the task runs again there from the same
-parameters: its gradients come back once. A refusal is raised
+parameters: its gradients come back once.
+
+**One tenant per process.** A trainer runs the jobs of the tenant of its
+first job until it is reset; a job of another tenant goes to a trainer
+that is free or that tenant's, and when there is none, a trainer is
+replaced by a fresh process for it (:func:`executor.trainer_choice.place`). A refusal is raised
 (:class:`TrainerRefused`, with the trainer's code), never retried.
 
 **The next task starts while the gradients travel.** :meth:`TrainerPool.
@@ -28,8 +33,8 @@ before it sends the gradients); :meth:`TrainerPool.finish` returns the
 gradients, which a reader thread per trainer takes off its pipe meanwhile;
 :meth:`TrainerPool.run` is both.
 
-Blocking calls: an asyncio shell runs them in a thread. Not yet in the
-real executor's task path.
+Blocking calls: an asyncio shell runs them in a thread (the real
+executor's task work, :mod:`executor.realwork`, one pool per GPU).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +57,7 @@ import msgspec
 import torch
 
 import hops
+from executor.isolation import base_env
 from executor.settings import ExecutorSettings
 from executor.trainer_choice import place
 from hops.trainer import protocol as p
@@ -81,6 +88,7 @@ class JobSource:
 
     script: str
     config: Mapping[str, Any]
+    tenant: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,7 @@ class _Proc:
     evicted: set[str] = field(default_factory=set)  # models moved out (state in shm)
     given: dict[str, int] = field(default_factory=dict)  # job -> round whose params it has
     pending: Pending | None = None  # its task whose gradients are still to read
+    tenant: str | None = None  # whose scripts it runs (None: nobody's yet)
 
 
 @dataclass
@@ -180,8 +189,13 @@ class TrainerPool:
         """The models each trainer holds in memory."""
         return tuple(frozenset(proc.held) for proc in self._procs)
 
-    def add_job(self, job: str, script: str, config: Mapping[str, Any]) -> None:
-        self.jobs[job] = JobSource(script, dict(config))
+    def owners(self) -> tuple[str | None, ...]:
+        """The tenant each trainer serves (None: none yet)."""
+        return tuple(proc.tenant for proc in self._procs)
+
+    def add_job(self, job: str, script: str, config: Mapping[str, Any],
+                tenant: str = "") -> None:
+        self.jobs[job] = JobSource(script, dict(config), tenant)
 
     def run(self, job: str, round_: int, lo: int, hi: int, sync_scale: int,
             params: Mapping[str, torch.Tensor], upcoming: Sequence[str] = ()) -> TaskResult:
@@ -204,7 +218,12 @@ class TrainerPool:
         for attempt in range(first, RETRIES + 2):
             # A model moved out counts where it is: it comes back there, not twice.
             holding = [proc.held | ({task.job} & proc.evicted) for proc in self._procs]
-            where = place(holding, [task.job, *task.upcoming], self.capacity)
+            tenant = self.jobs[task.job].tenant
+            where = place(holding, [task.job, *task.upcoming], self.capacity,
+                          self.owners(), tenant)
+            if where.reset:  # another tenant's process: a fresh one
+                self._replace(where.trainer)
+            self._procs[where.trainer].tenant = tenant
             try:
                 return self._start_on(where.trainer, where.evict, task, attempt)
             except TrainerDied:
@@ -336,12 +355,14 @@ def _reader(stdout: IO[bytes], replies: queue.SimpleQueue[p.Reply | None]) -> No
 
 
 def _child_env() -> dict[str, str]:
-    """The environment of a trainer: this one, with the folder this
-    process's ``hops`` comes from first on the path, so that the trainer
-    runs the same code as its pool."""
+    """The environment of a trainer: what a job inherits of this one (no
+    system settings or credentials, :func:`executor.isolation.passes`),
+    with the folder this process's ``hops`` comes from first on the path,
+    so that the trainer runs the same code as its pool."""
     root = str(Path(hops.__file__).resolve().parents[1])
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    env = base_env(os.environ, tempfile.gettempdir())
+    return {**env, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
 
 def _close_pipes(popen: subprocess.Popen[bytes]) -> None:

@@ -207,19 +207,21 @@ class Bus:
         out: dict[str, Any] | None = None if data is None else json.loads(data)
         return out
 
-    def stored(self, stream: str, subject: str) -> list[dict[str, Any]]:
-        """Every message of ``stream`` on ``subject`` (a filter), oldest first."""
+    def stored(self, stream: str, subject: str,
+               decode: Callable[[bytes], Any] = json.loads) -> list[Any]:
+        """Every message of ``stream`` on ``subject`` (a filter), oldest
+        first, each ``decode``d (JSON by default)."""
 
-        async def read() -> list[dict[str, Any]]:
+        async def read() -> list[Any]:
             sub = await self.nc.jetstream().subscribe(subject, stream=stream,
                                                       ordered_consumer=True)
-            out: list[dict[str, Any]] = []
+            out: list[Any] = []
             pending = 1
             try:  # until the last one pending, or nothing at all within 0.5 s
                 with contextlib.suppress(nats.errors.TimeoutError):
                     while pending:
                         msg = await sub.next_msg(timeout=0.5)
-                        out.append(json.loads(msg.data))
+                        out.append(decode(msg.data))
                         pending = msg.metadata.num_pending
             finally:
                 await sub.unsubscribe()
@@ -437,6 +439,19 @@ class LiveStack:
 
         return until(phases, f"jobs {job_ids} ended", timeout,
                      lambda: f"{ {j: self.phase(j) for j in job_ids} }\n{self.logs()}")
+
+    def log_events(self, name: str, event: str) -> list[dict[str, Any]]:
+        """The JSON lines of ``name``'s log whose ``event`` is ``event``."""
+        out = []
+        for line in (self.data_dir / "logs" / f"{name}.log").read_text(
+                errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and entry.get("event") == event:
+                out.append(entry)
+        return out
 
     def logs(self, tail: int = 2500) -> str:
         parts = [f"launcher said: {self.said}"]

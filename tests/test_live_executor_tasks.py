@@ -21,7 +21,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from cli.up.credentials import Credentials, ensure_credentials, write_auth
-from executor.tasks import MOVES_STARTED, STALE_TERM, TASKS_NOT_SUPPORTED, task_times
+from executor.tasks import MOVES_STARTED, STALE_TERM, task_times
+from hops.trainer.spec import NOT_TASK_READY
 from services.runtime.bus import connect
 from services.runtime.identity import ADMIN, SCHEDULER, executor_identity
 from services.runtime.layout import ensure_jetstream
@@ -245,12 +246,13 @@ async def test_a_killed_executor_resumes_from_the_leaders_resend(leader: Leader)
     assert leader.codes() == []
 
 
-async def test_the_real_backend_refuses_task_sequences(leader: Leader) -> None:
-    """Its resident trainers are a later step: refused with a stable code,
-    recorded once whatever the resends, and nothing runs."""
+async def test_the_real_backend_refuses_jobs_that_cannot_run_as_tasks(leader: Leader) -> None:
+    """A catalog job has no ``python <script.py>`` command for a resident
+    trainer to load: refused with a stable code, recorded once whatever the
+    resends, and nothing runs."""
     await leader.executor(backend="real")
     leader.current = revision(2, 1, {0: planned(time.time(), (J1, 0, 0, 1))})
-    await until(lambda: TASKS_NOT_SUPPORTED in leader.codes(), "the refusal recorded")
+    await until(lambda: NOT_TASK_READY in leader.codes(), "the refusal recorded")
     await asyncio.sleep(4 * RESEND_S)
-    assert leader.codes() == [TASKS_NOT_SUPPORTED]
+    assert leader.codes() == [NOT_TASK_READY]
     assert leader.reports == []

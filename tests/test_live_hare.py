@@ -78,16 +78,7 @@ def reports(stack: LiveStack, job_id: str) -> list[dict[str, Any]]:
 
 
 def log_lines(stack: LiveStack, name: str, msg: str) -> list[dict[str, Any]]:
-    path = stack.data_dir / "logs" / f"{name}.log"
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(entry, dict) and entry.get("event") == msg:
-            out.append(entry)
-    return out
+    return stack.log_events(name, msg)
 
 
 def check_each_micro_batch_once(stack: LiveStack, spec: dict[str, Any]) -> list[dict[str, Any]]:

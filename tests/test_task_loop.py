@@ -202,6 +202,36 @@ def test_the_state_travels_and_a_replay_counts_nothing_twice() -> None:
     assert resumed.done_keys() == progress.done_keys() and resumed.started == {"j1"}
 
 
+def test_a_real_jobs_rounds_are_applied_by_its_aggregator_only() -> None:
+    """A job with a command: ``task_done`` marks its entries done, and its
+    rounds are applied when its aggregator says so (any order, twice), so
+    it finishes only after the aggregator's last round."""
+    real = JobSpec(JobId("r"), "cnn", 32, 1000, 64, sync_scale=2, requirements=(1,),
+                   command=("python", "examples/train_cnn.py"))
+    assert tr.aggregated(real) and not tr.aggregated(spec("e"))
+    progress, seqs = planned(jobs=("r",))
+    records = {JobId("r"): msgspec.structs.replace(record("r", total=64), spec=real)}
+    entries = keys_of(seqs, "r", 0)
+    for g, e in entries:  # all S reported done: not applied
+        server, index = g.rsplit(":", 1)
+        got = progress.count(report(e, server, int(index)), (server, "r"), aggregated=True)
+        assert got.outcome == "counted", got
+    assert progress.applied == {} and tr.to_finish(records, progress) == []
+    assert {e[:3] for _, e in entries} <= progress.done_keys()
+    assert progress.round_applied(JobId("r"), 0, seq=5) == tr.Counted("applied", applied=1)
+    assert progress.applied == {"r": 1} and not progress.done  # its reports dropped
+    assert tr.to_finish(records, progress) == ["r"]
+    assert progress.round_applied(JobId("r"), 0, seq=5).outcome == "duplicate"  # replayed
+    assert progress.round_applied(JobId("r"), 0, seq=6).outcome == "duplicate"  # sent twice
+    assert progress.round_applied(JobId("r"), 2, seq=7) == tr.Counted("applied", applied=2)
+    assert progress.round_applied(JobId("r"), 1, seq=8).outcome == "duplicate"  # late
+    assert progress.round_applied(JobId("r"), -1).outcome == "refused"
+    assert progress.applied == {"r": 3} and progress.agg_seq == 8
+    resumed = tr.Progress(tr.decode_state(tr.encode_state(progress.state(2))))
+    assert resumed.agg_seq == 8 and resumed.applied == {"r": 3}
+    assert resumed.round_applied(JobId("r"), 2, seq=8).outcome == "duplicate"
+
+
 # --- triggers and job events ---------------------------------------------------------
 
 

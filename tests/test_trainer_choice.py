@@ -71,3 +71,35 @@ def test_no_task_or_no_room_is_refused() -> None:
         kept({"a"}, [], 1)
     with pytest.raises(ValueError, match="trainer"):
         place([], ["a"], 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(holding=st.lists(st.sets(JOBS, max_size=2), min_size=1, max_size=3),
+       upcoming=SEQUENCES, owners=st.lists(st.sampled_from([None, "t1", "t2"]), min_size=3,
+                                           max_size=3),
+       tenant=st.sampled_from(["t1", "t2"]))
+def test_a_trainer_serves_one_tenant_until_it_is_reset(
+        holding: list[set[str]], upcoming: list[str], owners: list[str | None],
+        tenant: str) -> None:
+    owner = owners[:len(holding)]
+    holding = [h if o is not None else set() for h, o in zip(holding, owner, strict=True)]
+    where = place(holding, upcoming, 2, owner, tenant)
+    if owner[where.trainer] not in (None, tenant):
+        # another tenant's process is given only fresh, and only when no other is left
+        assert where.reset and where.load and where.evict == ()
+        assert all(o not in (None, tenant) for o in owner)
+    else:
+        assert not where.reset
+
+
+def test_tenants_do_not_share_a_trainer() -> None:
+    # trainer 0 holds t1's job a; t2's job b goes to the free trainer 1
+    assert place([{"a"}, set()], ["b", "a"], 2, ["t1", None], "t2").trainer == 1
+    # no free trainer: the one whose models are needed latest is reset for t2
+    where = place([{"a"}, {"c"}], ["b", "a", "c"], 2, ["t1", "t1"], "t2")
+    assert (where.trainer, where.reset, where.load) == (1, True, True)
+    # a trainer of its own tenant with room is used as before, not reset
+    where = place([{"a"}, {"c"}], ["d", "a"], 2, ["t1", "t2"], "t2")
+    assert (where.trainer, where.reset) == (1, False)
+    with pytest.raises(ValueError, match="owners"):
+        place([{"a"}], ["a"], 2, ["t1", "t2"], "t1")

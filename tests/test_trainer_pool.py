@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import executor.__main__ as executor_main
+from executor.settings import ExecutorSettings
 from executor.trainers import DEFAULT_TRAINERS, TrainerPool, TrainerRefused
 from hops.aggregator import Aggregator, GradientReport
 from hops.trainer.api import load_task, reference_rounds, task_gradients
@@ -187,15 +188,36 @@ def test_the_next_task_starts_while_the_gradients_travel(tiny_pool: TrainerPool)
     assert same_gradients(out.gradients, _local({"seed": 8}, pb, 1, 0, 3))
 
 
-def test_trainers_per_gpu_is_an_executor_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trainers_per_gpu_and_the_params_wait_are_executor_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = cluster_arg("paper-physical")
     argv = ["--cluster", "paper-physical", "--server-id", cluster.servers[0].id]
 
-    def settings(*extra: str) -> int:
+    def settings(*extra: str) -> ExecutorSettings:
         _, args = parse_args([*argv, *extra], service="executor", parser=executor_main._parser())
-        return executor_main.executor_settings(args, cluster).trainers_per_gpu
+        return executor_main.executor_settings(args, cluster)
 
-    assert settings() == DEFAULT_TRAINERS == 2
+    assert settings().trainers_per_gpu == DEFAULT_TRAINERS == 2
+    assert settings().task_params_wait_s == 120.0
     monkeypatch.setenv("HOPS_TRAINERS_PER_GPU", "3")
-    assert settings() == 3
-    assert settings("--trainers-per-gpu", "4") == 4
+    monkeypatch.setenv("HOPS_TASK_PARAMS_WAIT_S", "7.5")
+    assert (settings().trainers_per_gpu, settings().task_params_wait_s) == (3, 7.5)
+    assert settings("--trainers-per-gpu", "4").trainers_per_gpu == 4
+    assert settings("--task-params-wait-s", "3").task_params_wait_s == 3.0
+
+
+def test_tenants_never_share_a_trainer_process(tiny_pool: TrainerPool) -> None:
+    """Two trainers, three tenants: a job goes to a free trainer or its
+    tenant's; with none left, a trainer is replaced by a fresh process."""
+    for job, tenant in (("a", "t1"), ("a2", "t1"), ("b", "t2"), ("c", "t3")):
+        tiny_pool.add_job(job, TINY, {"seed": 3}, tenant)
+    params = _params({"seed": 3})
+    ran: dict[int, set[str]] = {}  # pid -> tenants whose tasks it ran
+    for job in ("a", "b", "a2", "c", "a", "b"):
+        out = tiny_pool.run(job, 0, 0, 1, 4, params)
+        pid = tiny_pool.pids[out.trainer]
+        ran.setdefault(pid, set()).add(tiny_pool.jobs[job].tenant)
+        assert tiny_pool.owners()[out.trainer] == tiny_pool.jobs[job].tenant
+        assert same_gradients(out.gradients, _local({"seed": 3}, params, 0, 0, 1))
+    assert all(len(tenants) == 1 for tenants in ran.values()), ran
+    assert len(ran) > 2  # resets happened: more processes than trainers

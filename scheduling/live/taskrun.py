@@ -36,11 +36,20 @@ Counting reports (:class:`Progress`)
 A ``task_done`` is checked against the leader's revision
 (:func:`scheduling.live.tasks.done_problem`) and against its subject (the
 server and job NATS ties to the executor's identity). A report of an entry
-already counted, or of a round already applied, is counted once. A round
-whose entries, that is all S micro-batches, are reported done is *applied*:
-the job's ``done_rounds`` grows by one, in round order. Until the per-job
-gradient aggregator exists (a later step of issue 39), "applied" means
-"all S reported done".
+already counted, or of a round already applied, is counted once.
+
+When a round is *applied* (the job's ``done_rounds`` grows, in round
+order) depends on the job (:func:`aggregated`):
+
+* a job with a command (a real job, trained by resident trainers): when
+  its aggregator says so (``round_applied`` on ``HOPS_AGG_APPLIED``,
+  :meth:`Progress.round_applied`): the update is applied to the model,
+  and after the last round its final parameters are saved (the aggregator
+  saves them before it publishes that round). ``task_done`` reports only
+  mark entries done. The messages may come in any order and twice: a
+  round applied means every round before it is too;
+* an emulated job (no command, no model, no aggregator): when all S
+  micro-batches of the round are reported done.
 
 Replanning (:func:`replan_reasons`)
 -----------------------------------
@@ -67,6 +76,7 @@ from shared.configuration import Configuration
 from shared.estimate import JobEstimate
 from shared.events import TaskDone
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
 from shared.records import NodeRecord
 from shared.wire import NO_ESTIMATE, NOT_RELAXED
 
@@ -102,6 +112,7 @@ class TaskState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     started: tuple[JobId, ...] = ()
     finished: tuple[JobId, ...] = ()
     term: int = 0  # the term that wrote it
+    agg_seq: int = 0  # the last HOPS_AGG_APPLIED stream sequence counted
 
 
 def encode_state(state: TaskState) -> bytes:
@@ -135,11 +146,13 @@ class Progress:
         self.stream_seq = state.stream_seq
         self.started: set[JobId] = set(state.started)
         self.finished: set[JobId] = set(state.finished)
+        self.agg_seq = state.agg_seq
 
     def state(self, term: int) -> TaskState:
         return TaskState(self.seqs, tuple(sorted(self.done.values(), key=lambda d: d.key)),
                          dict(sorted(self.applied.items())), self.stream_seq,
-                         tuple(sorted(self.started)), tuple(sorted(self.finished)), term)
+                         tuple(sorted(self.started)), tuple(sorted(self.finished)), term,
+                         self.agg_seq)
 
     def done_keys(self) -> frozenset[EntryKey]:
         """The entries done: those reported, and every entry of the revision
@@ -148,9 +161,12 @@ class Progress:
             e.key for _, e in self.seqs.entries() if e.round < self.applied.get(e.job, 0))
         return frozenset(self.done) | applied
 
-    def count(self, msg: TaskDone, subject_ids: tuple[str, str], seq: int = 0) -> Counted:
+    def count(self, msg: TaskDone, subject_ids: tuple[str, str], seq: int = 0,
+              aggregated: bool = False) -> Counted:
         """Count ``msg``, stream sequence ``seq`` (0: not from the stream),
-        sent on the subject of ``subject_ids`` = (server, job)."""
+        sent on the subject of ``subject_ids`` = (server, job); its job's
+        rounds are applied by its aggregator when ``aggregated`` (then the
+        report marks its entry done, nothing more)."""
         if seq:
             if seq <= self.stream_seq:
                 return Counted("duplicate", f"stream sequence {seq} was counted already")
@@ -165,8 +181,29 @@ class Progress:
             return Counted("duplicate", f"round {msg.round} of {msg.job_id} is applied already")
         self.done[key] = DoneEntry(msg.job_id, msg.round, msg.lo, msg.hi,
                                    gpu_id(msg.server_id, msg.gpu_index))
-        applied = self._apply(msg.job_id)
+        applied = 0 if aggregated else self._apply(msg.job_id)
         return Counted("applied", applied=applied) if applied else Counted("counted")
+
+    def round_applied(self, job: JobId, round_: int, seq: int = 0) -> Counted:
+        """Job ``job``'s aggregator applied round ``round_`` (stream sequence
+        ``seq``, 0: not from the stream): ``round_`` + 1 rounds in all."""
+        if seq:
+            if seq <= self.agg_seq:
+                return Counted("duplicate", f"stream sequence {seq} was counted already")
+            self.agg_seq = seq
+        if round_ < 0:
+            return Counted("refused", f"round {round_} of {job} is no round")
+        first = self.applied.get(job, 0)
+        if round_ < first:
+            return Counted("duplicate", f"round {round_} of {job} is applied already")
+        self.applied[job] = round_ + 1
+        self._drop_done(job, round_ + 1)
+        return Counted("applied", applied=round_ + 1 - first)
+
+    def _drop_done(self, job: JobId, applied: int) -> None:
+        """Forget the reports of ``job``'s rounds before ``applied``."""
+        for key in [k for k in self.done if k[0] == job and k[1] < applied]:
+            del self.done[key]
 
     def _problem(self, msg: TaskDone, subject_ids: tuple[str, str]) -> str | None:
         """Why ``msg`` is refused; None when it may count (or counted already:
@@ -200,8 +237,7 @@ class Progress:
             nxt += 1
         if nxt > first:
             self.applied[job] = nxt
-            for key in [k for k in self.done if k[0] == job and k[1] < nxt]:
-                del self.done[key]
+            self._drop_done(job, nxt)
         return nxt - first
 
     def forget_jobs(self, keep: Iterable[JobId]) -> None:
@@ -211,6 +247,12 @@ class Progress:
         self.done = {k: d for k, d in self.done.items() if k[0] in alive}
         self.started &= alive
         self.finished &= alive
+
+
+def aggregated(spec: JobSpec) -> bool:
+    """Whether ``spec``'s rounds are applied by its aggregator (a job with a
+    command: real training) rather than counted from ``task_done``s."""
+    return bool(spec.command)
 
 
 # --- the snapshot --------------------------------------------------------------------

@@ -17,8 +17,10 @@ sequence names, the thin shell of :mod:`.rules` and :mod:`.jobs`.
   ``hops_aggregator``: parameters, optimiser state, rounds applied, the
   grants and the spec), then ``round_applied`` on ``hops.v1.agg.applied.<job>``
   (message id ``<job>:<round>``); once the job's last round is applied, its
-  parameters as object ``<job>/final``. A checkpoint is also written before
-  a report that a grant not yet in it admits is counted.
+  parameters as object ``<job>/final``, saved before that round's
+  ``round_applied`` (the leader ends a real job on it). A checkpoint is also
+  written when a sequence brings new grants, and before a report that a
+  grant not yet in it admits is counted.
 * **Parameters**: ``hops.v1.agg.params.<job>`` answers, chunk by chunk, the
   parameters after the last round applied and that round count.
 * **Job events** (``HOPS_JOBS``, each job's last event first): a
@@ -28,7 +30,9 @@ sequence names, the thin shell of :mod:`.rules` and :mod:`.jobs`.
 **Restart** (kill -9): the jobs come back from their checkpoints, the
 stream is read again from its start, and the chunks of rounds applied are
 skipped: rounds after the checkpoint are applied again from the same
-state with the same gradients, so nothing is applied twice.
+state with the same gradients, so nothing is applied twice. The last
+round applied is published again (the kill may have come between the
+checkpoint and the publish).
 """
 
 from __future__ import annotations
@@ -137,6 +141,12 @@ class AggregatorService:
             self.jobs[job] = hosted
             self.log.info("job restored", job_id=job, applied=hosted.aggregator.applied,
                           grants=len(hosted.grants))
+            # Killed between the checkpoint and the publish (or the final):
+            # the last round applied again (its message id makes a repeat
+            # count once; the leader takes a round once whatever comes twice).
+            if hosted.aggregator.applied:
+                await self._publish_applied(hosted, (hosted.aggregator.applied - 1,),
+                                            "round applied published again")
 
     async def _refuse(self, subject: str, code: str, reason: str, **kw: object) -> None:
         self.log.warning("refused", subject=subject, code=code, reason=reason, **kw)
@@ -176,7 +186,11 @@ class AggregatorService:
                 self.jobs[job] = hosted
                 self.log.info("job hosted", job_id=job, sync_scale=hosted.spec.sync_scale,
                               rounds=hosted.rounds)
-            hosted.grant(grants)
+            if hosted.grant(grants):
+                # Saved at once: the leader stops listing an entry once it is
+                # reported, so a grant seen only before a restart is lost with
+                # it when no report of it came before the kill.
+                await self._checkpoint(hosted)
 
     # --- gradients -----------------------------------------------------------
 
@@ -276,18 +290,26 @@ class AggregatorService:
         job = hosted.job_id
         self.chunks.drop(job, hosted.aggregator.applied)
         await self._checkpoint(hosted)
-        for r in rounds:
-            await publish_retried(self.ctx.js, subjects.agg_applied(job),
-                                  encode(RoundApplied(job_id=job, round=r, at=self.clock())),
-                                  msg_id=f"{job}:{r}")
-            self.log.info("round applied", job_id=job, round=r)
+        await self._publish_applied(hosted, rounds)
+        await self._retry_pending()  # reports of the rounds now next
+
+    async def _publish_applied(self, hosted: Hosted, rounds: tuple[int, ...],
+                               event: str = "round applied") -> None:
+        """Publish ``rounds`` applied; the job's final parameters are saved
+        before its last round is published: the leader ends a real job on
+        that round, so a job that ended has its final parameters."""
+        job = hosted.job_id
         if hosted.done:
             data = await asyncio.to_thread(hosted.final)
             await put_object(self.ctx.js, BUCKET, final_name(job), data)
             self.log.info("final parameters saved", job_id=job, rounds=hosted.rounds)
-            if hosted.finished:
-                self._drop(job, "finished")
-        await self._retry_pending()  # reports of the rounds now next
+        for r in rounds:
+            await publish_retried(self.ctx.js, subjects.agg_applied(job),
+                                  encode(RoundApplied(job_id=job, round=r, at=self.clock())),
+                                  msg_id=f"{job}:{r}")
+            self.log.info(event, job_id=job, round=r)
+        if hosted.done and hosted.finished:
+            self._drop(job, "finished")
 
     def _drop(self, job: JobId, why: str) -> None:
         self.jobs.pop(job, None)

@@ -10,7 +10,10 @@ the resend interval:
    ordered consumer from the stream sequence the leader's state has
    reached); a refused one is logged and reported as an error record with
    the code ``task_refused``, and changes nothing; one of a job that
-   ended (cancelled while its entry ran, say) is logged and ignored;
+   ended (cancelled while its entry ran, say) is logged and ignored; then
+   the rounds the aggregators applied (``HOPS_AGG_APPLIED``, likewise
+   from its own stream sequence): a job with a command takes its applied
+   rounds from there (:func:`scheduling.live.taskrun.aggregated`);
 2. builds the task snapshot from the job records, the alive nodes and the
    estimators' answers (asked for the jobs without one; a job with none
    gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
@@ -25,9 +28,9 @@ the resend interval:
    seconds it sends the current revision again.
 
 The state is written before a revision is sent, and after the reports of a
-pass are counted, each time with the last stream sequence counted: a new
-leader loads it, replays the stream from there (up to the last report
-stored when its term began, before its first pass), and sends its first
+pass are counted, each time with the last sequence counted of each stream:
+a new leader loads it, replays both streams from there (up to the last
+message stored when its term began, before its first pass), and sends its first
 revision under its own term, so a report is counted once and a started
 entry keeps its place.
 """
@@ -62,10 +65,11 @@ from services.scheduler.settings import SchedulerSettings
 from shared import events as ev
 from shared import subjects
 from shared.estimate import JobEstimate
+from shared.gradients import decode_applied
 from shared.ids import JobId
 from shared.records import NodeRecord
 from shared.snapshot import Plan
-from shared.wire import INTERNAL, TASK_REFUSED
+from shared.wire import INTERNAL, INVALID, TASK_REFUSED
 
 ESTIMATE_CHUNK = 32  # jobs per estimate request, as the plan loop asks
 CATCH_UP_S = 10.0  # the most a new leader waits for the stored reports before its first pass
@@ -83,6 +87,7 @@ class TaskLoop:
         self.live = LiveTaskSettings(horizon_rounds=settings.task_horizon)
         self.progress = tr.Progress(tr.TaskState())
         self.inbox: list[Msg] = []  # reports not yet counted, in stream order
+        self.agg_inbox: list[Msg] = []  # rounds applied by the aggregators, not yet counted
         self.estimates: dict[JobId, JobEstimate] = {}
         self.estimated_at = 0.0
         self.new_term = True  # a new leader sends its first revision under its term
@@ -90,6 +95,7 @@ class TaskLoop:
         self.dirty = False  # the state changed since it was written
         self.sent_at = 0.0
         self.replay_to = 0  # the stream's last sequence when the term began
+        self.agg_replay_to = 0  # HOPS_AGG_APPLIED's
         self.failed: tuple[frozenset[str], frozenset[str]] | None = None  # the last failed replan
         self.profiled_at: dict[JobId, float] = {}  # when each job's profiling runs were asked
         self.plans = 0  # the profiling plans this term published
@@ -106,6 +112,8 @@ class TaskLoop:
         self.progress = tr.Progress(state)
         info = await self.ctx.js.stream_info(subjects.STREAM_TASK_DONE.name)
         self.replay_to = info.state.last_seq  # counted before the first revision of the term
+        info = await self.ctx.js.stream_info(subjects.STREAM_AGG_APPLIED.name)
+        self.agg_replay_to = info.state.last_seq
         seqs = state.seqs
         self.log.info("task state loaded", from_term=state.term, stream_seq=state.stream_seq,
                       revision=seqs.revision if seqs else 0, applied=state.applied)
@@ -116,9 +124,13 @@ class TaskLoop:
             self.ctx.nc, self.ctx.js, subjects.STREAM_TASK_DONE.name,
             (subjects.TASK_DONE_ALL,), self._on_report, lambda: self.progress.stream_seq + 1,
             self.ctx.stopping, self.log))
+        follow_agg = asyncio.create_task(follow_stream(
+            self.ctx.nc, self.ctx.js, subjects.STREAM_AGG_APPLIED.name,
+            (subjects.AGG_APPLIED_ALL,), self._on_applied, lambda: self.progress.agg_seq + 1,
+            self.ctx.stopping, self.log))
         try:
             await self._catch_up()
-            while not any(t.done() for t in (*others, follow)):
+            while not any(t.done() for t in (*others, follow, follow_agg)):
                 self.wake.clear()
                 try:
                     await self._pass(time.time())
@@ -130,8 +142,9 @@ class TaskLoop:
                     await asyncio.wait_for(self.wake.wait(), wait)
         finally:
             follow.cancel()
-            await asyncio.gather(follow, return_exceptions=True)
-        for task in (*others, follow):
+            follow_agg.cancel()
+            await asyncio.gather(follow, follow_agg, return_exceptions=True)
+        for task in (*others, follow, follow_agg):
             if task.done() and not task.cancelled():
                 task.result()
         raise RuntimeError("a leader task stopped")
@@ -143,7 +156,9 @@ class TaskLoop:
         while time.monotonic() < deadline:
             seen = max([self.progress.stream_seq,
                         *(m.metadata.sequence.stream for m in self.inbox)])
-            if seen >= self.replay_to:
+            seen_agg = max([self.progress.agg_seq,
+                            *(m.metadata.sequence.stream for m in self.agg_inbox)])
+            if seen >= self.replay_to and seen_agg >= self.agg_replay_to:
                 return
             await asyncio.sleep(0.05)
         self.log.warning("task reports not all replayed in time", replay_to=self.replay_to,
@@ -151,6 +166,10 @@ class TaskLoop:
 
     async def _on_report(self, msg: Msg) -> None:
         self.inbox.append(msg)
+        self.wake.set()
+
+    async def _on_applied(self, msg: Msg) -> None:
+        self.agg_inbox.append(msg)
         self.wake.set()
 
     async def _pass(self, now: float) -> None:
@@ -194,7 +213,8 @@ class TaskLoop:
                 self.log.info("task report of an ended job", job_id=report.job_id,
                               phase=rec.phase, round=report.round, lo=report.lo)
                 continue
-            counted = self.progress.count(report, ids, seq)
+            aggregated = rec is not None and tr.aggregated(rec.spec)
+            counted = self.progress.count(report, ids, seq, aggregated)
             self.dirty = True
             if counted.outcome == "refused":
                 self.log.warning("task report refused", subject=msg.subject, reason=counted.reason,
@@ -202,10 +222,36 @@ class TaskLoop:
                 await self.ctx.reporter.publish(msg.subject, f"task_done refused: "
                                                 f"{counted.reason}", TASK_REFUSED)
             elif counted.outcome == "applied":
-                self.applied = True
-                self.log.info("round applied", job_id=report.job_id,
-                              applied=self.progress.applied[report.job_id])
-                await self._progress(report.job_id)
+                await self._round_applied(report.job_id)
+        await self._count_applied()
+
+    async def _count_applied(self) -> None:
+        """The rounds the aggregators applied: a job with a command takes
+        its applied rounds from them (module docstring)."""
+        batch, self.agg_inbox = self.agg_inbox, []
+        for msg in batch:
+            seq = msg.metadata.sequence.stream
+            try:
+                applied = decode_applied(msg.data)
+                job = subjects.last_token(msg.subject, subjects.AGG_APPLIED_ALL)
+            except (ev.WireError, subjects.SubjectError) as e:
+                self.progress.agg_seq = max(self.progress.agg_seq, seq)
+                code = e.code if isinstance(e, ev.WireError) else INVALID
+                await self.ctx.reporter.report(msg.subject, str(e), code, msg.data)
+                continue
+            rec = self.book.current().get(applied.job_id)
+            if job != applied.job_id or rec is None or rec.final or not tr.aggregated(rec.spec):
+                self.progress.agg_seq = max(self.progress.agg_seq, seq)
+                continue  # another job's subject, or no job of ours: no news
+            counted = self.progress.round_applied(applied.job_id, applied.round, seq)
+            self.dirty = True
+            if counted.outcome == "applied":
+                await self._round_applied(applied.job_id)
+
+    async def _round_applied(self, job: JobId) -> None:
+        self.applied = True
+        self.log.info("round applied", job_id=job, applied=self.progress.applied[job])
+        await self._progress(job)
 
     async def _progress(self, job: JobId) -> None:
         rec = self.book.current().get(job)

@@ -1,0 +1,144 @@
+"""The real backend's work of a task entry (docs/hare.md §7, step 4b):
+the :class:`~executor.taskwork.TaskWork` of :mod:`executor.taskrun` on a
+real executor.
+
+For an entry (job, round r, micro-batches ``lo .. hi - 1``):
+
+1. the round's parameters from the job's aggregator
+   (:func:`executor.gradients.fetch_params`), kept per job until a later
+   round is asked. While the aggregator has applied fewer than r rounds
+   (the entry was released before its round's barrier reached the
+   aggregator), or hosts no such job yet, it asks again every
+   ``POLL_S``, up to ``HOPS_TASK_PARAMS_WAIT_S``
+   (:class:`executor.settings.ExecutorSettings`); then the entry is
+   refused ``no_params`` and tried again (it stays its GPU's head: nothing
+   is lost). An aggregator that has applied round r already (the entry
+   ran before a restart, and its gradients were counted) needs nothing:
+   the entry is reported done without gradients;
+2. the task on the GPU's :class:`~executor.trainers.TrainerPool` (made at
+   the GPU's first entry, ``HOPS_TRAINERS_PER_GPU`` resident processes),
+   the job's model loaded from its spec (:mod:`hops.trainer.spec`) for its
+   tenant's trainer; the GPU's later entries' jobs tell the pool which
+   models to keep;
+3. :meth:`RealWork.deliver` sends the gradients
+   (:func:`executor.gradients.send_gradients`); the shell publishes the
+   ``task_done`` only after that.
+
+A revision naming a job that cannot run as tasks is refused
+``not_task_ready``; a script that raises fails the entry ``task_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from executor.gradients import ParamsRefused, fetch_params, send_gradients
+from executor.tasks import Refused
+from executor.taskwork import NO_PARAMS, Clock, Computed, Running, TaskFailed
+from executor.trainers import TrainerDied, TrainerPool, TrainerRefused
+from hops.trainer.protocol import TASK_FAILED
+from hops.trainer.spec import NOT_TASK_READY, NotTaskReady, task_config, task_script
+from shared.ids import JobId, ServerId
+from shared.job import JobSpec
+from shared.sequence import TaskEntry
+
+POLL_S = 0.1  # between two asks for a round's parameters
+Params = dict[str, torch.Tensor]
+PoolMaker = Callable[[int], TrainerPool]
+
+
+class RealWork:
+    """Tasks on resident trainers, gradients to the aggregators (module doc)."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, server_id: ServerId,
+                 make_pool: PoolMaker, params_wait_s: float, clock: Clock = time.time) -> None:
+        self.nc, self.js, self.server_id = nc, js, server_id
+        self.make_pool, self.params_wait_s, self.clock = make_pool, params_wait_s, clock
+        self.specs: dict[JobId, JobSpec] = {}
+        self.pools: dict[int, TrainerPool] = {}
+        self.params: dict[JobId, tuple[int, Params]] = {}
+
+    def take(self, specs: tuple[JobSpec, ...]) -> Refused | None:
+        for spec in specs:
+            try:
+                task_config(spec)
+            except NotTaskReady as e:
+                return Refused(NOT_TASK_READY, str(e))
+        self.specs.update({s.id: s for s in specs})
+        named = {s.id for s in specs}  # a job's parameters are kept while revisions name it
+        self.params = {j: p for j, p in self.params.items() if j in named}
+        return None
+
+    async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
+                      last_job: JobId | None, upcoming: tuple[JobId, ...],
+                      running: Running) -> Computed | None:
+        params = await self._params(entry, running)
+        if params is None:  # abandoned while it waited
+            return None
+        if isinstance(params, int):  # the round is applied: nothing to compute
+            now = self.clock()
+            return Computed(gpu, now, now)
+        pool = await self._pool(gpu)
+        spec = self.specs[entry.job_id]
+        if entry.job_id not in pool.jobs:
+            script = task_script(spec)
+            pool.add_job(entry.job_id, str(script if script.is_absolute() else Path.cwd() / script),
+                         task_config(spec), spec.tenant)
+        try:
+            result = await asyncio.to_thread(pool.run, entry.job_id, entry.round, entry.lo,
+                                             entry.hi, spec.sync_scale, params, upcoming)
+        except TrainerRefused as e:
+            raise TaskFailed(TASK_FAILED if e.code == TASK_FAILED else e.code,
+                             f"job {entry.job_id} round {entry.round}: {e.words}") from None
+        except TrainerDied as e:
+            raise TaskFailed(TASK_FAILED, f"job {entry.job_id} round {entry.round}: {e}") from None
+        if not running():
+            return None
+        wall = self.clock() - time.monotonic()  # a monotonic reading on the wall clock
+        return Computed(gpu, result.compute_start + wall, result.compute_end + wall,
+                        gradients=result.gradients)
+
+    async def _params(self, entry: TaskEntry, running: Running) -> Params | int | None:
+        """The parameters entry's round starts from; the rounds applied when
+        the round is applied already; None once the entry is abandoned."""
+        kept = self.params.get(entry.job_id)
+        if kept is not None and kept[0] == entry.round:
+            return kept[1]
+        deadline = time.monotonic() + self.params_wait_s
+        why = "no answer"
+        while running():
+            try:
+                applied, params = await fetch_params(self.nc, entry.job_id)
+            except (ParamsRefused, TimeoutError) as e:  # not hosted yet, or restarting
+                applied, params, why = -1, {}, repr(e)
+            if applied == entry.round:
+                self.params[entry.job_id] = (applied, params)
+                return params
+            if applied > entry.round:
+                return applied
+            if applied >= 0:
+                why = f"{applied} rounds applied"
+            if time.monotonic() >= deadline:
+                raise TaskFailed(NO_PARAMS, f"job {entry.job_id}: no parameters of round "
+                                 f"{entry.round} within {self.params_wait_s:g} s ({why})")
+            await asyncio.sleep(POLL_S)
+        return None
+
+    async def _pool(self, gpu: int) -> TrainerPool:
+        pool = self.pools.get(gpu)
+        if pool is None:  # started at the GPU's first entry: an executor without tasks has none
+            pool = self.pools[gpu] = await asyncio.to_thread(self.make_pool, gpu)
+        return pool
+
+    async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
+        if done.gradients:
+            await send_gradients(self.js, self.server_id, entry.job_id, round_=entry.round,
+                                 lo=entry.lo, gradients=done.gradients, gpu_index=done.gpu,
+                                 term=held[0], revision=held[1])

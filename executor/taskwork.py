@@ -1,0 +1,122 @@
+"""What running one entry of a task sequence does on this executor's
+backend (docs/hare.md §7, step 4b). :mod:`executor.taskrun` is one shell
+for both backends: it follows the revisions and keeps each GPU's order
+and waits (the rules of :mod:`executor.tasks`); a :class:`TaskWork` does
+an entry's work and sends its result.
+
+* :class:`EmulatedWork`: the world model's switch and compute times, the
+  gradients "sent" ``T^s`` after the compute (step 2b).
+* :class:`RealWork` (:mod:`executor.realwork`): the round's parameters
+  from the job's aggregator, the task on the GPU's resident trainers, the
+  gradients to the aggregator (step 4b).
+
+An entry's work ends in one of three ways: :class:`Computed` (its
+``task_done`` goes out once :meth:`TaskWork.deliver` returned), None
+(a revision abandoned it: nothing is reported) or :class:`TaskFailed`
+(raised: the job's script failed, or its parameters never came; the GPU
+goes on with its next entry and nothing is reported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from executor.tasks import Refused, TaskTimes, entry_run, sequence_times
+from shared.ids import GpuType, JobId
+from shared.job import JobSpec
+from shared.sequence import TaskEntry
+from world.hare import SWITCH_S
+from world.truth import GroundTruth
+
+if TYPE_CHECKING:  # the emulated executor runs without torch
+    import torch
+
+Clock = Callable[[], float]
+Running = Callable[[], bool]  # whether the GPU still runs the entry (not abandoned)
+NO_PARAMS = "no_params"  # the job's aggregator gave no parameters of the round in time
+
+
+class TaskFailed(RuntimeError):
+    """An entry that cannot be run: ``code`` (``task_failed``, ...) and why."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Computed:
+    """An entry computed on GPU ``gpu`` over ``[started, ended)`` (wall
+    clock); ``synced``: when its gradients are sent, when the work knows it
+    in advance (emulated), else None (set once :meth:`TaskWork.deliver`
+    returns); ``gradients``: one dict per micro-batch (real work)."""
+
+    gpu: int
+    started: float
+    ended: float
+    synced: float | None = None
+    gradients: tuple[dict[str, torch.Tensor], ...] = field(default=(), repr=False)
+
+
+class TaskWork(Protocol):
+    """One backend's work of an entry (module doc)."""
+
+    def take(self, specs: tuple[JobSpec, ...]) -> Refused | None:
+        """Whether a revision naming ``specs`` can run here (None: yes); the
+        work keeps what it needs of them."""
+
+    async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
+                      last_job: JobId | None, upcoming: tuple[JobId, ...],
+                      running: Running) -> Computed | None:
+        """Run ``entry`` on GPU ``gpu`` (after ``last_job``'s entry; its
+        later entries' jobs ``upcoming``), under revision ``held``."""
+
+    async def deliver(self, entry: TaskEntry, held: tuple[int, int],
+                      done: Computed) -> None:
+        """Send ``done``'s gradients (the ``task_done`` follows)."""
+
+
+class EmulatedWork:
+    """The emulated backend's work: the world model's times (T^c, T^s and
+    the switch) over the executor's time scale (:mod:`executor.tasks`)."""
+
+    def __init__(self, truth: GroundTruth, gpu_type: GpuType, time_scale: float,
+                 clock: Clock, switch_s: float = SWITCH_S) -> None:
+        self.truth, self.gpu_type, self.time_scale = truth, gpu_type, time_scale
+        self.clock = clock
+        self.switch_s = switch_s / time_scale
+        self.times: dict[JobId, TaskTimes] = {}
+        self.wake: dict[int, asyncio.Event] = {}
+
+    def take(self, specs: tuple[JobSpec, ...]) -> Refused | None:
+        times = sequence_times(self.truth, specs, self.gpu_type, self.time_scale)
+        if isinstance(times, Refused):
+            return times
+        self.times = {**self.times, **times}
+        for event in self.wake.values():  # a running entry looks whether it was abandoned
+            event.set()
+        return None
+
+    async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
+                      last_job: JobId | None, upcoming: tuple[JobId, ...],
+                      running: Running) -> Computed | None:
+        times = self.times[entry.job_id]
+        run = entry_run(entry, times, self.clock(), last_job, self.switch_s)
+        wake = self.wake.setdefault(gpu, asyncio.Event())
+        while running():
+            left = run.compute_end - self.clock()
+            if left <= 0:
+                return Computed(gpu, run.compute_start, run.compute_end, run.reported)
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), left)
+        return None
+
+    async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
+        assert done.synced is not None
+        await asyncio.sleep(max(0.0, done.synced - self.clock()))
