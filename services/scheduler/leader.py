@@ -50,7 +50,12 @@ from shared import events as ev
 from shared import subjects
 from shared.records import QueueView
 
-JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0)
+# A job event the leader fails to apply is retried, then terminated (the
+# consumer's poison guard). Its writes fail while JetStream elects after a
+# server is lost (4-8 s, longer under load): 60 deliveries a second apart
+# outlast an election, where 10 could terminate an accepted job's events.
+JOBS_CONSUMER = ConsumerSpec("HOPS_JOBS", "scheduler", subjects.JOB_EVENTS_ALL, ack_wait=10.0,
+                             max_deliver=60)
 
 
 class Leader(Planning):
