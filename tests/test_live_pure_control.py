@@ -282,7 +282,28 @@ def test_an_end_redelivered_after_a_later_event_is_still_applied() -> None:
     assert apply_event(late, ev.JobCancelled(job_id=j, at=3.0), 3, facts_()).record is None
     assert apply_event(late, ev.JobFinished(job_id=j, at=5.0), 2, facts_()).record is None
     # other events below the mark are still repeats
-    assert apply_event(profiled, ev.JobHeld(job_id=j, at=3.0), 3, facts_()) == (
+    assert apply_event(profiled, ev.JobProfiled(job_id=j, gpu_types=(), at=3.0), 3,
+                       facts_()) == (None, "already applied")
+
+
+def test_a_hold_or_release_redelivered_after_a_later_event_is_applied_once() -> None:
+    # The hold (seq 3) comes after the start (seq 4) was applied: it is not
+    # a repeat, since no hold was applied yet; applied, it counts once.
+    j = JobId("j")
+    rec = run(None, ev.JobSubmitted(job_id=j, spec=spec("j"), at=1.0))
+    later = apply_event(rec, ev.JobProfiled(job_id=j, gpu_types=(), at=2.0), 4, facts_()).record
+    assert later is not None and later.last_seq == 4
+    held = apply_event(later, ev.JobHeld(job_id=j, at=3.0, reason="maintenance"), 3,
+                       facts_()).record
+    assert held is not None and held.held and (held.last_seq, held.hold_seq) == (4, 3)
+    assert held.reason.startswith("held")
+    assert apply_event(held, ev.JobHeld(job_id=j, at=3.0), 3, facts_()) == (
+        None, "already applied")
+    # A release (seq 6) applied before an older hold (seq 5) comes again:
+    # the older hold must not undo the newer release.
+    released = apply_event(held, ev.JobReleased(job_id=j, at=6.0), 6, facts_()).record
+    assert released is not None and not released.held and released.hold_seq == 6
+    assert apply_event(released, ev.JobHeld(job_id=j, at=5.0), 5, facts_()) == (
         None, "already applied")
 
 

@@ -15,7 +15,10 @@ top (readers that decode a plain ``JobRecord`` ignore the extra fields):
 - ``run_s``: seconds spent ``running``, every run summed, closed at each
   phase change (what a ``time_limit`` counts, :mod:`.timelimit`);
 - ``last_seq``: the ``HOPS_JOBS`` stream sequence of the last event applied,
-  so that a redelivered event changes nothing.
+  so that a redelivered event changes nothing;
+- ``hold_seq``: the sequence of the last ``job_held`` or ``job_released``
+  applied, so that a hold or release redelivered after later events is
+  told from a repeat (:func:`_late_hold`).
 
 Phases: ``submitted`` → ``profiling`` (a plan carries profiling tasks for it,
 §3.2) → ``queued`` (``job_profiled`` covers every GPU type of the alive
@@ -72,6 +75,7 @@ class LiveJobRecord(JobRecord, frozen=True, kw_only=True):
     run_s_by_type: dict[GpuType, float] = msgspec.field(default_factory=dict)
     run_s: float = 0.0
     last_seq: int = 0
+    hold_seq: int = 0
 
 
 _DECODER = msgspec.json.Decoder(LiveJobRecord)
@@ -160,7 +164,8 @@ def close_phase(rec: LiveJobRecord, at: float, facts: Facts) -> LiveJobRecord:
 def apply_event(rec: LiveJobRecord | None, event: ev.JobEvent, seq: int, facts: Facts) -> Applied:
     """The record after ``event`` (stream sequence ``seq``): the phase from
     the lifecycle (:func:`.lifecycle.step`), the bookkeeping here."""
-    if rec is not None and seq <= rec.last_seq and not _late_end(rec, event):
+    if (rec is not None and seq <= rec.last_seq and not _late_end(rec, event)
+            and not _late_hold(rec, event, seq)):
         return Applied(None, "already applied")
     outcome = lc.step(None if rec is None else life_of(rec), event)
     match outcome:
@@ -171,8 +176,10 @@ def apply_event(rec: LiveJobRecord | None, event: ev.JobEvent, seq: int, facts: 
             if rec is None:
                 assert isinstance(event, ev.JobSubmitted)  # the only event that creates a job
                 return Applied(new_record(event.spec, event.at, seq))
-            return Applied(msgspec.structs.replace(_book(rec, outcome, event, facts),
-                                                   last_seq=max(rec.last_seq, seq)))
+            booked = _book(rec, outcome, event, facts)
+            if isinstance(event, ev.JobHeld | ev.JobReleased):
+                booked = msgspec.structs.replace(booked, hold_seq=max(rec.hold_seq, seq))
+            return Applied(msgspec.structs.replace(booked, last_seq=max(rec.last_seq, seq)))
         case _:
             assert_never(outcome)
 
@@ -186,6 +193,15 @@ def _late_end(rec: LiveJobRecord, event: ev.JobEvent) -> bool:
     that is not final (applying it makes the record final), so it is not a
     repeat: dropping it would lose an acknowledged cancel."""
     return not rec.final and isinstance(event, ev.JobFinished | ev.JobFailed | ev.JobCancelled)
+
+
+def _late_hold(rec: LiveJobRecord, event: ev.JobEvent, seq: int) -> bool:
+    """Whether ``event`` is a hold or release not yet applied although a
+    later event was (redelivered out of order, as :func:`_late_end` says).
+    Holds and releases keep their own mark, ``hold_seq``: one at or below
+    it is a repeat, or older than the hold or release applied last, which
+    it must not undo; one above it is new."""
+    return isinstance(event, ev.JobHeld | ev.JobReleased) and seq > rec.hold_seq
 
 
 def life_of(rec: JobRecord) -> lc.Life:
