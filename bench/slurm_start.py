@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shutil
 import subprocess
@@ -33,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from executor.slurm.client import JobRequest, SlurmClient, SlurmClusterSettings
+from executor.slurm.records import SlurmJob
+from shared.slurm import names_job
 from tests.slurmcluster import SCRIPT, free_base_port, slurm_missing
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -79,9 +82,14 @@ async def measure(client: SlurmClient, work: Path, jobs: int) -> dict[str, list[
         job_id, seconds = await start_one(client, work, f"after{i}", node)
         after.append(seconds)
         began = time.monotonic()
-        await client.stop(job_id, grace_s=30)
+        await client.stop(job_id, grace_s=30, mine=functools.partial(is_named, f"after{i}"))
         stops.append(time.monotonic() - began)
     return {"start, node free": free, "start, after a stop": after, "stop (TERM to ended)": stops}
+
+
+def is_named(name: str, job: SlurmJob) -> bool:
+    """A stop's check that the id still names the bench's job ``name``."""
+    return names_job(job.name, name)
 
 
 async def run(jobs: int, rest: bool, env: dict[str, str]) -> None:

@@ -22,6 +22,7 @@ import pytest
 from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import JobRequest, SlurmClient
 from executor.slurm.records import SlurmJob
+from shared.slurm import names_job
 from tests.slurmcluster import SlurmCluster, cancel_all, slurm_cluster
 
 __all__ = ["slurm_cluster"]
@@ -55,6 +56,11 @@ def request(cluster: SlurmCluster, name: str, node: str, script: str, *, gpus: i
     return JobRequest(job_id=name, attempt=0, node=node, gpus=gpus, cores=cores,
                       command=["sh", "-c", script], workdir=str(cluster.workdir),
                       env={"HOPS_JOB": name})
+
+
+def named(name: str) -> Callable[[SlurmJob], bool]:
+    """A stop's check that the id still names the test's job."""
+    return lambda job: names_job(job.name, name)
 
 
 async def running(client: SlurmClient, job_id: int) -> SlurmJob:
@@ -135,12 +141,27 @@ async def test_a_stop_terms_the_job_before_the_kill(
     job_id = await client.submit(request(slurm_cluster, "graceful", "n1", script))
     await running(client, job_id)
     await file_text(ready)
-    job = await client.stop(job_id, grace_s=10)
+    job = await client.stop(job_id, grace_s=10, mine=named("graceful"))
     assert job is not None and caught.read_text().strip() == "checkpointed"
     # A job that exits 0 on SIGTERM reads COMPLETED: only Hops knows it stopped it.
     assert job.job_state == "COMPLETED"
     assert job.verdict(stopping=True).kind == "stopped"
     assert job.verdict().kind == "finished"
+
+
+async def test_a_stop_signals_nothing_when_the_id_names_another_job(
+        client: SlurmClient, slurm_cluster: SlurmCluster) -> None:
+    # The id read back names a job the stop is not for (slurmctld gave the
+    # id again): the stop must leave that job alone.
+    job_id = await client.submit(request(slurm_cluster, "bystander", "n1", "sleep 60"))
+    await running(client, job_id)
+    try:
+        assert await client.stop(job_id, grace_s=1, mine=named("someone-else")) is None
+        await asyncio.sleep(1.5)
+        job = await client.job(job_id)
+        assert job is not None and job.job_state == "RUNNING", job
+    finally:
+        await client.cancel(job_id)
 
 
 async def test_a_job_deaf_to_term_is_killed_after_the_grace(
@@ -152,7 +173,7 @@ async def test_a_job_deaf_to_term_is_killed_after_the_grace(
     await running(client, job_id)
     await file_text(ready)
     began = time.monotonic()
-    job = await client.stop(job_id, grace_s=2)
+    job = await client.stop(job_id, grace_s=2, mine=named("deaf"))
     assert time.monotonic() - began >= 2
     assert job is not None and job.verdict(stopping=True).kind == "stopped"
     assert job.verdict().signal == 9
@@ -178,7 +199,8 @@ async def test_a_drained_node_is_alive_but_takes_no_work(
         job_id = await client.submit(request(slurm_cluster, "blocked", "n2", "true"))
         job = await client.job(job_id)
         assert job is not None and job.verdict().kind == "waiting"
-        assert (await client.stop(job_id, grace_s=5)) is not None  # a pending job: cancelled
+        stopped = await client.stop(job_id, grace_s=5, mine=named("blocked"))
+        assert stopped is not None  # a pending job: cancelled
     finally:
         await resume(client, slurm_cluster, "n2")
 

@@ -34,7 +34,13 @@ from shared.configuration import Configuration
 from shared.events import StartJob
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
-from shared.slurm import SLURM_REFUSED, SLURM_UNAVAILABLE, failure_code, parse_job_name
+from shared.slurm import (
+    SLURM_REFUSED,
+    SLURM_UNAVAILABLE,
+    failure_code,
+    names_job,
+    parse_job_name,
+)
 from tests.slurmcluster import SlurmCluster, cancel_all, node_python, slurm_cluster
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth
@@ -166,7 +172,7 @@ async def test_a_stop_slurmctld_does_not_answer_is_refused_within_the_timeout(
     with stopped(slurm_cluster):
         began = time.monotonic()
         with pytest.raises(SlurmFailure) as failed:
-            await client.stop(job_id, grace_s=5)
+            await client.stop(job_id, grace_s=5, mine=lambda job: names_job(job.name, "kept"))
         took = time.monotonic() - began
     assert failure_code(failed.value.code, failed.value.error) == SLURM_UNAVAILABLE
     assert took < TIMEOUT_S + 1, took

@@ -19,6 +19,7 @@ import os
 import pwd
 import shlex
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -172,40 +173,45 @@ class SlurmClient:
         else:
             await self._cli("scancel", str(job_id))
 
-    async def stop(self, job_id: int, grace_s: float) -> SlurmJob | None:
+    async def stop(self, job_id: int, grace_s: float,
+                   mine: Callable[[SlurmJob], bool]) -> SlurmJob | None:
         """A Hops stop: SIGTERM (the job checkpoints), then SIGKILL if it
         still runs ``grace_s`` later; a job still pending is cancelled. The
-        job as last read (None: slurmctld no longer knows it). It reads the
+        job as last read (None: slurmctld no longer knows it, or the id now
+        names a job that ``mine`` says is not the one to stop: a slurmctld
+        restarted without its last jobs gives their ids again, so every
+        reading is checked before a signal is sent). It reads the
         one job, at intervals that double from :data:`STOP_POLL_FIRST_S` to
         :data:`STOP_POLL_MAX_S`; a job that still holds its node
         ``timeout_s`` after the SIGKILL is
         :data:`shared.slurm.SLURM_STOP_TIMEOUT`."""
-        job = await self.job(job_id)
+        job = _only(await self.job(job_id), mine)
         if job is None or not _holds(job):
             return job
         if job.verdict().kind == "waiting":
             await self.cancel(job_id)
         else:
-            await self._signal_unless_ended(job_id, "TERM")
+            await self._signal_unless_ended(job_id, "TERM", mine)
         deadline, killed = time.monotonic() + grace_s, False
         poll = STOP_POLL_FIRST_S
-        while (job := await self.job(job_id)) is not None and _holds(job):
+        while (job := _only(await self.job(job_id), mine)) is not None and _holds(job):
             if time.monotonic() >= deadline and killed:
                 raise SlurmFailure(SLURM_STOP_TIMEOUT, f"Slurm job {job_id} still {job.job_state} "
                                    f"{self.settings.timeout_s:g} s after its SIGKILL")
             if time.monotonic() >= deadline:
-                await self._signal_unless_ended(job_id, "KILL")
+                await self._signal_unless_ended(job_id, "KILL", mine)
                 deadline, killed = time.monotonic() + self.settings.timeout_s, True
             await asyncio.sleep(poll)
             poll = min(2 * poll, STOP_POLL_MAX_S)
         return job
 
-    async def _signal_unless_ended(self, job_id: int, signal: str) -> None:
+    async def _signal_unless_ended(self, job_id: int, signal: str,
+                                   mine: Callable[[SlurmJob], bool]) -> None:
         """:meth:`signal`, where a job that ended meanwhile is no failure."""
         try:
             await self.signal(job_id, signal)
         except SlurmFailure:
-            job = await self.job(job_id)
+            job = _only(await self.job(job_id), mine)
             if job is not None and _holds(job):
                 raise
 
@@ -248,6 +254,11 @@ class SlurmClient:
             if errors and not nodes:
                 raise SlurmFailure("slurm_cli_failed", f"sinfo --json: {errors[0].error}")
         return [n for n in nodes if self.settings.partition in n.partitions]
+
+
+def _only(job: SlurmJob | None, mine: Callable[[SlurmJob], bool]) -> SlurmJob | None:
+    """``job`` if it is the one a stop is for, else None (as if gone)."""
+    return job if job is not None and mine(job) else None
 
 
 def _holds(job: SlurmJob) -> bool:

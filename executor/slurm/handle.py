@@ -227,7 +227,8 @@ class SlurmJobHandle:
             if self._verdict() is not None:
                 return
             await self._next()
-        ended = stop_read_end(self.start, await self.client.stop(self.slurm_id, grace))
+        ended = stop_read_end(self.start, await self.client.stop(
+            self.slurm_id, grace, mine=lambda job: is_this_start(self.start, job)))
         if ended is not None:
             self._ended = ended  # the stop read its end: no wait for the next reading
         else:
