@@ -61,6 +61,10 @@ def up(
     schedulers: Annotated[int, typer.Option(
         help="scheduler replicas: all admit jobs, one leads, the others stand by"
     )] = DEFAULT_SCHEDULERS,
+    aggregators: Annotated[int, typer.Option(
+        help="aggregator shards under a task policy (hare, hare-eft): each relaxed job's "
+        "aggregator runs on the shard its id hashes to"
+    )] = 1,
     log_level: Annotated[str, typer.Option(
         help="debug, info, warning or error")] = DEFAULT_LOG_LEVEL,
     executor: Annotated[str, typer.Option(
@@ -135,6 +139,7 @@ def up(
             gateway_host=gateway_host, gateway_port=gateway_port,
             metrics_host=metrics_host, metrics_port=metrics_port,
             round_s=round_s, policy=policy, schedulers=schedulers, log_level=log_level,
+            aggregators=aggregators,
             executor=executor,  # type: ignore[arg-type]  # checked by StackConfig
             cpu_affinity=cpu_affinity, job_user=job_user, allow_root_jobs=allow_root_jobs,
             nats_cluster=nats_cluster, auth=not no_auth, tenants=tenants,

@@ -16,6 +16,9 @@ micro-batches is two chunks) and send them with
   another server (``not_sequenced``), a body naming another job
   (``other_job``), lying tensors (``bad_tensor``), a resend (counted once).
   A report of round 2 sent before round 0 is applied waits for round 1.
+- Two shards (``HOPS_AGGREGATOR_SHARD`` 0/2 and 1/2): the job's shard
+  aggregates it bitwise, the other hosts nothing, answers nothing and
+  refuses nothing, also when it is killed.
 - kill -9 mid-round, after one server's task of the round was counted, and
   the leader's next revision no longer lists that task: the restarted
   service restores the checkpoint, replays the stream, keeps the grant,
@@ -35,11 +38,13 @@ import nats.errors
 import pytest
 import torch
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from executor.gradients import fetch_params, send_gradients
 from hops.aggregator.codec import decode_params
 from hops.trainer import TaskJob, encode_tensors, load_task, reference_rounds, task_gradients
 from hops.trainer.spec import task_config
+from services.aggregator.rules import shard_of
 from services.runtime.bus import JetStreamLayout, connect, ensure_jetstream
 from services.runtime.identity import ADMIN, AGGREGATOR, executor_identity
 from services.runtime.objects import get_object
@@ -61,7 +66,9 @@ SPEC = JobSpec(J, "resnet18", BATCH, 113_738, S * ROUNDS * BATCH, requirements=(
                                       "64", "--seed", "3"))
 # Each round: a runs micro-batches 0..1, b micro-batch 2 (round 1: the other way).
 SPLIT = {0: {A: (0, 2), B: (2, 3)}, 1: {B: (0, 1), A: (1, 3)}, 2: {A: (0, 2), B: (2, 3)}}
-WAIT_S = 1.0  # HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S
+# HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S: round 2, sent early, waits this long for
+# rounds 0 and 1 to be applied (seconds on a loaded machine)
+WAIT_S = 5.0
 
 
 def load() -> TaskJob:
@@ -93,12 +100,13 @@ class Cluster:
     services: list[Service] = field(default_factory=list)
     errors: list[ev.ErrorRecord] = field(default_factory=list)
 
-    async def start_aggregator(self) -> Service:
+    async def start_aggregator(self, shard: str = "0/1") -> Service:
         settings = self.runtime(AGGREGATOR)
         env = os.environ | {"HOPS_NATS_URL": settings.nats_url,
                             "HOPS_NATS_NKEY": str(settings.nats_nkey), "PYTHONPATH": str(ROOT),
                             "HOPS_AGGREGATOR_ROOT": str(ROOT),
-                            "HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S": str(WAIT_S)}
+                            "HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S": str(WAIT_S),
+                            "HOPS_AGGREGATOR_SHARD": shard}
         service = Service("services.aggregator", env,
                           self.tmp / f"aggregator-{len(self.services)}.log")
         self.services.append(service)
@@ -169,7 +177,7 @@ async def cluster(secured: Callable[[str], RuntimeSettings],
                  for s in (A, B)}
     c = Cluster(secured, tmp_path, admin, executors, {A: load(), B: load()})
 
-    async def on_error(msg: nats.aio.msg.Msg) -> None:
+    async def on_error(msg: Msg) -> None:
         c.errors.append(ev.decode_error_record(msg.data))
 
     await admin.subscribe(subjects.ERRORS, cb=on_error)
@@ -282,3 +290,27 @@ async def test_kill_9_mid_round_resumes_and_applies_nothing_twice(cluster: Clust
     # round 0 applied before the kill, rounds 1 and 2 after: each once
     assert [x["round"] for x in first.lines_with("round applied")] == [0]
     assert [x["round"] for x in second.lines_with("round applied")] == [1, 2]
+
+
+async def test_two_shards_one_aggregates_the_job_the_other_passes_over_it(
+        cluster: Cluster) -> None:
+    c = cluster
+    want = reference()
+    assert shard_of(J, 2) == 1
+    other = await c.start_aggregator("0/2")  # first: a reply of its own would come first
+    owner = await c.start_aggregator("1/2")
+    await c.sequence(A, 1, range(ROUNDS))
+    await c.sequence(B, 1, range(ROUNDS))
+    await owner.wait_log("job hosted", job_id=J)
+    for round_ in range(ROUNDS):
+        await c.run(A, round_)
+        await c.run(B, round_)
+        await c.take_params(round_ + 1)
+        if round_ == 0:
+            other.kill()  # the other shard's death changes nothing for this job
+            await other.wait()
+    assert_bitwise(await c.final(), want)
+    assert await c.applied() == list(range(ROUNDS))
+    assert not other.find("job hosted") and not other.find("refused")
+    assert not other.find("gradients counted")
+    c.services.remove(other)  # killed on purpose: its exit is no error

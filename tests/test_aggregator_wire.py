@@ -31,6 +31,7 @@ from services.aggregator.rules import (
     grants_of,
     header_problem,
     kept,
+    shard_of,
 )
 from services.aggregator.settings import AggregatorSettings, aggregator_settings
 from services.runtime.settings import SettingsError
@@ -228,3 +229,24 @@ def test_the_settings_have_one_default_each_and_name_a_bad_variable(tmp_path: Pa
     (tmp_path / "f").write_text("")
     with pytest.raises(SettingsError, match="HOPS_AGGREGATOR_ROOT"):
         aggregator_settings({"HOPS_AGGREGATOR_ROOT": str(tmp_path / "f")})
+    got = aggregator_settings({"HOPS_AGGREGATOR_SHARD": "1/3"})
+    assert (got.shard, got.shards) == (1, 3)
+    for bad in ("3/3", "1", "a/2", "-1/2", "1/0", "0/"):
+        with pytest.raises(SettingsError, match="HOPS_AGGREGATOR_SHARD"):
+            aggregator_settings({"HOPS_AGGREGATOR_SHARD": bad})
+
+
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=40),
+       st.integers(min_value=1, max_value=16))
+def test_every_job_has_one_shard_the_same_in_every_process(job: str, shards: int) -> None:
+    k = shard_of(JobId(job), shards)
+    assert 0 <= k < shards
+    assert shard_of(JobId(job), 1) == 0
+
+
+def test_shards_are_a_stable_hash_not_pythons_salted_one() -> None:
+    # Fixed values: a replica of another process, or another release, must
+    # give each job the same shard (CRC-32 of the id).
+    assert [shard_of(JobId(j), 4) for j in ("cnn", "lm", "job-1", "job-2")] == [1, 1, 3, 1]
+    spread = {shard_of(JobId(f"job-{i}"), 4) for i in range(40)}
+    assert spread == {0, 1, 2, 3}

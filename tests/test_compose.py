@@ -86,6 +86,17 @@ def test_the_aggregator_runs_when_the_policys_traits_say_it_sequences_tasks() ->
         assert "aggregator" not in by_name(StackConfig(policy=policy)), policy
 
 
+def test_aggregator_shards_each_know_their_shard() -> None:
+    comps = [c for c in components(StackConfig(policy="hare", aggregators=3))
+             if c.module == "services.aggregator"]
+    assert [c.name for c in comps] == ["aggregator-1", "aggregator-2", "aggregator-3"]
+    assert [c.env["HOPS_AGGREGATOR_SHARD"] for c in comps] == ["0/3", "1/3", "2/3"]
+    assert all(c.env["HOPS_NATS_NKEY"].endswith("aggregator.nk") for c in comps)
+    assert "HOPS_AGGREGATOR_SHARD" not in by_name(StackConfig(policy="hare"))["aggregator"].env
+    with pytest.raises(ValueError, match="at least one aggregator"):
+        StackConfig(policy="hare", aggregators=0)
+
+
 def test_processes_run_each_replica_under_its_own_name() -> None:
     names = [c.name for c in processes(StackConfig())]
     assert names == ["monitor", "estimator", "profiler", "scheduler-1", "scheduler-2",

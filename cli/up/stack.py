@@ -66,6 +66,7 @@ class StackConfig:
     executor: ExecutorKind = DEFAULT_EXECUTOR
     cpu_affinity: str = ""  # real executors on CPU devices: cores per device
     schedulers: int = DEFAULT_SCHEDULERS
+    aggregators: int = 1  # aggregator shards, under a policy that sequences tasks
     job_user: str = ""  # real executors: the user jobs run as ('' : the executor's)
     allow_root_jobs: bool = False  # real executors running as root may run jobs as root
     # NATS authentication (docs/security.md); off only for measurements.
@@ -96,6 +97,8 @@ class StackConfig:
             raise ValueError("a job user is for real executors (--executor real)")
         if self.schedulers < 1:
             raise ValueError(f"at least one scheduler must run, got {self.schedulers}")
+        if self.aggregators < 1:
+            raise ValueError(f"at least one aggregator must run, got {self.aggregators}")
         if self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale:g}")
         if self.round_s is not None and self.round_s <= 0:
@@ -297,12 +300,21 @@ def components(config: StackConfig) -> tuple[Component, ...]:
 
 def _aggregator(config: StackConfig) -> tuple[Component, ...]:
     """The relaxed jobs' aggregator service, under a policy that sequences
-    tasks (its traits say so; docs/hare.md §7, step 3b); none otherwise."""
+    tasks (its traits say so; docs/hare.md §7, step 3b); none otherwise.
+    With ``aggregators`` n > 1, n shards named ``aggregator-<k>``, shard
+    k - 1 of n each (``HOPS_AGGREGATOR_SHARD``): a job's one aggregator is
+    on the shard its id hashes to."""
     if not any_traits(config.policy).sequences_tasks:
         return ()
-    return (Component("aggregator", "services.aggregator",
-                      env=_security(config, "aggregator"),
-                      doc="each relaxed job's gradient aggregator (Hare's parameter server)"),)
+    doc = "each relaxed job's gradient aggregator (Hare's parameter server)"
+    n = config.aggregators
+    if n == 1:
+        return (Component("aggregator", "services.aggregator",
+                          env=_security(config, "aggregator"), doc=doc),)
+    return tuple(Component(f"aggregator-{k + 1}", "services.aggregator",
+                           env={"HOPS_AGGREGATOR_SHARD": f"{k}/{n}",
+                                **_security(config, "aggregator")}, doc=f"{doc}: shard {k}/{n}")
+                 for k in range(n))
 
 
 def _cluster(config: StackConfig) -> Component:

@@ -11,6 +11,13 @@ aggregator still admits, when it replays them, the reports it admitted
 before. A report no grant admits waits (``HOPS_AGGREGATOR_UNSEQUENCED_WAIT_S``:
 its sequence may come after it) and is then refused, ``not_sequenced``.
 
+**Shards.** Several replicas of the service share the jobs: replica k of
+n hosts the jobs :func:`shard_of` gives to k (a stable hash of the job id,
+the same in every process and release), so each job has one aggregator
+wherever its replicas run; every replica reads every sequence and every
+gradient chunk, and passes over those of the other shards' jobs without a
+word (their own shard answers, refuses and records).
+
 **Refusals**, each changing nothing, each with a stable code and words:
 ``not_sequenced`` (no grant), ``other_job`` (the body names another job
 than its subject, or a job this service does not host), ``bad_span`` (the
@@ -21,6 +28,7 @@ lie, :mod:`hops.trainer.wire`), and the core's
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from typing import Final
 
@@ -35,6 +43,12 @@ UNKNOWN_JOB: Final = "unknown_job"  # a parameters request for a job not hosted
 PARAMS_MOVED: Final = "params_moved"  # a chunk asked of parameters since replaced
 
 Grant = tuple[ServerId, int, int, int]  # (server, round, lo, hi)
+
+
+def shard_of(job: JobId, shards: int) -> int:
+    """The shard (0 .. ``shards`` - 1) whose replica aggregates ``job``:
+    CRC-32 of its id, not Python's ``hash`` (salted per process)."""
+    return zlib.crc32(job.encode()) % shards
 
 
 def grants_of(seq: TaskSequence) -> dict[JobId, set[Grant]]:

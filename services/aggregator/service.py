@@ -27,6 +27,10 @@ sequence names, the thin shell of :mod:`.rules` and :mod:`.jobs`.
   ``job_finished`` job is dropped once its final parameters are saved; a
   cancelled or failed one at once.
 
+**Shards** (``HOPS_AGGREGATOR_SHARD``, :mod:`.rules`): a replica hosts,
+restores, answers and refuses for its shard's jobs only, and passes over
+the rest.
+
 **Restart** (kill -9): the jobs come back from their checkpoints, the
 stream is read again from its start, and the chunks of rounds applied are
 skipped: rounds after the checkpoint are applied again from the same
@@ -56,6 +60,7 @@ from services.aggregator.rules import (
     grants_of,
     header_problem,
     relaxed_specs,
+    shard_of,
 )
 from services.aggregator.settings import AggregatorSettings, aggregator_settings
 from services.runtime.follow import follow_stream
@@ -105,6 +110,10 @@ class AggregatorService:
         self.next_seq = 1
         self.lock = asyncio.Lock()  # one handler at a time: a checkpoint write awaits
 
+    def mine(self, job: JobId) -> bool:
+        """Whether ``job`` is this replica's shard's (:func:`.rules.shard_of`)."""
+        return shard_of(job, self.settings.shards) == self.settings.shard
+
     async def start(self) -> None:
         await self._restore()
         nc = self.ctx.nc
@@ -120,14 +129,15 @@ class AggregatorService:
                                      following), name="grads")
         self.ctx.spawn(self._expire(), name="unsequenced")
         await following.wait()
-        self.log.info("aggregating", jobs=sorted(self.jobs), ended=len(self.ended))
+        self.log.info("aggregating", jobs=sorted(self.jobs), ended=len(self.ended),
+                      shard=f"{self.settings.shard}/{self.settings.shards}")
 
     async def _restore(self) -> None:
         names = await object_names(self.ctx.js, BUCKET)
         self.ended |= {JobId(n.rpartition("/")[0]) for n in names if n.endswith("/final")}
         for name in names:
             job = JobId(name.rpartition("/")[0])
-            if name != checkpoint_name(job) or job in self.ended:
+            if name != checkpoint_name(job) or job in self.ended or not self.mine(job):
                 continue
             data = await read_retried(self.ctx.js, BUCKET, name)
             if data is None:
@@ -168,7 +178,8 @@ class AggregatorService:
     async def _take(self, seq: TaskSequence) -> None:
         specs = {s.id: s for s in seq.specs}
         for job, grants in grants_of(seq).items():
-            if job in self.ended or job in self.unloadable or job not in relaxed_specs(seq):
+            if (job in self.ended or job in self.unloadable or job not in relaxed_specs(seq)
+                    or not self.mine(job)):
                 continue
             hosted = self.jobs.get(job)
             if hosted is None and not specs[job].command:  # emulated: no model to aggregate
@@ -201,9 +212,16 @@ class AggregatorService:
         self.next_seq = seq + 1
         try:
             server, job, round_ = subjects.grads_tokens(msg.subject)
+        except subjects.SubjectError as e:
+            if self.settings.shard == 0:  # no job to say whose: shard 0 records it
+                await self._refuse(msg.subject, INVALID, str(e))
+            return
+        if not self.mine(job):
+            return
+        try:
             chunk = decode_chunk(msg.data)
-        except (WireError, subjects.SubjectError) as e:
-            await self._refuse(msg.subject, getattr(e, "code", INVALID), str(e))
+        except WireError as e:
+            await self._refuse(msg.subject, e.code, str(e))
             return
         if (why := header_problem((server, job, round_), chunk)) is not None:
             await self._refuse(msg.subject, *why, server_id=server)
@@ -341,6 +359,8 @@ class AggregatorService:
         except WireError as e:
             await msg.respond(encode(ParamsReply(ok=False, code=e.code, error=str(e))))
             return
+        if not self.mine(req.job_id):
+            return  # its shard answers
         async with self.lock:
             hosted = self.jobs.get(req.job_id)
             params = None if hosted is None else hosted.params()
