@@ -29,15 +29,20 @@ def test_each_job_without_an_estimate_is_profiled_once_per_alive_type() -> None:
     plain = record("p", s=0)
     profiled = msgspec.structs.replace(record("q"), profiled=(A,))
     recs = [record("j"), record("k"), plain, profiled]
-    tasks = profiling_tasks(recs, [JobId("k")], nodes, {}, now=10.0)
+    every = {JobId(j) for j in "jkpq"}  # each asked of the estimators
+    tasks = profiling_tasks(recs, [JobId("k")], nodes, {}, 10.0, every)
     assert tasks == (ProfilingTask(JobId("j"), A, ServerId("a2"), 1),
                      ProfilingTask(JobId("j"), B, ServerId("b1"), 1),
                      ProfilingTask(JobId("q"), B, ServerId("b1"), 1))
     # asked for at 10 s: not again before the retry interval, then again
     asked = {JobId("j"): 10.0, JobId("q"): 10.0}
-    assert profiling_tasks(recs, [JobId("k")], nodes, asked, 69.0, retry_s=60.0) == ()
-    assert len(profiling_tasks(recs, [JobId("k")], nodes, asked, 70.0, retry_s=60.0)) == 3
-    assert profiling_tasks(recs, [], [node("a1", A, 2, alive=False)], {}, 10.0) == ()
+    assert profiling_tasks(recs, [JobId("k")], nodes, asked, 69.0, every, retry_s=60.0) == ()
+    assert len(profiling_tasks(recs, [JobId("k")], nodes, asked, 70.0, every, retry_s=60.0)) == 3
+    assert profiling_tasks(recs, [], [node("a1", A, 2, alive=False)], {}, 10.0, every) == ()
+    # a job the estimators were not asked about yet is not profiled: its
+    # signature's shared profile may answer for it
+    assert profiling_tasks(recs, [JobId("k")], nodes, {}, 10.0, {JobId("q")}) == (
+        ProfilingTask(JobId("q"), B, ServerId("b1"), 1),)
 
 
 def test_task_times_are_wall_seconds_of_the_emulated_executors() -> None:

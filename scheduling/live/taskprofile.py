@@ -15,12 +15,16 @@ type's alive server with the most GPUs (a task sequence keeps that GPU
 busy too: the profiling run is short, a few of the job's iterations, and
 the emulated executors run both; real trainers would have to yield the GPU
 for it, which is not built). A job asked for is not asked again before
-``retry_s`` (a run lost with its server is asked for again then).
+``retry_s`` (a run lost with its server is asked for again then). Only a
+job the estimators were asked about and had no estimate for is profiled:
+a new job first asks them, since its signature may have a shared profile
+(a run asked before that answer would train beside the trainers for
+nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from scheduling.live.state import LiveJobRecord
 from shared.ids import GpuType, JobId, ServerId
@@ -43,16 +47,20 @@ def profiling_servers(nodes: Iterable[NodeRecord]) -> dict[GpuType, ServerId]:
 
 def profiling_tasks(candidates: Iterable[LiveJobRecord], estimated: Iterable[JobId],
                     nodes: Iterable[NodeRecord], asked: Mapping[JobId, float], now: float,
+                    unanswered: Container[JobId],
                     retry_s: float = PROFILE_RETRY_S) -> tuple[ProfilingTask, ...]:
     """The runs to ask for now (module docstring): ``candidates`` the jobs the
     task loop considers, ``estimated`` those with an estimate, ``asked``
-    when each job's runs were last asked for."""
+    when each job's runs were last asked for, ``unanswered`` the jobs the
+    estimators were asked about and had no estimate for (no others are
+    profiled)."""
     servers = profiling_servers(nodes)
     have = set(estimated)
     tasks: list[ProfilingTask] = []
     for rec in candidates:
         job = rec.job_id
-        if rec.spec.sync_scale < 1 or job in have or now - asked.get(job, now - retry_s) < retry_s:
+        if (rec.spec.sync_scale < 1 or job in have or job not in unanswered
+                or now - asked.get(job, now - retry_s) < retry_s):
             continue
         tasks.extend(ProfilingTask(job, t, s, 1) for t, s in servers.items()
                      if t not in rec.profiled)

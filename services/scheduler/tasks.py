@@ -90,6 +90,7 @@ class TaskLoop:
         self.agg_inbox: list[Msg] = []  # rounds applied by the aggregators, not yet counted
         self.estimates: dict[JobId, JobEstimate] = {}
         self.estimated_at = 0.0
+        self.estimate_asked: set[JobId] = set()  # asked of the estimators (taskprofile)
         self.new_term = True  # a new leader sends its first revision under its term
         self.applied = False  # a round was applied since the last replan
         self.dirty = False  # the state changed since it was written
@@ -262,18 +263,20 @@ class TaskLoop:
     # --- jobs --------------------------------------------------------------------------
 
     async def _estimate(self, nodes: list[NodeRecord], now: float) -> None:
-        """Ask the estimators for the jobs without an estimate, at most once
-        per resend interval."""
+        """Ask the estimators for the jobs without an estimate: at once for a
+        job never asked about, else at most once per resend interval."""
         records = self.book.current()
         missing = {r.job_id: r for r in tr.candidates(records) if r.spec.sync_scale > 0
                    and r.job_id not in self.estimates}
-        if not missing or now - self.estimated_at < self.settings.task_resend_s:
+        fresh = missing.keys() - self.estimate_asked
+        if not missing or (not fresh and now - self.estimated_at < self.settings.task_resend_s):
             return
         self.estimated_at = now
         requests = snap.estimate_requests(missing, snap.cluster_of(nodes), ESTIMATE_CHUNK)
         got = await fetch_estimates(self.ctx.nc, requests, {}, self.settings.estimate_timeout_s,
                                     self.log)
         self.estimates.update(got)
+        self.estimate_asked |= missing.keys()
         if got:
             self.wake.set()  # a job may be sequenced now
 
@@ -281,7 +284,7 @@ class TaskLoop:
         """Ask for the profiling runs of the jobs with no estimate, in a plan
         of profiling tasks alone (:mod:`scheduling.live.taskprofile`)."""
         tasks = profiling_tasks(tr.candidates(self.book.current()), self.estimates, nodes,
-                                self.profiled_at, now)
+                                self.profiled_at, now, self.estimate_asked)
         if not tasks or not self.lease.is_leader(time.time()):
             return
         self.plans += 1
