@@ -36,9 +36,9 @@ and publishes. It is one for both backends.
   for a job sequenced on this server. The work drops the job (its models
   leave the trainers). A revision that no longer names a failed job
   forgets it was failed here: the leader dropped it.
-* A backend with neither the world model nor trainers refuses every
-  revision with ``tasks_not_supported``, once per revision, and nothing
-  runs.
+* A backend with neither the world model nor trainers (the Slurm
+  backend's: Slurm runs whole jobs) refuses every revision with
+  ``tasks_not_supported``, once per revision, and nothing runs.
 
 A restarted executor holds nothing: it takes the leader's next resend, and
 the entry it was running (not reported) is again the head of its GPU's

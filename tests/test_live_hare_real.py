@@ -22,7 +22,9 @@ takes a job's applied rounds from the aggregator (``HOPS_AGG_APPLIED``).
 * A job whose script raises from its round 1 on (``tests/data/
   raise_on_round1.py``) fails with the code ``task_failed`` and the
   script's words, once; its sequences drop it, the trainers forget it, and
-  the job beside it finishes bitwise.
+  the job beside it finishes bitwise. The gateway serves the latter's final
+  parameters (``GET /jobs/{id}/params``) and refuses the former's
+  ``no_final_params``.
 """
 
 from __future__ import annotations
@@ -283,6 +285,12 @@ def test_a_script_that_raises_fails_its_job_and_the_other_finishes(stack: LiveSt
     with httpx.Client(base_url=stack.config.gateway_url, timeout=10,
                       headers=stack.headers) as api:  # what `hops job` and the API show
         shown = api.get(f"/jobs/{bad['id']}").json()
+        none = api.get(f"/jobs/{bad['id']}/params")
+        kept = api.get(f"/jobs/{good['id']}/params")
+    assert (none.status_code, none.json()["code"]) == (409, "no_final_params"), none.text
+    assert kept.status_code == 200, kept.text  # the other's, as its aggregator saved them
+    got, want = decode_params(kept.content), reference(good)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     assert (shown["phase"], shown["reason"]) == ("failed", reason), shown
     failed_cond = next(c for c in shown["conditions"] if c["type"] == "Failed")
     assert (failed_cond["status"], failed_cond["message"]) == ("True", reason), shown
