@@ -213,14 +213,14 @@ class TaskRunner:
                 self.follower.finish(index)
             self._wake_all()
         self.log.warning("task failed", job_id=entry.job_id, round=entry.round, lo=entry.lo,
-                         gpu_index=index, code=e.code, reason=e.reason, fails_job=e.fails_job)
+                         gpu_index=index, code=e.code, reason=e.words, fails_job=e.fails_job)
         await self.ctx.reporter.publish(subjects.task_done(self.server.id, entry.job_id),
-                                        e.reason, e.code)
+                                        e.words, e.code)
         if e.fails_job:
             assert self.work is not None
             self.work.drop(entry.job_id)
             self._wake_all()  # each GPU's runner tidies its trainers
-            failed = task_job_failed(entry.job_id, e.code, e.reason, self.server.id, index,
+            failed = task_job_failed(entry.job_id, e.code, e.words, self.server.id, index,
                                      self.clock())
             log = self.log.bind(job_id=entry.job_id)
             # in the background, retried: the GPU goes on with its next entry

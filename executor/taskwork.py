@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from executor.tasks import Refused, TaskTimes, entry_run, sequence_times
+from shared.errors import CodedError
 from shared.ids import GpuType, JobId
 from shared.job import JobSpec
 from shared.sequence import TaskEntry
@@ -42,15 +43,13 @@ Running = Callable[[], bool]  # whether the GPU still runs the entry (not abando
 NO_PARAMS = "no_params"  # the job's aggregator gave no parameters of the round in time
 
 
-class TaskFailed(RuntimeError):
-    """An entry that cannot be run: ``code`` (``task_failed``, ...) and why;
-    ``fails_job``: the job cannot run anywhere (its script raised), so it
-    fails, as :class:`executor.backend.Refusal`'s ``fail_job``."""
+class TaskFailed(CodedError):
+    """An entry that cannot be run: ``code`` (``task_failed``, ...) and
+    ``words``; ``fails_job``: the job cannot run anywhere (its script
+    raised), so it fails, as :class:`executor.backend.Refusal`'s ``fail_job``."""
 
-    def __init__(self, code: str, reason: str, fails_job: bool = False) -> None:
-        super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
+    def __init__(self, code: str, words: str, fails_job: bool = False) -> None:
+        super().__init__(code, words)
         self.fails_job = fails_job
 
 
