@@ -20,18 +20,14 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.params_routes import NO_FINAL_PARAMS, no_params_words
-from gateway.settings import GatewaySettings
 from hops.aggregator.codec import decode_params, encode_params
-from services.runtime.bus import connect, ensure_jetstream
-from services.runtime.identity import ADMIN as ADMIN_IDENTITY
-from services.runtime.identity import GATEWAY
 from services.runtime.objects import put_object
 from shared import subjects
 from shared.job import JobSpec
 from shared.records import JobRecord
-from tests.natsfix import nats_server, nats_url, secured_nats
+from tests.natsfix import nats_server, nats_url
 from tests.test_gateway import gateway_settings, nc
-from tests.test_gateway_explain import ADMIN, ALICE, BOB, _served
+from tests.test_gateway_explain import ADMIN, ALICE, BOB, _served, as_gateway
 
 __all__ = ["nats_server", "nats_url", "nc"]  # fixtures
 
@@ -108,15 +104,8 @@ def test_the_words_name_the_job_by_its_own_id() -> None:
 
 
 async def test_the_gateway_reads_them_under_its_own_identity(tmp_path: Path) -> None:
-    with secured_nats(tmp_path, [ADMIN_IDENTITY, GATEWAY]) as runtime:
-        admin = await connect(runtime(ADMIN_IDENTITY), ADMIN_IDENTITY)
-        await ensure_jetstream(admin.jetstream())
-        await store(admin)
-        settings = GatewaySettings(request_timeout=0.5, runtime=runtime(GATEWAY))
-        async with _served(settings) as client:
-            got = params_of(await client.get("/jobs/t1/params", headers=ALICE))
-        await admin.close()
-    assert same(got)
+    async with as_gateway(tmp_path, store) as client:
+        assert same(params_of(await client.get("/jobs/t1/params", headers=ALICE)))
 
 
 def test_hops_params_writes_them_to_a_file(tmp_path: Path,
