@@ -223,6 +223,15 @@ class GatewayClient:
         """``GET /jobs/{id}``: the record, its reason, last stop, forecast and conditions."""
         return self._get(f"/jobs/{job_id}", _params(tenant=tenant))
 
+    def final_params(self, job_id: str, tenant: str | None = None) -> bytes:
+        """``GET /jobs/{id}/params``: a task job's final parameters, as its
+        aggregator saved them (``hops.aggregator.codec.decode_params`` reads
+        them); :class:`GatewayError` ``no_final_params`` for a job without."""
+        response = self._call("GET", f"/jobs/{job_id}/params", params=_params(tenant=tenant))
+        if response.status_code != 200:
+            raise GatewayError.of(response, _json(response))
+        return response.content
+
     def timeline(self, job_id: str, tenant: str | None = None,
                  limit: int | None = None) -> dict[str, Any]:
         """``GET /jobs/{id}/timeline``: the job's history, oldest first."""

@@ -14,6 +14,7 @@ from cli import auth as cli_auth
 from cli import experiment_command as cli_experiment
 from cli import logs_command as cli_logs
 from cli import offline_commands as cli_offline
+from cli import params_command as cli_params
 from cli import policies as cli_policies
 from cli import up_command as cli_up
 from cli.client import GatewayClient
@@ -310,6 +311,7 @@ app.command()(cli_offline.plan)
 app.command()(cli_offline.simulate)
 app.command()(cli_experiment.experiment)
 app.command()(cli_logs.logs)
+app.command()(cli_params.params)
 
 
 if __name__ == "__main__":  # pragma: no cover

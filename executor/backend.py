@@ -26,6 +26,7 @@ from typing import Protocol
 import msgspec
 from structlog.typing import FilteringBoundLogger
 
+from shared.errors import CodedError
 from shared.events import JobFailed, JobFinished, StartJob
 from shared.ids import JobId
 
@@ -92,17 +93,12 @@ class StartFailed(Exception):
         self.log_tail = log_tail
 
 
-class CommandRefused(Exception):
+class CommandRefused(CodedError):
     """What runs the jobs could not carry a start or stop out, through no
     fault of the job: Slurm refused the submission, or did not answer in
-    time. The command is refused with ``code`` (stable) and ``error``
-    (words); the job neither fails nor changes (a refused start books
-    nothing, a refused stop leaves the job as it was)."""
-
-    def __init__(self, code: str, error: str) -> None:
-        super().__init__(f"{code}: {error}")
-        self.code = code
-        self.error = error
+    time. The command is refused with ``code`` (stable) and ``words`` (the
+    ack's ``error``); the job neither fails nor changes (a refused start
+    books nothing, a refused stop leaves the job as it was)."""
 
 
 @dataclass(frozen=True)

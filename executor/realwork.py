@@ -25,12 +25,17 @@ For an entry (job, round r, micro-batches ``lo .. hi - 1``):
    ``task_done`` only after that.
 
 A revision naming a job that cannot run as tasks is refused
-``not_task_ready``; a script that raises fails the entry ``task_failed``.
+``not_task_ready``. A script that raises fails the entry ``task_failed``,
+and the job (``fails_job``: so does a script its trainer cannot load,
+``not_task_ready``, and one that killed every trainer it ran on); the
+job's models then leave the GPUs' trainers (:meth:`RealWork.drop`, done
+by each GPU's runner between two entries: a pool is used by one thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +55,9 @@ from shared.job import JobSpec
 from shared.sequence import TaskEntry
 
 POLL_S = 0.1  # between two asks for a round's parameters
+# A trainer's refusals that are the job's fault: it fails. The others
+# (bad_span, stale_params, ...) are this executor's, and fail no job.
+JOB_FAULTS = frozenset({TASK_FAILED, NOT_TASK_READY})
 Params = dict[str, torch.Tensor]
 PoolMaker = Callable[[int], TrainerPool]
 
@@ -64,6 +72,7 @@ class RealWork:
         self.specs: dict[JobId, JobSpec] = {}
         self.pools: dict[int, TrainerPool] = {}
         self.params: dict[JobId, tuple[int, Params]] = {}
+        self.dropped: dict[int, set[JobId]] = {}  # per GPU: jobs its pool is to forget
 
     def take(self, specs: tuple[JobSpec, ...]) -> Refused | None:
         for spec in specs:
@@ -94,11 +103,12 @@ class RealWork:
         try:
             result = await asyncio.to_thread(pool.run, entry.job_id, entry.round, entry.lo,
                                              entry.hi, spec.sync_scale, params, upcoming)
-        except TrainerRefused as e:
-            raise TaskFailed(TASK_FAILED if e.code == TASK_FAILED else e.code,
-                             f"job {entry.job_id} round {entry.round}: {e.words}") from None
-        except TrainerDied as e:
-            raise TaskFailed(TASK_FAILED, f"job {entry.job_id} round {entry.round}: {e}") from None
+        except TrainerRefused as e:  # the job's own script raised, or cannot be loaded
+            raise TaskFailed(e.code, f"job {entry.job_id} round {entry.round}: {e.words}",
+                             fails_job=e.code in JOB_FAULTS) from None
+        except TrainerDied as e:  # it killed every trainer it was given
+            raise TaskFailed(TASK_FAILED, f"job {entry.job_id} round {entry.round}: {e}",
+                             fails_job=True) from None
         if not running():
             return None
         wall = self.clock() - time.monotonic()  # a monotonic reading on the wall clock
@@ -136,6 +146,21 @@ class RealWork:
         if pool is None:  # started at the GPU's first entry: an executor without tasks has none
             pool = self.pools[gpu] = await asyncio.to_thread(self.make_pool, gpu)
         return pool
+
+    def drop(self, job: JobId) -> None:
+        self.params.pop(job, None)
+        for gpu in self.pools:
+            self.dropped.setdefault(gpu, set()).add(job)
+
+    async def tidy(self, gpu: int) -> tuple[JobId, ...]:
+        pool, jobs = self.pools.get(gpu), self.dropped.pop(gpu, set())
+        if pool is None:
+            return ()
+        for job in sorted(jobs):
+            # its models, in memory or moved out, leave every trainer (a dead one held none)
+            with contextlib.suppress(TrainerDied, TrainerRefused):
+                await asyncio.to_thread(pool.forget, job)
+        return tuple(sorted(jobs))
 
     async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
         if done.gradients:

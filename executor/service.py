@@ -264,7 +264,7 @@ class NodeExecutor:
             job = await self.backend.spawn(cmd, self._ending(cmd.job_id), booking.cores)
         except CommandRefused as e:  # not now (Slurm away or saying no): the job waits
             self.ledger.release(cmd.job_id)
-            return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.error)
+            return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.words)
         except StartFailed as e:  # the job's program cannot run: not here, not anywhere
             self.ledger.release(cmd.job_id)
             await self.ends.fail(cmd.job_id, e.error, e.exit_code, e.log_tail)
@@ -311,8 +311,8 @@ class NodeExecutor:
             try:
                 await job.terminate(self.settings.stop_grace_s)
             except CommandRefused as e:  # it runs on, booked: the placer keeps its GPUs
-                job.log.warning("stop refused", code=e.code, error=e.error)
-                return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.error)
+                job.log.warning("stop refused", code=e.code, error=e.words)
+                return CommandAck(key=cmd.key, ok=False, code=e.code, error=e.words)
             samples = job.samples_done
             exit_code, tail = job.stop_details()
             job.log.info("job stopped", reason=cmd.reason, samples_done=samples,
@@ -335,7 +335,7 @@ class NodeExecutor:
                                      return_exceptions=True)
         for job, end in zip(jobs, ended, strict=True):
             if isinstance(end, CommandRefused):  # runs on: the next executor adopts it
-                job.log.warning("job left running", code=end.code, error=end.error)
+                job.log.warning("job left running", code=end.code, error=end.words)
             elif isinstance(end, BaseException):
                 raise end
             else:

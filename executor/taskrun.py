@@ -24,14 +24,21 @@ and publishes. It is one for both backends.
   ``started_at`` and ``ended_at`` are the compute's span on the wall clock
   the leader plans on (``time.time``); ``at`` is when the report was sent.
 * An entry whose work fails is recorded (an error record with the code,
-  on the subject of its ``task_done``) and: skipped when the job's script
-  raised (``task_failed``: the GPU goes on, and skips the job's later
-  entries; its round cannot complete, so the job waits for an operator),
-  tried again when its
-  parameters did not come in time (``no_params``: it stays its GPU's head).
-* A backend with neither the world model nor trainers refuses every
-  revision with ``tasks_not_supported``, once per revision, and nothing
-  runs.
+  on the subject of its ``task_done``) and: tried again when its
+  parameters did not come in time (``no_params``: it stays its GPU's
+  head); else skipped, with the job's later entries here. When the job's
+  own script raised (``task_failed``, the work's ``fails_job``) its round
+  can never complete, so the job fails: its ``job_failed``
+  (:func:`executor.tasks.task_job_failed`: the code and the script's
+  error) goes where a real job's failed process's goes, the server's
+  ``hops.v1.reports.<server>.<job>``, message id ``<job>:job_failed``
+  (one verdict however many GPUs fail it), and the monitor relays it only
+  for a job sequenced on this server. The work drops the job (its models
+  leave the trainers). A revision that no longer names a failed job
+  forgets it was failed here: the leader dropped it.
+* A backend with neither the world model nor trainers (the Slurm
+  backend's: Slurm runs whole jobs) refuses every revision with
+  ``tasks_not_supported``, once per revision, and nothing runs.
 
 A restarted executor holds nothing: it takes the leader's next resend, and
 the entry it was running (not reported) is again the head of its GPU's
@@ -56,12 +63,12 @@ from executor.emulated import EmulatedBackend
 from executor.publish import publish_retrying
 from executor.real import RealBackend
 from executor.settings import ExecutorSettings
-from executor.tasks import TASKS_NOT_SUPPORTED, Follower, Refused, key_of
+from executor.tasks import TASKS_NOT_SUPPORTED, Follower, Refused, key_of, task_job_failed
 from executor.taskwork import NO_PARAMS, Computed, EmulatedWork, TaskFailed, TaskWork
 from services.runtime.service import ServiceContext
 from shared import subjects
 from shared.cluster import Server
-from shared.events import TaskDone, TaskSequence, WireError, decode_task_event
+from shared.events import JobFailed, TaskDone, TaskSequence, WireError, decode_task_event
 from shared.ids import JobId
 from shared.sequence import TaskEntry, TaskKey
 from shared.wire import INVALID
@@ -126,6 +133,7 @@ class TaskRunner:
         elif verdict == "taken":
             listed = {key_of(e) for es in self.follower.entries.values() for e in es}
             self.synced = {k: t for k, t in self.synced.items() if k in listed}
+            self.failed &= set(self.follower.specs)  # a job dropped by the leader
             self.log.info("task sequence taken", term=seq.term, revision=seq.revision,
                           policy=seq.policy, entries={g.gpu_index: len(g.entries)
                                                       for g in seq.gpus})
@@ -152,6 +160,8 @@ class TaskRunner:
         wake, last_job = self.wake[index], None
         while not self.ctx.stopping.is_set():
             wake.clear()
+            for job in await self.work.tidy(index):  # between entries: a failed job's models go
+                self.log.info("task job forgotten", job_id=job, gpu_index=index)
             entry = self.follower.head(index)
             if entry is not None and entry.job_id in self.failed:  # its rounds cannot end
                 self.follower.start(index, entry)
@@ -203,9 +213,24 @@ class TaskRunner:
                 self.follower.finish(index)
             self._wake_all()
         self.log.warning("task failed", job_id=entry.job_id, round=entry.round, lo=entry.lo,
-                         gpu_index=index, code=e.code, reason=e.reason)
+                         gpu_index=index, code=e.code, reason=e.words, fails_job=e.fails_job)
         await self.ctx.reporter.publish(subjects.task_done(self.server.id, entry.job_id),
-                                        e.reason, e.code)
+                                        e.words, e.code)
+        if e.fails_job:
+            assert self.work is not None
+            self.work.drop(entry.job_id)
+            self._wake_all()  # each GPU's runner tidies its trainers
+            failed = task_job_failed(entry.job_id, e.code, e.words, self.server.id, index,
+                                     self.clock())
+            log = self.log.bind(job_id=entry.job_id)
+            # in the background, retried: the GPU goes on with its next entry
+            self.ctx.spawn(self._publish_failed(failed, log), name=f"failed-{entry.job_id}")
+
+    async def _publish_failed(self, failed: JobFailed, log: FilteringBoundLogger) -> None:
+        subject = subjects.reports(self.server.id, failed.job_id)
+        if await publish_retrying(self.ctx.js, subject, failed, f"{failed.job_id}:job_failed",
+                                  log):
+            log.warning("job failed", reason=failed.reason)
 
     def _synced(self, entry: TaskEntry) -> float | None:
         """When the gradients of ``entry``'s job's earlier rounds on this

@@ -52,13 +52,21 @@ throughput of its model on the GPU's type
 :mod:`world.hare` derives T^c); T^s is :func:`world.hare.ps_sync_time` of
 its parameters. Both are divided by the executor's time scale, as every
 emulated time is (:mod:`executor.emulator`); so is the switch cost.
+
+A job whose task fails for good (:func:`task_job_failed`)
+--------------------------------------------------------
+When a job's own script raises in a task, its round can never complete,
+so the job fails, as Slurm fails a job whose program exits non-zero: the
+executor reports ``job_failed`` as it does for a real job's process, its
+reason the stable code then the script's error in words, bounded to
+:data:`FAILURE_WORDS_MAX` characters.
 """
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from shared.events import TaskSequence
+from shared.events import JobFailed, TaskSequence
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.sequence import TaskEntry, TaskKey, follow_problem
@@ -71,6 +79,9 @@ TASKS_NOT_SUPPORTED = "tasks_not_supported"  # a backend with no world model and
 STALE_TERM = "stale_term"  # a term below the highest seen: a deposed leader's
 STALE_REVISION = "stale_revision"  # not newer than the revision held
 MOVES_STARTED = "moves_started"  # moves an entry this server runs or ran
+# A traceback's last line fits; a runaway message (a tensor printed whole)
+# would bloat the job's record, which every listing carries.
+FAILURE_WORDS_MAX = 500
 
 
 class TaskTimes(NamedTuple):
@@ -141,6 +152,18 @@ def entry_run(entry: TaskEntry, times: TaskTimes, free: float, last_job: JobId |
     start = begin + switch
     end = start + (entry.hi - entry.lo) * times.compute_s
     return EntryRun(begin, switch, start, end, end + times.sync_s)
+
+
+def task_job_failed(job: JobId, code: str, words: str, server: ServerId, gpu: int,
+                    at: float) -> JobFailed:
+    """The ``job_failed`` of ``job``, whose task on GPU ``gpu`` of ``server``
+    failed with ``code`` (``task_failed``: its script raised) and ``words``
+    (the script's error): reason ``<code>: <words> (server S, GPU g)``,
+    the words cut to :data:`FAILURE_WORDS_MAX` characters (module doc)."""
+    said = " ".join(words.split())  # one line: a listing shows it in a cell
+    if len(said) > FAILURE_WORDS_MAX:
+        said = said[:FAILURE_WORDS_MAX - 1] + "…"
+    return JobFailed(job_id=job, at=at, reason=f"{code}: {said} (server {server}, GPU {gpu})")
 
 
 def key_of(entry: TaskEntry) -> TaskKey:

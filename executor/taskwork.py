@@ -14,7 +14,9 @@ An entry's work ends in one of three ways: :class:`Computed` (its
 ``task_done`` goes out once :meth:`TaskWork.deliver` returned), None
 (a revision abandoned it: nothing is reported) or :class:`TaskFailed`
 (raised: the job's script failed, or its parameters never came; the GPU
-goes on with its next entry and nothing is reported).
+goes on with its next entry and nothing is reported). A failure that
+``fails_job`` (the job's own script raised) ends the job: the shell reports
+its ``job_failed`` and has the work :meth:`TaskWork.drop` the job.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from executor.tasks import Refused, TaskTimes, entry_run, sequence_times
+from shared.errors import CodedError
 from shared.ids import GpuType, JobId
 from shared.job import JobSpec
 from shared.sequence import TaskEntry
@@ -40,13 +43,14 @@ Running = Callable[[], bool]  # whether the GPU still runs the entry (not abando
 NO_PARAMS = "no_params"  # the job's aggregator gave no parameters of the round in time
 
 
-class TaskFailed(RuntimeError):
-    """An entry that cannot be run: ``code`` (``task_failed``, ...) and why."""
+class TaskFailed(CodedError):
+    """An entry that cannot be run: ``code`` (``task_failed``, ...) and
+    ``words``; ``fails_job``: the job cannot run anywhere (its script
+    raised), so it fails, as :class:`executor.backend.Refusal`'s ``fail_job``."""
 
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
+    def __init__(self, code: str, words: str, fails_job: bool = False) -> None:
+        super().__init__(code, words)
+        self.fails_job = fails_job
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,13 @@ class TaskWork(Protocol):
     async def deliver(self, entry: TaskEntry, held: tuple[int, int],
                       done: Computed) -> None:
         """Send ``done``'s gradients (the ``task_done`` follows)."""
+
+    def drop(self, job: JobId) -> None:
+        """``job`` failed: keep nothing of it (its models go at :meth:`tidy`)."""
+
+    async def tidy(self, gpu: int) -> tuple[JobId, ...]:
+        """Free on GPU ``gpu`` what the jobs dropped held; called by the GPU's
+        own runner between its entries, never while one runs; the jobs freed."""
 
 
 class EmulatedWork:
@@ -120,3 +131,9 @@ class EmulatedWork:
     async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
         assert done.synced is not None
         await asyncio.sleep(max(0.0, done.synced - self.clock()))
+
+    def drop(self, job: JobId) -> None:
+        self.times.pop(job, None)
+
+    async def tidy(self, gpu: int) -> tuple[JobId, ...]:
+        return ()  # the world model's times hold no memory on a GPU

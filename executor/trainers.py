@@ -63,6 +63,7 @@ from executor.trainer_choice import place
 from hops.trainer import protocol as p
 from hops.trainer.params import evict_folder
 from hops.trainer.wire import decode_tensors, encode_tensors
+from shared.errors import CodedError
 
 DEFAULT_TRAINERS: Final = ExecutorSettings.trainers_per_gpu
 RETRIES: Final = 2  # reruns of a task whose trainer died
@@ -72,14 +73,9 @@ class TrainerDied(RuntimeError):
     """A trainer ended (or broke its pipe) before answering."""
 
 
-class TrainerRefused(RuntimeError):
+class TrainerRefused(CodedError):
     """A trainer refused a command: ``code`` is one of
-    :data:`hops.trainer.protocol.REFUSAL_CODES`."""
-
-    def __init__(self, code: str, words: str) -> None:
-        super().__init__(f"{code}: {words}")
-        self.code = code
-        self.words = words
+    :data:`hops.trainer.protocol.REFUSAL_CODES`, ``words`` its own."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ endpoint                     does                                          answe
 ``GET /jobs/{id}/timeline``  the job's history (stream HOPS_TIMELINE)     200, 403, 404
 ``GET /jobs/{id}/logs``      its output, NDJSON (stream HOPS_LOGS;         200, 400, 403, 404
                              ``follow``: :mod:`gateway.log_routes`)
+``GET /jobs/{id}/params``    a task job's final parameters, bytes          200, 403, 404, 409
+                             (``hops_aggregator``: :mod:`gateway.params_routes`)
 ``DELETE /jobs/{id}``        ``cancel_job`` on ``hops.v1.jobs.cancel``     200, 403/404/409, 503
 ``POST /jobs/{id}/hold``     ``hold_job`` on ``hops.v1.jobs.hold``         200, 403/404/409, 503
 ``POST /jobs/{id}/release``  ``hold_job`` (``hold`` false), the same       200, 403/404/409, 503
@@ -89,6 +91,7 @@ from gateway.explain_routes import (
 from gateway.explain_view import ADMIN, Viewer, list_fields
 from gateway.log_routes import log_routes
 from gateway.openapi import json_response, openapi, submit_body_schema
+from gateway.params_routes import params_routes
 from gateway.reload import reload_routes
 from gateway.responses import ERRORS, bus_of, failure, respond, upstream_failure
 from gateway.settings import GatewaySettings
@@ -141,6 +144,7 @@ def create_app(settings: GatewaySettings | None = None, *, tenants: TenantsFile 
     _job_routes(app)
     timeline_routes(app)
     log_routes(app)
+    params_routes(app)
     cluster_routes.cluster_routes(app)
     cluster_routes.node_routes(app)
     cluster_routes.tenant_routes(app)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.tasks import (
+    FAILURE_WORDS_MAX,
     MOVES_STARTED,
     STALE_REVISION,
     STALE_TERM,
@@ -21,6 +22,7 @@ from executor.tasks import (
     key_of,
     sequence_times,
     switch_cost,
+    task_job_failed,
     task_times,
 )
 from shared.events import TaskSequence
@@ -350,3 +352,24 @@ def test_every_entry_runs_once_in_order_whatever_the_leader_resends(
             assert paid == (switch if prev is not None and prev.job_id != e.job_id else 0.0)
             assert start == begin + paid
             end, prev = start + (e.hi - e.lo) * compute, e
+
+
+# --- a job whose task failed --------------------------------------------------------------
+
+
+def test_a_failed_task_fails_its_job_with_the_code_and_the_scripts_words() -> None:
+    failed = task_job_failed(J1, "task_failed", "job j1 round 1: RuntimeError: boom\n  at x",
+                             S, 1, 7.5)
+    assert (failed.job_id, failed.at, failed.exit_code) == (J1, 7.5, None)
+    assert failed.reason == (f"task_failed: job j1 round 1: RuntimeError: boom at x "
+                             f"(server {S}, GPU 1)")
+
+
+def test_a_failed_tasks_words_are_bounded() -> None:
+    words = "RuntimeError: " + "x" * 100_000
+    reason = task_job_failed(J1, "task_failed", words, S, 0, 0.0).reason
+    said = reason.removeprefix("task_failed: ").removesuffix(f" (server {S}, GPU 0)")
+    assert len(said) == FAILURE_WORDS_MAX and said.endswith("…")
+    assert said.startswith("RuntimeError: xxx")
+    short = task_job_failed(J1, "task_failed", "x" * FAILURE_WORDS_MAX, S, 0, 0.0).reason
+    assert "…" not in short  # at the bound: kept whole

@@ -10,7 +10,8 @@ NATS identity (nkey permissions, services.runtime.identity)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,23 @@ class _served:
         await self.lifespan.__aexit__(None, None, None)
 
 
+@asynccontextmanager
+async def as_gateway(root: Path, write: Callable[[NATS], Awaitable[None]]
+                     ) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway served under its own NATS identity, on a nats-server that
+    admits only its nkeys, over the state ``write`` stored as the admin."""
+    with secured_nats(root, [ADMIN_IDENTITY, GATEWAY]) as runtime:
+        admin = await connect(runtime(ADMIN_IDENTITY), ADMIN_IDENTITY)
+        await ensure_jetstream(admin.jetstream())
+        await write(admin)
+        try:
+            async with _served(GatewaySettings(request_timeout=0.5,
+                                               runtime=runtime(GATEWAY))) as client:
+                yield client
+        finally:
+            await admin.close()
+
+
 def by_type(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in body["conditions"]}
 
@@ -210,15 +228,9 @@ async def test_the_queue_shows_reasons_positions_and_forecasts_redacted(
 
 
 async def test_the_gateway_reads_them_under_its_own_identity(tmp_path: Path) -> None:
-    with secured_nats(tmp_path, [ADMIN_IDENTITY, GATEWAY]) as runtime:
-        admin = await connect(runtime(ADMIN_IDENTITY), ADMIN_IDENTITY)
-        await ensure_jetstream(admin.jetstream())
-        await write_state(admin)
-        settings = GatewaySettings(request_timeout=0.5, runtime=runtime(GATEWAY))
-        async with _served(settings) as client:
-            body = (await client.get("/jobs/j1", headers=ALICE)).json()
-            timeline = (await client.get("/jobs/j1/timeline", headers=ALICE)).json()
-        await admin.close()
+    async with as_gateway(tmp_path, write_state) as client:
+        body = (await client.get("/jobs/j1", headers=ALICE)).json()
+        timeline = (await client.get("/jobs/j1/timeline", headers=ALICE)).json()
     assert body["why"]["code"] == "Priority" and body["forecast"]["position"] == 3
     assert [e["kind"] for e in timeline["entries"]] == [e.kind for e in TIMELINE]
 

@@ -126,9 +126,10 @@ def test_hares_sequences_come_from_the_scheduler_and_reports_from_their_server()
     others = [*SERVICES, executor_identity("a"), executor_identity("b"), tenant_identity("t")]
     seq_a, done_a = subjects.task_sequence("a"), subjects.task_done("a", "j1")
     assert [i for i in others if may_publish(i, seq_a)] == ["scheduler"]
-    # the aggregator reads them too: its grants (docs/hare.md §7, step 3b)
-    assert [i for i in others if may_subscribe(i, seq_a)] == ["aggregator",
-                                                              executor_identity("a")]
+    # the aggregator reads them too: its grants (docs/hare.md §7, step 3b);
+    # and the monitor: where a task job runs (the executor's job_failed of it)
+    assert sorted(i for i in others if may_subscribe(i, seq_a)) == [
+        "aggregator", executor_identity("a"), "monitor"]
     assert [i for i in others if may_publish(i, done_a)] == [executor_identity("a")]
 
 
@@ -149,7 +150,7 @@ def test_gradients_come_from_their_server_and_the_aggregator_alone_applies() -> 
     applied = subjects.agg_applied("j1")
     assert [i for i in others if may_publish(i, applied)] == ["aggregator"]
     assert sorted(i for i in others if may_subscribe(i, subjects.task_sequence("a"))) == [
-        "aggregator", executor_identity("a")]
+        "aggregator", executor_identity("a"), "monitor"]  # the monitor: where tasks run
     store = "$O.hops_aggregator.M.ajEvY2hlY2twb2ludA=="
     assert [i for i in others if may_publish(i, store)] == ["aggregator"]
     denied = permissions("aggregator").publish_deny

@@ -19,17 +19,26 @@ takes a job's applied rounds from the aggregator (``HOPS_AGG_APPLIED``).
   :func:`hops.trainer.api.reference_rounds` run here.
 * Kill -9 of the trainer process, of the aggregator (restarted) and of the
   leader, each once a round of a new pair is applied: the same holds.
+* A job whose script raises from its round 1 on (``tests/data/
+  raise_on_round1.py``) fails with the code ``task_failed`` and the
+  script's words, once; its sequences drop it, the trainers forget it, and
+  the job beside it finishes bitwise. The gateway serves the latter's final
+  parameters (``GET /jobs/{id}/params``) and refuses the former's
+  ``no_final_params``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import torch
@@ -80,10 +89,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
                    policy="hare-eft") as s:
         # A first pair is profiled (one GPU: one profiling run at a time); the
         # pairs of the tests find its signatures' profiles and are sequenced
-        # together, at once.
+        # together, at once. So does the failing job's script (it fails).
         warm = submit(s, "w")
-        phases = s.wait_final([x["id"] for x in warm], timeout=240)
-        assert set(phases.values()) == {"finished"}, (phases, s.logs())
+        assert s.submit(failing("w-bad")).get("ok")
+        phases = s.wait_final([x["id"] for x in warm] + ["w-bad"], timeout=240)
+        assert phases == {"w-cnn": "finished", "w-lm": "finished", "w-bad": "failed"}, (
+            phases, s.logs())
         yield s
 
 
@@ -92,6 +103,13 @@ def specs_of(prefix: str) -> list[dict[str, Any]]:
              "total_samples": S * ROUNDS[name] * job["batch_size"],
              "sync_scale": S, "requirements": [1, 2], "workdir": str(ROOT)}
             for name, job in JOBS.items()]
+
+
+def failing(job: str) -> dict[str, Any]:
+    """The CNN's spec, its script raising from round 1 on (tests/data)."""
+    return {**specs_of("x")[0], "id": job,
+            "command": [sys.executable, str(ROOT / "tests" / "data" / "raise_on_round1.py"),
+                        "--dataset-size", "64", "--seed", "1"]}
 
 
 def submit(stack: LiveStack, prefix: str) -> list[dict[str, Any]]:
@@ -163,8 +181,10 @@ def finish(stack: LiveStack, specs: list[dict[str, Any]]
            ) -> tuple[list[dict[str, Any]], Synced]:
     phases = stack.wait_final([s["id"] for s in specs], timeout=240)
     assert set(phases.values()) == {"finished"}, (phases, stack.logs())
+    ids = {s["id"] for s in specs}
     assert [e for e in stack.bus_().errors() if e.get("code") in (
-        "task_refused", "task_failed", "no_params", "not_task_ready")] == []
+        "task_refused", "task_failed", "no_params", "not_task_ready")
+        and of_jobs(e, ids)] == []
     done: list[dict[str, Any]] = []
     synced: Synced = {}
     for spec in specs:
@@ -172,6 +192,13 @@ def finish(stack: LiveStack, specs: list[dict[str, Any]]
         done += reports
         synced |= applied
     return done, synced
+
+
+def of_jobs(error: dict[str, Any], ids: set[str]) -> bool:
+    """Whether an error record may concern one of the jobs ``ids``: one on
+    another job's ``task_done`` subject does not (a job failed on purpose)."""
+    subject = str(error.get("subject", ""))
+    return not subject.startswith("hops.v1.tasks.done.") or subject.rsplit(".", 1)[-1] in ids
 
 
 def first_round_applied(stack: LiveStack, specs: list[dict[str, Any]]) -> None:
@@ -233,3 +260,50 @@ def test_a_killed_leader_is_resumed_from_both_streams(stack: LiveStack) -> None:
         rounds = rounds_of(spec["total_samples"], S, spec["batch_size"])
         assert applied == sorted(set(applied)) and applied[-1] == rounds, applied
     assert log_lines(stack, successor, "task state loaded")
+
+
+def last_revision(stack: LiveStack) -> tuple[float, list[str]] | None:
+    """When the leaders last issued task sequences, and the jobs they name."""
+    issued = sorted((datetime.fromisoformat(x["timestamp"]).timestamp(), x["jobs"])
+                    for name in stack.procs if name.startswith("scheduler")
+                    for x in log_lines(stack, name, "task sequences issued"))
+    return issued[-1] if issued else None
+
+
+def test_a_script_that_raises_fails_its_job_and_the_other_finishes(stack: LiveStack) -> None:
+    good, bad = specs_of("f")[1], failing("f-bad")  # sequenced at once: profiled
+    for spec in (good, bad):
+        assert stack.submit(spec).get("ok"), spec
+    phases = stack.wait_final([good["id"], bad["id"]], timeout=240)
+    assert phases == {good["id"]: "finished", bad["id"]: "failed"}, (phases, stack.logs())
+    rec = stack.record(bad["id"])
+    assert rec is not None
+    reason = str(rec["reason"])
+    assert reason.startswith("task_failed: job f-bad round 1") and reason.endswith(")"), reason
+    # the first of its round-1 entries to fail names its micro-batch (3, 4 or 5)
+    assert re.search(r"RuntimeError: micro-batch [345] of round 1: this script fails", reason)
+    with httpx.Client(base_url=stack.config.gateway_url, timeout=10,
+                      headers=stack.headers) as api:  # what `hops job` and the API show
+        shown = api.get(f"/jobs/{bad['id']}").json()
+        none = api.get(f"/jobs/{bad['id']}/params")
+        kept = api.get(f"/jobs/{good['id']}/params")
+    assert (none.status_code, none.json()["code"]) == (409, "no_final_params"), none.text
+    assert kept.status_code == 200, kept.text  # the other's, as its aggregator saved them
+    got, want = decode_params(kept.content), reference(good)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert (shown["phase"], shown["reason"]) == ("failed", reason), shown
+    failed_cond = next(c for c in shown["conditions"] if c["type"] == "Failed")
+    assert (failed_cond["status"], failed_cond["message"]) == ("True", reason), shown
+    bus = stack.bus_()
+    kinds = [e.type for e in bus.job_events(bad["id"])]
+    assert kinds.count("job_failed") == 1 and "job_finished" not in kinds, kinds
+    applied = bus.stored("HOPS_AGG_APPLIED", subjects.agg_applied(bad["id"]), decode_applied)
+    assert [a.round for a in applied] == [0]  # round 1 never completes
+    # its trainers forget it; the leader's later revisions no longer sequence it
+    forgotten = [x for x in log_lines(stack, "cluster", "task job forgotten")
+                 if x["job_id"] == bad["id"]]  # the executors log in the cluster's file
+    assert forgotten, stack.logs()
+    failed_at = rec["finished_at"]
+    until(lambda: (last := last_revision(stack)) is not None and last[0] > failed_at
+          and bad["id"] not in last[1], "a revision without the failed job", 30, stack.logs)
+    check_job(stack, good)  # every micro-batch once, its end bitwise

@@ -18,14 +18,18 @@ from services.monitor.authz import (
     judge_report,
     planned,
     register_refusal,
+    sequenced,
     without_jobs,
 )
 from services.monitor.metrics import REFUSAL_CODES, refused_family, render
 from shared import events as ev
+from shared import subjects
 from shared.cluster import GpuTypeSpec, Server
 from shared.configuration import Configuration
 from shared.ids import GpuType, JobId, ServerId
+from shared.job import JobSpec
 from shared.measurements import ProfileReport, ThroughputSample
+from shared.sequence import GpuTasks, TaskEntry
 from shared.snapshot import Assignment, Plan, ProfilingTask
 
 A, B = ServerId("a0"), ServerId("b0")
@@ -116,6 +120,25 @@ def test_plans_name_the_servers_of_runs_and_profiling_runs() -> None:
     plan = Plan(assignments=(Assignment(J, Configuration.of({"a0": 2, "b0": 2})),),
                 profiling=(ProfilingTask(JobId("p"), GpuType("rtx"), B),))
     assert planned(plan) == {J: frozenset({A, B}), JobId("p"): frozenset({B})}
+
+
+def test_task_sequences_place_their_jobs_on_their_server_only() -> None:
+    """A Hare task job runs where the leader's sequences put it: its
+    ``job_failed`` from that server is relayed, from any other refused."""
+    on_a = (TaskEntry(J, 1, 0, 2, 0.0, 1.0), TaskEntry(JobId("k"), 0, 0, 1, 1.0, 2.0))
+    specs = tuple(JobSpec(j, "resnet18-cifar10", 32, 10, 640, requirements=(1,), sync_scale=2)
+                  for j in (J, JobId("k")))
+    seq = ev.TaskSequence(term=1, revision=3, server_id=A, at=0.0,
+                          gpus=(GpuTasks(0, on_a), GpuTasks(1, ())), specs=specs)
+    assert sequenced(seq, A) == {J: frozenset({A}), JobId("k"): frozenset({A})}
+    assert sequenced(seq, B) == {}  # a body that lies about its subject places nothing
+    h = PlacementHistory()
+    for job, servers in sequenced(seq, A).items():
+        h.placed(job, servers)
+    failed = ev.JobFailed(job_id=J, at=1.0, reason="task_failed: boom")
+    assert judge_report(failed, A, J, f"{J}:job_failed", h, last_try=False) == Relay(
+        subjects.job_events(J), f"{J}:job_failed")
+    assert isinstance(judge_report(failed, B, J, "x", h, last_try=True), Refuse)
 
 
 def test_registration_and_heartbeats_of_another_server_are_refused() -> None:

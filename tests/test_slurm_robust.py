@@ -165,7 +165,7 @@ def test_a_stop_slurm_does_not_answer_is_refused_and_the_job_kept(tmp_path: Path
         with pytest.raises(CommandRefused) as refused:
             await h.terminate(grace=5)
         assert refused.value.code == SLURM_UNAVAILABLE, refused.value
-        assert "could not be stopped" in refused.value.error
+        assert "could not be stopped" in refused.value.words
         return time.monotonic() - began
 
     assert asyncio.run(stop()) < 3

@@ -2,9 +2,11 @@
 executor.taskwork), no bus: a stand-in work records what it is asked to
 do. Each GPU's entries run in order; a ``task_done`` goes out only after
 the work delivered the gradients; a job whose script raised
-(``task_failed``) is recorded once, skipped, and does not hold the GPU; an
+(``task_failed``) is recorded once, skipped, does not hold the GPU, and
+fails the job (its ``job_failed`` once, the work dropping it); an
 entry whose parameters did not come (``no_params``) is tried again; a
-revision the work refuses (``not_task_ready``) changes nothing. Also:
+revision the work refuses (``not_task_ready``) changes nothing; a backend
+without trainers refuses each revision ``tasks_not_supported``. Also:
 the real Hare example's jobs load as tasks."""
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 
 import structlog
 
-from executor.taskrun import TaskRunner
-from executor.tasks import Refused
+from executor.taskrun import TaskRunner, task_work
+from executor.tasks import TASKS_NOT_SUPPORTED, Refused
 from executor.taskwork import NO_PARAMS, Computed, Running, TaskFailed
 from hops.trainer.api import load_task
 from hops.trainer.protocol import TASK_FAILED
@@ -58,7 +60,7 @@ class Work:
                       running: Running) -> Computed | None:
         self.log.append(f"compute {entry.job_id} {entry.round} {entry.lo}")
         if entry.job_id == BAD:
-            raise TaskFailed(TASK_FAILED, "the script raised")
+            raise TaskFailed(TASK_FAILED, "the script raised", fails_job=True)
         if entry.job_id == LATE and self.late_tries < 2:
             self.late_tries += 1
             raise TaskFailed(NO_PARAMS, "no parameters yet")
@@ -70,6 +72,12 @@ class Work:
         await asyncio.sleep(0.02)
         self.log.append(f"sent {entry.job_id} {entry.round} {entry.lo}")
 
+    def drop(self, job: JobId) -> None:
+        self.log.append(f"drop {job}")
+
+    async def tidy(self, gpu: int) -> tuple[JobId, ...]:
+        return ()
+
 
 @dataclass
 class Ctx:
@@ -78,6 +86,7 @@ class Ctx:
     trace: list[str]  # the work's log, and the reports
     published: list[tuple[str, str]] = field(default_factory=list)  # (subject, code)
     reports: list[str] = field(default_factory=list)
+    verdicts: list[tuple[str, ev.Message, str]] = field(default_factory=list)  # job_failed
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     log: Any = field(default_factory=structlog.get_logger)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -91,6 +100,10 @@ class Ctx:
         return self
 
     async def publish(self, subject: str, *args: Any, **kw: Any) -> Any:
+        if subject.startswith("hops.v1.reports."):  # a JetStream publish, its id a header
+            msg_id = (kw.get("headers") or {}).get("Nats-Msg-Id", "")
+            self.verdicts.append((subject, ev.decode_job_event(args[0]), msg_id))
+            return None
         if subject.startswith("hops.v1.tasks.done."):
             if len(args) >= 2 and isinstance(args[1], str):  # an error record
                 self.published.append((subject, args[1]))
@@ -148,6 +161,45 @@ def test_a_report_follows_its_gradients_and_a_failed_job_does_not_hold_the_gpu()
                    for x in work.log)
     codes = [code for _, code in ctx.published]
     assert codes == [NOT_TASK_READY, TASK_FAILED], ctx.published
+    # the script raised: the job fails, once, on the server's report subject
+    # (the monitor relays it), and the work drops it
+    assert work.log.count("drop bad") == 1
+    assert [(s, m) for s, _, m in ctx.verdicts] == [("hops.v1.reports.s.bad", "bad:job_failed")]
+    failed = ctx.verdicts[0][1]
+    assert isinstance(failed, ev.JobFailed)
+    assert failed.reason == "task_failed: the script raised (server s, GPU 0)"
+
+
+def test_a_revision_without_a_failed_job_forgets_it_failed() -> None:
+    """The leader dropped it: submitted again under its id, it runs."""
+    async def go() -> set[JobId]:
+        runner = TaskRunner(Ctx([]), Server(SID, GpuType("cpu"), 1), Work([]))  # type: ignore[arg-type]
+        await runner.offer(revision(1, [(BAD, 0, 0, 3), (GOOD, 0, 0, 3)]))
+        runner.failed.add(BAD)
+        await runner.offer(revision(2, [(BAD, 0, 0, 3), (GOOD, 0, 0, 3)]))
+        assert runner.failed == {BAD}  # still named: still failed here
+        await runner.offer(revision(3, [(GOOD, 0, 0, 3)]))
+        return runner.failed
+
+    assert asyncio.run(go()) == set()
+
+
+def test_a_backend_without_trainers_refuses_each_revision_once() -> None:
+    """The Slurm backend's (Slurm runs whole jobs): no work, and each
+    revision refused ``tasks_not_supported`` once, whatever the resends."""
+    async def go() -> Ctx:
+        ctx = Ctx([])
+        server = Server(SID, GpuType("cpu"), 1)
+        assert task_work(ctx, server, object(), None) is None  # type: ignore[arg-type]
+        runner = TaskRunner(ctx, server, None)  # type: ignore[arg-type]
+        first = revision(1, [(GOOD, 0, 0, 3)])
+        for seq in (first, first, revision(2, [(GOOD, 0, 0, 3)])):
+            await runner.offer(seq)
+        assert runner.follower.held is None  # nothing taken
+        return ctx
+
+    codes = [code for _, code in asyncio.run(go()).published]
+    assert codes == [TASKS_NOT_SUPPORTED, TASKS_NOT_SUPPORTED]
 
 
 def test_an_entry_without_its_parameters_is_tried_again_not_lost() -> None:

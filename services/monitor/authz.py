@@ -16,7 +16,8 @@ jobs placed on that server:
   ``hops_alloc``, ``hops_jobs`` and the plans: the placer writes
   ``hops_alloc`` only once every server acknowledged the start, and a start
   an executor refuses as impossible is reported by its ``job_failed``
-  alone); a report must name the subject's job and, where it names a
+  alone; a Hare task job is placed on every server a task sequence gives
+  it entries on, :func:`sequenced`); a report must name the subject's job and, where it names a
   server, the subject's server, and be one of the messages an executor
   sends (:data:`REPORT_TYPES`).
 
@@ -45,6 +46,7 @@ from shared.events import (
     ProfileReported,
     RegisterNode,
     SampleReported,
+    TaskSequence,
 )
 from shared.ids import JobId, ServerId
 from shared.snapshot import Plan
@@ -241,3 +243,12 @@ def planned(plan: Plan) -> dict[JobId, frozenset[ServerId]]:
     for task in plan.profiling:
         out[task.job_id] = out.get(task.job_id, frozenset()) | {task.server}
     return out
+
+
+def sequenced(seq: TaskSequence, sid: str) -> dict[JobId, frozenset[ServerId]]:
+    """The jobs a task sequence published on ``hops.v1.tasks.seq.<sid>``
+    gives entries on that server (only the scheduler may publish there):
+    none when its body names another server than its subject."""
+    if seq.server_id != sid:
+        return {}
+    return {e.job_id: frozenset({seq.server_id}) for g in seq.gpus for e in g.entries}

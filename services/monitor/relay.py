@@ -20,7 +20,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.monitor.authz import PlacementHistory, Refuse, Wait, judge_report, planned
+from nats.aio.msg import Msg
+
+from services.monitor.authz import (
+    PlacementHistory,
+    Refuse,
+    Wait,
+    judge_report,
+    planned,
+    sequenced,
+)
 from services.runtime.bus import ErrorReporter
 from services.runtime.consumer import ConsumerSpec, Delivery, Later, Terminate, consume
 from services.runtime.retry import publish_retried
@@ -31,8 +40,11 @@ from shared.events import (
     Message,
     PlanEvent,
     PlanIssued,
+    TaskSequence,
+    WireError,
     decode_any,
     decode_plan_event,
+    decode_task_event,
     encode,
 )
 
@@ -119,3 +131,23 @@ async def follow_plans(ctx: ServiceContext, history: PlacementHistory, fetch_s: 
     spec = ConsumerSpec(subjects.STREAM_PLANS.name, PLANS_DURABLE, subjects.PLANS,
                         fetch_timeout=fetch_s)
     await consume(ctx.js, spec, decode_plan_event, on_plan, ctx.reporter, ctx.stopping)
+
+
+async def follow_sequences(ctx: ServiceContext, history: PlacementHistory) -> None:
+    """Note the servers Hare's task sequences give each job entries on (core
+    NATS, the leader's resends): a task job's ``job_failed`` comes from the
+    server whose task failed, which its ``job_started`` may not name (a
+    replan moves tasks). One that does not decode is the executors' to
+    report; it places nothing."""
+
+    async def on_sequence(msg: Msg) -> None:
+        try:
+            seq = decode_task_event(msg.data)
+            sid = subjects.last_token(msg.subject, subjects.TASK_SEQ_ALL)
+        except (WireError, subjects.SubjectError):
+            return
+        if isinstance(seq, TaskSequence):
+            for job, servers in sequenced(seq, sid).items():
+                history.placed(job, servers)
+
+    await ctx.nc.subscribe(subjects.TASK_SEQ_ALL, cb=on_sequence)

@@ -9,7 +9,8 @@ failed or ended, releasing the occupied resources immediately").
   jobs placed there (:mod:`services.monitor.authz`): a registration or
   heartbeat of another server is refused, a heartbeat entry of a job not
   placed there is ignored; ``HOPS_REPORTS`` is relayed, checked, to the
-  canonical subjects (:mod:`services.monitor.relay`); each refusal is
+  canonical subjects (:mod:`services.monitor.relay`; a Hare task job is
+  placed where the leader's task sequences put it); each refusal is
   logged, published as an error record (code ``forbidden``) and counted in
   ``hops_refused_total``;
 * node and job heartbeats feed the :class:`DeadlineTracker`, checked every
@@ -64,7 +65,13 @@ from services.monitor.feeds import MetricFeeds
 from services.monitor.follow import poll_queue, watch_bucket
 from services.monitor.metrics import LatencyBook, Outcome
 from services.monitor.registry import NodeRegistry
-from services.monitor.relay import RelaySettings, ReportRelay, audit, follow_plans
+from services.monitor.relay import (
+    RelaySettings,
+    ReportRelay,
+    audit,
+    follow_plans,
+    follow_sequences,
+)
 from services.monitor.release import (
     EarlyReports,
     Release,
@@ -170,6 +177,7 @@ class Monitor:
         self.relay = ReportRelay(self.ctx, self.history, RelaySettings.waiting(
             self.settings.report_wait_s, self.settings.report_retry_s, fetch))
         self.ctx.spawn(follow_plans(self.ctx, self.history, fetch, self.feeds.on_plan), "plans")
+        await follow_sequences(self.ctx, self.history)  # where Hare's task jobs run
         self.feeds.start(self.ctx, fetch)
         self.ctx.spawn(self.relay.run(), "reports")
         self.ctx.spawn(self._check_loop(), "deadlines")

@@ -152,14 +152,15 @@ _TENANT_FEEDS = f"{PREFIX}.tenants.*.events.*"
 
 def _monitor() -> Permissions:
     # It relays executors' reports to their canonical subjects, so it may
-    # publish samples and profiles; it releases placements (hops_alloc).
+    # publish samples and profiles; it releases placements (hops_alloc); it
+    # reads Hare's task sequences: where a task job runs (its job_failed).
     return _service(
         MONITOR,
         publish=(_EVENTS, subjects.SAMPLES_ALL, subjects.PROFILES_ALL, subjects.RELEASED,
                  subjects.EXEC_ALL, subjects.QUEUE),
         subscribe=(subjects.NODES_REGISTER_ALL, subjects.NODES_REMOVE, subjects.NODES_DRAIN,
                    subjects.NODE_HEARTBEATS_ALL, subjects.JOB_HEARTBEATS_ALL, subjects.ERRORS,
-                   subjects.PLACER_SKIPPED),
+                   subjects.PLACER_SKIPPED, subjects.TASK_SEQ_ALL),
         kv=(subjects.KV_NODES, subjects.KV_ALLOC),
         responds=True,
     )
