@@ -18,7 +18,11 @@ simulator, per-job and weighted JCT side by side.
   in the leader's order, each job arriving when it was submitted, with the
   T^c and T^s the leader plans with (the estimator asked after the run,
   turned into times by the leader's :func:`scheduling.live.taskrun.task_job`),
-  as :mod:`bench.hare_parity` does for the emulated executor.
+  as :mod:`bench.hare_parity` does for the emulated executor; and **sim
+  h4**, the same with the live loop's horizon (each revision sequences at
+  most ``HOPS_TASK_HORIZON`` = 4 rounds of a job, replanning at every
+  barrier: ``TaskSimSettings.horizon_rounds``), which orders the jobs as the
+  live leader can.
 
 Besides the JCTs, it prints what the live run spent: the median compute of a
 micro-batch (a ``task_done``'s span over its micro-batches) against the
@@ -50,10 +54,14 @@ from hops.aggregator.codec import decode_params
 from hops.trainer.api import load_task, reference_rounds
 from hops.trainer.spec import task_config, task_script
 from scheduling.live.taskrun import rounds_of
+from scheduling.live.tasks import LiveTaskSettings
+from scheduling.policies.hare.model import Gpu, TaskJob
+from scheduling.registry import make_task_policy
 from services.runtime.objects import get_object
 from shared import subjects
 from shared.gradients import decode_applied
 from shared.job import JobSpec
+from simulator.tasks import TaskSimSettings, simulate
 from tests.livestack import LiveStack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,7 +207,18 @@ def bitwise(spec: Mapping[str, Any], final: bytes | None) -> bool:
     return got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
-def report(live: Live, sim: SimRun, same: dict[str, bool], batch_scale: int) -> None:
+HORIZON = LiveTaskSettings().horizon_rounds  # the stack leaves HOPS_TASK_HORIZON unset
+
+
+def sim_horizon(jobs: tuple[TaskJob, ...], gpus: tuple[Gpu, ...]) -> dict[str, float]:
+    """Each job's JCT in the simulator with the live loop's horizon."""
+    result = simulate(jobs, gpus, make_task_policy(POLICY),
+                      TaskSimSettings(horizon_rounds=HORIZON))
+    return {o.id: o.jct_s for o in result.jobs}
+
+
+def report(live: Live, sim: SimRun, sim_h: dict[str, float], same: dict[str, bool],
+           batch_scale: int) -> None:
     run = live.run
     jct = {j: run.finished[j] - run.submitted[j] for j in run.finished}
     planned = {str(j.id): j for j in run.leader_jobs}
@@ -208,12 +227,14 @@ def report(live: Live, sim: SimRun, same: dict[str, bool], batch_scale: int) -> 
     print(f"policy {POLICY}, real executor, one server of {len(run.gpus)} CPU \"GPUs\" "
           f"(type {gtype}), micro-batches x{batch_scale} the scripts'; wall seconds")
     print(f"{'job':4} {'script':6} {'S':>2} {'rnds':>4} {'arrival':>7} {'sim JCT':>8} "
-          f"{'live JCT':>8} {'diff':>7} {'wait sim':>8} {'live':>5} {'T^c plan':>8} "
-          f"{'live':>6} {'T^s plan':>8} {'live':>6} {'gap sim':>7} {'live':>6} prof bitwise")
+          f"{'live JCT':>8} {'diff':>7} {'sim h4':>6} {'diff':>7} {'wait sim':>8} {'live':>5} "
+          f"{'T^c plan':>8} {'live':>6} {'T^s plan':>8} {'live':>6} {'gap sim':>7} {'live':>6} "
+          "prof bitwise")
     for j in sorted(jct):
         tj, job = planned[j], jobs[j]
         print(f"{j:4} {job.script:6} {job.s:>2} {job.rounds:>4} {run.submitted[j]:7.2f} "
               f"{sim.jct[j]:8.2f} {jct[j]:8.2f} {pct(jct[j], sim.jct[j])} "
+              f"{sim_h[j]:6.2f} {pct(jct[j], sim_h[j])} "
               f"{sim.first[j] - run.submitted[j]:8.2f} {run.first[j] - run.submitted[j]:5.2f} "
               f"{tj.compute_s[gtype]:8.4f} {live.spent.compute[j]:6.4f} "
               f"{tj.sync(gtype):8.4f} {live.spent.sync[j]:6.4f} "
@@ -224,9 +245,10 @@ def report(live: Live, sim: SimRun, same: dict[str, bool], batch_scale: int) -> 
           "(live: median of the round's last report to its round_applied); gap: median of "
           "a round's first compute start less the previous round's last report; prof: the "
           "job got a profiling run of its own (a profile placement)")
-    w_sim, w_live = sum(sim.jct.values()), sum(jct.values())
+    w_sim, w_live, w_h = sum(sim.jct.values()), sum(jct.values()), sum(sim_h.values())
     print(f"weighted JCT (sum of w x JCT, w = 1): sim {w_sim:.2f}, live {w_live:.2f} "
-          f"({pct(w_live, w_sim).strip()})")
+          f"({pct(w_live, w_sim).strip()}); sim h{HORIZON} {w_h:.2f} "
+          f"(live {pct(w_live, w_h).strip()})")
     print(f"final parameters bitwise the one-process reference: "
           f"{sum(same.values())} of {len(same)} jobs")
 
@@ -246,8 +268,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hops-hare-parity-real-") as tmp:
         live = run_live(args.keep or Path(tmp), args.resend_s, args.batch_scale)
     sim = run_sim(live.run.leader_jobs, live.run.gpus)
+    sim_h = sim_horizon(live.run.leader_jobs, live.run.gpus)
     same = {j.id: bitwise(spec_of(j, args.batch_scale), live.finals[j.id]) for j in WORKLOAD}
-    report(live, sim, same, args.batch_scale)
+    report(live, sim, sim_h, same, args.batch_scale)
     print(f"HOPS_TASK_RESEND_S {args.resend_s:g} s; load average (1 min) at the start "
           f"{load:.1f}, at the end {os.getloadavg()[0]:.1f}, on {os.cpu_count()} CPUs")
     if not all(same.values()):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench import hare_parity_real as hr
-from bench.hare_parity import LiveRun, SimRun
+from bench.hare_parity import LiveRun, SimRun, run_sim
 from hops.aggregator.codec import encode_params
 from scheduling.live.taskrun import rounds_of
 from scheduling.policies.hare.model import Gpu, GpuId, TaskJob
@@ -60,12 +60,28 @@ def test_the_report_prints_each_job_and_the_weighted_jct(
                   dict.fromkeys(ids, 0.1), jobs, GPUS)
     spent = hr.Measured(dict.fromkeys(ids, 0.02), dict.fromkeys(ids, 0.05),
                         {j: j == "r1" for j in ids})
-    hr.report(hr.Live(run, spent, {}), sim, {j: j != "r2" for j in ids}, 1)
+    hr.report(hr.Live(run, spent, {}), sim, dict.fromkeys(ids, 2.0), {j: j != "r2" for j in ids},
+              1)
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines()
             if line.split() and line.split()[0] in ids}
     assert set(rows) == set(ids)
-    assert rows["r0"][5:8] == ["1.00", "1.50", "+50.0%"]
+    assert rows["r0"][5:10] == ["1.00", "1.50", "+50.0%", "2.00", "-25.0%"]
     assert rows["r1"][-2:] == ["yes", "yes"] and rows["r2"][-2:] == ["no", "NO"]
-    assert "sim 4.00, live 6.00 (+50.0%)" in out
+    assert "sim 4.00, live 6.00 (+50.0%); sim h4 8.00 (live -25.0%)" in out
     assert "3 of 4 jobs" in out
+
+
+def test_the_horizon_sim_sees_four_rounds_of_each_job() -> None:
+    """Two jobs on one GPU: ``many`` has more micro-batches in all (12
+    rounds of 1), ``wide`` more in four rounds (5 rounds of 2). With every
+    round in view hare-eft runs ``wide`` first; with four in view,
+    ``many``."""
+    assert hr.HORIZON == 4
+    jobs = tuple(TaskJob(id=JobId(name), arrival_s=0.0, rounds=rounds, tasks_per_round=s,
+                         compute_s={CPU: 0.1}, sync_s={CPU: 0.0}, model="m")
+                 for name, rounds, s in (("many", 12, 1), ("wide", 5, 2)))
+    full = run_sim(jobs, GPUS[:1]).jct
+    ahead = hr.sim_horizon(jobs, GPUS[:1])
+    assert full["wide"] < full["many"]
+    assert ahead["many"] < ahead["wide"]
