@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -63,6 +62,7 @@ from shared.gradients import decode_applied
 from shared.job import JobSpec
 from simulator.tasks import TaskSimSettings, simulate
 from tests.livestack import LiveStack
+from tests.test_live_hare_real import JOBS
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = "hare-eft"
@@ -79,15 +79,7 @@ servers:
 """
 # The scripts and sizes of tests/test_live_hare_real.py: a micro-batch is a
 # few milliseconds of one core.
-SCRIPTS: dict[str, dict[str, Any]] = {
-    "cnn": {"model": "small-cnn", "batch_size": 8, "params": 113_738, "base_lr": 0.05,
-            "command": [sys.executable, str(ROOT / "examples" / "train_cnn.py"),
-                        "--dataset-size", "64", "--seed", "1"]},
-    "lm": {"model": "small-lm", "batch_size": 4, "params": 13_216, "base_lr": 0.001,
-           "lr_rule": "sqrt",
-           "command": [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--seq-len", "16",
-                       "--vocab", "64", "--d-model", "32", "--layers", "1", "--seed", "2"]},
-}
+SCRIPTS: dict[str, dict[str, Any]] = JOBS
 ENV = {"HOPS_PROFILE_ITERS": "5", "HOPS_SAMPLE_S": "0.5", "HOPS_STOP_GRACE_S": "15",
        "HOPS_ALLOW_ROOT_JOBS": "1", "HOPS_TRAINERS_PER_GPU": "1",
        "HOPS_TASK_PARAMS_WAIT_S": "60"}
