@@ -8,21 +8,25 @@ interleaved on one GPU's :class:`executor.trainers.TrainerPool`
 (``--trainers`` processes, one thread each on the CPU: one core stands in
 for a GPU), ``--micro`` micro-batches per task, A and B in turn, for
 ``--rounds`` rounds of S = ``--sync-scale``. Each round's parameters go
-with its first task on a trainer (as the pool sends them), so some
-switches carry a parameter transfer: they are shown apart. The first
-round (model loads) is left out. The pool starts each task as soon as
-the previous one's compute ended (:meth:`TrainerPool.start`) and reads the
-previous gradients while it computes (:meth:`TrainerPool.finish`), as
-Hare's sync overlaps the next task. Times are the trainers' own
-``time.monotonic()``: the switch is the next task's ``compute_start`` less
-the previous one's ``compute_end``, and so holds the ``computed`` message,
-the pool's bookkeeping, the command's pipe and the next task's parameters
-when they come (encoded, sent, decoded and put in place); the share is of
-the task it starts. ``--serial`` reads each task's gradients before the
-next task starts, for comparison.
+with its first task on a trainer (as the pool sends them), so some switches carry
+a parameter transfer: they are shown apart. The first round (model loads)
+is left out. Each task is staged (:meth:`TrainerPool.stage`) while the
+one before it computes: its trainer puts the round's parameters in place
+and waits for its turn, which the computing trainer passes as its compute
+ends (:mod:`hops.trainer.turns`); the previous gradients are read while it
+computes (:meth:`TrainerPool.finish`), as Hare's sync overlaps the next
+task. Times are the trainers' own ``time.monotonic()``: the switch is the
+next task's ``compute_start`` less the previous one's ``compute_end``, and
+so holds the hand-off of the turn, the waiting trainer's wake-up, and
+whatever of the next task's preparation (its command, its parameters
+decoded and put in place) the previous compute did not cover; the share
+is of the task it starts. ``--unstaged`` sends each task only once the
+previous one's compute ended (:meth:`TrainerPool.start`: the ``computed``
+message, the pool, the command's pipe and the parameters all in the
+switch), ``--serial`` also reads its gradients first, for comparison.
 
     PYTHONPATH=. .venv/bin/python bench/trainer_switch.py [--device cpu|cuda]
-        [--rounds 4] [--sync-scale 4] [--micro 1] [--trainers 2] [--serial]
+        [--rounds 4] [--sync-scale 4] [--micro 1] [--trainers 2] [--unstaged | --serial]
 """
 
 from __future__ import annotations
@@ -71,11 +75,13 @@ def measure(script: Path, config: dict[str, Any], args: argparse.Namespace,
         previous: Pending | None = None
         for i, (job, r, lo, hi) in enumerate(tasks):
             upcoming = [t[0] for t in tasks[i + 1:]]
-            # Started once the previous compute ended; its gradients read meanwhile.
-            started = pool.start(job, r, lo, hi, args.sync_scale, params[job], upcoming)
-            if args.serial:  # the gradients read before the next task starts
-                results.append(pool.finish(started))
+            if args.serial:  # the gradients read before the next task is sent
+                results.append(pool.run(job, r, lo, hi, args.sync_scale, params[job], upcoming))
                 continue
+            # Staged while the previous one computes (it takes its turn as that
+            # one ends), or sent once its compute ended; its gradients read meanwhile.
+            send = pool.start if args.unstaged else pool.stage
+            started = send(job, r, lo, hi, args.sync_scale, params[job], upcoming)
             if previous is not None:
                 results.append(pool.finish(previous))
             previous = started
@@ -113,7 +119,9 @@ def main() -> int:
     parser.add_argument("--micro", type=int, default=1, help="micro-batches a task (default 1)")
     parser.add_argument("--trainers", type=int, default=2, help="trainers (default 2)")
     parser.add_argument("--serial", action="store_true",
-                        help="read each task's gradients before the next starts")
+                        help="read each task's gradients before the next is sent")
+    parser.add_argument("--unstaged", action="store_true",
+                        help="send each task once the previous one's compute ended")
     parser.add_argument("--examples", nargs="+", default=sorted(EXAMPLES), choices=EXAMPLES)
     args = parser.parse_args()
     if args.rounds < 2:
@@ -125,7 +133,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="hops-trainer-switch-") as folder:
             results = measure(EXAMPLES[name], config, args, folder)
         skip = 2 * len(range(0, args.sync_scale, args.micro))  # round 0: loads
-        print(row(name, args.device.split(":")[0], switches(results, skip)))
+        mode = "serial" if args.serial else "unstaged" if args.unstaged else "staged"
+        print(row(name, args.device.split(":")[0], switches(results, skip)) + f"   {mode}")
     print("target (Hare, Table 3): <= 5% of the task time at p95")
     return 0
 

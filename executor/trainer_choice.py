@@ -14,7 +14,9 @@ the executor see.
 
 The next task runs on the trainer that holds its model; when none does, on
 the trainer where loading it moves out the model needed latest (a free
-place first; ties the lowest trainer index).
+place first; ties the trainer holding fewest models, so that the GPU's
+jobs spread over its processes and the next task can be readied on one
+while another computes, then the lowest trainer index).
 
 **Tenants never share a process** (Hare's isolation of jobs, docs/hare.md
 §7): a trainer runs the scripts of one tenant until it is reset (a fresh
@@ -92,8 +94,11 @@ def place(holding: Sequence[Iterable[str]], upcoming: Sequence[str], capacity: i
     for i in mine:
         victims = held[i] - kept(held[i], upcoming, capacity)
         # A free place beats any move; else the move whose model is needed latest.
-        score = min((next_use(v, upcoming) for v in victims), default=len(upcoming) + 1)
-        if best is None or score > best[0]:
-            best = (score, i)
+        # Then the trainer holding fewest models: the GPU's jobs spread over its
+        # processes, so a task can be readied on one while another computes.
+        score = (min((next_use(v, upcoming) for v in victims), default=len(upcoming) + 1),
+                 -len(held[i]))
+        if best is None or score > best:
+            best = score
             choice = Placement(i, tuple(sorted(victims)), load=True)
     return choice

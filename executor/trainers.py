@@ -27,11 +27,24 @@ that is free or that tenant's, and when there is none, a trainer is
 replaced by a fresh process for it (:func:`executor.trainer_choice.place`). A refusal is raised
 (:class:`TrainerRefused`, with the trainer's code), never retried.
 
-**The next task starts while the gradients travel.** :meth:`TrainerPool.
-start` returns as soon as a task's compute ended (the trainer says so
-before it sends the gradients); :meth:`TrainerPool.finish` returns the
-gradients, which a reader thread per trainer takes off its pipe meanwhile;
-:meth:`TrainerPool.run` is both.
+**The next task is readied while the current one computes** (Hare §4:
+a switch of at most 6 ms). :meth:`TrainerPool.stage` sends a task to its
+trainer at once, with its turn in the GPU's order (:mod:`hops.trainer.
+turns`): the trainer decodes the round's parameters and puts its model in
+place (reloaded when it was moved out), then waits; the trainer computing
+before it passes the turn as its compute ends, through shared memory and a
+wake pipe, not through the pool, and sends its ``computed`` and its
+gradients only once the next task has begun (at most ``YIELD_S`` later):
+the gradients travel while the next task computes. :meth:`TrainerPool.
+start` is :meth:`~TrainerPool.stage`, returning once the task's compute
+ended; :meth:`TrainerPool.finish` returns the gradients, which a reader
+thread per trainer takes off its pipe meanwhile; :meth:`TrainerPool.run` is
+both. A task is staged on another trainer than the one computing when the
+choice rule puts it there (it spreads the GPU's jobs over its trainers);
+sent to a trainer with a task still to finish, it waits for that task.
+The pool reads the tasks' ``computed`` in turn order, so that a trainer
+that died under a task is replaced, and the task run again, before a later
+task waits on its turn; a task refused, or given up, still passes its turn.
 
 Blocking calls: an asyncio shell runs them in a thread (the real
 executor's task work, :mod:`executor.realwork`, one pool per GPU).
@@ -42,106 +55,39 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import queue
 import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any, Final
 
-import msgspec
 import torch
 
-import hops
-from executor.isolation import base_env
 from executor.settings import ExecutorSettings
 from executor.trainer_choice import place
+from executor.trainer_procs import (
+    JobSource,
+    Pending,
+    Proc,
+    Task,
+    TaskResult,
+    TrainerDied,
+    TrainerRefused,
+    ask,
+    close_pipes,
+    read,
+    send,
+    spawn,
+)
 from hops.trainer import protocol as p
 from hops.trainer.params import evict_folder
+from hops.trainer.turns import Turns
 from hops.trainer.wire import decode_tensors, encode_tensors
-from shared.errors import CodedError
+
+__all__ = ["DEFAULT_TRAINERS", "RETRIES", "JobSource", "Pending", "TaskResult", "TrainerDied",
+           "TrainerPool", "TrainerRefused"]
 
 DEFAULT_TRAINERS: Final = ExecutorSettings.trainers_per_gpu
 RETRIES: Final = 2  # reruns of a task whose trainer died
-
-
-class TrainerDied(RuntimeError):
-    """A trainer ended (or broke its pipe) before answering."""
-
-
-class TrainerRefused(CodedError):
-    """A trainer refused a command: ``code`` is one of
-    :data:`hops.trainer.protocol.REFUSAL_CODES`, ``words`` its own."""
-
-
-@dataclass(frozen=True)
-class JobSource:
-    """How a trainer makes a job's model: the script and its config."""
-
-    script: str
-    config: Mapping[str, Any]
-    tenant: str = ""
-
-
-@dataclass(frozen=True)
-class TaskResult:
-    """One gradient per micro-batch, and when the task ran: ``sent`` (the
-    pool's), ``received``, ``compute_start``, ``compute_end`` (the
-    trainer's), all ``time.monotonic()``; ``attempts`` 1 unless a trainer
-    died under it."""
-
-    gradients: tuple[dict[str, torch.Tensor], ...]
-    trainer: int
-    sent: float
-    received: float
-    compute_start: float
-    compute_end: float
-    reload_s: float
-    loaded: bool  # the job's model was loaded for it
-    params_sent: bool  # the round's parameters went with it
-    attempts: int
-
-
-@dataclass(frozen=True)
-class _Task:
-    job: str
-    round: int
-    lo: int
-    hi: int
-    sync_scale: int
-    params: Mapping[str, torch.Tensor]
-    upcoming: tuple[str, ...]
-
-
-@dataclass
-class _Proc:
-    popen: subprocess.Popen[bytes]
-    replies: queue.SimpleQueue[p.Reply | None]  # its reader thread's; None: it ended
-    held: set[str] = field(default_factory=set)  # models in memory
-    evicted: set[str] = field(default_factory=set)  # models moved out (state in shm)
-    given: dict[str, int] = field(default_factory=dict)  # job -> round whose params it has
-    pending: Pending | None = None  # its task whose gradients are still to read
-    tenant: str | None = None  # whose scripts it runs (None: nobody's yet)
-
-
-@dataclass
-class Pending:
-    """A task whose compute ended, its gradients on their way
-    (:meth:`TrainerPool.finish`). ``reply`` holds them once read."""
-
-    task: _Task
-    trainer: int
-    proc: _Proc
-    sent: float
-    computed: p.Computed
-    loaded: bool
-    params_sent: bool
-    attempts: int
-    reply: p.Ran | p.Refused | None = None
 
 
 class TrainerPool:
@@ -158,24 +104,14 @@ class TrainerPool:
         self.device, self.cores, self.threads = device, cores, threads
         self.capacity, self.folder, self.stderr = capacity, folder, stderr
         self.jobs: dict[str, JobSource] = {}
-        self._procs = [self._start() for _ in range(count)]
+        self._turns = Turns(count, evict_folder(folder))
+        self._unsettled: list[Pending] = []  # sent, not computed yet, in turn order
+        self._procs: list[Proc] = []
+        self._procs = [self._start(i) for i in range(count)]
 
-    def _start(self) -> _Proc:
-        argv = [sys.executable, "-m", "hops.trainer.resident", "--device", self.device]
-        if self.cores:
-            argv += ["--cores", ",".join(map(str, self.cores))]
-        if self.threads:
-            argv += ["--threads", str(self.threads)]
-        popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=self.stderr, env=_child_env())
-        proc = _Proc(popen, queue.SimpleQueue())
-        assert popen.stdout is not None
-        threading.Thread(target=_reader, args=(popen.stdout, proc.replies), daemon=True,
-                         name=f"trainer-{popen.pid}").start()
-        ready = self._read(proc)
-        if not isinstance(ready, p.Ready):
-            raise TrainerDied(f"trainer {popen.pid} said {ready!r} instead of ready")
-        return proc
+    def _start(self, place: int) -> Proc:
+        turns, fds = self._turns.argv(place)
+        return spawn(self.device, self.cores, self.threads, turns, fds, self.stderr)
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -200,169 +136,203 @@ class TrainerPool:
 
     def start(self, job: str, round_: int, lo: int, hi: int, sync_scale: int,
               params: Mapping[str, torch.Tensor], upcoming: Sequence[str] = ()) -> Pending:
-        """Run micro-batches ``lo .. hi - 1`` of ``job``'s round ``round_``
-        from the round's ``params``, and return once its compute ended, so
-        that the GPU's next task can start while its gradients travel;
-        ``upcoming``: the jobs of the GPU's later tasks, in order (for the
-        choice of models to keep)."""
+        """:meth:`stage`, and return once its compute ended (TrainerRefused
+        or TrainerDied at once when it was refused or lost)."""
+        pending = self.stage(job, round_, lo, hi, sync_scale, params, upcoming)
+        self._settle(pending)
+        if pending.lost is not None:
+            raise TrainerDied(pending.lost)
+        if isinstance(pending.reply, p.Refused):
+            raise TrainerRefused(pending.reply.code, pending.reply.words)
+        return pending
+
+    def stage(self, job: str, round_: int, lo: int, hi: int, sync_scale: int,
+              params: Mapping[str, torch.Tensor], upcoming: Sequence[str] = ()) -> Pending:
+        """Send micro-batches ``lo .. hi - 1`` of ``job``'s round ``round_``,
+        from the round's ``params``, to a trainer, and return: the task
+        computes after the tasks staged before it, as soon as the last of them
+        ends, its parameters and model in place by then (a trainer still busy
+        with an earlier task is waited for first); ``upcoming``: the jobs of
+        the GPU's later tasks, in order (for the choice of models to keep)."""
         if job not in self.jobs:
             raise TrainerRefused(p.UNKNOWN_JOB, f"job {job!r} was not added to the pool")
-        return self._start_task(_Task(job, round_, lo, hi, sync_scale, params,
-                                      tuple(upcoming)), 1)
+        task = Task(job, round_, lo, hi, sync_scale, params, tuple(upcoming),
+                    self._turns.take())
+        try:
+            pending = self._start_task(task)
+        except BaseException:  # never sent: its turn is passed after those before it
+            while self._unsettled:
+                self._settle(self._unsettled[-1])
+            self._turns.abandon(task.turn)
+            raise
+        self._unsettled.append(pending)
+        return pending
 
-    def _start_task(self, task: _Task, first: int) -> Pending:
-        for attempt in range(first, RETRIES + 2):
+    def _start_task(self, task: Task) -> Pending:
+        attempt = 1
+        while True:
             # A model moved out counts where it is: it comes back there, not twice.
             holding = [proc.held | ({task.job} & proc.evicted) for proc in self._procs]
-            tenant = self.jobs[task.job].tenant
             where = place(holding, [task.job, *task.upcoming], self.capacity,
-                          self.owners(), tenant)
+                          self.owners(), self.jobs[task.job].tenant)
+            busy = self._procs[where.trainer].pending
+            if busy is not None:  # its last task's replies first, then the choice again
+                self._complete(busy)
+                continue
             if where.reset:  # another tenant's process: a fresh one
                 self._replace(where.trainer)
-            self._procs[where.trainer].tenant = tenant
             try:
                 return self._start_on(where.trainer, where.evict, task, attempt)
             except TrainerDied:
                 if attempt > RETRIES:
                     raise
+                attempt += 1
                 self._replace(where.trainer)
-        raise AssertionError("unreachable")
 
-    def _start_on(self, i: int, evict: Sequence[str], task: _Task, attempt: int) -> Pending:
+    def _start_on(self, i: int, evict: Sequence[str], task: Task, attempt: int) -> Pending:
         proc, job = self._procs[i], task.job
+        proc.tenant = self.jobs[job].tenant
         for victim in evict:
-            self._ask(proc, p.Evict(victim, self.folder))
+            ask(proc, p.Evict(victim, self.folder))
             proc.held.discard(victim)
             proc.evicted.add(victim)
         loaded = job not in proc.held and job not in proc.evicted
         if loaded:
             source = self.jobs[job]
-            self._ask(proc, p.Load(job, source.script, dict(source.config)))
+            ask(proc, p.Load(job, source.script, dict(source.config)))
         proc.held.add(job)
         proc.evicted.discard(job)
         wire = None if proc.given.get(job) == task.round else encode_tensors(task.params)
         sent = time.monotonic()
-        computed = self._ask(proc, p.Run(job, task.round, task.lo, task.hi, task.sync_scale,
-                                         wire))
-        assert isinstance(computed, p.Computed)
-        proc.given[job] = task.round
-        proc.pending = Pending(task, i, proc, sent, computed, loaded, wire is not None, attempt)
+        self._turns.sent(task.turn)
+        send(proc, p.Run(job, task.round, task.lo, task.hi, task.sync_scale, wire, task.turn))
+        proc.pending = Pending(task, i, proc, sent, loaded, wire is not None, attempt)
         return proc.pending
 
     def finish(self, pending: Pending) -> TaskResult:
-        """``pending``'s gradients; the task runs again, from the same
-        parameters, when its trainer died before they came."""
-        if pending.proc.pending is pending:
-            with contextlib.suppress(TrainerDied):
-                self._collect(pending.proc)
-        reply = pending.reply
-        if reply is None:  # its trainer died: a new one, and the task again
-            if self._procs[pending.trainer] is pending.proc:
-                self._replace(pending.trainer)
-            if pending.attempts > RETRIES:
-                raise TrainerDied(f"task {pending.task.job} round {pending.task.round} lost "
-                                  f"{pending.attempts} trainers")
-            return self.finish(self._start_task(pending.task, pending.attempts + 1))
+        """``pending``'s gradients, once its compute ended; the task runs
+        again, from the same parameters, when its trainer died before they
+        came."""
+        self._complete(pending)
+        if pending.lost is not None:
+            raise TrainerDied(pending.lost)
+        reply, c = pending.reply, pending.computed
         if isinstance(reply, p.Refused):
             raise TrainerRefused(reply.code, reply.words)
-        c = pending.computed
+        assert isinstance(reply, p.Ran) and c is not None
         return TaskResult(tuple(decode_tensors(g) for g in reply.gradients), pending.trainer,
                           pending.sent, c.received, c.compute_start, c.compute_end, c.reload_s,
                           pending.loaded, pending.params_sent, pending.attempts)
 
     def forget(self, job: str) -> None:
         """Drop ``job``'s model from every trainer (its job ended)."""
-        for proc in self._procs:
+        for i in range(len(self._procs)):
+            self._complete_on(i)
+            proc = self._procs[i]
             if job in proc.held or job in proc.evicted:
-                self._ask(proc, p.Forget(job))
+                ask(proc, p.Forget(job))
             proc.held.discard(job)
             proc.evicted.discard(job)
             proc.given.pop(job, None)
         self.jobs.pop(job, None)
 
-    def _collect(self, proc: _Proc) -> None:
-        """Read the gradients of ``proc``'s pending task into it (they come
-        before any later reply); TrainerDied when it ended first."""
-        pending, proc.pending = proc.pending, None
+    def _settle(self, pending: Pending) -> None:
+        """Read the ``computed`` of ``pending`` and of every task before it,
+        in turn order (a later one computes only after them: a trainer that
+        died under one is replaced here, so that its turn comes)."""
+        while pending in self._unsettled:
+            self._take_computed(self._unsettled.pop(0))
+
+    def _take_computed(self, pending: Pending) -> None:
+        while True:
+            try:
+                reply = read(pending.proc)
+            except TrainerDied:
+                if self._rerun(pending):
+                    continue
+                return
+            if isinstance(reply, p.Computed):
+                pending.computed = reply
+                pending.proc.given[pending.task.job] = pending.task.round
+            else:
+                assert isinstance(reply, p.Refused), reply
+                pending.reply = reply  # nothing more comes for it
+                pending.proc.pending = None
+            return
+
+    def _complete(self, pending: Pending) -> None:
+        """Read ``pending``'s replies, all of them: its computed, then its
+        gradients; when its trainer died first, a new one runs it again."""
+        self._settle(pending)
+        while pending.reply is None and pending.lost is None:
+            try:
+                reply = read(pending.proc)
+                assert isinstance(reply, p.Ran | p.Refused), reply
+                pending.reply = reply
+            except TrainerDied:
+                if self._rerun(pending):
+                    self._take_computed(pending)
+        if pending.proc.pending is pending:
+            pending.proc.pending = None
+
+    def _complete_on(self, i: int) -> None:
+        pending = self._procs[i].pending
         if pending is not None:
-            reply = self._read(proc)
-            assert isinstance(reply, p.Ran | p.Refused), reply
-            pending.reply = reply
+            self._complete(pending)
 
-    def _ask(self, proc: _Proc, command: p.Command) -> p.Reply:
-        self._collect(proc)
-        try:
-            assert proc.popen.stdin is not None
-            proc.popen.stdin.write(p.frame(command))
-            proc.popen.stdin.flush()
-        except (BrokenPipeError, ConnectionResetError, ValueError) as e:
-            raise TrainerDied(f"trainer {proc.popen.pid}: {e}") from None
-        reply = self._read(proc)
-        if isinstance(reply, p.Refused):
-            raise TrainerRefused(reply.code, reply.words)
-        return reply
-
-    def _read(self, proc: _Proc) -> p.Reply:
-        reply = proc.replies.get()
-        if reply is None:
-            proc.replies.put(None)  # for whoever reads next
-            code = proc.popen.wait()
-            raise TrainerDied(f"trainer {proc.popen.pid} ended (exit status {code})")
-        return reply
+    def _rerun(self, pending: Pending) -> bool:
+        """``pending``'s trainer died: the task again, from the same
+        parameters and in its turn, on a new trainer in its place; False
+        when it is given up (its turn passed, ``lost`` or ``reply`` why)."""
+        task, i = pending.task, pending.trainer
+        if self._procs[i] is pending.proc:
+            self._replace(i)
+        while pending.attempts <= RETRIES:
+            try:
+                pending.adopt(self._start_on(i, (), task, pending.attempts + 1))
+                return True
+            except TrainerDied:
+                pending.attempts += 1
+                self._replace(i)
+            except TrainerRefused as e:
+                pending.reply = p.Refused(e.code, e.words, task.job)
+                break
+        else:
+            pending.lost = f"task {task.job} round {task.round} lost {pending.attempts} trainers"
+        if pending.proc.pending is pending:
+            pending.proc.pending = None
+        self._turns.abandon(task.turn)
+        return False
 
     def _replace(self, i: int) -> None:
-        """A new trainer in place of trainer ``i``, which died: its files go."""
+        """A new trainer in place of trainer ``i`` (it died, or served
+        another tenant): its files go."""
         old = self._procs[i].popen
         old.kill()
         old.wait()
-        _close_pipes(old)
+        close_pipes(old)
         folder = evict_folder(self.folder)
         for stale in glob.glob(str(folder / f"hops-trainer-{old.pid}-*.state")):
             os.unlink(stale)
-        self._procs[i] = self._start()
+        self._procs[i] = self._start(i)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Quit every trainer (killed after ``timeout_s``)."""
-        for proc in self._procs:
+        for i in range(len(self._procs)):
             with contextlib.suppress(TrainerDied, TrainerRefused):
-                self._ask(proc, p.Quit())
+                self._complete_on(i)
+                ask(self._procs[i], p.Quit())
         for proc in self._procs:
             try:
                 proc.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()
-            _close_pipes(proc.popen)
+            close_pipes(proc.popen)
+        self._turns.close()
 
     def __enter__(self) -> TrainerPool:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _reader(stdout: IO[bytes], replies: queue.SimpleQueue[p.Reply | None]) -> None:
-    """A trainer's replies, decoded as they come (a run's gradients while
-    the GPU's next task computes); None once it ends or breaks its pipe."""
-    with contextlib.suppress(ValueError, OSError, msgspec.DecodeError, msgspec.ValidationError):
-        while (body := p.read_frame(stdout)) is not None:
-            replies.put(p.decode_reply(body))
-    replies.put(None)
-
-
-def _child_env() -> dict[str, str]:
-    """The environment of a trainer: what a job inherits of this one (no
-    system settings or credentials, :func:`executor.isolation.passes`),
-    with the folder this process's ``hops`` comes from first on the path,
-    so that the trainer runs the same code as its pool."""
-    root = str(Path(hops.__file__).resolve().parents[1])
-    path = os.environ.get("PYTHONPATH", "")
-    env = base_env(os.environ, tempfile.gettempdir())
-    return {**env, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-
-
-def _close_pipes(popen: subprocess.Popen[bytes]) -> None:
-    for pipe in (popen.stdin, popen.stdout):
-        if pipe is not None:
-            with contextlib.suppress(OSError):  # a dead trainer's unsent bytes
-                pipe.close()

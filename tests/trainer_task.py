@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
@@ -23,6 +24,7 @@ def hops_task(config: Mapping[str, object]) -> TaskJob:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     die_once = str(config.get("die_once", ""))  # SIGKILL itself once, at this micro-batch
     die_at = int(cast(int, config.get("die_at", 1)))
+    sleep_s = float(cast(float, config.get("sleep_s", 0.0)))  # a longer task: staging seen
 
     def batch(k: int) -> tuple[torch.Tensor, torch.Tensor]:
         if die_once and k == die_at and not Path(die_once).exists():
@@ -30,6 +32,7 @@ def hops_task(config: Mapping[str, object]) -> TaskJob:
             os.kill(os.getpid(), signal.SIGKILL)
         if config.get("fail"):
             raise RuntimeError("this task fails on purpose")
+        time.sleep(sleep_s)
         g = torch.Generator().manual_seed(micro_batch_seed(seed, k))
         return torch.randn(4, 8, generator=g), torch.randint(2, (4,), generator=g)
 

@@ -9,8 +9,9 @@ msgpack, a tagged union (``type`` names the message). Tensors travel as
 Commands: :class:`Load` (a job's script and config, with its parameters
 or none: the script's seeded ones), :class:`Run` (micro-batches ``lo ..
 hi - 1`` of a round; the round's parameters given once per round to each
-trainer that runs it), :class:`Evict` (the model's state to shared memory
-or a folder, its memory freed), :class:`Forget`, :class:`Quit`. The
+trainer that runs it; it may come while another trainer of the GPU
+computes, and then waits for its turn), :class:`Evict` (the model's state
+to shared memory or a folder, its memory freed), :class:`Forget`, :class:`Quit`. The
 trainer answers each with one reply, but a run with two: :class:`Computed`
 as soon as its compute ends, then :class:`Ran` with the gradients, so that
 the GPU's next task can start while they travel (Hare's sync overlapping
@@ -55,7 +56,10 @@ class Load(msgspec.Struct, tag="load", frozen=True):
 
 class Run(msgspec.Struct, tag="run", frozen=True):
     """Micro-batches ``lo .. hi - 1`` of round ``round`` of S = ``sync_scale``.
-    ``params``: the round's; None when this trainer was given them already."""
+    ``params``: the round's; None when this trainer was given them already.
+    ``turn``: the task's place in its GPU's order (:mod:`hops.trainer.turns`):
+    the trainer readies the task, then waits for that turn to compute; None:
+    at once (a trainer started without turns ignores it)."""
 
     job: str
     round: int
@@ -63,6 +67,7 @@ class Run(msgspec.Struct, tag="run", frozen=True):
     hi: int
     sync_scale: int
     params: Tensors | None = None
+    turn: int | None = None
 
 
 class Evict(msgspec.Struct, tag="evict", frozen=True):

@@ -12,7 +12,10 @@ gradients once sent) is freed as the task ends
 Options: ``--device`` (``cpu``, default, or ``cuda[:N]``), ``--cores``
 (``0,1``: the trainer pins itself with ``os.sched_setaffinity`` before it
 computes) and ``--threads`` (torch's intra-op threads; default the number
-of cores given, else torch's own).
+of cores given, else torch's own); ``--turns``, ``--wake`` and ``--peers``
+(the GPU's turns, :mod:`hops.trainer.turns`: a run given a turn is readied,
+its parameters and model in place, then waits for that turn, and passes it
+on as its compute ends, before its replies are sent).
 
 **On a GPU** (written, untested without one): the CUDA context is made at
 start, before the first task (:class:`~hops.trainer.protocol.Ready` says
@@ -38,6 +41,7 @@ import torch
 from hops.trainer import params as state
 from hops.trainer import protocol as p
 from hops.trainer.api import TaskJob, load_task, task_gradients
+from hops.trainer.turns import Gate
 from hops.trainer.wire import BadTensor, decode_tensors, encode_tensors
 
 
@@ -83,9 +87,10 @@ def check_span(run: p.Run) -> None:
 class Trainer:
     """The trainer's state and its answer to each command (no pipe)."""
 
-    def __init__(self, device: torch.device, pid: int) -> None:
+    def __init__(self, device: torch.device, pid: int, gate: Gate | None = None) -> None:
         self.device = device
         self.pid = pid
+        self.gate = gate  # the GPU's turns (hops.trainer.turns); None: none kept
         self.jobs: dict[str, Resident] = {}
         self.stream: Any = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
                             if device.type == "cuda" else None)
@@ -152,6 +157,38 @@ class Trainer:
 
     def run(self, cmd: p.Run) -> tuple[p.Computed, tuple[dict[str, torch.Tensor], ...]]:
         received = time.monotonic()
+        try:
+            res, reload_s = self._ready(cmd)
+        except Refusal:  # refused before its turn: the turn is still passed, in order
+            self._wait(cmd.turn)
+            self._pass(cmd.turn)
+            raise
+        self._wait(cmd.turn)
+        start = time.monotonic()
+        if self.gate is not None and cmd.turn is not None:
+            self.gate.begin(cmd.turn)
+        try:
+            grads = task_gradients(res.task, cmd.round, cmd.lo, cmd.hi, cmd.sync_scale)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as e:
+            res.task.model.zero_grad(set_to_none=True)
+            raise Refusal(p.TASK_FAILED, f"round {cmd.round}, micro-batches {cmd.lo}.."
+                          f"{cmd.hi - 1}: {type(e).__name__}: {e}") from None
+        finally:  # the GPU's next task starts now, before this one's replies go
+            end = time.monotonic()
+            self._pass(cmd.turn)
+        if self.gate is not None and cmd.turn is not None:
+            self.gate.make_way(cmd.turn)
+        if res.unhook is not None:  # every layer is in: its waits are done with
+            res.unhook()
+            res.unhook = None
+        return p.Computed(cmd.job, cmd.round, cmd.lo, cmd.hi, received, start, end,
+                          reload_s), grads
+
+    def _ready(self, cmd: p.Run) -> tuple[Resident, float]:
+        """The task's model in place with its round's parameters, before its
+        turn: ``cmd``'s model and the reload's seconds."""
         check_span(cmd)
         res = self._resident(cmd.job)
         given = None if cmd.params is None else self._given(res.task, cmd.params)
@@ -164,21 +201,15 @@ class Trainer:
         if given is not None:
             state.assign(res.task.model, given, self.device)
             res.round = cmd.round
-        start = time.monotonic()
-        try:
-            grads = task_gradients(res.task, cmd.round, cmd.lo, cmd.hi, cmd.sync_scale)
-        except Exception as e:
-            res.task.model.zero_grad(set_to_none=True)
-            raise Refusal(p.TASK_FAILED, f"round {cmd.round}, micro-batches {cmd.lo}.."
-                          f"{cmd.hi - 1}: {type(e).__name__}: {e}") from None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        end = time.monotonic()
-        if res.unhook is not None:  # every layer is in: its waits are done with
-            res.unhook()
-            res.unhook = None
-        return p.Computed(cmd.job, cmd.round, cmd.lo, cmd.hi, received, start, end,
-                          reload_s), grads
+        return res, reload_s
+
+    def _wait(self, turn: int | None) -> None:
+        if self.gate is not None and turn is not None:
+            self.gate.wait(turn)
+
+    def _pass(self, turn: int | None) -> None:
+        if self.gate is not None and turn is not None:
+            self.gate.release(turn)
 
     def _reload(self, res: Resident) -> float:
         start = time.monotonic()
@@ -245,7 +276,7 @@ def pin(cores: tuple[int, ...]) -> None:
         os.sched_setaffinity(int(tid), cores)
 
 
-def _cores(text: str) -> tuple[int, ...]:
+def _cores(text: str) -> tuple[int, ...]:  # also the peers' descriptors
     return tuple(int(c) for c in text.split(",") if c.strip())
 
 
@@ -254,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cores", type=_cores, default=())
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--turns", default="", help="the GPU's turns' counter file")
+    parser.add_argument("--wake", type=int, default=-1, help="this trainer's wake pipe")
+    parser.add_argument("--peers", type=_cores, default=(), help="the others' wake pipes")
     args = parser.parse_args(argv)
     threads = args.threads or len(args.cores)
     if threads:
@@ -268,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
-    trainer = Trainer(device, os.getpid())
+    gate = Gate(args.turns, args.wake, args.peers) if args.turns else None
+    trainer = Trainer(device, os.getpid(), gate)
     out.write(p.frame(p.Ready(os.getpid(), str(device), time.monotonic() - start)))
     out.flush()
     serve(trainer, sys.stdin.buffer, out)
