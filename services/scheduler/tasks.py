@@ -52,7 +52,7 @@ from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.lease import Lease
 from scheduling.live.taskprofile import profiling_tasks
-from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan, sequence_messages
+from scheduling.live.tasks import TaskSnapshot, replan, sequence_messages
 from scheduling.registry import make_task_policy, spec_text
 from services.runtime.bus import publish_event
 from services.runtime.follow import follow_stream
@@ -84,7 +84,7 @@ class TaskLoop:
         self.ctx, self.settings, self.lease, self.book = ctx, settings, lease, book
         self.log, self.wake = log.bind(task_policy=spec_text(settings.task_policy)), wake
         self.policy = make_task_policy(settings.task_policy)
-        self.live = LiveTaskSettings(horizon_rounds=settings.task_horizon)
+        self.live = settings.live_tasks()
         self.progress = tr.Progress(tr.TaskState())
         self.inbox: list[Msg] = []  # reports not yet counted, in stream order
         self.agg_inbox: list[Msg] = []  # rounds applied by the aggregators, not yet counted
