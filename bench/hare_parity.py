@@ -7,9 +7,11 @@ simulator and live, per-job and weighted JCT side by side.
   scheduler, the EMULATED cluster of ``examples/cluster-hare.yaml`` at
   ``--time-scale``), each job submitted at its arrival. A job's JCT is its
   ``job_finished`` time less its record's ``submitted_at``, times the time
-  scale (jobs' time). By default one job per model runs first (``--cold``:
-  none), so that the measured jobs find their signature's shared profile and
-  are sequenced without a profiling run of their own.
+  scale (jobs' time). By default one job per model runs first, until the
+  estimator has its signature's throughput on every GPU type, and is then
+  cancelled (``--cold``: none), so that the measured jobs find a shared
+  profile on every type and are sequenced without a profiling run of their
+  own.
 * **Sim (leader's times)**: :func:`simulator.tasks.simulate` with the same
   task policy (``hare-eft``), the live GPUs in the leader's order, each job
   arriving when it was submitted, and each job's T^c and T^s as the live

@@ -47,7 +47,12 @@ the live leader's way (:mod:`scheduling.live.tasks`): a revision sequences
 at most H rounds of each job from its first round not under way, and the
 simulator also replans at every macro-round's barrier (when the live
 aggregator would apply a round and the leader replan), not only at
-arrivals. The policy then sees each job as H rounds long.
+arrivals. The policy then sees each job as H rounds long. A replan keeps
+what the leader keeps (:func:`scheduling.live.tasks.assumed_started`):
+besides the tasks started, each GPU's next task of a round whose job's
+earlier rounds are synchronised, which the leader cannot tell from a
+running one. ``release_s`` delays every barrier past its synchronisation
+(the live loop's turnaround; 0 by default).
 
 A job finishes when its last round's barrier passes; JCT is finish minus
 arrival. Time is the simulated clock; the planning time is measured with the
