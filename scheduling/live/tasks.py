@@ -156,6 +156,13 @@ def live_problem(snap: TaskSnapshot, kept: Sequences, horizon_rounds: int) -> Ta
                        {j: t for j, t in ready.items() if j in planned and t > snap.now})
 
 
+def planned_tasks(snap: TaskSnapshot, horizon_rounds: int) -> int:
+    """The most tasks (micro-batches) a replan of ``snap`` sequences: each
+    job's S for each round left, up to the horizon; what its cost grows with."""
+    return sum(j.tasks_per_round * min(horizon_rounds, j.rounds - j.done_rounds)
+               for j in snap.jobs)
+
+
 def replan(snap: TaskSnapshot, policy: TaskPolicy, previous: Sequences | None = None,
            settings: LiveTaskSettings | None = None) -> Sequences:
     """The next revision of every GPU's sequence (module docstring);
