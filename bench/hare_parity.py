@@ -118,6 +118,7 @@ class LiveRun(NamedTuple):
     leader_jobs: tuple[TaskJob, ...]
     gpus: tuple[Gpu, ...]
     gaps: dict[tuple[str, int], float]
+    pass_ms: tuple[dict[str, list[float]], ...] = ()  # the leader's pass, per step
 
 
 def stack_env(resend_s: float) -> dict[str, str]:
@@ -183,7 +184,9 @@ def run_live(time_scale: float, cold: bool, resend_s: float, root: Path) -> Live
         phases = stack.wait_final(ids, timeout=600)
         if set(phases.values()) != {"finished"}:
             raise SystemExit(f"not every job finished: {phases}")
-        return _collect(stack, ids, time_scale)
+        run = _collect(stack, ids, time_scale)
+        summaries = stack.log_events("scheduler-a", "task pass times")
+        return run._replace(pass_ms=tuple(e["ms_median_p95"] for e in summaries))
 
 
 def _collect(stack: LiveStack, ids: list[str], scale: float) -> LiveRun:
@@ -383,6 +386,9 @@ def main() -> None:
     looped = (loop, run_sim(live.leader_jobs, live.gpus, leader, loop))
     report(live, sim, sim_ex, args.time_scale, args.cold, run_sim(live.leader_jobs, live.gpus),
            looped)
+    for ms in live.pass_ms:  # services.scheduler.passtimes, warm-up included
+        print("the leader's pass that sent a revision, wall ms median/p95 of 50 (warm-up "
+              "included): " + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in ms.items()))
     print(f"HOPS_TASK_RESEND_S {args.resend_s:g} s; load average (1 min) at the end: "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 

@@ -16,8 +16,8 @@ the resend interval:
    rounds from there (:func:`scheduling.live.taskrun.aggregated`);
 2. builds the task snapshot from the job records, the alive nodes (as the
    leader's watch of ``hops_nodes`` keeps them: no read per pass) and the
-   estimators' answers (asked for the jobs without one; a job with none
-   gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
+   estimators' answers (asked for the jobs without one, :mod:`.taskasks`; a
+   job with none gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
    can sequence and notes why the others wait (``not_relaxed``,
    ``no_estimate``);
 3. publishes ``job_finished`` for a job whose last round is applied;
@@ -33,12 +33,14 @@ the resend interval:
 Where a pass's wall time goes is logged (:mod:`.passtimes`): a round's
 turnaround, from its last report to the next revision, is a pass.
 
-The state is written before a revision is sent, and after the reports of a
-pass are counted, each time with the last sequence counted of each stream:
-a new leader loads it, replays both streams from there (up to the last
-message stored when its term began, before its first pass), and sends its first
-revision under its own term, so a report is counted once and a started
-entry keeps its place.
+The state is written before a revision is sent, and, with the resend, after
+reports were counted since (not at each report: a pass that counts the
+first reports of a round would delay the one that counts its last), each
+time with the last sequence counted of each stream: a new leader loads it,
+replays both streams from there (up to the last message stored when its
+term began, before its first pass; a report counted again counts once),
+and sends its first revision under its own term, so a report is counted
+once and a started entry keeps its place.
 """
 
 from __future__ import annotations
@@ -53,31 +55,26 @@ import nats.errors
 from nats.aio.msg import Msg
 from structlog.typing import FilteringBoundLogger
 
-from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.lease import Lease
-from scheduling.live.taskprofile import profiling_tasks, to_estimate
 from scheduling.live.tasks import TaskSnapshot, planned_tasks, replan, sequence_messages
 from scheduling.registry import make_task_policy, spec_text
 from services.runtime.bus import publish_event
 from services.runtime.follow import follow_stream
 from services.runtime.objects import ObjectError, ObjectWriter, read_retried
 from services.runtime.service import ServiceContext
-from services.scheduler.estimates import fetch_estimates
 from services.scheduler.jobbook import JobBook
 from services.scheduler.passtimes import PassTimes
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.taskasks import TaskAsks
 from shared import events as ev
 from shared import subjects
-from shared.estimate import JobEstimate
 from shared.gradients import decode_applied
 from shared.ids import JobId
 from shared.records import NodeRecord
-from shared.snapshot import Plan
 from shared.wire import INTERNAL, INVALID, TASK_REFUSED
 
-ESTIMATE_CHUNK = 32  # jobs per estimate request, as the plan loop asks
 INLINE_TASKS = 128  # a replan of at most this many tasks runs on the event loop (~15 ms)
 CATCH_UP_S = 10.0  # the most a new leader waits for the stored reports before its first pass
 
@@ -99,8 +96,7 @@ class TaskLoop:
         self.progress = tr.Progress(tr.TaskState())
         self.inbox: list[Msg] = []  # reports not yet counted, in stream order
         self.agg_inbox: list[Msg] = []  # rounds applied by the aggregators, not yet counted
-        self.estimates: dict[JobId, JobEstimate] = {}
-        self.estimated_at = 0.0
+        self.asks = TaskAsks(ctx, settings, lease, book, log, wake)  # estimates, profiles
         self.new_term = True  # a new leader sends its first revision under its term
         self.applied = False  # a round was applied since the last replan
         self.dirty = False  # the state changed since it was written
@@ -108,8 +104,6 @@ class TaskLoop:
         self.replay_to = 0  # the stream's last sequence when the term began
         self.agg_replay_to = 0  # HOPS_AGG_APPLIED's
         self.failed: tuple[frozenset[str], frozenset[str]] | None = None  # the last failed replan
-        self.profiled_at: dict[JobId, float] = {}  # when each job's profiling runs were asked
-        self.plans = 0  # the profiling plans this term published
         self.times = PassTimes()  # where a pass's wall time goes (logged)
 
     async def load(self) -> None:
@@ -191,11 +185,11 @@ class TaskLoop:
         await self._count()
         times.lap("count")
         nodes = list(self.nodes.values())
-        await self._estimate(nodes, now)
-        await self._profile(nodes, now)
+        await self.asks.estimate(nodes, now)
+        await self.asks.profile(nodes, now)
         times.lap("estimate")
         records = self.book.current()
-        snapshot, waits = tr.task_snapshot(now, records, self.estimates, nodes, self.progress,
+        snapshot, waits = tr.task_snapshot(now, records, self.asks.estimates, nodes, self.progress,
                                            self.settings.task_time_scale)
         await self._note_waits(snapshot, waits, now)
         await self._finish(now)
@@ -205,8 +199,8 @@ class TaskLoop:
         revision = self.progress.seqs.revision if self.progress.seqs else 0
         if reasons and self.lease.is_leader(time.time()) and self._fresh(snapshot):
             await self._replan(snapshot, reasons, now)
-        elif self.dirty:
-            await self._save()
+        elif self.dirty and time.time() - self.sent_at >= self.settings.task_resend_s:
+            await self._save()  # reports counted: with the resend, not on a round's path
             times.lap("save")
         await self._start(now)
         if time.time() - self.sent_at >= self.settings.task_resend_s:
@@ -292,40 +286,6 @@ class TaskLoop:
             self.unwritten.discard(job)
 
     # --- jobs --------------------------------------------------------------------------
-
-    async def _estimate(self, nodes: list[NodeRecord], now: float) -> None:
-        """Ask the estimators for the jobs without an estimate, or with a
-        profile on a type their estimate lacks (:func:`to_estimate`), at most
-        once per resend interval."""
-        missing = to_estimate(tr.candidates(self.book.current()), self.estimates,
-                              {n.server.gpu_type for n in nodes if n.alive})
-        if not missing or now - self.estimated_at < self.settings.task_resend_s:
-            return
-        self.estimated_at = now
-        requests = snap.estimate_requests(missing, snap.cluster_of(nodes), ESTIMATE_CHUNK)
-        got = await fetch_estimates(self.ctx.nc, requests, {}, self.settings.estimate_timeout_s,
-                                    self.log)
-        self.estimates.update(got)
-        if got:
-            self.wake.set()  # a job may be sequenced now
-
-    async def _profile(self, nodes: list[NodeRecord], now: float) -> None:
-        """Ask for the profiling runs of the jobs with no estimate, in a plan
-        of profiling tasks alone (:mod:`scheduling.live.taskprofile`)."""
-        tasks = profiling_tasks(tr.candidates(self.book.current()), self.estimates, nodes,
-                                self.profiled_at, now)
-        if not tasks or not self.lease.is_leader(time.time()):
-            return
-        self.plans += 1
-        issued = ev.PlanIssued(round=self.plans, term=self.lease.term,
-                               plan=Plan(profiling=tasks), at=now, first_plan=False)
-        await publish_event(self.ctx.js, subjects.PLANS, issued,
-                            msg_id=f"tasks-profile:{self.lease.term}:{self.plans}:{now:.6f}")
-        for job in sorted({t.job_id for t in tasks}):
-            self.profiled_at[job] = now
-            await self.book.update(job, st.mark_profiling)
-        self.log.info("profiling runs asked", profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}"
-                                                         for t in tasks])
 
     async def _note_waits(self, snapshot: TaskSnapshot, waits: dict[JobId, str],
                           now: float) -> None:
