@@ -7,19 +7,28 @@ simulator and live, per-job and weighted JCT side by side.
   scheduler, the EMULATED cluster of ``examples/cluster-hare.yaml`` at
   ``--time-scale``), each job submitted at its arrival. A job's JCT is its
   ``job_finished`` time less its record's ``submitted_at``, times the time
-  scale (jobs' time). By default one job per model runs first (``--cold``:
-  none), so that the measured jobs find their signature's shared profile and
-  are sequenced without a profiling run of their own.
+  scale (jobs' time). By default one job per model runs first, until the
+  estimator has its signature's throughput on every GPU type, and is then
+  cancelled (``--cold``: none), so that the measured jobs find a shared
+  profile on every type and are sequenced without a profiling run of their
+  own.
 * **Sim (leader's times)**: :func:`simulator.tasks.simulate` with the same
   task policy (``hare-eft``), the live GPUs in the leader's order, each job
   arriving when it was submitted, and each job's T^c and T^s as the live
   leader plans them: the estimator asked for the jobs' estimates after the
   run, turned into times by the leader's own
   :func:`scheduling.live.taskrun.task_job`, at time scale 1 (jobs' time).
+  The sim runs the leader's way: its horizon, from the settings object the
+  leader replans with (``SchedulerSettings.live_tasks``), its replans at
+  barriers and its rule for what a replan keeps.
 * **Sim (executor's times)**: the same with the emulated executor's T^c
-  (the world model) and T^s (Hare's parameter-server exchange,
-  ``ps_sync_time``): what the GPUs really spend, so the difference between
-  the two sims is the leader's and the executor's sync models differing.
+  and T^s (the world model's, ``executor.tasks.task_times``): what the GPUs
+  really spend, so the difference between the two sims is the leader's
+  estimates' error.
+* **Sim with the loop**: the same (leader's times) with each barrier passing
+  the live loop's turnaround after its synchronisation, the median live
+  gap of the rounds the sim starts at their barrier: what is left once the
+  live loop's own cost is counted.
 
 Weights are all 1: a live job carries no weight (``JobSpec`` has none; the
 leader's ``TaskJob`` has the default). Target: the live weighted JCT within
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -44,16 +54,19 @@ from executor.tasks import task_times as executor_times
 from scheduling.live import snapshot as snap
 from scheduling.live import taskrun as tr
 from scheduling.live.state import decode_record
+from scheduling.live.tasks import LiveTaskSettings
 from scheduling.policies.hare.model import Gpu, TaskJob
 from scheduling.registry import make_task_policy
 from services.scheduler.estimates import fetch_estimates
+from services.scheduler.settings import scheduler_settings
+from shared.estimate import JobEstimate
 from shared.events import EstimateRequest
 from shared.ids import JobId
 from shared.job import JobSpec
 from shared.records import NodeRecord
 from simulator.tasks import TaskSimSettings, simulate
 from tests.helpers import catalog_spec
-from tests.livestack import LiveStack
+from tests.livestack import TEST_ENV, LiveStack
 from world.catalog import builtin_catalog
 from world.clusters import cluster_arg
 from world.truth import GroundTruth
@@ -104,17 +117,64 @@ class LiveRun(NamedTuple):
     gap: dict[str, float]
     leader_jobs: tuple[TaskJob, ...]
     gpus: tuple[Gpu, ...]
+    gaps: dict[tuple[str, int], float]
+    pass_ms: tuple[dict[str, list[float]], ...] = ()  # the leader's pass, per step
+
+
+def stack_env(resend_s: float) -> dict[str, str]:
+    return {"HOPS_TASK_RESEND_S": str(resend_s)}
+
+
+def leader_settings(resend_s: float) -> LiveTaskSettings:
+    """What the stack's leader replans with: its settings from the
+    environment the stack gives it (``HOPS_TASK_HORIZON`` included)."""
+    return scheduler_settings({**os.environ, **TEST_ENV, **stack_env(resend_s)}).live_tasks()
+
+
+def warm_up(stack: LiveStack, timeout: float = 120.0) -> bool:
+    """Run one job per model until the estimator has their signature's
+    throughput on every GPU type (both profiling runs reported), then
+    cancel them: the measured jobs find a profile on every type. False
+    when the timeout came first (the run goes on with what there is)."""
+    warm = [spec_of(Job(f"warm-{i}", m, 4, 10_000, 0.0))
+            for i, m in enumerate(sorted({j.model for j in WORKLOAD}))]
+    for spec in warm:
+        assert stack.submit(spec).get("ok"), spec
+    ids = [s["id"] for s in warm]
+    deadline = time.time() + timeout
+    covered = False
+    while not covered and time.time() < deadline:
+        time.sleep(1.0)
+        nodes = node_records(stack)
+        estimates = ask_estimates(stack, ids, nodes)
+        types = {n.server.gpu_type for n in nodes}
+        covered = all(j in estimates and types <= set(estimates[j].by_type) for j in ids)
+    for j in ids:
+        body = json.dumps({"type": "cancel_job", "job_id": j}).encode()
+        stack.bus_().request("hops.v1.jobs.cancel", body)
+    stack.wait_final(ids, timeout=60)
+    return covered
+
+
+def node_records(stack: LiveStack) -> list[NodeRecord]:
+    return [msgspec.json.decode(json.dumps(v).encode(), type=NodeRecord)
+            for v in stack.nodes().values()]
+
+
+def ask_estimates(stack: LiveStack, ids: list[str], nodes: list[NodeRecord]
+                  ) -> dict[JobId, JobEstimate]:
+    """The estimator's answer for jobs ``ids`` on the cluster of ``nodes``."""
+    bus = stack.bus_()
+    specs = tuple(decode_record(json.dumps(stack.record(j)).encode()).spec for j in ids)
+    request = EstimateRequest(jobs=specs, cluster=snap.cluster_of(nodes))
+    return bus.call(fetch_estimates(bus.nc, [request], {}, 10.0, structlog.get_logger()))
 
 
 def run_live(time_scale: float, cold: bool, resend_s: float, root: Path) -> LiveRun:
     with LiveStack(root, CLUSTER.read_text(), schedulers=1, policy=POLICY,
-                   time_scale=time_scale, env={"HOPS_TASK_RESEND_S": str(resend_s)}) as stack:
-        if not cold:  # one job per model profiles its signature
-            warm = [spec_of(Job(f"warm-{i}", m, 4, 1, 0.0))
-                    for i, m in enumerate(sorted({j.model for j in WORKLOAD}))]
-            for spec in warm:
-                assert stack.submit(spec).get("ok"), spec
-            stack.wait_final([s["id"] for s in warm], timeout=120)
+                   time_scale=time_scale, env=stack_env(resend_s)) as stack:
+        if not cold and not warm_up(stack):  # one job per model profiles its signature
+            print("warm-up: not every type profiled in time; the leader's times show which")
         t0 = time.time()
         for job in sorted(WORKLOAD, key=lambda j: j.arrival_s):
             time.sleep(max(0.0, t0 + job.arrival_s / time_scale - time.time()))
@@ -124,7 +184,9 @@ def run_live(time_scale: float, cold: bool, resend_s: float, root: Path) -> Live
         phases = stack.wait_final(ids, timeout=600)
         if set(phases.values()) != {"finished"}:
             raise SystemExit(f"not every job finished: {phases}")
-        return _collect(stack, ids, time_scale)
+        run = _collect(stack, ids, time_scale)
+        summaries = stack.log_events("scheduler-a", "task pass times")
+        return run._replace(pass_ms=tuple(e["ms_median_p95"] for e in summaries))
 
 
 def _collect(stack: LiveStack, ids: list[str], scale: float) -> LiveRun:
@@ -136,12 +198,9 @@ def _collect(stack: LiveStack, ids: list[str], scale: float) -> LiveRun:
     done = [d for j in ids for d in bus.stored("HOPS_TASK_DONE", f"hops.v1.tasks.done.*.{j}")]
     runs = [Ran(d["job_id"], d["round"], (d["started_at"] - t0) * scale, (d["at"] - t0) * scale)
             for d in done]
-    nodes = [msgspec.json.decode(json.dumps(v).encode(), type=NodeRecord)
-             for v in stack.nodes().values()]
+    nodes = node_records(stack)
     gpus = tr.gpus_of(nodes)
-    request = EstimateRequest(jobs=tuple(r.spec for r in records.values()),
-                              cluster=snap.cluster_of(nodes))
-    estimates = bus.call(fetch_estimates(bus.nc, [request], {}, 10.0, structlog.get_logger()))
+    estimates = ask_estimates(stack, ids, nodes)
     types = {g.type for g in gpus}
     jobs = []
     for j, rec in records.items():
@@ -149,7 +208,8 @@ def _collect(stack: LiveStack, ids: list[str], scale: float) -> LiveRun:
         if isinstance(job, str):
             raise SystemExit(f"{j}: the leader's times are not known: {job}")
         jobs.append(msgspec.structs.replace(job, arrival_s=submitted[j]))
-    return LiveRun(submitted, first_starts(runs), finished, round_gaps(runs), tuple(jobs), gpus)
+    return LiveRun(submitted, first_starts(runs), finished, round_gaps(runs), tuple(jobs), gpus,
+                   each_gap(runs))
 
 
 def with_executor_times(jobs: tuple[TaskJob, ...]) -> tuple[TaskJob, ...]:
@@ -183,8 +243,8 @@ def first_starts(runs: list[Ran]) -> dict[str, float]:
     return first
 
 
-def round_gaps(runs: list[Ran]) -> dict[str, float]:
-    """Per job, the median of round r's first compute start less round
+def each_gap(runs: list[Ran]) -> dict[tuple[str, int], float]:
+    """Per (job, round r > 0), round r's first compute start less round
     r - 1's synchronisation (its last task's): the barrier's cost, where
     the live loop's release of a round and a GPU busy with others show."""
     start: dict[tuple[str, int], float] = {}
@@ -193,32 +253,54 @@ def round_gaps(runs: list[Ran]) -> dict[str, float]:
         key = (r.job, r.round)
         start[key] = min(start.get(key, r.start), r.start)
         done[key] = max(done.get(key, r.done), r.done)
+    return {(job, rnd): at - done[(job, rnd - 1)] for (job, rnd), at in start.items()
+            if (job, rnd - 1) in done}
+
+
+def round_gaps(runs: list[Ran]) -> dict[str, float]:
+    """Per job, the median of :func:`each_gap`."""
     gaps: dict[str, list[float]] = {}
-    for (job, rnd), at in start.items():
-        if (job, rnd - 1) in done:
-            gaps.setdefault(job, []).append(at - done[(job, rnd - 1)])
+    for (job, _), gap in each_gap(runs).items():
+        gaps.setdefault(job, []).append(gap)
     return {job: statistics.median(g) for job, g in gaps.items()}
+
+
+def turnaround(live: dict[tuple[str, int], float], sim: dict[tuple[str, int], float],
+               at_once: float = 1e-3) -> float:
+    """The live loop's cost per round: the median live gap of the rounds
+    the simulator starts at their barrier (its gap under ``at_once``), where
+    no GPU was busy with another job (0: no such round)."""
+    free = [gap for key, gap in live.items() if sim.get(key, math.inf) < at_once]
+    return statistics.median(free) if free else 0.0
 
 
 class SimRun(NamedTuple):
     jct: dict[str, float]
     first: dict[str, float]
     gap: dict[str, float]
+    gaps: dict[tuple[str, int], float]
 
 
-def run_sim(jobs: tuple[TaskJob, ...], gpus: tuple[Gpu, ...]) -> SimRun:
+def run_sim(jobs: tuple[TaskJob, ...], gpus: tuple[Gpu, ...],
+            leader: LiveTaskSettings | None = None, release_s: float = 0.0) -> SimRun:
     """The workload in the task simulator: every task a single round here
-    (a small workload fits the macro-task budget)."""
-    result = simulate(jobs, gpus, make_task_policy(POLICY), TaskSimSettings(record=True))
+    (a small workload fits the macro-task budget); with ``leader``, the
+    live leader's settings, its horizon and replans (``--horizon``), and
+    each barrier ``release_s`` after its synchronisation."""
+    settings = TaskSimSettings(record=True) if leader is None else TaskSimSettings.of_leader(
+        leader, record=True, release_s=release_s)
+    result = simulate(jobs, gpus, make_task_policy(POLICY), settings)
     runs = [Ran(t.job, t.first_round, t.start_s + t.switch_s, t.done_s) for t in result.tasks]
-    return SimRun({o.id: o.jct_s for o in result.jobs}, first_starts(runs), round_gaps(runs))
+    return SimRun({o.id: o.jct_s for o in result.jobs}, first_starts(runs), round_gaps(runs),
+                  each_gap(runs))
 
 
 def pct(live: float, sim: float) -> str:
     return f"{100.0 * (live - sim) / sim:+6.1f}%" if sim > 0 else "   n/a"
 
 
-def report(live: LiveRun, sim: SimRun, sim_ex: SimRun, scale: float, cold: bool) -> None:
+def report(live: LiveRun, sim: SimRun, sim_ex: SimRun, scale: float, cold: bool,
+           offline: SimRun | None = None, looped: tuple[float, SimRun] | None = None) -> None:
     jct = {j: live.finished[j] - live.submitted[j] for j in live.finished}
     times = {j.id: j for j in live.leader_jobs}
     print(f"policy {POLICY}, {CLUSTER.relative_to(ROOT)}, time scale x{scale:g}, "
@@ -237,6 +319,19 @@ def report(live: LiveRun, sim: SimRun, sim_ex: SimRun, scale: float, cold: bool)
               f"{sim.gap.get(j, 0.0):8.3f} {live.gap.get(j, 0.0):6.3f}")
     print("wait: first compute start less arrival; gap: median of a round's first compute "
           "start less the previous round's synchronisation")
+    if looped is not None:
+        loop, with_loop = looped
+        w_loop = sum(with_loop.jct.values())
+        print(f"the live loop's turnaround (median live gap of the rounds the sim starts at "
+              f"their barrier): {loop:.3f} s; the sim with it at every barrier: " + ", ".join(
+                  f"{j} {with_loop.jct[j]:.2f} ({pct(jct[j], with_loop.jct[j]).strip()})"
+                  for j in sorted(with_loop.jct)) + f"; weighted {w_loop:.2f} (live "
+              f"{pct(sum(jct.values()), w_loop).strip()})")
+    if offline is not None:
+        w_off = sum(offline.jct.values())
+        print("sim without the horizon (every round in view, replans at arrivals): " + ", ".join(
+            f"{j} {offline.jct[j]:.2f}" for j in sorted(offline.jct)) + f"; weighted {w_off:.2f}"
+            f" (live {pct(sum(jct.values()), w_off).strip()})")
     w_sim, w_live, w_ex = sum(sim.jct.values()), sum(jct.values()), sum(sim_ex.jct.values())
     print(f"weighted JCT (sum of w x JCT): sim {w_sim:.2f}, live {w_live:.2f} "
           f"({pct(w_live, w_sim).strip()}); sim with the executor's times {w_ex:.2f} "
@@ -247,26 +342,23 @@ def report(live: LiveRun, sim: SimRun, sim_ex: SimRun, scale: float, cold: bool)
     print(CAUSES)
 
 
-CAUSES = """known causes of difference:
-- sync model: the leader plans T^s as the estimator's all-reduce cost on the
-  server's link; the emulated executor spends Hare's parameter-server
-  exchange (ps_sync_time). The column sim(ex) runs the sim with the
-  executor's times; live rounds go at the slower of the two paces.
-- per-round overhead of the live loop: a job's next round is released only
-  once the leader has counted the last one's reports (a report's trip and a
-  leader pass), which the sim does not pay; the time scale multiplies it
-  into the jobs' time (wait and JCT columns: jobs' time).
-- horizon: the live policy sees at most 4 rounds of a job per replan, the
-  sim's every round (macro-tasks), and the live leader replans at rounds
-  applied, not at every task's end.
+CAUSES = """what the columns share and what they do not:
+- the same planner: the sim runs the leader's horizon (its settings object,
+  HOPS_TASK_HORIZON), replans at arrivals and barriers (rounds applied, a
+  job's last one its end) and keeps what the leader keeps at a replan
+  (scheduling.live.tasks.assumed_started); "sim without the horizon" is
+  the paper's offline plan, for reference;
+- the same sync model: the emulated executor spends the world model's
+  cost of a synchronised step on the cluster's links (world.hare.
+  step_sync_time), which the leader estimates; sim(ex) runs the truth's
+  times, sim the leader's estimates of them;
+- not modelled: the live loop's turnaround per round (a report's trip, a
+  leader pass with its state write, the revision's trip), wall time that
+  the time scale multiplies into the jobs' time; "the sim with it" adds
+  the measured median at every barrier;
 - profiling and estimates: a job with no profile of its signature is
-  profiled before it is sequenced (--cold shows it), and the leader asks
-  the estimator at most once per HOPS_TASK_RESEND_S (--resend-s): a job
-  arriving in between waits for the next request (wait column); the sim
-  starts a job at its arrival.
-- one GPU type: a job with an estimate on one type only is sequenced there
-  and never profiled on the others (a warm-up job may end before its other
-  type's profiling run reports); the leader's T^c above shows it.
+  profiled first (--cold), and the leader asks the estimator at most once
+  per HOPS_TASK_RESEND_S (--resend-s);
 - timing: planned starts on the wall clock, the executor's timers and the
   submission's trip, on a machine shared with the whole stack."""
 
@@ -285,9 +377,18 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hops-hare-parity-") as tmp:
         live = run_live(args.time_scale, args.cold, args.resend_s, args.keep or Path(tmp))
-    sim = run_sim(live.leader_jobs, live.gpus)
-    sim_ex = run_sim(with_executor_times(live.leader_jobs), live.gpus)
-    report(live, sim, sim_ex, args.time_scale, args.cold)
+    leader = leader_settings(args.resend_s)
+    sim = run_sim(live.leader_jobs, live.gpus, leader)
+    sim_ex = run_sim(with_executor_times(live.leader_jobs), live.gpus, leader)
+    print(f"sim: the leader's horizon of {leader.horizon_rounds} rounds, replanning at "
+          "arrivals and barriers")
+    loop = turnaround(live.gaps, sim.gaps)
+    looped = (loop, run_sim(live.leader_jobs, live.gpus, leader, loop))
+    report(live, sim, sim_ex, args.time_scale, args.cold, run_sim(live.leader_jobs, live.gpus),
+           looped)
+    for ms in live.pass_ms:  # services.scheduler.passtimes, warm-up included
+        print("the leader's pass that sent a revision, wall ms median/p95 of 50 (warm-up "
+              "included): " + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in ms.items()))
     print(f"HOPS_TASK_RESEND_S {args.resend_s:g} s; load average (1 min) at the end: "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 

@@ -49,9 +49,15 @@ tasks of one round). The report goes out then.
 T^c of one micro-batch is the job's batch over the world model's one-GPU
 throughput of its model on the GPU's type
 (:meth:`world.truth.GroundTruth.single_gpu_throughput`, as
-:mod:`world.hare` derives T^c); T^s is :func:`world.hare.ps_sync_time` of
-its parameters. Both are divided by the executor's time scale, as every
-emulated time is (:mod:`executor.emulator`); so is the switch cost.
+:mod:`world.hare` derives T^c); T^s is :func:`world.hare.step_sync_time`:
+what the world model says a synchronised step of the job costs a GPU of
+the type beyond its compute on this cluster's links, the quantity the
+leader plans T^s with (its estimate of it), rather than Hare's
+parameter-server push and pull at the paper testbed's 25 Gbps
+(:func:`world.hare.ps_sync_time`, the task simulator's workload), which
+ignored the emulated cluster's network. Both are divided by the
+executor's time scale, as every emulated time is (:mod:`executor.emulator`);
+so is the switch cost.
 
 A job whose task fails for good (:func:`task_job_failed`)
 --------------------------------------------------------
@@ -71,7 +77,7 @@ from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.sequence import TaskEntry, TaskKey, follow_problem
 from shared.wire import INVALID
-from world.hare import ps_sync_time
+from world.hare import step_sync_time
 from world.truth import GroundTruth
 
 # Codes of a refused task_sequence (error records; docs/events.md).
@@ -121,7 +127,8 @@ def task_times(truth: GroundTruth, spec: JobSpec, gpu_type: GpuType,
     if time_scale <= 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
     rate = truth.single_gpu_throughput(spec.model, gpu_type)  # samples/s
-    return TaskTimes(spec.batch_size / rate / time_scale, ps_sync_time(spec.params) / time_scale)
+    sync = step_sync_time(truth, spec.model, gpu_type)
+    return TaskTimes(spec.batch_size / rate / time_scale, sync / time_scale)
 
 
 def sequence_times(truth: GroundTruth, specs: tuple[JobSpec, ...], gpu_type: GpuType,

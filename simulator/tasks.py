@@ -47,7 +47,12 @@ the live leader's way (:mod:`scheduling.live.tasks`): a revision sequences
 at most H rounds of each job from its first round not under way, and the
 simulator also replans at every macro-round's barrier (when the live
 aggregator would apply a round and the leader replan), not only at
-arrivals. The policy then sees each job as H rounds long.
+arrivals. The policy then sees each job as H rounds long. A replan keeps
+what the leader keeps (:func:`scheduling.live.tasks.assumed_started`):
+besides the tasks started, each GPU's next task of a round whose job's
+earlier rounds are synchronised, which the leader cannot tell from a
+running one. ``release_s`` delays every barrier past its synchronisation
+(the live loop's turnaround; 0 by default).
 
 A job finishes when its last round's barrier passes; JCT is finish minus
 arrival. Time is the simulated clock; the planning time is measured with the
@@ -63,6 +68,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from scheduling.live.tasks import LiveTaskSettings, assumed_started
 from scheduling.policies.hare.macro import DEFAULT_BUDGET
 from scheduling.policies.hare.model import Gpu, GpuId, TaskJob, TaskPolicy, TaskProblem
 from scheduling.policies.hare.sequences import (
@@ -88,19 +94,32 @@ class TaskSimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     constraints; ``record``: keep every executed macro-task in the result;
     ``horizon_rounds``: the most rounds of a job one revision sequences,
     replanning at every barrier (None: all of them, at arrivals only; the
-    module docstring's "Horizon")."""
+    module docstring's "Horizon"); ``release_s``: how long after a
+    macro-round's synchronisation its barrier passes (0: at once, the
+    paper's model; the live loop takes the reports' trip, a leader pass and
+    the revision's trip)."""
 
     budget: int = DEFAULT_BUDGET
     switch_s: float = SWITCH_S
     check: bool = True
     record: bool = False
     horizon_rounds: int | None = None
+    release_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.budget < 1 or self.switch_s < 0:
-            raise ValueError("need budget >= 1 and switch_s >= 0")
+        if self.budget < 1 or self.switch_s < 0 or self.release_s < 0:
+            raise ValueError("need budget >= 1, switch_s >= 0 and release_s >= 0")
         if self.horizon_rounds is not None and self.horizon_rounds < 1:
             raise ValueError(f"horizon_rounds must be >= 1, got {self.horizon_rounds}")
+
+    @classmethod
+    def of_leader(cls, live: LiveTaskSettings, record: bool = False,
+                  release_s: float = 0.0) -> TaskSimSettings:
+        """The live leader's way (module docstring, "Horizon"): the horizon
+        and check of ``live``, the settings object the leader replans with
+        (``SchedulerSettings.live_tasks``)."""
+        return cls(horizon_rounds=live.horizon_rounds, check=live.check, record=record,
+                   release_s=release_s)
 
 
 @dataclass
@@ -148,6 +167,7 @@ class TaskSimulation:
         self.gpus = {g.id: _GpuState(g, i, g.free_s) for i, g in enumerate(gpus)}
         self.seqs: Sequences = empty(self.gpus, policy=policy.name)
         self.started: set[EntryKey] = set()
+        self.done_at: dict[EntryKey, float] = {}  # each started entry's synchronisation
         self.front: dict[JobId, int] = dict.fromkeys(self.jobs, 0)  # first round not done
         self.barrier: dict[tuple[JobId, int], float] = {}  # (job, hi) -> done
         self.waiting: dict[tuple[JobId, int], list[GpuId]] = {}
@@ -174,7 +194,7 @@ class TaskSimulation:
     def _revise(self, t: float) -> None:
         """Replan at ``t``: keep what is under way, plan the rest anew."""
         self._advance(t)
-        self._drop_unstarted()
+        self._drop_unstarted(t)
         self._advance(math.inf)  # what is kept is settled: nothing can move it
         self._settle()
         self._replan(t)
@@ -218,10 +238,18 @@ class TaskSimulation:
             raise RuntimeError(f"job {job.id} did not run all its tasks exactly once")
         return JobOutcome(job.id, job.arrival_s, finish, job.weight, self.tasks_run[job.id])
 
-    def _drop_unstarted(self) -> None:
+    def _drop_unstarted(self, now: float) -> None:
         """Forget the planned macro-rounds with no task started: the core's
-        :func:`~scheduling.policies.hare.sequences.keep`."""
-        self.seqs = keep(self.seqs, self.started)
+        :func:`~scheduling.policies.hare.sequences.keep`; with a horizon,
+        also those the live leader counts as started at ``now`` (the same
+        rule, :func:`scheduling.live.tasks.assumed_started`: each GPU's next
+        task of an open round, which the leader cannot tell from a running
+        one, and the tasks after it planned to start by ``now``)."""
+        started = self.started
+        if self.settings.horizon_rounds is not None:
+            done = {k for k in started if self.done_at[k] <= now}
+            started = started | assumed_started(self.seqs, done, now)
+        self.seqs = keep(self.seqs, started)
         kept = {(e.job, e.round) for _, e in self.seqs.entries()}
         for gs in self.gpus.values():
             gs.queue = [q for q in gs.queue[gs.head:] if (q.entry.job, q.entry.round) in kept]
@@ -241,6 +269,7 @@ class TaskSimulation:
         self.front = fronts(self.seqs, at)
         self.seqs = forget(self.seqs, self.front)
         self.started.clear()
+        self.done_at.clear()
 
     def problem(self, now: float) -> TaskProblem:
         """The arrived jobs' rounds not under way, as a (real-round) problem."""
@@ -333,14 +362,16 @@ class TaskSimulation:
         unit.unstarted -= 1
         unit.done_s = max(unit.done_s, done)
         self.started.add(q.entry.key)
+        self.done_at[q.entry.key] = done
         self.tasks_run[job.id] += n
         if self.settings.record:
             self.record.append(RunTask(job.id, unit.lo, n, q.entry.lo, gs.gpu.id, start, end,
                                        done, switch))
         if unit.unstarted == 0:
-            self.barrier[(job.id, unit.hi)] = unit.done_s
+            passed = unit.done_s + self.settings.release_s
+            self.barrier[(job.id, unit.hi)] = passed
             if self.settings.horizon_rounds is not None:
-                heapq.heappush(self.due, unit.done_s)
+                heapq.heappush(self.due, passed)
             for gpu in self.waiting.pop((job.id, unit.hi), []):
                 self._refresh(self.gpus[gpu])
         self._refresh(gs)

@@ -25,14 +25,16 @@ from executor.tasks import (
     task_job_failed,
     task_times,
 )
+from shared.configuration import Configuration
 from shared.events import TaskSequence
-from shared.ids import JobId, ServerId
+from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
 from shared.sequence import GpuTasks, TaskEntry
+from shared.specs import cluster_from_doc
 from shared.wire import INVALID
 from world.catalog import builtin_catalog
 from world.clusters import cluster_arg
-from world.hare import SWITCH_S, ps_sync_time
+from world.hare import SWITCH_S, ps_sync_time, step_sync_time
 from world.truth import GroundTruth
 
 S = ServerId("rtx3090-sugon-0")
@@ -82,10 +84,38 @@ def test_task_times_are_the_world_models_over_the_time_scale() -> None:
     rate = truth.single_gpu_throughput(MODEL, gpu_type)
     times = task_times(truth, spec(J1), gpu_type, 10.0)
     assert times.compute_s == pytest.approx(256 / rate / 10)
-    assert times.sync_s == pytest.approx(ps_sync_time(11_181_642) / 10)
+    # T^s: a synchronised step on two GPUs of the server less one GPU, the
+    # quantity the leader estimates; not the testbed's parameter server
+    one, two = (truth.iteration_time(MODEL, Configuration.of({S: n})) for n in (1, 2))
+    assert times.sync_s == pytest.approx((two - one) / 10)
+    assert times.sync_s != pytest.approx(ps_sync_time(11_181_642) / 10)
     assert task_times(truth, spec(J1), gpu_type, 1.0).compute_s == pytest.approx(256 / rate)
     with pytest.raises(ValueError):
         task_times(truth, spec(J1), gpu_type, 0.0)
+
+
+RTX = {"name": "RTX3090", "link_bandwidth": 3e7, "net_bandwidth": 1e9}
+
+
+def test_the_sync_time_follows_the_clusters_links() -> None:
+    """The example cluster's 30 MB/s links make a step's all-reduce cost
+    far more than on the paper's; a type with one GPU in all has none."""
+    slow = GroundTruth(cluster_arg("examples/cluster-hare.yaml"), builtin_catalog())
+    fast = GroundTruth(cluster_arg("paper-physical"), builtin_catalog())
+    rtx = GpuType("RTX3090")
+    assert step_sync_time(slow, MODEL, rtx) > 10 * step_sync_time(fast, MODEL, rtx) > 0
+    lone = GroundTruth(cluster_from_doc({
+        "name": "lone", "gpu_types": [RTX],
+        "servers": [{"id": "a", "gpu_type": "RTX3090", "gpus": 1}]}), builtin_catalog())
+    assert step_sync_time(lone, MODEL, rtx) == 0.0
+    pair = GroundTruth(cluster_from_doc({
+        "name": "pair", "gpu_types": [RTX],
+        "servers": [{"id": s, "gpu_type": "RTX3090", "gpus": 1} for s in "ab"]}),
+        builtin_catalog())
+    across = Configuration.of({ServerId("a"): 1, ServerId("b"): 1})
+    assert step_sync_time(pair, MODEL, rtx) == pytest.approx(
+        pair.iteration_time(MODEL, across)
+        - pair.iteration_time(MODEL, Configuration.of({ServerId("a"): 1})))
 
 
 def test_a_job_the_gpus_cannot_run_is_refused_as_invalid() -> None:

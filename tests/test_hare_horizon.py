@@ -19,9 +19,11 @@ from cli.main import app
 from experiments import catalog
 from experiments.hare.run import HareExperiment
 from experiments.hare.workload import HareWorkload, cluster_gpus, generate
+from scheduling.live.tasks import LiveTaskSettings, assumed_started
 from scheduling.policies.hare.model import Gpu, TaskJob, TaskPolicy
 from scheduling.policies.hare.names import TASK_POLICIES, task_policy
-from simulator.tasks import TaskSimSettings, simulate
+from services.scheduler.settings import SchedulerSettings
+from simulator.tasks import TaskSimSettings, TaskSimulation, simulate
 from tests.test_hare_sim import (
     V100,
     Spy,
@@ -103,3 +105,65 @@ def test_the_command_passes_its_horizon_to_the_experiment(
     assert got[-1].horizon is None
     refused = CliRunner().invoke(app, [*args, "--horizon", "0"])
     assert refused.exit_code == 2 and "horizon must be >= 1, got 0" in refused.output
+
+
+class Keeps(TaskSimulation):
+    """Checks at every replan that the tasks the live leader would count as
+    started (:func:`scheduling.live.tasks.assumed_started`) keep their GPU
+    and their order there."""
+
+    checked = 0
+
+    def _drop_unstarted(self, now: float) -> None:
+        before = self.seqs
+        done = {k for k in self.started if self.done_at[k] <= now}
+        assumed = assumed_started(before, done, now)
+        super()._drop_unstarted(now)
+        for gpu, entries in before.gpus.items():
+            mine = [e.key for e in entries if e.key in assumed]
+            kept = [e.key for e in self.seqs.gpus[gpu] if e.key in assumed]
+            assert kept == mine, (now, gpu)
+            self.checked += len(mine)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(TASK_POLICIES), st.integers(1, 3))
+def test_with_a_horizon_the_tasks_the_leader_counts_started_stay_in_place(
+        w: tuple[tuple[TaskJob, ...], tuple[Gpu, ...]], name: str, horizon: int) -> None:
+    jobs, pool = w
+    sim = Keeps(jobs, pool, task_policy(name), TaskSimSettings(switch_s=0.1, record=True,
+                                                                horizon_rounds=horizon))
+    check_each_task_once(sim.run().tasks, jobs)
+
+
+def test_a_gpus_next_task_of_an_open_round_is_kept_at_a_barrier() -> None:
+    """One GPU, a job that synchronises long (a) and one that computes long
+    (b): when a's round ends, the task planned next on the GPU has not
+    started, yet the leader cannot tell it from a running one, so the
+    simulator of the leader's way keeps it, as the leader does."""
+    jobs = (job("a", 0.0, 3, 1, 0.1, sync=1.0), job("b", 0.0, 2, 1, 0.5))
+    sim = Keeps(jobs, gpus(V100), task_policy("hare-eft"),
+                TaskSimSettings(switch_s=0.0, record=True, horizon_rounds=1))
+    r = sim.run()
+    check_each_task_once(r.tasks, jobs)
+    assert sim.checked > 0
+
+
+def test_the_leaders_settings_give_the_simulators_horizon() -> None:
+    live = LiveTaskSettings(horizon_rounds=3, check=False)
+    got = TaskSimSettings.of_leader(live, record=True)
+    assert (got.horizon_rounds, got.check, got.record) == (3, False, True)
+    assert SchedulerSettings(task_horizon=7).live_tasks().horizon_rounds == 7
+
+
+@pytest.mark.parametrize("horizon", [None, 2])
+def test_a_release_delays_every_barrier(horizon: int | None) -> None:
+    one = (job("a", 0.0, 3, 1, 1.0, sync=0.5),)
+    at_once = simulate(one, gpus(V100), task_policy("hare-eft"),
+                       TaskSimSettings(switch_s=0.0, horizon_rounds=horizon))
+    later = simulate(one, gpus(V100), task_policy("hare-eft"),
+                     TaskSimSettings(switch_s=0.0, horizon_rounds=horizon, release_s=0.25))
+    assert at_once.jobs[0].jct_s == pytest.approx(3 * 1.5)
+    assert later.jobs[0].jct_s == pytest.approx(3 * 1.75)
+    with pytest.raises(ValueError, match="release_s >= 0"):
+        TaskSimSettings(release_s=-0.1)

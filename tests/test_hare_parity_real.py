@@ -55,9 +55,9 @@ def test_the_report_prints_each_job_and_the_weighted_jct(
                          model=j.script) for j in hr.WORKLOAD)
     ids = [j.id for j in hr.WORKLOAD]
     arrivals = {j.id: j.arrival_s for j in hr.WORKLOAD}
-    sim = SimRun(dict.fromkeys(ids, 1.0), dict(arrivals), dict.fromkeys(ids, 0.0))
+    sim = SimRun(dict.fromkeys(ids, 1.0), dict(arrivals), dict.fromkeys(ids, 0.0), {})
     run = LiveRun(arrivals, dict(arrivals), {j: arrivals[j] + 1.5 for j in ids},
-                  dict.fromkeys(ids, 0.1), jobs, GPUS)
+                  dict.fromkeys(ids, 0.1), jobs, GPUS, {})
     spent = hr.Measured(dict.fromkeys(ids, 0.02), dict.fromkeys(ids, 0.05),
                         {j: j == "r1" for j in ids})
     hr.report(hr.Live(run, spent, {}), sim, dict.fromkeys(ids, 2.0), {j: j != "r2" for j in ids},

@@ -280,6 +280,34 @@ def test_a_head_waiting_on_an_earlier_round_is_not_started() -> None:
     assert kept.gpus == {v: (seqs.gpus[v][1],), k: seqs.gpus[k]}
 
 
+def test_a_gpu_may_run_its_next_entry_while_the_one_before_synchronises() -> None:
+    """Found by the parity bench: a GPU takes its next entry as soon as one
+    has computed, and reports that one only once its gradients are sent.
+    A replan that moved the next entry (b's round 2) made the server
+    abandon it, or refuse the revision. Entries after the first not done
+    count as started while planned to start by ``by`` and of an open round;
+    the walk stops at the first that cannot have begun."""
+    g = GpuId("g")
+    seqs = Sequences(4, 1.0, "x", {g: (
+        _entry("a", 0, 0, 1, 0.0, 0.1),   # computed, its gradients on the way
+        _entry("b", 2, 0, 1, 0.1, 0.6),   # b's rounds 0-1 done: may run now
+        _entry("c", 0, 0, 1, 0.6, 0.9),   # planned after the replan's time
+        _entry("b", 3, 0, 1, 0.9, 1.4))})
+    a0, b2, c0 = (JobId("a"), 0, 0), (JobId("b"), 2, 0), (JobId("c"), 0, 0)
+    assert assumed_started(seqs, set()) == {a0}  # no time given: the first alone
+    assert assumed_started(seqs, set(), 0.5) == {a0, b2}
+    assert assumed_started(seqs, set(), 5.0) == {a0, b2, c0}  # b3 waits for b2's barrier
+    assert assumed_started(seqs, {a0, b2}, 0.5) == {a0, b2, c0}  # the next one may run
+    snap = TaskSnapshot(0.5, (TaskJob(JobId("b"), 0.0, 4, 1, {V100: 0.5}, done_rounds=2),
+                              TaskJob(JobId("a"), 0.0, 1, 1, {V100: 0.1}),
+                              TaskJob(JobId("c"), 0.0, 1, 1, {V100: 0.3})),
+                        (Gpu(g, V100),), frozenset())
+    kept = replan(snap, task_policy("hare-eft"), seqs).gpus[g]
+    assert [e.key for e in kept[:2]] == [a0, b2]
+    with pytest.raises(ValueError, match="start_margin_s"):
+        LiveTaskSettings(start_margin_s=-1.0)
+
+
 def test_coalesce_merges_adjacent_micro_batches_of_one_round_only() -> None:
     a = (_entry("a", 0, 0, 1, 0, 1), _entry("a", 0, 1, 2, 1, 2), _entry("a", 1, 2, 3, 2, 3),
          _entry("a", 1, 0, 1, 3, 4))

@@ -67,3 +67,26 @@ def test_a_process_that_solves_writes_only_json_lines(policy: str) -> None:
     assert [r.get("logger", r["event"]) for r in records] == ["planning", "py.warnings", "planned"]
     assert "a library's warning" in records[1]["event"] and records[1]["level"] == "warning"
     assert records[-1]["assignments"] > 0
+
+
+def test_each_line_is_written_at_once_so_processes_sharing_a_file_never_merge_two(
+        tmp_path: Path) -> None:
+    """``hops up`` runs a server's executors with PYTHONUNBUFFERED, all on one
+    log file: a line written in two calls (its text, then its newline) let
+    another process's line land between them, two JSON objects on one line."""
+    script = """
+import os, sys
+from services.runtime.logging import configure_logging
+
+log = configure_logging("executor")
+for i in range(2000):
+    log.info("task done", writer=sys.argv[1], i=i, pad="x" * 200)
+"""
+    out = tmp_path / "cluster.log"
+    with out.open("w") as f:
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(w)], cwd=ROOT, stdout=f,
+                                  env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+                 for w in range(3)]
+        assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    lines = out.read_text().splitlines()
+    assert len(lines) == 6000 and all(json.loads(line)["event"] == "task done" for line in lines)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 
 from services.runtime.bus import ErrorReporter, connect, ensure_jetstream
@@ -24,6 +25,7 @@ from services.runtime.natsd import EmbeddedNats
 from services.runtime.objects import (
     CHUNK_BYTES,
     ObjectError,
+    ObjectWriter,
     chunk_subject,
     get_object,
     object_names,
@@ -124,6 +126,37 @@ async def test_a_version_outlives_one_write_and_is_purged_at_the_next(nc: NATS) 
               ).state.subjects or {}
     assert chunk_subject(BUCKET, v1.nuid) not in chunks and len(chunks) == 2
     assert await get_object(js, BUCKET, "s") == b"v3"
+
+
+async def chunk_subjects(js: JetStreamContext) -> set[str]:
+    info = await js.stream_info(stream_of(BUCKET), subjects_filter=f"$O.{BUCKET}.C.>")
+    return set(info.state.subjects or {})
+
+
+async def test_a_writer_writes_without_reading_and_purges_when_it_tidies(nc: NATS) -> None:
+    js = nc.jetstream()
+    await put_object(js, BUCKET, "t", b"v0")  # a last term's version: the writer reads it once
+    writer = ObjectWriter(js, BUCKET, "t")
+    versions = [await writer.put(b"v%d" % i) for i in (1, 2, 3)]
+    assert await get_object(js, BUCKET, "t") == b"v3"
+    stored = await read_info(js, BUCKET, "t")
+    assert stored is not None and stored.nuid == versions[-1].nuid
+    # each meta names the version before, v1's the last term's: one chain
+    assert len(await chunk_subjects(js)) == 4  # every version's chunks, none purged yet
+    assert len(writer.stale) == 2
+    await writer.tidy()  # v0's and v1's chunks go; v2's stay for a reader of its meta
+    left = await chunk_subjects(js)
+    assert left == {chunk_subject(BUCKET, v.nuid) for v in versions[1:]}
+    assert writer.stale == [] and await get_object(js, BUCKET, "t") == b"v3"
+    # once its put failed (the meta may be stored after all) the writer reads
+    # the stored meta before its next write: another version written meanwhile
+    # is then named as the one before, and its predecessor purged
+    writer.known = False
+    await put_object(js, BUCKET, "t", b"other")
+    await writer.put(b"v4")
+    await writer.tidy()
+    assert await get_object(js, BUCKET, "t") == b"v4"
+    assert len(await chunk_subjects(js)) == 2  # "other" and v4: nothing left over
 
 
 def store_for(nc: NATS, term: int) -> LayerStore:

@@ -11,7 +11,7 @@ import pytest
 
 from cli.up.stack import StackConfig, components
 from scheduling.live import taskrun as tr
-from scheduling.live.taskprofile import profiling_servers, profiling_tasks
+from scheduling.live.taskprofile import profiling_servers, profiling_tasks, to_estimate
 from scheduling.live.tasks import TaskSnapshot, replan, sequence_messages
 from scheduling.policies.hare.model import TaskJob
 from scheduling.policies.hare.names import task_policy
@@ -43,6 +43,20 @@ def test_each_job_without_an_estimate_is_profiled_once_per_alive_type() -> None:
     # signature's shared profile may answer for it
     assert profiling_tasks(recs, [JobId("k")], nodes, {}, 10.0, {JobId("q")}) == (
         ProfilingTask(JobId("q"), B, ServerId("b1"), 1),)
+
+
+def test_a_job_is_asked_for_again_once_it_has_a_profile_its_estimate_lacks() -> None:
+    on_a = estimate("k")  # by type: A alone (its first profile)
+    fresh, plain = record("j"), record("p", s=0)
+    first = msgspec.structs.replace(record("k"), profiled=(A,))
+    both = msgspec.structs.replace(record("k"), profiled=(A, B))
+    assert list(to_estimate([fresh, plain, first], {JobId("k"): on_a}, {A, B})) == ["j"]
+    # the second profiling run reported: asked again, until the estimate has B
+    assert list(to_estimate([both], {JobId("k"): on_a}, {A, B})) == ["k"]
+    with_b = msgspec.structs.replace(on_a, by_type={**on_a.by_type, B: on_a.by_type[A]})
+    assert to_estimate([both], {JobId("k"): with_b}, {A, B}) == {}
+    # a profiled type with no alive server is no reason to ask
+    assert to_estimate([both], {JobId("k"): on_a}, {A}) == {}
 
 
 def test_task_times_are_wall_seconds_of_the_emulated_executors() -> None:

@@ -16,6 +16,7 @@ from scheduling.live.tasks import (
     done_key,
     done_problem,
     gpu_id,
+    planned_tasks,
     replan,
     sequence_messages,
 )
@@ -61,6 +62,14 @@ def entries(*e: dict[str, Any]) -> list[dict[str, Any]]:
 def entry(job: str = "j1", rnd: int = 0, lo: int = 0, hi: int = 1, start: float = 0.0,
           end: float = 1.0) -> dict[str, Any]:
     return {"job_id": job, "round": rnd, "lo": lo, "hi": hi, "start_s": start, "end_s": end}
+
+
+def test_a_replans_size_is_its_jobs_tasks_within_the_horizon() -> None:
+    snap = TaskSnapshot(now=0.0, jobs=JOBS, gpus=GPUS)
+    assert planned_tasks(snap, 4) == 3 * 3 + 1 * 2  # every round left: 3 of S=3, 2 of S=1
+    assert planned_tasks(snap, 1) == 3 + 1
+    done = msgspec.structs.replace(JOBS[0], done_rounds=2)  # one round left
+    assert planned_tasks(msgspec.structs.replace(snap, jobs=(done, JOBS[1])), 4) == 3 + 2
 
 
 def test_a_revision_travels_per_server_and_comes_back() -> None:

@@ -43,6 +43,10 @@ bottleneck: T^s depends on the model only, not on the GPU type nor on how
 many tasks a round has. This is a stated simplification; the paper's T^s
 may differ by GPU (§5.1) and grows with slower networks (Fig. 18).
 
+In the emulated live cluster (``hops up``, :mod:`executor.tasks`) a task's
+T^s is :func:`step_sync_time` instead: the cluster's own network, as the
+world model times a synchronised step on it, not the testbed's 25 Gbps.
+
 Switching (hare.md §4, Table 3)
 -------------------------------
 A GPU that starts a task of another job than its previous task's pays
@@ -54,10 +58,12 @@ nothing to clean, and launching a job lies outside the task model.
 from __future__ import annotations
 
 from functools import lru_cache
+from statistics import median
 from typing import Literal
 
 import msgspec
 
+from shared.configuration import Configuration
 from shared.ids import GpuType
 from world.catalog import GAVEL_PREFIX, gavel_catalog
 from world.clusters import builtin_cluster
@@ -125,6 +131,27 @@ def ps_sync_time(params: int, net_gbps: float = NET_GBPS,
     if params <= 0 or net_gbps <= 0 or latency_s < 0:
         raise ValueError("need params > 0, net_gbps > 0 and latency_s >= 0")
     return 2.0 * BYTES_PER_PARAM * params / (net_gbps * 1e9 / 8.0) + latency_s
+
+
+def step_sync_time(truth: GroundTruth, model: str, gpu_type: GpuType) -> float:
+    """T^s of one task of ``model`` on ``gpu_type`` in ``truth``'s cluster:
+    what a synchronised step costs a GPU beyond its compute there (the
+    all-reduce on the cluster's links, partly hidden by the backward pass):
+    the iteration time on two GPUs of one server of the type less on one,
+    the median over its servers with two; over two servers of one GPU each
+    where none has two; 0 where the type has a single GPU (no synchronised
+    placement). This is the quantity the live leader estimates for T^s
+    (``scheduling.live.taskrun.task_times``), taken from the truth."""
+    servers = [s.id for s in truth.cluster.servers_of_type(gpu_type)]
+    pairs = [(Configuration.of({s: 2}), Configuration.of({s: 1}))
+             for s in servers if truth.cluster.by_id[s].gpus >= 2]
+    if not pairs and len(servers) >= 2:
+        pairs = [(Configuration.of({servers[0]: 1, servers[1]: 1}),
+                  Configuration.of({servers[0]: 1}))]
+    if not pairs:
+        return 0.0
+    return median(max(0.0, truth.iteration_time(model, two) - truth.iteration_time(model, one))
+                  for two, one in pairs)
 
 
 @lru_cache(maxsize=8)

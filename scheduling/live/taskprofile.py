@@ -20,6 +20,7 @@ job the estimators were asked about and had no estimate for is profiled:
 a new job first asks them, since its signature may have a shared profile
 (a run asked before that answer would train beside the trainers for
 nothing).
+:func:`to_estimate` names the jobs whose estimates the task loop asks for.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping
 
 from scheduling.live.state import LiveJobRecord
+from shared.estimate import JobEstimate
 from shared.ids import GpuType, JobId, ServerId
 from shared.records import NodeRecord
 from shared.snapshot import ProfilingTask
@@ -65,3 +67,21 @@ def profiling_tasks(candidates: Iterable[LiveJobRecord], estimated: Iterable[Job
         tasks.extend(ProfilingTask(job, t, s, 1) for t, s in servers.items()
                      if t not in rec.profiled)
     return tuple(tasks)
+
+
+def to_estimate(candidates: Iterable[LiveJobRecord], estimates: Mapping[JobId, JobEstimate],
+                types: Iterable[GpuType]) -> dict[JobId, LiveJobRecord]:
+    """The relaxed jobs to ask the estimators about: each without an
+    estimate, and each whose estimate lacks an alive GPU type (``types``)
+    that its record lists as profiled: a profile that came after the
+    estimate (its second profiling run, say), which the round-based leader
+    takes up as it asks for every job's estimate at each plan. Without it a
+    job estimated from its first profile alone would run on that type only."""
+    alive = set(types)
+    out: dict[JobId, LiveJobRecord] = {}
+    for rec in candidates:
+        est = estimates.get(rec.job_id)
+        if rec.spec.sync_scale > 0 and (
+                est is None or (alive & set(rec.profiled)) - set(est.by_type)):
+            out[rec.job_id] = rec
+    return out

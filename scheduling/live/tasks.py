@@ -19,7 +19,12 @@ Replanning (:func:`replan`)
 1. *Started* (:func:`assumed_started`): every entry reported done, and on
    each GPU the first entry not done whose job's earlier rounds are done,
    which may be running (a GPU runs its entries in order, one at a time,
-   and reports each as it ends; a round waits for the one before it).
+   and reports each as it ends; a round waits for the one before it); then
+   the entries after it, in order, while each is of a round whose job's
+   earlier rounds are done and planned to start by ``now`` (within
+   ``start_margin_s``): a GPU takes its next entry as soon as one has
+   computed, while that one's gradients are still being sent (its report
+   comes only then), and never begins an entry before its planned start.
 2. *Kept* (:func:`~scheduling.policies.hare.sequences.keep`): every unit
    (a job's round) under way stays whole and in place; then the rounds the
    aggregator applied and the jobs no longer in the snapshot are dropped
@@ -43,6 +48,7 @@ On the wire (:func:`sequence_messages`, :func:`done_key`) a revision is one
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Set
 
 import msgspec
@@ -77,14 +83,19 @@ class TaskSnapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class LiveTaskSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``horizon_rounds``: the most rounds of a job one revision sequences;
     ``check``: refuse an infeasible schedule (a policy's bug) before it is
-    sent."""
+    sent; ``start_margin_s``: how long (wall seconds) a revision may take to
+    reach an executor, so that an entry planned to start that soon after a
+    replan may have begun under the revision it replaces (step 1)."""
 
     horizon_rounds: int = 4
     check: bool = True
+    start_margin_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.horizon_rounds < 1:
             raise ValueError(f"horizon_rounds must be >= 1, got {self.horizon_rounds}")
+        if self.start_margin_s < 0:
+            raise ValueError(f"start_margin_s must be >= 0, got {self.start_margin_s}")
 
 
 def gpu_id(server: ServerId, index: int) -> GpuId:
@@ -102,20 +113,26 @@ def split_gpu_id(gpu: GpuId) -> tuple[ServerId, int]:
     return ServerId(server), int(index)
 
 
-def assumed_started(seqs: Sequences, done: Set[EntryKey]) -> set[EntryKey]:
+def assumed_started(seqs: Sequences, done: Set[EntryKey],
+                    by: float = -math.inf) -> set[EntryKey]:
     """The entries of ``seqs`` that may have started: those in ``done``,
     and on each GPU the first entry not in ``done`` where every entry of an
     earlier round of its job is done (it may be running; one whose earlier
-    round still has work waits for that round's barrier)."""
+    round still has work waits for that round's barrier), then each next
+    one of such a round planned to start by ``by``: the GPU may have
+    computed the one before and be sending its gradients (module
+    docstring, step 1). ``by`` -inf: the first alone."""
     started = {e.key for _, e in seqs.entries() if e.key in done}
     open_round: dict[JobId, int] = {}  # each job's first round with work not done
     for _, e in seqs.entries():
         if e.key not in done and e.round < open_round.get(e.job, e.round + 1):
             open_round[e.job] = e.round
     for entries in seqs.gpus.values():
-        head = next((e for e in entries if e.key not in done), None)
-        if head is not None and head.round == open_round[head.job]:
-            started.add(head.key)
+        waiting = [e for e in entries if e.key not in done]
+        for i, e in enumerate(waiting):
+            if e.round != open_round[e.job] or (i > 0 and e.start_s > by):
+                break  # the GPU cannot have begun it, nor any after it
+            started.add(e.key)
     return started
 
 
@@ -139,6 +156,13 @@ def live_problem(snap: TaskSnapshot, kept: Sequences, horizon_rounds: int) -> Ta
                        {j: t for j, t in ready.items() if j in planned and t > snap.now})
 
 
+def planned_tasks(snap: TaskSnapshot, horizon_rounds: int) -> int:
+    """The most tasks (micro-batches) a replan of ``snap`` sequences: each
+    job's S for each round left, up to the horizon; what its cost grows with."""
+    return sum(j.tasks_per_round * min(horizon_rounds, j.rounds - j.done_rounds)
+               for j in snap.jobs)
+
+
 def replan(snap: TaskSnapshot, policy: TaskPolicy, previous: Sequences | None = None,
            settings: LiveTaskSettings | None = None) -> Sequences:
     """The next revision of every GPU's sequence (module docstring);
@@ -147,7 +171,8 @@ def replan(snap: TaskSnapshot, policy: TaskPolicy, previous: Sequences | None = 
     yet) or the policy's schedule is infeasible."""
     cfg = settings or LiveTaskSettings()
     before = previous if previous is not None else empty((g.id for g in snap.gpus), snap.now)
-    kept = forget(keep(before, assumed_started(before, snap.done)),
+    started = assumed_started(before, snap.done, snap.now + cfg.start_margin_s)
+    kept = forget(keep(before, started),
                   {j.id: j.done_rounds for j in snap.jobs})
     problem = live_problem(snap, kept, cfg.horizon_rounds)
     # Q = budget // Σ S_n macro-rounds per job (scheduling.policies.hare.macro)

@@ -58,7 +58,9 @@ def configure_logging(
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # one write per line (print writes the newline apart): processes that
+        # share a log file unbuffered (hops up) never merge two lines into one
+        logger_factory=structlog.WriteLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(stream) if stream is not None else _Stdout()

@@ -41,6 +41,7 @@ from nats.js.errors import NotFoundError
 from services.runtime.retry import PUBLISH_RETRY_S, TRANSIENT, publish_retried, transient_retried
 
 CHUNK_BYTES = 128 * 1024  # nats-py's default chunk, under the payload limit
+INLINE_BYTES = 64 * 1024  # compressed on the event loop up to this size (about 1 ms)
 READ_TIMEOUT_S = 10.0
 PREVIOUS = "Hops-Previous"  # meta header: the nuid of the version before
 ENCODING = "Hops-Encoding"  # meta header: how the chunks are compressed
@@ -87,8 +88,59 @@ async def put_object(js: JetStreamContext, bucket: str, name: str, data: bytes, 
     each retried through a leader election for up to ``within`` seconds;
     then the chunks of the version before the one replaced are purged."""
     current = await transient_retried(lambda: read_info(js, bucket, name), within)
-    # 3.6 MiB take 50 ms to compress: off the event loop (zlib frees the GIL)
-    packed = await asyncio.to_thread(zlib.compress, data, 6)
+    info = await _write(js, bucket, name, data, current, within)
+    await _purge(js, bucket, _stale(current, info))
+    return info
+
+
+class ObjectWriter:
+    """One object written again and again by one writer (a leader's state,
+    before each revision it sends), with two round trips fewer than
+    :func:`put_object` on the writer's path: the meta it wrote last stands
+    for the current one (read once, and again after a failed write), and the
+    chunks a write makes garbage are purged by :meth:`tidy`, which the
+    writer calls when it has time. A version's chunks still go one write
+    after :func:`put_object`'s (module docstring)."""
+
+    def __init__(self, js: JetStreamContext, bucket: str, name: str,
+                 within: float = PUBLISH_RETRY_S) -> None:
+        self.js, self.bucket, self.name, self.within = js, bucket, name, within
+        self.current: ObjectInfo | None = None
+        self.known = False  # whether ``current`` is the stored meta, as far as this writer knows
+        self.stale: list[str] = []  # nuids whose chunks are garbage, not purged yet
+
+    async def put(self, data: bytes) -> ObjectInfo:
+        """Store ``data`` as the object (:func:`put_object`, without the purge)."""
+        if not self.known:
+            self.current = await transient_retried(
+                lambda: read_info(self.js, self.bucket, self.name), self.within)
+            self.known = True
+        try:
+            info = await _write(self.js, self.bucket, self.name, data, self.current, self.within)
+        except BaseException:
+            self.known = False  # the meta may be stored after all: read it before the next
+            raise
+        stale = _stale(self.current, info)
+        if stale:
+            self.stale.append(stale)
+        self.current = info
+        return info
+
+    async def tidy(self) -> None:
+        """Purge the chunks of the versions :meth:`put` made garbage (left
+        where a purge fails: garbage, never a current version's)."""
+        stale, self.stale = self.stale, []
+        for nuid in stale:
+            await _purge(self.js, self.bucket, nuid)
+
+
+async def _write(js: JetStreamContext, bucket: str, name: str, data: bytes,
+                 current: ObjectInfo | None, within: float) -> ObjectInfo:
+    """Chunks, then the meta naming ``current`` as the version before."""
+    if len(data) <= INLINE_BYTES:  # a thread's hop costs more than compressing a little
+        packed = zlib.compress(data, 6)
+    else:  # 3.6 MiB take 50 ms to compress: off the event loop (zlib frees the GIL)
+        packed = await asyncio.to_thread(zlib.compress, data, 6)
     nuid = uuid.uuid4().hex
     subject = chunk_subject(bucket, nuid)
     chunks = [packed[i:i + CHUNK_BYTES] for i in range(0, len(packed), CHUNK_BYTES)]
@@ -105,11 +157,20 @@ async def put_object(js: JetStreamContext, bucket: str, name: str, data: bytes, 
     await publish_retried(js, meta_subject(bucket, name), json.dumps(info.as_dict()).encode(),
                           msg_id=f"{nuid}.meta", headers={Header.ROLLUP: "sub"},
                           within=within)
-    stale = None if current is None else _header(current, PREVIOUS)
-    if stale and stale != nuid:  # garbage from now on; left if the purge fails
-        with contextlib.suppress(*TRANSIENT, nats.errors.Error):
-            await js.purge_stream(stream_of(bucket), subject=chunk_subject(bucket, stale))
     return info
+
+
+def _stale(current: ObjectInfo | None, written: ObjectInfo) -> str | None:
+    """The nuid whose chunks are garbage once ``written`` replaced
+    ``current``: the version before ``current``."""
+    stale = None if current is None else _header(current, PREVIOUS)
+    return stale if stale and stale != written.nuid else None
+
+
+async def _purge(js: JetStreamContext, bucket: str, nuid: str | None) -> None:
+    if nuid:  # garbage from now on; left if the purge fails
+        with contextlib.suppress(*TRANSIENT, nats.errors.Error):
+            await js.purge_stream(stream_of(bucket), subject=chunk_subject(bucket, nuid))
 
 
 async def get_object(js: JetStreamContext, bucket: str, name: str,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
@@ -60,14 +60,16 @@ async def decode_all(
 async def watch_topology(
     kv: KeyValue,
     nc: NATS,
-    initial: Iterable[NodeRecord],
+    nodes: dict[str, NodeRecord],
     on_change: Callable[[], None],
     log: FilteringBoundLogger,
 ) -> None:
-    """Call ``on_change`` whenever the alive servers of ``hops_nodes``
-    change, or are drained or undrained (:func:`scheduling.live.snapshot.topology`,
+    """Keep ``nodes`` (by server id, the records read so far) as ``hops_nodes``
+    has them, every update applied in place: a reader has the nodes without
+    reading the bucket (the task loop, each pass). Call ``on_change``
+    whenever the alive servers change, or are drained or undrained
+    (:func:`scheduling.live.snapshot.topology`,
     :func:`scheduling.live.drain.drain_states`: heartbeat times do not count)."""
-    nodes: dict[str, NodeRecord] = {n.server.id: n for n in initial}
     topology = snap.topology(nodes.values())
     drained = drain_states(nodes.values())
     while True:

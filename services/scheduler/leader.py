@@ -48,7 +48,7 @@ from services.scheduler.tasks import TaskLoop
 from services.scheduler.timelimits import TimeLimits
 from shared import events as ev
 from shared import subjects
-from shared.records import QueueView
+from shared.records import NodeRecord, QueueView
 
 # A job event the leader fails to apply is retried, then terminated (the
 # consumer's poison guard). Its writes fail while JetStream elects after a
@@ -67,8 +67,10 @@ class Leader(Planning):
         super().__init__(ctx, settings, lease, layers)
         self.limits = TimeLimits()  # ends running jobs at their time limit
         self.wake = asyncio.Event()
+        self.watched: dict[str, NodeRecord] = {}  # hops_nodes by server id, kept by the watch
         # A task policy runs the task loop instead of the plan loop (:mod:`.tasks`).
-        self.tasks = (TaskLoop(ctx, settings, lease, self.book, self.log, self.wake)
+        self.tasks = (TaskLoop(ctx, settings, lease, self.book, self.log, self.wake,
+                                self.watched)
                       if settings.task_policy is not None else None)
 
     async def run(self) -> None:
@@ -113,6 +115,7 @@ class Leader(Planning):
     async def _load(self) -> None:
         await self.book.load()
         self.nodes = await self._nodes()
+        self.watched.update((n.server.id, n) for n in self.nodes)  # the watch goes on from here
         last_round = 0
         with contextlib.suppress(NotFoundError):
             msg = await self.ctx.js.get_last_msg(subjects.STREAM_PLANS.name, subjects.PLANS)
@@ -164,7 +167,7 @@ class Leader(Planning):
 
     async def _watch_nodes(self) -> None:
         """Plan within the round when the alive servers change (new capacity)."""
-        await watch_topology(self.kv_nodes, self.ctx.nc, self.nodes, self._replan, self.log)
+        await watch_topology(self.kv_nodes, self.ctx.nc, self.watched, self._replan, self.log)
 
     # --- events --------------------------------------------------------------
 

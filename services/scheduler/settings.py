@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 from scheduling.cells import CellModel
 from scheduling.live.cells import tenant_cells
+from scheduling.live.tasks import LiveTaskSettings
 from scheduling.registry import (
     DEFAULT_POLICY,
     TASK_POLICIES,
@@ -102,6 +103,12 @@ class SchedulerSettings:
                      "task_time_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+
+    def live_tasks(self) -> LiveTaskSettings:
+        """What the task loop replans with (its horizon): one object for the
+        leader and for whatever runs the leader's way (the parity bench's
+        simulation, :meth:`simulator.tasks.TaskSimSettings.of_leader`)."""
+        return LiveTaskSettings(horizon_rounds=self.task_horizon)
 
     def replica(self, hostname: str, pid: int) -> str:
         """The replica id: the configured one, else ``<hostname>-<pid>``."""

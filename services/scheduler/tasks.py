@@ -14,9 +14,10 @@ the resend interval:
    the rounds the aggregators applied (``HOPS_AGG_APPLIED``, likewise
    from its own stream sequence): a job with a command takes its applied
    rounds from there (:func:`scheduling.live.taskrun.aggregated`);
-2. builds the task snapshot from the job records, the alive nodes and the
-   estimators' answers (asked for the jobs without one; a job with none
-   gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
+2. builds the task snapshot from the job records, the alive nodes (as the
+   leader's watch of ``hops_nodes`` keeps them: no read per pass) and the
+   estimators' answers (asked for the jobs without one, :mod:`.taskasks`; a
+   job with none gets profiling runs, :mod:`scheduling.live.taskprofile`); queues a job it
    can sequence and notes why the others wait (``not_relaxed``,
    ``no_estimate``);
 3. publishes ``job_finished`` for a job whose last round is applied;
@@ -25,14 +26,21 @@ the resend interval:
    ``job_started`` for each job sequenced for the first time (its
    placement: the GPUs its entries are on), and sends each server its
    ``task_sequence`` under the lease term; every ``HOPS_TASK_RESEND_S``
-   seconds it sends the current revision again.
+   seconds it sends the current revision again;
+5. then writes each job record's progress to its rounds applied (a new
+   leader writes them again: the state holds the rounds).
 
-The state is written before a revision is sent, and after the reports of a
-pass are counted, each time with the last sequence counted of each stream:
-a new leader loads it, replays both streams from there (up to the last
-message stored when its term began, before its first pass), and sends its first
-revision under its own term, so a report is counted once and a started
-entry keeps its place.
+Where a pass's wall time goes is logged (:mod:`.passtimes`): a round's
+turnaround, from its last report to the next revision, is a pass.
+
+The state is written before a revision is sent, and, with the resend, after
+reports were counted since (not at each report: a pass that counts the
+first reports of a round would delay the one that counts its last), each
+time with the last sequence counted of each stream: a new leader loads it,
+replays both streams from there (up to the last message stored when its
+term began, before its first pass; a report counted again counts once),
+and sends its first revision under its own term, so a report is counted
+once and a started entry keeps its place.
 """
 
 from __future__ import annotations
@@ -47,31 +55,27 @@ import nats.errors
 from nats.aio.msg import Msg
 from structlog.typing import FilteringBoundLogger
 
-from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.lease import Lease
-from scheduling.live.taskprofile import profiling_tasks
-from scheduling.live.tasks import LiveTaskSettings, TaskSnapshot, replan, sequence_messages
+from scheduling.live.tasks import TaskSnapshot, planned_tasks, replan, sequence_messages
 from scheduling.registry import make_task_policy, spec_text
 from services.runtime.bus import publish_event
 from services.runtime.follow import follow_stream
-from services.runtime.objects import ObjectError, put_object, read_retried
+from services.runtime.objects import ObjectError, ObjectWriter, read_retried
 from services.runtime.service import ServiceContext
-from services.scheduler.estimates import fetch_estimates
 from services.scheduler.jobbook import JobBook
-from services.scheduler.kv import decode_all
+from services.scheduler.passtimes import PassTimes
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.taskasks import TaskAsks
 from shared import events as ev
 from shared import subjects
-from shared.estimate import JobEstimate
 from shared.gradients import decode_applied
 from shared.ids import JobId
 from shared.records import NodeRecord
-from shared.snapshot import Plan
 from shared.wire import INTERNAL, INVALID, TASK_REFUSED
 
-ESTIMATE_CHUNK = 32  # jobs per estimate request, as the plan loop asks
+INLINE_TASKS = 128  # a replan of at most this many tasks runs on the event loop (~15 ms)
 CATCH_UP_S = 10.0  # the most a new leader waits for the stored reports before its first pass
 
 
@@ -79,18 +83,20 @@ class TaskLoop:
     """One leader term's task loop; see the module docstring."""
 
     def __init__(self, ctx: ServiceContext, settings: SchedulerSettings, lease: Lease,
-                 book: JobBook, log: FilteringBoundLogger, wake: asyncio.Event) -> None:
+                 book: JobBook, log: FilteringBoundLogger, wake: asyncio.Event,
+                 nodes: dict[str, NodeRecord]) -> None:
         assert settings.task_policy is not None
         self.ctx, self.settings, self.lease, self.book = ctx, settings, lease, book
+        self.nodes = nodes  # hops_nodes as the leader's watch keeps it (never read per pass)
+        self.writer = ObjectWriter(ctx.js, subjects.OBJ_STATE, tr.TASK_STATE)
+        self.unwritten: set[JobId] = set()  # jobs whose record's progress is behind
         self.log, self.wake = log.bind(task_policy=spec_text(settings.task_policy)), wake
         self.policy = make_task_policy(settings.task_policy)
-        self.live = LiveTaskSettings(horizon_rounds=settings.task_horizon)
+        self.live = settings.live_tasks()
         self.progress = tr.Progress(tr.TaskState())
         self.inbox: list[Msg] = []  # reports not yet counted, in stream order
         self.agg_inbox: list[Msg] = []  # rounds applied by the aggregators, not yet counted
-        self.estimates: dict[JobId, JobEstimate] = {}
-        self.estimated_at = 0.0
-        self.estimate_asked: set[JobId] = set()  # asked of the estimators (taskprofile)
+        self.asks = TaskAsks(ctx, settings, lease, book, log, wake)  # estimates, profiles
         self.new_term = True  # a new leader sends its first revision under its term
         self.applied = False  # a round was applied since the last replan
         self.dirty = False  # the state changed since it was written
@@ -98,8 +104,7 @@ class TaskLoop:
         self.replay_to = 0  # the stream's last sequence when the term began
         self.agg_replay_to = 0  # HOPS_AGG_APPLIED's
         self.failed: tuple[frozenset[str], frozenset[str]] | None = None  # the last failed replan
-        self.profiled_at: dict[JobId, float] = {}  # when each job's profiling runs were asked
-        self.plans = 0  # the profiling plans this term published
+        self.times = PassTimes()  # where a pass's wall time goes (logged)
 
     async def load(self) -> None:
         """The state the last leader left, if any (unreadable: none)."""
@@ -111,6 +116,7 @@ class TaskLoop:
             await self.ctx.reporter.report("scheduler.tasks", f"task state: {e}", INTERNAL)
             state = tr.TaskState()
         self.progress = tr.Progress(state)
+        self.unwritten = set(state.applied)  # the last leader may not have written them
         info = await self.ctx.js.stream_info(subjects.STREAM_TASK_DONE.name)
         self.replay_to = info.state.last_seq  # counted before the first revision of the term
         info = await self.ctx.js.stream_info(subjects.STREAM_AGG_APPLIED.name)
@@ -174,24 +180,38 @@ class TaskLoop:
         self.wake.set()
 
     async def _pass(self, now: float) -> None:
+        times = self.times
+        times.begin()
         await self._count()
-        nodes = await decode_all(self.ctx.js, subjects.KV_NODES, NodeRecord, self.log)
-        await self._estimate(nodes, now)
-        await self._profile(nodes, now)
+        times.lap("count")
+        nodes = list(self.nodes.values())
+        await self.asks.estimate(nodes, now)
+        await self.asks.profile(nodes, now)
+        times.lap("estimate")
         records = self.book.current()
-        snapshot, waits = tr.task_snapshot(now, records, self.estimates, nodes, self.progress,
+        snapshot, waits = tr.task_snapshot(now, records, self.asks.estimates, nodes, self.progress,
                                            self.settings.task_time_scale)
         await self._note_waits(snapshot, waits, now)
         await self._finish(now)
         self.progress.forget_jobs(r.job_id for r in tr.candidates(self.book.current()))
         reasons = tr.replan_reasons(self.progress.seqs, snapshot, self.applied, self.new_term)
+        times.lap("snapshot")
+        revision = self.progress.seqs.revision if self.progress.seqs else 0
         if reasons and self.lease.is_leader(time.time()) and self._fresh(snapshot):
             await self._replan(snapshot, reasons, now)
-        elif self.dirty:
-            await self._save()
+        elif self.dirty and time.time() - self.sent_at >= self.settings.task_resend_s:
+            await self._save()  # reports counted: with the resend, not on a round's path
+            times.lap("save")
         await self._start(now)
         if time.time() - self.sent_at >= self.settings.task_resend_s:
             await self._send(now)
+        times.lap("send")
+        await self._write_progress()  # after the revision: no report waits for it
+        times.lap("progress")
+        await self.writer.tidy()
+        times.lap("tidy")
+        times.end(self.progress.seqs is not None and self.progress.seqs.revision != revision,
+                  self.log)
 
     # --- reports --------------------------------------------------------------------
 
@@ -252,51 +272,20 @@ class TaskLoop:
     async def _round_applied(self, job: JobId) -> None:
         self.applied = True
         self.log.info("round applied", job_id=job, applied=self.progress.applied[job])
-        await self._progress(job)
+        self.unwritten.add(job)
 
-    async def _progress(self, job: JobId) -> None:
-        rec = self.book.current().get(job)
-        if rec is not None:
-            samples = tr.samples_applied(rec, self.progress.applied.get(job, 0))
-            await self.book.update(job, functools.partial(st.with_progress, progress=samples))
+    async def _write_progress(self) -> None:
+        """Each record's progress to its rounds applied: informative (the
+        task state is what a new leader resumes from), so written after the
+        pass's revision is sent, and again by a new leader."""
+        for job in sorted(self.unwritten):
+            rec = self.book.current().get(job)
+            if rec is not None:
+                samples = tr.samples_applied(rec, self.progress.applied.get(job, 0))
+                await self.book.update(job, functools.partial(st.with_progress, progress=samples))
+            self.unwritten.discard(job)
 
     # --- jobs --------------------------------------------------------------------------
-
-    async def _estimate(self, nodes: list[NodeRecord], now: float) -> None:
-        """Ask the estimators for the jobs without an estimate: at once for a
-        job never asked about, else at most once per resend interval."""
-        records = self.book.current()
-        missing = {r.job_id: r for r in tr.candidates(records) if r.spec.sync_scale > 0
-                   and r.job_id not in self.estimates}
-        fresh = missing.keys() - self.estimate_asked
-        if not missing or (not fresh and now - self.estimated_at < self.settings.task_resend_s):
-            return
-        self.estimated_at = now
-        requests = snap.estimate_requests(missing, snap.cluster_of(nodes), ESTIMATE_CHUNK)
-        got = await fetch_estimates(self.ctx.nc, requests, {}, self.settings.estimate_timeout_s,
-                                    self.log)
-        self.estimates.update(got)
-        self.estimate_asked |= missing.keys()
-        if got:
-            self.wake.set()  # a job may be sequenced now
-
-    async def _profile(self, nodes: list[NodeRecord], now: float) -> None:
-        """Ask for the profiling runs of the jobs with no estimate, in a plan
-        of profiling tasks alone (:mod:`scheduling.live.taskprofile`)."""
-        tasks = profiling_tasks(tr.candidates(self.book.current()), self.estimates, nodes,
-                                self.profiled_at, now, self.estimate_asked)
-        if not tasks or not self.lease.is_leader(time.time()):
-            return
-        self.plans += 1
-        issued = ev.PlanIssued(round=self.plans, term=self.lease.term,
-                               plan=Plan(profiling=tasks), at=now, first_plan=False)
-        await publish_event(self.ctx.js, subjects.PLANS, issued,
-                            msg_id=f"tasks-profile:{self.lease.term}:{self.plans}:{now:.6f}")
-        for job in sorted({t.job_id for t in tasks}):
-            self.profiled_at[job] = now
-            await self.book.update(job, st.mark_profiling)
-        self.log.info("profiling runs asked", profiling=[f"{t.job_id}:{t.gpu_type}@{t.server}"
-                                                         for t in tasks])
 
     async def _note_waits(self, snapshot: TaskSnapshot, waits: dict[JobId, str],
                           now: float) -> None:
@@ -326,7 +315,10 @@ class TaskLoop:
     async def _replan(self, snapshot: TaskSnapshot, reasons: list[str], now: float) -> None:
         previous = self.progress.seqs
         try:
-            seqs = await asyncio.to_thread(replan, snapshot, self.policy, previous, self.live)
+            if planned_tasks(snapshot, self.live.horizon_rounds) <= INLINE_TASKS:
+                seqs = replan(snapshot, self.policy, previous, self.live)  # no thread's hop
+            else:  # a large plan off the event loop
+                seqs = await asyncio.to_thread(replan, snapshot, self.policy, previous, self.live)
         except Exception as e:  # a policy's failure skips this revision, not the service
             self.failed = _problem_key(snapshot)  # tried again once the jobs or GPUs change
             self.log.warning("task replan failed", reasons=reasons, error=repr(e))
@@ -336,7 +328,9 @@ class TaskLoop:
         self.failed = None
         self.progress.seqs = seqs
         self.new_term = self.applied = False
+        self.times.lap("plan")
         await self._save()  # the state first: a new leader resumes from what was sent or later
+        self.times.lap("save")
         self.log.info("task sequences issued", revision=seqs.revision, reasons=reasons,
                       jobs=sorted(tr.sequenced_jobs(seqs)))
         await self._start(now)
@@ -370,7 +364,7 @@ class TaskLoop:
         if not self.lease.is_leader(time.time()):  # a deposed leader must not overwrite it
             return
         state = self.progress.state(self.lease.term)
-        await put_object(self.ctx.js, subjects.OBJ_STATE, tr.TASK_STATE, tr.encode_state(state))
+        await self.writer.put(tr.encode_state(state))
         self.dirty = False
 
 
