@@ -24,10 +24,13 @@ For an entry (job, round r, micro-batches ``lo .. hi - 1``):
    (:func:`executor.gradients.send_gradients`); the shell publishes the
    ``task_done`` only after that.
 
-A revision naming a job that cannot run as tasks is refused
-``not_task_ready``. A script that raises fails the entry ``task_failed``,
-and the job (``fails_job``: so does a script its trainer cannot load,
-``not_task_ready``, and one that killed every trainer it ran on); the
+A job of a revision that cannot run as tasks (its spec has no
+``python <script.py>`` command, :mod:`hops.trainer.spec`) fails at its
+first entry here, ``not_task_ready``: the revision is taken for the other
+jobs, which a refusal of the whole revision would stall. A script that
+raises fails the entry ``task_failed``, and the job (``fails_job``: so
+does a script its trainer cannot load, ``not_task_ready``, and one that
+killed every trainer it ran on); the
 job's models then leave the GPUs' trainers (:meth:`RealWork.drop`, done
 by each GPU's runner between two entries: a pool is used by one thread).
 """
@@ -73,13 +76,14 @@ class RealWork:
         self.pools: dict[int, TrainerPool] = {}
         self.params: dict[JobId, tuple[int, Params]] = {}
         self.dropped: dict[int, set[JobId]] = {}  # per GPU: jobs its pool is to forget
+        self.unready: dict[JobId, str] = {}  # jobs that cannot run as tasks: why
 
     def take(self, specs: tuple[JobSpec, ...]) -> Refused | None:
         for spec in specs:
             try:
                 task_config(spec)
             except NotTaskReady as e:
-                return Refused(NOT_TASK_READY, str(e))
+                self.unready[spec.id] = str(e)  # fails the job at its first entry
         self.specs.update({s.id: s for s in specs})
         named = {s.id for s in specs}  # a job's parameters are kept while revisions name it
         self.params = {j: p for j, p in self.params.items() if j in named}
@@ -88,6 +92,8 @@ class RealWork:
     async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
                       last_job: JobId | None, upcoming: tuple[JobId, ...],
                       running: Running) -> Computed | None:
+        if (why := self.unready.get(entry.job_id)) is not None:
+            raise TaskFailed(NOT_TASK_READY, why, fails_job=True)
         params = await self._params(entry, running)
         if params is None:  # abandoned while it waited
             return None

@@ -246,13 +246,23 @@ async def test_a_killed_executor_resumes_from_the_leaders_resend(leader: Leader)
     assert leader.codes() == []
 
 
-async def test_the_real_backend_refuses_jobs_that_cannot_run_as_tasks(leader: Leader) -> None:
+async def test_the_real_backend_fails_a_job_that_cannot_run_as_tasks(leader: Leader) -> None:
     """A catalog job has no ``python <script.py>`` command for a resident
-    trainer to load: refused with a stable code, recorded once whatever the
-    resends, and nothing runs."""
+    trainer to load: the revision is taken (its other jobs would run), and
+    that job fails with a stable code, once whatever the resends; nothing
+    runs."""
+    failed: list[ev.JobEvent] = []
+
+    async def on_report(msg: Msg) -> None:
+        failed.append(ev.decode_job_event(msg.data))
+
+    await leader.admin.subscribe(subjects.reports(S, J1), cb=on_report)
     await leader.executor(backend="real")
     leader.current = revision(2, 1, {0: planned(time.time(), (J1, 0, 0, 1))})
-    await until(lambda: NOT_TASK_READY in leader.codes(), "the refusal recorded")
+    await until(lambda: bool(failed), "the job failed")
     await asyncio.sleep(4 * RESEND_S)
-    assert leader.codes() == [NOT_TASK_READY]
+    assert [e.code for e in leader.errors] == [NOT_TASK_READY]  # recorded once
+    assert leader.codes() == []  # the revision itself was not refused
+    assert len(failed) == 1 and isinstance(failed[0], ev.JobFailed)
+    assert failed[0].reason.startswith(f"{NOT_TASK_READY}: "), failed[0].reason
     assert leader.reports == []

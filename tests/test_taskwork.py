@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
+from executor.realwork import RealWork
 from executor.taskrun import TaskRunner, task_work
 from executor.tasks import TASKS_NOT_SUPPORTED, Refused
 from executor.taskwork import NO_PARAMS, Computed, Running, TaskFailed
@@ -219,3 +221,22 @@ def test_the_real_hare_example_runs_as_tasks() -> None:
     for job in jobs:
         task = load_task(root / task_script(job), task_config(job))
         assert sum(p.numel() for p in task.model.parameters()) == job.params
+
+
+def test_a_job_that_cannot_run_as_tasks_fails_alone_and_the_revision_is_taken() -> None:
+    # One job of a revision has no `python <script.py>` command: the real
+    # work takes the revision for the others and fails that job (its first
+    # entry raises a job fault), before asking the aggregator for anything.
+    def no_pool(gpu: int) -> Any:
+        raise AssertionError("no trainer is needed to refuse a job")
+
+    work = RealWork(None, None, SID, no_pool, 1.0)  # type: ignore[arg-type]
+    shell = JobSpec(JobId("shell"), "m", 4, 10, 1000, requirements=(1,), sync_scale=3,
+                    command=("bash", "-c", "train"))
+    assert work.take((shell, spec(GOOD))) is None
+    assert set(work.specs) == {JobId("shell"), GOOD}
+    entry = TaskEntry(JobId("shell"), 0, 0, 3, 0.0, 1.0)
+    with pytest.raises(TaskFailed) as failed:
+        asyncio.run(work.compute(0, entry, (1, 1), None, (), lambda: True))
+    assert (failed.value.code, failed.value.fails_job) == (NOT_TASK_READY, True)
+    assert "bash" in failed.value.words
