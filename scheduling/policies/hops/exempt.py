@@ -16,10 +16,10 @@ then runs before it can be moved again (the rule was fixed before any run).
 ``HopsSettings.finish_exempt`` (issue 38, off by default) also keeps a
 running job whose estimated remaining time at its current configuration is
 below what a preemption would cost it: its restart cost plus a round
-(:data:`~scheduling.rounds.ROUND_S`), the least it would wait again before
-the next first plan could give it GPUs. Preempting such a job delays it by
-more than its GPUs are worth to a waiting job, which gets them at its end,
-within the round, from a fill plan.
+(:data:`~scheduling.rounds.ROUND_S`), its wait until the next first plan
+unless a fill plan finds it GPUs sooner. Preempting such a job delays it by
+more than each waiting job that takes its GPUs gains: that job gets them
+at its end, within the round, from a fill plan.
 """
 
 from __future__ import annotations
