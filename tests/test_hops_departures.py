@@ -1,7 +1,7 @@
 """Issue 38's departures from the paper's planner (Eq. 11 and the fill
 plans of §3.6), each a ``HopsSettings`` knob that is off by default:
 ``gain_per_gpu``, ``move_min_gain``, ``keep_in_place_partial``,
-``reserve_head``. Each test shows the plan the paper's objective
+``reserve_head``, ``finish_exempt``. Each test shows the plan the paper's objective
 gives and the one the setting gives instead."""
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ from collections import Counter
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduling.policies.hops.classes import pin_kept
+from scheduling.policies.hops.exempt import finishing
 from scheduling.policies.hops.formulation import class_space, decode
 from scheduling.policies.hops.passes import PassJob, SolverSettings, solve_pass
 from scheduling.policies.hops.policy import HopsPolicy, HopsSettings
@@ -121,6 +124,59 @@ def test_pin_kept_gives_way_when_the_others_no_longer_fit() -> None:
     assert pin_kept(space.classes[0], demands, wanted) is None
 
 
+# --- finish_exempt ----------------------------------------------------------------
+
+
+def near_its_end(left: float, restart_s: float = 0.0, first_plan: bool = True) -> Snapshot:
+    """One 4-GPU server. "run" holds it at 361 samples/s (4 x 100 x 0.95^2)
+    with ``left`` samples to go, long past its recent-restart exemption;
+    "wait" needs the whole server and has waited 5,000 s."""
+    c = cluster([("A", 1, 4)])
+    run = msgspec.structs.replace(state("run", [4], samples=1_000_000), phase="running",
+                                  done_samples=1_000_000 - left, restart_s=restart_s,
+                                  current=Configuration.of({"A-0": 4}), throughput_since=10.0)
+    jobs = (run, state("wait", [4], wait_s=5000.0))
+    held = {} if first_plan else {ServerId("A-0"): 4}
+    return Snapshot(now=10_000.0, cluster=c, jobs=jobs, first_plan=first_plan, held=held,
+                    estimates={j.id: flat_estimate(j.id, {"A": 100.0}) for j in jobs})
+
+
+@pytest.mark.parametrize(("left", "restart_s", "kept"), [
+    (36_100.0, 0.0, True),    # 100 s left, a preemption costs 30 + 300 s: it ends first
+    (118_000.0, 0.0, True),   # 327 s left < 330 s
+    (120_000.0, 0.0, False),  # 332 s left: the waiting job takes the server
+    (120_000.0, 60.0, True),  # a 60 s restart: 360 s, so 332 s left is kept
+    (361_000.0, 0.0, False),  # 1,000 s left
+])
+def test_finish_exempt_keeps_a_job_that_ends_before_a_preemption_would_pay(
+    left: float, restart_s: float, kept: bool
+) -> None:
+    snap = near_its_end(left, restart_s)
+    paper = HopsPolicy().plan(snap)
+    assert paper.config_of(JobId("wait")) == Configuration.of({"A-0": 4})  # preempted
+    plan = HopsPolicy(HopsSettings(finish_exempt=True)).plan(snap)
+    winner = JobId("run") if kept else JobId("wait")
+    assert [a.job_id for a in plan.assignments] == [winner]
+    assert finishing(snap, snap.jobs[0]) == kept
+
+
+@given(left=st.floats(1.0, 1_000_000.0), restart_s=st.floats(0.0, 300.0),
+       first_plan=st.booleans())
+def test_finish_exempt_changes_only_plans_with_a_job_near_its_end(
+    left: float, restart_s: float, first_plan: bool
+) -> None:
+    # A job whose remaining time is under its restart cost (30 s when not
+    # known) plus a round keeps its GPUs at a first plan; any other plan is
+    # the one without the setting (its solve times apart).
+    snap = near_its_end(left, restart_s, first_plan)
+    plan = HopsPolicy(HopsSettings(finish_exempt=True)).plan(snap)
+    ends_first = left / 361.0 < (restart_s or 30.0) + 300.0
+    if first_plan and ends_first:
+        assert plan.config_of(JobId("run")) == Configuration.of({"A-0": 4})
+    else:
+        assert plan.assignments == HopsPolicy().plan(snap).assignments
+
+
 # --- the specs --------------------------------------------------------------------
 
 
@@ -134,6 +190,8 @@ def test_the_settings_are_policy_specs_and_off_by_default() -> None:
     assert (default.gain_per_gpu, default.move_min_gain, default.keep_in_place_partial,
             default.reserve_head) == (False, 0.0, False, False)
     assert parse_policy("hops:reserve_head=true").reserve_head  # type: ignore[union-attr]
+    assert parse_policy("hops:finish_exempt=true").finish_exempt  # type: ignore[union-attr]
+    assert not default.finish_exempt
     with pytest.raises(ValueError, match="move_min_gain"):
         HopsSettings(move_min_gain=1.0)
 

@@ -137,10 +137,14 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #   does not fit reserves the GPU type that frees enough GPUs soonest,
     #   and other jobs may start there only if estimated to end by then
     #   (scheduling.policies.hops.reserve).
+    # - finish_exempt: a running job estimated to end sooner than a
+    #   preemption would cost it (its restart and a round's re-wait) keeps
+    #   its configuration at a first plan (scheduling.policies.hops.exempt).
     gain_per_gpu: bool = False
     move_min_gain: float = 0.0
     keep_in_place_partial: bool = False
     reserve_head: bool = False
+    finish_exempt: bool = False
 
     def __post_init__(self) -> None:
         if self.reconfig_horizon not in HORIZONS:
@@ -190,7 +194,7 @@ class HopsPolicy(LayeredPolicy):
 
     def plan_inner(self, snapshot: Snapshot) -> Plan:
         everyone = {j.id: j for j in snapshot.jobs}
-        staying = exempt(snapshot, self.settings.preempt_exempt)
+        staying = exempt(snapshot, self.settings.preempt_exempt, self.settings.finish_exempt)
         stays = kept(snapshot, staying)
         snapshot = without_exempt(snapshot, staying)
         free = snapshot.free_gpus()
