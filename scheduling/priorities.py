@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import msgspec
 
+from scheduling.rounds import ROUND_S
 from shared.cluster import Cluster
 from shared.estimate import JobEstimate, age
 from shared.ids import JobId
@@ -133,6 +134,20 @@ def guarded_srtf(job: JobState, facts: JobFacts) -> float:
     return -facts.remaining_s
 
 
+def guarded_delay(job: JobState, facts: JobFacts) -> float:
+    """:func:`guarded_srtf` on one scale (this project's option): below the
+    guard, the share of its remaining JCT that one more round of waiting
+    costs a job, ``round / (round + remaining)``, which orders as SRTF does
+    and lies in (0, 1]; a guarded job keeps its latency ratio (>= 1). The
+    ILP weighs jobs by these priorities (Eq. 11): with SRTF's ``-remaining``
+    a guarded job weighed about as much as any short one, so a wide job
+    past its guard still lost its GPUs to several narrow ones."""
+    lr = latency_ratio(job, facts)
+    if lr >= LR_GUARD:
+        return lr
+    return ROUND_S / (ROUND_S + max(0.0, facts.remaining_s))
+
+
 PRIORITIES: Mapping[str, PriorityFn] = {
     "lr": latency_ratio,
     "ftf": finish_time_fairness,
@@ -141,6 +156,7 @@ PRIORITIES: Mapping[str, PriorityFn] = {
     "srtf": shortest_remaining_first,
     "fifo": first_in_first_out,
     "guarded-srtf": guarded_srtf,
+    "guarded-delay": guarded_delay,
 }
 
 

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from scheduling.priorities import (
     LR_GUARD,
     JobFacts,
+    guarded_delay,
     guarded_srtf,
     shortest_remaining_first,
+    weights,
 )
 from shared.ids import JobId
 from shared.job import JobSpec
@@ -49,3 +51,30 @@ def test_the_guard_bounds_the_starvation_that_srtf_allows() -> None:
                         priority)
         worst[priority] = max(j.lr for j in result.jobs)
     assert worst["guarded-srtf"] < worst["srtf"] / 2
+
+
+@given(st.floats(1.0, 1e6), st.floats(0.0, 1e6), st.floats(0.0, 1e6), st.floats(0.0, 1e6))
+def test_guarded_delay_orders_as_guarded_srtf_on_one_scale(
+        age: float, remaining: float, other: float, wait: float) -> None:
+    f = facts(age, min(remaining, age))
+    p = guarded_delay(job(wait), f)
+    if wait / age < LR_GUARD:  # below the guard: in (0, 1], shorter first, as SRTF
+        assert 0.0 < p <= 1.0
+        shorter = facts(age, min(remaining, age) / 2)
+        assert guarded_delay(job(wait), shorter) >= p
+    else:
+        assert p == guarded_srtf(job(wait), f) >= LR_GUARD
+        assert p >= guarded_delay(job(0.0), facts(age, min(other, age)))
+
+
+def test_a_guarded_job_outweighs_short_ones_in_the_ilp_only_on_one_scale() -> None:
+    # Eq. (11)'s weights from the priorities: a job past its guard (latency
+    # ratio 3) against a 5-minute and a 10-hour job below it. With SRTF's
+    # -remaining the bias makes the guarded job weigh about as much as the
+    # short one, so twelve short 1-GPU jobs outweigh one wide guarded job.
+    guarded = job(3000.0), facts(1000.0, 1000.0)
+    short, long = (job(0.0), facts(1e5, 300.0)), (job(0.0), facts(1e5, 36000.0))
+    for fn, at_least in ((guarded_srtf, 1.0), (guarded_delay, 6.0)):
+        w = weights({"g": fn(*guarded), "s": fn(*short), "l": fn(*long)}, 1.0)
+        assert w["g"] >= w["s"] >= w["l"]
+        assert (w["g"] / w["s"] >= at_least) and (fn is guarded_delay or w["g"] / w["s"] < 1.01)
