@@ -3,7 +3,8 @@ step 4b), from its log's ``task done`` lines: for each pair of consecutive
 entries on a GPU, the second's compute start less the first's compute end
 (``started_at``, ``ended_at``: the trainers' clocks on the wall clock),
 split by whether the two are of different jobs (a switch, counted while
-both jobs run) or of the same job; the share is of the task the gap
+both jobs run) or of the same job, each also for the pairs whose second
+entry was staged (``staged`` in its line); the share is of the task the gap
 starts. Task: an entry's compute span.
 
 The gap holds whatever the GPU waited for: the round's parameters, its
@@ -28,12 +29,14 @@ class Done(NamedTuple):
     gpu: tuple[str, int]  # (server, GPU index)
     started: float
     ended: float
+    staged: bool  # sent to its trainer while the entry before it computed
 
 
 class Gap(NamedTuple):
     switch: bool  # the two entries are of different jobs
     seconds: float
     task_s: float  # the compute span of the entry it starts
+    staged: bool  # that entry was staged
 
 
 def dones(lines: Iterable[str]) -> list[Done]:
@@ -46,7 +49,7 @@ def dones(lines: Iterable[str]) -> list[Done]:
             continue
         if isinstance(x, dict) and x.get("event") == "task done" and "started_at" in x:
             out.append(Done(x["job_id"], (x["server_id"], x["gpu_index"]),
-                            x["started_at"], x["ended_at"]))
+                            x["started_at"], x["ended_at"], bool(x.get("staged"))))
     return out
 
 
@@ -59,7 +62,7 @@ def gaps(records: list[Done]) -> list[Gap]:
     out = []
     for gpu in sorted({r.gpu for r in records}):
         runs = sorted((r for r in records if r.gpu == gpu), key=lambda r: r.started)
-        out += [Gap(a.job != b.job, b.started - a.ended, b.ended - b.started)
+        out += [Gap(a.job != b.job, b.started - a.ended, b.ended - b.started, b.staged)
                 for a, b in itertools.pairwise(runs)
                 if a.job == b.job or (first[b.job] < a.ended and last[a.job] > b.started)]
     return out
@@ -80,9 +83,12 @@ def main() -> None:
     task_ms = 1e3 * statistics.median(r.ended - r.started for r in records)
     print(f"{len(records)} entries, median task {task_ms:.1f} ms")
     print(f"{'pairs':9} {'n':>4} {'p50 ms':>8} {'p95 ms':>8} {'p50 %':>8} {'p95 %':>8}")
-    for name, switch in (("switch", True), ("same job", False)):
-        ms = [1e3 * g.seconds for g in found if g.switch == switch]
-        share = [100 * g.seconds / g.task_s for g in found if g.switch == switch and g.task_s > 0]
+    rows = (("switch", lambda g: g.switch), ("staged", lambda g: g.switch and g.staged),
+            ("same job", lambda g: not g.switch), ("staged", lambda g: not g.switch and g.staged))
+    for name, kept in rows:
+        some = [g for g in found if kept(g) and g.task_s > 0]
+        ms = [1e3 * g.seconds for g in some]
+        share = [100 * g.seconds / g.task_s for g in some]
         if ms:
             print(f"{name:9} {len(ms):>4} {pct(ms, 0.5):8.1f} {pct(ms, 0.95):8.1f} "
                   f"{pct(share, 0.5):7.1f}% {pct(share, 0.95):7.1f}%")

@@ -131,6 +131,7 @@ class RealWork:
             raise TaskFailed(NOT_TASK_READY, why, fails_job=True)
         fetch = self._prefetch(ahead)
         pending = await self._take_staged(gpu, entry)
+        staged = pending is not None
         if pending is None:
             params = await self._params(entry, running)
             if params is None:  # abandoned while it waited
@@ -150,7 +151,7 @@ class RealWork:
             return None
         wall = self.clock() - time.monotonic()  # a monotonic reading on the wall clock
         return Computed(gpu, result.compute_start + wall, result.compute_end + wall,
-                        gradients=result.gradients)
+                        gradients=result.gradients, staged=staged)
 
     def staged(self, gpu: int) -> TaskKey | None:
         """The entry GPU ``gpu``'s trainers have ahead of the shell (module doc)."""

@@ -283,7 +283,7 @@ class TaskRunner:
         if await publish_retrying(self.ctx.js, subject, report, msg_id, log):
             log.info("task done", round=entry.round, lo=entry.lo, hi=entry.hi, gpu_index=index,
                      started_at=done.started, ended_at=done.ended, term=held[0],
-                     revision=held[1])
+                     revision=held[1], staged=done.staged)
 
 
 def task_work(ctx: ServiceContext, server: Server, backend: Backend,

@@ -59,13 +59,15 @@ class Computed:
     """An entry computed on GPU ``gpu`` over ``[started, ended)`` (wall
     clock); ``synced``: when its gradients are sent, when the work knows it
     in advance (emulated), else None (set once :meth:`TaskWork.deliver`
-    returns); ``gradients``: one dict per micro-batch (real work)."""
+    returns); ``gradients``: one dict per micro-batch (real work);
+    ``staged``: it was sent to its trainer while the entry before it computed."""
 
     gpu: int
     started: float
     ended: float
     synced: float | None = None
     gradients: tuple[dict[str, torch.Tensor], ...] = field(default=(), repr=False)
+    staged: bool = False
 
 
 class TaskWork(Protocol):

@@ -63,7 +63,10 @@ class Bus:
 
 
 def work_on(pool: Pool) -> RealWork:
-    work = RealWork(Bus(), None, SID, lambda gpu: pool, 1.0)  # type: ignore[arg-type]
+    def make(gpu: int) -> Any:
+        return pool
+
+    work = RealWork(Bus(), None, SID, make, 1.0)  # type: ignore[arg-type]
     assert work.take((spec(GOOD), spec(LATE))) is None
     work.params = {GOOD: (0, {}), LATE: (0, {})}  # round 0's, at hand
     return work
@@ -83,7 +86,7 @@ def test_the_next_entry_is_staged_before_the_running_one_ends_and_sent_once() ->
         assert work.staged(0) == ("late", 0, 0)
         done = await compute(work, B, None)
         assert pool.log[3:] == ["finish late 0 0"]  # not sent again
-        assert done.gradients[0]["g"].item() == 4  # its own result
+        assert done.gradients[0]["g"].item() == 4 and done.staged  # its own result
         assert work.staged(0) is None and work.abandoned == 0
 
     asyncio.run(go())
@@ -99,7 +102,7 @@ def test_a_staged_entry_the_shell_does_not_run_next_is_abandoned_first() -> None
         del pool.log[:]
         done = await compute(work, C, None)  # a revision dropped B
         assert pool.log == ["finish late 0 0", "stage good 1 0", "finish good 1 0"]
-        assert done.gradients[0]["g"].item() == 3  # C's, not B's
+        assert done.gradients[0]["g"].item() == 3 and not done.staged  # C's, not B's
         assert work.abandoned == 1 and work.staged(0) is None
 
     asyncio.run(go())
