@@ -10,7 +10,7 @@ starts. Task: an entry's compute span.
 The gap holds whatever the GPU waited for: the round's parameters, its
 barrier, the planned start, the pool and the trainer's hand-off.
 
-    PYTHONPATH=. .venv/bin/python bench/live_task_gaps.py <data>/logs/cluster.log
+    PYTHONPATH=. .venv/bin/python bench/live_task_gaps.py <data>/logs/cluster.log [...]
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+", type=Path)
     args = ap.parse_args()
-    records = [d for path in args.logs for d in dones(path.read_text(errors="replace")
-                                                      .splitlines())]
-    found = gaps(records)
+    runs = [dones(path.read_text(errors="replace").splitlines()) for path in args.logs]
+    records = [d for run in runs for d in run]
+    found = [g for run in runs for g in gaps(run)]  # a run's job ids may recur in another
     task_ms = 1e3 * statistics.median(r.ended - r.started for r in records)
     print(f"{len(records)} entries, median task {task_ms:.1f} ms")
     print(f"{'pairs':9} {'n':>4} {'p50 ms':>8} {'p95 ms':>8} {'p50 %':>8} {'p95 %':>8}")
