@@ -33,6 +33,20 @@ does a script its trainer cannot load, ``not_task_ready``, and one that
 killed every trainer it ran on); the
 job's models then leave the GPUs' trainers (:meth:`RealWork.drop`, done
 by each GPU's runner between two entries: a pool is used by one thread).
+
+**The GPU's next entry is staged while one computes** (Hare §4's fast
+switch; :meth:`executor.trainers.TrainerPool.stage`). The shell names it
+(``ahead``) when it is the GPU's next entry in the held revision and its
+barrier is met; it is staged right after the running entry when its
+round's parameters are at hand: kept here, or fetched by one request sent
+as the running entry's work begins (:meth:`RealWork._prefetch`, waited for
+at most ``AHEAD_WAIT_S`` once the running entry is on its trainer, so that
+it never delays it). The trainer then starts it as the running one's
+compute ends, with no round trip through the pool or the aggregator. When
+the GPU's next entry turns out to be another one (a revision dropped or
+moved the staged entry, or its job failed), the staged one is abandoned:
+its result is read and dropped (its turn passes; nothing is sent or
+reported), then the entry asked for runs.
 """
 
 from __future__ import annotations
@@ -40,29 +54,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import nats.errors
 import torch
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from executor.gradients import ParamsRefused, fetch_params, send_gradients
-from executor.tasks import Refused
+from executor.tasks import Refused, key_of
 from executor.taskwork import NO_PARAMS, Clock, Computed, Running, TaskFailed
-from executor.trainers import TrainerDied, TrainerPool, TrainerRefused
+from executor.trainers import Pending, TrainerDied, TrainerPool, TrainerRefused
 from hops.trainer.protocol import TASK_FAILED
 from hops.trainer.spec import NOT_TASK_READY, NotTaskReady, task_config, task_script
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
-from shared.sequence import TaskEntry
+from shared.sequence import TaskEntry, TaskKey
 
 POLL_S = 0.1  # between two asks for a round's parameters
+# How long the next entry's parameters, asked for as an entry's work began,
+# are waited for once that entry is on its trainer (it computes meanwhile).
+AHEAD_WAIT_S = 0.02
 # A trainer's refusals that are the job's fault: it fails. The others
 # (bad_span, stale_params, ...) are this executor's, and fail no job.
 JOB_FAULTS = frozenset({TASK_FAILED, NOT_TASK_READY})
 Params = dict[str, torch.Tensor]
 PoolMaker = Callable[[int], TrainerPool]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """An entry sent to a GPU's trainers ahead of its turn in the shell."""
+
+    entry: TaskEntry
+    pending: Pending
+
+
+def same_task(a: TaskEntry, b: TaskEntry) -> bool:
+    """Whether two entries are the same work (a revision may move their times)."""
+    return (a.job_id, a.round, a.lo, a.hi) == (b.job_id, b.round, b.lo, b.hi)
 
 
 class RealWork:
@@ -77,6 +109,9 @@ class RealWork:
         self.params: dict[JobId, tuple[int, Params]] = {}
         self.dropped: dict[int, set[JobId]] = {}  # per GPU: jobs its pool is to forget
         self.unready: dict[JobId, str] = {}  # jobs that cannot run as tasks: why
+        self.staged_on: dict[int, Staged] = {}  # per GPU: its next entry, sent ahead
+        self.abandoned = 0  # staged entries the shell did not run next: dropped
+        self._fetches: set[asyncio.Task[None]] = set()  # held until done (asyncio keeps none)
 
     def take(self, specs: tuple[JobSpec, ...]) -> Refused | None:
         for spec in specs:
@@ -91,42 +126,117 @@ class RealWork:
 
     async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
                       last_job: JobId | None, upcoming: tuple[JobId, ...],
-                      running: Running) -> Computed | None:
+                      running: Running, ahead: TaskEntry | None = None) -> Computed | None:
         if (why := self.unready.get(entry.job_id)) is not None:
             raise TaskFailed(NOT_TASK_READY, why, fails_job=True)
-        params = await self._params(entry, running)
-        if params is None:  # abandoned while it waited
+        fetch = self._prefetch(ahead)
+        pending = await self._take_staged(gpu, entry)
+        staged = pending is not None
+        if pending is None:
+            params = await self._params(entry, running)
+            if params is None:  # abandoned while it waited
+                return None
+            if isinstance(params, int):  # the round is applied: nothing to compute
+                now = self.clock()
+                return Computed(gpu, now, now)
+            with self._failing(entry):
+                pending = await asyncio.to_thread(self._stage, await self._pool(gpu), entry,
+                                                  params, upcoming)
+        pool = self.pools[gpu]
+        if ahead is not None:
+            await self._stage_ahead(gpu, pool, ahead, upcoming[1:], fetch)
+        with self._failing(entry):
+            result = await asyncio.to_thread(pool.finish, pending)
+        if not running():
             return None
-        if isinstance(params, int):  # the round is applied: nothing to compute
-            now = self.clock()
-            return Computed(gpu, now, now)
-        pool = await self._pool(gpu)
-        spec = self.specs[entry.job_id]
-        if entry.job_id not in pool.jobs:
-            script = task_script(spec)
-            pool.add_job(entry.job_id, str(script if script.is_absolute() else Path.cwd() / script),
-                         task_config(spec), spec.tenant)
+        wall = self.clock() - time.monotonic()  # a monotonic reading on the wall clock
+        return Computed(gpu, result.compute_start + wall, result.compute_end + wall,
+                        gradients=result.gradients, staged=staged)
+
+    def staged(self, gpu: int) -> TaskKey | None:
+        """The entry GPU ``gpu``'s trainers have ahead of the shell (module doc)."""
+        staged = self.staged_on.get(gpu)
+        return None if staged is None else key_of(staged.entry)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _failing(entry: TaskEntry) -> Iterator[None]:
+        """A trainer's refusal or loss as the entry's :class:`TaskFailed`."""
         try:
-            result = await asyncio.to_thread(pool.run, entry.job_id, entry.round, entry.lo,
-                                             entry.hi, spec.sync_scale, params, upcoming)
+            yield
         except TrainerRefused as e:  # the job's own script raised, or cannot be loaded
             raise TaskFailed(e.code, f"job {entry.job_id} round {entry.round}: {e.words}",
                              fails_job=e.code in JOB_FAULTS) from None
         except TrainerDied as e:  # it killed every trainer it was given
             raise TaskFailed(TASK_FAILED, f"job {entry.job_id} round {entry.round}: {e}",
                              fails_job=True) from None
-        if not running():
+
+    def _stage(self, pool: TrainerPool, entry: TaskEntry, params: Params,
+               upcoming: tuple[JobId, ...]) -> Pending:
+        """Send ``entry`` to ``pool`` (its job's model added first); blocking."""
+        spec = self.specs[entry.job_id]
+        if entry.job_id not in pool.jobs:
+            script = task_script(spec)
+            pool.add_job(entry.job_id, str(script if script.is_absolute() else Path.cwd() / script),
+                         task_config(spec), spec.tenant)
+        return pool.stage(entry.job_id, entry.round, entry.lo, entry.hi, spec.sync_scale,
+                          params, upcoming)
+
+    async def _take_staged(self, gpu: int, entry: TaskEntry) -> Pending | None:
+        """``entry``'s task when it was staged; a staged task of another entry
+        is abandoned first: its result read and dropped, its turn passed."""
+        staged = self.staged_on.pop(gpu, None)
+        if staged is None:
             return None
-        wall = self.clock() - time.monotonic()  # a monotonic reading on the wall clock
-        return Computed(gpu, result.compute_start + wall, result.compute_end + wall,
-                        gradients=result.gradients)
+        if same_task(staged.entry, entry):
+            return staged.pending
+        with contextlib.suppress(TrainerDied, TrainerRefused):
+            await asyncio.to_thread(self.pools[gpu].finish, staged.pending)
+        self.abandoned += 1
+        return None
+
+    def _prefetch(self, ahead: TaskEntry | None) -> asyncio.Task[None] | None:
+        """One request for ``ahead``'s round's parameters, unless kept (or
+        ``ahead`` cannot run as tasks); kept when the aggregator has them."""
+        if ahead is None or ahead.job_id in self.unready or self._kept(ahead) is not None:
+            return None
+
+        async def ask() -> None:
+            # a miss only leaves the entry to fetch its parameters in its turn
+            with contextlib.suppress(ParamsRefused, TimeoutError, nats.errors.Error):
+                applied, params = await fetch_params(self.nc, ahead.job_id)
+                if applied == ahead.round and ahead.job_id in self.specs:
+                    self.params[ahead.job_id] = (applied, params)
+        fetch = asyncio.create_task(ask())
+        self._fetches.add(fetch)
+        fetch.add_done_callback(self._fetches.discard)
+        return fetch
+
+    def _kept(self, entry: TaskEntry) -> Params | None:
+        kept = self.params.get(entry.job_id)
+        return kept[1] if kept is not None and kept[0] == entry.round else None
+
+    async def _stage_ahead(self, gpu: int, pool: TrainerPool, ahead: TaskEntry,
+                           upcoming: tuple[JobId, ...], fetch: asyncio.Task[None] | None) -> None:
+        """Stage ``ahead`` behind the running entry when its parameters are
+        at hand (module doc); a trainer's refusal leaves it to its turn."""
+        if fetch is not None:
+            await asyncio.wait({fetch}, timeout=AHEAD_WAIT_S)
+        params = self._kept(ahead)
+        if params is None or ahead.job_id in self.unready:
+            return
+        try:
+            pending = await asyncio.to_thread(self._stage, pool, ahead, params, upcoming)
+        except (TrainerDied, TrainerRefused):  # it runs in its turn, and fails there if it must
+            return
+        self.staged_on[gpu] = Staged(ahead, pending)
 
     async def _params(self, entry: TaskEntry, running: Running) -> Params | int | None:
         """The parameters entry's round starts from; the rounds applied when
         the round is applied already; None once the entry is abandoned."""
-        kept = self.params.get(entry.job_id)
-        if kept is not None and kept[0] == entry.round:
-            return kept[1]
+        kept = self._kept(entry)
+        if kept is not None:
+            return kept
         deadline = time.monotonic() + self.params_wait_s
         why = "no answer"
         while running():

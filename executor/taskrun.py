@@ -17,7 +17,11 @@ and publishes. It is one for both backends.
   again), then has the backend's work run it: the world model's switch
   and compute times on the emulated backend (:class:`~executor.taskwork.
   EmulatedWork`), the round's parameters from the job's aggregator and a
-  resident trainer on the real one (:mod:`executor.realwork`). Once the
+  resident trainer on the real one (:mod:`executor.realwork`), told the
+  GPU's next entry when it may start as soon as this one's compute ends
+  (the next in the held revision, its job not failed, its barrier met, no
+  later start held): the real work stages it on the trainers meanwhile, and
+  a staged entry is not held to its planned start. Once the
   work has sent the gradients (emulated: ``T^s`` after the compute) it
   publishes the ``task_done`` (a JetStream publish, retried; the
   executor's identity has no JetStream API, the stream captures it).
@@ -171,17 +175,20 @@ class TaskRunner:
             if entry is None or synced is None:  # nothing to run, or an earlier round runs
                 await wake.wait()
                 continue
-            begin = max(self.clock(), synced, entry.start_s)
+            key = key_of(entry)
+            # a staged entry computes already (its barrier was met): no planned start to wait for
+            staged = self.work.staged(index) == key
+            begin = synced if staged else max(self.clock(), synced, entry.start_s)
             if begin > self.clock():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), begin - self.clock())
                 continue  # a new revision, or the begin came: look again
-            key = key_of(entry)
             held = self.follower.start(index, entry)
             last, last_job = last_job, entry.job_id  # switched, even if it is abandoned
             try:
                 done = await self.work.compute(index, entry, held, last, self._upcoming(index),
-                                               functools.partial(self.follower.runs, index, key))
+                                               functools.partial(self.follower.runs, index, key),
+                                               self._ahead(index))
             except TaskFailed as e:
                 await self._failed(index, entry, e)
                 continue
@@ -196,11 +203,26 @@ class TaskRunner:
             self.ctx.spawn(self._report(index, entry, held, done),
                            name=f"task-done-{entry.job_id}-{entry.round}-{entry.lo}")
 
+    def _later(self, index: int) -> list[TaskEntry]:
+        """GPU ``index``'s entries after its running one, in order."""
+        return [e for e in self.follower.entries.get(index, ())
+                if key_of(e) not in self.follower.done
+                and self.follower.running.get(index) != key_of(e)]
+
     def _upcoming(self, index: int) -> tuple[JobId, ...]:
         """The jobs of GPU ``index``'s entries after its running one."""
-        return tuple(e.job_id for e in self.follower.entries.get(index, ())
-                     if key_of(e) not in self.follower.done
-                     and self.follower.running.get(index) != key_of(e))
+        return tuple(e.job_id for e in self._later(index))
+
+    def _ahead(self, index: int) -> TaskEntry | None:
+        """GPU ``index``'s entry after its running one, when it may start as
+        that one's compute ends: its job not failed, its barrier met (its
+        earlier rounds' gradients sent), and not held for a later start."""
+        now, later = self.clock(), self._later(index)
+        nxt = later[0] if later else None
+        if nxt is None or nxt.job_id in self.failed or (nxt.hold and nxt.start_s > now):
+            return None
+        synced = self._synced(nxt)
+        return nxt if synced is not None and synced <= now else None
 
     async def _failed(self, index: int, entry: TaskEntry, e: TaskFailed) -> None:
         """An entry whose work failed: tried again (``no_params``: it stays the
@@ -261,7 +283,7 @@ class TaskRunner:
         if await publish_retrying(self.ctx.js, subject, report, msg_id, log):
             log.info("task done", round=entry.round, lo=entry.lo, hi=entry.hi, gpu_index=index,
                      started_at=done.started, ended_at=done.ended, term=held[0],
-                     revision=held[1])
+                     revision=held[1], staged=done.staged)
 
 
 def task_work(ctx: ServiceContext, server: Server, backend: Backend,

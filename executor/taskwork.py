@@ -8,7 +8,8 @@ an entry's work and sends its result.
   gradients "sent" ``T^s`` after the compute (step 2b).
 * :class:`RealWork` (:mod:`executor.realwork`): the round's parameters
   from the job's aggregator, the task on the GPU's resident trainers, the
-  gradients to the aggregator (step 4b).
+  gradients to the aggregator (step 4b); the GPU's next entry staged on
+  its trainers while one computes.
 
 An entry's work ends in one of three ways: :class:`Computed` (its
 ``task_done`` goes out once :meth:`TaskWork.deliver` returned), None
@@ -31,7 +32,7 @@ from executor.tasks import Refused, TaskTimes, entry_run, sequence_times
 from shared.errors import CodedError
 from shared.ids import GpuType, JobId
 from shared.job import JobSpec
-from shared.sequence import TaskEntry
+from shared.sequence import TaskEntry, TaskKey
 from world.hare import SWITCH_S
 from world.truth import GroundTruth
 
@@ -58,13 +59,15 @@ class Computed:
     """An entry computed on GPU ``gpu`` over ``[started, ended)`` (wall
     clock); ``synced``: when its gradients are sent, when the work knows it
     in advance (emulated), else None (set once :meth:`TaskWork.deliver`
-    returns); ``gradients``: one dict per micro-batch (real work)."""
+    returns); ``gradients``: one dict per micro-batch (real work);
+    ``staged``: it was sent to its trainer while the entry before it computed."""
 
     gpu: int
     started: float
     ended: float
     synced: float | None = None
     gradients: tuple[dict[str, torch.Tensor], ...] = field(default=(), repr=False)
+    staged: bool = False
 
 
 class TaskWork(Protocol):
@@ -76,9 +79,15 @@ class TaskWork(Protocol):
 
     async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
                       last_job: JobId | None, upcoming: tuple[JobId, ...],
-                      running: Running) -> Computed | None:
+                      running: Running, ahead: TaskEntry | None = None) -> Computed | None:
         """Run ``entry`` on GPU ``gpu`` (after ``last_job``'s entry; its
-        later entries' jobs ``upcoming``), under revision ``held``."""
+        later entries' jobs ``upcoming``), under revision ``held``;
+        ``ahead``: the GPU's next entry when it may start as soon as this
+        one's compute ends (its barrier met), which the work may stage."""
+
+    def staged(self, gpu: int) -> TaskKey | None:
+        """The entry GPU ``gpu`` has staged ahead (it computes without waiting
+        for its planned start), or None."""
 
     async def deliver(self, entry: TaskEntry, held: tuple[int, int],
                       done: Computed) -> None:
@@ -115,7 +124,7 @@ class EmulatedWork:
 
     async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
                       last_job: JobId | None, upcoming: tuple[JobId, ...],
-                      running: Running) -> Computed | None:
+                      running: Running, ahead: TaskEntry | None = None) -> Computed | None:
         times = self.times[entry.job_id]
         run = entry_run(entry, times, self.clock(), last_job, self.switch_s)
         wake = self.wake.setdefault(gpu, asyncio.Event())
@@ -127,6 +136,9 @@ class EmulatedWork:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), left)
         return None
+
+    def staged(self, gpu: int) -> TaskKey | None:
+        return None  # the world model's switch cost is the same either way
 
     async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
         assert done.synced is not None

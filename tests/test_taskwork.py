@@ -32,7 +32,7 @@ from shared import events as ev
 from shared.cluster import Server
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.sequence import GpuTasks, TaskEntry
+from shared.sequence import GpuTasks, TaskEntry, TaskKey
 from shared.specs import load_jobs
 
 SID = ServerId("s")
@@ -59,7 +59,7 @@ class Work:
 
     async def compute(self, gpu: int, entry: TaskEntry, held: tuple[int, int],
                       last_job: JobId | None, upcoming: tuple[JobId, ...],
-                      running: Running) -> Computed | None:
+                      running: Running, ahead: TaskEntry | None = None) -> Computed | None:
         self.log.append(f"compute {entry.job_id} {entry.round} {entry.lo}")
         if entry.job_id == BAD:
             raise TaskFailed(TASK_FAILED, "the script raised", fails_job=True)
@@ -73,6 +73,9 @@ class Work:
     async def deliver(self, entry: TaskEntry, held: tuple[int, int], done: Computed) -> None:
         await asyncio.sleep(0.02)
         self.log.append(f"sent {entry.job_id} {entry.round} {entry.lo}")
+
+    def staged(self, gpu: int) -> TaskKey | None:
+        return None
 
     def drop(self, job: JobId) -> None:
         self.log.append(f"drop {job}")
