@@ -58,7 +58,9 @@ def test_sigterm_reaches_the_processes(tmp_path: Path) -> None:
     assert proc.stdout is not None
     assert json.loads(proc.stdout.readline())["event"] == "ready"
     deadline = time.monotonic() + 20
-    while not all("up" in (tmp_path / f"rank{k}.log").read_text() for k in (0, 1)):
+    # A line of its own: the log's header line quotes the code, "up" included.
+    while not all("up" in (tmp_path / f"rank{k}.log").read_text().splitlines()
+                  for k in (0, 1)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
