@@ -280,8 +280,10 @@ def test_large_jobs_go_to_the_large_sub_array_and_small_ones_overflow() -> None:
     plan = policy.plan(snap(c, jobs, state))
     where = {a.job_id: a.config.servers for a in plan.assignments}
     assert where == {"L": ("n0",), "s0": ("n1",), "s1": ("n1",)}
-    # One array for all: the inner policy packs the older small jobs first.
-    mixed = make_policy("coda:reserve_per_gpu=4,subarrays=false").plan(snap(c, jobs, state))
+    # One array for all: the inner policy (the paper's latency-ratio queue)
+    # packs the older small jobs first.
+    mixed = make_policy("coda:reserve_per_gpu=4,subarrays=false,inner=hops:priority=lr").plan(
+        snap(c, jobs, state))
     assert mixed.config_of(JobId("L")).servers == ("n1",)  # type: ignore[union-attr]
     # Without a large job waiting, a fifth small one overflows to the large
     # sub-array's idle GPUs.

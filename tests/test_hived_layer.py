@@ -68,7 +68,10 @@ def test_a_guaranteed_job_preempts_opportunistic_ones_at_the_next_first_plan() -
     model = model_of(cluster, {"a": [("NODE", 1)], "b": [("NODE", 1)]})
     jobs = [job(f"b{i}", "b", [1], at=0.0, samples=8_000_000) for i in range(15)]
     jobs.append(job("a0", "a", [8], at=400.0))
-    _, spy = simulate(cluster, jobs, HIVED, model)
+    # The paper's latency-ratio queue inside b, so that some victims wait.
+    # (Under the default guarded-delay b's queue serves all seven victims at
+    # once, being nearer their ends than b's own, and stops those instead.)
+    _, spy = simulate(cluster, jobs, HIVED + ",priority=lr", model)
     found = config_of(spy, "a0")
     assert found is not None
     snap, config = found

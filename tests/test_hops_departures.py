@@ -180,15 +180,21 @@ def test_finish_exempt_changes_only_plans_with_a_job_near_its_end(
 # --- the specs --------------------------------------------------------------------
 
 
-def test_the_settings_are_policy_specs_and_off_by_default() -> None:
-    spec = parse_policy("hops:gain_per_gpu=true,move_min_gain=0.05,keep_in_place_partial=true")
+def test_the_settings_are_policy_specs_with_issue_38s_defaults() -> None:
+    spec = parse_policy("hops:gain_per_gpu=true,move_min_gain=0.1,keep_in_place_partial=false")
     assert isinstance(spec, HopsSettings)
     solver = spec.solver()
     assert (solver.gain_per_gpu, solver.move_min_gain, solver.keep_in_place_partial) == (
-        True, 0.05, True)
-    default = HopsSettings()
-    assert (default.gain_per_gpu, default.move_min_gain, default.keep_in_place_partial,
-            default.reserve_head) == (False, 0.0, False, False)
+        True, 0.1, False)
+    default = HopsSettings()  # docs/results.md, "Issue 38: the default"
+    assert (default.priority, default.gain_per_gpu, default.move_min_gain,
+            default.keep_in_place_partial, default.reserve_head) == (
+        "guarded-delay", False, 0.05, True, False)
+    assert default.solver() == SolverSettings(sigma=default.sigma)
+    paper = parse_policy("hops-paper")
+    assert isinstance(paper, HopsSettings)
+    assert (paper.priority, paper.move_min_gain, paper.keep_in_place_partial) == (
+        "lr", 0.0, False)
     assert parse_policy("hops:reserve_head=true").reserve_head  # type: ignore[union-attr]
     assert parse_policy("hops:finish_exempt=true").finish_exempt  # type: ignore[union-attr]
     assert not default.finish_exempt

@@ -61,7 +61,10 @@ def _plan(margin: float) -> Configuration | None:
             state("head", [1], wait_s=3600.0, samples=10**5))
     est = {JobId(j.spec.id): flat_estimate(j.spec.id, {"A": 100.0}) for j in jobs}
     snap = Snapshot(now=100_000.0, cluster=c, jobs=jobs, estimates=est)
-    return HopsPolicy(HopsSettings(preempt_margin=margin)).plan(snap).config_of(JobId("run"))
+    # The margin against the paper's latency-ratio queue (Eq. 8), where a
+    # waiting job's priority grows past a running one's every round.
+    settings = HopsSettings(priority="lr", preempt_margin=margin)
+    return HopsPolicy(settings).plan(snap).config_of(JobId("run"))
 
 
 def test_a_running_job_keeps_its_gpus_unless_the_waiting_job_gains_beyond_the_margin() -> None:

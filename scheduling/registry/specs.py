@@ -61,6 +61,9 @@ class HopsPaperSpec(HopsSettings, tag="hops-paper", tag_field="name", frozen=Tru
     preempt_exempt: float = 0.0
     profile_reuse: bool = False  # one record per job (§3.3)
     preempt_margin: float = 0.0
+    priority: str = "lr"  # Eq. (8)
+    move_min_gain: float = 0.0
+    keep_in_place_partial: bool = False
 
 
 class SiaSpec(SiaSettings, tag="sia", tag_field="name", frozen=True):

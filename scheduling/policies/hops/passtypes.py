@@ -56,12 +56,13 @@ class SolverSettings(msgspec.Struct, frozen=True):
     # restrict_nodes B&B nodes.
     accept_gap: float = 0.05
     restrict_nodes: int = 200
-    # Departures from Eq. (11), each off by default (HopsSettings documents
-    # them): a speed-up counted per GPU of the job, a floor on the gain a
-    # same-size move must bring, and kept jobs pinned to their servers.
+    # Departures from Eq. (11) (HopsSettings documents them, and takes these
+    # defaults): a speed-up counted per GPU of the job (off), a floor on the
+    # gain a same-size move must bring and kept jobs pinned to their servers
+    # (on; ``hops-paper`` turns them off).
     gain_per_gpu: bool = False
-    move_min_gain: float = 0.0
-    keep_in_place_partial: bool = False
+    move_min_gain: float = 0.05
+    keep_in_place_partial: bool = True
 
 
 class Choice(msgspec.Struct, frozen=True):

@@ -73,7 +73,12 @@ _SOLVER = SolverSettings()
 class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Operator knobs. ``lam`` is Eq. (11)'s lambda (``inf`` = greedy order)."""
 
-    priority: str = "lr"
+    # The queue's order and the ILP's weights (Eq. 11's prior_i). The paper's
+    # is ``lr`` (Eq. 8); this project's default keeps it as a guard and
+    # orders the jobs below it shortest-remaining-first on the same scale
+    # (scheduling.priorities.guarded_delay; docs/results.md, "Issue 38:
+    # the default"); ``hops-paper`` keeps ``lr``.
+    priority: str = "guarded-delay"
     lam: float = 1.0
     sigma: float = _SOLVER.sigma
     r_num: int = R_NUM
@@ -118,8 +123,9 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # queue's head, below the 5% speed-up a job alone may move for
     # (tests/test_planner.py); docs/results.md measures 0 to 0.1. 0: the paper.
     preempt_margin: float = 0.02
-    # Issue 38's departures from Eq. (11) (docs/results.md, "Issue 38"), each
-    # off by default until measured:
+    # Issue 38's departures from Eq. (11) (docs/results.md, "Issue 38");
+    # move_min_gain and keep_in_place_partial are on by default (measured
+    # with guarded-delay, "Issue 38: the default"), the others off:
     # - gain_per_gpu: an option's speed-up (G_ij - 1) counts once per GPU of
     #   the job's smallest request R_1, so the ILP weighs speed-ups across
     #   jobs by the GPUs they make faster (Eq. 11 counts G_ij once per job:
@@ -140,9 +146,9 @@ class HopsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # - finish_exempt: a running job estimated to end sooner than a
     #   preemption would cost it (its restart and a round's re-wait) keeps
     #   its configuration at a first plan (scheduling.policies.hops.exempt).
-    gain_per_gpu: bool = False
-    move_min_gain: float = 0.0
-    keep_in_place_partial: bool = False
+    gain_per_gpu: bool = _SOLVER.gain_per_gpu
+    move_min_gain: float = _SOLVER.move_min_gain
+    keep_in_place_partial: bool = _SOLVER.keep_in_place_partial
     reserve_head: bool = False
     finish_exempt: bool = False
 
