@@ -58,7 +58,7 @@ from scheduling.policies.hare.model import Gpu, TaskJob
 from scheduling.registry import make_task_policy
 from services.runtime.objects import get_object
 from shared import subjects
-from shared.gradients import decode_applied
+from shared.gradients import decode_applied, final_name
 from shared.job import JobSpec
 from simulator.tasks import TaskSimSettings, simulate
 from tests.livestack import LiveStack
@@ -171,7 +171,7 @@ def measured(stack: LiveStack, ids: list[str]) -> Measured:
 
 def final_of(stack: LiveStack, job: str) -> bytes | None:
     bus = stack.bus_()
-    return bus.call(get_object(bus.nc.jetstream(), subjects.OBJ_AGGREGATOR, f"{job}/final"))
+    return bus.call(get_object(bus.nc.jetstream(), subjects.OBJ_AGGREGATOR, final_name(job)))
 
 
 def reference_params(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -25,16 +25,12 @@ from gateway.explain_routes import ONE_JOB_REFUSALS, TenantParam, visible_job
 from gateway.responses import bus_of, failure
 from services.runtime.objects import ObjectError, get_object
 from shared import subjects
+from shared.gradients import final_name
 from shared.jobkeys import local_id
 from shared.records import JobRecord
 
 NO_FINAL_PARAMS = "no_final_params"
 OCTETS = "application/octet-stream"
-
-
-def final_params_name(key: str) -> str:
-    """The object the aggregator saves a job's final parameters as."""
-    return f"{key}/final"
 
 
 def no_params_words(record: JobRecord) -> str:
@@ -73,7 +69,7 @@ def params_routes(app: FastAPI) -> None:
             return failure(409, NO_FINAL_PARAMS, no_params_words(record))
         bus = bus_of(request)
         try:
-            data = await get_object(bus.js, subjects.OBJ_AGGREGATOR, final_params_name(key))
+            data = await get_object(bus.js, subjects.OBJ_AGGREGATOR, final_name(key))
         except (TimeoutError, nats.errors.Error) as e:
             return failure(503, views.UNAVAILABLE, f"the object store: {e!r}")
         except ObjectError as e:

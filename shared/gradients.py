@@ -28,6 +28,18 @@ from shared.wire import INVALID, MALFORMED, WireError
 
 S = TypeVar("S", bound=msgspec.Struct)
 CHUNK_BYTES: Final = 512 * 1024
+
+
+def checkpoint_name(job_id: str) -> str:
+    """The object (bucket ``hops_aggregator``) holding a job's parameters
+    and optimizer state between rounds."""
+    return f"{job_id}/checkpoint"
+
+
+def final_name(job_id: str) -> str:
+    """The object holding a job's final parameters once its last round is
+    applied (``GET /jobs/{id}/params``, ``hops params``)."""
+    return f"{job_id}/final"
 # The most chunks of one report: 4 GiB of gradients, far above any model here.
 MAX_CHUNKS: Final = 8192
 # A chunk's message: the chunk and its header (well under nats-server's 1 MiB).

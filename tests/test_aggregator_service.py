@@ -51,7 +51,7 @@ from services.runtime.objects import get_object
 from services.runtime.settings import RuntimeSettings
 from shared import events as ev
 from shared import subjects
-from shared.gradients import GradientChunk, decode_applied, encode, split
+from shared.gradients import GradientChunk, decode_applied, encode, final_name, split
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
 from shared.sequence import GpuTasks, TaskEntry
@@ -150,7 +150,7 @@ class Cluster:
     async def final(self) -> dict[str, torch.Tensor]:
         async def saved() -> bytes | None:
             return await get_object(self.admin.jetstream(), subjects.OBJ_AGGREGATOR,
-                                    f"{J}/final")
+                                    final_name(J))
 
         return decode_params(await eventually(saved, 30, "final parameters saved"))
 

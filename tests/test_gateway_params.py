@@ -23,6 +23,7 @@ from gateway.params_routes import NO_FINAL_PARAMS, no_params_words
 from hops.aggregator.codec import decode_params, encode_params
 from services.runtime.objects import put_object
 from shared import subjects
+from shared.gradients import final_name
 from shared.job import JobSpec
 from shared.records import JobRecord
 from tests.natsfix import nats_server, nats_url
@@ -57,7 +58,7 @@ async def store(nc: NATS) -> None:
     for r in RECORDS:
         await jobs.put(r.job_id, msgspec.json.encode(r))
     for key in ("alice/t1", "bob/b1"):  # t4 finished without them
-        await put_object(js, subjects.OBJ_AGGREGATOR, f"{key}/final", encode_params(PARAMS))
+        await put_object(js, subjects.OBJ_AGGREGATOR, final_name(key), encode_params(PARAMS))
 
 
 def params_of(answer: httpx.Response) -> dict[str, torch.Tensor]:

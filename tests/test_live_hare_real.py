@@ -49,7 +49,7 @@ from hops.trainer.spec import task_config, task_script
 from scheduling.live.taskrun import rounds_of
 from services.runtime.objects import get_object
 from shared import subjects
-from shared.gradients import decode_applied, decode_chunk
+from shared.gradients import decode_applied, decode_chunk, final_name
 from shared.job import JobSpec
 from tests.livestack import LiveStack, descendants, until
 
@@ -158,7 +158,7 @@ def check_job(stack: LiveStack, spec: dict[str, Any]) -> tuple[list[dict[str, An
     logged = [x["round"] for x in log_lines(stack, "aggregator", "round applied")
               if x.get("job_id") == job]
     assert sorted(logged) == list(range(rounds)), logged  # none applied twice, even restarted
-    final = bus.call(get_object(bus.nc.jetstream(), subjects.OBJ_AGGREGATOR, f"{job}/final"))
+    final = bus.call(get_object(bus.nc.jetstream(), subjects.OBJ_AGGREGATOR, final_name(job)))
     assert final is not None
     got, want = decode_params(final), reference(spec)
     assert got.keys() == want.keys()

@@ -11,7 +11,12 @@ import pytest
 
 from cli.up.stack import StackConfig, components
 from scheduling.live import taskrun as tr
-from scheduling.live.taskprofile import profiling_servers, profiling_tasks, to_estimate
+from scheduling.live.taskprofile import (
+    ask_now,
+    profiling_servers,
+    profiling_tasks,
+    to_estimate,
+)
 from scheduling.live.tasks import TaskSnapshot, replan, sequence_messages
 from scheduling.policies.hare.model import TaskJob
 from scheduling.policies.hare.names import task_policy
@@ -57,6 +62,14 @@ def test_a_job_is_asked_for_again_once_it_has_a_profile_its_estimate_lacks() -> 
     assert to_estimate([both], {JobId("k"): with_b}, {A, B}) == {}
     # a profiled type with no alive server is no reason to ask
     assert to_estimate([both], {JobId("k"): on_a}, {A}) == {}
+
+
+def test_a_new_job_is_asked_about_at_once_and_others_once_per_resend_interval() -> None:
+    j, k = JobId("j"), JobId("k")
+    assert not ask_now([], set(), 100.0, 0.0, 0.5)  # nothing to ask
+    assert ask_now([j, k], {k}, 100.0, 99.9, 0.5)  # j never asked: at once
+    assert not ask_now([k], {k}, 100.0, 99.9, 0.5)  # k asked 0.1 s ago
+    assert ask_now([k], {k}, 100.0, 99.5, 0.5)  # a resend interval since
 
 
 def test_task_times_are_wall_seconds_of_the_emulated_executors() -> None:

@@ -26,6 +26,7 @@ nothing).
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from scheduling.live.state import LiveJobRecord
 from shared.estimate import JobEstimate
@@ -85,3 +86,16 @@ def to_estimate(candidates: Iterable[LiveJobRecord], estimates: Mapping[JobId, J
                 est is None or (alive & set(rec.profiled)) - set(est.by_type)):
             out[rec.job_id] = rec
     return out
+
+
+def ask_now(missing: Iterable[JobId], asked: AbstractSet[JobId], now: float,
+            asked_at: float, resend_s: float) -> bool:
+    """Whether to ask the estimators about ``missing`` (:func:`to_estimate`)
+    now: at once when one of them was never asked about (a new job: its
+    signature's shared profile may answer for it, and then it needs no
+    profiling run of its own), else at most once per ``resend_s`` since the
+    last ask at ``asked_at``."""
+    pending = set(missing)
+    if not pending:
+        return False
+    return bool(pending - asked) or now - asked_at >= resend_s

@@ -31,14 +31,6 @@ from shared.ids import JobId
 from shared.job import JobSpec
 
 
-def checkpoint_name(job_id: JobId) -> str:
-    return f"{job_id}/checkpoint"
-
-
-def final_name(job_id: JobId) -> str:
-    return f"{job_id}/final"
-
-
 @dataclass
 class Hosted:
     """A job the service aggregates: ``rounds`` in all (the leader's count),

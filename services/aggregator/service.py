@@ -52,7 +52,7 @@ from nats.js.api import DeliverPolicy
 from hops.aggregator import ROUND_AHEAD, GradientReport
 from hops.aggregator.codec import BadCheckpoint, decode_report
 from hops.trainer.wire import BAD_TENSOR, BadTensor
-from services.aggregator.jobs import Hosted, checkpoint_name, final_name, host, rehost
+from services.aggregator.jobs import Hosted, host, rehost
 from services.aggregator.rules import (
     PARAMS_MOVED,
     UNKNOWN_JOB,
@@ -82,9 +82,11 @@ from shared.gradients import (
     Chunks,
     ParamsReply,
     RoundApplied,
+    checkpoint_name,
     decode_chunk,
     decode_params_request,
     encode,
+    final_name,
 )
 from shared.ids import JobId
 from shared.wire import INVALID

@@ -13,7 +13,7 @@ from scheduling.live import snapshot as snap
 from scheduling.live import state as st
 from scheduling.live import taskrun as tr
 from scheduling.live.lease import Lease
-from scheduling.live.taskprofile import profiling_tasks, to_estimate
+from scheduling.live.taskprofile import ask_now, profiling_tasks, to_estimate
 from services.runtime.bus import publish_event
 from services.runtime.service import ServiceContext
 from services.scheduler.estimates import fetch_estimates
@@ -48,8 +48,7 @@ class TaskAsks:
         for a job never asked about, else at most once per resend interval."""
         missing = to_estimate(tr.candidates(self.book.current()), self.estimates,
                               {n.server.gpu_type for n in nodes if n.alive})
-        fresh = missing.keys() - self.asked
-        if not missing or (not fresh and now - self.estimated_at < self.settings.task_resend_s):
+        if not ask_now(missing, self.asked, now, self.estimated_at, self.settings.task_resend_s):
             return
         self.estimated_at = now
         requests = snap.estimate_requests(missing, snap.cluster_of(nodes), ESTIMATE_CHUNK)
