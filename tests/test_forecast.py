@@ -288,22 +288,3 @@ def test_running_jobs_measuring_twice_the_estimate_halve_a_waiting_jobs_run() ->
     # the run itself (finish - start) is the estimate's halved
     assert w0.finish - w0.start == pytest.approx(samples / per_gpu + RESTART_S, rel=0.05)
     assert w.finish - w.start == pytest.approx(samples / (2 * per_gpu) + RESTART_S, rel=0.05)
-
-
-def test_under_a_guarded_queue_a_job_reaching_the_guard_overtakes_a_shorter_one() -> None:
-    # guarded-delay's plan: a (4,000 s of work) before b (8,000 s), which has
-    # waited 6,000 s. When the running job ends an hour later b's latency
-    # ratio is 9,600 / 8,000, past the guard of 1, and a's 3,600 / 4,000 is
-    # not: b starts first. With the same priorities held, a would.
-    a = JobState(spec=spec("a", (4,), 400.0 * 4000, submit=NOW))
-    b = JobState(spec=spec("b", (4,), 400.0 * 8000, submit=NOW - 6000), wait_s=6000.0)
-    pri = {JobId("a"): ROUND_S / (ROUND_S + 4000), JobId("b"): ROUND_S / (ROUND_S + 8000)}
-    snap, plan = full_cluster([a, b], pri)
-    held = {f.job_id: f.start for f in forecast(snap, plan, round_s=ROUND_S).jobs}
-    assert held[JobId("a")] < held[JobId("b")]
-    reasons = PlanReasons(policy="test", priorities=pri,
-                          latency_ratios={JobId("a"): 0.0, JobId("b"): 0.75})
-    guarded = msgspec.structs.replace(plan, reasons=reasons)
-    out = {f.job_id: f.start for f in forecast(snap, guarded, round_s=ROUND_S).jobs}
-    assert out[JobId("b")] < out[JobId("a")]
-    assert out[JobId("b")] == pytest.approx(held[JobId("a")], abs=ROUND_S)

@@ -28,9 +28,8 @@ def with_arrivals(model: Model, jobs: Sequence[JobState], specs: Sequence[Waitin
     """``model`` with the jobs submitted in the last ``window_s`` arriving
     again every ``window_s`` until its last replanned round; ``specs[i]``
     is how job i waits (None: not modelled). Only where the policy ranks
-    by the latency ratio (``model.aging``), guarded or not, the orders in
-    which a newcomer's place is known; under a guard it takes the plan's
-    priority of the job it repeats until its own ratio reaches the guard."""
+    by the latency ratio (``model.aging``), the only order in which a
+    newcomer's place is known."""
     if not model.aging:
         return model
     now = model.now
@@ -40,7 +39,6 @@ def with_arrivals(model: Model, jobs: Sequence[JobState], specs: Sequence[Waitin
               and i in model.aging]
     extra: list[Waiting] = []
     aging = dict(model.aging)
-    priority = dict(model.priority)
     rank = dict(model.rank)
     n = len(jobs)
     for k in range(1, int((horizon - now) // window_s) + 2):
@@ -53,11 +51,8 @@ def with_arrivals(model: Model, jobs: Sequence[JobState], specs: Sequence[Waitin
                 spec, job=n, remaining=float(jobs[i].spec.total_samples),
                 eligible_at=at + (spec.eligible_at - now)))
             aging[n] = (model.aging[i][0], 0.0)
-            if i in model.priority:
-                priority[n] = model.priority[i]
             rank[n] = n
             n += 1
     if not extra:
         return model
-    return dataclasses.replace(model, waiting=(*model.waiting, *extra), aging=aging,
-                               priority=priority, rank=rank)
+    return dataclasses.replace(model, waiting=(*model.waiting, *extra), aging=aging, rank=rank)

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 
 from scheduling.forecast.arrivals import with_arrivals
 from scheduling.forecast.model import Model, Placed, Waiting, jobs_order, server_index
-from scheduling.priorities import LR_GUARD
 from scheduling.rounds import restart_cost
 from shared.configuration import Configuration
 from shared.estimate import JobEstimate, age, config_throughput
@@ -75,27 +74,13 @@ def _estimate(job: JobState, snapshot: Snapshot,
     return snapshot.estimates.get(job.id) or by_model.get(job.spec.model)
 
 
-def _is_lr(p: float, lr: float) -> bool:
-    return math.isclose(p, lr, rel_tol=1e-9, abs_tol=1e-12)
-
-
 def _ranks_by_latency(reasons: PlanReasons) -> bool:
     """Whether the policy's queue priority is the latency ratio (Eq. 8):
     then a waiting job's priority grows with its wait."""
     pri, lr = reasons.priorities, reasons.latency_ratios
-    return bool(pri) and all(j in lr and _is_lr(p, lr[j]) for j, p in pri.items())
-
-
-def _ranks_guarded(reasons: PlanReasons) -> bool:
-    """Whether the queue is guarded at :data:`LR_GUARD`, as the plan's
-    priorities show: the latency ratio for the jobs at or past the guard,
-    less than the guard for the others (``guarded-delay``, ``guarded-srtf``).
-    A job below the guard keeps its priority while it waits (its remaining
-    time does not change) until its ratio reaches the guard."""
-    pri, lr = reasons.priorities, reasons.latency_ratios
     return bool(pri) and all(
-        j in lr and (_is_lr(p, lr[j]) if lr[j] >= LR_GUARD else p < LR_GUARD)
-        for j, p in pri.items())
+        j in lr and math.isclose(p, lr[j], rel_tol=1e-9, abs_tol=1e-12) for j, p in pri.items()
+    )
 
 
 def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, profile_s: float,
@@ -146,8 +131,7 @@ def build(snapshot: Snapshot, plan: Plan, *, round_s: float, fill_s: float, prof
                   priority={index[j]: p for j, p in pri.items() if j in index},
                   rank={index[j]: k for k, j in enumerate(order)},
                   replan_rounds=replan_rounds, preempt=preempt,
-                  bias=estimator_bias(snapshot),
-                  guard=None if _ranks_by_latency(plan.reasons) else LR_GUARD)
+                  bias=estimator_bias(snapshot))
     return (with_arrivals(model, jobs, specs) if arrivals else model), jobs
 
 
@@ -211,9 +195,9 @@ def _waiting(i: int, job: JobState, snapshot: Snapshot, by_model: Mapping[str, J
 def _aging(snapshot: Snapshot, reasons: PlanReasons, jobs: tuple[JobState, ...],
            r_num: int) -> dict[int, tuple[float, float]]:
     """(age, wait) of each ranked job when the policy ranks by the latency
-    ratio (Eq. 8: wait / age, Eq. 9), guarded or not; empty otherwise (the
-    plan's priorities hold)."""
-    if not (_ranks_by_latency(reasons) or _ranks_guarded(reasons)):
+    ratio (Eq. 8: wait / age, Eq. 9); empty otherwise (the plan's
+    priorities hold)."""
+    if not _ranks_by_latency(reasons):
         return {}
     out: dict[int, tuple[float, float]] = {}
     for i, job in enumerate(jobs):

@@ -89,15 +89,14 @@ class _Draw:
         """Sort key at ``t``: the highest priority first, unranked last."""
         m = self.model
         rank = m.rank.get(job, len(m.rank) + job)
-        aged = m.aging.get(job)
-        if aged is not None:
+        if m.aging:
+            aged = m.aging.get(job)
+            if aged is None:
+                return (INF, rank)
             wait = aged[1] + self.waited.get(job, 0.0)
             if job in self.waiting:
                 wait += t - self.since[job]
-            if m.guard is None or wait / aged[0] >= m.guard:
-                return (-wait / aged[0], rank)
-        elif m.aging and m.guard is None:
-            return (INF, rank)
+            return (-wait / aged[0], rank)
         p = m.priority.get(job)
         return (INF, rank) if p is None else (-p, rank)
 

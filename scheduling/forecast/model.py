@@ -83,10 +83,6 @@ class Model:
     # What every estimated throughput is multiplied by: the estimator's bias
     # as running jobs measure it (build.estimator_bias; 1: none known).
     bias: float = 1.0
-    # A guarded queue (scheduling.priorities.guarded_delay): with ``aging``,
-    # a job's priority is its latency ratio once that reaches ``guard``, and
-    # the plan's ``priority`` below it. None: the latency ratio throughout.
-    guard: float | None = None
 
 
 @dataclass
