@@ -6,7 +6,11 @@ the rule of :mod:`experiments.traces.load` exactly as ``hops experiment
 traces`` does, and writes ``events.csv`` (one row per start or stop) and
 ``jobs.csv`` (one row per job: the GPU-seconds it held on each type, its
 restarts by cause, how fast its configurations ran against its best
-one-GPU speed) to OUT. A stop is classed by what the round's first plan
+one-GPU speed) to OUT; with ``--priorities``, ``priorities.csv`` too: at
+each round's first plan, each estimated job's latency ratio (Eq. 8) and
+queue priority under the policy's ``priority`` setting (``lr`` when it has
+none), recomputed from the plan's snapshot as the policies compute them
+(``queue_priorities``). A stop is classed by what the round's first plan
 did with the job: ``dropped`` (no configuration: preempted), ``resized``
 (another GPU count) or ``moved`` (the same count elsewhere).
 
@@ -22,13 +26,17 @@ import json
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from experiments.common.simrun import RunSpec, prepare
 from experiments.traces.load import compression
+from scheduling.policy import Policy
+from scheduling.priorities import JobFacts, latency_ratio, priority_fn, queue_priorities
 from scheduling.registry import make_policy, profile_reuse, resolve
 from shared.configuration import Configuration
+from shared.snapshot import JobState, Plan, Snapshot
 from simulator.engine import Simulation
 from simulator.metrics import summarize
 from simulator.settings import SimSettings
@@ -85,6 +93,41 @@ class TracedSimulation(Simulation):
         super()._complete(rec)
 
 
+class PriorityLog:
+    """``inner``, recording each first plan's latency ratios and priorities
+    (it changes no plan)."""
+
+    def __init__(self, inner: Policy, priority: str, r_num: int) -> None:
+        self.inner, self.fn, self.r_num = inner, priority_fn(priority), r_num
+        self.rows: list[tuple[object, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def plan(self, snap: Snapshot) -> Plan:
+        if snap.first_plan:  # the jobs and facts the policies queue with
+            jobs = {j.id: j for j in snap.jobs if j.spec.kind != "cpu"
+                    and j.phase != "profiling" and j.id in snap.estimates}
+            ratio = queue_priorities(snap, jobs, latency_ratio, self.r_num)
+            prio = queue_priorities(snap, jobs, self.fn, self.r_num)
+            remaining = queue_priorities(snap, jobs, _remaining, self.r_num)
+            age_s = queue_priorities(snap, jobs, _age, self.r_num)
+            for jid, j in jobs.items():
+                self.rows.append((snap.now, jid, j.phase, j.current.total_gpus if j.current else 0,
+                                  round(ratio[jid], 4), round(prio[jid], 5),
+                                  round(remaining[jid], 1), round(age_s[jid], 1),
+                                  round(j.wait_s, 1)))
+        return self.inner.plan(snap)
+
+
+def _remaining(job: JobState, facts: JobFacts) -> float:
+    return facts.remaining_s
+
+
+def _age(job: JobState, facts: JobFacts) -> float:
+    return facts.age_s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="elasticflow-cluster01")
@@ -92,6 +135,8 @@ def main() -> None:
     ap.add_argument("--policy", default="hops")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--priorities", action="store_true",
+                    help="also write priorities.csv (each first plan's ratios and priorities)")
     a = ap.parse_args()
 
     base = RunSpec(cluster="paper-sim-512", workload=a.trace, seed=a.seed, first_n=a.first_n)
@@ -102,7 +147,9 @@ def main() -> None:
     cluster, truth, jobs = prepare(spec)
     settings = SimSettings(round_s=spec.round_s, seed=spec.seed, r_num=pspec.r_num,
                            profile_reuse=profile_reuse(pspec))
-    sim = TracedSimulation(cluster, jobs, make_policy(pspec), truth, settings,
+    policy = make_policy(pspec)
+    logged = PriorityLog(policy, str(getattr(pspec, "priority", "lr")), pspec.r_num)
+    sim = TracedSimulation(cluster, jobs, logged if a.priorities else policy, truth, settings,
                            timer=time.perf_counter)
     t0 = time.perf_counter()
     result = sim.run()
@@ -155,6 +202,12 @@ def main() -> None:
                         causes[j.spec.id]["moved"],
                         json.dumps(dict(held[j.spec.id])), best1[j.model][1],
                         rate_time[j.spec.id] / run_time[j.spec.id] if run_time[j.spec.id] else ""])
+    if a.priorities:
+        with (a.out / "priorities.csv").open("w", newline="") as fh:
+            rows = csv.writer(fh)
+            rows.writerow(["t", "job", "phase", "gpus", "latency_ratio", "priority",
+                           "remaining_s", "age_s", "wait_s"])
+            rows.writerows(logged.rows)
     summary = {k: v for k, v in summarize(result, cluster).items()}
     summary["compress"] = factor
     summary["wall_s"] = wall
