@@ -27,6 +27,7 @@ switch), ``--serial`` also reads its gradients first, for comparison.
 
     PYTHONPATH=. .venv/bin/python bench/trainer_switch.py [--device cpu|cuda]
         [--rounds 4] [--sync-scale 4] [--micro 1] [--trainers 2] [--unstaged | --serial]
+        [--examples train_lm] [--set batch_size=64 ...]
 """
 
 from __future__ import annotations
@@ -123,12 +124,19 @@ def main() -> int:
     parser.add_argument("--unstaged", action="store_true",
                         help="send each task once the previous one's compute ended")
     parser.add_argument("--examples", nargs="+", default=sorted(EXAMPLES), choices=EXAMPLES)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a script option for every example (e.g. batch_size=64); repeatable")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("need 2 rounds or more: the first is left out")
     print(f"{'example':10} {'dev':5} {'n':>5} {'task ms':>9} {'p50 ms':>9} {'p95 ms':>9} "
           f"{'p50 %':>8} {'p95 %':>8} {'p95 %, no params':>10}")
-    config = {"sync_scale": args.sync_scale}
+    config: dict[str, Any] = {"sync_scale": args.sync_scale}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--set {item!r}: not KEY=VALUE")
+        config[key] = value
     for name in args.examples:
         with tempfile.TemporaryDirectory(prefix="hops-trainer-switch-") as folder:
             results = measure(EXAMPLES[name], config, args, folder)
