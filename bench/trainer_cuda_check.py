@@ -9,16 +9,18 @@ in turn; every task's gradients are compared with the same micro-batches
 computed here, in this process, on the same GPU from the same parameters:
 
 * ``train_lm``: bitwise (``torch.equal``), since the same kernels run on
-  the same inputs (``CUBLAS_WORKSPACE_CONFIG`` set alike for this process
-  and the trainers, so that cuBLAS splits its reductions alike);
-* ``train_cnn``: within a small tolerance (cuDNN may pick other
-  convolution algorithms in another process).
+  the same inputs;
+* ``train_cnn``: within a small tolerance (cuDNN's convolution gradients
+  may differ in their last bits from run to run).
 
-It prints each task's reload and compute times. Exit status 0 when every
-check passes, 2 without CUDA. ``--device cpu`` runs the same checks on the
+With ``--deterministic`` this process and the trainers use torch's
+deterministic algorithms only, and both examples must match bitwise.
+
+It prints each task's largest difference, reload and compute times. Exit
+status 0 when every check passes, 2 without CUDA. ``--device cpu`` runs the same checks on the
 CPU (a dry run of the script; bitwise for both examples there).
 
-    PYTHONPATH=. .venv/bin/python bench/trainer_cuda_check.py [--rounds 2]
+    PYTHONPATH=. .venv/bin/python bench/trainer_cuda_check.py [--rounds 2] [--deterministic]
 """
 
 from __future__ import annotations
@@ -60,6 +62,18 @@ def local_task(script: Path, config: dict[str, Any], device: torch.device) -> Ta
     return TaskJob(task.model, task.optimizer, batch, task.loss)
 
 
+def worst(got: TaskResult, want: tuple[dict[str, torch.Tensor], ...]) -> float:
+    """The largest difference between ``got`` and ``want``, relative to
+    each gradient's largest magnitude (0.0: bitwise equal)."""
+    out = 0.0
+    for g, w in zip(got.gradients, want, strict=True):
+        for name, tensor in g.items():
+            ref = w[name].cpu()
+            scale = float(ref.abs().max()) or 1.0
+            out = max(out, float((tensor - ref).abs().max()) / scale)
+    return out
+
+
 def compare(got: TaskResult, want: tuple[dict[str, torch.Tensor], ...], exact: bool) -> str:
     """'' when ``got`` matches ``want``; else the first difference."""
     for m, (g, w) in enumerate(zip(got.gradients, want, strict=True)):
@@ -75,9 +89,10 @@ def compare(got: TaskResult, want: tuple[dict[str, torch.Tensor], ...], exact: b
     return ""
 
 
-def check(rounds: int, device: torch.device, folder: str) -> list[str]:
+def check(rounds: int, device: torch.device, folder: str, deterministic: bool) -> list[str]:
     failures: list[str] = []
-    with TrainerPool(1, device=str(device), capacity=1, folder=folder) as pool:
+    with TrainerPool(1, device=str(device), capacity=1, folder=folder,
+                     deterministic=deterministic) as pool:
         locals_: dict[str, TaskJob] = {}
         for name, (script, config, _) in CASES.items():
             pool.add_job(name, str(script), config)
@@ -90,9 +105,10 @@ def check(rounds: int, device: torch.device, folder: str) -> list[str]:
                     params = {n: t.detach().cpu() for n, t in model.named_parameters()}
                     got = pool.run(name, r, lo, hi, S, params, [n for n in CASES if n != name])
                     want = task_gradients(locals_[name], r, lo, hi, S)
-                    why = compare(got, want, exact)
+                    why = compare(got, want, exact or deterministic)
                     print(f"{name:10} round {r} micro-batches {lo}..{hi - 1}: "
-                          f"{why or 'ok'}; reload {got.reload_s * 1e3:.2f} ms, "
+                          f"{why or 'ok'} (largest difference {worst(got, want):.1e} "
+                          f"relative); reload {got.reload_s * 1e3:.2f} ms, "
                           f"task {(got.compute_end - got.compute_start) * 1e3:.2f} ms")
                     if why:
                         failures.append(f"{name} round {r} {lo}..{hi - 1}: {why}")
@@ -107,13 +123,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cuda:0", help="cuda:N; cpu for a dry run")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="deterministic algorithms here and in the trainers: "
+                             "both examples bitwise")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU", file=sys.stderr)
         return 2
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # trainers inherit it
+    # cuBLAS's workspace fixed here; a trainer fixes its own when deterministic
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     with tempfile.TemporaryDirectory(prefix="hops-trainer-cuda-") as folder:
-        failures = check(args.rounds, torch.device(args.device), folder)
+        failures = check(args.rounds, torch.device(args.device), folder, args.deterministic)
     for failure in failures:
         print(f"FAILED {failure}")
     print("all checks passed" if not failures else f"{len(failures)} checks failed")

@@ -20,7 +20,10 @@ next task's ``compute_start`` less the previous one's ``compute_end``, and
 so holds the hand-off of the turn, the waiting trainer's wake-up, and
 whatever of the next task's preparation (its command, its parameters
 decoded and put in place) the previous compute did not cover; the share
-is of the task it starts. ``--unstaged`` sends each task only once the
+is of the task it starts; *late* is how long after the previous compute
+ended the next task's command reached its trainer (the pool's side:
+reading the previous gradients, sending the command and its parameters),
+the rest of a switch is the trainer's. ``--unstaged`` sends each task only once the
 previous one's compute ended (:meth:`TrainerPool.start`: the ``computed``
 message, the pool, the command's pipe and the parameters all in the
 switch), ``--serial`` also reads its gradients first, for comparison.
@@ -91,25 +94,29 @@ def measure(script: Path, config: dict[str, Any], args: argparse.Namespace,
     return results
 
 
-def switches(results: list[TaskResult], skip: int) -> list[tuple[float, float, bool]]:
-    """(switch s, task s, parameters sent) of each pair of consecutive
-    tasks of different jobs, from task ``skip`` on."""
+def switches(results: list[TaskResult], skip: int) -> list[tuple[float, float, bool, float]]:
+    """(switch s, task s, parameters sent, late s) of each pair of
+    consecutive tasks of different jobs, from task ``skip`` on; late: how
+    long after the previous compute ended the next task's command reached
+    its trainer (0 when before), the part of the switch the pool's side
+    did not hide."""
     out = []
     for prev, nxt in zip(results[skip:], results[skip + 1:], strict=False):
         out.append((nxt.compute_start - prev.compute_end, nxt.compute_end - nxt.compute_start,
-                    nxt.params_sent))
+                    nxt.params_sent, max(0.0, nxt.received - prev.compute_end)))
     return out
 
 
-def row(name: str, device: str, pairs: list[tuple[float, float, bool]]) -> str:
-    sw = [s for s, _, _ in pairs]
-    share = [s / t for s, t, _ in pairs]
-    plain = [s / t for s, t, sent in pairs if not sent] or [float("nan")]
-    task = statistics.median(t for _, t, _ in pairs)
+def row(name: str, device: str, pairs: list[tuple[float, float, bool, float]]) -> str:
+    sw = [s for s, _, _, _ in pairs]
+    share = [s / t for s, t, _, _ in pairs]
+    plain = [s / t for s, t, sent, _ in pairs if not sent] or [float("nan")]
+    late = [lt for _, _, _, lt in pairs]
+    task = statistics.median(t for _, t, _, _ in pairs)
     return (f"{name:10} {device:5} {len(pairs):5} {task * 1e3:9.1f} "
             f"{percentile(sw, 0.5) * 1e3:9.2f} {percentile(sw, 0.95) * 1e3:9.2f} "
             f"{100 * percentile(share, 0.5):7.2f}% {100 * percentile(share, 0.95):7.2f}% "
-            f"{100 * percentile(plain, 0.95):9.2f}%")
+            f"{100 * percentile(plain, 0.95):9.2f}% {percentile(late, 0.95) * 1e3:9.2f}")
 
 
 def main() -> int:
@@ -130,7 +137,7 @@ def main() -> int:
     if args.rounds < 2:
         parser.error("need 2 rounds or more: the first is left out")
     print(f"{'example':10} {'dev':5} {'n':>5} {'task ms':>9} {'p50 ms':>9} {'p95 ms':>9} "
-          f"{'p50 %':>8} {'p95 %':>8} {'p95 %, no params':>10}")
+          f"{'p50 %':>8} {'p95 %':>8} {'p95 %, no params':>10} {'p95 late ms':>9}")
     config: dict[str, Any] = {"sync_scale": args.sync_scale}
     for item in args.set:
         key, sep, value = item.partition("=")

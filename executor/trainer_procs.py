@@ -115,11 +115,15 @@ class Pending:
 
 
 def spawn(device: str, cores: tuple[int, ...], threads: int, turns: list[str],
-          fds: tuple[int, ...], stderr: IO[bytes] | int | None) -> Proc:
+          fds: tuple[int, ...], stderr: IO[bytes] | int | None,
+          deterministic: bool = False) -> Proc:
     """A trainer process, up (its ``ready`` read): on ``device``, pinned
     to ``cores`` (none: not pinned), with ``threads`` (0: its default),
-    given the GPU's ``turns`` options and their descriptors ``fds``."""
+    given the GPU's ``turns`` options and their descriptors ``fds``;
+    ``deterministic``: torch's deterministic algorithms only."""
     argv = [sys.executable, "-m", "hops.trainer.resident", "--device", device]
+    if deterministic:
+        argv.append("--deterministic")
     if cores:
         argv += ["--cores", ",".join(map(str, cores))]
     if threads:

@@ -94,14 +94,18 @@ class TrainerPool:
     """The resident trainers of one GPU (module doc). ``device``: ``cpu``
     (one core stands in for a GPU) or ``cuda:N``; ``cores``: the GPU's
     CPU cores, or () for no pinning; ``capacity``: models in memory per
-    trainer."""
+    trainer; ``deterministic``: the trainers use torch's deterministic
+    algorithms only (on a GPU, cuDNN's convolution gradients otherwise
+    differ from run to run in their last bits)."""
 
     def __init__(self, count: int = DEFAULT_TRAINERS, *, device: str = "cpu",
                  cores: tuple[int, ...] = (), threads: int = 0, capacity: int = 2,
-                 folder: str = "", stderr: IO[bytes] | int | None = None) -> None:
+                 folder: str = "", stderr: IO[bytes] | int | None = None,
+                 deterministic: bool = False) -> None:
         if count < 1 or capacity < 1:
             raise ValueError(f"need >= 1 trainer and capacity >= 1, got {count}, {capacity}")
         self.device, self.cores, self.threads = device, cores, threads
+        self.deterministic = deterministic
         self.capacity, self.folder, self.stderr = capacity, folder, stderr
         self.jobs: dict[str, JobSource] = {}
         self._turns = Turns(count, evict_folder(folder))
@@ -111,7 +115,8 @@ class TrainerPool:
 
     def _start(self, place: int) -> Proc:
         turns, fds = self._turns.argv(place)
-        return spawn(self.device, self.cores, self.threads, turns, fds, self.stderr)
+        return spawn(self.device, self.cores, self.threads, turns, fds, self.stderr,
+                     self.deterministic)
 
     @property
     def pids(self) -> tuple[int, ...]:

@@ -167,6 +167,23 @@ def test_a_refusal_is_raised_with_its_code(tiny_pool: TrainerPool) -> None:
     assert refused.value.code == "bad_span"
 
 
+def test_a_deterministic_pool_keeps_its_trainers_deterministic(
+        tiny_pool: TrainerPool, tmp_path: Path) -> None:
+    config = {"need_deterministic": True}
+    params = _params(config)
+    tiny_pool.add_job("d", TINY, config)
+    with pytest.raises(TrainerRefused) as refused:  # torch's default: off
+        tiny_pool.run("d", 0, 0, 1, 4, params)
+    assert refused.value.code == "task_failed" and "deterministic" in refused.value.words
+    with TrainerPool(1, capacity=1, folder=str(tmp_path), deterministic=True) as pool:
+        pool.add_job("d", TINY, config)
+        first = pool.run("d", 0, 0, 2, 4, params)
+        os.kill(pool.pids[first.trainer], signal.SIGKILL)  # its replacement is too
+        out = pool.run("d", 0, 2, 4, 4, params)
+    assert out.attempts == 2  # the same model and data as without the switch:
+    assert same_gradients(first.gradients + out.gradients, _local({}, params, 0, 0, 4))
+
+
 def test_the_next_task_starts_while_the_gradients_travel(tiny_pool: TrainerPool) -> None:
     pa, pb = _params({"seed": 7}), _params({"seed": 8})
     tiny_pool.add_job("a", TINY, {"seed": 7})

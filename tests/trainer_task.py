@@ -32,6 +32,8 @@ def hops_task(config: Mapping[str, object]) -> TaskJob:
             os.kill(os.getpid(), signal.SIGKILL)
         if config.get("fail"):
             raise RuntimeError("this task fails on purpose")
+        if config.get("need_deterministic") and not torch.are_deterministic_algorithms_enabled():
+            raise RuntimeError("deterministic algorithms are off")
         time.sleep(sleep_s)
         g = torch.Generator().manual_seed(micro_batch_seed(seed, k))
         return torch.randn(4, 8, generator=g), torch.randint(2, (4,), generator=g)

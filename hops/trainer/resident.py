@@ -15,13 +15,15 @@ computes) and ``--threads`` (torch's intra-op threads; default the number
 of cores given, else torch's own); ``--turns``, ``--wake`` and ``--peers``
 (the GPU's turns, :mod:`hops.trainer.turns`: a run given a turn is readied,
 its parameters and model in place, then waits for that turn, and passes it
-on as its compute ends, before its replies are sent).
+on as its compute ends, before its replies are sent); ``--deterministic``
+(torch's deterministic algorithms only, cuBLAS's fixed workspace too).
 
-**On a GPU** (written, untested without one): the CUDA context is made at
-start, before the first task (:class:`~hops.trainer.protocol.Ready` says
-how long it took); an evicted model is kept in pinned host memory and
-reloaded layer by layer on a side stream (:func:`hops.trainer.params.
-pipelined_reload`); batches are moved to the device as they are made.
+**On a GPU** (run once on an H200, docs/hare.md §7, step 4c): the CUDA
+context is made at start, before the first task
+(:class:`~hops.trainer.protocol.Ready` says how long it took); an evicted
+model is kept in pinned host memory and reloaded layer by layer on a side
+stream (:func:`hops.trainer.params.pipelined_reload`); batches are moved to
+the device as they are made.
 """
 
 from __future__ import annotations
@@ -288,7 +290,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", default="", help="the GPU's turns' counter file")
     parser.add_argument("--wake", type=int, default=-1, help="this trainer's wake pipe")
     parser.add_argument("--peers", type=_cores, default=(), help="the others' wake pipes")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch's deterministic algorithms only")
     args = parser.parse_args(argv)
+    if args.deterministic:
+        # cuBLAS is deterministic only with a fixed workspace, read as its
+        # handle is made (the job's environment does not pass it on)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     threads = args.threads or len(args.cores)
     if threads:
         torch.set_num_threads(threads)
