@@ -33,10 +33,17 @@ import msgspec
 from experiments.common.simrun import RunSpec, prepare
 from experiments.traces.load import compression
 from scheduling.policy import Policy
-from scheduling.priorities import JobFacts, latency_ratio, priority_fn, queue_priorities
-from scheduling.registry import make_policy, profile_reuse, resolve
+from scheduling.priorities import latency_ratio, priority_fn, queue_facts
+from scheduling.registry import (
+    CLUSTER_TYPES,
+    PolicySpec,
+    make_policy,
+    profile_reuse,
+    resolve,
+    spec_text,
+)
 from shared.configuration import Configuration
-from shared.snapshot import JobState, Plan, Snapshot
+from shared.snapshot import Plan, Snapshot
 from simulator.engine import Simulation
 from simulator.metrics import summarize
 from simulator.settings import SimSettings
@@ -108,24 +115,28 @@ class PriorityLog:
         if snap.first_plan:  # the jobs and facts the policies queue with
             jobs = {j.id: j for j in snap.jobs if j.spec.kind != "cpu"
                     and j.phase != "profiling" and j.id in snap.estimates}
-            ratio = queue_priorities(snap, jobs, latency_ratio, self.r_num)
-            prio = queue_priorities(snap, jobs, self.fn, self.r_num)
-            remaining = queue_priorities(snap, jobs, _remaining, self.r_num)
-            age_s = queue_priorities(snap, jobs, _age, self.r_num)
+            facts = queue_facts(snap, jobs, self.r_num)
             for jid, j in jobs.items():
+                f = facts[jid]
                 self.rows.append((snap.now, jid, j.phase, j.current.total_gpus if j.current else 0,
-                                  round(ratio[jid], 4), round(prio[jid], 5),
-                                  round(remaining[jid], 1), round(age_s[jid], 1),
-                                  round(j.wait_s, 1)))
+                                  round(latency_ratio(j, f), 4), round(self.fn(j, f), 5),
+                                  round(f.remaining_s, 1), round(f.age_s, 1), round(j.wait_s, 1)))
         return self.inner.plan(snap)
 
 
-def _remaining(job: JobState, facts: JobFacts) -> float:
-    return facts.remaining_s
-
-
-def _age(job: JobState, facts: JobFacts) -> float:
-    return facts.age_s
+def queue_rule(spec: PolicySpec) -> str:
+    """The priority rule (``priority``) of the cluster policy ``spec`` is or
+    wraps; SystemExit for one that orders its queue its own way."""
+    cluster = spec
+    while not isinstance(cluster, CLUSTER_TYPES):
+        inner = getattr(cluster, "inner_spec", None)
+        if inner is None:
+            raise SystemExit(f"--priorities: {spec_text(spec)} wraps no cluster policy")
+        cluster = inner
+    rule = getattr(cluster, "priority", None)
+    if not isinstance(rule, str):
+        raise SystemExit(f"--priorities: {spec_text(cluster)} orders its queue its own way")
+    return rule
 
 
 def main() -> None:
@@ -148,8 +159,8 @@ def main() -> None:
     settings = SimSettings(round_s=spec.round_s, seed=spec.seed, r_num=pspec.r_num,
                            profile_reuse=profile_reuse(pspec))
     policy = make_policy(pspec)
-    logged = PriorityLog(policy, str(getattr(pspec, "priority", "lr")), pspec.r_num)
-    sim = TracedSimulation(cluster, jobs, logged if a.priorities else policy, truth, settings,
+    logged = PriorityLog(policy, queue_rule(pspec), pspec.r_num) if a.priorities else None
+    sim = TracedSimulation(cluster, jobs, logged or policy, truth, settings,
                            timer=time.perf_counter)
     t0 = time.perf_counter()
     result = sim.run()
@@ -202,7 +213,7 @@ def main() -> None:
                         causes[j.spec.id]["moved"],
                         json.dumps(dict(held[j.spec.id])), best1[j.model][1],
                         rate_time[j.spec.id] / run_time[j.spec.id] if run_time[j.spec.id] else ""])
-    if a.priorities:
+    if logged is not None:
         with (a.out / "priorities.csv").open("w", newline="") as fh:
             rows = csv.writer(fh)
             rows.writerow(["t", "job", "phase", "gpus", "latency_ratio", "priority",

@@ -67,10 +67,22 @@ def queue_priorities(
 ) -> dict[JobId, float]:
     """Each job's priority at ``snapshot.now``; every policy queues with this,
     so the baselines order jobs exactly as Hops does (§4.2)."""
+    facts = queue_facts(snapshot, jobs, r_num, estimates)
+    return {jid: priority(job, facts[jid]) for jid, job in jobs.items()}
+
+
+def queue_facts(
+    snapshot: Snapshot,
+    jobs: Mapping[JobId, JobState],
+    r_num: int,
+    estimates: Mapping[JobId, JobEstimate] | None = None,
+) -> dict[JobId, JobFacts]:
+    """Each job's :class:`JobFacts` at ``snapshot.now``, what every priority
+    rule of :func:`queue_priorities` reads."""
     ests = snapshot.estimates if estimates is None else estimates
     active = sum(1 for j in snapshot.jobs if j.phase != "profiling") or 1
     return {
-        jid: priority(job, job_facts(job, ests[jid], snapshot.cluster, snapshot.now, r_num, active))
+        jid: job_facts(job, ests[jid], snapshot.cluster, snapshot.now, r_num, active)
         for jid, job in jobs.items()
     }
 

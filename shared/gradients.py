@@ -28,6 +28,10 @@ from shared.wire import INVALID, MALFORMED, WireError
 
 S = TypeVar("S", bound=msgspec.Struct)
 CHUNK_BYTES: Final = 512 * 1024
+# The most chunks of one report: 4 GiB of gradients, far above any model here.
+MAX_CHUNKS: Final = 8192
+# A chunk's message: the chunk and its header (well under nats-server's 1 MiB).
+CHUNK_MESSAGE_BYTES: Final = CHUNK_BYTES + 4096
 
 
 def checkpoint_name(job_id: str) -> str:
@@ -40,10 +44,6 @@ def final_name(job_id: str) -> str:
     """The object holding a job's final parameters once its last round is
     applied (``GET /jobs/{id}/params``, ``hops params``)."""
     return f"{job_id}/final"
-# The most chunks of one report: 4 GiB of gradients, far above any model here.
-MAX_CHUNKS: Final = 8192
-# A chunk's message: the chunk and its header (well under nats-server's 1 MiB).
-CHUNK_MESSAGE_BYTES: Final = CHUNK_BYTES + 4096
 
 
 class GradientChunk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
