@@ -39,6 +39,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -76,21 +77,21 @@ def measure(script: Path, config: dict[str, Any], args: argparse.Namespace,
     with TrainerPool(args.trainers, device=args.device, threads=1, folder=folder) as pool:
         for job, seed in (("A", 0), ("B", 1)):
             pool.add_job(job, str(script), {**config, "seed": seed})
-        previous: Pending | None = None
+        started: deque[Pending] = deque()
         for i, (job, r, lo, hi) in enumerate(tasks):
             upcoming = [t[0] for t in tasks[i + 1:]]
             if args.serial:  # the gradients read before the next task is sent
                 results.append(pool.run(job, r, lo, hi, args.sync_scale, params[job], upcoming))
                 continue
             # Staged while the previous one computes (it takes its turn as that
-            # one ends), or sent once its compute ended; its gradients read meanwhile.
+            # one ends), or sent once its compute ended; gradients read meanwhile:
+            # staged, two tasks behind, so that the next command goes to a
+            # trainer as soon as its last task's compute ended, not its gradients.
             send = pool.start if args.unstaged else pool.stage
-            started = send(job, r, lo, hi, args.sync_scale, params[job], upcoming)
-            if previous is not None:
-                results.append(pool.finish(previous))
-            previous = started
-        if previous is not None:
-            results.append(pool.finish(previous))
+            started.append(send(job, r, lo, hi, args.sync_scale, params[job], upcoming))
+            while len(started) > (1 if args.unstaged else 2):
+                results.append(pool.finish(started.popleft()))
+        results.extend(pool.finish(pending) for pending in started)
     return results
 
 

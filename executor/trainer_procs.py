@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,9 @@ class Proc:
     evicted: set[str] = field(default_factory=set)  # models moved out (state in shm)
     given: dict[str, int] = field(default_factory=dict)  # job -> round whose params it has
     pending: Pending | None = None  # its task whose replies are still to read
+    # Its earlier tasks whose compute was counted and whose gradients are
+    # still to read, oldest first: they come before any later reply.
+    finishing: deque[Pending] = field(default_factory=deque)
     tenant: str | None = None  # whose scripts it runs (None: nobody's yet)
 
 

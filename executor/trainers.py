@@ -41,7 +41,10 @@ ended; :meth:`TrainerPool.finish` returns the gradients, which a reader
 thread per trainer takes off its pipe meanwhile; :meth:`TrainerPool.run` is
 both. A task is staged on another trainer than the one computing when the
 choice rule puts it there (it spreads the GPU's jobs over its trainers);
-sent to a trainer with a task still to finish, it waits for that task.
+sent to a trainer with a task still to finish, it waits for that task's
+compute to end, not for its gradients: those are read later, in order
+(the trainer sends them before it reads the next command, which is then
+there already).
 The pool reads the tasks' ``computed`` in turn order, so that a trainer
 that died under a task is replaced, and the task run again, before a later
 task waits on its turn; a task refused, or given up, still passes its turn.
@@ -181,10 +184,11 @@ class TrainerPool:
             where = place(holding, [task.job, *task.upcoming], self.capacity,
                           self.owners(), self.jobs[task.job].tenant)
             busy = self._procs[where.trainer].pending
-            if busy is not None:  # its last task's replies first, then the choice again
-                self._complete(busy)
+            if busy is not None:  # its last task's compute first, then the choice again
+                self._release(busy)
                 continue
             if where.reset:  # another tenant's process: a fresh one
+                self._drain(self._procs[where.trainer])
                 self._replace(where.trainer)
             try:
                 return self._start_on(where.trainer, where.evict, task, attempt)
@@ -196,6 +200,8 @@ class TrainerPool:
 
     def _start_on(self, i: int, evict: Sequence[str], task: Task, attempt: int) -> Pending:
         proc, job = self._procs[i], task.job
+        if evict or job not in proc.held | proc.evicted:  # an answer to wait for: after theirs
+            self._drain(proc)
         proc.tenant = self.jobs[job].tenant
         for victim in evict:
             ask(proc, p.Evict(victim, self.folder))
@@ -250,6 +256,7 @@ class TrainerPool:
 
     def _take_computed(self, pending: Pending) -> None:
         while True:
+            self._drain(pending.proc)  # the gradients of its trainer's earlier tasks come first
             try:
                 reply = read(pending.proc)
             except TrainerDied:
@@ -269,6 +276,33 @@ class TrainerPool:
         """Read ``pending``'s replies, all of them: its computed, then its
         gradients; when its trainer died first, a new one runs it again."""
         self._settle(pending)
+        finishing = pending.proc.finishing
+        self._drain(pending.proc, pending if pending in finishing else None)
+        self._read_gradients(pending)
+
+    def _release(self, pending: Pending) -> None:
+        """``pending``'s trainer may take its next task once ``pending``'s
+        compute is counted: its gradients are read later (:meth:`_drain`),
+        so that the next command reaches the trainer as they travel."""
+        self._settle(pending)
+        if pending.reply is None and pending.lost is None and pending.proc.pending is pending:
+            pending.proc.finishing.append(pending)
+            pending.proc.pending = None
+        else:
+            self._complete(pending)
+
+    def _drain(self, proc: Proc, upto: Pending | None = None) -> None:
+        """Read the gradients of ``proc``'s tasks in ``finishing``, oldest
+        first: all of them, or up to ``upto``."""
+        while proc.finishing:
+            older = proc.finishing.popleft()
+            self._read_gradients(older)
+            if older is upto:
+                return
+
+    def _read_gradients(self, pending: Pending) -> None:
+        """``pending``'s gradients (its computed counted), read; when its
+        trainer died first, a new one runs it again."""
         while pending.reply is None and pending.lost is None:
             try:
                 reply = read(pending.proc)
@@ -284,6 +318,7 @@ class TrainerPool:
         pending = self._procs[i].pending
         if pending is not None:
             self._complete(pending)
+        self._drain(self._procs[i])
 
     def _rerun(self, pending: Pending) -> bool:
         """``pending``'s trainer died: the task again, from the same

@@ -190,7 +190,7 @@ def test_the_next_task_starts_while_the_gradients_travel(tiny_pool: TrainerPool)
     tiny_pool.add_job("b", TINY, {"seed": 8})
     first = tiny_pool.start("a", 0, 0, 1, 4, pa, ["b", "a"])
     other = tiny_pool.start("b", 0, 0, 2, 4, pb, ["a"])
-    again = tiny_pool.start("a", 0, 1, 4, 4, pa)  # same trainer: a's first gradients read first
+    again = tiny_pool.start("a", 0, 1, 4, 4, pa)  # same trainer: after a's first compute
     assert first.trainer == again.trainer != other.trainer
     assert other.computed.compute_start >= first.computed.compute_end
     results = [tiny_pool.finish(t) for t in (again, other, first)]
@@ -203,6 +203,30 @@ def test_the_next_task_starts_while_the_gradients_travel(tiny_pool: TrainerPool)
     out = tiny_pool.finish(late)
     assert out.attempts in (1, 2)
     assert same_gradients(out.gradients, _local({"seed": 8}, pb, 1, 0, 3))
+
+
+def test_the_next_command_goes_before_the_last_gradients_are_read(
+        tiny_pool: TrainerPool) -> None:
+    pa = _params({"seed": 9})
+    tiny_pool.add_job("a", TINY, {"seed": 9})
+    first = tiny_pool.stage("a", 0, 0, 1, 4, pa)
+    again = tiny_pool.stage("a", 0, 1, 3, 4, pa)  # its model's trainer: the same one
+    assert again.trainer == first.trainer
+    assert first.computed is not None and first.reply is None  # counted; gradients unread
+    later, earlier = tiny_pool.finish(again), tiny_pool.finish(first)  # in either order
+    assert same_gradients(earlier.gradients + later.gradients, _local({"seed": 9}, pa, 0, 0, 3))
+    # Killed with a task sent and the gradients of the one before unread (a
+    # slow job's: 0.2 s a micro-batch): both come, once.
+    slow = {"seed": 9, "sleep_s": 0.2}
+    tiny_pool.add_job("s", TINY, slow)
+    one = tiny_pool.stage("s", 1, 0, 1, 4, pa)
+    two = tiny_pool.stage("s", 1, 1, 2, 4, pa)
+    os.kill(tiny_pool.pids[one.trainer], signal.SIGKILL)
+    second, first_ = tiny_pool.finish(two), tiny_pool.finish(one)
+    assert second.attempts == 2 and first_.attempts in (1, 2)
+    assert same_gradients(first_.gradients + second.gradients, _local(slow, pa, 1, 0, 2))
+    third = tiny_pool.run("a", 2, 0, 4, 4, pa)  # and the pool goes on
+    assert same_gradients(third.gradients, _local({"seed": 9}, pa, 2, 0, 4))
 
 
 def test_trainers_per_gpu_and_the_params_wait_are_executor_settings(
