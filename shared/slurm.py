@@ -24,21 +24,27 @@ _NOT_RESPONDING = "NOT_RESPONDING"
 _DRAIN_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED"})
 _BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 _UP = frozenset({"IDLE", *_BUSY})
-_DEAD = frozenset({"DOWN", "ERROR", "FUTURE", "UNKNOWN", "INVAL"})
+_DEAD = frozenset({"DOWN", "ERROR", "FUTURE", "INVAL"})
+# Slurm's UNKNOWN: "the controller has just started and the node's state has
+# not yet been determined" (sinfo(1), NODE STATE CODES).
+_UNDETERMINED = "UNKNOWN"
 # sinfo's long forms fold a drain into the base word.
 _ALIASES = {"DRAINED": ("IDLE", "DRAIN"), "DRAINING": ("ALLOCATED", "DRAIN"),
             "ALLOC": ("ALLOCATED", ""), "COMP": ("COMPLETING", ""),
             "DRAIN": ("IDLE", "DRAIN")}
 
 NODE_UNKNOWN_STATE = "slurm_node_state_unknown"
+# A node slurmctld has not heard from since it (re)started: not evidence of death.
+NODE_UNDETERMINED = "undetermined"
 
 
 class NodeHealth(msgspec.Struct, frozen=True):
     """A Slurm node as Hops reads it: ``alive`` (its slurmd answers and it is
     not down), ``drained`` (no new work: an operator or Slurm drained it),
     ``busy`` (jobs hold some of it), ``code`` (one stable word: ``idle``,
-    ``busy``, ``down``, ``not_responding``, ``drained`` or
-    :data:`NODE_UNKNOWN_STATE`) and Slurm's ``reason``."""
+    ``busy``, ``down``, ``not_responding``, ``drained``,
+    :data:`NODE_UNDETERMINED` or :data:`NODE_UNKNOWN_STATE`) and Slurm's
+    ``reason``."""
 
     alive: bool
     drained: bool
@@ -68,6 +74,9 @@ def node_health(state: str, flags: tuple[str, ...] = (), reason: str = "") -> No
     :data:`NODE_UNKNOWN_STATE`."""
     base, extra = _words(state, flags)
     drained = bool(extra & _DRAIN_FLAGS)
+    if base == _UNDETERMINED:
+        return NodeHealth(alive=False, drained=drained, busy=False, code=NODE_UNDETERMINED,
+                          reason=reason or "slurmctld has not yet heard from the node")
     if base in _DEAD or _NOT_RESPONDING in extra:
         code = "down" if base in _DEAD else "not_responding"
         return NodeHealth(alive=False, drained=drained, busy=False, code=code, reason=reason)
@@ -349,6 +358,22 @@ def end_verdict(verdict: JobVerdict, last_event: str) -> JobVerdict:
                           reason=f"the job ended ({last_event}) without Hops asking it to",
                           exit_code=verdict.exit_code)
     return verdict
+
+
+def dead_since_after(dead_since: float | None, health: NodeHealth,
+                     read_at: float) -> float | None:
+    """Since when a node reads dead, after a reading begun at ``read_at``
+    that reads it ``health`` (None: it reads alive). A node slurmctld has
+    not heard from since it restarted (:data:`NODE_UNDETERMINED`) neither
+    starts nor ends a death: its last reading stands, and no new work goes
+    there meanwhile (:func:`node_refusal`). Slurm itself sets such a node
+    DOWN once its slurmd stays silent for ``SlurmdTimeout``; without this, a
+    restarted slurmctld's few seconds of UNKNOWN would kill every idle node."""
+    if health.alive:
+        return None
+    if health.code == NODE_UNDETERMINED:
+        return dead_since
+    return read_at if dead_since is None else dead_since
 
 
 def node_counted_alive(listed: bool, read_at: float, dead_since: float | None,

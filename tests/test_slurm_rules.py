@@ -14,6 +14,7 @@ from shared.slurm import (
     STOPPED_OUTSIDE,
     JobVerdict,
     StartOf,
+    dead_since_after,
     end_verdict,
     holds_node,
     is_this_start,
@@ -98,6 +99,41 @@ def test_a_node_is_dead_once_its_dead_readings_outlast_the_debounce() -> None:
     assert not node_counted_alive(False, 10.0, None, 3.0)  # no longer in the partition
     assert node_counted_alive(True, 12.9, 10.0, 3.0)  # a resumed node's second of "idle*"
     assert not node_counted_alive(True, 13.0, 10.0, 3.0)
+
+
+def test_a_restarted_slurmctlds_unknown_nodes_keep_their_last_verdict() -> None:
+    """Right after slurmctld restarts it reads the nodes it has not heard
+    from yet as UNKNOWN, for seconds (three on the CI's cluster, more on a
+    busy host): that neither kills an alive node nor revives a dead one,
+    and no start goes there meanwhile."""
+    unknown, idle, down = node_health("unknown"), node_health("idle"), node_health("down")
+    assert dead_since_after(None, unknown, 20.0) is None  # alive before: still alive
+    assert node_counted_alive(True, 25.0, dead_since_after(None, unknown, 25.0), 3.0)
+    assert dead_since_after(10.0, unknown, 20.0) == 10.0  # dead before: its death goes on
+    assert dead_since_after(None, down, 20.0) == 20.0
+    assert dead_since_after(10.0, down, 20.0) == 10.0
+    assert dead_since_after(10.0, idle, 20.0) is None
+    refused = node_refusal("n3", "hops", 5.0, unknown)
+    assert refused is not None and refused[0] == "slurm_node_down"
+    assert "undetermined" in refused[1], refused
+
+
+@given(st.lists(st.sampled_from(["idle", "mixed", "down", "idle*", "unknown", "unknown*"]),
+                min_size=1, max_size=30), st.integers(1, 5))
+def test_unknown_readings_never_decide_a_nodes_fate(states: list[str], down_s: int) -> None:
+    """Dropping every UNKNOWN reading from a node's history leaves whether
+    Hops counts it alive unchanged at every other reading (one a second)."""
+    def verdicts(kept: list[tuple[int, str]]) -> dict[int, bool]:
+        since: float | None = None
+        out = {}
+        for at, state in kept:
+            since = dead_since_after(since, node_health(state), float(at))
+            out[at] = node_counted_alive(True, float(at), since, down_s)
+        return out
+    readings = list(enumerate(states, start=1))
+    every = verdicts(readings)
+    known = verdicts([(at, s) for at, s in readings if not s.startswith("unknown")])
+    assert {at: v for at, v in every.items() if at in known} == known
 
 
 def test_a_start_on_a_dead_drained_or_unlisted_node_is_refused_with_slurms_reason() -> None:

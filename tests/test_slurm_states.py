@@ -13,6 +13,7 @@ from executor.slurm.client import JobRequest, SlurmClusterSettings, batch_script
 from executor.slurm.records import decode_jobs, decode_nodes
 from shared.slurm import (
     JOB_UNKNOWN_STATE,
+    NODE_UNDETERMINED,
     NODE_UNKNOWN_STATE,
     gpu_gres,
     gres_indices,
@@ -42,6 +43,9 @@ from shared.slurm import (
     ("drained*", (), False, True, False, "not_responding"),
     ("IDLE+NOT_RESPONDING", (), False, False, False, "not_responding"),
     ("future", (), False, False, False, "down"),
+    ("unknown", (), False, False, False, NODE_UNDETERMINED),
+    ("UNKNOWN+NOT_RESPONDING", (), False, False, False, NODE_UNDETERMINED),
+    ("unknown*", (), False, False, False, NODE_UNDETERMINED),
     ("idle~", (), True, False, False, "idle"),
     ("BLINKING", (), False, False, False, NODE_UNKNOWN_STATE),
     ("", (), False, False, False, NODE_UNKNOWN_STATE),
@@ -142,7 +146,8 @@ def test_every_node_state_reads_safely(state: str, flags: list[str], reason: str
     health = node_health(state, tuple(flags), reason)
     if health.code == NODE_UNKNOWN_STATE:
         assert not health.alive  # no work goes to a node in a state Hops cannot read
-    assert health.code in ("idle", "busy", "down", "not_responding", "drained", NODE_UNKNOWN_STATE)
+    assert health.code in ("idle", "busy", "down", "not_responding", "drained",
+                           NODE_UNDETERMINED, NODE_UNKNOWN_STATE)
     if health.busy:
         assert health.alive
 

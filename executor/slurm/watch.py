@@ -6,7 +6,8 @@ next reading.
 A reading that fails keeps the last one and is retried: Hops decides
 nothing on a Slurm it cannot read. A node is dead for Hops only after it
 has read dead for ``down_s`` on end (a resumed node reads not responding
-for about a second, docs/slurm.md). Each reading also cancels the Slurm
+for about a second, docs/slurm.md); one slurmctld has not heard from since it
+restarted (UNKNOWN) keeps its last verdict. Each reading also cancels the Slurm
 jobs Hops disowned that it shows (:mod:`executor.slurm.strays`).
 """
 
@@ -22,7 +23,7 @@ from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob, SlurmNode
 from executor.slurm.strays import Strays
-from shared.slurm import node_counted_alive
+from shared.slurm import dead_since_after, node_counted_alive
 
 
 class SlurmWatch:
@@ -53,10 +54,11 @@ class SlurmWatch:
         self.nodes = {n.name: n for n in nodes}
         self.read_at = began
         for node in nodes:
-            if node.health.alive:
+            since = dead_since_after(self._dead_since.get(node.name), node.health, began)
+            if since is None:
                 self._dead_since.pop(node.name, None)
             else:
-                self._dead_since.setdefault(node.name, began)
+                self._dead_since[node.name] = since
         fresh, self._fresh = self._fresh, asyncio.Event()
         fresh.set()
         if self.strays:
