@@ -114,6 +114,9 @@ class LogShipper:
         self.rate, self.burst = rate, burst
         self.clock = clock
         self.jobs: dict[str, JobLogs] = {}
+        # One pass at a time: the executor's shutdown ships the rest while the
+        # loop's own last pass may still be publishing the same pending chunks.
+        self._passing = asyncio.Lock()
 
     def follow(self, job_id: str) -> None:
         """Ship ``job_id``'s output from now on (again: a restart of it)."""
@@ -138,6 +141,10 @@ class LogShipper:
         await self.ship_all()
 
     async def ship_all(self) -> None:
+        async with self._passing:
+            await self._ship_all()
+
+    async def _ship_all(self) -> None:
         for job in list(self.jobs.values()):
             ending = job.ending
             try:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
+from structlog.testing import capture_logs
 
 from executor.launch import job_paths
 from executor.logship import LogShipper
@@ -173,6 +174,25 @@ async def test_a_chatty_rank_is_few_messages_and_a_restart_ships_on(
     texts = [x.text for c in await stored(nc, "alice/j1") for x in c.lines]
     assert texts[2000:] == ["partial line", "after"]
     assert "alice/j1" not in second.jobs  # drained: no longer followed
+
+
+async def test_two_passes_at_once_ship_each_line_once(nc: NATS, tmp_path: Path) -> None:
+    """The executor's shutdown ships the rest while the loop's last pass may
+    still be publishing: the passes take turns (they once popped the same
+    pending chunk twice: IndexError, and the job's last lines unshipped)."""
+    await ensure_jetstream(nc.jetstream())
+    log = job_paths(tmp_path, "j2", ServerId("s0")).log(0)
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"line {i}\n" for i in range(3000)))
+    ship = shipper(nc, tmp_path, Clock())
+    ship.follow("j2")
+    ship.finish("j2")
+    with capture_logs() as said:
+        await asyncio.gather(ship.ship_all(), ship.ship_all())
+    assert not [e for e in said if e["event"] == "job output not shipped"], said
+    texts = [x.text for c in await stored(nc, "j2") for x in c.lines]
+    assert texts == [f"line {i}" for i in range(3000)]
+    assert "j2" not in ship.jobs
 
 
 async def test_a_flood_is_capped_with_a_marker(nc: NATS, tmp_path: Path) -> None:
