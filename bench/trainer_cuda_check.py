@@ -62,16 +62,17 @@ def local_task(script: Path, config: dict[str, Any], device: torch.device) -> Ta
     return TaskJob(task.model, task.optimizer, batch, task.loss)
 
 
+def relative(tensor: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest difference of ``tensor`` from ``ref``, relative to
+    ``ref``'s largest magnitude (0.0: equal)."""
+    ref = ref.cpu()
+    return float((tensor - ref).abs().max()) / (float(ref.abs().max()) or 1.0)
+
+
 def worst(got: TaskResult, want: tuple[dict[str, torch.Tensor], ...]) -> float:
-    """The largest difference between ``got`` and ``want``, relative to
-    each gradient's largest magnitude (0.0: bitwise equal)."""
-    out = 0.0
-    for g, w in zip(got.gradients, want, strict=True):
-        for name, tensor in g.items():
-            ref = w[name].cpu()
-            scale = float(ref.abs().max()) or 1.0
-            out = max(out, float((tensor - ref).abs().max()) / scale)
-    return out
+    """The largest :func:`relative` difference of any gradient of ``got``."""
+    return max((relative(t, w[name]) for g, w in zip(got.gradients, want, strict=True)
+                for name, t in g.items()), default=0.0)
 
 
 def compare(got: TaskResult, want: tuple[dict[str, torch.Tensor], ...], exact: bool) -> str:
@@ -80,11 +81,9 @@ def compare(got: TaskResult, want: tuple[dict[str, torch.Tensor], ...], exact: b
         if g.keys() != w.keys():
             return f"micro-batch {m}: other parameters"
         for name, tensor in g.items():
-            ref = w[name].cpu()
-            if exact and not torch.equal(tensor, ref):
+            if exact and not torch.equal(tensor, w[name].cpu()):
                 return f"micro-batch {m}, {name}: not bitwise equal"
-            scale = float(ref.abs().max()) or 1.0
-            if not exact and float((tensor - ref).abs().max()) > TOLERANCE * scale:
+            if not exact and relative(tensor, w[name]) > TOLERANCE:
                 return f"micro-batch {m}, {name}: off by more than {TOLERANCE} relative"
     return ""
 

@@ -36,6 +36,7 @@ switch), ``--serial`` also reads its gradients first, for comparison.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -49,6 +50,18 @@ from hops.trainer.api import load_task
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"train_cnn": ROOT / "examples" / "train_cnn.py",
             "train_lm": ROOT / "examples" / "train_lm.py"}
+
+
+def option_names(script: Path) -> set[str]:
+    """The destinations of ``script``'s own options (``batch_size`` for
+    ``--batch-size``), as :func:`hops.trainer.api.script_options` reads a
+    job's config: a ``--set`` key outside them would be dropped unread."""
+    spec = importlib.util.spec_from_file_location(f"_switch_{script.stem}", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parser = module.build_parser()
+    return {a.dest for a in parser._actions if a.option_strings}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -145,6 +158,10 @@ def main() -> int:
         if not sep or not key:
             parser.error(f"--set {item!r}: not KEY=VALUE")
         config[key] = value
+    for name in args.examples:
+        unknown = sorted(set(config) - {"sync_scale"} - option_names(EXAMPLES[name]))
+        if unknown:
+            parser.error(f"--set {', '.join(unknown)}: not an option of {name}")
     for name in args.examples:
         with tempfile.TemporaryDirectory(prefix="hops-trainer-switch-") as folder:
             results = measure(EXAMPLES[name], config, args, folder)

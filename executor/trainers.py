@@ -276,8 +276,7 @@ class TrainerPool:
         """Read ``pending``'s replies, all of them: its computed, then its
         gradients; when its trainer died first, a new one runs it again."""
         self._settle(pending)
-        finishing = pending.proc.finishing
-        self._drain(pending.proc, pending if pending in finishing else None)
+        self._drain(pending.proc, pending if pending in pending.proc.finishing else None)
         self._read_gradients(pending)
 
     def _release(self, pending: Pending) -> None:
