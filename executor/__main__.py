@@ -33,6 +33,7 @@ variable                   flag                    default     meaning
 ``HOPS_JOB_USER``          ``--job-user``          none        real jobs run as this user
 ``HOPS_ALLOW_ROOT_JOBS``   ``--allow-root-jobs``   off (0)     root executor may run jobs as root
 ``HOPS_TRAINERS_PER_GPU``  ``--trainers-per-gpu``  2           resident trainers per GPU (tasks)
+``HOPS_DETERMINISTIC_...`` ``--deterministic-...`` off (0)     trainers: deterministic algorithms
 ``HOPS_TASK_PARAMS_...``   ``--task-params-...``   120         a task's wait for its params (s)
 =========================  ======================  ==========  ==============================
 
@@ -155,6 +156,11 @@ def _parser() -> argparse.ArgumentParser:
                    default=os.environ.get("HOPS_ALLOW_ROOT_JOBS", "") in ("1", "true", "yes"),
                    help="let an executor running as root run jobs as root "
                         "($HOPS_ALLOW_ROOT_JOBS=1)")
+    p.add_argument("--deterministic-trainers", action="store_true",
+                   default=os.environ.get("HOPS_DETERMINISTIC_TRAINERS", "") in
+                   ("1", "true", "yes"),
+                   help="resident trainers use torch's deterministic algorithms only: "
+                        "bitwise task replays on a GPU, slower ($HOPS_DETERMINISTIC_TRAINERS=1)")
     for name, var, kind in _NUMBERS:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                        help=f"overrides ${var} (default {_default(name)})")
@@ -204,6 +210,7 @@ def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSet
                             backend=args.backend, address=args.address,
                             run_dir=run_dir_of(args), threads=threads, affinity=affinity,
                             job_user=args.job_user, allow_root_jobs=args.allow_root_jobs,
+                            deterministic_trainers=args.deterministic_trainers,
                             **values)  # type: ignore[arg-type]
 
 

@@ -52,6 +52,10 @@ class ExecutorSettings:
     resctrl: Path = RESCTRL  # real: where memory bandwidth is read and capped (executor.mba)
     # Resident trainer processes per GPU for Hare's tasks (executor.trainers).
     trainers_per_gpu: int = 2
+    # Trainers run torch's deterministic algorithms only: bitwise replays of a
+    # task on a GPU (cuDNN's convolution gradients otherwise differ in their
+    # last bits), at some speed (docs/hare.md §7, step 4d).
+    deterministic_trainers: bool = False
     # The longest a task waits for its round's parameters from the job's aggregator.
     task_params_wait_s: float = 120.0
 

@@ -58,6 +58,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
 from structlog.typing import FilteringBoundLogger
@@ -76,6 +77,9 @@ from shared.events import JobFailed, TaskDone, TaskSequence, WireError, decode_t
 from shared.ids import JobId
 from shared.sequence import TaskEntry, TaskKey
 from shared.wire import INVALID
+
+if TYPE_CHECKING:  # torch comes with the real backend only
+    from executor.trainers import TrainerPool
 
 Clock = Callable[[], float]
 SAID_MAX = 256  # refusals remembered, so that resends are not recorded again
@@ -294,16 +298,22 @@ def task_work(ctx: ServiceContext, server: Server, backend: Backend,
     if isinstance(backend, RealBackend):
         # torch comes with the real backend only: the emulated executor's image has none
         from executor.realwork import RealWork
-        from executor.trainers import TrainerPool
 
-        def pool(gpu: int) -> TrainerPool:
-            # threads as a real job's: one on a declared (CPU) device, the GPU's own else
-            cores = settings.affinity[gpu] if gpu < len(settings.affinity) else ()
-            device = _device(gpu)
-            return TrainerPool(settings.trainers_per_gpu, device=device, cores=cores,
-                               threads=settings.threads or (1 if device == "cpu" else 0))
-        return RealWork(ctx.nc, ctx.js, server.id, pool, settings.task_params_wait_s)
+        return RealWork(ctx.nc, ctx.js, server.id, functools.partial(trainer_pool, settings),
+                        settings.task_params_wait_s)
     return None
+
+
+def trainer_pool(settings: ExecutorSettings, gpu: int) -> TrainerPool:
+    """GPU ``gpu``'s resident trainers as the settings say: threads as a
+    real job's (one on a declared CPU device, the GPU's own else)."""
+    from executor.trainers import TrainerPool  # torch: the real backend's alone
+
+    cores = settings.affinity[gpu] if gpu < len(settings.affinity) else ()
+    device = _device(gpu)
+    return TrainerPool(settings.trainers_per_gpu, device=device, cores=cores,
+                       threads=settings.threads or (1 if device == "cpu" else 0),
+                       deterministic=settings.deterministic_trainers)
 
 
 def _device(gpu: int) -> str:

@@ -17,6 +17,7 @@ import torch
 
 import executor.__main__ as executor_main
 from executor.settings import ExecutorSettings
+from executor.taskrun import trainer_pool
 from executor.trainers import DEFAULT_TRAINERS, TrainerPool, TrainerRefused
 from hops.aggregator import Aggregator, GradientReport
 from hops.trainer.api import load_task, reference_rounds, task_gradients
@@ -245,6 +246,16 @@ def test_trainers_per_gpu_and_the_params_wait_are_executor_settings(
     assert (settings().trainers_per_gpu, settings().task_params_wait_s) == (3, 7.5)
     assert settings("--trainers-per-gpu", "4").trainers_per_gpu == 4
     assert settings("--task-params-wait-s", "3").task_params_wait_s == 3.0
+    assert not settings().deterministic_trainers
+    assert settings("--deterministic-trainers").deterministic_trainers
+    monkeypatch.setenv("HOPS_DETERMINISTIC_TRAINERS", "1")
+    on = settings()
+    assert on.deterministic_trainers
+    pool = trainer_pool(on, 0)  # what the real executor's task work makes per GPU
+    try:
+        assert pool.deterministic and len(pool.pids) == 3
+    finally:
+        pool.close()
 
 
 def test_tenants_never_share_a_trainer_process(tiny_pool: TrainerPool) -> None:
