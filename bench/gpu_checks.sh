@@ -5,8 +5,10 @@
 # and the task switching time on the GPU against the task
 # time, staged and unstaged, at the examples' default sizes, and for
 # train_lm with a larger batch (longer tasks, the same parameters) and a
-# larger model. Each part's output goes to OUT (default ./gpu-checks) as well
-# as to the terminal; a part that fails is reported and the rest still run.
+# larger model, and the time of one copy of a round's parameters to the GPU
+# while another process computes. Each part's output goes to OUT (default
+# ./gpu-checks) as well as to the terminal; a part that fails is reported
+# and the rest still run.
 #
 #   PYTHON=python3 bash bench/gpu_checks.sh [OUT]
 #
@@ -39,4 +41,5 @@ part switch_lm_batch128 120 "$py" "$root/bench/trainer_switch.py" --device cuda 
     --examples train_lm --set batch_size=128
 part switch_lm_large 120 "$py" "$root/bench/trainer_switch.py" --device cuda --rounds 6 \
     --examples train_lm --set batch_size=64 --set seq_len=256 --set d_model=512 --set layers=6
+part copy_contention 120 "$py" "$root/bench/gpu_copy_contention.py"
 exit $status

@@ -23,7 +23,10 @@ decoded and put in place) the previous compute did not cover; the share
 is of the task it starts; *late* is how long after the previous compute
 ended the next task's command reached its trainer (the pool's side:
 reading the previous gradients, sending the command and its parameters),
-the rest of a switch is the trainer's. ``--unstaged`` sends each task only once the
+the rest of a switch is the trainer's; *unready* (of the switches whose
+task carries the round's parameters) is how long after the previous compute
+ended the next task's model and parameters were in place on its trainer:
+what the trainer's own preparation did not hide. ``--unstaged`` sends each task only once the
 previous one's compute ended (:meth:`TrainerPool.start`: the ``computed``
 message, the pool, the command's pipe and the parameters all in the
 switch), ``--serial`` also reads its gradients first, for comparison.
@@ -108,29 +111,39 @@ def measure(script: Path, config: dict[str, Any], args: argparse.Namespace,
     return results
 
 
-def switches(results: list[TaskResult], skip: int) -> list[tuple[float, float, bool, float]]:
-    """(switch s, task s, parameters sent, late s) of each pair of
-    consecutive tasks of different jobs, from task ``skip`` on; late: how
-    long after the previous compute ended the next task's command reached
-    its trainer (0 when before), the part of the switch the pool's side
+Switch = tuple[float, float, bool, float, float]
+
+
+def switches(results: list[TaskResult], skip: int) -> list[Switch]:
+    """(switch s, task s, parameters sent, late s, unready s) of each pair
+    of consecutive tasks of different jobs, from task ``skip`` on; late:
+    how long after the previous compute ended the next task's command
+    reached its trainer (0 when before), the part of the switch the pool's
+    side did not hide; unready: how long after it the next task's model and
+    parameters were in place (0 when before), what the trainer's own
+    preparation (parameters decoded and copied to the device, a reload)
     did not hide."""
     out = []
     for prev, nxt in zip(results[skip:], results[skip + 1:], strict=False):
         out.append((nxt.compute_start - prev.compute_end, nxt.compute_end - nxt.compute_start,
-                    nxt.params_sent, max(0.0, nxt.received - prev.compute_end)))
+                    nxt.params_sent, max(0.0, nxt.received - prev.compute_end),
+                    max(0.0, nxt.ready - prev.compute_end)))
     return out
 
 
-def row(name: str, device: str, pairs: list[tuple[float, float, bool, float]]) -> str:
-    sw = [s for s, _, _, _ in pairs]
-    share = [s / t for s, t, _, _ in pairs]
-    plain = [s / t for s, t, sent, _ in pairs if not sent] or [float("nan")]
-    late = [lt for _, _, _, lt in pairs]
-    task = statistics.median(t for _, t, _, _ in pairs)
+def row(name: str, device: str, pairs: list[Switch]) -> str:
+    sw = [s[0] for s in pairs]
+    share = [s[0] / s[1] for s in pairs]
+    plain = [s[0] / s[1] for s in pairs if not s[2]] or [float("nan")]
+    late = [s[3] for s in pairs]
+    unready = [s[4] for s in pairs if s[2]] or [float("nan")]
+    late_params = [s[3] for s in pairs if s[2]] or [float("nan")]
+    task = statistics.median(s[1] for s in pairs)
     return (f"{name:10} {device:5} {len(pairs):5} {task * 1e3:9.1f} "
             f"{percentile(sw, 0.5) * 1e3:9.2f} {percentile(sw, 0.95) * 1e3:9.2f} "
             f"{100 * percentile(share, 0.5):7.2f}% {100 * percentile(share, 0.95):7.2f}% "
-            f"{100 * percentile(plain, 0.95):9.2f}% {percentile(late, 0.95) * 1e3:9.2f}")
+            f"{100 * percentile(plain, 0.95):9.2f}% {percentile(late, 0.95) * 1e3:9.2f} "
+            f"{percentile(late_params, 0.95) * 1e3:9.2f} {percentile(unready, 0.95) * 1e3:9.2f}")
 
 
 def main() -> int:
@@ -151,7 +164,8 @@ def main() -> int:
     if args.rounds < 2:
         parser.error("need 2 rounds or more: the first is left out")
     print(f"{'example':10} {'dev':5} {'n':>5} {'task ms':>9} {'p50 ms':>9} {'p95 ms':>9} "
-          f"{'p50 %':>8} {'p95 %':>8} {'p95 %, no params':>10} {'p95 late ms':>9}")
+          f"{'p50 %':>8} {'p95 %':>8} {'p95 %, no params':>10} {'p95 late ms':>9} "
+          f"{'p95 late ms, params':>9} {'p95 unready ms, params':>9}")
     config: dict[str, Any] = {"sync_scale": args.sync_scale}
     for item in args.set:
         key, sep, value = item.partition("=")

@@ -63,6 +63,7 @@ class TaskResult:
     loaded: bool  # the job's model was loaded for it
     params_sent: bool  # the round's parameters went with it
     attempts: int
+    ready: float = 0.0  # the trainer's: model and parameters in place, before its turn
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,7 @@ class TrainerPool:
         assert isinstance(reply, p.Ran) and c is not None
         return TaskResult(tuple(decode_tensors(g) for g in reply.gradients), pending.trainer,
                           pending.sent, c.received, c.compute_start, c.compute_end, c.reload_s,
-                          pending.loaded, pending.params_sent, pending.attempts)
+                          pending.loaded, pending.params_sent, pending.attempts, c.ready)
 
     def forget(self, job: str) -> None:
         """Drop ``job``'s model from every trainer (its job ended)."""

@@ -61,6 +61,8 @@ def test_a_staged_task_is_readied_while_the_other_computes_then_starts_after(
     ra, rb = pool.finish(first), pool.finish(second)
     assert ra.trainer != rb.trainer and rb.params_sent and not rb.loaded
     assert rb.received < ra.compute_end <= rb.compute_start  # readied early, started after
+    # its parameters were in place while the other computed
+    assert rb.received <= rb.ready < ra.compute_end
     assert same_gradients(ra.gradients, _local(SLOW, pa, 1, 0, 1))
     assert same_gradients(rb.gradients, _local({"seed": 4}, pb, 1, 0, 2))
 

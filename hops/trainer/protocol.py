@@ -107,7 +107,8 @@ class Computed(msgspec.Struct, tag="computed", frozen=True):
     """A run's compute ended. ``received``, ``compute_start`` and
     ``compute_end`` are the trainer's ``time.monotonic()`` (system-wide on
     Linux, comparable across processes); ``reload_s`` the evicted state's
-    reload, 0 when resident."""
+    reload, 0 when resident; ``ready``: when its model and parameters were
+    in place, before it waited for its turn (0: not said)."""
 
     job: str
     round: int
@@ -117,6 +118,7 @@ class Computed(msgspec.Struct, tag="computed", frozen=True):
     compute_start: float
     compute_end: float
     reload_s: float = 0.0
+    ready: float = 0.0
 
 
 class Ran(msgspec.Struct, tag="ran", frozen=True):

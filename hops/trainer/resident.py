@@ -165,6 +165,7 @@ class Trainer:
             self._wait(cmd.turn)
             self._pass(cmd.turn)
             raise
+        ready = time.monotonic()
         self._wait(cmd.turn)
         start = time.monotonic()
         if self.gate is not None and cmd.turn is not None:
@@ -186,7 +187,7 @@ class Trainer:
             res.unhook()
             res.unhook = None
         return p.Computed(cmd.job, cmd.round, cmd.lo, cmd.hi, received, start, end,
-                          reload_s), grads
+                          reload_s, ready), grads
 
     def _ready(self, cmd: p.Run) -> tuple[Resident, float]:
         """The task's model in place with its round's parameters, before its
