@@ -366,9 +366,9 @@ def dead_since_after(dead_since: float | None, health: NodeHealth,
     that reads it ``health`` (None: it reads alive). A node slurmctld has
     not heard from since it restarted (:data:`NODE_UNDETERMINED`) neither
     starts nor ends a death: its last reading stands, and no new work goes
-    there meanwhile (:func:`node_refusal`). Slurm itself sets such a node
-    DOWN once its slurmd stays silent for ``SlurmdTimeout``; without this, a
-    restarted slurmctld's few seconds of UNKNOWN would kill every idle node."""
+    there meanwhile (:func:`node_refusal`), unless it reads so for long
+    (:func:`node_counted_alive`); without this, a restarted slurmctld's few
+    seconds of UNKNOWN would kill every idle node."""
     if health.alive:
         return None
     if health.code == NODE_UNDETERMINED:
@@ -376,14 +376,26 @@ def dead_since_after(dead_since: float | None, health: NodeHealth,
     return read_at if dead_since is None else dead_since
 
 
+# How many debounces a node may read UNKNOWN on end before it is dead all the
+# same: a restarted slurmctld hears from its slurmds within seconds, and one it
+# never hears from would otherwise stay alive, refusing every start, until
+# Slurm sets it DOWN after SlurmdTimeout (300 s by default).
+UNDETERMINED_DEBOUNCES = 10
+
+
 def node_counted_alive(listed: bool, read_at: float, dead_since: float | None,
-                       down_s: float) -> bool:
+                       down_s: float, undetermined_since: float | None = None) -> bool:
     """Whether Hops counts a node alive after a reading begun at ``read_at``
     (0: none yet): not when the reading no longer lists it in the partition,
     nor once Slurm has read it dead since ``dead_since`` (None: it reads
-    alive) for ``down_s`` on end. A resumed node reads not responding for
-    about a second (docs/slurm.md, "Quirks"): shorter deaths are not deaths."""
+    alive) for ``down_s`` on end, nor once it has read UNKNOWN since
+    ``undetermined_since`` for :data:`UNDETERMINED_DEBOUNCES` times that. A
+    resumed node reads not responding for about a second (docs/slurm.md,
+    "Quirks"): shorter deaths are not deaths."""
     if read_at and not listed:
+        return False
+    if undetermined_since is not None \
+            and read_at - undetermined_since >= UNDETERMINED_DEBOUNCES * down_s:
         return False
     return dead_since is None or read_at - dead_since < down_s
 

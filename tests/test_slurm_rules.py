@@ -113,6 +113,9 @@ def test_a_restarted_slurmctlds_unknown_nodes_keep_their_last_verdict() -> None:
     assert dead_since_after(None, down, 20.0) == 20.0
     assert dead_since_after(10.0, down, 20.0) == 10.0
     assert dead_since_after(10.0, idle, 20.0) is None
+    # ... for ten debounces at most: a node slurmctld never hears from is dead
+    assert node_counted_alive(True, 49.9, None, 3.0, undetermined_since=20.0)
+    assert not node_counted_alive(True, 50.0, None, 3.0, undetermined_since=20.0)
     refused = node_refusal("n3", "hops", 5.0, unknown)
     assert refused is not None and refused[0] == "slurm_node_down"
     assert "undetermined" in refused[1], refused

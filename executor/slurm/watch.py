@@ -6,9 +6,10 @@ next reading.
 A reading that fails keeps the last one and is retried: Hops decides
 nothing on a Slurm it cannot read. A node is dead for Hops only after it
 has read dead for ``down_s`` on end (a resumed node reads not responding
-for about a second, docs/slurm.md); one slurmctld has not heard from since it
-restarted (UNKNOWN) keeps its last verdict. Each reading also cancels the Slurm
-jobs Hops disowned that it shows (:mod:`executor.slurm.strays`).
+for about a second, docs/slurm.md); one slurmctld has not heard from since
+it restarted (UNKNOWN) keeps its last verdict, for ten debounces at most.
+Each reading also cancels the Slurm jobs Hops disowned that it shows
+(:mod:`executor.slurm.strays`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob, SlurmNode
 from executor.slurm.strays import Strays
-from shared.slurm import dead_since_after, node_counted_alive
+from shared.slurm import NODE_UNDETERMINED, dead_since_after, node_counted_alive
 
 
 class SlurmWatch:
@@ -41,6 +42,7 @@ class SlurmWatch:
         # after it may be missing from it without being gone.
         self.read_at = 0.0
         self._dead_since: dict[str, float] = {}
+        self._undetermined_since: dict[str, float] = {}  # read UNKNOWN since
         self._fresh = asyncio.Event()
         self._failing = False
         self.strays = Strays()
@@ -59,6 +61,10 @@ class SlurmWatch:
                 self._dead_since.pop(node.name, None)
             else:
                 self._dead_since[node.name] = since
+            if node.health.code == NODE_UNDETERMINED:
+                self._undetermined_since.setdefault(node.name, began)
+            else:
+                self._undetermined_since.pop(node.name, None)
         fresh, self._fresh = self._fresh, asyncio.Event()
         fresh.set()
         if self.strays:
@@ -109,9 +115,10 @@ class SlurmWatch:
                 return
 
     def node_alive(self, name: str) -> bool:
-        """False once Slurm has said the node is dead for ``down_s`` on end
-        (or no longer lists it in the partition):
+        """False once Slurm has said the node is dead for ``down_s`` on end,
+        or UNKNOWN ten times that long (or no longer lists it in the partition):
         :func:`shared.slurm.node_counted_alive`."""
         return node_counted_alive(name in self.nodes, self.read_at,
-                                  self._dead_since.get(name), self.down_s)
+                                  self._dead_since.get(name), self.down_s,
+                                  self._undetermined_since.get(name))
 
