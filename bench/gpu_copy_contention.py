@@ -6,7 +6,7 @@ with matrix products (as the other trainer's task does), and while a
 thread of this process does, on a stream of its own (as one process
 holding both jobs would).
 
-    python3 bench/gpu_copy_contention.py [--mb 1.36] [--copies 200]
+    PYTHONPATH=. python3 bench/gpu_copy_contention.py [--mb 1.36] [--copies 200]
 
 Needs a GPU; prints p50 and p95 in ms for pageable and pinned sources.
 """
@@ -22,6 +22,8 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 import torch
+
+from bench.trainer_switch import percentile
 
 
 def busy(started: Event, stop: Event) -> None:
@@ -60,17 +62,12 @@ def copies(mb: float, count: int, pinned: bool) -> list[float]:
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1e3
-
-
 def report(label: str, mb: float, count: int) -> None:
     """One line per source (pageable, pinned): p50 and p95 in ms."""
     for pinned in (False, True):
         took = copies(mb, count, pinned)
         print(f"{label:8} {'pinned' if pinned else 'pageable':9} "
-              f"{pct(took, 0.5):8.3f} {pct(took, 0.95):8.3f}")
+              f"{percentile(took, 0.5) * 1e3:8.3f} {percentile(took, 0.95) * 1e3:8.3f}")
 
 
 def main() -> int:

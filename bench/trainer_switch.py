@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.trainers import Pending, TaskResult, TrainerPool
-from hops.trainer.api import load_task
+from hops.trainer.api import load_task, option_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"train_cnn": ROOT / "examples" / "train_cnn.py",
@@ -63,8 +63,7 @@ def option_names(script: Path) -> set[str]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    parser = module.build_parser()
-    return {a.dest for a in parser._actions if a.option_strings}
+    return set(option_flags(module.build_parser()))
 
 
 def percentile(values: list[float], q: float) -> float:

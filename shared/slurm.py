@@ -383,6 +383,15 @@ def dead_since_after(dead_since: float | None, health: NodeHealth,
 UNDETERMINED_DEBOUNCES = 10
 
 
+def undetermined_since_after(since: float | None, health: NodeHealth,
+                             read_at: float) -> float | None:
+    """Since when a node reads UNKNOWN on end, after a reading begun at
+    ``read_at`` that reads it ``health`` (None: it does not)."""
+    if health.code != NODE_UNDETERMINED:
+        return None
+    return read_at if since is None else since
+
+
 def node_counted_alive(listed: bool, read_at: float, dead_since: float | None,
                        down_s: float, undetermined_since: float | None = None) -> bool:
     """Whether Hops counts a node alive after a reading begun at ``read_at``

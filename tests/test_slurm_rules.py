@@ -25,6 +25,7 @@ from shared.slurm import (
     node_refusal,
     start_verdict,
     stop_read_end,
+    undetermined_since_after,
 )
 
 START = StartOf(job_id="j1", server="n1", slurm_id=7, submitted_at=100.0)
@@ -113,6 +114,9 @@ def test_a_restarted_slurmctlds_unknown_nodes_keep_their_last_verdict() -> None:
     assert dead_since_after(None, down, 20.0) == 20.0
     assert dead_since_after(10.0, down, 20.0) == 10.0
     assert dead_since_after(10.0, idle, 20.0) is None
+    assert undetermined_since_after(None, unknown, 20.0) == 20.0
+    assert undetermined_since_after(20.0, unknown, 23.0) == 20.0
+    assert undetermined_since_after(20.0, idle, 23.0) is None
     # ... for ten debounces at most: a node slurmctld never hears from is dead
     assert node_counted_alive(True, 49.9, None, 3.0, undetermined_since=20.0)
     assert not node_counted_alive(True, 50.0, None, 3.0, undetermined_since=20.0)

@@ -24,7 +24,7 @@ from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob, SlurmNode
 from executor.slurm.strays import Strays
-from shared.slurm import NODE_UNDETERMINED, dead_since_after, node_counted_alive
+from shared.slurm import dead_since_after, node_counted_alive, undetermined_since_after
 
 
 class SlurmWatch:
@@ -61,10 +61,12 @@ class SlurmWatch:
                 self._dead_since.pop(node.name, None)
             else:
                 self._dead_since[node.name] = since
-            if node.health.code == NODE_UNDETERMINED:
-                self._undetermined_since.setdefault(node.name, began)
-            else:
+            unknown = undetermined_since_after(self._undetermined_since.get(node.name),
+                                               node.health, began)
+            if unknown is None:
                 self._undetermined_since.pop(node.name, None)
+            else:
+                self._undetermined_since[node.name] = unknown
         fresh, self._fresh = self._fresh, asyncio.Event()
         fresh.set()
         if self.strays:

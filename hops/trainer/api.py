@@ -66,6 +66,12 @@ def load_task(script: str | Path, config: Mapping[str, object]) -> TaskJob:
     return job
 
 
+def option_flags(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """``parser``'s options by destination (``batch_size``: ``["--batch-size"]``):
+    the config keys :func:`script_options` gives to the script."""
+    return {a.dest: list(a.option_strings) for a in parser._actions if a.option_strings}
+
+
 def script_options(parser: argparse.ArgumentParser,
                    config: Mapping[str, object]) -> argparse.Namespace:
     """The script's options as ``parser`` reads them from ``config``: a key
@@ -73,7 +79,7 @@ def script_options(parser: argparse.ArgumentParser,
     gives that option its value (True: the bare flag; False: left out), so
     the script's own types and checks apply; other keys (``sync_scale``,
     ``learning_rate``) are the runner's and left alone."""
-    options = {a.dest: a.option_strings for a in parser._actions if a.option_strings}
+    options = option_flags(parser)
     argv: list[str] = []
     for key, value in config.items():
         flags = options.get(key)
