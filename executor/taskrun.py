@@ -12,8 +12,9 @@ and publishes. It is one for both backends.
   or the work refuses is logged and recorded once with its code; a resend
   of the held revision is a no-op.
 * One asyncio task per GPU index runs the GPU's entries in order: it waits
-  for the entry's begin and for its job's earlier rounds on this server
-  (a new revision, or another GPU's entry ending, wakes it to look
+  for the entry's begin, for its job's earlier rounds on this server and
+  for their being applied (a new revision, the leader's resend with more
+  rounds applied, or another GPU's entry ending, wakes it to look
   again), then has the backend's work run it: the world model's switch
   and compute times on the emulated backend (:class:`~executor.taskwork.
   EmulatedWork`), the round's parameters from the job's aggregator and a
@@ -133,6 +134,8 @@ class TaskRunner:
                 "(it has no resident trainers)")))
             return
         if self.follower.held == (seq.term, seq.revision):  # the leader's resend
+            if self.follower.note_applied(seq):  # a round applied: a held entry may start
+                self._wake_all()
             return
         checked = self.work.take(seq.specs)
         verdict = checked if checked is not None else self.follower.offer(seq)
@@ -176,7 +179,8 @@ class TaskRunner:
                 self.follower.finish(index)
                 continue
             synced = None if entry is None else self._synced(entry)
-            if entry is None or synced is None:  # nothing to run, or an earlier round runs
+            if entry is None or synced is None or not self.follower.may_start(entry):
+                # nothing to run, or an earlier round runs or is not applied yet
                 await wake.wait()
                 continue
             key = key_of(entry)
@@ -223,7 +227,8 @@ class TaskRunner:
         earlier rounds' gradients sent), and not held for a later start."""
         now, later = self.clock(), self._later(index)
         nxt = later[0] if later else None
-        if nxt is None or nxt.job_id in self.failed or (nxt.hold and nxt.start_s > now):
+        if (nxt is None or nxt.job_id in self.failed or (nxt.hold and nxt.start_s > now)
+                or not self.follower.may_start(nxt)):
             return None
         synced = self._synced(nxt)
         return nxt if synced is not None and synced <= now else None

@@ -39,7 +39,10 @@ first entry pays none), then computes ``(hi - lo) · T^c``. It also
 waits for the gradients of its job's earlier rounds that the held revision
 lists on this server (:meth:`Follower.barrier`): if the emulation runs
 behind the leader's plan, a round does not start before the one before it
-ended on another GPU of the server. Its
+ended on another GPU of the server. And an entry of round r waits until
+r rounds of its job are applied, as the revision (or the leader's resend
+of it, sent as soon as it counts a round applied) lists them
+(:meth:`Follower.may_start`): the round's barrier across servers. Its
 gradients are sent ``T^s`` later, while the GPU already runs its next
 entry (the model's "sync overlaps the next task"; micro-batches of one
 round run back to back, so an entry of k of them is synchronised k · T^c +
@@ -190,6 +193,7 @@ class Follower:
         self.specs: dict[JobId, JobSpec] = {}
         self.running: dict[int, TaskKey] = {}
         self.done: dict[TaskKey, int] = {}
+        self.applied: dict[JobId, int] = {}  # rounds applied of the jobs the leader listed
 
     def _where(self, msg: TaskSequence) -> dict[TaskKey, int]:
         return {key_of(e): g.gpu_index for g in msg.gpus for e in g.entries}
@@ -252,7 +256,28 @@ class Follower:
             self.held = (msg.term, msg.revision)
             self.entries = {g.gpu_index: g.entries for g in msg.gpus}
             self.specs = {s.id: s for s in msg.specs}
+            self.applied = {j: n for j, n in self.applied.items() if j in self.specs}
+            self.note_applied(msg)
         return verdict
+
+    def note_applied(self, msg: TaskSequence) -> bool:
+        """Take the rounds applied that ``msg`` (the held revision, or its
+        resend) lists, each job's count only growing: rounds applied are
+        never undone, and a resend may be overtaken by a later one. Whether
+        a count grew (a held entry may start)."""
+        if msg.server_id != self.server_id or self.held != (msg.term, msg.revision):
+            return False
+        grew = False
+        for a in msg.applied:
+            if a.job_id in self.specs and a.rounds > self.applied.get(a.job_id, -1):
+                self.applied[a.job_id] = a.rounds
+                grew = True
+        return grew
+
+    def may_start(self, entry: TaskEntry) -> bool:
+        """Whether ``entry``'s job has its earlier rounds applied, as far as
+        the leader said (a job it did not list is not held)."""
+        return entry.round <= self.applied.get(entry.job_id, entry.round)
 
     def head(self, gpu: int) -> TaskEntry | None:
         """The next entry GPU ``gpu`` runs: its first one neither done nor

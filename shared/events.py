@@ -37,6 +37,8 @@ from shared.node import Device, Rendezvous
 from shared.relaxed import split_problem
 from shared.sequence import (
     GpuTasks,
+    RoundsApplied,
+    applied_problem,
     sequence_problem,
     span_problem,
     specs_problem,
@@ -547,13 +549,18 @@ class TaskSequence(Message, frozen=True, tag="task_sequence"):
     # The spec of every job with an entry here: what a server needs to run
     # the job's tasks (its model, batch size and S; a real executor's command).
     specs: tuple[JobSpec, ...] = ()
+    # Each job's rounds applied when sent: a server holds an entry of a
+    # later round until its job's earlier rounds are applied (the leader
+    # sends the revision again, these counts grown, as a round is applied).
+    applied: tuple[RoundsApplied, ...] = ()
 
     def __post_init__(self) -> None:
         check_token(self.server_id, "server id")
         if self.term < 1 or self.revision < 1:
             raise ValueError(f"term and revision must be >= 1, got {self.term} and "
                              f"{self.revision}")
-        if (why := sequence_problem(self.gpus) or specs_problem(self.gpus, self.specs)):
+        if (why := sequence_problem(self.gpus) or specs_problem(self.gpus, self.specs)
+                or applied_problem(self.applied)):
             raise ValueError(why)
 
 

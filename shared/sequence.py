@@ -9,6 +9,11 @@ of a relaxed-sync job (its S micro-batches per round, :mod:`shared.relaxed`),
 planned on one GPU over ``[start_s, end_s)`` of the leader's clock;
 ``hold``: not before ``start_s`` (the policy's decision to start the job).
 A server's GPUs each run their entries in order, one at a time.
+
+A :class:`RoundsApplied` says how many rounds of a job its aggregator has
+applied as the leader counts them: a server starts an entry of round r of
+a listed job only once r rounds are applied (the round barrier across
+servers); a job not listed is not held.
 """
 
 from __future__ import annotations
@@ -44,6 +49,27 @@ class GpuTasks(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     gpu_index: int
     entries: tuple[TaskEntry, ...] = ()
+
+
+class RoundsApplied(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Rounds ``0 .. rounds - 1`` of ``job_id`` are applied (module docstring)."""
+
+    job_id: JobId
+    rounds: int
+
+
+def applied_problem(applied: Sequence[RoundsApplied]) -> str | None:
+    """Why these counts cannot be a sequence's; None when they can: one per
+    job, each a valid job id with ``rounds`` >= 0."""
+    jobs = [a.job_id for a in applied]
+    if len(set(jobs)) != len(jobs):
+        return "a job has two counts of rounds applied"
+    for a in applied:
+        if (why := _token_problem(a.job_id, "job id")) is not None:
+            return why
+        if a.rounds < 0:
+            return f"job {a.job_id}: {a.rounds} rounds applied (need >= 0)"
+    return None
 
 
 def _token_problem(value: str, what: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +30,7 @@ from shared.configuration import Configuration
 from shared.events import TaskSequence
 from shared.ids import GpuType, JobId, ServerId
 from shared.job import JobSpec
-from shared.sequence import GpuTasks, TaskEntry
+from shared.sequence import GpuTasks, RoundsApplied, TaskEntry
 from shared.specs import cluster_from_doc
 from shared.wire import INVALID
 from world.catalog import builtin_catalog
@@ -72,7 +73,7 @@ def follower(gpus: int = 2) -> Follower:
 
 
 def state(f: Follower) -> tuple[object, ...]:
-    return (f.term, f.held, f.entries, f.specs, dict(f.running), dict(f.done))
+    return (f.term, f.held, f.entries, f.specs, dict(f.running), dict(f.done), dict(f.applied))
 
 
 # --- the world model's times -------------------------------------------------------------
@@ -279,6 +280,38 @@ def test_an_entry_waits_for_its_jobs_earlier_rounds_on_the_server() -> None:
     # E4 (j1's round 1) waits for j1's round 0 on both GPUs, not for j2's
     assert sorted(f.barrier(E4)) == [key_of(E1), key_of(E3)]
     assert f.barrier(E1) == [] and f.barrier(E2) == []
+
+
+def counted(msg: TaskSequence, **rounds: int) -> TaskSequence:
+    return msgspec.structs.replace(msg, applied=tuple(
+        RoundsApplied(JobId(j), n) for j, n in sorted(rounds.items())))
+
+
+def test_an_entry_waits_until_its_jobs_earlier_rounds_are_applied() -> None:
+    """The round's barrier across servers: E4 (j1's round 1) may start only
+    once the leader counts j1's round 0 applied, which its resend of the
+    held revision says; counts only grow, and only the held revision's count."""
+    f = follower()
+    assert f.offer(counted(REV1, j1=0, j2=0)) == "taken"
+    assert f.may_start(E1) and f.may_start(E3) and not f.may_start(E4)
+    assert not f.note_applied(counted(REV1, j1=0, j2=0))  # a plain resend: no news
+    other = msgspec.structs.replace(counted(REV1, j1=1), revision=9)
+    assert not f.note_applied(other) and not f.may_start(E4)  # not the revision held
+    assert f.offer(counted(REV1, j1=1)) == "resend"  # the runner's path: note_applied
+    assert f.note_applied(counted(REV1, j1=1, j2=0)) and f.may_start(E4)
+    assert not f.note_applied(counted(REV1, j1=0)) and f.may_start(E4)  # a late resend
+    assert f.applied == {J1: 1, J2: 0}
+
+
+def test_a_job_the_leader_does_not_count_is_not_held_and_a_dropped_job_is_forgotten() -> None:
+    f = follower()
+    assert f.offer(REV1) == "taken"  # no counts: as before the leader sent any
+    assert f.may_start(E4)
+    rev2 = counted(seq(2, 2, (0, (E1, E2, E3, E4))), j1=0, j2=3)
+    assert f.offer(rev2) == "taken" and not f.may_start(E4)
+    rev3 = counted(seq(2, 3, (0, (E1, E3, E4))), j1=0)
+    assert f.offer(rev3) == "taken"
+    assert f.applied == {J1: 0}  # j2 left the sequences: its count with it
 
 
 def test_another_servers_sequence_or_a_gpu_it_lacks_is_invalid() -> None:

@@ -91,6 +91,22 @@ def test_a_revision_travels_per_server_and_comes_back() -> None:
                              for e in g.entries}
 
 
+def test_a_revision_sends_its_held_rounds_with_each_jobs_rounds_applied() -> None:
+    """Every entry not done travels, later rounds too; each message lists the
+    rounds applied of every job it names, which the server holds them by."""
+    seqs = replan(TaskSnapshot(0.0, JOBS, GPUS), task_policy("hare-eft"))
+    applied = {JobId("j1"): 1}  # j2 has none applied: absent means 0
+    msgs = sequence_messages(seqs, frozenset(), term=7, at=3.0, specs=SPECS, applied=applied)
+    sent = {(e.job_id, e.round, e.lo) for m in msgs for g in m.gpus for e in g.entries}
+    assert sent == {e.key for _, es in seqs.gpus.items() for e in es}
+    assert max(r for _, r, _ in sent) == 2  # j1's rounds 1 and 2 wait, yet are sent
+    for m in msgs:
+        named = sorted({e.job_id for g in m.gpus for e in g.entries})
+        assert [(a.job_id, a.rounds) for a in m.applied] == [
+            (j, applied.get(j, 0)) for j in named]
+        assert ev.decode_task_event(ev.encode(m)) == m
+
+
 @pytest.mark.parametrize(("body", "why"), [
     (sequence(term=0), "term and revision must be >= 1"),
     (sequence(revision=0), "term and revision must be >= 1"),
@@ -113,6 +129,10 @@ def test_a_revision_travels_per_server_and_comes_back() -> None:
      "cannot wait on a later one"),
     (sequence(gpus=[{"gpu_index": 0, "entries": [entry(lo=0, hi=2)]},
                     {"gpu_index": 1, "entries": [entry(lo=1, hi=3)]}]), "assigned twice"),
+    (sequence(applied=[{"job_id": "j1", "rounds": -1}]), "-1 rounds applied"),
+    (sequence(applied=[{"job_id": "j1", "rounds": 1}, {"job_id": "j1", "rounds": 2}]),
+     "two counts of rounds applied"),
+    (sequence(applied=[{"job_id": "j 1", "rounds": 1}]), "job id"),
 ])
 def test_malformed_or_forged_sequences_are_refused(body: dict[str, Any], why: str) -> None:
     with pytest.raises(ev.WireError, match=why) as info:

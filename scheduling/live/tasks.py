@@ -68,7 +68,7 @@ from scheduling.policies.hare.sequences import (
 from shared.events import TaskDone, TaskSequence
 from shared.ids import JobId, ServerId
 from shared.job import JobSpec
-from shared.sequence import GpuTasks, TaskEntry
+from shared.sequence import GpuTasks, RoundsApplied, TaskEntry
 
 
 class TaskSnapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -190,44 +190,38 @@ def remaining(seqs: Sequences, done: Set[EntryKey]) -> dict[GpuId, tuple[Entry, 
     return {g: tuple(e for e in entries if e.key not in done) for g, entries in seqs.gpus.items()}
 
 
-def released(entries: tuple[Entry, ...], applied: Mapping[JobId, int]) -> tuple[Entry, ...]:
-    """A GPU's entries up to (without) the first of a round whose job has an
-    earlier round not applied: the leader holds the rest back until that
-    round is applied (then it replans and sends them)."""
-    for i, e in enumerate(entries):
-        if e.round > applied.get(e.job, 0):
-            return entries[:i]
-    return entries
-
-
 def sequence_messages(seqs: Sequences, done: Set[EntryKey], term: int, at: float,
                       specs: Mapping[JobId, JobSpec],
                       applied: Mapping[JobId, int] | None = None) -> tuple[TaskSequence, ...]:
     """Revision ``seqs`` as one ``task_sequence`` per server, each GPU with
     its entries not in ``done`` and the ``specs`` of their jobs; servers and
     GPUs in id order. With ``applied`` (each job's rounds applied), each
-    GPU's entries only up to its first held one (:func:`released`): a
-    server then never starts a round before the job's earlier rounds are
-    applied, on whichever servers they ran, and every entry it may run is
-    one the leader counts as possibly started when it replans. ValueError
+    message lists the rounds applied of every job it names: the server
+    holds an entry of round r until r rounds of its job are applied, so it
+    never starts a round before the job's earlier rounds are applied, on
+    whichever servers they ran, and every entry it may run is one the
+    leader counts as possibly started when it replans (step 1). ValueError
     for an entry of several rounds (a simulator's macro-task); KeyError for
     a job without a spec."""
     servers: dict[ServerId, list[GpuTasks]] = {}
     for gpu, left in remaining(seqs, done).items():
-        entries = left if applied is None else released(left, applied)
         server, index = split_gpu_id(gpu)
         wire = []
-        for e in entries:
+        for e in left:
             if e.rounds != 1:
                 raise ValueError(f"entry {e.key} covers {e.rounds} rounds; live entries cover one")
             wire.append(TaskEntry(e.job, e.round, e.lo, e.hi, e.start_s, e.end_s, e.hold))
         servers.setdefault(server, []).append(GpuTasks(index, tuple(wire)))
-    return tuple(
-        TaskSequence(term=term, revision=seqs.revision, server_id=server, at=at,
-                     gpus=tuple(sorted(gpus, key=lambda g: g.gpu_index)), policy=seqs.policy,
-                     specs=tuple(specs[j] for j in sorted({e.job_id for g in gpus
-                                                           for e in g.entries})))
-        for server, gpus in sorted(servers.items()))
+    messages = []
+    for server, gpus in sorted(servers.items()):
+        jobs = sorted({e.job_id for g in gpus for e in g.entries})
+        rounds = () if applied is None else tuple(RoundsApplied(j, applied.get(j, 0))
+                                                  for j in jobs)
+        messages.append(TaskSequence(
+            term=term, revision=seqs.revision, server_id=server, at=at,
+            gpus=tuple(sorted(gpus, key=lambda g: g.gpu_index)), policy=seqs.policy,
+            specs=tuple(specs[j] for j in jobs), applied=rounds))
+    return tuple(messages)
 
 
 def done_key(msg: TaskDone) -> EntryKey:

@@ -13,7 +13,14 @@ the resend interval:
    ended (cancelled while its entry ran, say) is logged and ignored; then
    the rounds the aggregators applied (``HOPS_AGG_APPLIED``, likewise
    from its own stream sequence): a job with a command takes its applied
-   rounds from there (:func:`scheduling.live.taskrun.aggregated`);
+   rounds from there (:func:`scheduling.live.taskrun.aggregated`). Once
+   the count applied a round, it sends the current revision again at
+   once, its rounds applied grown: a server holds an entry of a round
+   until its job's earlier rounds are applied, and this is what releases
+   it, without waiting for the pass's estimates and replan (the state is
+   written first, as before any revision is sent: a new leader resumes
+   with these rounds applied, and counts the entry so started as possibly
+   started);
 2. builds the task snapshot from the job records, the alive nodes (as the
    leader's watch of ``hops_nodes`` keeps them: no read per pass) and the
    estimators' answers (asked for the jobs without one, :mod:`.taskasks`; a
@@ -99,6 +106,7 @@ class TaskLoop:
         self.asks = TaskAsks(ctx, settings, lease, book, log, wake)  # estimates, profiles
         self.new_term = True  # a new leader sends its first revision under its term
         self.applied = False  # a round was applied since the last replan
+        self.grown = False  # a round was applied in this pass's count: sent at once
         self.dirty = False  # the state changed since it was written
         self.sent_at = 0.0
         self.replay_to = 0  # the stream's last sequence when the term began
@@ -183,6 +191,10 @@ class TaskLoop:
         times = self.times
         times.begin()
         await self._count()
+        if self.grown and not self.new_term:  # the rounds applied, before the replan's work
+            await self._save()  # written before any server acts on them, as a revision is
+            await self._send(now)
+        self.grown = False
         times.lap("count")
         nodes = list(self.nodes.values())
         await self.asks.estimate(nodes, now)
@@ -270,7 +282,7 @@ class TaskLoop:
                 await self._round_applied(applied.job_id)
 
     async def _round_applied(self, job: JobId) -> None:
-        self.applied = True
+        self.applied = self.grown = True
         self.log.info("round applied", job_id=job, applied=self.progress.applied[job])
         self.unwritten.add(job)
 
