@@ -37,6 +37,10 @@ variable                   flag                    default     meaning
 ``HOPS_TASK_PARAMS_...``   ``--task-params-...``   120         a task's wait for its params (s)
 =========================  ======================  ==========  ==============================
 
+The two switches (``HOPS_ALLOW_ROOT_JOBS``, ``HOPS_DETERMINISTIC_TRAINERS``)
+take ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``, in any
+case; any other value stops the executor with exit code 2.
+
 The run folder defaults to ``<HOPS_DATA_DIR or ./.hops>/runs``. The CPU
 affinity pins device i's process to cores: ``"0|1"`` (device 0 on core 0,
 device 1 on core 1; ranges as ``"0-3|4-7"``; per server as ``"a=0|1;b=1"``).
@@ -91,7 +95,9 @@ from services.runtime.logging import configure_logging
 from services.runtime.service import ServiceContext, serve
 from services.runtime.settings import (
     RuntimeSettings,
+    SettingsError,
     build_parser,
+    env_bool,
     env_float,
     env_int,
     parse_args,
@@ -116,6 +122,12 @@ _NUMBERS = (
     ("trainers_per_gpu", "HOPS_TRAINERS_PER_GPU", int),
     ("task_params_wait_s", "HOPS_TASK_PARAMS_WAIT_S", float),
 )
+# Each switch's flag and variable: the flag turns it on; without it, the
+# variable decides, and a value that is neither on nor off is an error.
+_SWITCHES = {
+    "allow_root_jobs": "HOPS_ALLOW_ROOT_JOBS",
+    "deterministic_trainers": "HOPS_DETERMINISTIC_TRAINERS",
+}
 # Beyond the stop grace, for the executor to stop its jobs when it is stopped.
 _SHUTDOWN_MARGIN_S = 3.0
 
@@ -153,12 +165,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="user (name or uid) real jobs run as when the executor is root; "
                         "overrides $HOPS_JOB_USER")
     p.add_argument("--allow-root-jobs", action="store_true",
-                   default=os.environ.get("HOPS_ALLOW_ROOT_JOBS", "") in ("1", "true", "yes"),
                    help="let an executor running as root run jobs as root "
                         "($HOPS_ALLOW_ROOT_JOBS=1)")
     p.add_argument("--deterministic-trainers", action="store_true",
-                   default=os.environ.get("HOPS_DETERMINISTIC_TRAINERS", "") in
-                   ("1", "true", "yes"),
                    help="resident trainers use torch's deterministic algorithms only: "
                         "bitwise task replays on a GPU, slower ($HOPS_DETERMINISTIC_TRAINERS=1)")
     for name, var, kind in _NUMBERS:
@@ -171,6 +180,12 @@ def _default(name: str) -> float:
     default = next(f.default for f in dataclasses.fields(ExecutorSettings) if f.name == name)
     assert isinstance(default, int | float)
     return default
+
+
+def _switch(args: argparse.Namespace, name: str) -> bool:
+    """Switch ``name`` (a key of ``_SWITCHES``): on when its flag is given,
+    else as its variable says (SettingsError: neither on nor off)."""
+    return bool(getattr(args, name)) or env_bool(_SWITCHES[name], False)
 
 
 def run_dir_of(args: argparse.Namespace) -> Path:
@@ -209,8 +224,9 @@ def executor_settings(args: argparse.Namespace, cluster: Cluster) -> ExecutorSet
     return ExecutorSettings(cluster=args.cluster, server_id=server_id, order=order,
                             backend=args.backend, address=args.address,
                             run_dir=run_dir_of(args), threads=threads, affinity=affinity,
-                            job_user=args.job_user, allow_root_jobs=args.allow_root_jobs,
-                            deterministic_trainers=args.deterministic_trainers,
+                            job_user=args.job_user,
+                            allow_root_jobs=_switch(args, "allow_root_jobs"),
+                            deterministic_trainers=_switch(args, "deterministic_trainers"),
                             **values)  # type: ignore[arg-type]
 
 
@@ -309,12 +325,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster = cluster_arg(args.cluster)
     except (SpecError, OSError, ValueError) as e:
         parser.error(str(e))
+    try:
+        # Read here as well, so that a bad value stops a supervisor (--all) at
+        # once rather than each child it would restart.
+        switches = {name: _switch(args, name) for name in _SWITCHES}
+    except SettingsError as e:
+        parser.error(str(e))
     if args.all:
         log = configure_logging("executor-supervisor", runtime.log_level)
         if args.backend == "real":  # once here, rather than each child failing for ever
             first = ExecutorSettings(cluster=args.cluster, server_id=cluster.servers[0].id,
                                      run_dir=run_dir_of(args), job_user=args.job_user,
-                                     allow_root_jobs=args.allow_root_jobs)
+                                     allow_root_jobs=switches["allow_root_jobs"])
             if _identity_or_none(first, log) is None:
                 return 2
         return asyncio.run(supervise(cluster, argv, log))

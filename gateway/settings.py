@@ -23,6 +23,9 @@ variable                    flag              default        meaning
 Without a tenants file the gateway refuses to start unless told
 ``--insecure``: an open gateway lets anyone run anything, so it must be a
 decision (a measurement, a machine of one's own), never an omission.
+``HOPS_GATEWAY_INSECURE`` is a switch (:func:`~services.runtime.settings.env_bool`:
+``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``); any other
+value stops the gateway.
 
 plus the runtime's ``HOPS_NATS_URL``, ``HOPS_NATS_CREDS``, ``HOPS_LOG_LEVEL``
 and ``HOPS_LEADER_TTL`` (:mod:`services.runtime.settings`). The gateway
@@ -41,6 +44,7 @@ from services.runtime.settings import (
     RuntimeSettings,
     SettingsError,
     build_parser,
+    env_bool,
     env_float,
     env_int,
     parse_args,
@@ -99,12 +103,10 @@ def from_env(
     runtime = runtime or RuntimeSettings()
     timeout = env_float("HOPS_GATEWAY_TIMEOUT_S", request_timeout(runtime), env=source,
                         minimum=0.01)
-    insecure = source.get("HOPS_GATEWAY_INSECURE", "").strip().lower()
-    if insecure not in ("", "0", "1", "true", "false"):
-        raise SettingsError(f"HOPS_GATEWAY_INSECURE must be 1 or 0, got {insecure!r}")
     return GatewaySettings(
         host=host, port=port, request_timeout=timeout, runtime=runtime,
-        tenants=source.get(TENANTS_ENV, "").strip(), insecure=insecure in ("1", "true"),
+        tenants=source.get(TENANTS_ENV, "").strip(),
+        insecure=env_bool("HOPS_GATEWAY_INSECURE", False, env=source),
         tls_cert=source.get("HOPS_GATEWAY_CERT", "").strip(),
         tls_key=source.get("HOPS_GATEWAY_KEY", "").strip(),
         ui_sample_s=env_float("HOPS_UI_SAMPLE_S", 10.0, env=source, minimum=0.1),

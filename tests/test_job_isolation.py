@@ -32,11 +32,13 @@ from executor.launch import LaunchOptions, job_paths, launches
 from executor.real import RealBackend
 from executor.realjob import RealSettings
 from executor.reports import ReportTail, log_tail
+from services.runtime.settings import parse_args
 from shared import jobenv
 from shared.cluster import Server
 from shared.ids import GpuType
 from shared.wire import FORBIDDEN
 from tests.test_executor_launch import A, spec, start
+from world.clusters import cluster_arg
 
 EXECUTOR_ENV = {
     "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC",
@@ -246,3 +248,43 @@ def test_an_unknown_job_user_stops_the_executor(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert executor_exit(tmp_path, "--server-id", "a", "--job-user", "no-such-user-here") == 2
     assert "job user 'no-such-user-here' does not exist" in capsys.readouterr().err
+
+
+def test_the_executor_switches_read_their_variables(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER)
+    cluster = cluster_arg(str(path))
+
+    def switches(*flags: str) -> tuple[bool, bool]:
+        argv = ["--cluster", str(path), "--server-id", "a", *flags]
+        _, args = parse_args(argv, service="executor", parser=executor_main._parser())
+        s = executor_main.executor_settings(args, cluster)
+        return s.allow_root_jobs, s.deterministic_trainers
+
+    assert switches() == (False, False)
+    monkeypatch.setenv("HOPS_ALLOW_ROOT_JOBS", "yes")
+    monkeypatch.setenv("HOPS_DETERMINISTIC_TRAINERS", " On ")
+    assert switches() == (True, True)
+    monkeypatch.setenv("HOPS_ALLOW_ROOT_JOBS", "off")
+    monkeypatch.setenv("HOPS_DETERMINISTIC_TRAINERS", "0")
+    assert switches() == (False, False)
+    assert switches("--allow-root-jobs", "--deterministic-trainers") == (True, True)
+
+
+@pytest.mark.parametrize(("var", "flags"), [
+    ("HOPS_ALLOW_ROOT_JOBS", ("--all",)),  # the supervisor, before any child
+    ("HOPS_DETERMINISTIC_TRAINERS", ("--server-id", "a")),
+])
+def test_a_switch_neither_on_nor_off_stops_the_executor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        var: str, flags: tuple[str, ...]) -> None:
+    # "maybe" once read as off; now it stops the executor at once, as a bad
+    # number does (the unknown job user would stop it later, after the check)
+    monkeypatch.setenv(var, "maybe")
+    with pytest.raises(SystemExit) as stop:
+        executor_exit(tmp_path, *flags, "--job-user", "no-such-user-here")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"hops-executor: error: {var} must be on (1, true, yes, on) or off" in err
+    assert "got 'maybe'" in err

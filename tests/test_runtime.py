@@ -41,6 +41,7 @@ from services.runtime.settings import (
     RuntimeSettings,
     SettingsError,
     build_parser,
+    env_bool,
     env_float,
     env_int,
     from_env,
@@ -576,6 +577,33 @@ def test_env_numbers() -> None:
         env_float("HOPS_N", 1.0, env={"HOPS_N": "nan?"})
     with pytest.raises(SettingsError, match="HOPS_NEG must be >= 0"):
         env_int("HOPS_NEG", 1, env=env)
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "yes", "on", " TRUE ", "Yes", "ON"])
+def test_env_bool_on(raw: str) -> None:
+    assert env_bool("HOPS_SWITCH", False, env={"HOPS_SWITCH": raw}) is True
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "no", "off", " FALSE ", "No", "Off"])
+def test_env_bool_off(raw: str) -> None:
+    assert env_bool("HOPS_SWITCH", True, env={"HOPS_SWITCH": raw}) is False
+
+
+def test_env_bool_default_when_unset_or_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    for env in ({}, {"HOPS_SWITCH": ""}, {"HOPS_SWITCH": "  "}):
+        assert env_bool("HOPS_SWITCH", True, env=env) is True
+        assert env_bool("HOPS_SWITCH", False, env=env) is False
+    monkeypatch.setenv("HOPS_SWITCH", "yes")  # os.environ unless env is given
+    assert env_bool("HOPS_SWITCH", False) is True
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "y", "enabled", "1 0"])
+def test_env_bool_refuses_anything_else(raw: str) -> None:
+    # a typo must not read as off: the message names the variable, the value
+    # and what it may be
+    with pytest.raises(SettingsError, match=rf"HOPS_SWITCH must be on \(1, true, yes, on\) "
+                                            rf"or off \(0, false, no, off\), got '{raw}'"):
+        env_bool("HOPS_SWITCH", False, env={"HOPS_SWITCH": raw})
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from cli import config as cliconfig
 from gateway import access
+from gateway.__main__ import main as gateway_main
 from gateway.settings import from_env, parse
 from scheduling.live import tenancy as tn
 from services.runtime.settings import SettingsError
@@ -234,6 +235,22 @@ def test_gateway_settings_for_auth_and_https() -> None:
         from_env({"HOPS_GATEWAY_CERT": "c.pem"})
     with pytest.raises(SettingsError, match="HOPS_GATEWAY_INSECURE"):
         from_env({"HOPS_GATEWAY_INSECURE": "yes please"})
+
+
+def test_gateway_insecure_is_a_switch(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    for on in ("1", "true", "Yes", "on"):
+        assert from_env({"HOPS_GATEWAY_INSECURE": on}).insecure, on
+    for off in ("", "0", "false", "no", "OFF"):
+        assert not from_env({"HOPS_GATEWAY_INSECURE": off}).insecure, off
+    with pytest.raises(SettingsError, match=r"HOPS_GATEWAY_INSECURE must be on \(1, true, "
+                                            r"yes, on\) or off \(0, false, no, off\), got 'maybe'"):
+        from_env({"HOPS_GATEWAY_INSECURE": "maybe"})
+    # the gateway says so and exits 2 before it serves anything
+    monkeypatch.setenv("HOPS_GATEWAY_INSECURE", "maybe")
+    assert gateway_main([]) == 2
+    err = capsys.readouterr().err
+    assert "hops gateway: HOPS_GATEWAY_INSECURE must be on" in err and "'maybe'" in err
 
 
 # --- the CLI's token ---------------------------------------------------------------------

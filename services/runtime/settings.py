@@ -25,8 +25,10 @@ without ``.nk`` is the identity (docs/security.md), whose replies come on
 port of 0 binds an ephemeral port. Every endpoint binds loopback
 (:data:`LOOPBACK`) unless configured otherwise, as nats-server and the
 gateway do; a container sets ``0.0.0.0`` so that its peers reach it.
-Service-specific knobs use :func:`env_float`/:func:`env_int`. Every bad
-value raises :class:`SettingsError` naming the variable or flag.
+Service-specific knobs use :func:`env_float`/:func:`env_int`, switches
+:func:`env_bool` (``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``,
+in any case). Every bad value raises :class:`SettingsError` naming the
+variable or flag.
 """
 
 from __future__ import annotations
@@ -106,6 +108,32 @@ def env_int(
     """The integer in environment variable ``name``, or ``default`` when unset or empty."""
     raw = (os.environ if env is None else env).get(name, "")
     return default if not raw.strip() else _number(name, raw, int, minimum)
+
+
+# The spellings of a switch, matched stripped and case-insensitively; any
+# other value is refused rather than read as off (a typo must not turn a
+# safety switch off silently).
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_bool(
+    name: str,
+    default: bool,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> bool:
+    """The switch in environment variable ``name``, or ``default`` when unset or empty."""
+    raw = (os.environ if env is None else env).get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingsError(f"{name} must be on ({', '.join(_TRUE)}) or off "
+                        f"({', '.join(_FALSE)}), got {raw!r}")
 
 
 def _servers(name: str, raw: str) -> tuple[str, ...]:
