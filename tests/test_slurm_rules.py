@@ -1,7 +1,8 @@
-"""The rules the Slurm bridge judges its readings by (shared/slurm.py): a
-start's job read gone, an id Slurm gave again, an end Hops did not ask for,
-a node's death and the refusals of a start before sbatch. Worked examples,
-then the rules' invariants as properties. No Slurm needed."""
+"""The rules the Slurm bridge judges its readings by (shared/slurm.py and
+shared/slurm_nodes.py): a start's job read gone, an id Slurm gave again, an
+end Hops did not ask for, a node's death and the refusals of a start before
+sbatch. Worked examples, then the rules' invariants as properties. No Slurm
+needed."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ from shared.slurm import (
     STOPPED_OUTSIDE,
     JobVerdict,
     StartOf,
-    dead_since_after,
     end_verdict,
     holds_node,
     is_this_start,
     job_name,
     job_verdict,
+    start_verdict,
+    stop_read_end,
+)
+from shared.slurm_nodes import (
+    dead_since_after,
     node_counted_alive,
     node_health,
     node_refusal,
-    start_verdict,
-    stop_read_end,
     undetermined_since_after,
 )
 

@@ -1,5 +1,6 @@
-"""What Slurm's node and job states mean to Hops (shared/slurm.py), and the
-client's pure parts: its sbatch arguments and the JSON it decodes."""
+"""What Slurm's node and job states mean to Hops (shared/slurm_nodes.py and
+shared/slurm.py), and the client's pure parts: its sbatch arguments and the
+JSON it decodes."""
 
 from __future__ import annotations
 
@@ -13,16 +14,14 @@ from executor.slurm.client import JobRequest, SlurmClusterSettings, batch_script
 from executor.slurm.records import decode_jobs, decode_nodes
 from shared.slurm import (
     JOB_UNKNOWN_STATE,
-    NODE_UNDETERMINED,
-    NODE_UNKNOWN_STATE,
     gpu_gres,
     gres_indices,
     job_name,
     job_verdict,
-    node_health,
     parse_job_name,
     wait_status,
 )
+from shared.slurm_nodes import NODE_UNDETERMINED, NODE_UNKNOWN_STATE, node_health
 
 
 @pytest.mark.parametrize(("state", "flags", "alive", "drained", "busy", "code"), [

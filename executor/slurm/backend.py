@@ -19,8 +19,8 @@ its jobs again (:meth:`SlurmBackend.recover`):
 A start on a node Slurm has drained is refused (``slurm_node_drained``), as
 is one on a node Slurm reads dead (``slurm_node_down``) or does not list in
 the partition (``slurm_no_node``), before any sbatch
-(:func:`shared.slurm.node_refusal`). The node's heartbeats stop while Slurm
-says it is dead (:attr:`alive`).
+(:func:`shared.slurm_nodes.node_refusal`). The node's heartbeats stop
+while Slurm says it is dead (:attr:`alive`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from shared import jobenv
 from shared.cluster import Server
 from shared.events import INVALID, StartJob, decode_command, encode
 from shared.ids import JobId
-from shared.slurm import failure_code, job_name, node_refusal
+from shared.slurm import failure_code, job_name
+from shared.slurm_nodes import node_refusal
 from world.catalog import builtin_catalog
 from world.truth import GroundTruth
 

@@ -12,14 +12,8 @@ import re
 
 import msgspec
 
-from shared.slurm import (
-    JobVerdict,
-    NodeHealth,
-    gpu_gres,
-    gres_indices,
-    job_verdict,
-    node_health,
-)
+from shared.slurm import JobVerdict, gpu_gres, gres_indices, job_verdict
+from shared.slurm_nodes import NodeHealth, node_health
 
 
 class SlurmJob(msgspec.Struct, frozen=True):

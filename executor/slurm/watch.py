@@ -24,7 +24,7 @@ from executor.slurm.cli import SlurmFailure
 from executor.slurm.client import SlurmClient
 from executor.slurm.records import SlurmJob, SlurmNode
 from executor.slurm.strays import Strays
-from shared.slurm import dead_since_after, node_counted_alive, undetermined_since_after
+from shared.slurm_nodes import dead_since_after, node_counted_alive, undetermined_since_after
 
 
 class SlurmWatch:
@@ -119,7 +119,7 @@ class SlurmWatch:
     def node_alive(self, name: str) -> bool:
         """False once Slurm has said the node is dead for ``down_s`` on end,
         or UNKNOWN ten times that long (or no longer lists it in the partition):
-        :func:`shared.slurm.node_counted_alive`."""
+        :func:`shared.slurm_nodes.node_counted_alive`."""
         return node_counted_alive(name in self.nodes, self.read_at,
                                   self._dead_since.get(name), self.down_s,
                                   self._undetermined_since.get(name))
