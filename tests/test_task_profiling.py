@@ -1,8 +1,8 @@
 """Step 2c of the live Hare mechanism, pure parts: the profiling runs the
 task loop asks for (scheduling/live/taskprofile.py), its times on the wall
 clock of emulated executors (``HOPS_TASK_TIME_SCALE``), what ``hops up``
-passes to the scheduler, and the entries the leader holds back until their
-job's earlier rounds are applied (docs/hare.md §7)."""
+passes to the scheduler, and the entries a server holds until their job's
+earlier rounds are applied (docs/hare.md §7)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from cli.up.stack import StackConfig, components
+from executor.tasks import Follower
 from scheduling.live import taskrun as tr
 from scheduling.live.taskprofile import (
     ask_now,
@@ -21,7 +22,6 @@ from scheduling.live.tasks import TaskSnapshot, replan, sequence_messages
 from scheduling.policies.hare.model import TaskJob
 from scheduling.policies.hare.names import task_policy
 from services.scheduler.settings import scheduler_settings
-from shared import events as ev
 from shared.ids import JobId, ServerId
 from shared.snapshot import ProfilingTask
 from tests.test_task_loop import A, B, estimate, node, record
@@ -99,21 +99,33 @@ def test_hops_up_tells_a_task_policy_the_executors_time_scale() -> None:
 
 
 
-def test_a_gpus_entries_are_sent_up_to_a_round_whose_job_has_one_not_applied() -> None:
+def test_a_server_holds_each_gpu_at_a_round_whose_job_has_one_not_applied() -> None:
+    """Every entry is sent; the server that takes the revision may start a
+    GPU's entries only up to its first of a round whose job has an earlier
+    round not applied, and more once the leader's resend counts it applied."""
     seqs = replan(TaskSnapshot(0.0, JOBS, GPUS), task_policy("hare-eft"))
-    everything = sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS)
-    held = sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS, applied={})
-    later = sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS,
-                              applied={JobId(j.id): 1 for j in JOBS})
-    def sent(msgs: tuple[ev.TaskSequence, ...]) -> dict[tuple[str, int], list[tuple[str, int]]]:
-        return {(m.server_id, g.gpu_index): [(e.job_id, e.round) for e in g.entries]
-                for m in msgs for g in m.gpus}
 
-    full, first = sent(everything), sent(held)
+    def startable(applied: dict[JobId, int]) -> dict[tuple[str, int], list[tuple[str, int]]]:
+        out: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for m in sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS,
+                                   applied=applied):
+            f = Follower(m.server_id, max(g.gpu_index for g in m.gpus) + 1)
+            assert f.offer(m) == "taken"
+            for g in m.gpus:  # the GPU runs in order: it stops at its first held entry
+                cut = next((i for i, e in enumerate(g.entries) if not f.may_start(e)),
+                           len(g.entries))
+                out[(m.server_id, g.gpu_index)] = [(e.job_id, e.round) for e in g.entries[:cut]]
+        return out
+
+    full = {(m.server_id, g.gpu_index): [(e.job_id, e.round) for e in g.entries]
+            for m in sequence_messages(seqs, frozenset(), term=1, at=0.0, specs=SPECS)
+            for g in m.gpus}
     assert any(r > 0 for es in full.values() for _, r in es)  # the plan holds later rounds
+    first = startable({})
     for gpu, es in full.items():
         # each GPU's prefix up to its first entry of a round after round 0
         cut = next((i for i, (_, r) in enumerate(es) if r > 0), len(es))
-        assert first.get(gpu, []) == es[:cut]
-    assert any(r == 1 for es in sent(later).values() for _, r in es)
-    assert all(r <= 1 for es in sent(later).values() for _, r in es)
+        assert first[gpu] == es[:cut]
+    later = startable({JobId(j.id): 1 for j in JOBS})
+    assert any(r == 1 for es in later.values() for _, r in es)
+    assert all(r <= 1 for es in later.values() for _, r in es)
