@@ -352,8 +352,8 @@ CAUSES = """what the columns share and what they do not:
   cost of a synchronised step on the cluster's links (world.hare.
   step_sync_time), which the leader estimates; sim(ex) runs the truth's
   times, sim the leader's estimates of them;
-- not modelled: the live loop's turnaround per round (a report's trip, a
-  leader pass with its state write, the revision's trip), wall time that
+- not modelled: the live loop's turnaround per round (a report's trip, the
+  leader's count and state write, its resend's trip), wall time that
   the time scale multiplies into the jobs' time; "the sim with it" adds
   the measured median at every barrier;
 - profiling and estimates: a job with no profile of its signature is
