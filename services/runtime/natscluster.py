@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from nats.js import JetStreamContext
 
@@ -126,6 +127,7 @@ class NatsCluster:
                 s.wait_ready()
             if self.size > 1:
                 self.wait_meta_leader()
+                self.wait_meshed()
         except BaseException:
             self.stop()
             raise
@@ -154,6 +156,19 @@ class NatsCluster:
             time.sleep(_POLL_S)
         raise NatsServerError(f"no JetStream meta leader after {timeout or self.start_timeout}s")
 
+    def wait_meshed(self, timeout: float | None = None) -> None:
+        """Wait until every member lists every member's client URL: the
+        routes are all up, so a client connecting now is told the whole
+        cluster (a meta leader needs only a quorum of them)."""
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        while time.monotonic() < deadline:
+            if all(len(_monitor(s, "varz").get("connect_urls") or ()) >= self.size
+                   for s in self.servers):
+                return
+            time.sleep(_POLL_S)
+        raise NatsServerError(f"the cluster's routes not all up after "
+                              f"{timeout or self.start_timeout}s")
+
     def __enter__(self) -> NatsCluster:
         self.start()
         return self
@@ -164,7 +179,15 @@ class NatsCluster:
 
 def _jsz(server: EmbeddedNats) -> dict[str, dict[str, object]]:
     """The member's ``/jsz`` monitoring page; empty when it does not answer."""
-    url = f"http://{server.host}:{server.monitor_port}/jsz"
+    return _monitor(server, "jsz")
+
+
+def _monitor(server: EmbeddedNats, page_name: str) -> dict[str, Any]:
+    """The member's monitoring page ``page_name``; empty when it does not
+    answer (or has no monitoring port)."""
+    if server.monitor_port is None:
+        return {}
+    url = f"http://{server.host}:{server.monitor_port}/{page_name}"
     try:
         with urllib.request.urlopen(url, timeout=1.0) as reply:
             page = json.loads(reply.read())
