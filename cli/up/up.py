@@ -56,7 +56,13 @@ from typing import IO
 
 import httpx
 
-from cli.up.credentials import Credentials, CredentialsError, prepare, write_cli_config
+from cli.up.credentials import (
+    Credentials,
+    CredentialsError,
+    prepare,
+    write_cli_config,
+    write_private,
+)
 from cli.up.launcher import SOURCE_ROOT, Child, Launcher, Say, become_subreaper, port_free
 from cli.up.slurm import SlurmUpError, describe
 from cli.up.stack import StackConfig, describe_exit, modules, processes, restart_delay
@@ -195,7 +201,8 @@ def _write_state(config: StackConfig, nats: NatsCluster, children: list[Child]) 
             for c in children
         },
     }
-    config.state_file.write_text(json.dumps(state, indent=2) + "\n")
+    # atomically: `hops auth` and the tests read it while nats-server restarts
+    write_private(config.state_file, (json.dumps(state, indent=2) + "\n").encode(), mode=0o644)
 
 
 class NatsKeeper:
