@@ -45,7 +45,7 @@ import sys
 import tempfile
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from executor.trainers import Pending, TaskResult, TrainerPool
 from hops.trainer.api import load_task, option_flags
@@ -110,12 +110,19 @@ def measure(script: Path, config: dict[str, Any], args: argparse.Namespace,
     return results
 
 
-Switch = tuple[float, float, bool, float, float]
+class Switch(NamedTuple):
+    """One switch between consecutive tasks of different jobs (seconds)."""
+
+    switch: float
+    task: float
+    params_sent: bool
+    late: float
+    unready: float
 
 
 def switches(results: list[TaskResult], skip: int) -> list[Switch]:
-    """(switch s, task s, parameters sent, late s, unready s) of each pair
-    of consecutive tasks of different jobs, from task ``skip`` on; late:
+    """The :class:`Switch` of each pair of consecutive tasks of different
+    jobs, from task ``skip`` on; late:
     how long after the previous compute ended the next task's command
     reached its trainer (0 when before), the part of the switch the pool's
     side did not hide; unready: how long after it the next task's model and
@@ -124,20 +131,21 @@ def switches(results: list[TaskResult], skip: int) -> list[Switch]:
     did not hide."""
     out = []
     for prev, nxt in zip(results[skip:], results[skip + 1:], strict=False):
-        out.append((nxt.compute_start - prev.compute_end, nxt.compute_end - nxt.compute_start,
-                    nxt.params_sent, max(0.0, nxt.received - prev.compute_end),
-                    max(0.0, nxt.ready - prev.compute_end)))
+        out.append(Switch(nxt.compute_start - prev.compute_end,
+                          nxt.compute_end - nxt.compute_start, nxt.params_sent,
+                          max(0.0, nxt.received - prev.compute_end),
+                          max(0.0, nxt.ready - prev.compute_end)))
     return out
 
 
 def row(name: str, device: str, pairs: list[Switch]) -> str:
-    sw = [s[0] for s in pairs]
-    share = [s[0] / s[1] for s in pairs]
-    plain = [s[0] / s[1] for s in pairs if not s[2]] or [float("nan")]
-    late = [s[3] for s in pairs]
-    unready = [s[4] for s in pairs if s[2]] or [float("nan")]
-    late_params = [s[3] for s in pairs if s[2]] or [float("nan")]
-    task = statistics.median(s[1] for s in pairs)
+    sw = [s.switch for s in pairs]
+    share = [s.switch / s.task for s in pairs]
+    plain = [s.switch / s.task for s in pairs if not s.params_sent] or [float("nan")]
+    late = [s.late for s in pairs]
+    unready = [s.unready for s in pairs if s.params_sent] or [float("nan")]
+    late_params = [s.late for s in pairs if s.params_sent] or [float("nan")]
+    task = statistics.median(s.task for s in pairs)
     return (f"{name:10} {device:5} {len(pairs):5} {task * 1e3:9.1f} "
             f"{percentile(sw, 0.5) * 1e3:9.2f} {percentile(sw, 0.95) * 1e3:9.2f} "
             f"{100 * percentile(share, 0.5):7.2f}% {100 * percentile(share, 0.95):7.2f}% "
