@@ -10,7 +10,8 @@ and publishes. It is one for both backends.
 * A message that does not decode is refused with the decoder's code and
   reason (an error record); a revision :class:`~executor.tasks.Follower`
   or the work refuses is logged and recorded once with its code; a resend
-  of the held revision is a no-op.
+  of the held revision changes nothing but its rounds applied (each count
+  only growing).
 * One asyncio task per GPU index runs the GPU's entries in order: it waits
   for the entry's begin, for its job's earlier rounds on this server and
   for their being applied (a new revision, the leader's resend with more

@@ -364,10 +364,12 @@ class TaskLoop:
 
     async def _send(self, now: float, jobs: set[JobId] | None = None) -> None:
         """The current revision to every server (``jobs``: only to the
-        servers whose sequences name one of them)."""
+        servers whose sequences name one of them; the others' resend stays
+        due, so it does not count as one)."""
         seqs = self.progress.seqs
-        self.sent_at = time.time()
-        if seqs is None or seqs.revision < 1 or not self.lease.is_leader(self.sent_at):
+        if jobs is None:
+            self.sent_at = time.time()
+        if seqs is None or seqs.revision < 1 or not self.lease.is_leader(time.time()):
             return
         specs = {k: r.spec for k, r in self.book.current().items()}
         try:
